@@ -1,0 +1,103 @@
+"""monadl: a statically typed, monadic deep-learning library.
+
+Layers (differentiable expressions) and weights (trainable variables) of float and array type mix
+with plain floats and arrays in operators and ops; ``loss.train(optimizer)`` runs one all-or-nothing
+training step; independent sub-graphs run in parallel on the executor's thread pool.
+"""
+
+from monadl.do import Do, Executor, default_executor, gather, pure, set_default_executor
+from monadl.dsl.direct import direct, parallel
+from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer
+from monadl.dsl.ops import (
+    abs,
+    concatenate,
+    cross_entropy,
+    dot,
+    exp,
+    lift,
+    lift_array,
+    log,
+    log_softmax,
+    matmul,
+    maximum,
+    mean,
+    minimum,
+    relu,
+    reshape,
+    sigmoid,
+    softmax,
+    sqrt,
+    sum,
+    take_rows,
+    tanh,
+    transpose,
+)
+from monadl.dsl.optimizers import SGD, Adagrad, Adam, Momentum, Optimizer
+from monadl.dsl.training import (
+    NonFiniteLossError,
+    NoOptimizerError,
+    compute_gradients,
+    predict,
+    predict_blocking,
+    train,
+    train_blocking,
+)
+from monadl.dsl.weights import ArrayWeight, FloatWeight
+from monadl.typeclasses.backend import Array, ShapeError
+from monadl.typeclasses.deep_learning import DeepLearning
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SGD",
+    "Adagrad",
+    "Adam",
+    "AnyArray",
+    "AnyFloat",
+    "Array",
+    "ArrayLayer",
+    "ArrayWeight",
+    "DeepLearning",
+    "Do",
+    "Executor",
+    "FloatLayer",
+    "FloatWeight",
+    "Momentum",
+    "NoOptimizerError",
+    "NonFiniteLossError",
+    "Optimizer",
+    "ShapeError",
+    "abs",
+    "compute_gradients",
+    "concatenate",
+    "cross_entropy",
+    "default_executor",
+    "direct",
+    "dot",
+    "exp",
+    "gather",
+    "lift",
+    "lift_array",
+    "log",
+    "log_softmax",
+    "matmul",
+    "maximum",
+    "mean",
+    "minimum",
+    "parallel",
+    "predict",
+    "predict_blocking",
+    "pure",
+    "relu",
+    "reshape",
+    "set_default_executor",
+    "sigmoid",
+    "softmax",
+    "sqrt",
+    "sum",
+    "take_rows",
+    "tanh",
+    "train",
+    "train_blocking",
+    "transpose",
+]

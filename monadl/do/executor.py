@@ -1,0 +1,311 @@
+"""The executor: interprets a ``Do`` iteratively, with a thread pool for the kernels worth it.
+
+Design (see DESIGN.md, "Executor"):
+
+* The interpreter runs on the calling thread. A *fiber* is an explicit stack of continuations,
+  so a chain of 100,000 ``flat_map``s or a 10,000-deep recursion never touches the Python stack.
+* ``Bind`` with several sources spawns one child fiber per source not yet known; the parent resumes
+  when all have reported (a join). Children go on the *agenda* (a deque of ready fibers).
+* Every node except ``Pure`` is memoised for the run: a node reached twice is evaluated once, and a
+  fiber that reaches a node still being evaluated waits for it.
+* Kernels whose ``cost`` reaches ``min_pool_cost`` go to the pool when it has two workers or more;
+  the rest run inline, because a pool hand-off costs more than a small NumPy call. All bookkeeping
+  (memo, agenda, joins, reference counts in ``tape``) stays on the interpreter's thread, so it needs
+  no locks; pool threads only run kernels and post their results to a queue.
+* Failure: the first exception stops new work; kernels already on the pool finish; the original
+  exception, with its traceback, is raised to the caller; the pool stays usable.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
+
+from monadl.do.do import BIND, DEFER, DELAY, FLAT, KERNEL, MAP, PURE, Do
+
+A = TypeVar("A")
+
+# Continuation kinds on a fiber's stack: (kind, a, b).
+_K_MEMO = 0  # store the value as node a's result, wake its waiters
+_K_APPLY = 1  # the value is the only source of Bind a: apply a.f per a.mode
+_K_SLOT = 2  # the value is source b of join a
+
+_MISSING = object()
+_PENDING = object()  # memo marker: being evaluated by some fiber
+_SUSPENDED = object()  # a kernel went to the pool: the fiber waits for its completion
+
+Stack = list[tuple[int, Any, Any]]
+
+
+class _Join:
+    """A parent fiber waiting for the values of a multi-source ``Bind``."""
+
+    __slots__ = ("node", "stack", "values", "pending")
+
+    def __init__(self, node: Any, stack: Stack, values: list[Any], pending: int) -> None:
+        self.node = node
+        self.stack = stack
+        self.values = values
+        self.pending = pending
+
+
+class Executor(AbstractContextManager["Executor"]):
+    """Runs ``Do`` computations.
+
+    ``workers``: pool size; 1 runs everything strictly sequentially on the calling thread.
+    ``min_pool_cost``: kernels cheaper than this (roughly, floating-point operations) run inline.
+    ``limit_blas``: with several workers, BLAS is capped at one thread (parallelism comes from
+    independent sub-graphs; BLAS threads on top of pool threads oversubscribe the cores).
+    """
+
+    def __init__(
+        self, workers: int = 1, *, min_pool_cost: float = 1e5, limit_blas: bool = True
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"Executor: workers must be >= 1, got {workers}")
+        self.workers = workers
+        self.min_pool_cost = min_pool_cost
+        self._pool = ThreadPoolExecutor(workers, "monadl") if workers > 1 else None
+        self._blas_limit: Any = None
+        if self._pool is not None and limit_blas:
+            from threadpoolctl import threadpool_limits
+
+            self._blas_limit = threadpool_limits(limits=1, user_api="blas")
+
+    def run(self, do: Do[A]) -> A:
+        """Evaluates ``do`` and returns its value, or raises the exception that failed it."""
+        result: A = _Run(self._pool, self.min_pool_cost).execute(do)
+        return result
+
+    def close(self) -> None:
+        """Shuts the pool down and restores BLAS threading. Idempotent."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if self._blas_limit is not None:
+            self._blas_limit.restore_original_limits()
+            self._blas_limit = None
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Run:
+    """The state of one run: memo, agenda, pool completions."""
+
+    __slots__ = ("pool", "min_pool_cost", "memo", "waiters", "agenda", "done", "inflight")
+
+    def __init__(self, pool: ThreadPoolExecutor | None, min_pool_cost: float) -> None:
+        self.pool = pool
+        self.min_pool_cost = min_pool_cost
+        self.memo: dict[Do[Any], Any] = {}
+        self.waiters: dict[Do[Any], list[Stack]] = {}
+        # Ready fibers: (stack, evaluating, node-or-value).
+        self.agenda: deque[tuple[Stack, bool, Any]] = deque()
+        self.done: queue.SimpleQueue[tuple[Stack, Future[Any]]] = queue.SimpleQueue()
+        self.inflight = 0
+
+    def execute(self, do: Do[Any]) -> Any:
+        root: Stack = []
+        result: list[Any] = []
+        # The root fiber's last continuation records the result.
+        root.append((_K_SLOT, result, None))
+        self.agenda.append((root, True, do))
+        try:
+            self._loop()
+        except BaseException:
+            self._drain()
+            raise
+        if not result:  # pragma: no cover - would be an interpreter bug
+            raise RuntimeError("monadl: the computation did not complete (a fiber was lost)")
+        return result[0]
+
+    def _loop(self) -> None:
+        agenda = self.agenda
+        while True:
+            if agenda:
+                stack, evaluating, x = agenda.pop()
+                self._drive(stack, evaluating, x)
+            elif self.inflight:
+                stack, fut = self.done.get()
+                self.inflight -= 1
+                agenda.append((stack, False, fut.result()))  # raises the kernel's exception
+            else:
+                return
+
+    def _drain(self) -> None:
+        """Waits for the kernels already on the pool, so nothing runs after the run has failed."""
+        while self.inflight:
+            self.done.get()
+            self.inflight -= 1
+        self.agenda.clear()
+        self.memo.clear()
+        self.waiters.clear()
+
+    def _dispatch(self, stack: Stack, fn: Callable[..., Any], args: tuple[Any, ...], cost: float) -> Any:
+        """Runs a kernel inline, or sends it to the pool and returns ``_SUSPENDED``."""
+        pool = self.pool
+        if pool is None or cost < self.min_pool_cost:
+            return fn(*args)
+        fut = pool.submit(fn, *args)
+        self.inflight += 1
+        done = self.done
+        fut.add_done_callback(lambda f: done.put((stack, f)))
+        return _SUSPENDED
+
+    def _drive(self, stack: Stack, evaluating: bool, x: Any) -> None:
+        """Runs one fiber until it finishes, suspends, or waits on a join or a memo entry."""
+        memo = self.memo
+        agenda = self.agenda
+        node: Any = x
+        value: Any = x
+        while True:
+            if evaluating:
+                tag = node.tag
+                if tag == PURE:
+                    value = node.value
+                    evaluating = False
+                    continue
+                known = memo.get(node, _MISSING)
+                if known is not _MISSING:
+                    if known is _PENDING:
+                        self.waiters.setdefault(node, []).append(stack)
+                        return
+                    value = known
+                    evaluating = False
+                    continue
+                memo[node] = _PENDING
+                stack.append((_K_MEMO, node, None))
+                if tag == BIND:
+                    sources = node.sources
+                    if len(sources) == 1:
+                        stack.append((_K_APPLY, node, None))
+                        node = sources[0]
+                        continue
+                    values, missing = self._known(sources)
+                    if missing:
+                        join = _Join(node, stack, values, len(missing))
+                        for i in missing:
+                            agenda.append(([(_K_SLOT, join, i)], True, sources[i]))
+                        return
+                    value = self._apply(stack, node, values)
+                elif tag == DELAY:
+                    value = node.thunk()
+                elif tag == DEFER:
+                    node = node.thunk()
+                    continue
+                elif tag == KERNEL:
+                    value = self._dispatch(stack, node.fn, node.args, node.cost)
+                else:
+                    raise TypeError(f"monadl: not a Do node: {node!r}")
+                if value is _SUSPENDED:
+                    return
+                if type(value) is _Continue:
+                    node = value.node
+                    continue
+                evaluating = False
+            else:
+                if not stack:
+                    return
+                kind, a, b = stack.pop()
+                if kind == _K_MEMO:
+                    memo[a] = value
+                    if self.waiters:
+                        waiting = self.waiters.pop(a, None)
+                        if waiting:
+                            for w in waiting:
+                                agenda.append((w, False, value))
+                elif kind == _K_APPLY:
+                    mode = a.mode
+                    if mode == MAP:
+                        value = a.f(value)
+                    elif mode == FLAT:
+                        node = a.f(value)
+                        evaluating = True
+                    else:
+                        value = self._dispatch(stack, a.f, (value,), a.cost)
+                        if value is _SUSPENDED:
+                            return
+                else:  # _K_SLOT
+                    if type(a) is list:  # the root's result cell
+                        a.append(value)
+                        return
+                    a.values[b] = value
+                    a.pending -= 1
+                    if a.pending:
+                        return
+                    stack = a.stack
+                    value = self._apply(stack, a.node, a.values)
+                    if value is _SUSPENDED:
+                        return
+                    if type(value) is _Continue:
+                        node = value.node
+                        evaluating = True
+
+    def _known(self, sources: tuple[Do[Any], ...]) -> tuple[list[Any], list[int]]:
+        """The values of ``sources`` already known, and the indices of those that are not."""
+        memo = self.memo
+        values: list[Any] = []
+        missing: list[int] = []
+        for i, s in enumerate(sources):
+            if s.tag == PURE:
+                values.append(s.value)  # type: ignore[attr-defined]
+                continue
+            v = memo.get(s, _MISSING)
+            if v is _MISSING or v is _PENDING:
+                missing.append(i)
+                values.append(None)
+            else:
+                values.append(v)
+        return values, missing
+
+    def _apply(self, stack: Stack, node: Any, values: list[Any]) -> Any:
+        """Applies a multi-source Bind to its values: a value, ``_SUSPENDED`` or ``_Continue``."""
+        mode = node.mode
+        if mode == MAP:
+            return node.f(*values)
+        if mode == FLAT:
+            return _Continue(node.f(*values))
+        return self._dispatch(stack, node.f, tuple(values), node.cost)
+
+
+class _Continue:
+    """Internal: 'evaluate this node next' (the result of a FLAT bind)."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: Do[Any]) -> None:
+        self.node = node
+
+
+_default: Executor | None = None
+_default_lock = threading.Lock()
+
+
+def default_executor() -> Executor:
+    """The process-wide executor: ``MONADL_WORKERS`` workers (default: the number of CPUs, at most 4)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            workers = int(os.environ.get("MONADL_WORKERS", min(os.cpu_count() or 1, 4)))
+            _default = Executor(workers)
+        return _default
+
+
+def set_default_executor(executor: Executor) -> Executor | None:
+    """Replaces the process-wide executor; returns the previous one (not closed)."""
+    global _default
+    with _default_lock:
+        previous, _default = _default, executor
+        return previous
+
+
+def run(do: Do[A], executor: Executor | None = None) -> A:
+    """Runs ``do`` on ``executor`` (default: :func:`default_executor`)."""
+    return (executor or default_executor()).run(do)

@@ -1,0 +1,1 @@
+"""The typed DSL: layers, weights, operators, ops, optimizers, training and direct style."""

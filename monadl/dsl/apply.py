@@ -1,0 +1,140 @@
+"""Applying a primitive to tapes: the forward kernel and the reference-counted backward.
+
+``apply_primitive`` turns a :class:`~monadl.dsl.primitives.Primitive` and the forward computations
+of its operands into the forward computation of the result:
+
+1. a ``FLAT`` bind waits for the operands' tapes (independently: concurrently when they are big),
+   then, on the interpreter's thread, acquires them and registers the new tape with the step;
+2. a ``Kernel`` computes the data (inline, or on the pool if its cost is worth it).
+
+The result's backward (once, with the summed delta) makes one lazy vjp kernel per input that wants
+a delta; inputs that are literals are skipped, so their vjp kernels are never built or run.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from monadl.do.do import FLAT, KERNEL_MAP, Bind, Do, Kernel, Pure, run_unit
+from monadl.dsl.base import Differentiable
+from monadl.dsl.primitives import Primitive
+from monadl.tape.shared import SharedTape, current_step
+from monadl.tape.tape import Tape
+from monadl.typeclasses.backend import (
+    ShapeError,
+    check_float_array,
+    device_of,
+    is_array,
+    namespace,
+    shape_of,
+    unbroadcast,
+)
+from monadl.typeclasses.deep_learning import DeepLearning
+from monadl.typeclasses.monoid import SUM
+
+
+class OpTape(SharedTape[Any, Any]):
+    """The tape of one application of a primitive."""
+
+    __slots__ = ("prim", "params", "xp", "cost")
+
+    def __init__(self, prim: Primitive, params: dict[str, Any], inputs: tuple[Tape[Any, Any], ...]) -> None:
+        super().__init__(None, inputs)
+        self.prim = prim
+        self.params = params
+        self.xp: Any = None
+        self.cost = 0.0
+
+    def compute(self) -> OpTape:
+        """The forward kernel: computes ``data`` from the inputs' data."""
+        prim = self.prim
+        params = self.params
+        datas = [t.data for t in self.inputs]
+        xp = self.xp = namespace(*datas)
+        if xp is not np and len(datas) > 1:
+            _check_devices(prim.name, datas)
+        if prim.check is not None:
+            prim.check(*datas, **params)
+        try:
+            self.data = prim.forward(xp, *datas, **params)
+        except ValueError as e:
+            shapes = " and ".join(str(shape_of(d)) for d in datas)
+            raise ShapeError(f"{prim.name}: operands of shapes {shapes} do not fit: {e}") from e
+        return self
+
+    def vjp(self, i: int, delta: Any) -> Any:
+        """The delta of input ``i``, given this tape's delta (a kernel)."""
+        prim = self.prim
+        datas = [t.data for t in self.inputs]
+        g = prim.vjps[i](self.xp, delta, self.data, *datas, **self.params)
+        if prim.broadcasts:
+            g = unbroadcast(self.xp, g, datas[i])
+        return g
+
+    def _sum(self, deltas: Sequence[Do[Any]]) -> Do[Any]:
+        return SUM.sum_lazy(deltas, self.cost)
+
+    def _backward(self, delta: Do[Any]) -> Do[None]:
+        inputs = self.inputs
+        cost = self.cost
+        return run_unit(
+            t.backward(Bind((delta,), functools.partial(self.vjp, i), KERNEL_MAP, cost))
+            for i, t in enumerate(inputs)
+            if t.requires_delta
+        )
+
+
+def _check_devices(name: str, datas: Sequence[Any]) -> None:
+    devices = {str(device_of(d)) for d in datas if type(d) is not float}
+    if len(devices) > 1:
+        raise ValueError(f"{name}: operands live on different devices: {', '.join(sorted(devices))}")
+
+
+class _Build:
+    """The interpreter-thread step of an op's forward: acquire inputs, make and register the tape."""
+
+    __slots__ = ("prim", "params")
+
+    def __init__(self, prim: Primitive, params: dict[str, Any]) -> None:
+        self.prim = prim
+        self.params = params
+
+    def __call__(self, *tapes: Tape[Any, Any]) -> Do[OpTape]:
+        for t in tapes:
+            t.acquire()
+        tape = OpTape(self.prim, self.params, tapes)
+        step = current_step()
+        if step is not None:
+            step.register(tape)
+        tape.cost = cost = self.prim.cost(*[t.data for t in tapes], **self.params)
+        return Kernel(tape.compute, (), cost)
+
+
+def forward_of(x: object, where: str) -> Do[Tape[Any, Any]]:
+    """The forward computation of an operand: a layer's or weight's, or a literal's constant tape.
+
+    Raises a TypeError naming ``where`` for anything that is not a float, a floating-point array,
+    a weight or a layer.
+    """
+    if isinstance(x, Differentiable):
+        return x.forward
+    if isinstance(x, (float, int)) and not isinstance(x, bool):
+        return Pure(Tape(float(x)))
+    if is_array(x):
+        check_float_array(x, where)
+        return Pure(Tape(x))
+    if isinstance(x, DeepLearning):  # a user's own differentiable type
+        return x.forward
+    raise TypeError(
+        f"{where}: expected a float, a floating-point array, a weight or a layer, got {type(x).__name__}"
+    )
+
+
+def apply_primitive(prim: Primitive, operands: Sequence[object], params: dict[str, Any]) -> Do[Tape[Any, Any]]:
+    """The forward computation of ``prim`` applied to ``operands`` (see the module's docstring)."""
+    sources = tuple(forward_of(x, prim.name) for x in operands)
+    return Bind(sources, _Build(prim, params), FLAT)

@@ -1,0 +1,267 @@
+"""``FloatLayer`` and ``ArrayLayer``: differentiable expressions, and their typed operators.
+
+Operators accept any mix of literal (float, array), weight and layer and return a layer. The result
+type follows the operands: float with float gives a ``FloatLayer``, anything with an array gives an
+``ArrayLayer``. The operator mixins are shared by layers and weights (``weights.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias, final, overload
+
+from returns.future import FutureResult
+from returns.result import Result
+
+from monadl.do.do import Do
+from monadl.do.executor import Executor
+from monadl.dsl import primitives as P
+from monadl.dsl.apply import apply_primitive
+from monadl.dsl.base import Differentiable
+from monadl.dsl.primitives import Primitive
+from monadl.tape.tape import Tape
+from monadl.typeclasses.backend import Array
+
+if TYPE_CHECKING:
+    from monadl.dsl.optimizers import Optimizer
+    from monadl.dsl.weights import ArrayWeight, FloatWeight
+
+AnyFloat: TypeAlias = "float | FloatWeight | FloatLayer"
+"""Anything usable where a differentiable float is expected."""
+AnyArray: TypeAlias = "Array | ArrayWeight | ArrayLayer"
+"""Anything usable where a differentiable array is expected."""
+
+
+def is_float_kind(x: object) -> bool:
+    """True for operands of float type: floats, ints, float weights and float layers."""
+    return isinstance(x, (FloatOperators, float, int))
+
+
+def apply(prim: Primitive, *operands: object, **params: Any) -> FloatLayer | ArrayLayer:
+    """``prim`` applied to ``operands``: a ``FloatLayer`` if all are floats, else an ``ArrayLayer``."""
+    forward = apply_primitive(prim, operands, params)
+    if all(is_float_kind(x) for x in operands):
+        return FloatLayer(forward)
+    return ArrayLayer(forward)
+
+
+def apply_array(prim: Primitive, *operands: object, **params: Any) -> ArrayLayer:
+    """``prim`` applied to ``operands``, known to give an array."""
+    return ArrayLayer(apply_primitive(prim, operands, params))
+
+
+def apply_float(prim: Primitive, *operands: object, **params: Any) -> FloatLayer:
+    """``prim`` applied to ``operands``, known to give a float."""
+    return FloatLayer(apply_primitive(prim, operands, params))
+
+
+class FloatOperators(Differentiable[float, float]):
+    """Operators of float-typed differentiable values (``FloatLayer``, ``FloatWeight``)."""
+
+    __slots__ = ()
+
+    @overload
+    def __add__(self, other: AnyFloat) -> FloatLayer: ...
+    @overload
+    def __add__(self, other: AnyArray) -> ArrayLayer: ...
+    def __add__(self, other: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
+        return apply(P.add, self, other)
+
+    @overload
+    def __radd__(self, other: float) -> FloatLayer: ...
+    @overload
+    def __radd__(self, other: Array) -> ArrayLayer: ...
+    def __radd__(self, other: float | Array) -> FloatLayer | ArrayLayer:
+        return apply(P.add, other, self)
+
+    @overload
+    def __sub__(self, other: AnyFloat) -> FloatLayer: ...
+    @overload
+    def __sub__(self, other: AnyArray) -> ArrayLayer: ...
+    def __sub__(self, other: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
+        return apply(P.sub, self, other)
+
+    @overload
+    def __rsub__(self, other: float) -> FloatLayer: ...
+    @overload
+    def __rsub__(self, other: Array) -> ArrayLayer: ...
+    def __rsub__(self, other: float | Array) -> FloatLayer | ArrayLayer:
+        return apply(P.sub, other, self)
+
+    @overload
+    def __mul__(self, other: AnyFloat) -> FloatLayer: ...
+    @overload
+    def __mul__(self, other: AnyArray) -> ArrayLayer: ...
+    def __mul__(self, other: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
+        return apply(P.mul, self, other)
+
+    @overload
+    def __rmul__(self, other: float) -> FloatLayer: ...
+    @overload
+    def __rmul__(self, other: Array) -> ArrayLayer: ...
+    def __rmul__(self, other: float | Array) -> FloatLayer | ArrayLayer:
+        return apply(P.mul, other, self)
+
+    @overload
+    def __truediv__(self, other: AnyFloat) -> FloatLayer: ...
+    @overload
+    def __truediv__(self, other: AnyArray) -> ArrayLayer: ...
+    def __truediv__(self, other: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
+        return apply(P.div, self, other)
+
+    @overload
+    def __rtruediv__(self, other: float) -> FloatLayer: ...
+    @overload
+    def __rtruediv__(self, other: Array) -> ArrayLayer: ...
+    def __rtruediv__(self, other: float | Array) -> FloatLayer | ArrayLayer:
+        return apply(P.div, other, self)
+
+    @overload
+    def __pow__(self, other: AnyFloat) -> FloatLayer: ...
+    @overload
+    def __pow__(self, other: AnyArray) -> ArrayLayer: ...
+    def __pow__(self, other: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
+        return apply(P.power, self, other)
+
+    @overload
+    def __rpow__(self, other: float) -> FloatLayer: ...
+    @overload
+    def __rpow__(self, other: Array) -> ArrayLayer: ...
+    def __rpow__(self, other: float | Array) -> FloatLayer | ArrayLayer:
+        return apply(P.power, other, self)
+
+    def __neg__(self) -> FloatLayer:
+        return apply_float(P.neg, self)
+
+    def __pos__(self) -> FloatOperators:
+        return self
+
+
+class ArrayOperators(Differentiable[Array, Array]):
+    """Operators of array-typed differentiable values (``ArrayLayer``, ``ArrayWeight``)."""
+
+    __slots__ = ()
+
+    def __add__(self, other: AnyFloat | AnyArray) -> ArrayLayer:
+        return apply_array(P.add, self, other)
+
+    def __radd__(self, other: float | Array) -> ArrayLayer:
+        return apply_array(P.add, other, self)
+
+    def __sub__(self, other: AnyFloat | AnyArray) -> ArrayLayer:
+        return apply_array(P.sub, self, other)
+
+    def __rsub__(self, other: float | Array) -> ArrayLayer:
+        return apply_array(P.sub, other, self)
+
+    def __mul__(self, other: AnyFloat | AnyArray) -> ArrayLayer:
+        return apply_array(P.mul, self, other)
+
+    def __rmul__(self, other: float | Array) -> ArrayLayer:
+        return apply_array(P.mul, other, self)
+
+    def __truediv__(self, other: AnyFloat | AnyArray) -> ArrayLayer:
+        return apply_array(P.div, self, other)
+
+    def __rtruediv__(self, other: float | Array) -> ArrayLayer:
+        return apply_array(P.div, other, self)
+
+    def __pow__(self, other: AnyFloat | AnyArray) -> ArrayLayer:
+        return apply_array(P.power, self, other)
+
+    def __rpow__(self, other: float | Array) -> ArrayLayer:
+        return apply_array(P.power, other, self)
+
+    def __matmul__(self, other: AnyArray) -> ArrayLayer:
+        return apply_array(P.matmul, self, other)
+
+    def __rmatmul__(self, other: Array) -> ArrayLayer:
+        return apply_array(P.matmul, other, self)
+
+    def __neg__(self) -> ArrayLayer:
+        return apply_array(P.neg, self)
+
+    def __pos__(self) -> ArrayOperators:
+        return self
+
+    def __getitem__(self, indices: Array | int | Sequence[int]) -> ArrayLayer:
+        """Rows ``indices`` of this array (an embedding lookup): see :func:`monadl.take_rows`."""
+        from monadl.dsl.ops import take_rows
+
+        return take_rows(self, indices)
+
+
+@final
+class FloatLayer(FloatOperators):
+    """A differentiable expression of type float."""
+
+    __slots__ = ()
+
+    def __init__(self, forward: Do[Tape[float, float]]) -> None:
+        self.forward = forward
+
+    def predict(self, *, executor: Executor | None = None) -> FutureResult[float, Exception]:
+        """The forward value, as a ``FutureResult`` (computed when awaited)."""
+        from monadl.dsl.training import predict
+
+        return predict(self, executor=executor)
+
+    def train(
+        self, optimizer: Optimizer | None = None, *, executor: Executor | None = None
+    ) -> FutureResult[float, Exception]:
+        """One training step on this loss, as a ``FutureResult`` (computed when awaited)."""
+        from monadl.dsl.training import train
+
+        return train(self, optimizer, executor=executor)
+
+    def predict_blocking(self, *, executor: Executor | None = None) -> Result[float, Exception]:
+        """The forward value, computed now."""
+        from monadl.dsl.training import predict_blocking
+
+        return predict_blocking(self, executor=executor)
+
+    def train_blocking(
+        self, optimizer: Optimizer | None = None, *, executor: Executor | None = None
+    ) -> Result[float, Exception]:
+        """One training step, now: the loss, or the failure (and then no weight changed)."""
+        from monadl.dsl.training import train_blocking
+
+        return train_blocking(self, optimizer, executor=executor)
+
+
+@final
+class ArrayLayer(ArrayOperators):
+    """A differentiable expression of array type."""
+
+    __slots__ = ()
+
+    def __init__(self, forward: Do[Tape[Array, Array]]) -> None:
+        self.forward = forward
+
+    def predict(self, *, executor: Executor | None = None) -> FutureResult[Array, Exception]:
+        """The forward value, as a ``FutureResult`` (computed when awaited)."""
+        from monadl.dsl.training import predict
+
+        return predict(self, executor=executor)
+
+    def train(
+        self, optimizer: Optimizer | None = None, *, executor: Executor | None = None
+    ) -> FutureResult[Array, Exception]:
+        """One training step on this loss, as a ``FutureResult`` (computed when awaited)."""
+        from monadl.dsl.training import train
+
+        return train(self, optimizer, executor=executor)
+
+    def predict_blocking(self, *, executor: Executor | None = None) -> Result[Array, Exception]:
+        """The forward value, computed now."""
+        from monadl.dsl.training import predict_blocking
+
+        return predict_blocking(self, executor=executor)
+
+    def train_blocking(
+        self, optimizer: Optimizer | None = None, *, executor: Executor | None = None
+    ) -> Result[Array, Exception]:
+        """One training step on the sum of this array (seeded with ones), now."""
+        from monadl.dsl.training import train_blocking
+
+        return train_blocking(self, optimizer, executor=executor)

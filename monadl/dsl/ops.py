@@ -1,0 +1,214 @@
+"""Differentiable functions on floats, arrays, weights and layers (the rules are in ``primitives``).
+
+Each accepts any mix of literal, weight and layer. Elementwise functions keep the operand's type:
+``exp(float-like) -> FloatLayer``, ``exp(array-like) -> ArrayLayer``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import overload
+
+from monadl.dsl import primitives as P
+from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer, apply, apply_array, apply_float
+from monadl.typeclasses.backend import Array, is_array, namespace
+
+Axis = int | tuple[int, ...] | None
+
+
+def lift(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
+    """``x`` as a layer. Use it on a raw-array operand where mypy cannot pick an operator of a
+    union that includes ``ndarray`` (``ndarray * ndarray`` is an ndarray, not a layer)."""
+    from monadl.dsl.apply import forward_of
+    from monadl.dsl.layers import is_float_kind
+
+    if isinstance(x, (FloatLayer, ArrayLayer)):
+        return x
+    forward = forward_of(x, "lift")
+    return FloatLayer(forward) if is_float_kind(x) else ArrayLayer(forward)
+
+
+@overload
+def lift_array(x: AnyArray) -> ArrayLayer: ...
+@overload
+def lift_array(x: AnyFloat) -> FloatLayer: ...
+def lift_array(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
+    """:func:`lift` with a precise type: an array-like gives an ``ArrayLayer``."""
+    return lift(x)
+
+
+@overload
+def exp(x: AnyFloat) -> FloatLayer: ...
+@overload
+def exp(x: AnyArray) -> ArrayLayer: ...
+def exp(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
+    """Elementwise ``e ** x``."""
+    return apply(P.exp, x)
+
+
+@overload
+def log(x: AnyFloat) -> FloatLayer: ...
+@overload
+def log(x: AnyArray) -> ArrayLayer: ...
+def log(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
+    """Elementwise natural logarithm."""
+    return apply(P.log, x)
+
+
+@overload
+def sqrt(x: AnyFloat) -> FloatLayer: ...
+@overload
+def sqrt(x: AnyArray) -> ArrayLayer: ...
+def sqrt(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
+    """Elementwise square root."""
+    return apply(P.sqrt, x)
+
+
+@overload
+def abs(x: AnyFloat) -> FloatLayer: ...
+@overload
+def abs(x: AnyArray) -> ArrayLayer: ...
+def abs(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:  # noqa: A001 - the array API's name
+    """Elementwise absolute value (its derivative at 0 is taken as 0)."""
+    return apply(P.absolute, x)
+
+
+@overload
+def tanh(x: AnyFloat) -> FloatLayer: ...
+@overload
+def tanh(x: AnyArray) -> ArrayLayer: ...
+def tanh(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
+    """Elementwise hyperbolic tangent."""
+    return apply(P.tanh, x)
+
+
+@overload
+def sigmoid(x: AnyFloat) -> FloatLayer: ...
+@overload
+def sigmoid(x: AnyArray) -> ArrayLayer: ...
+def sigmoid(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
+    """Elementwise logistic function ``1 / (1 + e ** -x)``, without overflow."""
+    return apply(P.sigmoid, x)
+
+
+@overload
+def relu(x: AnyFloat) -> FloatLayer: ...
+@overload
+def relu(x: AnyArray) -> ArrayLayer: ...
+def relu(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
+    """Elementwise ``max(x, 0)`` (derivative 0 at 0)."""
+    return apply(P.relu, x)
+
+
+@overload
+def maximum(a: AnyFloat, b: AnyFloat) -> FloatLayer: ...
+@overload
+def maximum(a: AnyArray, b: AnyFloat | AnyArray) -> ArrayLayer: ...
+@overload
+def maximum(a: AnyFloat, b: AnyArray) -> ArrayLayer: ...
+def maximum(a: AnyFloat | AnyArray, b: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
+    """Elementwise maximum of two operands (a layer or a constant); ties send the delta to ``a``."""
+    return apply(P.maximum, a, b)
+
+
+@overload
+def minimum(a: AnyFloat, b: AnyFloat) -> FloatLayer: ...
+@overload
+def minimum(a: AnyArray, b: AnyFloat | AnyArray) -> ArrayLayer: ...
+@overload
+def minimum(a: AnyFloat, b: AnyArray) -> ArrayLayer: ...
+def minimum(a: AnyFloat | AnyArray, b: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
+    """Elementwise minimum of two operands; ties send the delta to ``a``."""
+    return apply(P.minimum, a, b)
+
+
+def matmul(a: AnyArray, b: AnyArray) -> ArrayLayer:
+    """Matrix product (``a @ b``), with NumPy's rules for 1-d and stacked operands."""
+    return apply_array(P.matmul, a, b)
+
+
+def dot(a: AnyArray, b: AnyArray) -> ArrayLayer:
+    """Same as :func:`matmul`; for two vectors, a 0-d array (``sum`` it for a FloatLayer)."""
+    return apply_array(P.matmul, a, b)
+
+
+@overload
+def sum(x: AnyArray, axis: None = None) -> FloatLayer: ...
+@overload
+def sum(x: AnyArray, axis: int | tuple[int, ...], *, keepdims: bool = False) -> ArrayLayer: ...
+def sum(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLayer | ArrayLayer:  # noqa: A001
+    """Sum of all elements (a ``FloatLayer``), or along ``axis`` (an ``ArrayLayer``)."""
+    if axis is None:
+        return apply_float(P.sum_, x)
+    return apply_array(P.sum_, x, axis=axis, keepdims=keepdims)
+
+
+@overload
+def mean(x: AnyArray, axis: None = None) -> FloatLayer: ...
+@overload
+def mean(x: AnyArray, axis: int | tuple[int, ...], *, keepdims: bool = False) -> ArrayLayer: ...
+def mean(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLayer | ArrayLayer:
+    """Mean of all elements (a ``FloatLayer``), or along ``axis`` (an ``ArrayLayer``)."""
+    if axis is None:
+        return apply_float(P.mean, x)
+    return apply_array(P.mean, x, axis=axis, keepdims=keepdims)
+
+
+def reshape(x: AnyArray, shape: Sequence[int]) -> ArrayLayer:
+    """``x`` with a new shape of the same size (one dimension may be -1)."""
+    return apply_array(P.reshape, x, shape=tuple(int(n) for n in shape))
+
+
+def transpose(x: AnyArray, axes: Sequence[int] | None = None) -> ArrayLayer:
+    """``x`` with its axes permuted (reversed by default)."""
+    return apply_array(P.transpose, x, axes=None if axes is None else tuple(axes))
+
+
+def concatenate(xs: Sequence[AnyArray], axis: int = 0) -> ArrayLayer:
+    """The arrays joined along an existing ``axis``."""
+    if not xs:
+        raise ValueError("concatenate: needs at least one array")
+    return apply_array(P.concatenate(len(xs)), *xs, axis=axis)
+
+
+def _indices(indices: Array | int | Sequence[int]) -> Array:
+    import numpy as np
+
+    if is_array(indices):
+        xp = namespace(indices)
+        if not xp.isdtype(indices.dtype, "integral"):
+            raise TypeError(f"take_rows: expected integer indices, got dtype {indices.dtype}")
+        return indices
+    if isinstance(indices, bool) or not isinstance(indices, (int, Sequence)):
+        raise TypeError(f"take_rows: expected integer indices, got {type(indices).__name__}")
+    array = np.asarray(indices)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"take_rows: expected integer indices, got {indices!r}")
+    return array
+
+
+def take_rows(table: AnyArray, indices: Array | int | Sequence[int]) -> ArrayLayer:
+    """Rows of ``table`` (an embedding lookup): shape ``indices.shape + table.shape[1:]``. The
+    delta adds each row's delta into the rows used, repeated indices included."""
+    return apply_array(P.take_rows, table, indices=_indices(indices))
+
+
+def softmax(x: AnyArray, axis: int = -1) -> ArrayLayer:
+    """Softmax along ``axis``, computed stably."""
+    return apply_array(P.softmax, x, axis=axis)
+
+
+def log_softmax(x: AnyArray, axis: int = -1) -> ArrayLayer:
+    """Log of the softmax along ``axis``, computed stably."""
+    return apply_array(P.log_softmax, x, axis=axis)
+
+
+def cross_entropy(logits: AnyArray, targets: Array) -> FloatLayer:
+    """Mean over the batch of ``-sum(targets * log_softmax(logits))`` over the last axis.
+
+    ``targets`` are probabilities (one-hot or soft) of ``logits``' shape, or integer class labels of
+    shape ``logits.shape[:-1]``. They are constants: no delta flows into them.
+    """
+    if not is_array(targets):
+        raise TypeError(f"cross_entropy: expected an array of targets, got {type(targets).__name__}")
+    return apply_float(P.cross_entropy, logits, targets=targets)

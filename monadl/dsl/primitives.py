@@ -1,0 +1,351 @@
+"""The primitive ops, as data: a forward, one vector-Jacobian product per input, a cost, a check.
+
+Adding an op touches only this table (and, for a public name, ``ops.py``). Every rule is written
+against an array namespace ``xp`` taken from the inputs, so it runs on NumPy, CuPy, array-api-strict
+and, for elementwise ops, on Python floats (:data:`~monadl.typeclasses.backend.FLOATS`).
+
+A vjp has the signature ``vjp(xp, delta, out, *inputs, **params)`` and returns the delta for its
+input. For ops marked ``broadcasts``, the result is reduced back to the input's shape afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from monadl.typeclasses.backend import ShapeError, shape_of, unbroadcast
+
+Rule = Callable[..., Any]
+
+
+def _size(x: Any) -> float:
+    return 1.0 if type(x) is float else float(math.prod(x.shape))
+
+
+def elementwise_cost(*inputs: Any, **_: Any) -> float:
+    """Cost of an elementwise op: the largest operand's number of elements."""
+    return max(_size(x) for x in inputs)
+
+
+@dataclass(frozen=True, eq=False)
+class Primitive:
+    """One differentiable primitive: ``forward(xp, *inputs, **params)`` and its ``vjps``."""
+
+    name: str
+    forward: Rule
+    vjps: tuple[Rule, ...]
+    broadcasts: bool = False
+    cost: Callable[..., float] = elementwise_cost
+    check: Callable[..., None] | None = None
+    batching: dict[str, Any] = field(default_factory=dict)  # reserved for dynamic batching
+
+    def __repr__(self) -> str:
+        return f"Primitive({self.name})"
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+
+def _expand_to(xp: Any, delta: Any, x: Any, axis: int | tuple[int, ...] | None, keepdims: bool) -> Any:
+    """``delta`` of a reduction of ``x`` over ``axis``, broadcast back to ``x``'s shape."""
+    if type(delta) is float or getattr(delta, "ndim", 1) == 0:
+        return xp.zeros_like(x) + delta
+    if not keepdims and axis is not None:
+        axes = (axis,) if isinstance(axis, int) else axis
+        kept = list(x.shape)
+        for a in axes:
+            kept[a % x.ndim] = 1
+        delta = xp.reshape(delta, tuple(kept))
+    return xp.broadcast_to(delta, x.shape)
+
+
+def _count(x: Any, axis: int | tuple[int, ...] | None) -> int:
+    if axis is None:
+        return int(math.prod(x.shape))
+    axes = (axis,) if isinstance(axis, int) else axis
+    return int(math.prod(x.shape[a] for a in axes))
+
+
+def _reduce(xp: Any, value: Any, axis: Any, keepdims: bool) -> Any:
+    return float(value) if axis is None and not keepdims else value
+
+
+# ----------------------------------------------------------------------------------- elementwise
+
+add = Primitive("add", lambda xp, a, b: a + b, (lambda xp, d, o, a, b: d, lambda xp, d, o, a, b: d), True)
+sub = Primitive("sub", lambda xp, a, b: a - b, (lambda xp, d, o, a, b: d, lambda xp, d, o, a, b: -d), True)
+mul = Primitive(
+    "mul", lambda xp, a, b: a * b, (lambda xp, d, o, a, b: d * b, lambda xp, d, o, a, b: d * a), True
+)
+div = Primitive(
+    "div",
+    lambda xp, a, b: a / b,
+    (lambda xp, d, o, a, b: d / b, lambda xp, d, o, a, b: -d * o / b),
+    True,
+)
+power = Primitive(
+    "pow",
+    lambda xp, a, b: a**b,
+    (lambda xp, d, o, a, b: d * b * a ** (b - 1.0), lambda xp, d, o, a, b: d * xp.log(a) * o),
+    True,
+)
+maximum = Primitive(
+    "maximum",
+    lambda xp, a, b: xp.maximum(a, b),
+    (lambda xp, d, o, a, b: xp.where(a >= b, d, 0.0), lambda xp, d, o, a, b: xp.where(a >= b, 0.0, d)),
+    True,
+)
+minimum = Primitive(
+    "minimum",
+    lambda xp, a, b: xp.minimum(a, b),
+    (lambda xp, d, o, a, b: xp.where(a <= b, d, 0.0), lambda xp, d, o, a, b: xp.where(a <= b, 0.0, d)),
+    True,
+)
+neg = Primitive("neg", lambda xp, x: -x, (lambda xp, d, o, x: -d,))
+exp = Primitive("exp", lambda xp, x: xp.exp(x), (lambda xp, d, o, x: d * o,))
+log = Primitive("log", lambda xp, x: xp.log(x), (lambda xp, d, o, x: d / x,))
+sqrt = Primitive("sqrt", lambda xp, x: xp.sqrt(x), (lambda xp, d, o, x: d * 0.5 / o,))
+absolute = Primitive("abs", lambda xp, x: xp.abs(x), (lambda xp, d, o, x: d * xp.sign(x),))
+tanh = Primitive("tanh", lambda xp, x: xp.tanh(x), (lambda xp, d, o, x: d * (1.0 - o * o),))
+# 0.5 * (1 + tanh(x / 2)) is sigmoid without overflow for large |x|.
+sigmoid = Primitive(
+    "sigmoid", lambda xp, x: 0.5 * (xp.tanh(0.5 * x) + 1.0), (lambda xp, d, o, x: d * o * (1.0 - o),)
+)
+relu = Primitive("relu", lambda xp, x: xp.maximum(x, 0.0), (lambda xp, d, o, x: xp.where(x > 0.0, d, 0.0),))
+
+# ------------------------------------------------------------------------------------ reductions
+
+sum_ = Primitive(
+    "sum",
+    lambda xp, x, axis=None, keepdims=False: _reduce(xp, xp.sum(x, axis=axis, keepdims=keepdims), axis, keepdims),
+    (lambda xp, d, o, x, axis=None, keepdims=False: _expand_to(xp, d, x, axis, keepdims),),
+)
+mean = Primitive(
+    "mean",
+    lambda xp, x, axis=None, keepdims=False: _reduce(
+        xp, xp.sum(x, axis=axis, keepdims=keepdims) / _count(x, axis), axis, keepdims
+    ),
+    (lambda xp, d, o, x, axis=None, keepdims=False: _expand_to(xp, d / _count(x, axis), x, axis, keepdims),),
+)
+
+# ----------------------------------------------------------------------------------------- shape
+
+
+def _check_reshape(x: Any, shape: tuple[int, ...]) -> None:
+    known = math.prod(n for n in shape if n != -1)
+    total = math.prod(x.shape)
+    if shape.count(-1) > 1 or (-1 not in shape and known != total) or (known and total % known):
+        raise ShapeError(f"reshape: cannot reshape an array of shape {tuple(x.shape)} to {shape}")
+
+
+reshape = Primitive(
+    "reshape",
+    lambda xp, x, shape: xp.reshape(x, shape),
+    (lambda xp, d, o, x, shape: xp.reshape(d, x.shape),),
+    check=_check_reshape,
+)
+
+
+def _axes(x: Any, axes: tuple[int, ...] | None) -> tuple[int, ...]:
+    return tuple(reversed(range(x.ndim))) if axes is None else axes
+
+
+def _inverse(axes: tuple[int, ...]) -> tuple[int, ...]:
+    inverse = [0] * len(axes)
+    for i, a in enumerate(axes):
+        inverse[a] = i
+    return tuple(inverse)
+
+
+def _check_transpose(x: Any, axes: tuple[int, ...] | None) -> None:
+    if axes is not None and sorted(a % max(x.ndim, 1) for a in axes) != list(range(x.ndim)):
+        raise ShapeError(f"transpose: axes {axes} do not fit an array of shape {tuple(x.shape)}")
+
+
+transpose = Primitive(
+    "transpose",
+    lambda xp, x, axes=None: xp.permute_dims(x, _axes(x, axes)),
+    (lambda xp, d, o, x, axes=None: xp.permute_dims(d, _inverse(_axes(x, axes))),),
+    check=_check_transpose,
+)
+
+
+def _concat_vjp(i: int) -> Rule:
+    def vjp(xp: Any, d: Any, o: Any, *xs: Any, axis: int = 0) -> Any:
+        ax = axis % d.ndim
+        start = sum(x.shape[ax] for x in xs[:i])
+        index = (slice(None),) * ax + (slice(start, start + xs[i].shape[ax]),)
+        return d[index]
+
+    return vjp
+
+
+def _check_concat(*xs: Any, axis: int = 0) -> None:
+    shapes = [tuple(x.shape) for x in xs]
+    ndim = len(shapes[0])
+    if any(len(s) != ndim for s in shapes) or not -ndim <= axis < ndim:
+        raise ShapeError(f"concatenate: arrays of shapes {shapes} cannot be joined along axis {axis}")
+    ax = axis % ndim
+    if any(s[:ax] + s[ax + 1 :] != shapes[0][:ax] + shapes[0][ax + 1 :] for s in shapes):
+        raise ShapeError(f"concatenate: arrays of shapes {shapes} differ off axis {axis}")
+
+
+_concat_rules: dict[int, Primitive] = {}
+
+
+def concatenate(n: int) -> Primitive:
+    """The concatenation of ``n`` arrays (one primitive per arity: each input has its own vjp)."""
+    prim = _concat_rules.get(n)
+    if prim is None:
+        prim = Primitive(
+            "concatenate",
+            lambda xp, *xs, axis=0: xp.concat(xs, axis=axis),
+            tuple(_concat_vjp(i) for i in range(n)),
+            check=_check_concat,
+        )
+        _concat_rules[n] = prim
+    return prim
+
+
+def _scatter_rows(xp: Any, table: Any, indices: Any, d: Any) -> Any:
+    """The delta of ``take(table, indices, axis=0)``: rows of ``d`` added into a zero table."""
+    flat = xp.reshape(indices, (-1,))
+    rows = xp.reshape(d, (flat.shape[0],) + tuple(table.shape[1:]))
+    out = xp.zeros_like(table)
+    add_at = getattr(getattr(xp, "add", None), "at", None)
+    if add_at is not None:  # NumPy and CuPy ufuncs scatter-add in place
+        add_at(out, flat, rows)
+        return out
+    onehot = xp.astype(flat[:, None] == xp.arange(table.shape[0])[None, :], d.dtype)
+    summed = xp.matmul(xp.matrix_transpose(onehot), xp.reshape(rows, (flat.shape[0], -1)))
+    return xp.reshape(summed, table.shape)
+
+
+def _check_take(table: Any, indices: Any) -> None:
+    n = table.shape[0] if table.ndim else 0
+    if table.ndim == 0:
+        raise ShapeError("take_rows: cannot index rows of a 0-d array")
+    if indices.size if hasattr(indices, "size") and isinstance(indices.size, int) else math.prod(indices.shape):
+        xp = indices.__array_namespace__()
+        lo, hi = int(xp.min(indices)), int(xp.max(indices))
+        if lo < 0 or hi >= n:
+            raise ShapeError(
+                f"take_rows: row index {lo if lo < 0 else hi} is out of range for a table of shape "
+                f"{tuple(table.shape)}"
+            )
+
+
+take_rows = Primitive(
+    "take_rows",
+    lambda xp, table, indices: xp.reshape(
+        xp.take(table, xp.reshape(indices, (-1,)), axis=0), tuple(indices.shape) + tuple(table.shape[1:])
+    ),
+    (lambda xp, d, o, table, indices: _scatter_rows(xp, table, indices, d),),
+    cost=lambda table, indices: float(math.prod(indices.shape) * math.prod(table.shape[1:])),
+    check=_check_take,
+)
+
+# ---------------------------------------------------------------------------------------- matmul
+
+
+def _check_matmul(a: Any, b: Any) -> None:
+    if type(a) is float or type(b) is float or a.ndim == 0 or b.ndim == 0:
+        raise ShapeError(f"matmul: operands must be arrays of at least 1 dimension, got {shape_of(a)} and {shape_of(b)}")
+    k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if a.shape[-1] != k_b:
+        raise ShapeError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} are not aligned ({a.shape[-1]} != {k_b})")
+
+
+def _as_matrices(xp: Any, d: Any, a: Any, b: Any) -> tuple[Any, Any, Any]:
+    """Promotes 1-d operands (and the delta) to matrices, as matmul itself does."""
+    if a.ndim == 1:
+        a = xp.expand_dims(a, axis=0)
+        d = xp.expand_dims(d, axis=-2) if b.ndim > 1 else xp.expand_dims(d, axis=0)
+    if b.ndim == 1:
+        b = xp.expand_dims(b, axis=-1)
+        d = xp.expand_dims(d, axis=-1)
+    return d, a, b
+
+
+def _matmul_vjp_a(xp: Any, d: Any, o: Any, a: Any, b: Any) -> Any:
+    d2, a2, b2 = _as_matrices(xp, d, a, b)
+    return xp.reshape(unbroadcast(xp, xp.matmul(d2, xp.matrix_transpose(b2)), a2), a.shape)
+
+
+def _matmul_vjp_b(xp: Any, d: Any, o: Any, a: Any, b: Any) -> Any:
+    d2, a2, b2 = _as_matrices(xp, d, a, b)
+    return xp.reshape(unbroadcast(xp, xp.matmul(xp.matrix_transpose(a2), d2), b2), b.shape)
+
+
+matmul = Primitive(
+    "matmul",
+    lambda xp, a, b: xp.matmul(a, b),
+    (_matmul_vjp_a, _matmul_vjp_b),
+    cost=lambda a, b: float(math.prod(a.shape) * (b.shape[-1] if b.ndim > 1 else 1)),
+    check=_check_matmul,
+)
+
+# ------------------------------------------------------------------------------ softmax and loss
+
+
+def _log_softmax(xp: Any, x: Any, axis: int) -> Any:
+    shifted = x - xp.max(x, axis=axis, keepdims=True)
+    return shifted - xp.log(xp.sum(xp.exp(shifted), axis=axis, keepdims=True))
+
+
+def _check_has_axis(x: Any, axis: int = -1) -> None:
+    if type(x) is float or not -x.ndim <= axis < x.ndim:
+        raise ShapeError(f"softmax: axis {axis} is out of range for shape {shape_of(x)}")
+
+
+softmax = Primitive(
+    "softmax",
+    lambda xp, x, axis=-1: xp.exp(_log_softmax(xp, x, axis)),
+    (lambda xp, d, o, x, axis=-1: o * (d - xp.sum(d * o, axis=axis, keepdims=True)),),
+    check=_check_has_axis,
+)
+log_softmax = Primitive(
+    "log_softmax",
+    lambda xp, x, axis=-1: _log_softmax(xp, x, axis),
+    (lambda xp, d, o, x, axis=-1: d - xp.exp(o) * xp.sum(d, axis=axis, keepdims=True),),
+    check=_check_has_axis,
+)
+
+
+def _targets(xp: Any, logits: Any, targets: Any) -> Any:
+    """One-hot (or soft) targets of ``logits``' shape, from probabilities or integer labels."""
+    if xp.isdtype(targets.dtype, "integral"):
+        classes = xp.arange(logits.shape[-1])
+        return xp.astype(xp.expand_dims(targets, axis=-1) == classes, logits.dtype)
+    return targets
+
+
+def _check_cross_entropy(logits: Any, targets: Any) -> None:
+    if type(logits) is float or logits.ndim == 0:
+        raise ShapeError(f"cross_entropy: logits must have a class axis, got shape {shape_of(logits)}")
+    xp = targets.__array_namespace__()
+    wanted = tuple(logits.shape[:-1]) if xp.isdtype(targets.dtype, "integral") else tuple(logits.shape)
+    if tuple(targets.shape) != wanted:
+        raise ShapeError(
+            f"cross_entropy: targets of shape {tuple(targets.shape)} do not fit logits of shape "
+            f"{tuple(logits.shape)} (expected {wanted}: probabilities, or integer labels "
+            f"of shape {tuple(logits.shape[:-1])})"
+        )
+
+
+def _batch(logits: Any) -> int:
+    return int(math.prod(logits.shape[:-1]))
+
+
+cross_entropy = Primitive(
+    "cross_entropy",
+    lambda xp, logits, targets: -float(xp.sum(_targets(xp, logits, targets) * _log_softmax(xp, logits, -1)))
+    / _batch(logits),
+    (
+        lambda xp, d, o, logits, targets: (xp.exp(_log_softmax(xp, logits, -1)) - _targets(xp, logits, targets))
+        * (d / _batch(logits)),
+    ),
+    check=_check_cross_entropy,
+)

@@ -1,0 +1,156 @@
+"""Training and prediction.
+
+A training step is all-or-nothing:
+
+1. forward: one run of the loss's ``Do``; tapes are built, consumers acquired, every shared tape
+   registered with the step's :class:`~monadl.tape.shared.StepContext`;
+2. the loss must be finite, else the step fails with :class:`NonFiniteLossError` before backward;
+3. backward: one run seeded with dL/dL = 1, plus the release of dangling tapes; each tape fires
+   once, and each weight's tape records its summed delta;
+4. update: every weight's new data and optimizer state are computed first, then all are committed
+   together. An exception anywhere before the commit leaves every weight and state as it was.
+
+``train``/``predict`` return ``returns``' ``FutureResult`` (the paper's typed asynchronous result);
+``train_blocking``/``predict_blocking`` return a ``Result`` for scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar
+
+from returns.future import FutureResult
+from returns.result import Failure, Result, Success
+
+from monadl.do.do import Pure, run_unit
+from monadl.do.executor import Executor, default_executor
+from monadl.dsl.layers import ArrayLayer, FloatLayer
+from monadl.dsl.optimizers import Optimizer
+from monadl.dsl.weights import ArrayWeight, FloatWeight
+from monadl.tape.shared import StepContext, in_step
+from monadl.typeclasses.backend import namespace
+
+V = TypeVar("V")
+
+_commit_lock = threading.Lock()
+
+
+class NonFiniteLossError(ArithmeticError):
+    """The loss of a training step was NaN or infinite; no weight was changed."""
+
+
+class NoOptimizerError(ValueError):
+    """A weight received a gradient but neither it nor the step has an optimizer."""
+
+
+def _is_finite(value: Any) -> bool:
+    if type(value) is float:
+        return math.isfinite(value)
+    xp = namespace(value)
+    return bool(xp.all(xp.isfinite(value)))
+
+
+def _seed(value: Any) -> Any:
+    if type(value) is float:
+        return 1.0
+    return namespace(value).ones_like(value)
+
+
+def compute_gradients(
+    loss: FloatLayer | ArrayLayer, *, executor: Executor | None = None
+) -> tuple[Any, dict[FloatWeight | ArrayWeight, Any]]:
+    """The loss and every weight's gradient, without updating anything.
+
+    Raises :class:`NonFiniteLossError` for a non-finite loss, or whatever the forward or backward
+    pass raised.
+    """
+    ex = executor or default_executor()
+    step = StepContext()
+
+    def body() -> Any:
+        root = ex.run(loss.forward)
+        value = root.data
+        if not _is_finite(value):
+            raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
+        root.acquire()
+        ex.run(run_unit([root.backward(Pure(_seed(value))), step.release_dangling(root)]))
+        return value
+
+    value = in_step(step, body)
+    return value, step.gradients
+
+
+def _apply(gradients: dict[FloatWeight | ArrayWeight, Any], default: Optimizer | None) -> None:
+    """Computes every update, then commits them all (nothing is committed if one fails)."""
+    updates = []
+    for weight, gradient in gradients.items():
+        optimizer = weight.optimizer or default
+        if optimizer is None:
+            raise NoOptimizerError(
+                f"{weight!r} has a gradient but no optimizer: pass one to train() or to the weight"
+            )
+        held = weight.optimizer_state
+        state = held[1] if held is not None and held[0] == optimizer else optimizer.init(weight.data)
+        data, state = optimizer.update(weight.data, gradient, state)
+        updates.append((weight, data, (optimizer, state)))
+    for weight, data, state in updates:
+        weight.data = data
+        weight.optimizer_state = state
+
+
+def train_blocking(
+    loss: FloatLayer | ArrayLayer,
+    optimizer: Optimizer | None = None,
+    *,
+    executor: Executor | None = None,
+) -> Result[Any, Exception]:
+    """One training step, now: ``Success(loss)``, or ``Failure(exception)`` with no weight changed.
+
+    ``optimizer`` is the default for weights that have none of their own.
+    """
+    try:
+        value, gradients = compute_gradients(loss, executor=executor)
+        with _commit_lock:
+            _apply(gradients, optimizer)
+    except Exception as e:  # noqa: BLE001 - every failure is the caller's Failure, not a crash
+        return Failure(e)
+    return Success(value)
+
+
+def predict_blocking(layer: FloatLayer | ArrayLayer, *, executor: Executor | None = None) -> Result[Any, Exception]:
+    """The forward value of ``layer``, now: ``Success(value)`` or ``Failure(exception)``."""
+    try:
+        return Success((executor or default_executor()).run(layer.forward).data)
+    except Exception as e:  # noqa: BLE001
+        return Failure(e)
+
+
+class _InThread:
+    """An awaitable that runs ``fn`` in a worker thread when first awaited, once (awaitable again)."""
+
+    def __init__(self, fn: Callable[[], Result[Any, Exception]]) -> None:
+        self._fn = fn
+        self._future: asyncio.Future[Result[Any, Exception]] | None = None
+
+    def __await__(self) -> Generator[Any, None, Result[Any, Exception]]:
+        if self._future is None:
+            self._future = asyncio.get_running_loop().run_in_executor(None, self._fn)
+        return self._future.__await__()
+
+
+def train(
+    loss: FloatLayer | ArrayLayer,
+    optimizer: Optimizer | None = None,
+    *,
+    executor: Executor | None = None,
+) -> FutureResult[Any, Exception]:
+    """One training step as a ``FutureResult``: it runs (in a worker thread) when awaited."""
+    return FutureResult(_InThread(lambda: train_blocking(loss, optimizer, executor=executor)))
+
+
+def predict(layer: FloatLayer | ArrayLayer, *, executor: Executor | None = None) -> FutureResult[Any, Exception]:
+    """The forward value as a ``FutureResult``: it runs (in a worker thread) when awaited."""
+    return FutureResult(_InThread(lambda: predict_blocking(layer, executor=executor)))

@@ -1,0 +1,7 @@
+"""Type classes: ``DeepLearning`` (Data, Delta, forward), delta monoids, the array backend."""
+
+from monadl.typeclasses.backend import Array, ShapeError, namespace
+from monadl.typeclasses.deep_learning import DeepLearning
+from monadl.typeclasses.monoid import SUM, Monoid
+
+__all__ = ["SUM", "Array", "DeepLearning", "Monoid", "ShapeError", "namespace"]

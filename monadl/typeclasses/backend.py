@@ -1,0 +1,161 @@
+"""The array backend: which namespace an op computes with, and the checks on its inputs.
+
+Ops hold no NumPy-only calls: they take ``xp`` from their inputs (the array API standard's
+``__array_namespace__``; :mod:`array_api_compat` for arrays that lack it), so the same op code runs
+on NumPy, CuPy and array-api-strict. Plain Python floats get :data:`FLOATS`, a namespace with the
+few functions the ops use, built on :mod:`math`; so one op definition serves ``FloatLayer`` too.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, TypeAlias
+
+import numpy as np
+from numpy.typing import NDArray
+
+Array: TypeAlias = NDArray[Any]
+"""The static type of array data and deltas (NumPy's; CuPy and array-api-strict arrays at run time)."""
+
+
+class ShapeError(ValueError):
+    """An op got operands whose shapes do not fit; the message names the op and the shapes."""
+
+
+class FloatNamespace:
+    """The subset of the array API that the ops use, on Python floats."""
+
+    @staticmethod
+    def exp(x: float) -> float:
+        try:
+            return math.exp(x)
+        except OverflowError:
+            return math.inf
+
+    @staticmethod
+    def log(x: float) -> float:
+        if x > 0.0:
+            return math.log(x)
+        return -math.inf if x == 0.0 else math.nan
+
+    @staticmethod
+    def sqrt(x: float) -> float:
+        return math.sqrt(x) if x >= 0.0 else math.nan
+
+    @staticmethod
+    def abs(x: float) -> float:
+        return abs(x)
+
+    @staticmethod
+    def sign(x: float) -> float:
+        return (x > 0.0) - (x < 0.0) + 0.0
+
+    @staticmethod
+    def tanh(x: float) -> float:
+        return math.tanh(x)
+
+    @staticmethod
+    def maximum(x: float, y: float) -> float:
+        return x if x >= y else y
+
+    @staticmethod
+    def minimum(x: float, y: float) -> float:
+        return x if x <= y else y
+
+    @staticmethod
+    def where(cond: bool, x: float, y: float) -> float:
+        return x if cond else y
+
+    @staticmethod
+    def zeros_like(x: float) -> float:
+        return 0.0
+
+    @staticmethod
+    def sum(x: float) -> float:
+        return x
+
+
+FLOATS = FloatNamespace()
+
+_namespaces: dict[type, Any] = {}
+
+
+def namespace_of_type(t: type, example: Any) -> Any:
+    """The array namespace of arrays of type ``t`` (cached: the lookup is on every op's path)."""
+    xp = _namespaces.get(t)
+    if xp is None:
+        if hasattr(example, "__array_namespace__"):
+            xp = example.__array_namespace__()
+        else:  # pragma: no cover - arrays without the standard's attribute (old CuPy)
+            import array_api_compat
+
+            xp = array_api_compat.array_namespace(example)
+        _namespaces[t] = xp
+    return xp
+
+
+def namespace(*values: Any) -> Any:
+    """The namespace to compute ``values`` with: the arrays' namespace, or :data:`FLOATS`."""
+    for v in values:
+        if type(v) is not float:
+            return namespace_of_type(type(v), v)
+    return FLOATS
+
+
+def is_array(x: object) -> bool:
+    """True for an array of any array-API library (NumPy, CuPy, array-api-strict)."""
+    return hasattr(x, "__array_namespace__") and hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def is_float_array(x: object) -> bool:
+    """True for an array of a real floating-point dtype."""
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind == "f"
+    if not is_array(x):
+        return False
+    xp = namespace_of_type(type(x), x)
+    return bool(xp.isdtype(x.dtype, "real floating"))  # type: ignore[attr-defined]
+
+
+def check_float_array(x: object, where: str) -> None:
+    """Raises a TypeError, naming ``where``, unless ``x`` is a floating-point array."""
+    if not is_array(x):
+        raise TypeError(f"{where}: expected a floating-point array, got {type(x).__name__}")
+    if not is_float_array(x):
+        dtype = getattr(x, "dtype", "?")
+        raise TypeError(
+            f"{where}: expected a floating-point array (float32 or float64), got dtype {dtype}"
+        )
+
+
+def device_of(x: object) -> object:
+    """The device an array lives on (``"cpu"`` for NumPy arrays and floats)."""
+    if isinstance(x, (float, np.ndarray)):
+        return "cpu"
+    return getattr(x, "device", "cpu")
+
+
+def unbroadcast(xp: Any, delta: Any, like: Any) -> Any:
+    """``delta`` summed back to the shape of ``like`` (broadcasting's vector-Jacobian product).
+
+    ``like`` is the operand's data: a float operand gets a float delta.
+    """
+    if type(like) is float:
+        return delta if type(delta) is float else float(xp.sum(delta))
+    shape = like.shape
+    dshape = delta.shape
+    if dshape == shape:
+        return delta
+    lead = len(dshape) - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, n in enumerate(shape) if n == 1 and dshape[lead + i] != 1
+    )
+    summed = xp.sum(delta, axis=axes) if axes else delta
+    return xp.reshape(summed, shape)
+
+
+def shape_of(x: object) -> tuple[int, ...] | str:
+    """A printable shape: the array's shape, or ``"float"``."""
+    if type(x) is float:
+        return "float"
+    return tuple(getattr(x, "shape", ()))

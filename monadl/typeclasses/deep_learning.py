@@ -1,0 +1,27 @@
+"""The ``DeepLearning`` type class: a witness that a value is differentiable.
+
+A differentiable value has a forward computation ``forward: Do[Tape[Data, Delta]]``. Layers and
+weights are their own witnesses (they have ``forward``); plain floats and arrays are literals, lifted
+to a constant tape by ``monadl.lift``. Functions that accept "anything differentiable of array type"
+are typed on the unions ``AnyFloat`` / ``AnyArray`` of ``monadl.dsl``, which mypy checks.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, TypeVar, runtime_checkable
+
+from monadl.do.do import Do
+from monadl.tape.tape import Tape
+
+Data = TypeVar("Data")
+Delta = TypeVar("Delta")
+
+
+@runtime_checkable
+class DeepLearning(Protocol[Data, Delta]):
+    """Witnesses that a value is differentiable, with its ``Data`` and ``Delta`` types."""
+
+    @property
+    def forward(self) -> Do[Tape[Data, Delta]]:
+        """The lazy forward pass: a tape of the value and of the way back to its weights."""
+        ...
