@@ -95,7 +95,7 @@ class Defer(Do[A_co]):
 
 
 class Bind(Do[A_co]):
-    __slots__ = ("sources", "f", "mode", "cost")
+    __slots__ = ("cost", "f", "mode", "sources")
     tag = BIND
 
     def __init__(
@@ -111,7 +111,7 @@ class Kernel(Do[A_co]):
     """Numeric work on plain values. ``cost`` (roughly, floating-point operations) decides whether
     the pool is worth it; ``key`` names the operation for dynamic batching (None: not batchable)."""
 
-    __slots__ = ("fn", "args", "cost", "key")
+    __slots__ = ("args", "cost", "fn", "key")
     tag = KERNEL
 
     def __init__(

@@ -46,7 +46,7 @@ Stack = list[tuple[int, Any, Any]]
 class _Join:
     """A parent fiber waiting for the values of a multi-source ``Bind``."""
 
-    __slots__ = ("node", "stack", "values", "pending")
+    __slots__ = ("node", "pending", "stack", "values")
 
     def __init__(self, node: Any, stack: Stack, values: list[Any], pending: int) -> None:
         self.node = node
@@ -64,9 +64,7 @@ class Executor(AbstractContextManager["Executor"]):
     independent sub-graphs; BLAS threads on top of pool threads oversubscribe the cores).
     """
 
-    def __init__(
-        self, workers: int = 1, *, min_pool_cost: float = 1e5, limit_blas: bool = True
-    ) -> None:
+    def __init__(self, workers: int = 1, *, min_pool_cost: float = 1e5, limit_blas: bool = True) -> None:
         if workers < 1:
             raise ValueError(f"Executor: workers must be >= 1, got {workers}")
         self.workers = workers
@@ -99,7 +97,7 @@ class Executor(AbstractContextManager["Executor"]):
 class _Run:
     """The state of one run: memo, agenda, pool completions."""
 
-    __slots__ = ("pool", "min_pool_cost", "memo", "waiters", "agenda", "done", "inflight")
+    __slots__ = ("agenda", "done", "inflight", "memo", "min_pool_cost", "pool", "waiters")
 
     def __init__(self, pool: ThreadPoolExecutor | None, min_pool_cost: float) -> None:
         self.pool = pool

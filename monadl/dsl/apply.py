@@ -40,7 +40,7 @@ from monadl.typeclasses.monoid import SUM
 class OpTape(SharedTape[Any, Any]):
     """The tape of one application of a primitive."""
 
-    __slots__ = ("prim", "params", "xp", "cost")
+    __slots__ = ("cost", "params", "prim", "xp")
 
     def __init__(self, prim: Primitive, params: dict[str, Any], inputs: tuple[Tape[Any, Any], ...]) -> None:
         super().__init__(None, inputs)
@@ -97,7 +97,7 @@ def _check_devices(name: str, datas: Sequence[Any]) -> None:
 class _Build:
     """The interpreter-thread step of an op's forward: acquire inputs, make and register the tape."""
 
-    __slots__ = ("prim", "params")
+    __slots__ = ("params", "prim")
 
     def __init__(self, prim: Primitive, params: dict[str, Any]) -> None:
         self.prim = prim
@@ -134,7 +134,9 @@ def forward_of(x: object, where: str) -> Do[Tape[Any, Any]]:
     )
 
 
-def apply_primitive(prim: Primitive, operands: Sequence[object], params: dict[str, Any]) -> Do[Tape[Any, Any]]:
+def apply_primitive(
+    prim: Primitive, operands: Sequence[object], params: dict[str, Any]
+) -> Do[Tape[Any, Any]]:
     """The forward computation of ``prim`` applied to ``operands`` (see the module's docstring)."""
     sources = tuple(forward_of(x, prim.name) for x in operands)
     return Bind(sources, _Build(prim, params), FLAT)

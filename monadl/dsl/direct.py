@@ -42,7 +42,7 @@ def direct(fn: Callable[P, Coroutine[Any, Any, L]]) -> Callable[P, L]:
         raise TypeError(f"@direct: {getattr(fn, '__qualname__', fn)!r} must be an 'async def' function")
     try:
         result_type = typing.get_type_hints(fn).get("return")
-    except Exception as e:  # noqa: BLE001 - unresolvable annotations
+    except Exception as e:
         raise TypeError(f"@direct: cannot resolve the return annotation of {fn.__qualname__}: {e}") from e
     if result_type not in (FloatLayer, ArrayLayer):
         raise TypeError(
@@ -62,8 +62,7 @@ def direct(fn: Callable[P, Coroutine[Any, Any, L]]) -> Callable[P, L]:
     def result_forward(result: object) -> Do[Tape[Any, Any]]:
         if is_float_kind(result) != wants_float:
             raise TypeError(
-                f"{name}: returned {type(result).__name__}, but is annotated to return "
-                f"{result_type.__name__}"
+                f"{name}: returned {type(result).__name__}, but is annotated to return {result_type.__name__}"
             )
         return forward_of(result, name)
 

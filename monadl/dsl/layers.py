@@ -188,7 +188,7 @@ class ArrayOperators(Differentiable[Array, Array]):
         """Rows ``indices`` of this array (an embedding lookup): see :func:`monadl.take_rows`."""
         from monadl.dsl.ops import take_rows
 
-        return take_rows(self, indices)
+        return take_rows(self, indices)  # type: ignore[arg-type]  # self is a layer or a weight
 
 
 @final

@@ -68,7 +68,7 @@ def sqrt(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
 def abs(x: AnyFloat) -> FloatLayer: ...
 @overload
 def abs(x: AnyArray) -> ArrayLayer: ...
-def abs(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:  # noqa: A001 - the array API's name
+def abs(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
     """Elementwise absolute value (its derivative at 0 is taken as 0)."""
     return apply(P.absolute, x)
 
@@ -136,7 +136,7 @@ def dot(a: AnyArray, b: AnyArray) -> ArrayLayer:
 def sum(x: AnyArray, axis: None = None) -> FloatLayer: ...
 @overload
 def sum(x: AnyArray, axis: int | tuple[int, ...], *, keepdims: bool = False) -> ArrayLayer: ...
-def sum(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLayer | ArrayLayer:  # noqa: A001
+def sum(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLayer | ArrayLayer:
     """Sum of all elements (a ``FloatLayer``), or along ``axis`` (an ``ArrayLayer``)."""
     if axis is None:
         return apply_float(P.sum_, x)
@@ -175,10 +175,10 @@ def _indices(indices: Array | int | Sequence[int]) -> Array:
     import numpy as np
 
     if is_array(indices):
-        xp = namespace(indices)
-        if not xp.isdtype(indices.dtype, "integral"):
-            raise TypeError(f"take_rows: expected integer indices, got dtype {indices.dtype}")
-        return indices
+        array: Array = indices  # type: ignore[assignment]
+        if not namespace(array).isdtype(array.dtype, "integral"):
+            raise TypeError(f"take_rows: expected integer indices, got dtype {array.dtype}")
+        return array
     if isinstance(indices, bool) or not isinstance(indices, (int, Sequence)):
         raise TypeError(f"take_rows: expected integer indices, got {type(indices).__name__}")
     array = np.asarray(indices)

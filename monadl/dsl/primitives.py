@@ -119,7 +119,9 @@ relu = Primitive("relu", lambda xp, x: xp.maximum(x, 0.0), (lambda xp, d, o, x: 
 
 sum_ = Primitive(
     "sum",
-    lambda xp, x, axis=None, keepdims=False: _reduce(xp, xp.sum(x, axis=axis, keepdims=keepdims), axis, keepdims),
+    lambda xp, x, axis=None, keepdims=False: _reduce(
+        xp, xp.sum(x, axis=axis, keepdims=keepdims), axis, keepdims
+    ),
     (lambda xp, d, o, x, axis=None, keepdims=False: _expand_to(xp, d, x, axis, keepdims),),
 )
 mean = Primitive(
@@ -212,7 +214,7 @@ def concatenate(n: int) -> Primitive:
 def _scatter_rows(xp: Any, table: Any, indices: Any, d: Any) -> Any:
     """The delta of ``take(table, indices, axis=0)``: rows of ``d`` added into a zero table."""
     flat = xp.reshape(indices, (-1,))
-    rows = xp.reshape(d, (flat.shape[0],) + tuple(table.shape[1:]))
+    rows = xp.reshape(d, (flat.shape[0], *table.shape[1:]))
     out = xp.zeros_like(table)
     add_at = getattr(getattr(xp, "add", None), "at", None)
     if add_at is not None:  # NumPy and CuPy ufuncs scatter-add in place
@@ -227,7 +229,7 @@ def _check_take(table: Any, indices: Any) -> None:
     n = table.shape[0] if table.ndim else 0
     if table.ndim == 0:
         raise ShapeError("take_rows: cannot index rows of a 0-d array")
-    if indices.size if hasattr(indices, "size") and isinstance(indices.size, int) else math.prod(indices.shape):
+    if math.prod(indices.shape):
         xp = indices.__array_namespace__()
         lo, hi = int(xp.min(indices)), int(xp.max(indices))
         if lo < 0 or hi >= n:
@@ -252,10 +254,14 @@ take_rows = Primitive(
 
 def _check_matmul(a: Any, b: Any) -> None:
     if type(a) is float or type(b) is float or a.ndim == 0 or b.ndim == 0:
-        raise ShapeError(f"matmul: operands must be arrays of at least 1 dimension, got {shape_of(a)} and {shape_of(b)}")
+        raise ShapeError(
+            f"matmul: operands must be arrays of at least 1 dimension, got {shape_of(a)} and {shape_of(b)}"
+        )
     k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
     if a.shape[-1] != k_b:
-        raise ShapeError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} are not aligned ({a.shape[-1]} != {k_b})")
+        raise ShapeError(
+            f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} are not aligned ({a.shape[-1]} != {k_b})"
+        )
 
 
 def _as_matrices(xp: Any, d: Any, a: Any, b: Any) -> tuple[Any, Any, Any]:
@@ -341,11 +347,13 @@ def _batch(logits: Any) -> int:
 
 cross_entropy = Primitive(
     "cross_entropy",
-    lambda xp, logits, targets: -float(xp.sum(_targets(xp, logits, targets) * _log_softmax(xp, logits, -1)))
-    / _batch(logits),
+    lambda xp, logits, targets: (
+        -float(xp.sum(_targets(xp, logits, targets) * _log_softmax(xp, logits, -1))) / _batch(logits)
+    ),
     (
-        lambda xp, d, o, logits, targets: (xp.exp(_log_softmax(xp, logits, -1)) - _targets(xp, logits, targets))
-        * (d / _batch(logits)),
+        lambda xp, d, o, logits, targets: (
+            (xp.exp(_log_softmax(xp, logits, -1)) - _targets(xp, logits, targets)) * (d / _batch(logits))
+        ),
     ),
     check=_check_cross_entropy,
 )

@@ -25,12 +25,13 @@ from typing import Any, TypeVar
 from returns.future import FutureResult
 from returns.result import Failure, Result, Success
 
-from monadl.do.do import Pure, run_unit
+from monadl.do.do import Do, Pure, run_unit
 from monadl.do.executor import Executor, default_executor
 from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.optimizers import Optimizer
 from monadl.dsl.weights import ArrayWeight, FloatWeight
 from monadl.tape.shared import StepContext, in_step
+from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import namespace
 
 V = TypeVar("V")
@@ -71,7 +72,8 @@ def compute_gradients(
     step = StepContext()
 
     def body() -> Any:
-        root = ex.run(loss.forward)
+        forward: Do[Tape[Any, Any]] = loss.forward
+        root = ex.run(forward)
         value = root.data
         if not _is_finite(value):
             raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
@@ -120,10 +122,13 @@ def train_blocking(
     return Success(value)
 
 
-def predict_blocking(layer: FloatLayer | ArrayLayer, *, executor: Executor | None = None) -> Result[Any, Exception]:
+def predict_blocking(
+    layer: FloatLayer | ArrayLayer, *, executor: Executor | None = None
+) -> Result[Any, Exception]:
     """The forward value of ``layer``, now: ``Success(value)`` or ``Failure(exception)``."""
     try:
-        return Success((executor or default_executor()).run(layer.forward).data)
+        forward: Do[Tape[Any, Any]] = layer.forward
+        return Success((executor or default_executor()).run(forward).data)
     except Exception as e:  # noqa: BLE001
         return Failure(e)
 
@@ -151,6 +156,8 @@ def train(
     return FutureResult(_InThread(lambda: train_blocking(loss, optimizer, executor=executor)))
 
 
-def predict(layer: FloatLayer | ArrayLayer, *, executor: Executor | None = None) -> FutureResult[Any, Exception]:
+def predict(
+    layer: FloatLayer | ArrayLayer, *, executor: Executor | None = None
+) -> FutureResult[Any, Exception]:
     """The forward value as a ``FutureResult``: it runs (in a worker thread) when awaited."""
     return FutureResult(_InThread(lambda: predict_blocking(layer, executor=executor)))

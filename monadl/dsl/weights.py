@@ -24,7 +24,7 @@ from monadl.typeclasses.monoid import SUM
 class WeightTape(SharedTape[Any, Any]):
     """A weight's tape in one run: its backward records the summed delta as the gradient."""
 
-    __slots__ = ("weight", "step")
+    __slots__ = ("step", "weight")
 
     def __init__(self, weight: FloatWeight | ArrayWeight, step: StepContext | None) -> None:
         super().__init__(weight.data)
@@ -67,7 +67,7 @@ class _WeightState:
 class FloatWeight(FloatOperators, _WeightState):
     """A trainable float. ``optimizer`` overrides the model's default for this weight."""
 
-    __slots__ = ("data", "optimizer", "optimizer_state", "name")
+    __slots__ = ("data", "name", "optimizer", "optimizer_state")
 
     def __init__(self, data: float, *, optimizer: Optimizer | None = None, name: str = "") -> None:
         if isinstance(data, bool) or not isinstance(data, (float, int)):
@@ -86,7 +86,7 @@ class FloatWeight(FloatOperators, _WeightState):
 class ArrayWeight(ArrayOperators, _WeightState):
     """A trainable array (copied on construction). ``optimizer`` overrides the model's default."""
 
-    __slots__ = ("data", "optimizer", "optimizer_state", "name")
+    __slots__ = ("data", "name", "optimizer", "optimizer_state")
 
     def __init__(self, data: Array, *, optimizer: Optimizer | None = None, name: str = "") -> None:
         check_float_array(data, "ArrayWeight")
@@ -129,8 +129,8 @@ class ArrayWeight(ArrayOperators, _WeightState):
         return cls(np.zeros(tuple(shape), dtype=dtype), optimizer=optimizer, name=name)
 
     def __repr__(self) -> str:
-        shape = tuple(self.data.shape)
-        return f"ArrayWeight(shape={shape}, dtype={self.data.dtype}{', name=' + repr(self.name) if self.name else ''})"
+        named = f", name={self.name!r}" if self.name else ""
+        return f"ArrayWeight(shape={tuple(self.data.shape)}, dtype={self.data.dtype}{named})"
 
 
 Weight = FloatWeight | ArrayWeight

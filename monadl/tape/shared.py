@@ -34,7 +34,7 @@ class SharedTape(Tape[Data, Delta], Generic[Data, Delta]):
     ``backward`` or ``release`` exactly once on each tape in ``inputs``.
     """
 
-    __slots__ = ("inputs", "_count", "_deltas", "_fired")
+    __slots__ = ("_count", "_deltas", "_fired", "inputs")
 
     def __init__(self, data: Data, inputs: tuple[Tape[Any, Any], ...] = ()) -> None:
         self.data = data
@@ -90,7 +90,7 @@ class SharedTape(Tape[Data, Delta], Generic[Data, Delta]):
 class StepContext:
     """The bookkeeping of one training step: its shared tapes and the weights' summed deltas."""
 
-    __slots__ = ("tapes", "gradients")
+    __slots__ = ("gradients", "tapes")
 
     def __init__(self) -> None:
         self.tapes: list[SharedTape[Any, Any]] = []

@@ -110,11 +110,12 @@ def is_array(x: object) -> bool:
 def is_float_array(x: object) -> bool:
     """True for an array of a real floating-point dtype."""
     if isinstance(x, np.ndarray):
-        return x.dtype.kind == "f"
+        return bool(x.dtype.kind == "f")
     if not is_array(x):
         return False
     xp = namespace_of_type(type(x), x)
-    return bool(xp.isdtype(x.dtype, "real floating"))  # type: ignore[attr-defined]
+    dtype = getattr(x, "dtype", None)
+    return bool(xp.isdtype(dtype, "real floating"))
 
 
 def check_float_array(x: object, where: str) -> None:
@@ -123,9 +124,7 @@ def check_float_array(x: object, where: str) -> None:
         raise TypeError(f"{where}: expected a floating-point array, got {type(x).__name__}")
     if not is_float_array(x):
         dtype = getattr(x, "dtype", "?")
-        raise TypeError(
-            f"{where}: expected a floating-point array (float32 or float64), got dtype {dtype}"
-        )
+        raise TypeError(f"{where}: expected a floating-point array (float32 or float64), got dtype {dtype}")
 
 
 def device_of(x: object) -> object:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
-from monadl.do.do import Bind, Do, KERNEL_MAP
+from monadl.do.do import KERNEL_MAP, Bind, Do
 
 Delta = TypeVar("Delta")
 
