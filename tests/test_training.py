@@ -1,0 +1,201 @@
+"""Training: all-or-nothing steps, one update per weight per step, optimizers, FutureResult."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from typing import Any
+
+import numpy as np
+import pytest
+from returns.io import IOSuccess
+from returns.result import Failure, Success
+
+import monadl as ml
+from monadl.dsl.layers import apply_array
+from monadl.dsl.primitives import Primitive
+
+
+def _snapshot(*weights: ml.FloatWeight | ml.ArrayWeight) -> bytes:
+    """Every weight's data and optimizer state, byte for byte."""
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, np.ndarray):
+            return (x.dtype.str, x.shape, x.tobytes())
+        if isinstance(x, tuple):
+            return tuple(plain(v) for v in x)
+        return x
+
+    return pickle.dumps([(plain(w.data), plain(w.optimizer_state)) for w in weights])
+
+
+def _model() -> tuple[ml.ArrayWeight, ml.ArrayWeight, ml.FloatWeight]:
+    rng = np.random.default_rng(0)
+    return (
+        ml.ArrayWeight(rng.standard_normal((4, 3))),
+        ml.ArrayWeight(rng.standard_normal(3)),
+        ml.FloatWeight(0.5),
+    )
+
+
+def _loss(w: ml.ArrayWeight, b: ml.ArrayWeight, s: ml.FloatWeight, x: ml.Array) -> ml.FloatLayer:
+    return ml.sum(ml.tanh(x @ w + b) * s) ** 2.0
+
+
+X = np.arange(8.0).reshape(2, 4) / 10.0
+
+
+@pytest.mark.parametrize("optimizer", [ml.SGD(0.1), ml.Momentum(0.1), ml.Adam(0.01), ml.Adagrad(0.1)])
+def test_failing_steps_change_nothing(optimizer: ml.Optimizer) -> None:
+    w, b, s = _model()
+    assert isinstance(_loss(w, b, s, X).train_blocking(optimizer), Success)  # optimizer state exists now
+    before = _snapshot(w, b, s)
+
+    # 1. An exception in the forward pass (a shape mismatch after the weights were used).
+    bad_forward = _loss(w, b, s, X) + ml.sum(w @ np.ones((5, 2)))
+    result = bad_forward.train_blocking(optimizer)
+    assert isinstance(result, Failure)
+    assert isinstance(result.failure(), ml.ShapeError)
+    assert "matmul" in str(result.failure())
+    assert _snapshot(w, b, s) == before
+
+    # 2. An exception in the backward pass (a vjp that raises), after other deltas were computed.
+    def broken_vjp(xp: Any, d: Any, o: Any, x: Any) -> Any:
+        raise FloatingPointError("vjp exploded")
+
+    broken = Primitive("broken", lambda xp, x: x * 1.0, (broken_vjp,))
+    bad_backward = _loss(w, b, s, X) + ml.sum(apply_array(broken, b))
+    result = bad_backward.train_blocking(optimizer)
+    assert isinstance(result, Failure)
+    assert isinstance(result.failure(), FloatingPointError)
+    assert _snapshot(w, b, s) == before
+
+    # 3. A non-finite loss.
+    nan_loss = _loss(w, b, s, X) + ml.log(s * 0.0)
+    result = nan_loss.train_blocking(optimizer)
+    assert isinstance(result, Failure)
+    assert isinstance(result.failure(), ml.NonFiniteLossError)
+    assert "not finite" in str(result.failure())
+    assert _snapshot(w, b, s) == before
+
+    # And the model still trains afterwards.
+    assert isinstance(_loss(w, b, s, X).train_blocking(optimizer), Success)
+    assert _snapshot(w, b, s) != before
+
+
+def test_a_weight_without_an_optimizer_fails_the_step_and_changes_nothing() -> None:
+    w, b, s = _model()
+    s.optimizer = ml.SGD(0.1)
+    before = _snapshot(w, b, s)
+    result = _loss(w, b, s, X).train_blocking()  # no default: w and b have no optimizer
+    assert isinstance(result, Failure)
+    assert isinstance(result.failure(), ml.NoOptimizerError)
+    assert _snapshot(w, b, s) == before
+
+
+def test_a_weight_used_several_times_gets_one_update_with_the_summed_delta() -> None:
+    # Adam's first step moves each coordinate by about learning_rate, whatever the gradient's size:
+    # one update with the summed delta moves it once; one update per use would move it three times.
+    w = ml.FloatWeight(1.0)
+    loss = w * 2.0 + w * 3.0 + w * 5.0
+    assert loss.train_blocking(ml.Adam(learning_rate=0.1)) == Success(10.0)
+    assert w.data == pytest.approx(0.9, abs=1e-6)
+    m, v, t = w.optimizer_state[1] if w.optimizer_state else (None, None, None)
+    assert t == 1
+    assert m == pytest.approx(0.1 * 10.0)
+
+
+def test_per_weight_optimizer_overrides_the_default() -> None:
+    a = ml.FloatWeight(1.0)
+    b = ml.FloatWeight(1.0, optimizer=ml.SGD(0.5))
+    assert isinstance((a * 1.0 + b * 1.0).train_blocking(ml.SGD(0.1)), Success)
+    assert a.data == pytest.approx(0.9)
+    assert b.data == pytest.approx(0.5)
+
+
+def test_sgd_weight_decay_is_l2() -> None:
+    w = ml.FloatWeight(2.0)
+    assert isinstance((w * 0.0).train_blocking(ml.SGD(0.1, weight_decay=0.5)), Success)
+    assert w.data == pytest.approx(2.0 - 0.1 * 0.5 * 2.0)
+
+
+def test_momentum_accumulates_velocity() -> None:
+    w = ml.FloatWeight(0.0)
+    for _ in range(3):
+        assert isinstance((w * 1.0).train_blocking(ml.Momentum(0.1, momentum=0.5)), Success)
+    # velocities 1, 1.5, 1.75: w = -0.1 * (1 + 1.5 + 1.75)
+    assert w.data == pytest.approx(-0.425)
+
+
+def test_adagrad_divides_by_the_root_of_summed_squares() -> None:
+    w = ml.ArrayWeight(np.zeros(2))
+    for _ in range(2):
+        assert isinstance(ml.sum(w * np.array([1.0, -2.0])).train_blocking(ml.Adagrad(0.1)), Success)
+    expected = -0.1 * np.array([1.0, -2.0]) / np.array([1.0, 2.0]) * (1 + 1 / np.sqrt(2))
+    np.testing.assert_allclose(w.data, expected, rtol=1e-7)
+
+
+@pytest.mark.parametrize("kwargs", [{"learning_rate": 0.0}, {"learning_rate": 0.1, "weight_decay": -1.0}])
+def test_optimizers_reject_bad_hyper_parameters(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        ml.SGD(**kwargs)
+
+
+def test_training_is_deterministic_with_a_parallel_pool() -> None:
+    def run(workers: int) -> bytes:
+        weights = [ml.ArrayWeight.normal((16, 16), seed=i) for i in range(4)]
+        x = np.random.default_rng(7).standard_normal((8, 16))
+        # Four independent columns, summed: their kernels run concurrently on the pool.
+        with ml.Executor(workers, min_pool_cost=0) as ex:
+            for _ in range(5):
+                columns = [ml.tanh(x @ w) for w in weights]
+                total = columns[0] + columns[1] + columns[2] + columns[3]
+                assert isinstance(ml.mean(total * total).train_blocking(ml.Adam(0.01), executor=ex), Success)
+        return _snapshot(*weights)
+
+    assert run(1) == run(2) == run(2)
+
+
+def test_loss_decreases_on_a_regression() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((32, 3))
+    y = x @ np.array([1.0, -2.0, 0.5]) + 0.3
+    w = ml.ArrayWeight(np.zeros(3))
+    b = ml.FloatWeight(0.0)
+    losses = [
+        ml.mean((x @ w + b - y) ** 2.0).train_blocking(ml.SGD(0.1)).unwrap() for _ in range(200)
+    ]
+    assert losses[-1] < 1e-3 * losses[0]
+    np.testing.assert_allclose(w.data, [1.0, -2.0, 0.5], atol=1e-2)
+
+
+def test_array_loss_trains_on_its_sum() -> None:
+    w = ml.ArrayWeight(np.array([1.0, 2.0]))
+    result = (w * 3.0).train_blocking(ml.SGD(0.1))
+    np.testing.assert_array_equal(result.unwrap(), [3.0, 6.0])
+    np.testing.assert_allclose(w.data, [0.7, 1.7])
+
+
+def test_train_and_predict_are_future_results() -> None:
+    w = ml.FloatWeight(1.0)
+    loss = w * w
+
+    async def steps() -> tuple[Any, Any, Any]:
+        prediction = await loss.predict().awaitable()
+        step = loss.train(ml.SGD(0.25))
+        first = await step.awaitable()
+        again = await step.awaitable()  # awaiting the same step twice does not train twice
+        return prediction, first, again
+
+    prediction, first, again = asyncio.run(steps())
+    assert prediction == IOSuccess(1.0)
+    assert first == again == IOSuccess(1.0)
+    assert w.data == pytest.approx(0.5)
+
+
+def test_a_failed_future_result_holds_the_exception() -> None:
+    w = ml.ArrayWeight(np.ones(2))
+    bad = ml.sum(w @ np.ones((3, 3)))
+    result = asyncio.run(bad.train(ml.SGD(0.1)).awaitable())
+    assert "matmul" in str(result.failure()._inner_value)
+    np.testing.assert_array_equal(w.data, np.ones(2))
