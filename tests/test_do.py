@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import operator
 import threading
 import traceback
 from collections.abc import Callable, Iterator
@@ -126,7 +128,12 @@ def test_applicative_associativity(executor: Executor, m: Do[int], n: Do[int], o
 
 def test_a_node_reached_twice_is_evaluated_once_per_run(executor: Executor) -> None:
     calls: list[int] = []
-    shared = delay(lambda: calls.append(1) or 21)
+
+    def evaluate() -> int:
+        calls.append(1)
+        return 21
+
+    shared = delay(evaluate)
     program = gather(shared.map(lambda x: x + 1), shared.map(lambda x: x * 2), shared)
     assert executor.run(program) == (22, 42, 21)
     assert len(calls) == 1
@@ -145,7 +152,7 @@ def test_sharing_holds_for_a_node_still_running_on_the_pool() -> None:
 
     with Executor(2, min_pool_cost=0) as ex:
         shared = kernel(slow, 1, cost=1.0)
-        users = [shared.map(lambda v, i=i: v + i) for i in range(5)]
+        users = [shared.map(functools.partial(operator.add, i)) for i in range(5)]
         assert ex.run(gather_all(users)) == (2, 3, 4, 5, 6)
     assert calls == [1]
 
@@ -219,7 +226,9 @@ def _explode(x: int) -> int:
     ],
     ids=["kernel", "map", "flat_map", "delay", "gather"],
 )
-def test_failure_reaches_the_caller_with_its_traceback(executor: Executor, make: Callable[[], Do[int]]) -> None:
+def test_failure_reaches_the_caller_with_its_traceback(
+    executor: Executor, make: Callable[[], Do[int]]
+) -> None:
     with pytest.raises(Boom, match="kernel failed on 3") as info:
         executor.run(make())
     frames = [frame.name for frame in traceback.extract_tb(info.value.__traceback__)]
@@ -241,7 +250,7 @@ def test_failure_lets_started_work_finish_and_starts_nothing_new() -> None:
 
     with Executor(2, min_pool_cost=0) as ex:
         program = gather(kernel(slow, cost=1.0), kernel(failing, cost=1.0)).flat_map(
-            lambda t: delay(lambda: after_failure.append(1) or 0)
+            lambda t: delay(lambda: after_failure.append(1))
         )
         threads_before = threading.active_count()
         with pytest.raises(Boom):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,11 @@ def backward_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     calls: Counter[str] = Counter()
     op_backward = OpTape._backward
     weight_backward = WeightTape._backward
+    op_vjp = OpTape.vjp
+
+    def counting_vjp(self: OpTape, i: int, delta: Any) -> Any:
+        calls[f"{self.prim.name} vjp"] += 1
+        return op_vjp(self, i, delta)
 
     def counting_op(self: OpTape, delta: ml.Do[Any]) -> ml.Do[None]:
         calls[self.prim.name] += 1
@@ -32,6 +37,7 @@ def backward_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
         return weight_backward(self, delta)
 
     monkeypatch.setattr(OpTape, "_backward", counting_op)
+    monkeypatch.setattr(OpTape, "vjp", counting_vjp)
     monkeypatch.setattr(WeightTape, "_backward", counting_weight)
     yield calls
 
@@ -49,6 +55,8 @@ def test_multiplicative_diamond_chain(backward_calls: Counter[str], depth: int) 
     # y = (x*w)^(2^depth): dy/dw = 2^depth * x^(2^depth) * w^(2^depth - 1) = 2^depth at x = w = 1.
     assert gradients[w] == 2.0**depth
     assert backward_calls["mul"] == depth + 1
+    # Each delta is computed once however many paths share it: one vjp kernel per (op, input).
+    assert backward_calls["mul vjp"] == 1 + 2 * depth
     assert backward_calls["weight"] == 1
 
 
@@ -64,6 +72,7 @@ def test_additive_diamond_chain(backward_calls: Counter[str], depth: int) -> Non
     assert loss == pytest.approx(2.0**depth * float(np.sum(x * w.data)))
     np.testing.assert_array_equal(gradients[w], 2.0**depth * x)
     assert backward_calls["add"] == depth
+    assert backward_calls["add vjp"] == 2 * depth
     assert backward_calls["mul"] == 1
     assert backward_calls["sum"] == 1
     assert backward_calls["weight"] == 1
@@ -115,14 +124,16 @@ def test_literal_deltas_are_never_computed() -> None:
 
     w = ml.ArrayWeight(np.ones(3))
     literal = np.full(3, 2.0)
+
+    def recording(i: int) -> Callable[..., Any]:
+        def vjp(*args: Any) -> Any:
+            computed.append(i)
+            return original[i](*args)
+
+        return vjp
+
     prim = ml.dsl.primitives.Primitive(
-        "mul",
-        ml.dsl.primitives.mul.forward,
-        (
-            lambda xp, d, o, a, b: computed.append(0) or original[0](xp, d, o, a, b),
-            lambda xp, d, o, a, b: computed.append(1) or original[1](xp, d, o, a, b),
-        ),
-        broadcasts=True,
+        "mul", ml.dsl.primitives.mul.forward, (recording(0), recording(1)), True
     )
     from monadl.dsl.layers import apply_array
 

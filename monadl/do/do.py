@@ -28,8 +28,11 @@ C = TypeVar("C")
 D = TypeVar("D")
 A_co = TypeVar("A_co", covariant=True)
 
-# Node tags (ints, for a fast dispatch in the interpreter's loop).
+# Node tags (ints, for a fast dispatch in the interpreter's loop). A node tagged PRIVATE is
+# referenced from one place only (made inside a flat_map or a tape's backward and handed on once), so
+# the executor evaluates it without a memo entry: sharing cannot arise for it.
 PURE, DELAY, DEFER, BIND, KERNEL = 0, 1, 2, 3, 4
+PRIVATE = 8
 # Bind modes.
 MAP, FLAT, KERNEL_MAP = 0, 1, 2
 
@@ -99,7 +102,11 @@ class Bind(Do[A_co]):
     tag = BIND
 
     def __init__(
-        self, sources: tuple[Do[Any], ...], f: Callable[..., Any], mode: int, cost: float = 0.0
+        self,
+        sources: tuple[Do[Any], ...],
+        f: Callable[..., Any],
+        mode: int,
+        cost: float | Callable[[], float] = 0.0,
     ) -> None:
         self.sources = sources
         self.f = f
@@ -108,19 +115,45 @@ class Bind(Do[A_co]):
 
 
 class Kernel(Do[A_co]):
-    """Numeric work on plain values. ``cost`` (roughly, floating-point operations) decides whether
-    the pool is worth it; ``key`` names the operation for dynamic batching (None: not batchable)."""
+    """Numeric work on plain values. ``cost`` (roughly, floating-point operations; or a function
+    that gives it) decides whether the pool is worth it; ``key`` names the operation for dynamic
+    batching (None: not batchable)."""
 
     __slots__ = ("args", "cost", "fn", "key")
     tag = KERNEL
 
     def __init__(
-        self, fn: Callable[..., A_co], args: tuple[Any, ...], cost: float = 0.0, key: object = None
+        self,
+        fn: Callable[..., A_co],
+        args: tuple[Any, ...],
+        cost: float | Callable[[], float] = 0.0,
+        key: object = None,
     ) -> None:
         self.fn = fn
         self.args = args
         self.cost = cost
         self.key = key
+
+
+class PrivateDefer(Defer[A_co]):
+    """A ``Defer`` referenced from one place only (no memo entry)."""
+
+    __slots__ = ()
+    tag = DEFER | PRIVATE
+
+
+class PrivateBind(Bind[A_co]):
+    """A ``Bind`` referenced from one place only (no memo entry)."""
+
+    __slots__ = ()
+    tag = BIND | PRIVATE
+
+
+class PrivateKernel(Kernel[A_co]):
+    """A ``Kernel`` referenced from one place only (no memo entry)."""
+
+    __slots__ = ()
+    tag = KERNEL | PRIVATE
 
 
 UNIT: Do[None] = Pure(None)

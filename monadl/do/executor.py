@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from monadl.do.do import BIND, DEFER, DELAY, FLAT, KERNEL, MAP, PURE, Do
+from monadl.do.do import BIND, DEFER, DELAY, FLAT, KERNEL, MAP, PRIVATE, PURE, Do
 
 A = TypeVar("A")
 
@@ -146,10 +146,16 @@ class _Run:
         self.memo.clear()
         self.waiters.clear()
 
-    def _dispatch(self, stack: Stack, fn: Callable[..., Any], args: tuple[Any, ...], cost: float) -> Any:
-        """Runs a kernel inline, or sends it to the pool and returns ``_SUSPENDED``."""
+    def _dispatch(self, stack: Stack, fn: Callable[..., Any], args: tuple[Any, ...], cost: Any) -> Any:
+        """Runs a kernel inline, or sends it to the pool and returns ``_SUSPENDED``.
+
+        ``cost`` is a float, or a function giving it (only asked for when there is a pool)."""
         pool = self.pool
-        if pool is None or cost < self.min_pool_cost:
+        if pool is None:
+            return fn(*args)
+        if type(cost) is not float:
+            cost = cost()
+        if cost < self.min_pool_cost:
             return fn(*args)
         fut = pool.submit(fn, *args)
         self.inflight += 1
@@ -158,7 +164,10 @@ class _Run:
         return _SUSPENDED
 
     def _drive(self, stack: Stack, evaluating: bool, x: Any) -> None:
-        """Runs one fiber until it finishes, suspends, or waits on a join or a memo entry."""
+        """Runs one fiber until it finishes, suspends, or waits on a join or a memo entry.
+
+        One loop with two phases: *evaluating* a node (``node``), or *returning* a value
+        (``value``) to the continuation on top of ``stack``."""
         memo = self.memo
         agenda = self.agenda
         node: Any = x
@@ -170,16 +179,19 @@ class _Run:
                     value = node.value
                     evaluating = False
                     continue
-                known = memo.get(node, _MISSING)
-                if known is not _MISSING:
-                    if known is _PENDING:
-                        self.waiters.setdefault(node, []).append(stack)
-                        return
-                    value = known
-                    evaluating = False
-                    continue
-                memo[node] = _PENDING
-                stack.append((_K_MEMO, node, None))
+                if tag & PRIVATE:  # referenced from one place only: no memo entry needed
+                    tag ^= PRIVATE
+                else:
+                    known = memo.get(node, _MISSING)
+                    if known is not _MISSING:
+                        if known is _PENDING:
+                            self.waiters.setdefault(node, []).append(stack)
+                            return
+                        value = known
+                        evaluating = False
+                        continue
+                    memo[node] = _PENDING
+                    stack.append((_K_MEMO, node, None))
                 if tag == BIND:
                     sources = node.sources
                     if len(sources) == 1:
@@ -188,25 +200,32 @@ class _Run:
                         continue
                     values, missing = self._known(sources)
                     if missing:
+                        # The first missing source goes on in this fiber; the others are new fibers.
                         join = _Join(node, stack, values, len(missing))
-                        for i in missing:
+                        for i in missing[1:]:
                             agenda.append(([(_K_SLOT, join, i)], True, sources[i]))
-                        return
-                    value = self._apply(stack, node, values)
-                elif tag == DELAY:
-                    value = node.thunk()
+                        stack = [(_K_SLOT, join, missing[0])]
+                        node = sources[missing[0]]
+                        continue
+                    mode = node.mode
+                    if mode == FLAT:
+                        node = node.f(*values)
+                        continue
+                    if mode == MAP:
+                        value = node.f(*values)
+                    else:
+                        value = self._dispatch(stack, node.f, tuple(values), node.cost)
                 elif tag == DEFER:
                     node = node.thunk()
                     continue
                 elif tag == KERNEL:
                     value = self._dispatch(stack, node.fn, node.args, node.cost)
+                elif tag == DELAY:
+                    value = node.thunk()
                 else:
                     raise TypeError(f"monadl: not a Do node: {node!r}")
                 if value is _SUSPENDED:
                     return
-                if type(value) is _Continue:
-                    node = value.node
-                    continue
                 evaluating = False
             else:
                 if not stack:
@@ -219,32 +238,39 @@ class _Run:
                         if waiting:
                             for w in waiting:
                                 agenda.append((w, False, value))
-                elif kind == _K_APPLY:
+                    continue
+                if kind == _K_APPLY:
                     mode = a.mode
-                    if mode == MAP:
-                        value = a.f(value)
-                    elif mode == FLAT:
+                    if mode == FLAT:
                         node = a.f(value)
                         evaluating = True
+                    elif mode == MAP:
+                        value = a.f(value)
                     else:
                         value = self._dispatch(stack, a.f, (value,), a.cost)
                         if value is _SUSPENDED:
                             return
-                else:  # _K_SLOT
-                    if type(a) is list:  # the root's result cell
-                        a.append(value)
-                        return
-                    a.values[b] = value
-                    a.pending -= 1
-                    if a.pending:
-                        return
-                    stack = a.stack
-                    value = self._apply(stack, a.node, a.values)
+                    continue
+                # _K_SLOT
+                if type(a) is list:  # the root's result cell
+                    a.append(value)
+                    return
+                a.values[b] = value
+                a.pending -= 1
+                if a.pending:
+                    return
+                stack = a.stack
+                bind = a.node
+                mode = bind.mode
+                if mode == FLAT:
+                    node = bind.f(*a.values)
+                    evaluating = True
+                elif mode == MAP:
+                    value = bind.f(*a.values)
+                else:
+                    value = self._dispatch(stack, bind.f, tuple(a.values), bind.cost)
                     if value is _SUSPENDED:
                         return
-                    if type(value) is _Continue:
-                        node = value.node
-                        evaluating = True
 
     def _known(self, sources: tuple[Do[Any], ...]) -> tuple[list[Any], list[int]]:
         """The values of ``sources`` already known, and the indices of those that are not."""
@@ -262,24 +288,6 @@ class _Run:
             else:
                 values.append(v)
         return values, missing
-
-    def _apply(self, stack: Stack, node: Any, values: list[Any]) -> Any:
-        """Applies a multi-source Bind to its values: a value, ``_SUSPENDED`` or ``_Continue``."""
-        mode = node.mode
-        if mode == MAP:
-            return node.f(*values)
-        if mode == FLAT:
-            return _Continue(node.f(*values))
-        return self._dispatch(stack, node.f, tuple(values), node.cost)
-
-
-class _Continue:
-    """Internal: 'evaluate this node next' (the result of a FLAT bind)."""
-
-    __slots__ = ("node",)
-
-    def __init__(self, node: Do[Any]) -> None:
-        self.node = node
 
 
 _default: Executor | None = None

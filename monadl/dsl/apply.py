@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from monadl.do.do import FLAT, KERNEL_MAP, Bind, Do, Kernel, Pure, run_unit
+from monadl.do.do import FLAT, KERNEL_MAP, MAP, UNIT, Bind, Do, PrivateBind, PrivateKernel, Pure
 from monadl.dsl.base import Differentiable
 from monadl.dsl.primitives import Primitive
-from monadl.tape.shared import SharedTape, current_step
+from monadl.tape.shared import SharedTape, _current_step
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import (
     ShapeError,
@@ -43,11 +43,22 @@ class OpTape(SharedTape[Any, Any]):
     __slots__ = ("cost", "params", "prim", "xp")
 
     def __init__(self, prim: Primitive, params: dict[str, Any], inputs: tuple[Tape[Any, Any], ...]) -> None:
-        super().__init__(None, inputs)
+        # SharedTape's fields, set here rather than through super().__init__: this is every op's path.
+        self.data = None
+        self.inputs = inputs
+        self._count = 0
+        self._deltas = None
+        self._fired = False
         self.prim = prim
         self.params = params
         self.xp: Any = None
-        self.cost = 0.0
+        self.cost = -1.0
+
+    def estimate_cost(self) -> float:
+        """The op's cost (asked for only by an executor with a pool), computed once."""
+        if self.cost < 0.0:
+            self.cost = self.prim.cost(*[t.data for t in self.inputs], **self.params)
+        return self.cost
 
     def compute(self) -> OpTape:
         """The forward kernel: computes ``data`` from the inputs' data."""
@@ -76,16 +87,25 @@ class OpTape(SharedTape[Any, Any]):
         return g
 
     def _sum(self, deltas: Sequence[Do[Any]]) -> Do[Any]:
-        return SUM.sum_lazy(deltas, self.cost)
+        return SUM.sum_lazy(deltas, self.estimate_cost)
 
     def _backward(self, delta: Do[Any]) -> Do[None]:
-        inputs = self.inputs
-        cost = self.cost
-        return run_unit(
-            t.backward(Bind((delta,), functools.partial(self.vjp, i), KERNEL_MAP, cost))
-            for i, t in enumerate(inputs)
-            if t.requires_delta
-        )
+        parts = []
+        cost = self.estimate_cost
+        for i, t in enumerate(self.inputs):
+            if t.requires_delta:
+                vjp = functools.partial(self.vjp, i)
+                # Not private: this delta may feed several vjps of the input's own backward.
+                done = t.backward(Bind((delta,), vjp, KERNEL_MAP, cost))
+                if done is not UNIT:
+                    parts.append(done)
+        if not parts:
+            return UNIT
+        return parts[0] if len(parts) == 1 else PrivateBind(tuple(parts), _none, MAP)
+
+
+def _none(*_: object) -> None:
+    return None
 
 
 def _check_devices(name: str, datas: Sequence[Any]) -> None:
@@ -107,11 +127,10 @@ class _Build:
         for t in tapes:
             t.acquire()
         tape = OpTape(self.prim, self.params, tapes)
-        step = current_step()
+        step = _current_step.get()
         if step is not None:
-            step.register(tape)
-        tape.cost = cost = self.prim.cost(*[t.data for t in tapes], **self.params)
-        return Kernel(tape.compute, (), cost)
+            step.tapes.append(tape)
+        return PrivateKernel(tape.compute, (), tape.estimate_cost)
 
 
 def forward_of(x: object, where: str) -> Do[Tape[Any, Any]]:

@@ -26,7 +26,13 @@ def _size(x: Any) -> float:
 
 def elementwise_cost(*inputs: Any, **_: Any) -> float:
     """Cost of an elementwise op: the largest operand's number of elements."""
-    return max(_size(x) for x in inputs)
+    cost = 1
+    for x in inputs:
+        if type(x) is not float:
+            n = math.prod(x.shape)
+            if n > cost:
+                cost = n
+    return float(cost)
 
 
 @dataclass(frozen=True, eq=False)

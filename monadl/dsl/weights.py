@@ -13,7 +13,7 @@ from typing import Any, final
 
 import numpy as np
 
-from monadl.do.do import UNIT, Delay, Do
+from monadl.do.do import MAP, UNIT, Delay, Do, PrivateBind
 from monadl.dsl.layers import ArrayOperators, FloatOperators
 from monadl.dsl.optimizers import Optimizer
 from monadl.tape.shared import SharedTape, StepContext, current_step
@@ -39,7 +39,7 @@ class WeightTape(SharedTape[Any, Any]):
         if step is None:  # a forward pass outside training: nothing to record
             return UNIT
         weight = self.weight
-        return delta.map(lambda d: step.record(weight, d))
+        return PrivateBind((delta,), lambda d: step.record(weight, d), MAP)
 
 
 class _WeightState:
@@ -68,6 +68,7 @@ class FloatWeight(FloatOperators, _WeightState):
     """A trainable float. ``optimizer`` overrides the model's default for this weight."""
 
     __slots__ = ("data", "name", "optimizer", "optimizer_state")
+    data: float
 
     def __init__(self, data: float, *, optimizer: Optimizer | None = None, name: str = "") -> None:
         if isinstance(data, bool) or not isinstance(data, (float, int)):
@@ -87,6 +88,7 @@ class ArrayWeight(ArrayOperators, _WeightState):
     """A trainable array (copied on construction). ``optimizer`` overrides the model's default."""
 
     __slots__ = ("data", "name", "optimizer", "optimizer_state")
+    data: Array
 
     def __init__(self, data: Array, *, optimizer: Optimizer | None = None, name: str = "") -> None:
         check_float_array(data, "ArrayWeight")

@@ -20,7 +20,7 @@ import contextvars
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from monadl.do.do import UNIT, Defer, Do, run_unit
+from monadl.do.do import UNIT, Do, PrivateDefer, run_unit
 from monadl.tape.tape import Tape
 
 Data = TypeVar("Data")
@@ -62,16 +62,22 @@ class SharedTape(Tape[Data, Delta], Generic[Data, Delta]):
             self._deltas = [delta]
         else:
             self._deltas.append(delta)
-        return self.release()
+        self._count -= 1
+        if self._count > 0:
+            return UNIT
+        return self._last_release()
 
     def release(self) -> Do[None]:
         self._count -= 1
         if self._count > 0:
             return UNIT
+        return self._last_release()
+
+    def _last_release(self) -> Do[None]:
         if self._count < 0 or self._fired:
             raise RuntimeError(f"{type(self).__name__}: released more often than acquired")
         self._fired = True
-        return Defer(self._fire)
+        return PrivateDefer(self._fire)
 
     def _fire(self) -> Do[None]:
         deltas, self._deltas = self._deltas, None

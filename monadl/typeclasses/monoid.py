@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from monadl.do.do import KERNEL_MAP, Bind, Do
@@ -27,8 +27,9 @@ class SumMonoid:
             total += d  # in place for arrays (the array API has in-place operators)
         return total
 
-    def sum_lazy(self, deltas: Sequence[Do[Any]], cost: float = 0.0) -> Do[Any]:
-        """The sum of lazy deltas, as one kernel over their values."""
+    def sum_lazy(self, deltas: Sequence[Do[Any]], cost: float | Callable[[], float] = 0.0) -> Do[Any]:
+        """The sum of lazy deltas, as one kernel over their values (memoised: the summed delta
+        may feed several vjps)."""
         return Bind(tuple(deltas), self._sum_values, KERNEL_MAP, cost)
 
     def _sum_values(self, *values: Any) -> Any:
