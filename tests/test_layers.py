@@ -20,7 +20,7 @@ def test_ndarray_times_layer_calls_our_reflected_operator() -> None:
 def test_float_and_array_operands_mix_in_every_order() -> None:
     f = ml.FloatWeight(2.0)
     a = ml.ArrayWeight(np.array([1.0, 3.0]))
-    cases = {
+    cases: dict[str, tuple[ml.FloatLayer | ml.ArrayLayer, object]] = {
         "f+a": (f + a, [3.0, 5.0]),
         "a-f": (a - f, [-1.0, 1.0]),
         "1/a": (1.0 / a, [1.0, 1.0 / 3.0]),
@@ -31,7 +31,8 @@ def test_float_and_array_operands_mix_in_every_order() -> None:
         "f*f": (f * f, 4.0),
     }
     for name, (layer, expected) in cases.items():
-        np.testing.assert_allclose(layer.predict_blocking().unwrap(), expected, err_msg=name)
+        value: object = layer.predict_blocking().unwrap()
+        np.testing.assert_allclose(value, expected, err_msg=name)  # type: ignore[call-overload]
     assert isinstance(f * f, ml.FloatLayer)
     assert isinstance(f * a, ml.ArrayLayer)
 
@@ -77,7 +78,7 @@ def test_array_weight_copies_its_data_and_checks_dtype() -> None:
     data[0] = 5.0
     assert w.data[0] == 1.0
     with pytest.raises(TypeError, match="floating-point"):
-        ml.ArrayWeight(np.arange(3))
+        ml.ArrayWeight(np.arange(3))  # type: ignore[arg-type]  # mypy rejects it too
     with pytest.raises(TypeError, match="expected a float"):
         ml.FloatWeight("1.0")  # type: ignore[arg-type]
 
@@ -93,5 +94,5 @@ def test_normal_initialisation_is_deterministic_under_a_seed() -> None:
 
 def test_float32_weights_stay_float32() -> None:
     w = ml.ArrayWeight(np.ones(3, dtype=np.float32))
-    assert isinstance(ml.sum(w * np.float32(2.0) * w).train_blocking(ml.SGD(0.1)), Success)
+    assert isinstance(ml.sum(w * np.full(3, 2.0, dtype=np.float32) * w).train_blocking(ml.SGD(0.1)), Success)
     assert w.data.dtype == np.float32

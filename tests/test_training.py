@@ -102,7 +102,8 @@ def test_a_weight_used_several_times_gets_one_update_with_the_summed_delta() -> 
     assert w.data == pytest.approx(0.9, abs=1e-6)
     m, v, t = w.optimizer_state[1] if w.optimizer_state else (None, None, None)
     assert t == 1
-    assert m == pytest.approx(0.1 * 10.0)
+    assert m == pytest.approx(0.1 * 10.0)  # (1 - beta1) * the summed gradient
+    assert v == pytest.approx(0.001 * 10.0**2)  # (1 - beta2) * its square
 
 
 def test_per_weight_optimizer_overrides_the_default() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, NoReturn, TypeVar
 
 from monadl.do.do import Do
 from monadl.tape.tape import Tape
@@ -28,7 +28,7 @@ class Differentiable(Generic[Data, Delta]):
         tape: Tape[Data, Delta] = yield self.forward
         return tape.data
 
-    def __bool__(self) -> bool:
+    def __bool__(self) -> NoReturn:
         raise TypeError(
             f"the truth value of a {type(self).__name__} is its forward value, which is lazy: "
             "await it in a @direct function, or predict() it, first"

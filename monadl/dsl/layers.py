@@ -8,7 +8,7 @@ type follows the operands: float with float gives a ``FloatLayer``, anything wit
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias, final, overload
+from typing import TYPE_CHECKING, Any, Self, TypeAlias, final, overload
 
 from returns.future import FutureResult
 from returns.result import Result
@@ -20,7 +20,7 @@ from monadl.dsl.apply import apply_primitive
 from monadl.dsl.base import Differentiable
 from monadl.dsl.primitives import Primitive
 from monadl.tape.tape import Tape
-from monadl.typeclasses.backend import Array
+from monadl.typeclasses.backend import Array, IndexArray
 
 if TYPE_CHECKING:
     from monadl.dsl.optimizers import Optimizer
@@ -133,7 +133,7 @@ class FloatOperators(Differentiable[float, float]):
     def __neg__(self) -> FloatLayer:
         return apply_float(P.neg, self)
 
-    def __pos__(self) -> FloatOperators:
+    def __pos__(self) -> Self:
         return self
 
 
@@ -181,10 +181,10 @@ class ArrayOperators(Differentiable[Array, Array]):
     def __neg__(self) -> ArrayLayer:
         return apply_array(P.neg, self)
 
-    def __pos__(self) -> ArrayOperators:
+    def __pos__(self) -> Self:
         return self
 
-    def __getitem__(self, indices: Array | int | Sequence[int]) -> ArrayLayer:
+    def __getitem__(self, indices: IndexArray | int | Sequence[int]) -> ArrayLayer:
         """Rows ``indices`` of this array (an embedding lookup): see :func:`monadl.take_rows`."""
         from monadl.dsl.ops import take_rows
 

@@ -11,7 +11,7 @@ from typing import overload
 
 from monadl.dsl import primitives as P
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer, apply, apply_array, apply_float
-from monadl.typeclasses.backend import Array, is_array, namespace
+from monadl.typeclasses.backend import AnyNDArray, Array, IndexArray, is_array, namespace
 
 Axis = int | tuple[int, ...] | None
 
@@ -171,7 +171,7 @@ def concatenate(xs: Sequence[AnyArray], axis: int = 0) -> ArrayLayer:
     return apply_array(P.concatenate(len(xs)), *xs, axis=axis)
 
 
-def _indices(indices: Array | int | Sequence[int]) -> Array:
+def _indices(indices: IndexArray | int | Sequence[int]) -> Array:
     import numpy as np
 
     if is_array(indices):
@@ -187,7 +187,7 @@ def _indices(indices: Array | int | Sequence[int]) -> Array:
     return array
 
 
-def take_rows(table: AnyArray, indices: Array | int | Sequence[int]) -> ArrayLayer:
+def take_rows(table: AnyArray, indices: IndexArray | int | Sequence[int]) -> ArrayLayer:
     """Rows of ``table`` (an embedding lookup): shape ``indices.shape + table.shape[1:]``. The
     delta adds each row's delta into the rows used, repeated indices included."""
     return apply_array(P.take_rows, table, indices=_indices(indices))
@@ -203,7 +203,7 @@ def log_softmax(x: AnyArray, axis: int = -1) -> ArrayLayer:
     return apply_array(P.log_softmax, x, axis=axis)
 
 
-def cross_entropy(logits: AnyArray, targets: Array) -> FloatLayer:
+def cross_entropy(logits: AnyArray, targets: AnyNDArray) -> FloatLayer:
     """Mean over the batch of ``-sum(targets * log_softmax(logits))`` over the last axis.
 
     ``targets`` are probabilities (one-hot or soft) of ``logits``' shape, or integer class labels of

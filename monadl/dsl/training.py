@@ -20,7 +20,7 @@ import asyncio
 import math
 import threading
 from collections.abc import Callable, Generator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from returns.future import FutureResult
 from returns.result import Failure, Result, Success
@@ -32,7 +32,7 @@ from monadl.dsl.optimizers import Optimizer
 from monadl.dsl.weights import ArrayWeight, FloatWeight
 from monadl.tape.shared import StepContext, in_step
 from monadl.tape.tape import Tape
-from monadl.typeclasses.backend import namespace
+from monadl.typeclasses.backend import Array, namespace
 
 V = TypeVar("V")
 
@@ -103,6 +103,14 @@ def _apply(gradients: dict[FloatWeight | ArrayWeight, Any], default: Optimizer |
         weight.optimizer_state = state
 
 
+@overload
+def train_blocking(
+    loss: FloatLayer, optimizer: Optimizer | None = None, *, executor: Executor | None = None
+) -> Result[float, Exception]: ...
+@overload
+def train_blocking(
+    loss: ArrayLayer, optimizer: Optimizer | None = None, *, executor: Executor | None = None
+) -> Result[Array, Exception]: ...
 def train_blocking(
     loss: FloatLayer | ArrayLayer,
     optimizer: Optimizer | None = None,
@@ -122,6 +130,10 @@ def train_blocking(
     return Success(value)
 
 
+@overload
+def predict_blocking(layer: FloatLayer, *, executor: Executor | None = None) -> Result[float, Exception]: ...
+@overload
+def predict_blocking(layer: ArrayLayer, *, executor: Executor | None = None) -> Result[Array, Exception]: ...
 def predict_blocking(
     layer: FloatLayer | ArrayLayer, *, executor: Executor | None = None
 ) -> Result[Any, Exception]:
@@ -146,6 +158,14 @@ class _InThread:
         return self._future.__await__()
 
 
+@overload
+def train(
+    loss: FloatLayer, optimizer: Optimizer | None = None, *, executor: Executor | None = None
+) -> FutureResult[float, Exception]: ...
+@overload
+def train(
+    loss: ArrayLayer, optimizer: Optimizer | None = None, *, executor: Executor | None = None
+) -> FutureResult[Array, Exception]: ...
 def train(
     loss: FloatLayer | ArrayLayer,
     optimizer: Optimizer | None = None,
@@ -156,6 +176,10 @@ def train(
     return FutureResult(_InThread(lambda: train_blocking(loss, optimizer, executor=executor)))
 
 
+@overload
+def predict(layer: FloatLayer, *, executor: Executor | None = None) -> FutureResult[float, Exception]: ...
+@overload
+def predict(layer: ArrayLayer, *, executor: Executor | None = None) -> FutureResult[Array, Exception]: ...
 def predict(
     layer: FloatLayer | ArrayLayer, *, executor: Executor | None = None
 ) -> FutureResult[Any, Exception]:

@@ -14,7 +14,9 @@ from typing import Any, TypeAlias
 import numpy as np
 from numpy.typing import NDArray
 
-Array: TypeAlias = NDArray[Any]
+Array: TypeAlias = NDArray[np.floating[Any]]
+IndexArray: TypeAlias = NDArray[np.integer[Any]]
+AnyNDArray: TypeAlias = NDArray[Any]
 """The static type of array data and deltas (NumPy's; CuPy and array-api-strict arrays at run time)."""
 
 
