@@ -1,0 +1,1 @@
+"""Runnable examples; each is also imported by tests/test_examples.py."""

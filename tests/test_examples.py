@@ -1,0 +1,186 @@
+"""The examples run, print what they claim, and show what they teach.
+
+* ``guess_next_number`` learns to answer 45 to 42, 43, 44.
+* ``gated_network``: its four versions compute the same function and all learn; the dynamic ones
+  evaluate each gate once per training step, the eager one more often; the applicative version's two
+  gates run concurrently on a pool of two (they meet at a two-party barrier), the monadic one's do not.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from returns.result import Failure, Result, Success
+
+import monadl
+from monadl import ArrayWeight, FloatLayer, FloatWeight
+from monadl.tape import Tape
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # pytest puts tests/ on sys.path, not the repository root
+    sys.path.insert(0, str(ROOT))
+
+from examples import gated_network as gn  # noqa: E402
+from examples import guess_next_number  # noqa: E402
+
+DYNAMIC = ["monadic", "applicative", "direct"]  # the versions that choose inside the computation
+
+# ------------------------------------------------------------------------------ guess_next_number
+
+
+def test_guess_next_number_answers_45(capsys: pytest.CaptureFixture[str]) -> None:
+    guess = guess_next_number.main(500)
+    assert abs(guess - 45.0) < 0.5
+    out = capsys.readouterr().out
+    assert "iteration 499" in out
+    assert "42, 43, 44 -> 45.0" in out
+
+
+def test_guess_next_number_short_run(capsys: pytest.CaptureFixture[str]) -> None:
+    guess = guess_next_number.main(10)
+    assert math.isfinite(guess)
+    assert abs(guess - 45.0) > abs(guess_next_number.main(100) - 45.0)  # more training, better guess
+    assert "42, 43, 44 ->" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------- gated_network
+
+
+def reference(model: gn.Model, x: np.ndarray, target: np.ndarray) -> tuple[float, int]:
+    """The gated network in plain NumPy: its loss, and which expert it chose."""
+    scores = [1.0 / (1.0 + math.exp(-float(np.sum(x @ w.data)))) for w in model.gates]
+    k = 0 if scores[0] > scores[1] else 1
+    w, b = model.experts[k]
+    output = np.tanh(x @ w.data + b.data) * scores[k]
+    return float(np.mean((output - target) ** 2)), k
+
+
+@pytest.mark.parametrize("seed", [0, 1], ids=["expert0-chosen", "expert1-chosen"])
+def test_versions_compute_the_same_function(seed: int) -> None:
+    model = gn.Model.new(seed=seed)
+    x, target = gn.data()
+    expected, chosen = reference(model, x, target)
+    assert chosen == seed  # the two seeds cover both branches
+    trained = {model.gates[chosen], *model.experts[chosen]}  # the other gate only steered the choice
+    first: dict[FloatWeight | ArrayWeight, Any] = {}
+    for name, network in gn.VERSIONS.items():
+        loss = gn.build_loss(network, model, x, target)
+        assert loss.predict_blocking().unwrap() == pytest.approx(expected, rel=1e-12), name
+        value, grads = monadl.compute_gradients(gn.build_loss(network, model, x, target))
+        assert value == pytest.approx(expected, rel=1e-12), name
+        assert set(grads) == trained, name
+        first = first or grads
+        for weight, g in grads.items():
+            np.testing.assert_allclose(g, first[weight], rtol=1e-12, err_msg=name)
+
+
+class CountingGates:
+    """Wraps each gate so that its forward evaluations are counted."""
+
+    def __init__(self) -> None:
+        self.counters = (gn.ForwardCounter(), gn.ForwardCounter())
+
+    def __call__(self, i: int, gate: FloatLayer) -> FloatLayer:
+        return self.counters[i].wrap(gate)
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        return self.counters[0].count, self.counters[1].count
+
+
+@pytest.mark.parametrize("name", list(gn.VERSIONS))
+def test_gate_evaluations_per_training_step(name: str) -> None:
+    model = gn.Model.new()
+    x, target = gn.data()
+    gates = CountingGates()
+    for _ in range(3):
+        before = gates.counts
+        gn.train_step(gn.VERSIONS[name], model, x, target, monadl.SGD(0.5), gates)
+        per_step = (gates.counts[0] - before[0], gates.counts[1] - before[1])
+        if name == "eager":
+            assert sorted(per_step) == [1, 2]  # both predicted, then the chosen one again in training
+        else:
+            assert per_step == (1, 1)
+
+
+def test_every_version_learns_the_same_way() -> None:
+    losses = {name: gn.train_version(network, 20)[0] for name, network in gn.VERSIONS.items()}
+    for name, curve in losses.items():
+        assert curve[-1] < 0.1 * curve[0], name
+        np.testing.assert_allclose(curve, losses["eager"], rtol=1e-9, err_msg=name)
+
+
+def test_gated_network_main_prints_the_losses(capsys: pytest.CaptureFixture[str]) -> None:
+    losses = gn.main(steps=6)
+    assert set(losses) == set(gn.VERSIONS)
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["step", *gn.VERSIONS]
+    assert "eager        3" in out and "direct       2  (gate0 1, gate1 1)" in out
+
+
+# ---------------------------------------------------------------------------------- concurrency
+
+
+def at_barrier(gate: FloatLayer, barrier: threading.Barrier) -> FloatLayer:
+    """``gate``, but its forward ends with a kernel that waits at ``barrier`` (on a pool thread if
+    the executor has one: the cost is far above any threshold)."""
+
+    def meet(tape: Tape[float, float]) -> Tape[float, float]:
+        barrier.wait()
+        return tape
+
+    return FloatLayer(gate.forward.map_kernel(meet, cost=1e9))
+
+
+def train_with_barrier(
+    name: str, workers: int, barrier: threading.Barrier
+) -> tuple[gn.Model, Result[float, Exception]]:
+    model = gn.Model.new()
+    x, target = gn.data()
+    loss = gn.build_loss(gn.VERSIONS[name], model, x, target, lambda i, gate: at_barrier(gate, barrier))
+    with monadl.Executor(workers=workers, min_pool_cost=0) as executor:
+        result = loss.train_blocking(monadl.SGD(0.5), executor=executor)
+    return model, result
+
+
+@pytest.mark.parametrize("name", ["applicative", "direct"])
+def test_independent_gates_run_concurrently_on_a_pool_of_two(name: str) -> None:
+    # Each gate's kernel waits for the other's at a two-party barrier: the step can only succeed if
+    # both kernels are running at the same time.
+    _, result = train_with_barrier(name, 2, threading.Barrier(2, timeout=5))
+    assert isinstance(result, Success)
+    expected = gn.build_loss(gn.VERSIONS[name], gn.Model.new(), *gn.data()).predict_blocking().unwrap()
+    assert result.unwrap() == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", DYNAMIC)
+def test_a_sequential_executor_runs_the_same_program(name: str) -> None:
+    _, result = train_with_barrier(name, 1, threading.Barrier(1, timeout=5))
+    assert isinstance(result, Success)
+
+
+@pytest.mark.parametrize(
+    ("name", "workers"),
+    [("applicative", 1), ("direct", 1), ("monadic", 1), ("monadic", 2)],
+    ids=["applicative-1-worker", "direct-1-worker", "monadic-1-worker", "monadic-2-workers"],
+)
+def test_gates_in_sequence_never_meet(name: str, workers: int) -> None:
+    # With one worker everything runs inline, one kernel after the other; with flat_map, gate1 only
+    # starts once gate0 is done. Either way the first gate waits alone and the barrier breaks, which
+    # shows that the success above came from concurrency. The failed step changes no weight.
+    model_before = gn.Model.new()
+    model, result = train_with_barrier(name, workers, threading.Barrier(2, timeout=0.3))
+    assert isinstance(result, Failure)
+    assert isinstance(result.failure(), threading.BrokenBarrierError)
+    for before, after in zip(
+        [*model_before.gates, *(w for e in model_before.experts for w in e)],
+        [*model.gates, *(w for e in model.experts for w in e)],
+        strict=True,
+    ):
+        np.testing.assert_array_equal(after.data, before.data)

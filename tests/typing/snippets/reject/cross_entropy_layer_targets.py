@@ -1,0 +1,11 @@
+"""cross_entropy's targets are constants (arrays), not layers: no delta flows into them."""
+# expect: Argument 2 to "cross_entropy" has incompatible type "ArrayLayer" [arg-type]
+
+import numpy as np
+
+import monadl
+from monadl import ArrayWeight
+
+logits = ArrayWeight(np.zeros((4, 2))) * 1.0
+targets = ArrayWeight(np.ones((4, 2))) * 0.5
+bad = monadl.cross_entropy(logits, targets)  # error

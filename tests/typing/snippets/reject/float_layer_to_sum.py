@@ -1,0 +1,7 @@
+"""sum() reduces an array; a FloatLayer is already a float."""
+# expect: No overload variant of "sum" matches argument type "FloatLayer" [call-overload]
+
+import monadl
+from monadl import FloatWeight
+
+bad = monadl.sum(FloatWeight(1.0) * 2.0)  # error
