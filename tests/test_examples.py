@@ -9,9 +9,7 @@
 from __future__ import annotations
 
 import math
-import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,15 +17,10 @@ import pytest
 from returns.result import Failure, Result, Success
 
 import monadl
+from examples import gated_network as gn
+from examples import guess_next_number
 from monadl import ArrayWeight, FloatLayer, FloatWeight
 from monadl.tape import Tape
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # pytest puts tests/ on sys.path, not the repository root
-    sys.path.insert(0, str(ROOT))
-
-from examples import gated_network as gn  # noqa: E402
-from examples import guess_next_number  # noqa: E402
 
 DYNAMIC = ["monadic", "applicative", "direct"]  # the versions that choose inside the computation
 
