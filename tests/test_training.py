@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import pickle
+import sys
 from typing import Any
 
 import numpy as np
@@ -163,9 +166,7 @@ def test_loss_decreases_on_a_regression() -> None:
     y = x @ np.array([1.0, -2.0, 0.5]) + 0.3
     w = ml.ArrayWeight(np.zeros(3))
     b = ml.FloatWeight(0.0)
-    losses = [
-        ml.mean((x @ w + b - y) ** 2.0).train_blocking(ml.SGD(0.1)).unwrap() for _ in range(200)
-    ]
+    losses = [ml.mean((x @ w + b - y) ** 2.0).train_blocking(ml.SGD(0.1)).unwrap() for _ in range(200)]
     assert losses[-1] < 1e-3 * losses[0]
     np.testing.assert_allclose(w.data, [1.0, -2.0, 0.5], atol=1e-2)
 
@@ -200,3 +201,30 @@ def test_a_failed_future_result_holds_the_exception() -> None:
     result = asyncio.run(bad.train(ml.SGD(0.1)).awaitable())
     assert "matmul" in str(result.failure()._inner_value)
     np.testing.assert_array_equal(w.data, np.ones(2))
+
+
+def test_a_step_leaves_no_reference_cycles() -> None:
+    """A step's tapes and arrays are freed as soon as it ends, not at the next garbage collection
+    (otherwise memory grows between steps and every step page-faults fresh memory)."""
+    w = ml.ArrayWeight(np.ones((4, 4)))
+    loss = ml.sum(ml.tanh(w @ w) * w)
+    assert isinstance(loss.train_blocking(ml.SGD(0.1)), Success)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        assert isinstance(loss.train_blocking(ml.SGD(0.1)), Success)
+        bad_step = (loss + ml.sum(w @ np.ones((3, 3)))).train_blocking(ml.SGD(0.1))
+        assert isinstance(bad_step, Failure)
+        del bad_step
+        assert gc.collect() == 0, [type(o).__name__ for o in gc.garbage][:20]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+def test_the_allocator_is_tuned_on_glibc() -> None:
+    from monadl.do.memory import tune_allocator
+
+    assert tune_allocator() == (
+        sys.platform.startswith("linux") and os.environ.get("MONADL_TUNE_MALLOC") != "0"
+    )

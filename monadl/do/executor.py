@@ -28,6 +28,7 @@ from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from monadl.do.do import BIND, DEFER, DELAY, FLAT, KERNEL, MAP, PRIVATE, PURE, Do
+from monadl.do.memory import tune_allocator
 
 A = TypeVar("A")
 
@@ -67,6 +68,7 @@ class Executor(AbstractContextManager["Executor"]):
     def __init__(self, workers: int = 1, *, min_pool_cost: float = 1e5, limit_blas: bool = True) -> None:
         if workers < 1:
             raise ValueError(f"Executor: workers must be >= 1, got {workers}")
+        tune_allocator()
         self.workers = workers
         self.min_pool_cost = min_pool_cost
         self._pool = ThreadPoolExecutor(workers, "monadl") if workers > 1 else None

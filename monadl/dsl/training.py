@@ -81,7 +81,12 @@ def compute_gradients(
         ex.run(run_unit([root.backward(Pure(_seed(value))), step.release_dangling(root)]))
         return value
 
-    value = in_step(step, body)
+    try:
+        value = in_step(step, body)
+    finally:
+        # Weight tapes point back at the step: without this, every array of the step would live on
+        # in a reference cycle until the garbage collector ran, and memory would grow between steps.
+        step.tapes.clear()
     return value, step.gradients
 
 
