@@ -40,7 +40,7 @@ from monadl.typeclasses.monoid import SUM
 class OpTape(SharedTape[Any, Any]):
     """The tape of one application of a primitive."""
 
-    __slots__ = ("cost", "params", "prim", "xp")
+    __slots__ = ("args", "cost", "params", "prim", "xp")
 
     def __init__(self, prim: Primitive, params: dict[str, Any], inputs: tuple[Tape[Any, Any], ...]) -> None:
         # SharedTape's fields, set here rather than through super().__init__: this is every op's path.
@@ -52,39 +52,43 @@ class OpTape(SharedTape[Any, Any]):
         self.prim = prim
         self.params = params
         self.xp: Any = None
+        self.args: tuple[Any, ...] = ()  # the inputs' data, once computed
         self.cost = -1.0
 
     def estimate_cost(self) -> float:
         """The op's cost (asked for only by an executor with a pool), computed once."""
         if self.cost < 0.0:
-            self.cost = self.prim.cost(*[t.data for t in self.inputs], **self.params)
+            self.cost = self.prim.cost(*[t.data for t in self.inputs], **self.params)  # before compute()
         return self.cost
 
     def compute(self) -> OpTape:
         """The forward kernel: computes ``data`` from the inputs' data."""
         prim = self.prim
         params = self.params
-        datas = [t.data for t in self.inputs]
-        xp = self.xp = namespace(*datas)
+        datas = self.args = tuple([t.data for t in self.inputs])
+        d0 = datas[0]
+        xp = self.xp = np if type(d0) is np.ndarray else namespace(*datas)
         if xp is not np and len(datas) > 1:
             _check_devices(prim.name, datas)
         if prim.check is not None:
             prim.check(*datas, **params)
         try:
-            self.data = prim.forward(xp, *datas, **params)
+            out = prim.forward(xp, *datas, **params)
         except ValueError as e:
             shapes = " and ".join(str(shape_of(d)) for d in datas)
             raise ShapeError(f"{prim.name}: operands of shapes {shapes} do not fit: {e}") from e
+        # NumPy turns 0-d results into scalars (np.float64): keep array data an array.
+        self.data = np.asarray(out) if isinstance(out, np.generic) else out
         return self
 
     def vjp(self, i: int, delta: Any) -> Any:
         """The delta of input ``i``, given this tape's delta (a kernel)."""
         prim = self.prim
-        datas = [t.data for t in self.inputs]
+        datas = self.args
         g = prim.vjps[i](self.xp, delta, self.data, *datas, **self.params)
         if prim.broadcasts:
             g = unbroadcast(self.xp, g, datas[i])
-        return g
+        return np.asarray(g) if isinstance(g, np.generic) else g
 
     def _sum(self, deltas: Sequence[Do[Any]]) -> Do[Any]:
         return SUM.sum_lazy(deltas, self.estimate_cost)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from monadl.typeclasses.backend import ShapeError, shape_of, unbroadcast
+from monadl.typeclasses.backend import FLOATS, ShapeError, shape_of, unbroadcast
 
 Rule = Callable[..., Any]
 
@@ -78,6 +78,11 @@ def _reduce(xp: Any, value: Any, axis: Any, keepdims: bool) -> Any:
     return float(value) if axis is None and not keepdims else value
 
 
+def _log(xp: Any, x: Any) -> Any:
+    """``log(x)`` for an operand that may be a Python float while ``xp`` is an array namespace."""
+    return FLOATS.log(x) if type(x) is float else xp.log(x)
+
+
 # ----------------------------------------------------------------------------------- elementwise
 
 add = Primitive("add", lambda xp, a, b: a + b, (lambda xp, d, o, a, b: d, lambda xp, d, o, a, b: d), True)
@@ -94,7 +99,7 @@ div = Primitive(
 power = Primitive(
     "pow",
     lambda xp, a, b: a**b,
-    (lambda xp, d, o, a, b: d * b * a ** (b - 1.0), lambda xp, d, o, a, b: d * xp.log(a) * o),
+    (lambda xp, d, o, a, b: d * b * a ** (b - 1.0), lambda xp, d, o, a, b: d * _log(xp, a) * o),
     True,
 )
 maximum = Primitive(
@@ -184,7 +189,7 @@ def _concat_vjp(i: int) -> Rule:
     def vjp(xp: Any, d: Any, o: Any, *xs: Any, axis: int = 0) -> Any:
         ax = axis % d.ndim
         start = sum(x.shape[ax] for x in xs[:i])
-        index = (slice(None),) * ax + (slice(start, start + xs[i].shape[ax]),)
+        index = (*(slice(None),) * ax, slice(start, start + xs[i].shape[ax]), ...)
         return d[index]
 
     return vjp
@@ -345,6 +350,13 @@ def _check_cross_entropy(logits: Any, targets: Any) -> None:
             f"{tuple(logits.shape)} (expected {wanted}: probabilities, or integer labels "
             f"of shape {tuple(logits.shape[:-1])})"
         )
+    if xp.isdtype(targets.dtype, "integral") and math.prod(targets.shape):
+        classes = logits.shape[-1]
+        lo, hi = int(xp.min(targets)), int(xp.max(targets))
+        if lo < 0 or hi >= classes:
+            raise ValueError(
+                f"cross_entropy: label {lo if lo < 0 else hi} is out of range for {classes} classes"
+            )
 
 
 def _batch(logits: Any) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from monadl.do.do import UNIT, Do, PrivateDefer, run_unit
 from monadl.tape.tape import Tape
@@ -43,9 +43,7 @@ class SharedTape(Tape[Data, Delta], Generic[Data, Delta]):
         self._deltas: list[Do[Delta]] | None = None
         self._fired = False
 
-    @property
-    def requires_delta(self) -> bool:
-        return True
+    requires_delta: ClassVar[bool] = True
 
     @property
     def consumers(self) -> int:

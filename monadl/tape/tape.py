@@ -12,7 +12,7 @@ interpreter's thread, i.e. from a ``Delay``/``Defer``/``map``/``flat_map`` body,
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 from monadl.do.do import UNIT, Do
 
@@ -25,14 +25,11 @@ class Tape(Generic[Data, Delta]):
     """A tape whose delta goes nowhere: the tape of a literal (a constant float or array)."""
 
     __slots__ = ("data",)
+    requires_delta: ClassVar[bool] = False
+    """False when :meth:`backward` ignores its delta, so consumers need not build it."""
 
     def __init__(self, data: Data) -> None:
         self.data = data
-
-    @property
-    def requires_delta(self) -> bool:
-        """False when :meth:`backward` ignores its delta, so consumers need not build it."""
-        return False
 
     def acquire(self) -> None:
         """Registers one more consumer of this tape (forward pass)."""
