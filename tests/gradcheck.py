@@ -1,0 +1,400 @@
+"""The shared numerical gradient checker of the op tests, and the op cases every backend runs.
+
+:func:`check_gradients` is the one checker: given ``f(*weights) -> FloatLayer`` and float64 inputs
+(NumPy arrays and Python floats), it builds an ``ArrayWeight`` or ``FloatWeight`` for each input,
+takes monadl's gradients with :func:`monadl.compute_gradients` and compares them with central finite
+differences of ``f``'s forward value (``predict_blocking()`` on freshly built, perturbed weights).
+
+Tolerances: with ``eps = 1e-6`` in float64 the truncation error of a central difference is about
+``eps**2 * |f'''| / 6 ~ 1e-12``, and the rounding error about ``ulp(|f|) / eps ~ 1e-10 * |f|``. The
+losses here stay below ~100 in magnitude, so ``atol = 1e-7`` leaves a margin of ~10x over rounding;
+``rtol = 1e-5`` covers large gradient entries. A wrong vjp is off by O(the gradient itself), many
+orders of magnitude above both (``test_ops_gradients`` shows the checker failing on a wrong vjp and
+on one that is only 0.1% off).
+
+:data:`CASES` lists one or more fixed applications of every op; the backend tests
+(``test_ops_array_api``, ``test_cupy``) run them with :func:`run_case` on NumPy and on another array
+namespace and compare, and ``test_ops_gradients`` checks the NumPy side with the checker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from returns.pipeline import is_successful
+from returns.result import Result
+
+import monadl
+from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
+
+F64 = NDArray[np.float64]
+Input = F64 | float
+"""An input of the checker: an array becomes an ``ArrayWeight``, a float a ``FloatWeight``."""
+Grad = F64 | float
+Weight = ArrayWeight | FloatWeight
+Loss = Callable[..., FloatLayer]
+"""``f(*weights)``: a scalar loss built from the weights."""
+Op = Callable[..., FloatLayer | ArrayLayer]
+
+EPS = 1e-6
+RTOL = 1e-5
+ATOL = 1e-7
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+# ------------------------------------------------------------------------------------ the checker
+
+
+def make_weights(inputs: Sequence[Input], asarray: Callable[[Any], Any] = _identity) -> list[Weight]:
+    """A fresh weight per input: ``FloatWeight`` for a float, ``ArrayWeight(asarray(x))`` for an array."""
+    weights: list[Weight] = []
+    for i, x in enumerate(inputs):
+        if isinstance(x, float):
+            weights.append(FloatWeight(float(x)))
+        else:
+            assert isinstance(x, np.ndarray) and x.dtype == np.float64, (
+                f"input {i}: the checker needs float64 NumPy arrays or floats, got {x!r}"
+            )
+            weights.append(ArrayWeight(asarray(x)))
+    return weights
+
+
+def value_of(result: Result[Any, Exception]) -> Any:
+    """The value of a ``predict_blocking()`` result, re-raising the original exception of a failure."""
+    if not is_successful(result):
+        raise result.failure()
+    return result.unwrap()
+
+
+def predict(layer: FloatLayer | ArrayLayer) -> Any:
+    """``layer``'s forward value, computed now."""
+    return value_of(layer.predict_blocking())
+
+
+def numpy_array(x: Any) -> F64:
+    """``x`` itself, after checking that it is a NumPy array (not a NumPy scalar, not a list)."""
+    assert isinstance(x, np.ndarray), f"expected a NumPy array, got {type(x).__name__}: {x!r}"
+    return x
+
+
+def monadl_gradients(
+    f: Loss,
+    inputs: Sequence[Input],
+    asarray: Callable[[Any], Any] = _identity,
+    to_numpy: Callable[[Any], F64] = numpy_array,
+) -> tuple[float, list[Grad]]:
+    """The loss and monadl's gradient of every input, in input order (arrays as NumPy arrays).
+
+    Asserts what any correct gradient satisfies: every input gets one; a ``FloatWeight``'s is a Python
+    float; an ``ArrayWeight``'s is an array of its backend (``to_numpy`` checks and converts it) of
+    the input's own shape and dtype.
+    """
+    weights = make_weights(inputs, asarray)
+    loss, gradients = monadl.compute_gradients(f(*weights))
+    assert type(loss) is float, f"the loss of a FloatLayer must be a float, got {type(loss).__name__}"
+    out: list[Grad] = []
+    for i, (x, w) in enumerate(zip(inputs, weights, strict=True)):
+        assert w in gradients, f"input {i} ({w!r}) got no gradient"
+        g = gradients[w]
+        if isinstance(w, FloatWeight):
+            assert type(g) is float, (
+                f"input {i} is a FloatWeight: its gradient must be a Python float, got {type(g).__name__}"
+            )
+            out.append(g)
+        else:
+            array = to_numpy(g)
+            assert array.shape == np.shape(x), (
+                f"input {i}: the gradient has shape {array.shape}, the weight {np.shape(x)}"
+            )
+            assert array.dtype == np.float64, f"input {i}: the gradient has dtype {array.dtype}"
+            out.append(array)
+    return loss, out
+
+
+def numerical_gradients(f: Loss, inputs: Sequence[Input], eps: float = EPS) -> list[Grad]:
+    """Central finite differences of ``f``'s forward value, one input element at a time."""
+
+    def loss_at(xs: Sequence[Input]) -> float:
+        value = predict(f(*make_weights(xs)))
+        assert type(value) is float, f"f must return a FloatLayer, its value is a {type(value).__name__}"
+        return value
+
+    def derivative(replace: Callable[[float], list[Input]], x: float) -> float:
+        up, down = x + eps, x - eps
+        return (loss_at(replace(up)) - loss_at(replace(down))) / (up - down)  # the step actually taken
+
+    out: list[Grad] = []
+    for i, x in enumerate(inputs):
+        if isinstance(x, float):
+
+            def with_float(v: float, i: int = i) -> list[Input]:
+                return [*inputs[:i], v, *inputs[i + 1 :]]
+
+            out.append(derivative(with_float, x))
+            continue
+        grad = np.empty_like(x)
+        for index in np.ndindex(x.shape):
+
+            def with_element(v: float, i: int = i, x: F64 = x, index: tuple[int, ...] = index) -> list[Input]:
+                moved = x.copy()
+                moved[index] = v
+                return [*inputs[:i], moved, *inputs[i + 1 :]]
+
+            grad[index] = derivative(with_element, float(x[index]))
+        out.append(grad)
+    return out
+
+
+def check_gradients(
+    f: Loss, *inputs: Input, eps: float = EPS, rtol: float = RTOL, atol: float = ATOL
+) -> list[Grad]:
+    """Asserts that monadl's gradients of ``f`` at ``inputs`` equal central finite differences.
+
+    Returns monadl's gradients (in input order) for further assertions.
+    """
+    _, analytic = monadl_gradients(f, inputs)
+    numeric = numerical_gradients(f, inputs, eps)
+    for i, (a, n) in enumerate(zip(analytic, numeric, strict=True)):
+        np.testing.assert_allclose(
+            a,
+            n,
+            rtol=rtol,
+            atol=atol,
+            err_msg=f"gradient of input {i} (shape {np.shape(inputs[i])}): monadl vs finite differences",
+        )
+    return analytic
+
+
+# -------------------------------------------------------------------------- ops to scalar losses
+
+
+def probe(shape: tuple[int, ...], seed: int = 0) -> F64:
+    """A fixed array of ``shape`` with entries in +-[0.5, 1.5]: ``sum(out * probe)`` weighs every
+    element of ``out`` differently, so its gradient is not trivially uniform (and never zero)."""
+    rng = np.random.default_rng([seed, *shape])
+    magnitude = rng.uniform(0.5, 1.5, shape)
+    sign = np.where(rng.uniform(size=shape) < 0.5, -1.0, 1.0)
+    return np.asarray(magnitude * sign, dtype=np.float64)
+
+
+def scalar_loss(op: Op, shape: tuple[int, ...] | None, asarray: Callable[[Any], Any] = _identity) -> Loss:
+    """``op`` made a scalar loss: itself when it gives a float (``shape`` None), else
+    ``sum(op(...) * probe(shape))``."""
+    if shape is None:
+
+        def float_loss(*weights: Weight) -> FloatLayer:
+            out = op(*weights)
+            assert isinstance(out, FloatLayer)
+            return out
+
+        return float_loss
+    weighting = asarray(probe(shape))
+
+    def array_loss(*weights: Weight) -> FloatLayer:
+        out = op(*weights)
+        assert isinstance(out, ArrayLayer), f"expected an ArrayLayer, got {type(out).__name__}"
+        return monadl.sum(out * weighting)
+
+    return array_loss
+
+
+def check_op(
+    op: Op,
+    inputs: Sequence[Input],
+    expected: Any,
+    *,
+    rtol: float = RTOL,
+    atol: float = ATOL,
+    forward_tol: float = 1e-12,
+) -> list[Grad]:
+    """Checks ``op``'s forward value against ``expected`` (a NumPy reference) and its gradients with
+    :func:`check_gradients` through ``sum(op(...) * probe)``. Returns monadl's gradients."""
+    out = op(*make_weights(inputs))
+    value = predict(out)
+    if isinstance(out, FloatLayer):
+        assert type(value) is float, f"a FloatLayer's value must be a float, got {type(value).__name__}"
+        assert np.ndim(expected) == 0
+        shape: tuple[int, ...] | None = None
+    else:
+        assert np.shape(value) == np.shape(expected), f"shape {np.shape(value)} != {np.shape(expected)}"
+        shape = tuple(np.shape(expected))
+    np.testing.assert_allclose(value, expected, rtol=forward_tol, atol=forward_tol, err_msg="forward")
+    return check_gradients(scalar_loss(op, shape), *inputs, rtol=rtol, atol=atol)
+
+
+# ------------------------------------------------------------------ op cases shared by backends
+
+
+@dataclass(frozen=True)
+class Backend:
+    """An array library to run ops on: how to make its arrays from NumPy ones and back."""
+
+    name: str
+    asarray: Callable[[Any], Any]
+    """NumPy array -> this backend's array (float and integer arrays alike)."""
+    to_numpy: Callable[[Any], F64]
+    """This backend's array -> NumPy; asserts the value is an array of this backend."""
+
+
+def _numpy_reference(x: Any) -> F64:
+    # NumPy gives 0-d results as NumPy scalars (np.float64), not 0-d arrays; the reference side of
+    # the backend comparisons accepts both. test_ops_gradients.test_zero_dim_results_are_arrays
+    # checks that contract on its own.
+    if isinstance(x, np.generic):
+        return np.asarray(x)
+    return numpy_array(x)
+
+
+NUMPY = Backend("numpy", np.asarray, _numpy_reference)
+
+
+@dataclass(frozen=True)
+class OpCase:
+    """One application of an op: ``op(c, *weights)``, where ``c`` converts NumPy constants (indices,
+    targets, constant operands) to the backend, on ``inputs`` (one weight each)."""
+
+    name: str
+    op: Callable[..., FloatLayer | ArrayLayer]
+    inputs: tuple[Input, ...]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def run_case(case: OpCase, backend: Backend) -> tuple[Any, float, list[Grad]]:
+    """``case`` on ``backend``: its forward value (a float, or a NumPy array converted back), and the
+    loss and gradients of ``sum(out * probe)`` (or of the float itself)."""
+    c = backend.asarray
+
+    def op(*weights: Weight) -> FloatLayer | ArrayLayer:
+        return case.op(c, *weights)
+
+    out = op(*make_weights(case.inputs, c))
+    value = predict(out)
+    if isinstance(out, FloatLayer):
+        assert type(value) is float, f"a FloatLayer's value must be a float, got {type(value).__name__}"
+        forward: Any = value
+        shape: tuple[int, ...] | None = None
+    else:
+        forward = backend.to_numpy(value)
+        shape = tuple(forward.shape)
+    loss, grads = monadl_gradients(scalar_loss(op, shape, c), case.inputs, c, backend.to_numpy)
+    return forward, loss, grads
+
+
+def _u(seed: int, shape: tuple[int, ...], lo: float = -2.0, hi: float = 2.0) -> F64:
+    return np.random.default_rng(seed).uniform(lo, hi, shape)
+
+
+def _away(seed: int, shape: tuple[int, ...]) -> F64:
+    """Entries in +-[0.2, 2]: away from the kinks of abs, relu, and from zero denominators."""
+    x = _u(seed, shape, 0.2, 2.0)
+    return np.where(np.random.default_rng(seed + 1).uniform(size=shape) < 0.5, -x, x)
+
+
+_A = _u(1, (3, 4))
+_B = _u(2, (3, 4))
+_ROW = _u(3, (4,))
+_COL = _u(4, (3, 1))
+_POS = _u(5, (3, 4), 0.5, 2.0)
+_POS_ROW = _u(6, (4,), 0.5, 2.0)
+_LABELS = np.array([0, 3, 3], dtype=np.int64)
+_LABELS_3D = np.array([[0, 2], [1, 1]], dtype=np.int64)
+_ROWS = np.array([1, 1, 4, 0, 1], dtype=np.int64)
+_ROWS_2D = np.array([[2, 0], [2, 2]], dtype=np.int64)
+
+# A constant on the left of an operator is lifted (or the op's function form is used): an
+# array_api_strict array's operators raise TypeError on an operand they do not know instead of
+# returning NotImplemented, so ``strict_array - weight`` never reaches ``weight.__rsub__``. NumPy
+# literals on the left of operators are tested in test_ops_gradients.
+CASES: list[OpCase] = [
+    # elementwise binary, with broadcasting and mixed float/array operands
+    OpCase("add", lambda c, a, b: a + b, (_A, _B)),
+    OpCase("add (3,4)+(4,)", lambda c, a, b: a + b, (_A, _ROW)),
+    OpCase("add (3,1)+(4,)", lambda c, a, b: a + b, (_COL, _ROW)),
+    OpCase("add float weight", lambda c, a, b: a + b, (_A, 0.7)),
+    OpCase("add python float", lambda c, a: 1.5 + a, (_A,)),
+    OpCase("sub", lambda c, a, b: a - b, (_A, _ROW)),
+    OpCase("sub constant", lambda c, a: monadl.lift_array(c(_ROW)) - a, (_A,)),
+    OpCase("mul", lambda c, a, b: a * b, (_A, _COL)),
+    OpCase("mul float weight", lambda c, a, b: a * b, (-1.3, _A)),
+    OpCase("mul constant", lambda c, a: a * c(_B), (_A,)),
+    OpCase("div", lambda c, a, b: a / b, (_A, _away(7, (4,)))),
+    OpCase("div float weight", lambda c, a, b: a / b, (0.8, _away(8, (3, 4)))),
+    OpCase("div constant numerator", lambda c, b: monadl.lift_array(c(_A)) / b, (_away(9, (3, 1)),)),
+    OpCase("pow constant exponent", lambda c, a: a**2.5, (_POS,)),
+    OpCase("pow int exponent, any sign", lambda c, a: a**3, (_A,)),
+    OpCase("pow layer ** layer", lambda c, a, b: a**b, (_POS, _ROW)),
+    OpCase("pow float weight ** array weight", lambda c, a, b: a**b, (1.7, _A)),
+    OpCase("pow float constant ** array weight", lambda c, b: 1.7**b, (_A,)),
+    OpCase("float weights only", lambda c, a, b: (a * b - a / b) ** 2.0, (0.6, -1.4)),
+    OpCase("neg", lambda c, a: -a, (_A,)),
+    # elementwise unary
+    OpCase("exp", lambda c, a: monadl.exp(a), (_A,)),
+    OpCase("log", lambda c, a: monadl.log(a), (_POS,)),
+    OpCase("sqrt", lambda c, a: monadl.sqrt(a), (_POS,)),
+    OpCase("abs", lambda c, a: monadl.abs(a), (_away(10, (3, 4)),)),
+    OpCase("tanh", lambda c, a: monadl.tanh(a), (_A,)),
+    OpCase("sigmoid", lambda c, a: monadl.sigmoid(a), (_A,)),
+    OpCase("relu", lambda c, a: monadl.relu(a), (_away(11, (3, 4)),)),
+    OpCase("exp of a float weight", lambda c, a: monadl.exp(a) * monadl.tanh(a), (0.3,)),
+    OpCase("maximum layer layer", lambda c, a, b: monadl.maximum(a, b), (_A, _B)),
+    OpCase("maximum broadcast", lambda c, a, b: monadl.maximum(a, b), (_A, _ROW)),
+    OpCase("maximum python float", lambda c, a: monadl.maximum(a, 0.25), (_A,)),
+    OpCase("maximum float weight", lambda c, a, b: monadl.maximum(b, a), (0.25, _A)),
+    OpCase("minimum layer layer", lambda c, a, b: monadl.minimum(a, b), (_A, _B)),
+    OpCase("minimum array constant", lambda c, a: monadl.minimum(c(_ROW), a), (_A,)),
+    # matmul
+    OpCase("matmul 2d@2d", lambda c, a, b: a @ b, (_u(12, (3, 4)), _u(13, (4, 2)))),
+    OpCase("matmul 1d@2d", lambda c, a, b: monadl.matmul(a, b), (_u(14, (4,)), _u(15, (4, 3)))),
+    OpCase("matmul 2d@1d", lambda c, a, b: monadl.matmul(a, b), (_u(16, (3, 4)), _u(17, (4,)))),
+    OpCase("dot 1d@1d", lambda c, a, b: monadl.dot(a, b), (_u(18, (4,)), _u(19, (4,)))),
+    OpCase("matmul 3d@3d", lambda c, a, b: a @ b, (_u(20, (2, 3, 4)), _u(21, (2, 4, 2)))),
+    OpCase("matmul 3d@2d", lambda c, a, b: a @ b, (_u(22, (2, 3, 4)), _u(23, (4, 2)))),
+    OpCase("matmul constant@weight", lambda c, b: monadl.matmul(c(_A), b), (_u(24, (4, 2)),)),
+    # reductions
+    OpCase("sum", lambda c, a: monadl.sum(a), (_A,)),
+    OpCase("sum axis", lambda c, a: monadl.sum(a, axis=-1), (_u(25, (2, 3, 4)),)),
+    OpCase("sum axes keepdims", lambda c, a: monadl.sum(a, axis=(0, 2), keepdims=True), (_u(26, (2, 3, 4)),)),
+    OpCase("mean", lambda c, a: monadl.mean(a), (_A,)),
+    OpCase("mean axis keepdims", lambda c, a: monadl.mean(a, axis=0, keepdims=True), (_A,)),
+    OpCase("mean axes", lambda c, a: monadl.mean(a, axis=(1, 2)), (_u(27, (2, 3, 4)),)),
+    # shape
+    OpCase("reshape", lambda c, a: monadl.reshape(a, (2, -1, 3)), (_u(28, (3, 4)),)),
+    OpCase("transpose", lambda c, a: monadl.transpose(a), (_u(29, (2, 3, 4)),)),
+    OpCase("transpose axes", lambda c, a: monadl.transpose(a, (1, 2, 0)), (_u(30, (2, 3, 4)),)),
+    OpCase("concatenate 2 axis 0", lambda c, a, b: monadl.concatenate([a, b]), (_A, _u(31, (2, 4)))),
+    OpCase(
+        "concatenate 3 axis -1",
+        lambda c, a, b, d: monadl.concatenate([a, b, d], axis=-1),
+        (_u(32, (3, 1)), _A, _u(33, (3, 2))),
+    ),
+    OpCase("concatenate with a constant", lambda c, a: monadl.concatenate([c(_A), a], axis=1), (_B,)),
+    OpCase("take_rows", lambda c, t: monadl.take_rows(t, c(_ROWS)), (_u(34, (5, 3)),)),
+    OpCase("take_rows 2d indices", lambda c, t: monadl.take_rows(t, c(_ROWS_2D)), (_u(35, (3, 2)),)),
+    # softmax and losses
+    OpCase("softmax", lambda c, a: monadl.softmax(a), (_A,)),
+    OpCase("softmax axis 0", lambda c, a: monadl.softmax(a, axis=0), (_A,)),
+    OpCase("log_softmax", lambda c, a: monadl.log_softmax(a), (_A,)),
+    OpCase("log_softmax axis 1 of 3d", lambda c, a: monadl.log_softmax(a, axis=1), (_u(36, (2, 3, 4)),)),
+    OpCase("cross_entropy labels", lambda c, a: monadl.cross_entropy(a, c(_LABELS)), (_A,)),
+    OpCase("cross_entropy one-hot", lambda c, a: monadl.cross_entropy(a, c(np.eye(4)[_LABELS])), (_A,)),
+    OpCase(
+        "cross_entropy labels 3d", lambda c, a: monadl.cross_entropy(a, c(_LABELS_3D)), (_u(37, (2, 2, 3)),)
+    ),
+    # a small network: every op's delta flows through the others
+    OpCase(
+        "mlp",
+        lambda c, x, w1, b1, w2: monadl.cross_entropy(
+            monadl.relu(x @ w1 + b1) @ w2, c(np.array([1, 0, 2], dtype=np.int64))
+        ),
+        (_u(38, (3, 4)), _u(39, (4, 5)), _u(40, (5,)), _u(41, (5, 3))),
+    ),
+]

@@ -1,0 +1,255 @@
+"""Bad inputs fail at the op, with an error that says what went wrong.
+
+Ops are lazy: a shape error surfaces when the layer is evaluated, as the ``Failure`` of
+``predict_blocking()`` and as the exception ``compute_gradients`` raises. An operand of the wrong
+type is a ``TypeError`` as soon as the expression is built.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from returns.pipeline import is_successful
+
+import monadl
+from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight, ShapeError
+
+
+def _weight(shape: tuple[int, ...] = (3, 4)) -> ArrayWeight:
+    return ArrayWeight(np.ones(shape))
+
+
+def evaluation_error(build: Callable[[], FloatLayer | ArrayLayer]) -> Exception:
+    """The exception evaluating ``build()`` fails with: the same from ``predict_blocking()`` and from
+    ``compute_gradients`` (of ``sum(layer)`` for an array)."""
+    layer = build()  # building alone raises nothing: the op has not run yet
+    result = layer.predict_blocking()
+    assert not is_successful(result), f"expected a failure, got {result}"
+    error = result.failure()
+    loss = build()
+    with pytest.raises(type(error)) as raised:
+        monadl.compute_gradients(loss if isinstance(loss, FloatLayer) else monadl.sum(loss))
+    assert str(raised.value) == str(error)
+    return error
+
+
+def _names_shapes(message: str, *shapes: tuple[int, ...]) -> bool:
+    return all(str(shape) in message for shape in shapes)
+
+
+# ----------------------------------------------------------------------------- shape mismatches
+
+
+@pytest.mark.parametrize(
+    ("build", "shapes"),
+    [
+        (lambda: _weight((3, 4)) @ np.ones((5, 2)), ((3, 4), (5, 2))),
+        (lambda: monadl.matmul(np.ones((2, 3)), _weight((4, 2))), ((2, 3), (4, 2))),
+        (lambda: monadl.dot(_weight((3,)), np.ones((4,))), ((3,), (4,))),
+        (lambda: monadl.matmul(_weight((2, 3, 4)), _weight((2, 3, 4))), ((2, 3, 4), (2, 3, 4))),
+    ],
+)
+def test_matmul_shape_mismatch(build: Callable[[], ArrayLayer], shapes: tuple[tuple[int, ...], ...]) -> None:
+    error = evaluation_error(build)
+    assert isinstance(error, ShapeError) and isinstance(error, ValueError)
+    message = str(error)
+    assert message.startswith("matmul"), message
+    assert _names_shapes(message, *shapes), message
+
+
+@pytest.mark.parametrize(
+    ("name", "build", "shapes"),
+    [
+        ("add", lambda: _weight((3, 4)) + np.ones(5), ((3, 4), (5,))),
+        ("add", lambda: np.ones((2, 4)) + _weight((3, 4)), ((2, 4), (3, 4))),
+        ("sub", lambda: _weight((3, 4)) - _weight((2, 4)), ((3, 4), (2, 4))),
+        ("mul", lambda: _weight((3, 4)) * np.ones((4, 3)), ((3, 4), (4, 3))),
+        ("mul", lambda: np.ones((2, 4)) * _weight((3, 4)), ((2, 4), (3, 4))),
+        ("div", lambda: _weight((3, 4)) / _weight((3,)), ((3, 4), (3,))),
+        ("pow", lambda: _weight((3, 4)) ** np.ones((2, 1, 5)), ((3, 4), (2, 1, 5))),
+        ("maximum", lambda: monadl.maximum(_weight((3, 4)), np.ones(5)), ((3, 4), (5,))),
+        ("minimum", lambda: monadl.minimum(np.ones(5), _weight((3, 4))), ((5,), (3, 4))),
+    ],
+)
+def test_broadcast_mismatch(
+    name: str, build: Callable[[], ArrayLayer], shapes: tuple[tuple[int, ...], ...]
+) -> None:
+    error = evaluation_error(build)
+    assert isinstance(error, ShapeError) and isinstance(error, ValueError)
+    message = str(error)
+    assert message.startswith(f"{name}: operands of shapes {shapes[0]} and {shapes[1]}"), message
+
+
+def test_the_failing_op_is_named_deep_in_a_graph() -> None:
+    w = _weight((3, 4))
+    message = str(evaluation_error(lambda: monadl.tanh(w @ np.ones((4, 2))) + np.ones((3, 3))))
+    assert message.startswith("add:") and _names_shapes(message, (3, 2), (3, 3)), message
+
+
+def test_shape_error_is_a_value_error() -> None:
+    assert issubclass(ShapeError, ValueError)
+
+
+# -------------------------------------------------------------------------------- wrong types
+
+
+def _bad(x: object) -> Any:
+    """``x`` typed ``Any``: mypy rejects these operands statically; the tests check run time."""
+    return x
+
+
+FLOAT_ARRAY = "expected a floating-point array (float32 or float64), got dtype"
+
+
+@pytest.mark.parametrize(
+    ("build", "expected"),
+    [
+        (lambda: _weight() + _bad(np.ones(4, dtype=np.int64)), f"add: {FLOAT_ARRAY} int64"),
+        (lambda: _bad(np.ones((3, 4), dtype=np.int32)) * _weight(), f"mul: {FLOAT_ARRAY} int32"),
+        (lambda: monadl.exp(_bad(np.arange(3))), f"exp: {FLOAT_ARRAY} int64"),
+        (lambda: monadl.matmul(_weight(), _bad(np.ones((4, 2), dtype=bool))), f"matmul: {FLOAT_ARRAY} bool"),
+        (lambda: ArrayWeight(_bad(np.ones(4, dtype=np.int64))), f"ArrayWeight: {FLOAT_ARRAY} int64"),
+        (lambda: ArrayWeight(_bad(np.ones(4, dtype=bool))), f"ArrayWeight: {FLOAT_ARRAY} bool"),
+    ],
+)
+def test_wrong_dtype(build: Callable[[], Any], expected: str) -> None:
+    with pytest.raises(TypeError) as raised:
+        build()  # raised at once, not when evaluated
+    assert str(raised.value) == expected
+
+
+ANY_OPERAND = "expected a float, a floating-point array, a weight or a layer, got"
+
+
+@pytest.mark.parametrize(
+    ("build", "expected"),
+    [
+        (lambda: _weight() + _bad("abc"), f"add: {ANY_OPERAND} str"),
+        (lambda: _bad("abc") * _weight(), f"mul: {ANY_OPERAND} str"),
+        (lambda: _weight() - _bad([1.0, 2.0]), f"sub: {ANY_OPERAND} list"),
+        (lambda: _bad([1.0]) / _weight(), f"div: {ANY_OPERAND} list"),
+        (lambda: _weight() * _bad(None), f"mul: {ANY_OPERAND} NoneType"),
+        (lambda: FloatWeight(1.0) + _bad(None), f"add: {ANY_OPERAND} NoneType"),
+        (lambda: _weight() + _bad(True), f"add: {ANY_OPERAND} bool"),
+        (lambda: monadl.exp(_bad("abc")), f"exp: {ANY_OPERAND} str"),
+        (lambda: monadl.tanh(_bad([0.5])), f"tanh: {ANY_OPERAND} list"),
+        (lambda: monadl.matmul(_weight(), _bad(None)), f"matmul: {ANY_OPERAND} NoneType"),
+        (lambda: monadl.sum(_bad([1.0, 2.0])), f"sum: {ANY_OPERAND} list"),
+        (lambda: ArrayWeight(_bad("abc")), "ArrayWeight: expected a floating-point array, got str"),
+        (lambda: ArrayWeight(_bad([1.0, 2.0])), "ArrayWeight: expected a floating-point array, got list"),
+        (lambda: ArrayWeight(_bad(None)), "ArrayWeight: expected a floating-point array, got NoneType"),
+        (lambda: FloatWeight(_bad("abc")), "FloatWeight: expected a float, got str"),
+        (lambda: FloatWeight(_bad(None)), "FloatWeight: expected a float, got NoneType"),
+        (lambda: FloatWeight(_bad(np.ones(2))), "FloatWeight: expected a float, got ndarray"),
+        (lambda: FloatWeight(True), "FloatWeight: expected a float, got bool"),
+    ],
+)
+def test_non_array_input(build: Callable[[], Any], expected: str) -> None:
+    with pytest.raises(TypeError, match=re.escape(expected)):
+        build()  # raised at once, not when evaluated
+
+
+# ------------------------------------------------------------------------------------ take_rows
+
+
+@pytest.mark.parametrize(
+    ("indices", "bad"), [([0, 3], 3), ([2, 7, 1], 7), ([-1, 0], -1), (np.array([[0, 1], [5, 0]]), 5)]
+)
+def test_take_rows_index_out_of_range(indices: Any, bad: int) -> None:
+    error = evaluation_error(lambda: monadl.take_rows(_weight((3, 4)), indices))
+    assert isinstance(error, ShapeError)
+    assert str(error) == f"take_rows: row index {bad} is out of range for a table of shape (3, 4)"
+
+
+@pytest.mark.parametrize(
+    ("indices", "expected"),
+    [
+        (np.array([0.0, 1.0]), "take_rows: expected integer indices, got dtype float64"),
+        (np.array([True, False]), "take_rows: expected integer indices, got dtype bool"),
+        ([0.0, 1.0], "take_rows: expected integer indices, got [0.0, 1.0]"),
+        (1.0, "take_rows: expected integer indices, got float"),
+        (None, "take_rows: expected integer indices, got NoneType"),
+        ("0", "take_rows: expected integer indices, got '0'"),
+    ],
+)
+def test_take_rows_float_indices(indices: Any, expected: str) -> None:
+    with pytest.raises(TypeError, match=re.escape(expected)):
+        monadl.take_rows(_weight((3, 4)), indices)
+    with pytest.raises(TypeError, match=re.escape(expected)):
+        _ = _weight((3, 4))[indices]
+
+
+# -------------------------------------------------------------------------------- cross_entropy
+
+
+@pytest.mark.parametrize(
+    ("targets", "wanted"),
+    [
+        (np.zeros((3, 5)), "(3, 4)"),  # probabilities must have the logits' shape
+        (np.zeros((4,)), "(3, 4)"),
+        (np.zeros((4,), dtype=np.int64), "(3,)"),  # labels: one per row
+        (np.zeros((3, 1), dtype=np.int64), "(3,)"),
+    ],
+)
+def test_cross_entropy_targets_of_the_wrong_shape(targets: Any, wanted: str) -> None:
+    error = evaluation_error(lambda: monadl.cross_entropy(_weight((3, 4)), targets))
+    assert isinstance(error, ShapeError)
+    message = str(error)
+    assert message.startswith("cross_entropy:"), message
+    assert f"targets of shape {tuple(targets.shape)}" in message and "logits of shape (3, 4)" in message
+    assert f"expected {wanted}" in message, message
+
+
+def test_cross_entropy_targets_not_an_array() -> None:
+    with pytest.raises(TypeError, match=re.escape("cross_entropy: expected an array of targets, got list")):
+        monadl.cross_entropy(_weight((3, 4)), [0, 1, 2])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("labels", [[0, 1, 4], [0, -1, 2]])
+def test_cross_entropy_label_out_of_range(labels: list[int]) -> None:
+    """A label outside [0, classes) has no class to pick: an error, not a silently wrong loss (its
+    one-hot row would be all zeros, so that example would add nothing to the loss)."""
+    bad = next(label for label in labels if not 0 <= label < 4)
+    layer = monadl.cross_entropy(_weight((3, 4)), np.array(labels))
+    result = layer.predict_blocking()
+    assert not is_successful(result), f"an out-of-range label gave a loss: {result}"
+    error = result.failure()
+    assert isinstance(error, ValueError), repr(error)
+    assert "cross_entropy" in str(error) and str(bad) in str(error), str(error)
+
+
+# ---------------------------------------------------------------------- reshape and concatenate
+
+
+@pytest.mark.parametrize(
+    ("shape", "target"), [((3, 4), (5, 2)), ((3, 4), (5, -1)), ((3, 4), (-1, -1)), ((2, 3), (7,))]
+)
+def test_reshape_to_an_incompatible_size(shape: tuple[int, ...], target: tuple[int, ...]) -> None:
+    error = evaluation_error(lambda: monadl.reshape(_weight(shape), target))
+    assert isinstance(error, ShapeError)
+    assert str(error) == f"reshape: cannot reshape an array of shape {shape} to {target}"
+
+
+@pytest.mark.parametrize(
+    ("shapes", "axis", "why"),
+    [
+        ([(3, 4), (3, 5)], 0, "differ off axis 0"),
+        ([(3, 4), (2, 4)], -1, "differ off axis -1"),
+        ([(3, 4), (3, 4), (3, 2, 1)], 0, "cannot be joined along axis 0"),
+        ([(3, 4), (3,)], 0, "cannot be joined along axis 0"),
+        ([(3, 4), (3, 4)], 2, "cannot be joined along axis 2"),
+    ],
+)
+def test_concatenate_mismatched_shapes(shapes: list[tuple[int, ...]], axis: int, why: str) -> None:
+    error = evaluation_error(lambda: monadl.concatenate([_weight(s) for s in shapes], axis=axis))
+    assert isinstance(error, ShapeError)
+    assert str(error) == f"concatenate: arrays of shapes {shapes} {why}"
+
+
+def test_concatenate_nothing() -> None:
+    with pytest.raises(ValueError, match="concatenate: needs at least one array"):
+        monadl.concatenate([])

@@ -1,0 +1,135 @@
+"""The op cases of ``gradcheck.CASES`` on array-api-strict arrays: forward values and gradients equal
+NumPy's. array-api-strict implements the array API standard and nothing more, so an op whose rules
+use a NumPy-only call (or a NumPy-only leniency) fails here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_strict as xps
+import numpy as np
+import pytest
+from gradcheck import CASES, F64, NUMPY, Backend, OpCase, predict, run_case
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import monadl
+
+STRICT_ARRAY = type(xps.asarray(0.0))
+
+
+def _strict_to_numpy(x: Any) -> F64:
+    assert isinstance(x, STRICT_ARRAY), f"expected an array_api_strict array, got {type(x).__name__}: {x!r}"
+    return np.asarray(np.from_dlpack(x))
+
+
+STRICT = Backend("array_api_strict", xps.asarray, _strict_to_numpy)
+
+
+def _on(device: Any, values: list[float]) -> Any:
+    return xps.asarray(values, device=device)
+
+
+TOL = 1e-12
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_op_matches_numpy(case: OpCase) -> None:
+    _assert_same_as_numpy(case)
+
+
+def _assert_same_as_numpy(case: OpCase) -> None:
+    expected_forward, expected_loss, expected_grads = run_case(case, NUMPY)
+    forward, loss, grads = run_case(case, STRICT)
+    if isinstance(expected_forward, float):
+        assert type(forward) is float
+    else:
+        assert np.shape(forward) == np.shape(expected_forward)
+    np.testing.assert_allclose(forward, expected_forward, rtol=TOL, atol=TOL, err_msg="forward")
+    assert loss == pytest.approx(expected_loss, rel=TOL, abs=TOL)
+    for i, (g, expected) in enumerate(zip(grads, expected_grads, strict=True)):
+        assert type(g) is type(expected) and np.shape(g) == np.shape(expected)
+        np.testing.assert_allclose(g, expected, rtol=TOL, atol=TOL, err_msg=f"gradient of input {i}")
+
+
+def test_strict_weights_stay_strict() -> None:
+    """Weights copy strict arrays as strict arrays, and the forward of a strict graph is strict."""
+    w = monadl.ArrayWeight(STRICT.asarray(np.array([[1.0, 2.0], [3.0, 4.0]])))
+    data: Any = w.data
+    assert isinstance(data, STRICT_ARRAY)
+    out = predict(monadl.tanh(w @ w) + 1.0)
+    assert isinstance(out, STRICT_ARRAY)
+    expected = np.tanh(np.array([[7.0, 10.0], [15.0, 22.0]])) + 1.0
+    np.testing.assert_allclose(np.from_dlpack(out), expected, rtol=TOL)
+
+
+def test_mixing_devices_is_an_error_naming_both() -> None:
+    other = xps.Device("device1")
+    a = monadl.ArrayWeight(STRICT.asarray(np.array([1.0, 2.0])))
+    b = monadl.ArrayWeight(_on(other, [3.0, 4.0]))
+    with pytest.raises(ValueError, match="add") as raised:
+        monadl.compute_gradients(monadl.sum(a + b))
+    assert str(xps.Device("CPU_DEVICE")) in str(raised.value) and str(other) in str(raised.value)
+
+
+# Shape-dependent rules (indexing in vjps, axes, 1-d promotion) on hypothesis-generated shapes.
+SHAPES = hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4)
+
+
+def _values(seed: int, shape: tuple[int, ...]) -> F64:
+    return np.random.default_rng([seed, *shape]).uniform(-2.0, 2.0, shape)
+
+
+def _draw_case(family: str, data: st.DataObject) -> OpCase:
+    shape = data.draw(SHAPES)
+    ndim = len(shape)
+    x = _values(0, shape)
+    if family == "concatenate":
+        axis = data.draw(st.integers(-ndim, ndim - 1))
+        ax = axis % ndim
+        n = data.draw(st.integers(1, 3))
+        xs = tuple(
+            _values(i, (*shape[:ax], data.draw(st.integers(1, 3)), *shape[ax + 1 :])) for i in range(n)
+        )
+        return OpCase(f"concatenate axis {axis}", lambda c, *ws: monadl.concatenate(ws, axis=axis), xs)
+    if family == "sum" or family == "mean":
+        fn = monadl.sum if family == "sum" else monadl.mean
+        axes = data.draw(hnp.valid_tuple_axes(ndim, min_size=1))
+        keepdims = data.draw(st.booleans())
+        return OpCase(family, lambda c, w: fn(w, axis=axes, keepdims=keepdims), (x,))
+    if family == "transpose":
+        perm = tuple(data.draw(st.permutations(range(ndim))))
+        return OpCase("transpose", lambda c, w: monadl.transpose(w, perm), (x,))
+    if family == "softmax":
+        axis = data.draw(st.integers(-ndim, ndim - 1))
+        return OpCase(
+            "softmax", lambda c, w: monadl.log_softmax(monadl.softmax(w, axis=axis), axis=axis), (x,)
+        )
+    if family == "take_rows":
+        rows = shape[0]
+        indices = data.draw(hnp.arrays(np.int64, data.draw(SHAPES)[:2], elements=st.integers(0, rows - 1)))
+        return OpCase("take_rows", lambda c, w: monadl.take_rows(w, c(indices)), (x,))
+    if family == "matmul":
+        m, k, n, s = data.draw(st.tuples(*[st.integers(1, 3)] * 4))
+        a_shape = data.draw(st.sampled_from([(k,), (m, k), (s, m, k), (1, m, k)]))
+        b_shape = data.draw(st.sampled_from([(k,), (k, n), (s, k, n)]))
+        return OpCase("matmul", lambda c, a, b: a @ b, (_values(1, a_shape), _values(2, b_shape)))
+    assert family == "broadcast"
+    a_shape, b_shape = data.draw(
+        hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=1, max_dims=3, max_side=3)
+    ).input_shapes
+    return OpCase(
+        "broadcast",
+        lambda c, a, b: monadl.maximum(a * b - a / (b * b + 1.0), b + 0.25),
+        (_values(3, a_shape), _values(4, b_shape)),
+    )
+
+
+@pytest.mark.parametrize(
+    "family", ["concatenate", "sum", "mean", "transpose", "softmax", "take_rows", "matmul", "broadcast"]
+)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_shapes_match_numpy(family: str, data: st.DataObject) -> None:
+    _assert_same_as_numpy(_draw_case(family, data))
