@@ -310,10 +310,15 @@ _LABELS_3D = np.array([[0, 2], [1, 1]], dtype=np.int64)
 _ROWS = np.array([1, 1, 4, 0, 1], dtype=np.int64)
 _ROWS_2D = np.array([[2, 0], [2, 2]], dtype=np.int64)
 
+
 # A constant on the left of an operator is lifted (or the op's function form is used): an
 # array_api_strict array's operators raise TypeError on an operand they do not know instead of
 # returning NotImplemented, so ``strict_array - weight`` never reaches ``weight.__rsub__``. NumPy
 # literals on the left of operators are tested in test_ops_gradients.
+def monadl_linear(c: Any, x: Any, w: Any, b: Any) -> ArrayLayer:
+    return monadl.linear(x, w, b)
+
+
 CASES: list[OpCase] = [
     # elementwise binary, with broadcasting and mixed float/array operands
     OpCase("add", lambda c, a, b: a + b, (_A, _B)),
@@ -351,6 +356,15 @@ CASES: list[OpCase] = [
     OpCase("maximum float weight", lambda c, a, b: monadl.maximum(b, a), (0.25, _A)),
     OpCase("minimum layer layer", lambda c, a, b: monadl.minimum(a, b), (_A, _B)),
     OpCase("minimum array constant", lambda c, a: monadl.minimum(c(_ROW), a), (_A,)),
+    # linear (x @ w + b as one op)
+    OpCase(
+        "linear", lambda c, x, w, b: monadl.linear(x, w, b), (_u(40, (3, 4)), _u(41, (4, 2)), _u(42, (2,)))
+    ),
+    OpCase(
+        "linear 1d", lambda c, x, w, b: monadl.linear(x, w, b), (_u(43, (4,)), _u(44, (4, 2)), _u(45, (2,)))
+    ),
+    OpCase("linear 3d, float bias", monadl_linear, (_u(46, (2, 3, 4)), _u(47, (4, 2)), 0.3)),
+    OpCase("linear constant x", lambda c, w, b: monadl.linear(c(_A), w, b), (_u(48, (4, 2)), _u(49, (2,)))),
     # matmul
     OpCase("matmul 2d@2d", lambda c, a, b: a @ b, (_u(12, (3, 4)), _u(13, (4, 2)))),
     OpCase("matmul 1d@2d", lambda c, a, b: monadl.matmul(a, b), (_u(14, (4,)), _u(15, (4, 3)))),

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from returns.pipeline import is_successful
+from returns.result import Failure
 
 import monadl
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight, ShapeError
@@ -253,3 +254,17 @@ def test_concatenate_mismatched_shapes(shapes: list[tuple[int, ...]], axis: int,
 def test_concatenate_nothing() -> None:
     with pytest.raises(ValueError, match="concatenate: needs at least one array"):
         monadl.concatenate([])
+
+
+def test_linear_shape_mismatches_name_the_op_and_shapes() -> None:
+    x = monadl.ArrayWeight(np.ones((2, 3)))
+    result = monadl.linear(x, np.ones((4, 5)), np.zeros(5)).predict_blocking()
+    assert isinstance(result, Failure)
+    assert (
+        "linear" in str(result.failure())
+        and "(2, 3)" in str(result.failure())
+        and "(4, 5)" in str(result.failure())
+    )
+    result = monadl.linear(x, np.ones((3, 5)), np.zeros(4)).predict_blocking()
+    assert isinstance(result, Failure)
+    assert "linear: bias of shape (4,) does not fit 5 outputs" in str(result.failure())

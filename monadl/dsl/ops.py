@@ -127,6 +127,11 @@ def matmul(a: AnyArray, b: AnyArray) -> ArrayLayer:
     return apply_array(P.matmul, a, b)
 
 
+def linear(x: AnyArray, w: AnyArray, b: AnyFloat | AnyArray) -> ArrayLayer:
+    """``x @ w + b`` as one op (a dense layer): ``x`` of shape (..., k), ``w`` (k, n), ``b`` (n,)."""
+    return apply_array(P.linear, x, w, b)
+
+
 def dot(a: AnyArray, b: AnyArray) -> ArrayLayer:
     """Same as :func:`matmul`; for two vectors, a 0-d array (``sum`` it for a FloatLayer)."""
     return apply_array(P.matmul, a, b)
