@@ -202,11 +202,13 @@ class _Run:
                         continue
                     values, missing = self._known(sources)
                     if missing:
-                        # The first missing source goes on in this fiber; the others are new fibers.
+                        # The first missing source goes on in this fiber, on this stack (the join
+                        # resumes this same stack, whichever source reports last); the others are
+                        # new fibers.
                         join = _Join(node, stack, values, len(missing))
                         for i in missing[1:]:
                             agenda.append(([(_K_SLOT, join, i)], True, sources[i]))
-                        stack = [(_K_SLOT, join, missing[0])]
+                        stack.append((_K_SLOT, join, missing[0]))
                         node = sources[missing[0]]
                         continue
                     mode = node.mode

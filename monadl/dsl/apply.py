@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -90,6 +90,9 @@ class OpTape(SharedTape[Any, Any]):
             g = unbroadcast(self.xp, g, datas[i])
         return np.asarray(g) if isinstance(g, np.generic) else g
 
+    def delta_uses(self) -> int:
+        return sum(1 for t in self.inputs if t.requires_delta)
+
     def _sum(self, deltas: Sequence[Do[Any]]) -> Do[Any]:
         return SUM.sum_lazy(deltas, self.estimate_cost)
 
@@ -99,8 +102,10 @@ class OpTape(SharedTape[Any, Any]):
         for i, t in enumerate(self.inputs):
             if t.requires_delta:
                 vjp = functools.partial(self.vjp, i)
-                # Not private: this delta may feed several vjps of the input's own backward.
-                done = t.backward(Bind((delta,), vjp, KERNEL_MAP, cost))
+                # Memoised unless one computation only will read it (it may feed several vjps).
+                shared = cast(SharedTape[Any, Any], t)  # requires_delta: a shared tape
+                kind = PrivateBind if shared.sole_reader() else Bind
+                done = t.backward(kind((delta,), vjp, KERNEL_MAP, cost))
                 if done is not UNIT:
                     parts.append(done)
         if not parts:

@@ -31,6 +31,9 @@ class WeightTape(SharedTape[Any, Any]):
         self.weight = weight
         self.step = step
 
+    def delta_uses(self) -> int:
+        return 1
+
     def _sum(self, deltas: Sequence[Do[Any]]) -> Do[Any]:
         return SUM.sum_lazy(deltas, self.weight.size)
 

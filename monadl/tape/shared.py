@@ -83,6 +83,17 @@ class SharedTape(Tape[Data, Delta], Generic[Data, Delta]):
             return run_unit(t.release() for t in self.inputs)
         return self._backward(deltas[0] if len(deltas) == 1 else self._sum(deltas))
 
+    def delta_uses(self) -> int:
+        """How many computations will read the delta passed to :meth:`_backward` (an upper bound).
+
+        A consumer whose delta node will be read once only may leave it out of the run's memo."""
+        return 2
+
+    def sole_reader(self) -> bool:
+        """True if a delta given now by a consumer will be read by one computation only: summed
+        with others (a sum reads each once), or passed on to a backward that reads it once."""
+        return self._count > 1 or bool(self._deltas) or self.delta_uses() <= 1
+
     def _sum(self, deltas: Sequence[Do[Delta]]) -> Do[Delta]:
         """The sum of several lazy deltas (subclasses know their monoid)."""
         raise NotImplementedError
