@@ -1,0 +1,598 @@
+"""CIFAR-100 in the official binary format: a validated, memory-mapped reader, batching by coarse class,
+and a synthetic stand-in written in exactly the same format.
+
+A file is a sequence of 3,074-byte records: one coarse-label byte (0..19), one fine-label byte (0..99),
+then 3,072 pixel bytes, channel-major (3 x 32 x 32: all red, all green, all blue). The official
+release ships them as ``train.bin`` (50,000 records) and ``test.bin`` (10,000 records), inside
+``cifar-100-binary.tar.gz``. Files are memory-mapped, never read into Python objects, and checked when
+opened: size, label ranges and every fine label against its coarse class.
+
+Batches hold samples of one coarse class, in the form the column model expects: ``x`` (B, 3072) of
+pixels / 256, the coarse class ``c`` and ``fine_local`` (B,), the rank 0..4 of each sample's fine class
+among the five fine classes of ``c``.
+
+Entry point: ``open_dataset(path)`` (``monadl.data.open_cifar100``), with ``path=None`` for the
+synthetic data set. Every data set says which data it is with ``describe()`` (also ``source``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from gzip import BadGzipFile
+from pathlib import Path, PurePosixPath
+from typing import Any, Final, Literal, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "COARSE_TO_FINE",
+    "FINE_PER_COARSE",
+    "FINE_TO_COARSE",
+    "FINE_TO_LOCAL",
+    "IMAGE_BYTES",
+    "N_COARSE",
+    "N_FINE",
+    "RECORD_BYTES",
+    "Batch",
+    "Cifar100",
+    "CifarFormatError",
+    "Split",
+    "StrPath",
+    "default_cache_dir",
+    "extract_cifar100",
+    "open_dataset",
+    "synthetic_cifar100",
+    "write_synthetic_cifar100",
+]
+
+StrPath = str | os.PathLike[str]
+Split = Literal["train", "test"]
+
+IMAGE_BYTES: Final = 3 * 32 * 32
+RECORD_BYTES: Final = 2 + IMAGE_BYTES
+N_COARSE: Final = 20
+N_FINE: Final = 100
+FINE_PER_COARSE: Final = 5
+
+# The official CIFAR-100 mapping, indexed by fine label.
+FINE_TO_COARSE: Final[tuple[int, ...]] = (
+    4, 1, 14, 8, 0, 6, 7, 7, 18, 3, 3, 14, 9, 18, 7, 11, 3, 9, 7, 11,
+    6, 11, 5, 10, 7, 6, 13, 15, 3, 15, 0, 11, 1, 10, 12, 14, 16, 9, 11, 5,
+    5, 19, 8, 8, 15, 13, 14, 17, 18, 10, 16, 4, 17, 4, 2, 0, 17, 4, 18, 17,
+    10, 3, 2, 12, 12, 16, 12, 1, 9, 19, 2, 10, 0, 1, 16, 12, 9, 13, 15, 13,
+    16, 19, 2, 4, 6, 19, 5, 5, 8, 19, 18, 1, 2, 15, 6, 0, 17, 8, 14, 13,
+)  # fmt: skip
+#: The fine labels of each coarse class, ascending; a fine class's local label is its index here.
+COARSE_TO_FINE: Final[tuple[tuple[int, ...], ...]] = tuple(
+    tuple(f for f in range(N_FINE) if FINE_TO_COARSE[f] == c) for c in range(N_COARSE)
+)
+#: The local label 0..4 of each fine label.
+FINE_TO_LOCAL: Final[tuple[int, ...]] = tuple(
+    COARSE_TO_FINE[FINE_TO_COARSE[f]].index(f) for f in range(N_FINE)
+)
+
+_FINE_TO_COARSE = np.array(FINE_TO_COARSE, dtype=np.int64)
+_FINE_TO_LOCAL = np.array(FINE_TO_LOCAL, dtype=np.int64)
+_COARSE_TO_FINE = np.array(COARSE_TO_FINE, dtype=np.int64)
+_COARSE_TO_FINE.setflags(write=False)
+_FINE_TO_COARSE.setflags(write=False)
+_FINE_TO_LOCAL.setflags(write=False)
+
+_SIDECAR: Final = "synthetic.json"
+_SIDECAR_FORMAT: Final = "monadl synthetic CIFAR-100"
+_SYNTHETIC_VERSION: Final = 1
+_ARCHIVE_NAME: Final = "cifar-100-binary.tar.gz"
+_TEST_PER_FINE_CLASS: Final = 10  # synthetic defaults
+_NOISE: Final = 48.0
+
+
+class CifarFormatError(ValueError):
+    """A CIFAR-100 file or archive that is not in the expected format; the message names the file."""
+
+
+class Batch(NamedTuple):
+    """Samples of one coarse class, unpackable as ``x, coarse, fine_local``.
+
+    ``x`` (B, 3072) pixels / 256, in [0, 1); ``coarse`` the class 0..19 they share; ``fine_local`` (B,)
+    int64, each sample's fine class as its rank 0..4 among the fine classes of ``coarse``.
+    """
+
+    x: npt.NDArray[np.floating[Any]]
+    coarse: int
+    fine_local: npt.NDArray[np.int64]
+
+    @property
+    def fine(self) -> npt.NDArray[np.int64]:
+        """The fine labels 0..99, (B,)."""
+        fine: npt.NDArray[np.int64] = _COARSE_TO_FINE[self.coarse, self.fine_local]
+        return fine
+
+
+@dataclass(frozen=True)
+class _SyntheticInfo:
+    seed: int
+    noise: float
+    per_fine_class: int
+
+
+class Cifar100:
+    """One CIFAR-100 binary file (``train.bin`` or ``test.bin``), memory-mapped and validated on open.
+
+    Raises ``CifarFormatError`` naming the file (and the first bad record) when the file is malformed.
+    """
+
+    path: Path
+    source: str
+    records: np.memmap[tuple[int, int], np.dtype[np.uint8]]
+
+    def __init__(self, path: StrPath, *, origin: StrPath | None = None) -> None:
+        """Open and validate ``path``; ``origin`` is the archive it was extracted from, if any."""
+        self.path = Path(path)
+        size = self.path.stat().st_size
+        if size == 0 or size % RECORD_BYTES != 0:
+            raise CifarFormatError(
+                f"{self.path}: size {size:,} bytes is not a positive multiple of the record size "
+                f"{RECORD_BYTES} (1 coarse byte, 1 fine byte, {IMAGE_BYTES} pixel bytes); truncated or "
+                "not a CIFAR-100 binary file"
+            )
+        n = size // RECORD_BYTES
+        self.records = np.memmap(self.path, dtype=np.uint8, mode="r", shape=(n, RECORD_BYTES))
+        # Copies of the two label columns: n bytes each, used for validation and for batching.
+        self._coarse: npt.NDArray[np.uint8] = np.array(self.records[:, 0])
+        self._fine: npt.NDArray[np.uint8] = np.array(self.records[:, 1])
+        _validate_labels(self.path, self._coarse, self._fine)
+        self._coarse.setflags(write=False)
+        self._fine.setflags(write=False)
+        self._class_indices = [np.flatnonzero(self._coarse == c) for c in range(N_COARSE)]
+        self._synthetic = _read_sidecar(self.path)
+        self.source = self._describe(origin)
+
+    def _describe(self, origin: StrPath | None) -> str:
+        counts = f"{len(self):,} records"
+        if self._synthetic is not None:
+            s = self._synthetic
+            what = (
+                f"synthetic CIFAR-100 {self.path.name} ({counts}, seed {s.seed}, "
+                f"{s.per_fine_class} per fine class, noise {s.noise:g})"
+            )
+        else:
+            what = f"CIFAR-100 {self.path.name} ({counts})"
+        where = f" from {origin}" if origin is not None else ""
+        return f"{what}{where} at {self.path}"
+
+    def describe(self) -> str:
+        """Which data this is, for logs and reports: kind, file, record count and path."""
+        return self.source
+
+    def __repr__(self) -> str:
+        return f"Cifar100({self.source!r})"
+
+    @property
+    def is_synthetic(self) -> bool:
+        """Whether this file was written by ``write_synthetic_cifar100`` (per its ``synthetic.json``)."""
+        return self._synthetic is not None
+
+    def __len__(self) -> int:
+        return int(self.records.shape[0])
+
+    @property
+    def coarse_labels(self) -> npt.NDArray[np.uint8]:
+        """The coarse label of every record, (n,) uint8, read-only."""
+        return self._coarse
+
+    @property
+    def fine_labels(self) -> npt.NDArray[np.uint8]:
+        """The fine label of every record, (n,) uint8, read-only."""
+        return self._fine
+
+    @property
+    def pixels(self) -> npt.NDArray[np.uint8]:
+        """The raw pixel bytes, an (n, 3072) view of the memory map (channel-major 3 x 32 x 32)."""
+        return self.records[:, 2:]
+
+    def class_counts(self) -> npt.NDArray[np.int64]:
+        """The number of records of each coarse class, (20,)."""
+        return np.array([len(ix) for ix in self._class_indices], dtype=np.int64)
+
+    def num_batches(self, batch_size: int, *, drop_last: bool = True) -> int:
+        """How many batches ``batches(batch_size, drop_last=drop_last)`` yields."""
+        _check_batch_size(batch_size)
+        counts = self.class_counts()
+        full = int((counts // batch_size).sum())
+        return full if drop_last else full + int(np.count_nonzero(counts % batch_size))
+
+    def batch(self, indices: npt.ArrayLike, *, dtype: npt.DTypeLike = np.float32) -> Batch:
+        """The batch of the given record indices, which must all share one coarse class."""
+        ix = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if ix.size == 0:
+            raise ValueError("a batch needs at least one record")
+        if ix.min() < 0 or ix.max() >= len(self):
+            raise IndexError(f"record indices out of range 0..{len(self) - 1} of {self.path}")
+        coarse = self._coarse[ix]
+        if np.any(coarse != coarse[0]):
+            raise ValueError(
+                f"records of a batch must share one coarse class, got {np.unique(coarse).tolist()}"
+            )
+        return self._gather(ix, int(coarse[0]), _float_dtype(dtype))
+
+    def _gather(self, ix: npt.NDArray[np.int64], coarse: int, dtype: np.dtype[Any]) -> Batch:
+        # One vectorized gather from the memory map, then an exact scaling (1/256 is a power of two).
+        x = self.records[ix, 2:].astype(dtype)
+        x *= dtype.type(1.0 / 256.0)
+        return Batch(x, coarse, _FINE_TO_LOCAL[self._fine[ix]])
+
+    def batch_indices(
+        self, batch_size: int, *, seed: int | None = 0, drop_last: bool = True, epochs: int | None = 1
+    ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
+        """The plan of ``batches``: its coarse class and record indices, batch by batch, same arguments."""
+        _check_batch_size(batch_size)
+        if epochs is not None and epochs < 0:
+            raise ValueError(f"epochs must be None (forever) or at least 0, got {epochs}")
+        if epochs is None and self.num_batches(batch_size, drop_last=drop_last) == 0:
+            raise ValueError(f"no class has {batch_size} records: an endless stream would yield nothing")
+        return self._plan(batch_size, seed, drop_last, epochs)
+
+    def _plan(
+        self, batch_size: int, seed: int | None, drop_last: bool, epochs: int | None
+    ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
+        rng = np.random.default_rng(seed) if seed is not None else None
+        epoch = 0
+        while epochs is None or epoch < epochs:
+            plan: list[tuple[int, npt.NDArray[np.int64]]] = []
+            for c, members in enumerate(self._class_indices):
+                ix = rng.permutation(members) if rng is not None else members
+                stop = len(ix) - len(ix) % batch_size if drop_last else len(ix)
+                plan.extend((c, ix[i : i + batch_size]) for i in range(0, stop, batch_size))
+            order = rng.permutation(len(plan)) if rng is not None else range(len(plan))
+            for k in order:
+                yield plan[k]
+            epoch += 1
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        seed: int | None = 0,
+        dtype: npt.DTypeLike = np.float32,
+        drop_last: bool = True,
+        epochs: int | None = 1,
+    ) -> Iterator[Batch]:
+        """Batches of up to ``batch_size`` samples sharing one coarse class, for ``epochs`` passes.
+
+        One ``np.random.default_rng(seed)`` shuffles every pass: the samples within each class, then
+        the order of all batches across classes; ``seed=None`` keeps file order, classes in turn. The
+        last short batch of each class is dropped unless ``drop_last=False``. ``epochs=None`` repeats
+        forever. Pixels are ``dtype`` (a float type).
+        """
+        dt = _float_dtype(dtype)
+        plan = self.batch_indices(batch_size, seed=seed, drop_last=drop_last, epochs=epochs)
+        return (self._gather(ix, c, dt) for c, ix in plan)
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+
+
+def _float_dtype(dtype: npt.DTypeLike) -> np.dtype[Any]:
+    dt = np.dtype(dtype)
+    if dt.kind != "f":
+        raise TypeError(f"batches hold floating-point pixels; dtype must be a float type, got {dt}")
+    return dt
+
+
+def _validate_labels(path: Path, coarse: npt.NDArray[np.uint8], fine: npt.NDArray[np.uint8]) -> None:
+    """Raise CifarFormatError naming ``path``, the first bad record and its values, if any label is bad."""
+    bad_coarse = coarse >= N_COARSE
+    bad_fine = fine >= N_FINE
+    expected = _FINE_TO_COARSE[np.minimum(fine, N_FINE - 1)]
+    mismatch = ~bad_coarse & ~bad_fine & (expected != coarse)
+    bad = bad_coarse | bad_fine | mismatch
+    if not bad.any():
+        return
+    i = int(np.argmax(bad))
+    c, f = int(coarse[i]), int(fine[i])
+    problems = []
+    if bad_coarse[i]:
+        problems.append(f"coarse label {c} is out of range 0..{N_COARSE - 1}")
+    if bad_fine[i]:
+        problems.append(f"fine label {f} is out of range 0..{N_FINE - 1}")
+    if mismatch[i]:
+        problems.append(
+            f"fine label {f} belongs to coarse class {FINE_TO_COARSE[f]}, not to coarse label {c}"
+        )
+    more = int(bad.sum()) - 1
+    tail = f" ({more:,} more bad record{'s follow' if more > 1 else ' follows'})" if more else ""
+    raise CifarFormatError(
+        f"{path}: record {i} (byte offset {i * RECORD_BYTES:,}): {'; '.join(problems)}{tail}"
+    )
+
+
+def default_cache_dir() -> Path:
+    """The cache root: ``$MONADL_CACHE_DIR``, else ``$XDG_CACHE_HOME/monadl``, else ``~/.cache/monadl``."""
+    env = os.environ.get("MONADL_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "monadl"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The official archive
+
+
+def _safe_member_name(archive: Path, name: str) -> None:
+    p = PurePosixPath(name.replace("\\", "/"))
+    if p.is_absolute() or ".." in p.parts or (p.parts and ":" in p.parts[0]):
+        raise CifarFormatError(
+            f"{archive}: member {name!r} would be extracted outside the target directory "
+            "(absolute path or '..'); refusing to extract from this archive"
+        )
+
+
+def extract_cifar100(archive: StrPath, cache_dir: StrPath | None = None) -> dict[str, Path]:
+    """Extract the ``.bin`` members of a CIFAR-100 binary archive; return them by file name.
+
+    They go under ``cache_dir`` (default: the archive's directory) with their paths in the archive, as
+    ``tar xzf`` would put them; files already there with the member's size are reused. Extraction uses
+    tarfile's 'data' filter, each file lands atomically, and an archive with a member that would escape
+    the directory (absolute path, '..', a link) is refused with ``CifarFormatError``.
+    """
+    archive = Path(archive)
+    dest = Path(cache_dir) if cache_dir is not None else archive.parent
+    if not archive.is_file():
+        raise FileNotFoundError(f"{archive}: no such archive")
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            members = tar.getmembers()
+            for m in members:
+                _safe_member_name(archive, m.name)
+            bins = [m for m in members if PurePosixPath(m.name).name.endswith(".bin")]
+            seen: dict[str, str] = {}
+            for m in bins:
+                base = PurePosixPath(m.name).name
+                if not m.isfile():
+                    raise CifarFormatError(f"{archive}: member {m.name!r} is not a regular file")
+                if base in seen:
+                    raise CifarFormatError(
+                        f"{archive}: members {seen[base]!r} and {m.name!r} share a file name"
+                    )
+                seen[base] = m.name
+            dest.mkdir(parents=True, exist_ok=True)
+            out: dict[str, Path] = {}
+            for m in bins:
+                target = dest / m.name
+                if not (target.is_file() and target.stat().st_size == m.size):
+                    _extract_member(archive, tar, m, dest, target)
+                out[PurePosixPath(m.name).name] = target
+            return out
+    except (
+        tarfile.ReadError,
+        tarfile.CompressionError,
+        tarfile.HeaderError,
+        EOFError,
+        zlib.error,
+        BadGzipFile,
+    ) as e:
+        raise CifarFormatError(f"{archive}: not a readable tar archive ({type(e).__name__}: {e})") from e
+
+
+def _extract_member(
+    archive: Path, tar: tarfile.TarFile, m: tarfile.TarInfo, dest: Path, target: Path
+) -> None:
+    tmp = Path(tempfile.mkdtemp(dir=dest, prefix=".extract-"))
+    try:
+        try:
+            tar.extract(m, tmp, filter="data")
+        except tarfile.FilterError as e:
+            raise CifarFormatError(f"{archive}: member {m.name!r} refused by the 'data' filter: {e}") from e
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp / m.name, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Synthetic data
+
+
+def write_synthetic_cifar100(
+    directory: StrPath | None = None,
+    *,
+    per_fine_class: int = 50,
+    test_per_fine_class: int = _TEST_PER_FINE_CLASS,
+    seed: int = 0,
+    noise: float = _NOISE,
+) -> Path:
+    """Write a learnable synthetic CIFAR-100 in the official binary format; return its directory.
+
+    Each fine class has a mean image (its coarse class's mean plus a fine offset, from ``seed``); a
+    sample is its class mean plus Gaussian noise of std ``noise``, rounded and clipped to 0..255.
+    ``train.bin`` holds ``per_fine_class`` samples of each of the 100 fine classes in shuffled order,
+    ``test.bin`` ``test_per_fine_class`` (none when 0), with a ``synthetic.json`` describing them.
+    Default directory: ``default_cache_dir()/synthetic/<parameters>``. Files already there with the
+    same parameters are reused; new ones are written to a temporary file and renamed into place.
+    """
+    if per_fine_class < 1 or test_per_fine_class < 0:
+        raise ValueError("per_fine_class must be at least 1 and test_per_fine_class at least 0")
+    if not np.isfinite(noise) or noise < 0:
+        raise ValueError(f"noise must be a finite non-negative float, got {noise}")
+    if directory is None:
+        directory = _synthetic_dir(default_cache_dir(), seed, per_fine_class, test_per_fine_class, noise)
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    sizes: dict[str, int] = {"train": per_fine_class}
+    if test_per_fine_class:
+        sizes["test"] = test_per_fine_class
+    meta = {
+        "format": _SIDECAR_FORMAT,
+        "version": _SYNTHETIC_VERSION,
+        "seed": seed,
+        "noise": float(noise),
+        "per_fine_class": sizes,
+    }
+    if _synthetic_up_to_date(out, meta, sizes):
+        return out
+    means_rng, *split_rngs = np.random.default_rng(seed).spawn(3)
+    coarse_means = means_rng.uniform(64.0, 192.0, size=(N_COARSE, IMAGE_BYTES))
+    fine_offsets = means_rng.normal(0.0, 32.0, size=(N_FINE, IMAGE_BYTES))
+    fine_means = (coarse_means[_FINE_TO_COARSE] + fine_offsets).astype(np.float32)
+    (out / _SIDECAR).unlink(missing_ok=True)  # the old files no longer match it
+    for (split, per), rng in zip(sizes.items(), split_rngs, strict=False):
+        _write_split(out / f"{split}.bin", fine_means, per, noise, rng)
+    _atomic_write_bytes(out / _SIDECAR, (json.dumps(meta, indent=2) + "\n").encode())
+    return out
+
+
+def _synthetic_dir(
+    root: Path, seed: int, per_fine_class: int, test_per_fine_class: int, noise: float
+) -> Path:
+    return root / "synthetic" / f"seed{seed}-train{per_fine_class}-test{test_per_fine_class}-noise{noise:g}"
+
+
+def _synthetic_up_to_date(out: Path, meta: dict[str, Any], sizes: dict[str, int]) -> bool:
+    try:
+        if json.loads((out / _SIDECAR).read_text()) != meta:
+            return False
+        return all(
+            (out / f"{s}.bin").stat().st_size == per * N_FINE * RECORD_BYTES for s, per in sizes.items()
+        )
+    except (OSError, ValueError):
+        return False
+
+
+def _write_split(
+    path: Path, fine_means: npt.NDArray[np.float32], per: int, noise: float, rng: np.random.Generator
+) -> None:
+    labels = rng.permutation(np.repeat(np.arange(N_FINE, dtype=np.int64), per))
+    chunk = 1024
+    with _atomic_file(path) as f:
+        for start in range(0, len(labels), chunk):
+            lab = labels[start : start + chunk]
+            rec = np.empty((len(lab), RECORD_BYTES), dtype=np.uint8)
+            rec[:, 0] = _FINE_TO_COARSE[lab]
+            rec[:, 1] = lab
+            pix = rng.standard_normal(size=(len(lab), IMAGE_BYTES), dtype=np.float32)
+            pix *= np.float32(noise)
+            pix += fine_means[lab]
+            rec[:, 2:] = np.clip(np.rint(pix), 0, 255)
+            f.write(rec.tobytes())
+
+
+@contextlib.contextmanager
+def _atomic_file(path: Path) -> Iterator[Any]:
+    """A binary file written to a temporary name in ``path``'s directory, renamed to ``path`` on success."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    with _atomic_file(path) as f:
+        f.write(data)
+
+
+def _read_sidecar(path: Path) -> _SyntheticInfo | None:
+    """The synthetic-data description of ``path``, from a ``synthetic.json`` beside it, if there is one."""
+    sidecar = path.parent / _SIDECAR
+    if not sidecar.is_file():
+        return None
+    try:
+        meta = json.loads(sidecar.read_text())
+        if not isinstance(meta, dict) or meta.get("format") != _SIDECAR_FORMAT:
+            return None  # someone else's file of that name
+        sizes = meta["per_fine_class"]
+        split = path.name.removesuffix(".bin")
+        if path.suffix != ".bin" or split not in sizes:
+            return None
+        return _SyntheticInfo(
+            seed=int(meta["seed"]), noise=float(meta["noise"]), per_fine_class=int(sizes[split])
+        )
+    except (ValueError, KeyError, TypeError) as e:
+        raise CifarFormatError(f"{sidecar}: malformed synthetic-data description ({e})") from e
+
+
+def synthetic_cifar100(
+    directory: StrPath | None = None,
+    *,
+    split: Split = "train",
+    per_fine_class: int = 50,
+    test_per_fine_class: int = _TEST_PER_FINE_CLASS,
+    seed: int = 0,
+    noise: float = _NOISE,
+) -> Cifar100:
+    """Write (or reuse) the synthetic data set, see ``write_synthetic_cifar100``, and open ``split``."""
+    if split == "test" and test_per_fine_class == 0:
+        raise ValueError("split='test' needs test_per_fine_class > 0")
+    out = write_synthetic_cifar100(
+        directory,
+        per_fine_class=per_fine_class,
+        test_per_fine_class=test_per_fine_class,
+        seed=seed,
+        noise=noise,
+    )
+    return Cifar100(out / f"{split}.bin")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def open_dataset(
+    path: StrPath | None = None,
+    *,
+    split: Split = "train",
+    cache_dir: StrPath | None = None,
+    per_fine_class: int = 50,
+    seed: int = 0,
+) -> Cifar100:
+    """Open CIFAR-100 from ``path``, or the synthetic data set when ``path`` is None.
+
+    ``path`` may be a ``.bin`` file, a ``.tar.gz`` archive (extracted into ``cache_dir``, default beside
+    it) or a directory holding ``{split}.bin``, ``cifar-100-binary/{split}.bin`` or the archive. With
+    no path, the synthetic data set of ``per_fine_class`` train samples per fine class and ``seed`` is
+    written under ``cache_dir`` (default ``default_cache_dir()``) and opened.
+    """
+    if path is None:
+        root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        directory = _synthetic_dir(root, seed, per_fine_class, _TEST_PER_FINE_CLASS, _NOISE)
+        return synthetic_cifar100(directory, split=split, per_fine_class=per_fine_class, seed=seed)
+    p = Path(path)
+    if p.is_dir():
+        name = f"{split}.bin"
+        for candidate in (p / name, p / "cifar-100-binary" / name):
+            if candidate.is_file():
+                return Cifar100(candidate)
+        if (p / _ARCHIVE_NAME).is_file():
+            p = p / _ARCHIVE_NAME
+        else:
+            raise FileNotFoundError(
+                f"{p}: found neither {name}, cifar-100-binary/{name} nor {_ARCHIVE_NAME} in this directory"
+            )
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such file or directory")
+    if p.suffix == ".bin":
+        return Cifar100(p)
+    files = extract_cifar100(p, cache_dir)
+    name = f"{split}.bin"
+    if name not in files:
+        found = ", ".join(sorted(files)) or "none"
+        raise CifarFormatError(f"{p}: the archive has no member named {name} (its .bin members: {found})")
+    return Cifar100(files[name], origin=p)
