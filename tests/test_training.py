@@ -228,3 +228,15 @@ def test_the_allocator_is_tuned_on_glibc() -> None:
     assert tune_allocator() == (
         sys.platform.startswith("linux") and os.environ.get("MONADL_TUNE_MALLOC") != "0"
     )
+
+
+def test_weights_and_gradients_are_not_aliased() -> None:
+    b1, b2 = ml.ArrayWeight(np.zeros((2, 2))), ml.ArrayWeight(np.zeros((2, 2)))
+    _, gradients = ml.compute_gradients(ml.sum((ml.lift_array(np.ones((2, 2))) + b1) + b2))
+    np.testing.assert_array_equal(gradients[b1], gradients[b2])
+    assert gradients[b1] is not gradients[b2]  # add passed one delta to both: each gets its own
+    value = ml.lift_array(b1).predict_blocking().unwrap()
+    with pytest.raises(ValueError, match="read-only"):
+        value[0, 0] = 5.0  # the prediction is the weight's data: it cannot be changed in place
+    assert isinstance(ml.sum(b1 * 2.0).train_blocking(ml.SGD(0.1)), Success)
+    assert not b1.data.flags.writeable  # still read-only after an update

@@ -103,7 +103,7 @@ class OpTape(SharedTape[Any, Any]):
             if t.requires_delta:
                 vjp = functools.partial(self.vjp, i)
                 # Memoised unless one computation only will read it (it may feed several vjps).
-                shared = cast(SharedTape[Any, Any], t)  # requires_delta: a shared tape
+                shared = cast("SharedTape[Any, Any]", t)  # requires_delta: a shared tape
                 kind = PrivateBind if shared.sole_reader() else Bind
                 done = t.backward(kind((delta,), vjp, KERNEL_MAP, cost))
                 if done is not UNIT:

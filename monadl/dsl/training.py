@@ -29,7 +29,7 @@ from monadl.do.do import Do, Pure, run_unit
 from monadl.do.executor import Executor, default_executor
 from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.optimizers import Optimizer
-from monadl.dsl.weights import ArrayWeight, FloatWeight
+from monadl.dsl.weights import ArrayWeight, FloatWeight, freeze
 from monadl.tape.shared import StepContext, in_step
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import Array, namespace
@@ -87,7 +87,19 @@ def compute_gradients(
         # Weight tapes point back at the step: without this, every array of the step would live on
         # in a reference cycle until the garbage collector ran, and memory would grow between steps.
         step.tapes.clear()
-    return value, step.gradients
+    return value, _unaliased(step.gradients)
+
+
+def _unaliased(gradients: dict[FloatWeight | ArrayWeight, Any]) -> dict[FloatWeight | ArrayWeight, Any]:
+    """The gradients, each its own array: a delta passed through unchanged (by ``+``, say) can be
+    the gradient of two weights at once, and changing one in place must not change the other."""
+    seen: set[int] = set()
+    for weight, gradient in gradients.items():
+        if type(gradient) is not float:
+            if id(gradient) in seen:
+                gradients[weight] = namespace(gradient).asarray(gradient, copy=True)
+            seen.add(id(gradient))
+    return gradients
 
 
 def _apply(gradients: dict[FloatWeight | ArrayWeight, Any], default: Optimizer | None) -> None:
@@ -104,7 +116,7 @@ def _apply(gradients: dict[FloatWeight | ArrayWeight, Any], default: Optimizer |
         data, state = optimizer.update(weight.data, gradient, state)
         updates.append((weight, data, (optimizer, state)))
     for weight, data, state in updates:
-        weight.data = data
+        weight.data = freeze(data)
         weight.optimizer_state = state
 
 

@@ -21,6 +21,15 @@ from monadl.typeclasses.backend import Array, check_float_array, namespace
 from monadl.typeclasses.monoid import SUM
 
 
+def freeze(data: Any) -> Any:
+    """``data``, made read-only where the array library allows it (NumPy). A weight's data is
+    replaced, never changed in place, by a training step; forward values and tapes may share it, so
+    an accidental in-place change of a prediction must not change the weight."""
+    if isinstance(data, np.ndarray):
+        data.flags.writeable = False
+    return data
+
+
 class WeightTape(SharedTape[Any, Any]):
     """A weight's tape in one run: its backward records the summed delta as the gradient."""
 
@@ -95,7 +104,7 @@ class ArrayWeight(ArrayOperators, _WeightState):
 
     def __init__(self, data: Array, *, optimizer: Optimizer | None = None, name: str = "") -> None:
         check_float_array(data, "ArrayWeight")
-        self.data = namespace(data).asarray(data, copy=True)
+        self.data = freeze(namespace(data).asarray(data, copy=True))
         self.optimizer = optimizer
         self.optimizer_state = None
         self.name = name
