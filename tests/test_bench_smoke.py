@@ -1,0 +1,92 @@
+"""Smoke tests of ``python -m monadl.bench overhead``: it runs, and reports what it should.
+
+These run the benchmark in a seconds-long form (tiny chains, two repeats, no minimum sample time) and
+check the table's and the JSON's shape and that every figure is a positive number. They assert
+nothing about speed: speed is for the benchmark's own runs, not for tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from monadl import Executor
+from monadl.bench import overhead
+from monadl.bench.__main__ import main
+
+CASES = ["elementwise-1x1", "elementwise-16x64", "matmul-16x64", "float"]
+TITLES = ["elementwise 1x1", "elementwise 16x64", "matmul 16x64 @ 64x64", "float (Python floats)"]
+MODES = ["build", "forward", "fwd+bwd", "train"]
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def _positive(stats: dict[str, Any]) -> None:
+    assert stats["median"] > 0 and stats["min"] > 0
+    assert stats["min"] <= stats["median"]
+    assert len(stats["samples"]) == 2 and all(s > 0 for s in stats["samples"])
+    assert stats["number"] >= 1
+
+
+def test_overhead_cli_prints_the_table_and_writes_json(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "overhead.json"
+    argv = ["overhead", "--chain", "4", "--repeats", "2", "--min-time", "0", "--json", str(path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+
+    for word in ["monadl", "numpy", "overhead", "ratio", "target:", *TITLES, *MODES]:
+        assert word in out
+    assert ("torch-numpy" in out) == HAS_TORCH
+    if not HAS_TORCH:
+        assert "PyTorch: skipped" in out
+
+    data = json.loads(path.read_text())
+    assert data["benchmark"] == "overhead" and data["unit"] == "us/op"
+    assert data["chain"] == 4 and data["repeats"] == 2
+    rows = data["rows"]
+    assert [(r["case"], r["mode"]) for r in rows] == [(c, m) for c in CASES for m in MODES]
+    for r in rows:
+        _positive(r["monadl"])
+        if r["mode"] == "build":
+            assert r["numpy"] is None and r["overhead_us"] is None and r["ratio"] is None
+            continue
+        _positive(r["numpy"])
+        assert r["overhead_us"] == pytest.approx(r["monadl"]["median"] - r["numpy"]["median"])
+        assert r["ratio"] == pytest.approx(r["monadl"]["median"] / r["numpy"]["median"])
+        assert r["ratio"] > 0
+        if HAS_TORCH:
+            _positive(r["torch"])
+        else:
+            assert r["torch"] is None
+    assert [t["case"] for t in data["target"]["results"]] == CASES
+
+
+def test_overhead_selected_case_without_torch() -> None:
+    report = overhead.run_overhead(chain=3, repeats=2, min_time=0.0, cases=["float"], use_torch=False)
+    assert [(r.case, r.mode) for r in report.rows] == [("float", m) for m in MODES]
+    assert report.torch_note is not None and "--no-torch" in report.torch_note
+    table = overhead.format_table(report)
+    assert "float (Python floats)" in table and "torch-numpy" not in table
+
+
+def test_the_check_catches_a_wrong_baseline() -> None:
+    case = overhead.make_case("elementwise-16x64", 4)
+    weight = case.weights[0]
+    assert isinstance(weight.data, np.ndarray)
+    weight.data = weight.data * 2.0  # monadl now computes other math than the NumPy baseline
+    with Executor(workers=1) as executor, pytest.raises(AssertionError, match="differs from NumPy"):
+        overhead.check_case(case, executor)
+
+
+def test_overhead_profile_prints_the_top_functions(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["overhead", "--profile", "elementwise-16x64", "--chain", "4", "--profile-calls", "2"]
+    assert main([*argv, "--profile-top", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "cProfile: monadl fwd+bwd of elementwise-16x64" in out
+    assert "tottime" in out
