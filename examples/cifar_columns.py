@@ -1,0 +1,154 @@
+"""CIFAR-100 with columns of experts: the benchmark model of the DeepLearning.scala 2 paper.
+
+``n`` independent columns (each two dense layers 3072 -> 64 -> 64 with ReLU) read the image; their
+outputs are summed. A coarse classifier (dense 64 -> 20) predicts the coarse class (20 classes) and 20
+fine classifiers (each 64 -> 64 -> 64 -> 5 with ReLU) predict the fine class within a coarse class.
+Every batch holds images of one coarse class ``c``; the loss is the cross-entropy of the coarse
+prediction plus that of fine classifier ``c``:
+
+* ``skip``: the network is built from the batch's class, in ordinary Python: only classifier ``c``
+  exists in the graph, so only it runs;
+* ``noskip``: all 20 fine classifiers run, forward and backward; the others' losses are added with
+  weight zero, so their parameters get (exactly zero) gradients from real work.
+
+The columns are independent sub-graphs: with an executor of several workers, their kernels (large
+matmuls, worth the pool) run in parallel, forward and backward.
+
+Run it: ``python examples/cifar_columns.py`` (synthetic data in the CIFAR-100 binary format, made on
+first use), or ``python examples/cifar_columns.py --data path/to/cifar-100-binary`` for the real set.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+from returns.result import Failure
+
+import monadl as ml
+from monadl import Array, ArrayLayer, ArrayWeight, FloatLayer
+from monadl.bench.columns_params import FINE_CLASSES, FINE_PER_COARSE, init_params
+from monadl.typeclasses.backend import IndexArray
+
+Variant = Literal["skip", "noskip"]
+COARSE_CLASSES = 20
+
+
+def dense_relu(x: ml.AnyArray, w: ArrayWeight, b: ArrayWeight) -> ArrayLayer:
+    """``relu(x @ w + b)``."""
+    return ml.relu(ml.linear(x, w, b))
+
+
+def cross_entropy(logits: ArrayLayer, labels: IndexArray, classes: int) -> FloatLayer:
+    """The paper's ``-mean(log(softmax(logits)) * onehot)``, over all batch x class elements."""
+    return ml.cross_entropy(logits, labels) * (1.0 / classes)
+
+
+class ColumnNetwork:
+    """The model: its weights (named as in ``columns_params``), its loss and its training step.
+
+    The paper trains with SGD at ``learning_rate`` (1e-4); ``optimizer`` replaces it."""
+
+    def __init__(
+        self,
+        params: dict[str, np.ndarray],
+        variant: Variant = "skip",
+        learning_rate: float = 1e-4,
+        executor: ml.Executor | None = None,
+        optimizer: ml.Optimizer | None = None,
+    ) -> None:
+        if variant not in ("skip", "noskip"):
+            raise ValueError(f"variant must be 'skip' or 'noskip', got {variant!r}")
+        self.weights = {name: ArrayWeight(value, name=name) for name, value in params.items()}
+        self.columns = sum(1 for name in params if name.endswith(".w1") and name.startswith("column"))
+        self.variant = variant
+        self.optimizer = optimizer or ml.SGD(learning_rate)
+        self.executor = executor
+
+    def features(self, x: Array) -> ArrayLayer:
+        """The sum of the columns' outputs: independent sub-graphs, run in parallel."""
+        w = self.weights
+        columns = [
+            dense_relu(
+                dense_relu(x, w[f"column{i}.w1"], w[f"column{i}.b1"]), w[f"column{i}.w2"], w[f"column{i}.b2"]
+            )
+            for i in range(self.columns)
+        ]
+        total = columns[0]
+        for column in columns[1:]:
+            total = total + column
+        return total
+
+    def fine_logits(self, h: ArrayLayer, j: int) -> ArrayLayer:
+        """Fine classifier ``j`` (of coarse class ``j``): 64 -> 64 -> 64 -> 5."""
+        w = self.weights
+        f = dense_relu(dense_relu(h, w[f"fine{j}.w1"], w[f"fine{j}.b1"]), w[f"fine{j}.w2"], w[f"fine{j}.b2"])
+        return ml.linear(f, w[f"fine{j}.w3"], w[f"fine{j}.b3"])
+
+    def loss(self, x: Array, coarse: int, fine_local: IndexArray) -> FloatLayer:
+        """The loss of one batch of coarse class ``coarse``, with local fine labels 0..4."""
+        if not 0 <= coarse < COARSE_CLASSES:
+            raise ValueError(f"coarse class must be in 0..19, got {coarse}")
+        h = self.features(x)
+        coarse_labels = np.full(fine_local.shape[0], coarse, dtype=np.int64)
+        w = self.weights
+        total = cross_entropy(ml.linear(h, w["coarse.w"], w["coarse.b"]), coarse_labels, COARSE_CLASSES)
+        total = total + cross_entropy(self.fine_logits(h, coarse), fine_local, FINE_PER_COARSE)
+        if self.variant == "noskip":
+            for j in range(FINE_CLASSES):
+                if j != coarse:
+                    total = total + 0.0 * cross_entropy(self.fine_logits(h, j), fine_local, FINE_PER_COARSE)
+        return total
+
+    def step(self, x: Array, coarse: int, fine_local: IndexArray) -> float:
+        """One SGD step on a batch; returns its loss, or raises what failed it (then nothing changed)."""
+        result = self.loss(x, coarse, fine_local).train_blocking(self.optimizer, executor=self.executor)
+        if isinstance(result, Failure):
+            raise result.failure()
+        return result.unwrap()
+
+    def gradients(self, x: Array, coarse: int, fine_local: IndexArray) -> tuple[float, dict[str, Array]]:
+        """The loss and every weight's gradient, by name, without updating anything."""
+        value, gradients = ml.compute_gradients(self.loss(x, coarse, fine_local), executor=self.executor)
+        return float(value), {weight.name: gradient for weight, gradient in gradients.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> list[float]:
+    """Trains on CIFAR-100 (or the built-in synthetic set) and prints the loss; returns the losses."""
+    from monadl.data import cifar100
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--data", help="a cifar-100-binary folder, train.bin, or the .tar.gz (default: synthetic)"
+    )
+    parser.add_argument("--columns", type=int, default=2)
+    parser.add_argument("--variant", choices=["skip", "noskip"], default="skip")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    data = cifar100.open_dataset(args.data, seed=args.seed)
+    print(f"data: {data.describe()}")
+    params = init_params(args.columns, seed=args.seed)
+    losses: list[float] = []
+    with ml.Executor(args.workers) as executor:
+        network = ColumnNetwork(params, args.variant, args.learning_rate, executor)
+        batches = data.batches(args.batch, seed=args.seed, epochs=None)
+        for step in range(args.steps):
+            x, coarse, fine_local = next(batches)
+            losses.append(network.step(x, coarse, fine_local))
+            if step % 50 == 0 or step == args.steps - 1:
+                recent = losses[-50:]
+                print(
+                    f"step {step:4d}: loss {sum(recent) / len(recent):.5f} (mean of the last {len(recent)})"
+                )
+    return losses
+
+
+if __name__ == "__main__":
+    main()

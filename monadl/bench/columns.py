@@ -1,0 +1,316 @@
+"""The CIFAR-100 column benchmark (DeepLearning.scala 2, Tables 2 and 3), side by side with
+hand-written NumPy and PyTorch eager.
+
+For every configuration of columns x pool size x variant (``skip``: only the batch's fine classifier
+runs; ``noskip``: all 20 run, forward and backward), it measures training steps per second of:
+
+  monadl   examples/cifar_columns.py, on an Executor with that many workers
+  numpy    the same model by hand (forward, manual backward, SGD, buffers reused), one thread
+  torch    the same model in PyTorch eager on the CPU, one thread (when torch is installed)
+
+Each figure is the median over --repeats timed segments of --steps steps (after --warmup steps),
+with the min and the max. BLAS (and torch) are capped at one thread for the whole run: parallelism
+comes from independent columns on the executor's pool, not from BLAS. NumPy and PyTorch do not use
+the pool, so they are measured once per (columns, variant) and compared with every pool size.
+All three train the same model from the same initial weights on the same batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from monadl.bench.columns_numpy import NumpyColumns
+from monadl.bench.columns_params import init_params
+from monadl.bench.columns_torch import TorchColumns, torch_available
+from monadl.data import cifar100
+
+IMPLEMENTATIONS = ("monadl", "numpy", "torch")
+
+
+@dataclass
+class Measurement:
+    """Training steps per second of one implementation in one configuration."""
+
+    implementation: str
+    columns: int
+    pool: int | None  # None: the implementation does not use the pool
+    variant: str
+    median: float
+    low: float
+    high: float
+    rss_mib: float  # resident memory after the measurement
+
+
+def load_example() -> ModuleType:
+    """``examples/cifar_columns.py`` of this checkout (the benchmark measures the example itself)."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "cifar_columns.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: run the columns benchmark from a monadl checkout")
+    spec = importlib.util.spec_from_file_location("cifar_columns", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("cifar_columns", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rss_mib() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    except OSError:  # not Linux: the peak is the best we have
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _steps_per_second(step: Callable[[], object], steps: int, warmup: int, repeats: int) -> list[float]:
+    for _ in range(warmup):
+        step()
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        rates.append(steps / (time.perf_counter() - start))
+    return rates
+
+
+def _time_model(model: Any, batches: Sequence[cifar100.Batch], args: argparse.Namespace) -> list[float]:
+    """Steps/s of ``model.step`` over the batches, cycled."""
+    stream = _cycle(batches)
+    return _steps_per_second(lambda: model.step(*next(stream)), args.steps, args.warmup, args.repeats)
+
+
+def _batches(data: cifar100.Cifar100, batch: int, count: int, dtype: Any, seed: int) -> list[cifar100.Batch]:
+    """``count`` batches, read once up front: the benchmark times training, not data loading."""
+    source = data.batches(batch, seed=seed, dtype=dtype, epochs=None)
+    return [next(source) for _ in range(count)]
+
+
+def _cycle(batches: Sequence[cifar100.Batch]) -> Iterator[cifar100.Batch]:
+    while True:
+        yield from batches
+
+
+def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement], dict[str, Any]]:
+    """Runs the grid; returns the measurements and a description of the run (printed to ``out``)."""
+    import monadl as ml
+
+    out = out or sys.stdout
+    example = load_example()
+    data = cifar100.open_dataset(args.data, seed=args.seed)
+    dtype = np.dtype(args.dtype)
+    batches = _batches(data, args.batch, 64, dtype, args.seed)
+    have_torch = not args.no_torch and torch_available()
+    info = {
+        "data": data.describe(),
+        "batch": args.batch,
+        "hidden": args.hidden,
+        "dtype": str(dtype),
+        "learning_rate": args.learning_rate,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "machine": f"{platform.machine()}, {platform.processor() or '?'}, {_cpus()} CPUs",
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "torch": _torch_version()
+        if have_torch
+        else "skipped"
+        if args.no_torch
+        else "not installed (skipped)",
+    }
+    print(f"data: {info['data']}", file=out)
+    if args.no_torch:
+        print("torch: skipped (--no-torch)", file=out)
+    elif not have_torch:
+        print("torch: not installed, PyTorch figures skipped (pip install torch)", file=out)
+
+    jobs: list[tuple[str, int, int | None, str]] = []
+    for columns in args.columns:
+        for variant in args.variants:
+            jobs.append(("numpy", columns, None, variant))
+            if have_torch:
+                jobs.append(("torch", columns, None, variant))
+            for pool in args.pools:
+                jobs.append(("monadl", columns, pool, variant))
+
+    results: list[Measurement] = []
+    with threadpool_limits(limits=1):
+        if have_torch:
+            import torch
+
+            torch.set_num_threads(1)
+        for impl, columns, pool, variant in _progress(jobs, args.progress):
+            params = init_params(columns, hidden=args.hidden, seed=args.seed, dtype=dtype)
+            if impl == "monadl":
+                with ml.Executor(pool or 1, limit_blas=False) as executor:
+                    net = example.ColumnNetwork(params, variant, args.learning_rate, executor)
+                    rates = _time_model(net, batches, args)
+            elif impl == "numpy":
+                rates = _time_model(NumpyColumns(params, variant, args.learning_rate), batches, args)
+            else:
+                rates = _time_model(TorchColumns(params, variant, args.learning_rate), batches, args)
+            results.append(
+                Measurement(
+                    impl, columns, pool, variant, statistics.median(rates), min(rates), max(rates), _rss_mib()
+                )
+            )
+    info["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return results, info
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def _progress(jobs: list[Any], enabled: bool) -> Iterator[Any]:
+    if not enabled:
+        yield from jobs
+        return
+    from tqdm import tqdm
+
+    with tqdm(jobs, desc="columns benchmark", unit="config", file=sys.stderr) as bar:
+        for job in bar:
+            bar.set_postfix_str(f"{job[0]} columns={job[1]} pool={job[2] or '-'} {job[3]}")
+            yield job
+
+
+def _find(
+    results: list[Measurement], impl: str, columns: int, variant: str, pool: int | None
+) -> Measurement | None:
+    for m in results:
+        if (m.implementation, m.columns, m.variant, m.pool) == (impl, columns, variant, pool):
+            return m
+    return None
+
+
+def table(results: list[Measurement], args: argparse.Namespace) -> str:
+    """The results shaped like the paper's tables: one row per (columns, variant), pool sizes across."""
+    lines = []
+    pools = list(args.pools)
+    header = f"{'columns':>7} {'variant':>7} | " + " ".join(f"{'pool ' + str(p):>21}" for p in pools)
+    header += f" | {'numpy':>15} | {'torch':>15}"
+    lines.append("training steps/s: median [min-max]; monadl / numpy and monadl / torch under each")
+    lines.append(header)
+    lines.append("-" * len(header))
+    for columns in args.columns:
+        for variant in args.variants:
+            numpy_m = _find(results, "numpy", columns, variant, None)
+            torch_m = _find(results, "torch", columns, variant, None)
+            cells, ratios = [], []
+            for pool in pools:
+                m = _find(results, "monadl", columns, variant, pool)
+                cells.append(f"{m.median:7.0f} [{m.low:5.0f}-{m.high:5.0f}]" if m else f"{'-':>21}")
+                parts = []
+                if m and numpy_m:
+                    parts.append(f"{m.median / numpy_m.median:4.2f}x np")
+                if m and torch_m:
+                    parts.append(f"{m.median / torch_m.median:4.2f}x pt")
+                ratios.append(f"{' '.join(parts):>21}")
+            np_cell = f"{numpy_m.median:6.0f} [{numpy_m.low:4.0f}]" if numpy_m else "-"
+            pt_cell = f"{torch_m.median:6.0f} [{torch_m.low:4.0f}]" if torch_m else "skipped"
+            lines.append(
+                f"{columns:>7} {variant:>7} | " + " ".join(cells) + f" | {np_cell:>15} | {pt_cell:>15}"
+            )
+            lines.append(f"{'':>7} {'':>7} | " + " ".join(ratios) + f" | {'':>15} | {'':>15}")
+    return "\n".join(lines)
+
+
+def plot(results: list[Measurement], args: argparse.Namespace, path: Path) -> None:
+    """Steps/s against pool size, one line per (columns, variant); NumPy and PyTorch as dashed levels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(args.variants), figsize=(6 * len(args.variants), 4.5), squeeze=False)
+    for ax, variant in zip(axes[0], args.variants, strict=True):
+        for columns in args.columns:
+            ms = [_find(results, "monadl", columns, variant, p) for p in args.pools]
+            xs = [p for p, m in zip(args.pools, ms, strict=True) if m]
+            line = ax.plot(xs, [m.median for m in ms if m], marker="o", label=f"monadl, {columns} columns")
+            numpy_m = _find(results, "numpy", columns, variant, None)
+            if numpy_m:
+                ax.axhline(numpy_m.median, color=line[0].get_color(), linestyle="--", linewidth=1)
+            torch_m = _find(results, "torch", columns, variant, None)
+            if torch_m:
+                ax.axhline(torch_m.median, color=line[0].get_color(), linestyle=":", linewidth=1)
+        ax.set_title(f"{variant}  (dashed: hand-written NumPy, dotted: PyTorch)")
+        ax.set_xlabel("pool size (executor workers)")
+        ax.set_ylabel("training steps / s")
+        ax.set_xticks(list(args.pools))
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"CIFAR-100 columns: batch {args.batch}, hidden {args.hidden}, {args.dtype}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``columns`` subcommand's options."""
+    parser.add_argument("--columns", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--pools", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--variants", nargs="+", choices=["skip", "noskip"], default=["skip", "noskip"])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--steps", type=int, default=200, help="steps per timed segment")
+    parser.add_argument("--repeats", type=int, default=5, help="timed segments per configuration")
+    parser.add_argument("--warmup", type=int, default=30, help="untimed steps before the segments")
+    parser.add_argument("--data", help="a CIFAR-100 binary folder, train.bin or .tar.gz (default: synthetic)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch even when installed")
+    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument("--plot", type=Path, help="write a PNG plot here")
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a seconds-long run (for CI): tiny grid and counts"
+    )
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Runs the benchmark from parsed arguments; prints the table."""
+    if args.smoke:
+        args.columns, args.pools = args.columns[:2], args.pools[:2]
+        args.steps, args.repeats, args.warmup = 3, 2, 1
+    results, info = measure(args)
+    print(table(results, args))
+    print(f"peak RSS: {info['peak_rss_mib']:.0f} MiB; torch: {info['torch']}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.json.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"run": info, "results": [asdict(m) for m in results]}, indent=2))
+        tmp.replace(args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot(results, args, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
