@@ -172,6 +172,7 @@ class _Run:
         (``value``) to the continuation on top of ``stack``."""
         memo = self.memo
         agenda = self.agenda
+        pool = self.pool  # None: every kernel runs inline, here
         node: Any = x
         value: Any = x
         while True:
@@ -218,12 +219,20 @@ class _Run:
                     if mode == MAP:
                         value = node.f(*values)
                     else:
-                        value = self._dispatch(stack, node.f, tuple(values), node.cost)
+                        value = (
+                            node.f(*values)
+                            if pool is None
+                            else self._dispatch(stack, node.f, tuple(values), node.cost)
+                        )
                 elif tag == DEFER:
                     node = node.thunk()
                     continue
                 elif tag == KERNEL:
-                    value = self._dispatch(stack, node.fn, node.args, node.cost)
+                    value = (
+                        node.fn(*node.args)
+                        if pool is None
+                        else self._dispatch(stack, node.fn, node.args, node.cost)
+                    )
                 elif tag == DELAY:
                     value = node.thunk()
                 else:
@@ -251,7 +260,7 @@ class _Run:
                     elif mode == MAP:
                         value = a.f(value)
                     else:
-                        value = self._dispatch(stack, a.f, (value,), a.cost)
+                        value = a.f(value) if pool is None else self._dispatch(stack, a.f, (value,), a.cost)
                         if value is _SUSPENDED:
                             return
                     continue
@@ -272,7 +281,12 @@ class _Run:
                 elif mode == MAP:
                     value = bind.f(*a.values)
                 else:
-                    value = self._dispatch(stack, bind.f, tuple(a.values), bind.cost)
+                    values = a.values
+                    value = (
+                        bind.f(*values)
+                        if pool is None
+                        else self._dispatch(stack, bind.f, tuple(values), bind.cost)
+                    )
                     if value is _SUSPENDED:
                         return
 
@@ -282,11 +296,19 @@ class _Run:
         values: list[Any] = []
         missing: list[int] = []
         for i, s in enumerate(sources):
-            if s.tag == PURE:
+            tag = s.tag
+            if tag == PURE:
                 values.append(s.value)  # type: ignore[attr-defined]
                 continue
             v = memo.get(s, _MISSING)
-            if v is _MISSING or v is _PENDING:
+            if v is _MISSING:
+                if tag == DELAY:  # cheap and on this thread (a weight's forward): no fiber for it
+                    v = memo[s] = s.thunk()  # type: ignore[attr-defined]
+                    values.append(v)
+                    continue
+                missing.append(i)
+                values.append(None)
+            elif v is _PENDING:
                 missing.append(i)
                 values.append(None)
             else:

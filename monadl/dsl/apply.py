@@ -42,10 +42,13 @@ class OpTape(SharedTape[Any, Any]):
 
     __slots__ = ("args", "cost", "params", "prim", "xp")
 
-    def __init__(self, prim: Primitive, params: dict[str, Any], inputs: tuple[Tape[Any, Any], ...]) -> None:
+    def __init__(
+        self, prim: Primitive, params: dict[str, Any], inputs: tuple[Tape[Any, Any], ...], fanout: int
+    ) -> None:
         # SharedTape's fields, set here rather than through super().__init__: this is every op's path.
         self.data = None
         self.inputs = inputs
+        self.fanout = fanout  # its backward reads its delta once per input that wants one
         self._count = 0
         self._deltas = None
         self._fired = False
@@ -90,9 +93,6 @@ class OpTape(SharedTape[Any, Any]):
             g = unbroadcast(self.xp, g, datas[i])
         return np.asarray(g) if isinstance(g, np.generic) else g
 
-    def delta_uses(self) -> int:
-        return sum(1 for t in self.inputs if t.requires_delta)
-
     def _sum(self, deltas: Sequence[Do[Any]]) -> Do[Any]:
         return SUM.sum_lazy(deltas, self.estimate_cost)
 
@@ -133,9 +133,12 @@ class _Build:
         self.params = params
 
     def __call__(self, *tapes: Tape[Any, Any]) -> Do[OpTape]:
+        fanout = 0
         for t in tapes:
-            t.acquire()
-        tape = OpTape(self.prim, self.params, tapes)
+            if t.requires_delta:
+                t.acquire()
+                fanout += 1
+        tape = OpTape(self.prim, self.params, tapes, fanout)
         step = _current_step.get()
         if step is not None:
             step.tapes.append(tape)

@@ -37,11 +37,9 @@ class WeightTape(SharedTape[Any, Any]):
 
     def __init__(self, weight: FloatWeight | ArrayWeight, step: StepContext | None) -> None:
         super().__init__(weight.data)
+        self.fanout = 1  # its backward reads its delta once: to record it
         self.weight = weight
         self.step = step
-
-    def delta_uses(self) -> int:
-        return 1
 
     def _sum(self, deltas: Sequence[Do[Any]]) -> Do[Any]:
         return SUM.sum_lazy(deltas, self.weight.size)

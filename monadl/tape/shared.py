@@ -34,11 +34,12 @@ class SharedTape(Tape[Data, Delta], Generic[Data, Delta]):
     ``backward`` or ``release`` exactly once on each tape in ``inputs``.
     """
 
-    __slots__ = ("_count", "_deltas", "_fired", "inputs")
+    __slots__ = ("_count", "_deltas", "_fired", "fanout", "inputs")
 
     def __init__(self, data: Data, inputs: tuple[Tape[Any, Any], ...] = ()) -> None:
         self.data = data
         self.inputs = inputs
+        self.fanout = 2  # unknown: assume the delta may be read twice (kept in the memo)
         self._count = 0
         self._deltas: list[Do[Delta]] | None = None
         self._fired = False
@@ -75,6 +76,8 @@ class SharedTape(Tape[Data, Delta], Generic[Data, Delta]):
         if self._count < 0 or self._fired:
             raise RuntimeError(f"{type(self).__name__}: released more often than acquired")
         self._fired = True
+        if not self.inputs:  # nothing can cascade from here: no need to defer (a weight's tape)
+            return self._fire()
         return PrivateDefer(self._fire)
 
     def _fire(self) -> Do[None]:
@@ -83,16 +86,11 @@ class SharedTape(Tape[Data, Delta], Generic[Data, Delta]):
             return run_unit(t.release() for t in self.inputs)
         return self._backward(deltas[0] if len(deltas) == 1 else self._sum(deltas))
 
-    def delta_uses(self) -> int:
-        """How many computations will read the delta passed to :meth:`_backward` (an upper bound).
-
-        A consumer whose delta node will be read once only may leave it out of the run's memo."""
-        return 2
-
     def sole_reader(self) -> bool:
         """True if a delta given now by a consumer will be read by one computation only: summed
-        with others (a sum reads each once), or passed on to a backward that reads it once."""
-        return self._count > 1 or bool(self._deltas) or self.delta_uses() <= 1
+        with others (a sum reads each once), or passed on to a backward that reads it once
+        (``fanout``: how many computations read the delta passed to :meth:`_backward`)."""
+        return self._count > 1 or bool(self._deltas) or self.fanout <= 1
 
     def _sum(self, deltas: Sequence[Do[Delta]]) -> Do[Delta]:
         """The sum of several lazy deltas (subclasses know their monoid)."""
