@@ -8,7 +8,8 @@ Design (see DESIGN.md, "Executor"):
   when all have reported (a join). Children go on the *agenda* (a deque of ready fibers).
 * Every node except ``Pure`` is memoised for the run: a node reached twice is evaluated once, and a
   fiber that reaches a node still being evaluated waits for it.
-* Kernels whose ``cost`` reaches ``min_pool_cost`` go to the pool when it has two workers or more;
+* Kernels whose ``cost`` reaches ``min_pool_cost`` go to the workers when there are two or more
+  (``workers.py``: one queue per thread, and a weight's kernels always on the same thread);
   the rest run inline, because a pool hand-off costs more than a small NumPy call. All bookkeeping
   (memo, agenda, joins, reference counts in ``tape``) stays on the interpreter's thread, so it needs
   no locks; pool threads only run kernels and post their results to a queue.
@@ -23,12 +24,12 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from monadl.do.do import BIND, DEFER, DELAY, FLAT, KERNEL, MAP, PRIVATE, PURE, Do
 from monadl.do.memory import tune_allocator
+from monadl.do.workers import Done, WorkerPool, affinity_of
 
 A = TypeVar("A")
 
@@ -71,7 +72,7 @@ class Executor(AbstractContextManager["Executor"]):
         tune_allocator()
         self.workers = workers
         self.min_pool_cost = min_pool_cost
-        self._pool = ThreadPoolExecutor(workers, "monadl") if workers > 1 else None
+        self._pool = WorkerPool(workers) if workers > 1 else None
         self._blas_limit: Any = None
         if self._pool is not None and limit_blas:
             from threadpoolctl import threadpool_limits
@@ -86,7 +87,7 @@ class Executor(AbstractContextManager["Executor"]):
     def close(self) -> None:
         """Shuts the pool down and restores BLAS threading. Idempotent."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown()
             self._pool = None
         if self._blas_limit is not None:
             self._blas_limit.restore_original_limits()
@@ -101,14 +102,14 @@ class _Run:
 
     __slots__ = ("agenda", "done", "inflight", "memo", "min_pool_cost", "pool", "waiters")
 
-    def __init__(self, pool: ThreadPoolExecutor | None, min_pool_cost: float) -> None:
+    def __init__(self, pool: WorkerPool | None, min_pool_cost: float) -> None:
         self.pool = pool
         self.min_pool_cost = min_pool_cost
         self.memo: dict[Do[Any], Any] = {}
         self.waiters: dict[Do[Any], list[Stack]] = {}
         # Ready fibers: (stack, evaluating, node-or-value).
         self.agenda: deque[tuple[Stack, bool, Any]] = deque()
-        self.done: queue.SimpleQueue[tuple[Stack, Future[Any]]] = queue.SimpleQueue()
+        self.done: Done = queue.SimpleQueue()
         self.inflight = 0
 
     def execute(self, do: Do[Any]) -> Any:
@@ -133,9 +134,11 @@ class _Run:
                 stack, evaluating, x = agenda.pop()
                 self._drive(stack, evaluating, x)
             elif self.inflight:
-                stack, fut = self.done.get()
+                stack, result, error = self.done.get()
                 self.inflight -= 1
-                agenda.append((stack, False, fut.result()))  # raises the kernel's exception
+                if error is not None:
+                    raise error  # the kernel's own exception, with its traceback
+                agenda.append((stack, False, result))
             else:
                 return
 
@@ -159,10 +162,8 @@ class _Run:
             cost = cost()
         if cost < self.min_pool_cost:
             return fn(*args)
-        fut = pool.submit(fn, *args)
+        pool.submit(fn, args, affinity_of(fn), self.done, stack)
         self.inflight += 1
-        done = self.done
-        fut.add_done_callback(lambda f: done.put((stack, f)))
         return _SUSPENDED
 
     def _drive(self, stack: Stack, evaluating: bool, x: Any) -> None:

@@ -40,7 +40,7 @@ from monadl.typeclasses.monoid import SUM
 class OpTape(SharedTape[Any, Any]):
     """The tape of one application of a primitive."""
 
-    __slots__ = ("args", "cost", "params", "prim", "xp")
+    __slots__ = ("args", "cost", "params", "prim", "saved", "xp")
 
     def __init__(
         self, prim: Primitive, params: dict[str, Any], inputs: tuple[Tape[Any, Any], ...], fanout: int
@@ -56,7 +56,18 @@ class OpTape(SharedTape[Any, Any]):
         self.params = params
         self.xp: Any = None
         self.args: tuple[Any, ...] = ()  # the inputs' data, once computed
+        self.saved: Any = None  # what a primitive that saves keeps for its vjps
         self.cost = -1.0
+
+    @property
+    def affinity(self) -> object:
+        """The worker this op's kernels prefer (``monadl.do.workers``): its first weight's, so a
+        weight's forward and backward kernels run on one core, where its data is in cache."""
+        for t in self.inputs:
+            weight = getattr(t, "weight", None)
+            if weight is not None:
+                return id(weight)
+        return None
 
     def estimate_cost(self) -> float:
         """The op's cost (asked for only by an executor with a pool), computed once."""
@@ -80,6 +91,8 @@ class OpTape(SharedTape[Any, Any]):
         except ValueError as e:
             shapes = " and ".join(str(shape_of(d)) for d in datas)
             raise ShapeError(f"{prim.name}: operands of shapes {shapes} do not fit: {e}") from e
+        if prim.saves:
+            out, self.saved = out
         # NumPy turns 0-d results into scalars (np.float64): keep array data an array.
         self.data = np.asarray(out) if isinstance(out, np.generic) else out
         return self
@@ -88,7 +101,7 @@ class OpTape(SharedTape[Any, Any]):
         """The delta of input ``i``, given this tape's delta (a kernel)."""
         prim = self.prim
         datas = self.args
-        g = prim.vjps[i](self.xp, delta, self.data, *datas, **self.params)
+        g = prim.vjps[i](self.xp, delta, self.saved if prim.saves else self.data, *datas, **self.params)
         if prim.broadcasts:
             g = unbroadcast(self.xp, g, datas[i])
         return np.asarray(g) if isinstance(g, np.generic) else g

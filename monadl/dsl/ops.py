@@ -6,6 +6,7 @@ Each accepts any mix of literal, weight and layer. Elementwise functions keep th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import overload
 
@@ -216,4 +217,8 @@ def cross_entropy(logits: AnyArray, targets: AnyNDArray) -> FloatLayer:
     """
     if not is_array(targets):
         raise TypeError(f"cross_entropy: expected an array of targets, got {type(targets).__name__}")
-    return apply_float(P.cross_entropy, logits, targets=targets)
+    xp = namespace(targets)
+    labels = None
+    if xp.isdtype(targets.dtype, "integral"):  # checked once here, not at every run
+        labels = (int(xp.min(targets)), int(xp.max(targets))) if math.prod(targets.shape) else (0, 0)
+    return apply_float(P.cross_entropy, logits, targets=targets, labels=labels)

@@ -37,12 +37,17 @@ def elementwise_cost(*inputs: Any, **_: Any) -> float:
 
 @dataclass(frozen=True, eq=False)
 class Primitive:
-    """One differentiable primitive: ``forward(xp, *inputs, **params)`` and its ``vjps``."""
+    """One differentiable primitive: ``forward(xp, *inputs, **params)`` and its ``vjps``.
+
+    ``batching`` is reserved for dynamic batching."""
 
     name: str
     forward: Rule
     vjps: tuple[Rule, ...]
     broadcasts: bool = False
+    saves: bool = False
+    """If True, ``forward`` returns ``(output, saved)`` and the vjps get ``saved`` in place of
+    the output: work shared by forward and backward is done once (a softmax, say)."""
     cost: Callable[..., float] = elementwise_cost
     check: Callable[..., None] | None = None
     batching: dict[str, Any] = field(default_factory=dict)  # reserved for dynamic batching
@@ -366,47 +371,47 @@ log_softmax = Primitive(
 )
 
 
-def _targets(xp: Any, logits: Any, targets: Any) -> Any:
+def _targets(xp: Any, logits: Any, targets: Any, labels: tuple[int, int] | None) -> Any:
     """One-hot (or soft) targets of ``logits``' shape, from probabilities or integer labels."""
-    if xp.isdtype(targets.dtype, "integral"):
+    if labels is not None:
         classes = xp.arange(logits.shape[-1])
         return xp.astype(xp.expand_dims(targets, axis=-1) == classes, logits.dtype)
     return targets
 
 
-def _check_cross_entropy(logits: Any, targets: Any) -> None:
+def _check_cross_entropy(logits: Any, targets: Any, labels: tuple[int, int] | None) -> None:
     if type(logits) is float or logits.ndim == 0:
         raise ShapeError(f"cross_entropy: logits must have a class axis, got shape {shape_of(logits)}")
-    xp = targets.__array_namespace__()
-    wanted = tuple(logits.shape[:-1]) if xp.isdtype(targets.dtype, "integral") else tuple(logits.shape)
+    wanted = tuple(logits.shape[:-1]) if labels is not None else tuple(logits.shape)
     if tuple(targets.shape) != wanted:
         raise ShapeError(
             f"cross_entropy: targets of shape {tuple(targets.shape)} do not fit logits of shape "
             f"{tuple(logits.shape)} (expected {wanted}: probabilities, or integer labels "
             f"of shape {tuple(logits.shape[:-1])})"
         )
-    if xp.isdtype(targets.dtype, "integral") and math.prod(targets.shape):
+    if labels is not None:
         classes = logits.shape[-1]
-        lo, hi = int(xp.min(targets)), int(xp.max(targets))
+        lo, hi = labels
         if lo < 0 or hi >= classes:
             raise ValueError(
                 f"cross_entropy: label {lo if lo < 0 else hi} is out of range for {classes} classes"
             )
 
 
-def _batch(logits: Any) -> int:
-    return int(math.prod(logits.shape[:-1]))
+def _cross_entropy(xp: Any, logits: Any, targets: Any, labels: tuple[int, int] | None) -> tuple[float, Any]:
+    """The loss, and (saved for the vjp) its gradient ``(softmax(logits) - targets) / batch``."""
+    log_p = _log_softmax(xp, logits, -1)
+    onehot = _targets(xp, logits, targets, labels)
+    batch = int(math.prod(logits.shape[:-1]))
+    return -float(xp.sum(onehot * log_p)) / batch, (xp.exp(log_p) - onehot) / batch
 
 
+# ``labels`` is (min, max) of integer labels, computed once when the op is made, or None for
+# probabilities. The forward saves the gradient, so the backward is one multiplication.
 cross_entropy = Primitive(
     "cross_entropy",
-    lambda xp, logits, targets: (
-        -float(xp.sum(_targets(xp, logits, targets) * _log_softmax(xp, logits, -1))) / _batch(logits)
-    ),
-    (
-        lambda xp, d, o, logits, targets: (
-            (xp.exp(_log_softmax(xp, logits, -1)) - _targets(xp, logits, targets)) * (d / _batch(logits))
-        ),
-    ),
+    _cross_entropy,
+    (lambda xp, d, saved, logits, targets, labels: saved * d,),
     check=_check_cross_entropy,
+    saves=True,
 )
