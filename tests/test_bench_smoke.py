@@ -19,7 +19,15 @@ from monadl import Executor
 from monadl.bench import overhead
 from monadl.bench.__main__ import main
 
-CASES = ["elementwise-1x1", "elementwise-16x64", "matmul-16x64", "float"]
+CASES = [
+    "elementwise-1x1",
+    "elementwise-16x64",
+    "matmul-16x64",
+    "float",
+    "const-1x1",
+    "const-16x64",
+    "const-matmul-16x64",
+]
 TITLES = ["elementwise 1x1", "elementwise 16x64", "matmul 16x64 @ 64x64", "float (Python floats)"]
 MODES = ["build", "forward", "fwd+bwd", "train"]
 HAS_TORCH = importlib.util.find_spec("torch") is not None

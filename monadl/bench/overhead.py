@@ -7,6 +7,9 @@ Cases, each a chain of --chain ops (default 200), all float64:
   matmul-16x64        x = x @ W_i, x of 16x64, W_i orthogonal 64x64 weights (the values stay finite)
   float               the elementwise chain on Python floats (FloatLayer, FloatWeight); its
                       baseline is plain Python float arithmetic
+  const-1x1, const-16x64, const-matmul-16x64
+                      the same chains with constants in every op: only the chain's input is a
+                      weight (every op computes one delta, for its input; no op has a weight)
 
 Modes, in microseconds per op (a call's time / the chain's length), median and min over --repeats:
 
@@ -147,6 +150,41 @@ class _Matmul:
         self.params = [p - LEARNING_RATE * g for p, g in zip(self.params, grads, strict=True)]
 
 
+class _ConstantChain:
+    """A chain whose ops take constants; only its input ``x0`` is trained (one leaf, as in a
+    deep network's activations: every op's delta is computed, no op has a weight of its own)."""
+
+    def __init__(self, x0: Any, params: Sequence[Any], matmul: bool) -> None:
+        self.x0 = x0
+        self.params = list(params)
+        self.matmul = matmul
+        self.muls = [i % 2 == 0 for i in range(len(self.params))]
+
+    def forward(self) -> Any:
+        x = self.x0
+        if self.matmul:
+            for p in self.params:
+                x = x @ p
+        else:
+            for mul, p in zip(self.muls, self.params, strict=True):
+                x = x * p if mul else x + p
+        return x
+
+    def gradients(self) -> tuple[Any, list[Any]]:
+        x = self.forward()
+        d: Any = 1.0 if type(x) is float else np.ones_like(x)
+        for i in range(len(self.params) - 1, -1, -1):
+            if self.matmul:
+                d = d @ self.params[i].T
+            elif self.muls[i]:
+                d = d * self.params[i]
+        return x, [d]
+
+    def train(self) -> None:
+        _, (grad,) = self.gradients()
+        self.x0 = self.x0 - LEARNING_RATE * grad
+
+
 @dataclass(frozen=True)
 class TorchImpl:
     """A case in PyTorch eager: its three timed calls, and the gradients of the last backward."""
@@ -157,9 +195,12 @@ class TorchImpl:
     grads: Callable[[], list[Any]]
 
 
-def _torch_impl(torch: Any, x0: Any, params: Sequence[Any], matmul: bool) -> TorchImpl:
-    tx0 = torch.tensor(x0, dtype=torch.float64)
-    weights = [torch.tensor(p, dtype=torch.float64, requires_grad=True) for p in params]
+def _torch_impl(
+    torch: Any, x0: Any, params: Sequence[Any], matmul: bool, constants: bool = False
+) -> TorchImpl:
+    tx0 = torch.tensor(x0, dtype=torch.float64, requires_grad=constants)
+    weights = [torch.tensor(p, dtype=torch.float64, requires_grad=not constants) for p in params]
+    leaves = [tx0] if constants else weights
     muls = [i % 2 == 0 for i in range(len(weights))]
 
     def chain() -> Any:
@@ -177,13 +218,13 @@ def _torch_impl(torch: Any, x0: Any, params: Sequence[Any], matmul: bool) -> Tor
             return chain()
 
     def gradients() -> Any:
-        for w in weights:
+        for w in leaves:
             w.grad = None
         y = chain()
         y.backward(torch.ones_like(y))
         return y
 
-    optimizer = torch.optim.SGD(weights, lr=LEARNING_RATE)
+    optimizer = torch.optim.SGD(leaves, lr=LEARNING_RATE)
 
     def train() -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -191,7 +232,7 @@ def _torch_impl(torch: Any, x0: Any, params: Sequence[Any], matmul: bool) -> Tor
         y.backward(torch.ones_like(y))
         optimizer.step()
 
-    return TorchImpl(forward, gradients, train, lambda: [w.grad for w in weights])
+    return TorchImpl(forward, gradients, train, lambda: [w.grad for w in leaves])
 
 
 # ----------------------------------------------------------------------------------------- cases
@@ -311,6 +352,46 @@ def _matmul_case(chain: int, rng: np.random.Generator, torch: Any) -> Case:
     )
 
 
+def _constant_case(
+    key: str,
+    title: str,
+    shape: tuple[int, ...],
+    matmul: bool,
+    chain: int,
+    rng: np.random.Generator,
+    torch: Any,
+) -> Case:
+    x0 = rng.standard_normal(shape)
+    if matmul:
+        params = [np.linalg.qr(rng.standard_normal((64, 64)))[0] for _ in range(chain)]
+    else:
+        params = _elementwise_params(rng, chain, shape)
+    weight = ArrayWeight(x0)
+    baseline = _ConstantChain(x0.copy(), params, matmul)
+
+    def build() -> ArrayLayer:
+        x: ArrayLayer = lift_array(weight)  # a layer, without an op
+        if matmul:
+            for p in params:
+                x = x @ p
+        else:
+            for i, p in enumerate(params):
+                x = x * p if i % 2 == 0 else x + p
+        return x
+
+    return Case(
+        key,
+        title,
+        chain,
+        build,
+        [weight],
+        baseline.forward,
+        baseline.gradients,
+        baseline.train,
+        None if torch is None else _torch_impl(torch, x0, params, matmul=matmul, constants=True),
+    )
+
+
 CASES: dict[str, Callable[[int, np.random.Generator, Any], Case]] = {
     "elementwise-1x1": lambda n, rng, torch: _elementwise_case(
         "elementwise-1x1", "elementwise 1x1", (1, 1), n, rng, torch
@@ -320,6 +401,15 @@ CASES: dict[str, Callable[[int, np.random.Generator, Any], Case]] = {
     ),
     "matmul-16x64": _matmul_case,
     "float": _float_case,
+    "const-1x1": lambda n, rng, torch: _constant_case(
+        "const-1x1", "constants 1x1", (1, 1), False, n, rng, torch
+    ),
+    "const-16x64": lambda n, rng, torch: _constant_case(
+        "const-16x64", "constants 16x64", (16, 64), False, n, rng, torch
+    ),
+    "const-matmul-16x64": lambda n, rng, torch: _constant_case(
+        "const-matmul-16x64", "constants matmul 16x64", (16, 64), True, n, rng, torch
+    ),
 }
 """The cases by key: each makes its ``Case`` from the chain's length, a generator and torch (or None)."""
 

@@ -292,11 +292,15 @@ def _as_matrices(xp: Any, d: Any, a: Any, b: Any) -> tuple[Any, Any, Any]:
 
 
 def _matmul_vjp_a(xp: Any, d: Any, o: Any, a: Any, b: Any) -> Any:
+    if a.ndim == 2 and b.ndim == 2:  # the common case, without the promotions below
+        return xp.matmul(d, b.mT)
     d2, a2, b2 = _as_matrices(xp, d, a, b)
     return xp.reshape(unbroadcast(xp, xp.matmul(d2, xp.matrix_transpose(b2)), a2), a.shape)
 
 
 def _matmul_vjp_b(xp: Any, d: Any, o: Any, a: Any, b: Any) -> Any:
+    if a.ndim == 2 and b.ndim == 2:
+        return xp.matmul(a.mT, d)
     d2, a2, b2 = _as_matrices(xp, d, a, b)
     return xp.reshape(unbroadcast(xp, xp.matmul(xp.matrix_transpose(a2), d2), b2), b.shape)
 
@@ -336,8 +340,8 @@ linear = Primitive(
     "linear",
     lambda xp, x, w, b: xp.matmul(x, w) + b,
     (
-        lambda xp, d, o, x, w, b: xp.matmul(d, xp.matrix_transpose(w)),
-        lambda xp, d, o, x, w, b: xp.matmul(xp.matrix_transpose(_rows(xp, x)), _rows(xp, d)),
+        lambda xp, d, o, x, w, b: xp.matmul(d, w.mT),
+        lambda xp, d, o, x, w, b: xp.matmul(_rows(xp, x).mT, _rows(xp, d)),
         lambda xp, d, o, x, w, b: unbroadcast(xp, d, b),
     ),
     cost=lambda x, w, b: float(math.prod(x.shape) * w.shape[1]),
