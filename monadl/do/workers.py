@@ -8,7 +8,8 @@ weight's matmuls always ran on the same thread: the weight stays in that core's 
 
 So a kernel may name an *affinity* (any hashable; ops use their weight's identity): kernels of the
 same affinity always run on the same worker, the forward matmul and its vjps alike: each new
-affinity is given the next worker, round-robin. Kernels without one go round-robin too. A worker posts ``(token, result, error)`` to the caller's queue.
+affinity is given the next worker, round-robin. Kernels without one go round-robin too. A worker
+posts ``(token, result, error)`` to the caller's queue.
 """
 
 from __future__ import annotations
