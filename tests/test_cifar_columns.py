@@ -109,3 +109,15 @@ def test_the_benchmark_runs_in_a_smoke_form(tmp_path: Path, capsys: pytest.Captu
 def test_the_benchmark_loads_the_example_it_measures() -> None:
     module = bench.load_example()
     assert module.ColumnNetwork.__name__ == "ColumnNetwork"
+
+
+def test_stacked_and_one_by_one_noskip_agree() -> None:
+    """noskip runs the 20 classifiers as one stack of batched matmuls; one by one is the same math."""
+    params = init_params(1, hidden=8, seed=4, dtype=np.float64)
+    x, coarse, fine_local = random_batch(4, seed=6, dtype=np.float64)
+    stacked_loss, stacked = ColumnNetwork(params, "noskip").gradients(x, coarse, fine_local)
+    loop_loss, loop = ColumnNetwork(params, "noskip", stacked=False).gradients(x, coarse, fine_local)
+    assert stacked_loss == pytest.approx(loop_loss, rel=1e-14)
+    assert set(stacked) == set(loop)
+    for name, g in loop.items():
+        np.testing.assert_allclose(stacked[name], g, rtol=1e-12, atol=1e-15, err_msg=name)
