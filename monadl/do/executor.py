@@ -322,11 +322,15 @@ _default_lock = threading.Lock()
 
 
 def default_executor() -> Executor:
-    """The process-wide executor: ``MONADL_WORKERS`` workers (default: the number of CPUs, at most 4)."""
+    """The process-wide executor: ``MONADL_WORKERS`` workers (default 1: sequential).
+
+    Sequential by default because that measured fastest on this project's 2-core machines: handing
+    a ~100 us matmul to another thread costs about what it saves there (the CIFAR column benchmark
+    ran ~30% slower on 2 workers). Measure your own machine with ``python -m monadl.bench columns``."""
     global _default
     with _default_lock:
         if _default is None:
-            workers = int(os.environ.get("MONADL_WORKERS", min(os.cpu_count() or 1, 4)))
+            workers = int(os.environ.get("MONADL_WORKERS", "1"))
             _default = Executor(workers)
         return _default
 
