@@ -152,7 +152,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
     results: list[Measurement] = []
     with threadpool_limits(limits=1):
         if have_torch:
-            import torch
+            import torch  # type: ignore[import-not-found, unused-ignore]
 
             torch.set_num_threads(1)
         for impl, columns, pool, variant in _progress(jobs, args.progress):
@@ -181,7 +181,7 @@ def _cpus() -> int:
 
 
 def _torch_version() -> str:
-    import torch
+    import torch  # type: ignore[import-not-found, unused-ignore]
 
     return str(torch.__version__)
 
