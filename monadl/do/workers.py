@@ -9,13 +9,15 @@ weight's matmuls always ran on the same thread: the weight stays in that core's 
 So a kernel may name an *affinity* (any hashable; ops use their weight's identity): kernels of the
 same affinity always run on the same worker, the forward matmul and its vjps alike: each new
 affinity is given the next worker, round-robin. Kernels without one go round-robin too. A worker
-posts ``(token, result, error)`` to the caller's queue.
+whose own queue is empty takes the kernels queued for a busy worker (work stealing): locality is
+kept when it costs no waiting. A worker posts ``(token, result, error)`` to the caller's queue.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -23,17 +25,22 @@ Done = queue.SimpleQueue[tuple[Any, Any, BaseException | None]]
 
 
 class WorkerPool:
-    """``size`` daemon threads, each with its own queue of kernels."""
+    """``size`` daemon threads, each with its own queue of kernels; an idle worker steals from the
+    queue of a busy one, so affinity is a preference, never a wait (a kernel that blocks, or a long
+    one, cannot hold up the kernels queued behind it while another worker is idle)."""
 
     def __init__(self, size: int, name: str = "monadl") -> None:
         self.size = size
-        self._queues: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(size)]
+        self._lock = threading.Condition()
+        self._queues: list[deque[Any]] = [deque() for _ in range(size)]
+        self._busy = [False] * size
+        self._closed = False
         self._next = 0
         self._next_home = 0
         self._homes: dict[object, int] = {}  # affinity -> its worker
         self._threads = [
-            threading.Thread(target=_work, args=(q,), name=f"{name}-{i}", daemon=True)
-            for i, q in enumerate(self._queues)
+            threading.Thread(target=self._work, args=(i,), name=f"{name}-{i}", daemon=True)
+            for i in range(size)
         ]
         for t in self._threads:
             t.start()
@@ -41,41 +48,62 @@ class WorkerPool:
     def submit(
         self, fn: Callable[..., Any], args: tuple[Any, ...], affinity: object, done: Done, token: Any
     ) -> None:
-        """Runs ``fn(*args)`` on the worker of ``affinity`` (round-robin if None); then puts
-        ``(token, result, None)`` or ``(token, None, error)`` on ``done``."""
-        if affinity is None:
-            index = self._next
-            self._next = (index + 1) % self.size
-        else:
-            # A new affinity gets the next worker as its home, round-robin: balanced by construction
-            # (hashing would not be: ops use id()s, which are aligned addresses, all even).
-            index = self._homes.get(affinity, -1)
-            if index < 0:
-                index = self._homes[affinity] = self._next_home
-                self._next_home = (index + 1) % self.size
-        self._queues[index].put((fn, args, done, token))
+        """Runs ``fn(*args)`` on the worker of ``affinity`` (round-robin if None) or on an idle one;
+        then puts ``(token, result, None)`` or ``(token, None, error)`` on ``done``."""
+        with self._lock:
+            if affinity is None:
+                index = self._next
+                self._next = (index + 1) % self.size
+            else:
+                # A new affinity gets the next worker as its home, round-robin: balanced by
+                # construction (hashing would not be: ops use id()s, aligned addresses, all even).
+                index = self._homes.get(affinity, -1)
+                if index < 0:
+                    index = self._homes[affinity] = self._next_home
+                    self._next_home = (index + 1) % self.size
+            self._queues[index].append((fn, args, done, token))
+            self._lock.notify_all()
+
+    def _take(self, me: int) -> Any:
+        """The next job for worker ``me``: its own, else one queued for a busy worker; None when
+        the pool is closed and nothing is left. Called with the lock held."""
+        while True:
+            if self._queues[me]:
+                return self._queues[me].popleft()
+            for other, jobs in enumerate(self._queues):
+                if jobs and self._busy[other]:  # its owner is busy: take it rather than wait
+                    return jobs.popleft()
+            if self._closed and not any(self._queues):
+                return None
+            self._lock.wait()
+
+    def _work(self, me: int) -> None:
+        while True:
+            with self._lock:
+                job = self._take(me)
+                if job is None:
+                    return
+                self._busy[me] = True
+            fn, args, done, token = job
+            try:
+                result = fn(*args)
+            except BaseException as error:  # noqa: BLE001 - every failure goes back to the run
+                done.put((token, None, error))
+            else:
+                done.put((token, result, None))
+            del job, fn, args, done, token  # hold nothing between jobs
+            with self._lock:
+                self._busy[me] = False
+                if any(self._queues):  # others may be waiting for this worker's queue
+                    self._lock.notify_all()
 
     def shutdown(self) -> None:
         """Lets the queued kernels finish, then stops the threads."""
-        for q in self._queues:
-            q.put(None)
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
         for t in self._threads:
             t.join()
-
-
-def _work(jobs: queue.SimpleQueue[Any]) -> None:
-    while True:
-        job = jobs.get()
-        if job is None:
-            return
-        fn, args, done, token = job
-        try:
-            result = fn(*args)
-        except BaseException as error:  # noqa: BLE001 - every failure goes back to the run
-            done.put((token, None, error))
-        else:
-            done.put((token, result, None))
-        del job, fn, args, done, token  # hold nothing between jobs
 
 
 def affinity_of(fn: Callable[..., Any]) -> object:

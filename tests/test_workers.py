@@ -1,0 +1,87 @@
+"""The executor's worker threads: affinity, work stealing, failures, shutdown."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+import pytest
+
+from monadl.do.workers import Done, WorkerPool, affinity_of
+
+
+def _collect(done: Done, n: int) -> dict[Any, Any]:
+    results = {}
+    for _ in range(n):
+        token, result, error = done.get(timeout=5)
+        results[token] = error if error is not None else result
+    return results
+
+
+def test_a_kernel_queued_behind_a_blocked_one_is_stolen_by_an_idle_worker() -> None:
+    """Both kernels share an affinity, so both are queued on one worker; the first waits for the
+    second. Only an idle worker taking the second (work stealing) lets the first finish."""
+    pool = WorkerPool(2)
+    released = threading.Event()
+    done: Done = queue.SimpleQueue()
+    pool.submit(lambda: released.wait(timeout=5), (), "same", done, "blocked")
+    pool.submit(released.set, (), "same", done, "releaser")
+    try:
+        assert _collect(done, 2) == {"blocked": True, "releaser": None}
+    finally:
+        pool.shutdown()
+
+
+def test_kernels_of_one_affinity_run_on_one_worker_when_nobody_waits() -> None:
+    pool = WorkerPool(2)
+    done: Done = queue.SimpleQueue()
+    try:
+        for i in range(20):
+            pool.submit(lambda: threading.current_thread().name, (), "weight", done, i)
+            _collect(done, 1)  # one at a time: the home worker is never busy, so never robbed
+        names = set()
+        for i in range(20):
+            pool.submit(lambda: threading.current_thread().name, (), "weight", done, i)
+            names.add(_collect(done, 1)[i])
+        assert len(names) == 1
+    finally:
+        pool.shutdown()
+
+
+def test_a_failing_kernel_reports_its_exception_and_the_pool_goes_on() -> None:
+    pool = WorkerPool(2)
+    done: Done = queue.SimpleQueue()
+    try:
+        pool.submit(lambda: 1 / 0, (), None, done, "bad")
+        assert isinstance(_collect(done, 1)["bad"], ZeroDivisionError)
+        pool.submit(lambda x: x + 1, (41,), None, done, "good")
+        assert _collect(done, 1) == {"good": 42}
+    finally:
+        pool.shutdown()
+
+
+def test_shutdown_finishes_queued_kernels_and_stops_the_threads() -> None:
+    pool = WorkerPool(2)
+    done: Done = queue.SimpleQueue()
+    for i in range(10):
+        pool.submit(lambda i=i: i * i, (), None, done, i)
+    pool.shutdown()
+    assert _collect(done, 10) == {i: i * i for i in range(10)}
+    assert not any(t.is_alive() for t in pool._threads)
+
+
+class _Owner:
+    affinity = "mine"
+
+    def method(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("fn", "expected"),
+    [(_Owner().method, "mine"), (print, None)],
+    ids=["bound method", "builtin"],
+)
+def test_affinity_of(fn: Any, expected: object) -> None:
+    assert affinity_of(fn) == expected
