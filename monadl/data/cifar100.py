@@ -17,7 +17,6 @@ synthetic data set. Every data set says which data it is with ``describe()`` (al
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -32,6 +31,8 @@ from typing import Any, Final, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
+
+from monadl.data.files import atomic_file, atomic_write_bytes
 
 __all__ = [
     "COARSE_TO_FINE",
@@ -449,7 +450,7 @@ def write_synthetic_cifar100(
     (out / _SIDECAR).unlink(missing_ok=True)  # the old files no longer match it
     for (split, per), rng in zip(sizes.items(), split_rngs, strict=False):
         _write_split(out / f"{split}.bin", fine_means, per, noise, rng)
-    _atomic_write_bytes(out / _SIDECAR, (json.dumps(meta, indent=2) + "\n").encode())
+    atomic_write_bytes(out / _SIDECAR, (json.dumps(meta, indent=2) + "\n").encode())
     return out
 
 
@@ -475,7 +476,7 @@ def _write_split(
 ) -> None:
     labels = rng.permutation(np.repeat(np.arange(N_FINE, dtype=np.int64), per))
     chunk = 1024
-    with _atomic_file(path) as f:
+    with atomic_file(path) as f:
         for start in range(0, len(labels), chunk):
             lab = labels[start : start + chunk]
             rec = np.empty((len(lab), RECORD_BYTES), dtype=np.uint8)
@@ -486,27 +487,6 @@ def _write_split(
             pix += fine_means[lab]
             rec[:, 2:] = np.clip(np.rint(pix), 0, 255)
             f.write(rec.tobytes())
-
-
-@contextlib.contextmanager
-def _atomic_file(path: Path) -> Iterator[Any]:
-    """A binary file written to a temporary name in ``path``'s directory, renamed to ``path`` on success."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    with _atomic_file(path) as f:
-        f.write(data)
 
 
 def _read_sidecar(path: Path) -> _SyntheticInfo | None:

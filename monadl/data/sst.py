@@ -16,11 +16,9 @@ absent. Entry point: ``open_dataset(path)``, with ``path=None`` for the syntheti
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -31,6 +29,7 @@ from typing import Any, ClassVar, Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from monadl.data.files import atomic_write_bytes
 from monadl.data.trees import Tree
 
 __all__ = [
@@ -283,18 +282,7 @@ def read_trees(path: StrPath) -> list[Tree]:
 def write_trees(trees: Iterable[Tree], path: StrPath) -> Path:
     """Write ``trees`` one per line (``format_tree``), to a temporary file renamed into place."""
     p = Path(path)
-    text = "".join(format_tree(t) + "\n" for t in trees)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    atomic_write_bytes(p, "".join(format_tree(t) + "\n" for t in trees).encode("utf-8"))
     return p
 
 
