@@ -37,6 +37,7 @@ A = TypeVar("A")
 _K_MEMO = 0  # store the value as node a's result, wake its waiters
 _K_APPLY = 1  # the value is the only source of Bind a: apply a.f per a.mode
 _K_SLOT = 2  # the value is source b of join a
+_K_FILL = 3  # the value is the one missing source of Bind a: b = (its other values, the index)
 
 _MISSING = object()
 _PENDING = object()  # memo marker: being evaluated by some fiber
@@ -203,6 +204,11 @@ class _Run:
                         node = sources[0]
                         continue
                     values, missing = self._known(sources)
+                    if len(missing) == 1:  # one source to wait for (a chain): no join needed
+                        i = missing[0]
+                        stack.append((_K_FILL, node, (values, i)))
+                        node = sources[i]
+                        continue
                     if missing:
                         # The first missing source goes on in this fiber, on this stack (the join
                         # resumes this same stack, whichever source reports last); the others are
@@ -262,6 +268,24 @@ class _Run:
                         value = a.f(value)
                     else:
                         value = a.f(value) if pool is None else self._dispatch(stack, a.f, (value,), a.cost)
+                        if value is _SUSPENDED:
+                            return
+                    continue
+                if kind == _K_FILL:  # the one missing source of Bind a has come: apply a
+                    values, i = b
+                    values[i] = value
+                    mode = a.mode
+                    if mode == FLAT:
+                        node = a.f(*values)
+                        evaluating = True
+                    elif mode == MAP:
+                        value = a.f(*values)
+                    else:
+                        value = (
+                            a.f(*values)
+                            if pool is None
+                            else self._dispatch(stack, a.f, tuple(values), a.cost)
+                        )
                         if value is _SUSPENDED:
                             return
                     continue
