@@ -85,3 +85,20 @@ class _Owner:
 )
 def test_affinity_of(fn: Any, expected: object) -> None:
     assert affinity_of(fn) == expected
+
+
+def test_stealing_does_not_depend_on_when_the_owner_wakes() -> None:
+    """Both kernels are queued before the owner has started either (the race of the test above,
+    forced): the owner takes the first and blocks; an idle worker must still take the second."""
+    for _ in range(50):
+        pool = WorkerPool(2)
+        released = threading.Event()
+        done: Done = queue.SimpleQueue()
+        with pool._lock:  # the workers cannot take anything until both are queued
+            pool._queues[0].append((released.wait, (5,), done, "blocked"))
+            pool._queues[0].append((released.set, (), done, "releaser"))
+            pool._lock.notify_all()
+        try:
+            assert _collect(done, 2) == {"blocked": True, "releaser": None}
+        finally:
+            pool.shutdown()

@@ -84,6 +84,8 @@ class WorkerPool:
                 if job is None:
                     return
                 self._busy[me] = True
+                if self._queues[me]:  # what is left behind may now be taken by an idle worker
+                    self._lock.notify_all()
             fn, args, done, token = job
             try:
                 result = fn(*args)
