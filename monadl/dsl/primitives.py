@@ -341,7 +341,12 @@ linear = Primitive(
     lambda xp, x, w, b: xp.matmul(x, w) + b,
     (
         lambda xp, d, o, x, w, b: xp.matmul(d, w.mT),
-        lambda xp, d, o, x, w, b: xp.matmul(_rows(xp, x).mT, _rows(xp, d)),
+        lambda xp, d, o, x, w, b: (
+            # one row: an outer product, which a broadcast multiplication does faster than matmul
+            xp.reshape(x, (-1, 1)) * xp.reshape(d, (1, -1))
+            if x.ndim == 1
+            else xp.matmul(_rows(xp, x).mT, _rows(xp, d))
+        ),
         lambda xp, d, o, x, w, b: unbroadcast(xp, d, b),
     ),
     cost=lambda x, w, b: float(math.prod(x.shape) * w.shape[1]),
