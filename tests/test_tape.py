@@ -154,3 +154,25 @@ def test_a_literal_tape_needs_no_delta() -> None:
     tape: Tape[float, float] = Tape(1.0)
     assert not tape.requires_delta
     assert tape.backward(ml.pure(5.0)) is ml.do.UNIT
+
+
+def test_a_weight_used_many_times_does_not_hold_all_its_deltas_at_once() -> None:
+    """The deltas of a shared tape are summed as they are computed (a left fold), so memory stays
+    near one delta's size however many times the weight is used (it was uses x size)."""
+    import tracemalloc
+
+    uses, n = 40, 500
+    w = ml.ArrayWeight(np.zeros((n, n)))
+    x = np.ones(n)
+    loss = ml.sum(ml.matmul(x, w))
+    for _ in range(uses - 1):
+        loss = loss + ml.sum(ml.matmul(x, w))
+    delta_bytes = n * n * 8
+    tracemalloc.start()
+    try:
+        _, gradients = ml.compute_gradients(loss)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(gradients[w], np.full((n, n), float(uses)))
+    assert peak < 6 * delta_bytes, f"peak {peak / delta_bytes:.1f} deltas for {uses} uses"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from monadl.do.do import KERNEL_MAP, Bind, Do
+from monadl.do.do import KERNEL_MAP, Bind, Do, PrivateBind
 
 Delta = TypeVar("Delta")
 
@@ -28,12 +28,29 @@ class SumMonoid:
         return total
 
     def sum_lazy(self, deltas: Sequence[Do[Any]], cost: float | Callable[[], float] = 0.0) -> Do[Any]:
-        """The sum of lazy deltas, as one kernel over their values (memoised: the summed delta
-        may feed several vjps)."""
-        return Bind(tuple(deltas), self._sum_values, KERNEL_MAP, cost)
+        """The sum of lazy deltas, folded left one delta at a time: each delta is computed just
+        before it is added, so at most the running sum and one delta are alive (a weight used k
+        times no longer needs k deltas in memory at once). The last step is memoised: the summed
+        delta may feed several vjps."""
+        first, second, *rest = deltas
+        total: Do[Any] = (
+            Bind((first, second), _add, KERNEL_MAP, cost)
+            if not rest
+            else PrivateBind((first, second), _add, KERNEL_MAP, cost)
+        )
+        for i, d in enumerate(rest):
+            kind = Bind if i == len(rest) - 1 else PrivateBind
+            total = kind((total, d), _add_into, KERNEL_MAP, cost)
+        return total
 
-    def _sum_values(self, *values: Any) -> Any:
-        return self.combine_all(values)
+
+def _add(a: Any, b: Any) -> Any:
+    return a + b  # a fresh value: the deltas may be shared with other tapes
+
+
+def _add_into(total: Any, d: Any) -> Any:
+    total += d  # in place for arrays: ``total`` is the fold's own, made by _add
+    return total
 
 
 SUM = SumMonoid()
