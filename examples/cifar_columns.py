@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--learning-rate", type=float, default=1e-4)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=1, help="executor workers (1: sequential)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 

@@ -121,3 +121,11 @@ def test_stacked_and_one_by_one_noskip_agree() -> None:
     assert set(stacked) == set(loop)
     for name, g in loop.items():
         np.testing.assert_allclose(stacked[name], g, rtol=1e-12, atol=1e-15, err_msg=name)
+
+
+def test_the_example_runs_as_a_script(capsys: pytest.CaptureFixture[str]) -> None:
+    from examples.cifar_columns import main
+
+    losses = main(["--steps", "5", "--columns", "1", "--learning-rate", "0.01"])
+    assert len(losses) == 5 and all(math.isfinite(v) for v in losses)
+    assert "data: synthetic CIFAR-100" in capsys.readouterr().out
