@@ -271,42 +271,30 @@ class _Run:
                         if value is _SUSPENDED:
                             return
                     continue
-                if kind == _K_FILL:  # the one missing source of Bind a has come: apply a
+                if kind == _K_FILL:  # the one missing source of Bind a has come
+                    bind = a
                     values, i = b
                     values[i] = value
-                    mode = a.mode
-                    if mode == FLAT:
-                        node = a.f(*values)
-                        evaluating = True
-                    elif mode == MAP:
-                        value = a.f(*values)
-                    else:
-                        value = (
-                            a.f(*values)
-                            if pool is None
-                            else self._dispatch(stack, a.f, tuple(values), a.cost)
-                        )
-                        if value is _SUSPENDED:
-                            return
-                    continue
-                # _K_SLOT
-                if type(a) is list:  # the root's result cell
-                    a.append(value)
-                    return
-                a.values[b] = value
-                a.pending -= 1
-                if a.pending:
-                    return
-                stack = a.stack
-                bind = a.node
+                else:  # _K_SLOT: source b of join a has come
+                    if type(a) is list:  # the root's result cell
+                        a.append(value)
+                        return
+                    a.values[b] = value
+                    a.pending -= 1
+                    if a.pending:
+                        return
+                    stack = a.stack
+                    bind = a.node
+                    values = a.values
+                # All sources known: apply the Bind. (Written out here and above rather than called:
+                # this loop runs a few times per op, and a call costs more than the op's bookkeeping.)
                 mode = bind.mode
                 if mode == FLAT:
-                    node = bind.f(*a.values)
+                    node = bind.f(*values)
                     evaluating = True
                 elif mode == MAP:
-                    value = bind.f(*a.values)
+                    value = bind.f(*values)
                 else:
-                    values = a.values
                     value = (
                         bind.f(*values)
                         if pool is None
