@@ -30,6 +30,7 @@ from returns.result import Result
 
 import monadl
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
+from monadl.typeclasses.sparse import SparseRows
 
 F64 = NDArray[np.float64]
 Input = F64 | float
@@ -94,7 +95,7 @@ def monadl_gradients(
 
     Asserts what any correct gradient satisfies: every input gets one; a ``FloatWeight``'s is a Python
     float; an ``ArrayWeight``'s is an array of its backend (``to_numpy`` checks and converts it) of
-    the input's own shape and dtype.
+    the input's own shape and dtype (a ``SparseRows``, an embedding table's, is densified first).
     """
     weights = make_weights(inputs, asarray)
     loss, gradients = monadl.compute_gradients(f(*weights))
@@ -109,6 +110,8 @@ def monadl_gradients(
             )
             out.append(g)
         else:
+            if isinstance(g, SparseRows):  # an embedding table's gradient: the looked-up rows
+                g = g.to_dense()
             array = to_numpy(g)
             assert array.shape == np.shape(x), (
                 f"input {i}: the gradient has shape {array.shape}, the weight {np.shape(x)}"

@@ -35,12 +35,15 @@ from monadl.typeclasses.backend import (
 )
 from monadl.typeclasses.deep_learning import DeepLearning
 from monadl.typeclasses.monoid import SUM
+from monadl.typeclasses.sparse import SparseRows
 
 
 class OpTape(SharedTape[Any, Any]):
     """The tape of one application of a primitive."""
 
     __slots__ = ("args", "cost", "params", "prim", "saved", "xp")
+    sparse_deltas = True
+    """Its vjp densifies a SparseRows delta itself; other tapes get dense deltas (see :meth:`vjp`)."""
 
     def __init__(
         self, prim: Primitive, params: dict[str, Any], inputs: tuple[Tape[Any, Any], ...], fanout: int
@@ -101,9 +104,13 @@ class OpTape(SharedTape[Any, Any]):
         """The delta of input ``i``, given this tape's delta (a kernel)."""
         prim = self.prim
         datas = self.args
+        if type(delta) is SparseRows:  # this op's output was looked up (take_rows): the rules want dense
+            delta = delta.to_dense(self.xp)
         g = prim.vjps[i](self.xp, delta, self.saved if prim.saves else self.data, *datas, **self.params)
         if prim.broadcasts:
             g = unbroadcast(self.xp, g, datas[i])
+        elif type(g) is SparseRows and not getattr(self.inputs[i], "sparse_deltas", False):
+            g = g.to_dense(self.xp)  # a tape of the user's own that may not know SparseRows
         return np.asarray(g) if isinstance(g, np.generic) else g
 
     def _sum(self, deltas: Sequence[Do[Any]]) -> Do[Any]:

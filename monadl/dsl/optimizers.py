@@ -5,12 +5,22 @@ old ones, so a training step can compute every weight's update first and commit 
 (or none, if anything fails). The rules use only operators and ``** 0.5``, so they serve floats and
 arrays of any array-API library alike. ``weight_decay`` adds L2 regularisation:
 ``gradient + weight_decay * data``. All optimizers are deterministic (no randomness).
+
+A gradient may be a :class:`~monadl.typeclasses.sparse.SparseRows` (an embedding table's). SGD and
+Adagrad without weight decay then update the touched rows only (NumPy and CuPy; elsewhere they
+densify): the untouched rows have a zero gradient, so the dense rule leaves them (and Adagrad's sum)
+exactly as they are, and the touched rows are computed by the dense rule's own operations on the
+summed rows, so the result is bit for bit the dense one. Momentum and Adam decay their moments on
+every row, and weight decay touches every row: they densify the gradient first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from monadl.typeclasses.backend import namespace
+from monadl.typeclasses.sparse import SparseRows, dense
 
 
 class Optimizer(Protocol):
@@ -33,7 +43,25 @@ def _check(learning_rate: float, weight_decay: float) -> None:
 
 
 def _decayed(gradient: Any, data: Any, weight_decay: float) -> Any:
+    gradient = dense(gradient)
     return gradient + weight_decay * data if weight_decay else gradient
+
+
+def _coalesced(gradient: Any, weight_decay: float) -> tuple[Any, Any, Any] | None:
+    """For a sparse gradient that may update the touched rows only: the namespace, the distinct
+    row indices and their summed rows (summed in the order ``to_dense`` sums them, so each equals
+    the dense gradient's row bit for bit). None where the dense rule must run."""
+    if type(gradient) is not SparseRows or weight_decay:
+        return None
+    values = gradient.values
+    xp = namespace(values)
+    add_at = getattr(getattr(xp, "add", None), "at", None)
+    if add_at is None:  # the array API has no scatter: densify
+        return None
+    rows, inverse = xp.unique(gradient.indices, return_inverse=True)
+    summed = xp.zeros((rows.shape[0], *values.shape[1:]), dtype=values.dtype)
+    add_at(summed, xp.reshape(inverse, (-1,)), values)
+    return xp, rows, summed
 
 
 @dataclass(frozen=True)
@@ -50,6 +78,12 @@ class SGD:
         return None
 
     def update(self, data: Any, gradient: Any, state: None) -> tuple[Any, None]:
+        sparse = _coalesced(gradient, self.weight_decay)
+        if sparse is not None:  # the touched rows only: the rest keep ``data - lr * 0 == data``
+            xp, rows, g = sparse
+            new = xp.asarray(data, copy=True)
+            new[rows] = data[rows] - self.learning_rate * g
+            return new, None
         return data - self.learning_rate * _decayed(gradient, data, self.weight_decay), None
 
 
@@ -118,6 +152,14 @@ class Adagrad:
         return data * 0.0
 
     def update(self, data: Any, gradient: Any, state: Any) -> tuple[Any, Any]:
+        sparse = _coalesced(gradient, self.weight_decay) if self.epsilon > 0.0 else None
+        if sparse is not None:  # the touched rows only: the rest keep their data and their sum
+            xp, rows, g = sparse
+            total = xp.asarray(state, copy=True)
+            total[rows] = state[rows] + g * g
+            new = xp.asarray(data, copy=True)
+            new[rows] = data[rows] - self.learning_rate * g / (total[rows] ** 0.5 + self.epsilon)
+            return new, total
         g = _decayed(gradient, data, self.weight_decay)
         total = state + g * g
         return data - self.learning_rate * g / (total**0.5 + self.epsilon), total

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monadl.typeclasses.backend import FLOATS, ShapeError, shape_of, unbroadcast
+from monadl.typeclasses.sparse import SparseRows
 
 Rule = Callable[..., Any]
 
@@ -227,18 +228,13 @@ def concatenate(n: int) -> Primitive:
     return prim
 
 
-def _scatter_rows(xp: Any, table: Any, indices: Any, d: Any) -> Any:
-    """The delta of ``take(table, indices, axis=0)``: rows of ``d`` added into a zero table."""
+def _scatter_rows(xp: Any, table: Any, indices: Any, d: Any) -> SparseRows:
+    """The delta of ``take(table, indices, axis=0)``: the rows of ``d`` at ``indices``, as a
+    :class:`~monadl.typeclasses.sparse.SparseRows` (no dense table: repeated indices add when it
+    is summed or densified)."""
     flat = xp.reshape(indices, (-1,))
     rows = xp.reshape(d, (flat.shape[0], *table.shape[1:]))
-    out = xp.zeros_like(table)
-    add_at = getattr(getattr(xp, "add", None), "at", None)
-    if add_at is not None:  # NumPy and CuPy ufuncs scatter-add in place
-        add_at(out, flat, rows)
-        return out
-    onehot = xp.astype(flat[:, None] == xp.arange(table.shape[0])[None, :], d.dtype)
-    summed = xp.matmul(xp.matrix_transpose(onehot), xp.reshape(rows, (flat.shape[0], -1)))
-    return xp.reshape(summed, table.shape)
+    return SparseRows(flat, rows, table.shape)
 
 
 def _check_take(table: Any, indices: Any) -> None:

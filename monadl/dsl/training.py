@@ -33,6 +33,7 @@ from monadl.dsl.weights import ArrayWeight, FloatWeight, freeze
 from monadl.tape.shared import StepContext, in_step
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import Array, namespace
+from monadl.typeclasses.sparse import SparseRows
 
 V = TypeVar("V")
 
@@ -64,6 +65,11 @@ def compute_gradients(
     loss: FloatLayer | ArrayLayer, *, executor: Executor | None = None
 ) -> tuple[Any, dict[FloatWeight | ArrayWeight, Any]]:
     """The loss and every weight's gradient, without updating anything.
+
+    A gradient is what the weight received, summed: a float for a ``FloatWeight``, an array for an
+    ``ArrayWeight`` used densely, and a :class:`~monadl.typeclasses.sparse.SparseRows` for a table
+    used only through ``take_rows`` (an embedding table: the looked-up rows, not a dense table).
+    ``gradient.to_dense()`` (or ``np.asarray(gradient)`` for NumPy) gives the dense array to compare.
 
     Raises :class:`NonFiniteLossError` for a non-finite loss, or whatever the forward or backward
     pass raised.
@@ -97,7 +103,11 @@ def _unaliased(gradients: dict[FloatWeight | ArrayWeight, Any]) -> dict[FloatWei
     for weight, gradient in gradients.items():
         if type(gradient) is not float:
             if id(gradient) in seen:
-                gradients[weight] = namespace(gradient).asarray(gradient, copy=True)
+                gradients[weight] = (
+                    gradient.copy()  # its own object, with its own rows
+                    if type(gradient) is SparseRows
+                    else namespace(gradient).asarray(gradient, copy=True)
+                )
             seen.add(id(gradient))
     return gradients
 

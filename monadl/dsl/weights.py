@@ -34,6 +34,8 @@ class WeightTape(SharedTape[Any, Any]):
     """A weight's tape in one run: its backward records the summed delta as the gradient."""
 
     __slots__ = ("step", "weight")
+    sparse_deltas = True
+    """It records a SparseRows delta (an embedding table's) as the gradient, as it is."""
 
     def __init__(self, weight: FloatWeight | ArrayWeight, step: StepContext | None) -> None:
         super().__init__(weight.data)

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from monadl.do.do import UNIT, Do, PrivateDefer, run_unit
 from monadl.tape.tape import Tape
+from monadl.typeclasses.sparse import add
 
 Data = TypeVar("Data")
 Delta = TypeVar("Delta")
@@ -115,7 +116,7 @@ class StepContext:
     def record(self, weight: object, delta: Any) -> None:
         """Records a weight's summed delta (added, should a weight have several tapes)."""
         previous = self.gradients.get(weight)
-        self.gradients[weight] = delta if previous is None else previous + delta
+        self.gradients[weight] = delta if previous is None else add(previous, delta)
 
     def release_dangling(self, root: Tape[Any, Any]) -> Do[None]:
         """Releases every tape of the step that no consumer acquired, except ``root``."""

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from monadl.do.do import KERNEL_MAP, Bind, Do, PrivateBind
+from monadl.typeclasses.sparse import add, add_into
 
 Delta = TypeVar("Delta")
 
@@ -18,13 +19,15 @@ class Monoid(Protocol[Delta]):
 
 
 class SumMonoid:
-    """Deltas summed with ``+``: floats and dense arrays (of one shape, since ops unbroadcast)."""
+    """Deltas summed with ``+``: floats, dense arrays (of one shape, since ops unbroadcast) and
+    :class:`~monadl.typeclasses.sparse.SparseRows` (sparse + sparse stays sparse, sparse + dense is
+    dense)."""
 
     def combine_all(self, deltas: Sequence[Any]) -> Any:
         first, second, *rest = deltas
-        total = first + second  # a fresh value: the inputs may be shared with other tapes
+        total = add(first, second)  # a fresh value: the inputs may be shared with other tapes
         for d in rest:
-            total += d  # in place for arrays (the array API has in-place operators)
+            total = add_into(total, d)  # in place for dense arrays
         return total
 
     def sum_lazy(self, deltas: Sequence[Do[Any]], cost: float | Callable[[], float] = 0.0) -> Do[Any]:
@@ -45,12 +48,13 @@ class SumMonoid:
 
 
 def _add(a: Any, b: Any) -> Any:
-    return a + b  # a fresh value: the deltas may be shared with other tapes
+    return add(a, b)  # a fresh value: the deltas may be shared with other tapes
 
 
 def _add_into(total: Any, d: Any) -> Any:
-    total += d  # in place for arrays: ``total`` is the fold's own, made by _add
-    return total
+    # In place for dense arrays (a SparseRows ``d`` is scattered in): ``total`` is the fold's own,
+    # made by _add. A SparseRows total is rebound to a fresh sum.
+    return add_into(total, d)
 
 
 SUM = SumMonoid()

@@ -1,0 +1,175 @@
+"""``SparseRows``: a delta that is a set of rows of a dense array (an embedding table's delta).
+
+A lookup of ``k`` rows of an ``n x d`` table (``take_rows``) has a delta that is zero except on
+those ``k`` rows. Building it dense costs ``n x d`` per lookup; ``SparseRows`` keeps the ``k``
+indices and the ``k x d`` rows only. Repeated indices are allowed: their rows add.
+
+Sums (the ``SUM`` monoid's fold, a weight's recorded gradient):
+
+* sparse + sparse is sparse: the indices and rows are concatenated (lazily: a sum of many
+  lookups concatenates once, when ``indices`` or ``values`` is first read);
+* sparse + dense (either order) is dense: the rows are scattered into a copy of the dense array;
+* ``dense += sparse`` (:func:`add_into`) scatters in place; ``sparse += x`` rebinds to ``sparse + x``.
+
+The operands are never changed. ``to_dense`` gives the equivalent dense array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from monadl.typeclasses.backend import namespace
+
+
+def _add_at(xp: Any) -> Any:
+    """NumPy's and CuPy's unbuffered scatter-add (``xp.add.at``), or None (array-API fallback)."""
+    return getattr(getattr(xp, "add", None), "at", None)
+
+
+def scatter_add(xp: Any, out: Any, indices: Any, values: Any) -> Any:
+    """``out`` with ``values[k]`` added to row ``indices[k]`` for every ``k`` (repeats add).
+
+    In place where the namespace has ``add.at`` (NumPy, CuPy); otherwise, through a one-hot matmul,
+    a fresh array (the array API has no scatter)."""
+    rows = xp.reshape(values, (indices.shape[0], *out.shape[1:]))
+    add_at = _add_at(xp)
+    if add_at is not None:
+        add_at(out, indices, rows)
+        return out
+    onehot = xp.astype(indices[:, None] == xp.arange(out.shape[0])[None, :], rows.dtype)
+    summed = xp.matmul(xp.matrix_transpose(onehot), xp.reshape(rows, (indices.shape[0], -1)))
+    return out + xp.reshape(summed, out.shape)
+
+
+class SparseRows:
+    """Rows ``values[k]`` at row ``indices[k]`` of an otherwise zero array of shape ``shape``.
+
+    ``indices``: a 1-d integer array; ``values``: shape ``(len(indices), *shape[1:])``; repeated
+    indices add. Immutable: sums make new objects and never change their operands."""
+
+    __slots__ = ("_chunks", "_indices", "_values", "shape")
+    __array_ufunc__ = None  # ``ndarray + SparseRows`` calls our ``__radd__``, not a ufunc
+
+    def __init__(self, indices: Any, values: Any, shape: Sequence[int]) -> None:
+        self.shape: tuple[int, ...] = tuple(int(n) for n in shape)
+        expected = (int(indices.shape[0]), *self.shape[1:])
+        if len(indices.shape) != 1 or tuple(values.shape) != expected:
+            raise ValueError(
+                f"SparseRows: indices of shape {tuple(indices.shape)} and values of shape "
+                f"{tuple(values.shape)} do not fit a table of shape {self.shape}"
+            )
+        self._indices: Any = indices
+        self._values: Any = values
+        self._chunks: tuple[tuple[Any, Any], ...] | None = None
+
+    @classmethod
+    def _joined(cls, chunks: tuple[tuple[Any, Any], ...], shape: tuple[int, ...]) -> SparseRows:
+        new = cls.__new__(cls)
+        new.shape = shape
+        new._indices = new._values = None
+        new._chunks = chunks
+        return new
+
+    def _parts(self) -> tuple[tuple[Any, Any], ...]:
+        chunks = self._chunks
+        return ((self._indices, self._values),) if chunks is None else chunks
+
+    def _materialise(self) -> None:
+        chunks = self._chunks
+        if chunks is not None:
+            xp = namespace(chunks[0][1])
+            indices = xp.concat([i for i, _ in chunks], axis=0)
+            values = xp.concat([v for _, v in chunks], axis=0)
+            self._indices, self._values = indices, values
+            self._chunks = None
+
+    @property
+    def indices(self) -> Any:
+        """The row indices (1-d, integer; repeats allowed)."""
+        self._materialise()
+        return self._indices
+
+    @property
+    def values(self) -> Any:
+        """The rows, of shape ``(len(indices), *shape[1:])``."""
+        self._materialise()
+        return self._values
+
+    @property
+    def dtype(self) -> Any:
+        return self._parts()[0][1].dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def to_dense(self, xp: Any = None) -> Any:
+        """The equivalent dense array: the rows scatter-added into zeros."""
+        values = self.values
+        xp = namespace(values) if xp is None else xp
+        if _add_at(xp) is not None:
+            out = xp.zeros(self.shape, dtype=values.dtype)
+        else:
+            out = xp.zeros(self.shape, dtype=values.dtype, device=values.device)
+        return scatter_add(xp, out, self.indices, values)
+
+    def add_dense(self, dense: Any) -> Any:
+        """``dense + self`` as a fresh dense array (``dense`` is not changed)."""
+        if tuple(dense.shape) != self.shape:
+            raise ValueError(f"SparseRows: cannot add shapes {self.shape} and {tuple(dense.shape)}")
+        xp = namespace(dense)
+        copy = xp.asarray(dense, copy=True) if _add_at(xp) is not None else dense
+        return scatter_add(xp, copy, self.indices, self.values)
+
+    def copy(self) -> SparseRows:
+        """A SparseRows with its own copies of the indices and rows."""
+        xp = namespace(self.values)
+        return SparseRows(xp.asarray(self.indices, copy=True), xp.asarray(self.values, copy=True), self.shape)
+
+    def __add__(self, other: object) -> Any:
+        if isinstance(other, SparseRows):
+            if other.shape != self.shape:
+                raise ValueError(f"SparseRows: cannot add shapes {self.shape} and {other.shape}")
+            return SparseRows._joined(self._parts() + other._parts(), self.shape)
+        if hasattr(other, "shape") and hasattr(other, "__array_namespace__"):
+            return self.add_dense(other)
+        return NotImplemented
+
+    def __radd__(self, other: object) -> Any:
+        return self.__add__(other)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
+        """NumPy's view of it: the dense array (``np.asarray(gradient)``)."""
+        dense = np.asarray(self.to_dense())
+        return dense if dtype is None else dense.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"SparseRows(rows={len(self.indices)}, shape={self.shape}, dtype={self.dtype})"
+
+
+def add(a: Any, b: Any) -> Any:
+    """``a + b`` as a fresh value, whichever of them is a SparseRows (an array library's own ``+``
+    may not defer to ``SparseRows.__radd__``)."""
+    if type(b) is SparseRows and type(a) is not SparseRows:
+        return b.add_dense(a) if hasattr(a, "shape") else b + a
+    return a + b
+
+
+def add_into(total: Any, d: Any) -> Any:
+    """``total += d``, for the ``SUM`` fold: ``total`` is the fold's own value. A dense array total
+    takes a SparseRows in place (a scatter-add where the namespace allows it); a SparseRows total
+    (or a float) is rebound to a fresh sum."""
+    if type(total) is SparseRows:
+        return total + d
+    if type(d) is SparseRows:
+        return scatter_add(namespace(total), total, d.indices, d.values)
+    total += d
+    return total
+
+
+def dense(gradient: Any) -> Any:
+    """``gradient`` as a dense array if it is a SparseRows; otherwise itself."""
+    return gradient.to_dense() if type(gradient) is SparseRows else gradient
