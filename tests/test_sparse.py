@@ -7,13 +7,13 @@ fallback (no scatter) works."""
 
 from __future__ import annotations
 
-import tracemalloc
 from typing import Any
 
 import array_api_strict as xps
 import numpy as np
 import pytest
 from gradcheck import check_gradients, probe
+from peak_memory import gradients_with_peak
 
 import monadl as ml
 from monadl import ArrayWeight, FloatLayer
@@ -186,12 +186,7 @@ def test_many_lookups_of_a_big_table_do_not_allocate_a_dense_table_each() -> Non
     loss = ml.sum(ml.take_rows(w, [0]))
     for k in range(1, lookups):
         loss = loss + ml.sum(ml.take_rows(w, [(k * 197) % n, k]))
-    tracemalloc.start()
-    try:
-        _, gradients = ml.compute_gradients(loss)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    gradients, peak = gradients_with_peak(loss)
     g = gradients[w]
     assert isinstance(g, SparseRows) and g.indices.shape == (1 + 2 * (lookups - 1),)
     assert peak < 10 * one_table, f"peak {peak / one_table:.1f} tables"
