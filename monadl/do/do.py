@@ -213,14 +213,15 @@ def kernel_n(f: Callable[..., B], *dos: Do[Any], cost: float = 0.0) -> Do[B]:
     return Bind(dos, f, KERNEL_MAP, cost)
 
 
-def run_unit(dos: Iterable[Do[None]]) -> Do[None]:
-    """Runs independent side-effecting computations; ``UNIT`` if there are none."""
+def run_unit(dos: Iterable[Do[None]], *, private: bool = False) -> Do[None]:
+    """Runs independent side-effecting computations; ``UNIT`` if there are none. ``private``:
+    the result is referenced from one place only (no memo entry; see ``PRIVATE``)."""
     parts = tuple(d for d in dos if d is not UNIT)
     if not parts:
         return UNIT
     if len(parts) == 1:
         return parts[0]
-    return Bind(parts, _none, MAP)
+    return (PrivateBind if private else Bind)(parts, _none, MAP)
 
 
 def _none(*_: Any) -> None:

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from monadl.do.do import FLAT, KERNEL_MAP, MAP, UNIT, Bind, Do, PrivateBind, PrivateKernel, Pure
+from monadl.do.do import FLAT, KERNEL_MAP, Bind, Do, PrivateBind, PrivateKernel, Pure, run_unit
 from monadl.dsl.base import Differentiable
 from monadl.dsl.primitives import Primitive
 from monadl.tape.shared import SharedTape, _current_step
@@ -117,7 +117,7 @@ class OpTape(SharedTape[Any, Any]):
         return SUM.sum_lazy(deltas, self.estimate_cost)
 
     def _backward(self, delta: Do[Any]) -> Do[None]:
-        parts = []
+        parts: list[Do[None]] = []
         cost = self.estimate_cost
         for i, t in enumerate(self.inputs):
             if t.requires_delta:
@@ -125,16 +125,8 @@ class OpTape(SharedTape[Any, Any]):
                 # Memoised unless one computation only will read it (it may feed several vjps).
                 shared = cast("SharedTape[Any, Any]", t)  # requires_delta: a shared tape
                 kind = PrivateBind if shared.sole_reader() else Bind
-                done = t.backward(kind((delta,), vjp, KERNEL_MAP, cost))
-                if done is not UNIT:
-                    parts.append(done)
-        if not parts:
-            return UNIT
-        return parts[0] if len(parts) == 1 else PrivateBind(tuple(parts), _none, MAP)
-
-
-def _none(*_: object) -> None:
-    return None
+                parts.append(t.backward(kind((delta,), vjp, KERNEL_MAP, cost)))
+        return run_unit(parts, private=True)  # returned to the one fire that runs it
 
 
 def _check_devices(name: str, datas: Sequence[Any]) -> None:

@@ -21,10 +21,6 @@ from monadl.typeclasses.sparse import SparseRows
 Rule = Callable[..., Any]
 
 
-def _size(x: Any) -> float:
-    return 1.0 if type(x) is float else float(math.prod(x.shape))
-
-
 def elementwise_cost(*inputs: Any, **_: Any) -> float:
     """Cost of an elementwise op: the largest operand's number of elements."""
     cost = 1

@@ -20,7 +20,7 @@ import asyncio
 import math
 import threading
 from collections.abc import Callable, Generator
-from typing import Any, TypeVar, overload
+from typing import Any, overload
 
 from returns.future import FutureResult
 from returns.result import Failure, Result, Success
@@ -34,8 +34,6 @@ from monadl.tape.shared import StepContext, in_step
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import Array, namespace
 from monadl.typeclasses.sparse import SparseRows
-
-V = TypeVar("V")
 
 _commit_lock = threading.Lock()
 

@@ -12,10 +12,10 @@ Delta = TypeVar("Delta")
 
 
 class Monoid(Protocol[Delta]):
-    """An associative sum of two or more deltas. (A tape with no delta at all does not call it:
-    it releases its inputs instead, see ``tape.shared``.)"""
+    """An associative sum of two or more lazy deltas. (A tape with no delta at all does not call
+    it: it releases its inputs instead, see ``tape.shared``.)"""
 
-    def combine_all(self, deltas: Sequence[Delta]) -> Delta: ...
+    def sum_lazy(self, deltas: Sequence[Do[Delta]], cost: float | Callable[[], float] = 0.0) -> Do[Delta]: ...
 
 
 class SumMonoid:
@@ -23,27 +23,16 @@ class SumMonoid:
     :class:`~monadl.typeclasses.sparse.SparseRows` (sparse + sparse stays sparse, sparse + dense is
     dense)."""
 
-    def combine_all(self, deltas: Sequence[Any]) -> Any:
-        first, second, *rest = deltas
-        total = add(first, second)  # a fresh value: the inputs may be shared with other tapes
-        for d in rest:
-            total = add_into(total, d)  # in place for dense arrays
-        return total
-
     def sum_lazy(self, deltas: Sequence[Do[Any]], cost: float | Callable[[], float] = 0.0) -> Do[Any]:
         """The sum of lazy deltas, folded left one delta at a time: each delta is computed just
         before it is added, so at most the running sum and one delta are alive (a weight used k
         times no longer needs k deltas in memory at once). The last step is memoised: the summed
         delta may feed several vjps."""
-        first, second, *rest = deltas
-        total: Do[Any] = (
-            Bind((first, second), _add, KERNEL_MAP, cost)
-            if not rest
-            else PrivateBind((first, second), _add, KERNEL_MAP, cost)
-        )
+        total, *rest = deltas
         for i, d in enumerate(rest):
+            # Each step is read once, by the next; the last may be read by several vjps.
             kind = Bind if i == len(rest) - 1 else PrivateBind
-            total = kind((total, d), _add_into, KERNEL_MAP, cost)
+            total = kind((total, d), _add_into if i else _add, KERNEL_MAP, cost)
         return total
 
 
