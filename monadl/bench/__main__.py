@@ -12,22 +12,19 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser, with one subparser per benchmark."""
     parser = argparse.ArgumentParser(prog="python -m monadl.bench", description="monadl's benchmarks.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub = commands.add_parser(
-        "overhead",
-        help="per-op overhead of forward and forward + backward, against plain NumPy",
-        description=overhead.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    overhead.add_arguments(sub)
-    sub.set_defaults(func=overhead.run_cli)
-    sub = commands.add_parser(
-        "columns",
-        help="the CIFAR-100 column benchmark of the DeepLearning.scala 2 paper, against NumPy and PyTorch",
-        description=columns.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    columns.add_arguments(sub)
-    sub.set_defaults(func=columns.run_cli)
+    benchmarks = [
+        ("overhead", overhead, "per-op overhead of forward and forward + backward, against plain NumPy"),
+        ("columns", columns, "the CIFAR-100 column benchmark of the DeepLearning.scala 2 paper"),
+    ]
+    for name, module, summary in benchmarks:
+        sub = commands.add_parser(
+            name,
+            help=summary,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(sub)
+        sub.set_defaults(func=module.run_cli)
     return parser
 
 

@@ -253,26 +253,16 @@ class Case:
     torch: TorchImpl | None = None
 
 
-def _build_float(x0: float, weights: Sequence[FloatWeight]) -> Callable[[], FloatLayer]:
+def _build_elementwise(x0: Any, weights: Sequence[Weight]) -> Callable[[], FloatLayer | ArrayLayer]:
+    """The elementwise chain in monadl: ``x * w`` at even positions, ``x + w`` at odd ones."""
     muls = [i % 2 == 0 for i in range(len(weights))]
 
-    def build() -> FloatLayer:
-        x = lift_array(x0)
+    def build() -> FloatLayer | ArrayLayer:
+        x: Any = lift_array(x0)
         for mul, w in zip(muls, weights, strict=True):
             x = x * w if mul else x + w
-        return x
-
-    return build
-
-
-def _build_array(x0: Array, weights: Sequence[ArrayWeight]) -> Callable[[], ArrayLayer]:
-    muls = [i % 2 == 0 for i in range(len(weights))]
-
-    def build() -> ArrayLayer:
-        x = lift_array(x0)
-        for mul, w in zip(muls, weights, strict=True):
-            x = x * w if mul else x + w
-        return x
+        result: FloatLayer | ArrayLayer = x
+        return result
 
     return build
 
@@ -306,7 +296,7 @@ def _elementwise_case(
         key,
         title,
         chain,
-        _build_array(x0, weights),
+        _build_elementwise(x0, weights),
         weights,
         baseline.forward,
         baseline.gradients,
@@ -324,7 +314,7 @@ def _float_case(chain: int, rng: np.random.Generator, torch: Any) -> Case:
         "float",
         "float (Python floats)",
         chain,
-        _build_float(x0, weights),
+        _build_elementwise(x0, weights),
         weights,
         baseline.forward,
         baseline.gradients,
