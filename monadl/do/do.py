@@ -11,6 +11,8 @@ Bind      waits for its ``sources`` (applicatively: independent, possibly concur
           ``MAP``: ``f(*values)`` is the value; ``FLAT``: ``f(*values)`` is the next ``Do``;
           ``KERNEL``: ``f(*values)`` is numeric work the executor may run on a pool thread
 Kernel    ``fn(*args)`` on plain values: numeric work for the pool (or inline, if too small)
+Batch     ``fn(*args)`` returns the ``Do`` to continue with, unless the executor merges the call
+          with others of equal signature (dynamic batching: ``monadl.do.batching``)
 ========  ===============================================================================
 
 ``map``/``flat_map`` are sequential; :func:`gather` combines independent values. Within one run,
@@ -20,7 +22,10 @@ a node reached through several paths is evaluated once (nodes are compared by id
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+
+if TYPE_CHECKING:
+    from monadl.do.batching import Batcher
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -31,7 +36,7 @@ A_co = TypeVar("A_co", covariant=True)
 # Node tags (ints, for a fast dispatch in the interpreter's loop). A node tagged PRIVATE is
 # referenced from one place only (made inside a flat_map or a tape's backward and handed on once), so
 # the executor evaluates it without a memo entry: sharing cannot arise for it.
-PURE, DELAY, DEFER, BIND, KERNEL = 0, 1, 2, 3, 4
+PURE, DELAY, DEFER, BIND, KERNEL, BATCH = 0, 1, 2, 3, 4, 5
 PRIVATE = 8
 # Bind modes.
 MAP, FLAT, KERNEL_MAP = 0, 1, 2
@@ -116,10 +121,10 @@ class Bind(Do[A_co]):
 
 class Kernel(Do[A_co]):
     """Numeric work on plain values. ``cost`` (roughly, floating-point operations; or a function
-    that gives it) decides whether the pool is worth it; ``key`` names the operation for dynamic
-    batching (None: not batchable)."""
+    that gives it) decides whether the pool is worth it; ``batch``, if given, may merge this kernel
+    with others of equal signature (dynamic batching)."""
 
-    __slots__ = ("args", "cost", "fn", "key")
+    __slots__ = ("args", "batch", "cost", "fn")
     tag = KERNEL
 
     def __init__(
@@ -127,12 +132,26 @@ class Kernel(Do[A_co]):
         fn: Callable[..., A_co],
         args: tuple[Any, ...],
         cost: float | Callable[[], float] = 0.0,
-        key: object = None,
+        batch: Batcher | None = None,
     ) -> None:
         self.fn = fn
         self.args = args
         self.cost = cost
-        self.key = key
+        self.batch = batch
+
+
+class Batch(Do[A_co]):
+    """``fn(*args)``, a ``Do`` to continue with; or, with dynamic batching, one row of
+    ``batch.run`` over the calls of equal ``batch.signature(*args)``. Referenced from one place only
+    (no memo entry): made by a ``flat_map`` and handed on once."""
+
+    __slots__ = ("args", "batch", "fn")
+    tag = BATCH | PRIVATE
+
+    def __init__(self, fn: Callable[..., Do[A_co]], args: tuple[Any, ...], batch: Batcher) -> None:
+        self.fn = fn
+        self.args = args
+        self.batch = batch
 
 
 class PrivateDefer(Defer[A_co]):

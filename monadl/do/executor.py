@@ -15,6 +15,10 @@ Design (see DESIGN.md, "Executor"):
   no locks; pool threads only run kernels and post their results to a queue.
 * Failure: the first exception stops new work; kernels already on the pool finish; the original
   exception, with its traceback, is raised to the caller; the pool stays usable.
+* Dynamic batching (``batching.py``): a batchable node is *parked* under its signature instead of
+  run. When no fiber can run, each group of parked calls with equal signatures runs as one batched
+  computation, whose values go back to the waiting fibers. Work ready at the same time merges: for a
+  batch of trees, the same op of every node of one height.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from monadl.do.do import BIND, DEFER, DELAY, FLAT, KERNEL, MAP, PRIVATE, PURE, Do
+from monadl.do.batching import Batcher, RunStats
+from monadl.do.do import BATCH, BIND, DEFER, DELAY, FLAT, KERNEL, MAP, PRIVATE, PURE, Do, PrivateKernel
 from monadl.do.memory import tune_allocator
 from monadl.do.workers import Done, WorkerPool, affinity_of
 
@@ -38,6 +43,7 @@ _K_MEMO = 0  # store the value as node a's result, wake its waiters
 _K_APPLY = 1  # the value is the only source of Bind a: apply a.f per a.mode
 _K_SLOT = 2  # the value is source b of join a
 _K_FILL = 3  # the value is the one missing source of Bind a: b = (its other values, the index)
+_K_SCATTER = 4  # the value is a merged group's list of values: one to each fiber of a (stacks)
 
 _MISSING = object()
 _PENDING = object()  # memo marker: being evaluated by some fiber
@@ -65,14 +71,25 @@ class Executor(AbstractContextManager["Executor"]):
     ``min_pool_cost``: kernels cheaper than this (roughly, floating-point operations) run inline.
     ``limit_blas``: with several workers, BLAS is capped at one thread (parallelism comes from
     independent sub-graphs; BLAS threads on top of pool threads oversubscribe the cores).
+    ``batching``: merge batchable work of equal signature (dynamic batching; ``run`` can override it).
     """
 
-    def __init__(self, workers: int = 1, *, min_pool_cost: float = 1e5, limit_blas: bool = True) -> None:
+    def __init__(
+        self,
+        workers: int = 1,
+        *,
+        min_pool_cost: float = 1e5,
+        limit_blas: bool = True,
+        batching: bool = True,
+    ) -> None:
         if workers < 1:
             raise ValueError(f"Executor: workers must be >= 1, got {workers}")
         tune_allocator()
         self.workers = workers
         self.min_pool_cost = min_pool_cost
+        self.batching = batching
+        self.last_stats = RunStats()
+        """What the last run did (kernel launches, merged groups), for benchmarks and tests."""
         self._pool = WorkerPool(workers) if workers > 1 else None
         self._blas_limit: Any = None
         if self._pool is not None and limit_blas:
@@ -80,9 +97,15 @@ class Executor(AbstractContextManager["Executor"]):
 
             self._blas_limit = threadpool_limits(limits=1, user_api="blas")
 
-    def run(self, do: Do[A]) -> A:
-        """Evaluates ``do`` and returns its value, or raises the exception that failed it."""
-        result: A = _Run(self._pool, self.min_pool_cost).execute(do)
+    def run(self, do: Do[A], *, batching: bool | None = None) -> A:
+        """Evaluates ``do`` and returns its value, or raises the exception that failed it.
+        ``batching``: this run's dynamic batching (default: the executor's)."""
+        state = _Run(self._pool, self.min_pool_cost, self.batching if batching is None else batching)
+        try:
+            result: A = state.execute(do)
+        finally:
+            state.stats.kernels = state.kernels
+            self.last_stats = state.stats
         return result
 
     def close(self) -> None:
@@ -101,11 +124,28 @@ class Executor(AbstractContextManager["Executor"]):
 class _Run:
     """The state of one run: memo, agenda, pool completions."""
 
-    __slots__ = ("agenda", "done", "inflight", "memo", "min_pool_cost", "pool", "waiters")
+    __slots__ = (
+        "agenda",
+        "batching",
+        "done",
+        "inflight",
+        "kernels",
+        "memo",
+        "min_pool_cost",
+        "parked",
+        "pool",
+        "stats",
+        "waiters",
+    )
 
-    def __init__(self, pool: WorkerPool | None, min_pool_cost: float) -> None:
+    def __init__(self, pool: WorkerPool | None, min_pool_cost: float, batching: bool) -> None:
         self.pool = pool
         self.min_pool_cost = min_pool_cost
+        self.batching = batching
+        # Parked batchable calls, by signature: (batcher, waiting stacks, nodes).
+        self.parked: dict[Any, tuple[Batcher, list[Stack], list[Any]]] = {}
+        self.stats = RunStats()
+        self.kernels = 0  # kernel launches (a plain int: counted in the hot loop)
         self.memo: dict[Do[Any], Any] = {}
         self.waiters: dict[Do[Any], list[Stack]] = {}
         # Ready fibers: (stack, evaluating, node-or-value).
@@ -134,6 +174,8 @@ class _Run:
             if agenda:
                 stack, evaluating, x = agenda.pop()
                 self._drive(stack, evaluating, x)
+            elif self.parked:
+                self._flush()
             elif self.inflight:
                 stack, result, error = self.done.get()
                 self.inflight -= 1
@@ -148,9 +190,55 @@ class _Run:
         while self.inflight:
             self.done.get()
             self.inflight -= 1
+        # A fiber's stack and the join it waits on refer to each other: clear the stacks of the
+        # fibers left waiting, so that a failed run leaves no reference cycle behind.
+        for stack, _, _ in self.agenda:
+            stack.clear()
+        for group in self.parked.values():
+            for stack in group[1]:
+                stack.clear()
+        for stacks in self.waiters.values():
+            for stack in stacks:
+                stack.clear()
         self.agenda.clear()
         self.memo.clear()
         self.waiters.clear()
+        self.parked.clear()
+
+    def _park(self, stack: Stack, node: Any) -> bool:
+        """Parks a batchable node under its signature; False if it cannot be batched."""
+        batcher = node.batch
+        signature = batcher.signature(node)
+        if signature is None:
+            return False
+        group = self.parked.get(signature)
+        if group is None:
+            self.parked[signature] = (batcher, [stack], [node])
+        else:
+            group[1].append(stack)
+            group[2].append(node)
+        return True
+
+    def _flush(self) -> None:
+        """Runs the parked groups: each of two or more calls as one batched computation, whose
+        list of values a scatter continuation hands back to the waiting fibers."""
+        parked, self.parked = self.parked, {}
+        stats = self.stats
+        kinds = stats.kinds
+        for signature, (batcher, stacks, nodes) in parked.items():
+            name = batcher.name(signature)
+            kinds[name] = kinds.get(name, 0) + 1
+            if len(nodes) == 1:  # nothing to merge with: as if batching were off
+                node = nodes[0]
+                if node.tag & ~PRIVATE == KERNEL:
+                    self.agenda.append((stacks[0], True, PrivateKernel(node.fn, node.args, node.cost)))
+                else:
+                    self.agenda.append((stacks[0], True, node.fn(*node.args)))
+                continue
+            stats.groups += 1
+            stats.merged += len(nodes)
+            merged = batcher.run(nodes)
+            self.agenda.append(([(_K_SCATTER, stacks, None)], True, merged))
 
     def _dispatch(self, stack: Stack, fn: Callable[..., Any], args: tuple[Any, ...], cost: Any) -> Any:
         """Runs a kernel inline, or sends it to the pool and returns ``_SUSPENDED``.
@@ -226,6 +314,7 @@ class _Run:
                     if mode == MAP:
                         value = node.f(*values)
                     else:
+                        self.kernels += 1
                         value = (
                             node.f(*values)
                             if pool is None
@@ -235,6 +324,9 @@ class _Run:
                     node = node.thunk()
                     continue
                 elif tag == KERNEL:
+                    if node.batch is not None and self.batching and self._park(stack, node):
+                        return
+                    self.kernels += 1
                     value = (
                         node.fn(*node.args)
                         if pool is None
@@ -242,6 +334,11 @@ class _Run:
                     )
                 elif tag == DELAY:
                     value = node.thunk()
+                elif tag == BATCH:
+                    if self.batching and self._park(stack, node):
+                        return
+                    node = node.fn(*node.args)
+                    continue
                 else:
                     raise TypeError(f"monadl: not a Do node: {node!r}")
                 if value is _SUSPENDED:
@@ -267,10 +364,15 @@ class _Run:
                     elif mode == MAP:
                         value = a.f(value)
                     else:
+                        self.kernels += 1
                         value = a.f(value) if pool is None else self._dispatch(stack, a.f, (value,), a.cost)
                         if value is _SUSPENDED:
                             return
                     continue
+                if kind == _K_SCATTER:  # a merged group's values: one to each waiting fiber
+                    for waiting, v in zip(a, value, strict=True):
+                        agenda.append((waiting, False, v))
+                    return
                 if kind == _K_FILL:  # the one missing source of Bind a has come
                     bind = a
                     values, i = b
@@ -295,6 +397,7 @@ class _Run:
                 elif mode == MAP:
                     value = bind.f(*values)
                 else:
+                    self.kernels += 1
                     value = (
                         bind.f(*values)
                         if pool is None

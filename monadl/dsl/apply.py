@@ -21,7 +21,9 @@ import numpy as np
 
 from monadl.do.do import FLAT, KERNEL_MAP, Bind, Do, PrivateBind, PrivateKernel, Pure, run_unit
 from monadl.dsl.base import Differentiable
+from monadl.dsl.batching import OP_BATCHER
 from monadl.dsl.primitives import Primitive
+from monadl.tape.batch import BatchGroup
 from monadl.tape.shared import SharedTape, _current_step
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import (
@@ -41,7 +43,7 @@ from monadl.typeclasses.sparse import SparseRows
 class OpTape(SharedTape[Any, Any]):
     """The tape of one application of a primitive."""
 
-    __slots__ = ("args", "cost", "params", "prim", "saved", "xp")
+    __slots__ = ("args", "cost", "group", "index", "params", "prim", "saved", "xp")
     sparse_deltas = True
     """Its vjp densifies a SparseRows delta itself; other tapes get dense deltas (see :meth:`vjp`)."""
 
@@ -61,6 +63,8 @@ class OpTape(SharedTape[Any, Any]):
         self.args: tuple[Any, ...] = ()  # the inputs' data, once computed
         self.saved: Any = None  # what a primitive that saves keeps for its vjps
         self.cost = -1.0
+        self.group: BatchGroup | None = None  # set when it was computed as a row of a merged op
+        self.index = 0
 
     @property
     def affinity(self) -> object:
@@ -116,6 +120,11 @@ class OpTape(SharedTape[Any, Any]):
     def _sum(self, deltas: Sequence[Do[Any]]) -> Do[Any]:
         return SUM.sum_lazy(deltas, self.estimate_cost)
 
+    def _fire(self) -> Do[None]:
+        if self.group is None:
+            return SharedTape._fire(self)
+        return self.group.fired(self.index, self.take_delta())  # a merged op: backward merged too
+
     def _backward(self, delta: Do[Any]) -> Do[None]:
         parts: list[Do[None]] = []
         cost = self.estimate_cost
@@ -154,7 +163,7 @@ class _Build:
         step = _current_step.get()
         if step is not None:
             step.tapes.append(tape)
-        return PrivateKernel(tape.compute, (), tape.estimate_cost)
+        return PrivateKernel(tape.compute, (), tape.estimate_cost, OP_BATCHER)
 
 
 def forward_of(x: object, where: str) -> Do[Tape[Any, Any]]:

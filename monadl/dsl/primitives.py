@@ -11,8 +11,8 @@ input. For ops marked ``broadcasts``, the result is reduced back to the input's 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
 from monadl.typeclasses.backend import FLOATS, ShapeError, shape_of, unbroadcast
@@ -32,11 +32,45 @@ def elementwise_cost(*inputs: Any, **_: Any) -> float:
     return float(cost)
 
 
+@dataclass(frozen=True)
+class Batching:
+    """How calls of a primitive merge into one call on stacked rows (dynamic batching, see
+    ``monadl.dsl.batching``).
+
+    Each input of a merged call is either *stacked* (the calls' values become the rows of one array,
+    row k the k-th call's) or *shared* (one value for all the calls: a weight, or a float constant,
+    whose delta is then summed once per group instead of once per call)."""
+
+    shared: tuple[int, ...] = ()
+    """Inputs that must be shared (a weight or a float constant), such as ``linear``'s weight."""
+    rows: tuple[str, ...] = ()
+    """Parameters stacked like inputs (arrays of one shape per call), such as ``take_rows``' indices."""
+    elementwise: bool = False
+    """Any input may be shared. Stacked inputs are padded to a common rank (``(n, 1, ..., *shape)``),
+    so that each row broadcasts against the others as its call did."""
+    axis: bool = False
+    """The op has an ``axis`` parameter (default ``axis_default``), shifted past the row axis."""
+    axis_default: Any = None
+    scalar: str = "never"
+    """When a call's result is a Python float: ``"inputs"`` (when all inputs are floats),
+    ``"reduce"`` (a reduction over all axes without ``keepdims``), ``"always"`` or ``"never"``."""
+    forward: Rule | None = None
+    """A forward of its own on stacked rows, giving one result row per call (default: ``forward``)."""
+    vjps: tuple[Rule, ...] | None = None
+    """The vjps on stacked rows, if ``forward`` is its own."""
+    key: Callable[[dict[str, Any]], Hashable] | None = None
+    """The part of the parameters (other than ``rows``) that must be equal for calls to merge
+    (default: all of them)."""
+
+
+ELEMENTWISE = Batching(elementwise=True, scalar="inputs")
+
+
 @dataclass(frozen=True, eq=False)
 class Primitive:
     """One differentiable primitive: ``forward(xp, *inputs, **params)`` and its ``vjps``.
 
-    ``batching`` is reserved for dynamic batching."""
+    ``batch`` says how its calls merge under dynamic batching (None: they do not)."""
 
     name: str
     forward: Rule
@@ -47,7 +81,7 @@ class Primitive:
     the output: work shared by forward and backward is done once (a softmax, say)."""
     cost: Callable[..., float] = elementwise_cost
     check: Callable[..., None] | None = None
-    batching: dict[str, Any] = field(default_factory=dict)  # reserved for dynamic batching
+    batch: Batching | None = None
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"
@@ -87,46 +121,53 @@ def _log(xp: Any, x: Any) -> Any:
 
 # ----------------------------------------------------------------------------------- elementwise
 
-add = Primitive("add", lambda xp, a, b: a + b, (lambda xp, d, o, a, b: d, lambda xp, d, o, a, b: d), True)
-sub = Primitive("sub", lambda xp, a, b: a - b, (lambda xp, d, o, a, b: d, lambda xp, d, o, a, b: -d), True)
-mul = Primitive(
+
+def _elementwise(name: str, forward: Rule, vjps: tuple[Rule, ...], broadcasts: bool = False) -> Primitive:
+    return Primitive(name, forward, vjps, broadcasts, batch=ELEMENTWISE)
+
+
+add = _elementwise("add", lambda xp, a, b: a + b, (lambda xp, d, o, a, b: d, lambda xp, d, o, a, b: d), True)
+sub = _elementwise("sub", lambda xp, a, b: a - b, (lambda xp, d, o, a, b: d, lambda xp, d, o, a, b: -d), True)
+mul = _elementwise(
     "mul", lambda xp, a, b: a * b, (lambda xp, d, o, a, b: d * b, lambda xp, d, o, a, b: d * a), True
 )
-div = Primitive(
+div = _elementwise(
     "div",
     lambda xp, a, b: a / b,
     (lambda xp, d, o, a, b: d / b, lambda xp, d, o, a, b: -d * o / b),
     True,
 )
-power = Primitive(
+power = _elementwise(
     "pow",
     lambda xp, a, b: a**b,
     (lambda xp, d, o, a, b: d * b * a ** (b - 1.0), lambda xp, d, o, a, b: d * _log(xp, a) * o),
     True,
 )
-maximum = Primitive(
+maximum = _elementwise(
     "maximum",
     lambda xp, a, b: xp.maximum(a, b),
     (lambda xp, d, o, a, b: xp.where(a >= b, d, 0.0), lambda xp, d, o, a, b: xp.where(a >= b, 0.0, d)),
     True,
 )
-minimum = Primitive(
+minimum = _elementwise(
     "minimum",
     lambda xp, a, b: xp.minimum(a, b),
     (lambda xp, d, o, a, b: xp.where(a <= b, d, 0.0), lambda xp, d, o, a, b: xp.where(a <= b, 0.0, d)),
     True,
 )
-neg = Primitive("neg", lambda xp, x: -x, (lambda xp, d, o, x: -d,))
-exp = Primitive("exp", lambda xp, x: xp.exp(x), (lambda xp, d, o, x: d * o,))
-log = Primitive("log", lambda xp, x: xp.log(x), (lambda xp, d, o, x: d / x,))
-sqrt = Primitive("sqrt", lambda xp, x: xp.sqrt(x), (lambda xp, d, o, x: d * 0.5 / o,))
-absolute = Primitive("abs", lambda xp, x: xp.abs(x), (lambda xp, d, o, x: d * xp.sign(x),))
-tanh = Primitive("tanh", lambda xp, x: xp.tanh(x), (lambda xp, d, o, x: d * (1.0 - o * o),))
+neg = _elementwise("neg", lambda xp, x: -x, (lambda xp, d, o, x: -d,))
+exp = _elementwise("exp", lambda xp, x: xp.exp(x), (lambda xp, d, o, x: d * o,))
+log = _elementwise("log", lambda xp, x: xp.log(x), (lambda xp, d, o, x: d / x,))
+sqrt = _elementwise("sqrt", lambda xp, x: xp.sqrt(x), (lambda xp, d, o, x: d * 0.5 / o,))
+absolute = _elementwise("abs", lambda xp, x: xp.abs(x), (lambda xp, d, o, x: d * xp.sign(x),))
+tanh = _elementwise("tanh", lambda xp, x: xp.tanh(x), (lambda xp, d, o, x: d * (1.0 - o * o),))
 # 0.5 * (1 + tanh(x / 2)) is sigmoid without overflow for large |x|.
-sigmoid = Primitive(
+sigmoid = _elementwise(
     "sigmoid", lambda xp, x: 0.5 * (xp.tanh(0.5 * x) + 1.0), (lambda xp, d, o, x: d * o * (1.0 - o),)
 )
-relu = Primitive("relu", lambda xp, x: xp.maximum(x, 0.0), (lambda xp, d, o, x: xp.where(x > 0.0, d, 0.0),))
+relu = _elementwise(
+    "relu", lambda xp, x: xp.maximum(x, 0.0), (lambda xp, d, o, x: xp.where(x > 0.0, d, 0.0),)
+)
 
 # ------------------------------------------------------------------------------------ reductions
 
@@ -136,6 +177,7 @@ sum_ = Primitive(
         xp, xp.sum(x, axis=axis, keepdims=keepdims), axis, keepdims
     ),
     (lambda xp, d, o, x, axis=None, keepdims=False: _expand_to(xp, d, x, axis, keepdims),),
+    batch=Batching(axis=True, scalar="reduce"),
 )
 mean = Primitive(
     "mean",
@@ -143,6 +185,7 @@ mean = Primitive(
         xp, xp.sum(x, axis=axis, keepdims=keepdims) / _count(x, axis), axis, keepdims
     ),
     (lambda xp, d, o, x, axis=None, keepdims=False: _expand_to(xp, d / _count(x, axis), x, axis, keepdims),),
+    batch=Batching(axis=True, scalar="reduce"),
 )
 
 # ----------------------------------------------------------------------------------------- shape
@@ -219,6 +262,7 @@ def concatenate(n: int) -> Primitive:
             lambda xp, *xs, axis=0: xp.concat(xs, axis=axis),
             tuple(_concat_vjp(i) for i in range(n)),
             check=_check_concat,
+            batch=Batching(axis=True, axis_default=0),
         )
         _concat_rules[n] = prim
     return prim
@@ -255,6 +299,7 @@ take_rows = Primitive(
     (lambda xp, d, o, table, indices: _scatter_rows(xp, table, indices, d),),
     cost=lambda table, indices: float(math.prod(indices.shape) * math.prod(table.shape[1:])),
     check=_check_take,
+    batch=Batching(shared=(0,), rows=("indices",)),  # one table, the indices stacked: one sparse delta
 )
 
 # ---------------------------------------------------------------------------------------- matmul
@@ -303,6 +348,7 @@ matmul = Primitive(
     (_matmul_vjp_a, _matmul_vjp_b),
     cost=lambda a, b: float(math.prod(a.shape) * (b.shape[-1] if b.ndim > 1 else 1)),
     check=_check_matmul,
+    batch=Batching(shared=(1,)),
 )
 
 # ---------------------------------------------------------------------------------------- linear
@@ -343,6 +389,7 @@ linear = Primitive(
     ),
     cost=lambda x, w, b: float(math.prod(x.shape) * w.shape[1]),
     check=_check_linear,
+    batch=Batching(shared=(1, 2)),  # x's rows stacked: the calls' x @ w become one matmul
 )
 
 # ------------------------------------------------------------------------------ softmax and loss
@@ -363,12 +410,14 @@ softmax = Primitive(
     lambda xp, x, axis=-1: xp.exp(_log_softmax(xp, x, axis)),
     (lambda xp, d, o, x, axis=-1: o * (d - xp.sum(d * o, axis=axis, keepdims=True)),),
     check=_check_has_axis,
+    batch=Batching(axis=True, axis_default=-1),
 )
 log_softmax = Primitive(
     "log_softmax",
     lambda xp, x, axis=-1: _log_softmax(xp, x, axis),
     (lambda xp, d, o, x, axis=-1: d - xp.exp(o) * xp.sum(d, axis=axis, keepdims=True),),
     check=_check_has_axis,
+    batch=Batching(axis=True, axis_default=-1),
 )
 
 
@@ -407,6 +456,23 @@ def _cross_entropy(xp: Any, logits: Any, targets: Any, labels: tuple[int, int] |
     return -float(xp.sum(onehot * log_p)) / batch, (xp.exp(log_p) - onehot) / batch
 
 
+def _cross_entropy_rows(
+    xp: Any, logits: Any, targets: Any, labels: tuple[int, int] | None
+) -> tuple[Any, Any]:
+    """``_cross_entropy`` of each row of stacked calls: one loss per row, as float64 (the unbatched
+    loss is a Python float), and the saved gradients."""
+    log_p = _log_softmax(xp, logits, -1)
+    onehot = _targets(xp, logits, targets, labels)
+    batch = int(math.prod(logits.shape[1:-1]))
+    summed = xp.sum(onehot * log_p, axis=tuple(range(1, logits.ndim)))
+    return -xp.astype(summed, xp.float64) / batch, (xp.exp(log_p) - onehot) / batch
+
+
+def _as_rows(xp: Any, d: Any, like: Any) -> Any:
+    """A delta of one value per row, shaped ``(n, 1, ...)`` to broadcast against ``like``, in its dtype."""
+    return xp.astype(xp.reshape(d, (d.shape[0],) + (1,) * (like.ndim - 1)), like.dtype)
+
+
 # ``labels`` is (min, max) of integer labels, computed once when the op is made, or None for
 # probabilities. The forward saves the gradient, so the backward is one multiplication.
 cross_entropy = Primitive(
@@ -415,4 +481,39 @@ cross_entropy = Primitive(
     (lambda xp, d, saved, logits, targets, labels: saved * d,),
     check=_check_cross_entropy,
     saves=True,
+    batch=Batching(
+        scalar="always",
+        forward=_cross_entropy_rows,
+        vjps=(lambda xp, d, saved, logits, targets, labels: saved * _as_rows(xp, d, saved),),
+        rows=("targets",),
+        key=lambda params: params["labels"] is None,  # the label range was checked call by call
+    ),
 )
+
+
+# ------------------------------------------------------------------------------------------ sums
+
+
+def _add_n_vjp(xp: Any, d: Any, o: Any, *xs: Any) -> Any:
+    return d
+
+
+_add_n_rules: dict[int, Primitive] = {}
+
+
+def add_n(n: int) -> Primitive:
+    """The sum of ``n`` operands (one primitive per arity): one op for a long sum, such as a loss
+    summed over the nodes of a tree, instead of a chain of ``n - 1`` additions that must run one
+    after another."""
+    prim = _add_n_rules.get(n)
+    if prim is None:
+        prim = _elementwise("add_n", _add_n_forward, (_add_n_vjp,) * n, broadcasts=True)
+        _add_n_rules[n] = prim
+    return prim
+
+
+def _add_n_forward(xp: Any, *xs: Any) -> Any:
+    total = xs[0]
+    for x in xs[1:]:
+        total = total + x  # left to right, as the chain of additions it replaces
+    return total

@@ -82,10 +82,17 @@ class SharedTape(Tape[Data, Delta], Generic[Data, Delta]):
         return PrivateDefer(self._fire)
 
     def _fire(self) -> Do[None]:
+        delta = self.take_delta()
+        if delta is None:
+            return run_unit(t.release() for t in self.inputs)
+        return self._backward(delta)
+
+    def take_delta(self) -> Do[Delta] | None:
+        """The consumers' deltas, summed (lazily), and forgotten here; None if there were none."""
         deltas, self._deltas = self._deltas, None
         if not deltas:
-            return run_unit(t.release() for t in self.inputs)
-        return self._backward(deltas[0] if len(deltas) == 1 else self._sum(deltas))
+            return None
+        return deltas[0] if len(deltas) == 1 else self._sum(deltas)
 
     def sole_reader(self) -> bool:
         """True if a delta given now by a consumer will be read by one computation only: summed

@@ -1,0 +1,54 @@
+"""Dynamic batching: the contract between batchable work and the executor.
+
+A node that may be batched (a :class:`~monadl.do.do.Kernel` with a ``batch``, or a
+:class:`~monadl.do.do.Batch`) names a :class:`Batcher`. When the executor reaches such a node with
+batching on, it asks the batcher for the node's *signature*; nodes with equal signatures are
+interchangeable rows of one batched computation. The executor parks them until no fiber can run,
+then hands each group of two or more to :meth:`Batcher.run`, which returns one computation whose
+value is the list of the members' values, in order. A group of one runs as if batching were off.
+
+So batching never changes what is computed, only how many kernels compute it: the executor's
+agenda groups work that is ready at the same time (DyNet's agenda-based batching), which for a
+tree is every node of one height, across all the trees of a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from monadl.do.do import Do
+
+
+class Batcher(Protocol):
+    """How a kind of batchable work merges its calls."""
+
+    def signature(self, node: Any) -> Hashable | None:
+        """The key of a call (a ``Kernel`` or ``Batch`` node naming this batcher): calls with equal
+        keys merge. None: this call cannot be batched (it runs on its own)."""
+        ...
+
+    def name(self, signature: Hashable) -> str:
+        """A short name of the kind of work, for statistics (a primitive's or an operation's)."""
+        ...
+
+    def run(self, nodes: list[Any]) -> Do[list[Any]]:
+        """One computation for all ``nodes`` (two or more, of equal signatures): the list of their
+        values, in order."""
+        ...
+
+
+@dataclass
+class RunStats:
+    """What one run did: kernel launches, and how batching merged them."""
+
+    kernels: int = 0
+    """Kernels launched: one per unbatched kernel, and one per merged group's kernel."""
+    merged: int = 0
+    """Batchable calls that ran inside merged groups (a group of n counts n)."""
+    groups: int = 0
+    """Merged groups (of two or more calls)."""
+    kinds: dict[str, int] = field(default_factory=dict)
+    """Launches of batchable work by kind (a merged group counts once; a call on its own too)."""

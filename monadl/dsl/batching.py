@@ -1,0 +1,272 @@
+"""Dynamic batching of primitive ops (as DyNet does): calls of one primitive with equal signatures
+run as one call on stacked rows, forward and backward.
+
+An op's forward kernel names :data:`OP_BATCHER`. Its signature is the primitive, its parameters
+(``Batching.key``), and for each input either the shared value (a weight's tape; a float constant)
+or the per-row shape, dtype and array type. The executor parks equal calls and hands the group to
+:meth:`OpBatcher.run`: one kernel stacks each stacked input (row k is call k's), applies the
+primitive once (``Primitive.batch`` says how: padded ranks for elementwise ops, axes shifted past the
+row axis, or a forward of its own), and gives every call's tape its row of the result.
+
+The backward is merged too (``monadl.tape.batch``): when all the calls' tapes have fired, one vjp
+kernel per input runs on the stacked deltas; a stacked input's delta is split back into rows, and
+a shared weight gets one delta for the whole group (summed by the vjp itself, a matmul for
+``linear``'s weight) and releases for the other calls.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from monadl.do.do import KERNEL_MAP, MAP, Bind, Do, PrivateBind, PrivateKernel, run_unit
+from monadl.dsl.primitives import Batching, Primitive
+from monadl.tape.batch import BatchGroup, stack_rows
+from monadl.typeclasses.backend import ShapeError, namespace, shape_of, unbroadcast
+from monadl.typeclasses.sparse import SparseRows
+
+if TYPE_CHECKING:
+    from monadl.dsl.apply import OpTape
+
+
+class OpBatcher:
+    """The :class:`~monadl.do.batching.Batcher` of primitive ops (their forward kernels)."""
+
+    def signature(self, node: Any) -> Hashable | None:
+        tape: OpTape = node.fn.__self__
+        prim = tape.prim
+        spec = prim.batch
+        if spec is None:
+            return None
+        try:
+            key: list[Any] = [prim, _params_key(spec, tape.params)]
+            hash(key[1])
+        except TypeError:  # an unhashable parameter: this call runs on its own
+            return None
+        shared = spec.shared
+        elementwise = spec.elementwise
+        rows = bool(spec.rows)  # whether anything is stacked: calls of shared values only do not merge
+        for i, t in enumerate(tape.inputs):
+            d = t.data
+            if elementwise or i in shared:
+                if getattr(t, "weight", None) is not None:
+                    key.append(t)  # a weight's tape: one per run, so the weight itself
+                    continue
+                if type(d) is float and not t.requires_delta:
+                    key.append(("constant", d))
+                    continue
+                if i in shared:
+                    return None
+            key.append(float if type(d) is float else (type(d), d.shape, d.dtype))
+            rows = True
+        return tuple(key) if rows else None
+
+    def name(self, signature: Hashable) -> str:
+        prim: Primitive = signature[0]  # type: ignore[index]
+        return prim.name
+
+    def run(self, nodes: list[Any]) -> Do[list[Any]]:
+        tapes: list[OpTape] = [node.fn.__self__ for node in nodes]
+        return PrivateKernel(_forward, (tapes,), functools.partial(_cost, tapes))
+
+
+OP_BATCHER = OpBatcher()
+
+
+def _params_key(spec: Batching, params: dict[str, Any]) -> Hashable:
+    """The parameters' part of a signature; of a stacked parameter, its shape and dtype only."""
+    if not params:
+        return None
+    rows = spec.rows
+    fixed = spec.key(params) if spec.key is not None else tuple(i for i in params.items() if i[0] not in rows)
+    if not rows:
+        return fixed
+    return (fixed, *((type(v), v.shape, v.dtype) for v in (params[name] for name in rows)))
+
+
+def _cost(tapes: list[OpTape]) -> float:
+    return sum(t.estimate_cost() for t in tapes)
+
+
+def _stacked(spec: Batching, tape: OpTape) -> list[bool]:
+    """For each input: stacked (True) or shared, as the signature decided."""
+    out = []
+    for i, t in enumerate(tape.inputs):
+        shared = (spec.elementwise or i in spec.shared) and (
+            getattr(t, "weight", None) is not None or (type(t.data) is float and not t.requires_delta)
+        )
+        out.append(not shared)
+    return out
+
+
+def _shift(axis: Any, rank: int) -> Any:
+    """An item's ``axis`` on stacked rows (the row axis is 0)."""
+    if axis is None:
+        return tuple(range(1, rank + 1))
+    if isinstance(axis, tuple):
+        return tuple(_shift(a, rank) for a in axis)
+    return axis + 1 if axis >= 0 else axis
+
+
+def _scalar(spec: Batching, datas: tuple[Any, ...], params: dict[str, Any]) -> bool:
+    """Whether a call's result is a Python float (as the unbatched op gives it)."""
+    if spec.scalar == "inputs":
+        return all(type(d) is float for d in datas)
+    if spec.scalar == "reduce":
+        return params.get("axis") is None and not params.get("keepdims", False)
+    return spec.scalar == "always"
+
+
+def _forward(tapes: list[OpTape]) -> list[OpTape]:
+    """The merged forward kernel: stacks the rows, applies the primitive once, hands out rows."""
+    first = tapes[0]
+    prim = first.prim
+    spec = prim.batch
+    assert spec is not None
+    n = len(tapes)
+    for t in tapes:  # every call's own check, so an error names that call's shapes
+        t.args = tuple([x.data for x in t.inputs])
+        if prim.check is not None:
+            prim.check(*t.args, **t.params)
+    datas = first.args
+    arrays = [d for d in datas if type(d) is not float]
+    xp = np if not arrays or type(arrays[0]) is np.ndarray else namespace(*arrays)
+    float_dtype = next((d.dtype for d in arrays if xp.isdtype(d.dtype, "real floating")), xp.float64)
+    stacked = _stacked(spec, first)
+    rank = max((len(d.shape) for d in arrays), default=0)
+    args: list[Any] = []
+    for i, d in enumerate(datas):
+        if not stacked[i]:
+            args.append(d)
+            continue
+        column = [t.args[i] for t in tapes]
+        if type(d) is float:
+            a = xp.asarray(column, dtype=float_dtype)
+        else:
+            a = xp.stack(column)
+        if spec.elementwise and a.ndim - 1 < rank:  # so that rows broadcast as their calls did
+            a = xp.reshape(a, (n,) + (1,) * (rank - a.ndim + 1) + tuple(a.shape[1:]))
+        args.append(a)
+    params = first.params
+    if spec.rows:
+        params = {**params}
+        for name in spec.rows:
+            column = [t.params[name] for t in tapes]
+            params[name] = (np if type(column[0]) is np.ndarray else namespace(column[0])).stack(column)
+    if spec.axis:
+        item_rank = 0 if type(datas[0]) is float else len(datas[0].shape)
+        params = {**params, "axis": _shift(params.get("axis", spec.axis_default), item_rank)}
+    forward = spec.forward or prim.forward
+    try:
+        out = forward(xp, *args, **params)
+    except ValueError as e:
+        for t in tapes:  # the call that does not fit raises its own error
+            t.compute()
+        shapes = " and ".join(str(shape_of(d)) for d in datas)  # pragma: no cover - defensive
+        raise ShapeError(f"{prim.name}: operands of shapes {shapes} do not fit: {e}") from e
+    saved = None
+    if prim.saves:
+        out, saved = out
+    scalar = _scalar(spec, datas, first.params)
+    group = _OpGroup(tapes, args, stacked, out, saved, params, xp)
+    members = BatchGroup(n, group.backward)
+    for k, t in enumerate(tapes):
+        row = out[k]
+        t.data = float(row) if scalar else (np.asarray(row) if isinstance(row, np.generic) else row)
+        t.xp = xp
+        t.group = members
+        t.index = k
+    return tapes
+
+
+class _OpGroup:
+    """A merged op's stacked arguments and result, kept for its one backward."""
+
+    __slots__ = ("args", "out", "params", "saved", "stacked", "tapes", "xp")
+
+    def __init__(
+        self,
+        tapes: list[OpTape],
+        args: list[Any],
+        stacked: list[bool],
+        out: Any,
+        saved: Any,
+        params: dict[str, Any],
+        xp: Any,
+    ) -> None:
+        self.tapes = tapes
+        self.args = args
+        self.stacked = stacked
+        self.out = out
+        self.saved = saved
+        self.params = params
+        self.xp = xp
+
+    def cost(self) -> float:
+        return _cost(self.tapes)
+
+    def backward(self, deltas: list[Do[Any] | None]) -> Do[None]:
+        """The members' backward, merged: one vjp kernel per input that wants a delta."""
+        tapes = self.tapes
+        n = len(tapes)
+        present = [k for k, d in enumerate(deltas) if d is not None]
+        if not present:
+            return run_unit((x.release() for t in tapes for x in t.inputs if x.requires_delta), private=True)
+        wanted = [i for i in range(len(self.args)) if any(t.inputs[i].requires_delta for t in tapes)]
+        if not wanted:
+            return run_unit((), private=True)
+        stack = functools.partial(self._stack, present)
+        kind = Bind if len(wanted) > 1 else PrivateBind  # memoised if several vjps read it
+        given: tuple[Do[Any], ...] = tuple(d for d in deltas if d is not None)
+        delta: Do[Any] = kind(given, stack, KERNEL_MAP, self.cost)
+        is_present = [False] * n
+        for k in present:
+            is_present[k] = True
+        parts: list[Do[None]] = []
+        for i in wanted:
+            vjp = functools.partial(self._vjp, i)
+            if not self.stacked[i]:  # one weight for all: one delta, and a release per other call
+                shared = tapes[0].inputs[i]
+                parts.append(shared.backward(PrivateBind((delta,), vjp, KERNEL_MAP, self.cost)))
+                parts.extend(shared.release() for _ in range(n - 1))
+                continue
+            rows: Do[Any] = Bind((delta,), vjp, KERNEL_MAP, self.cost)
+            for k, t in enumerate(tapes):
+                x = t.inputs[i]
+                if not x.requires_delta:
+                    continue
+                if is_present[k]:
+                    row = functools.partial(_row, self.xp, k, t.args[i])
+                    parts.append(x.backward(PrivateBind((rows,), row, MAP)))
+                else:
+                    parts.append(x.release())
+        return run_unit(parts, private=True)
+
+    def _stack(self, present: list[int], *rows: Any) -> Any:
+        return stack_rows(self.xp, rows, present, len(self.tapes), self.out)
+
+    def _vjp(self, i: int, delta: Any) -> Any:
+        prim = self.tapes[0].prim
+        spec = prim.batch
+        assert spec is not None
+        vjps = spec.vjps or prim.vjps
+        xp = self.xp
+        g = vjps[i](xp, delta, self.saved if prim.saves else self.out, *self.args, **self.params)
+        if prim.broadcasts:
+            g = unbroadcast(xp, g, self.args[i])
+        elif type(g) is SparseRows and not getattr(self.tapes[0].inputs[i], "sparse_deltas", False):
+            g = g.to_dense(xp)
+        return g
+
+
+def _row(xp: Any, k: int, like: Any, rows: Any) -> Any:
+    """Row ``k`` of a stacked delta, shaped (and typed: float or array) like the call's input."""
+    r = rows[k]
+    if type(like) is float:
+        return float(r)
+    if tuple(r.shape) != tuple(like.shape):
+        r = xp.reshape(r, like.shape)
+    return np.asarray(r) if isinstance(r, np.generic) else r
