@@ -33,11 +33,13 @@ Accuracy is measured at the roots, as in the SST papers: fine-grained (5 classes
 neutral roots are dropped and a prediction is positive when the two positive classes are more
 probable together than the two negative ones.
 
-The network is recursive Python over the tree, one node at a time, with no manual batching: the
-cell (:meth:`Cell.leaf`, :meth:`Cell.compose`) is a small function of layers, so that an executor
-that batches equal kernels can merge the same gate of many nodes into one matmul. The tree is walked
-in post-order with a loop, not recursion, and the executor runs the graph iteratively, so a
-degenerate tree thousands of levels deep is fine.
+The network is plain Python over the tree, one node at a time, with no manual batching. The two
+node functions are ``@ml.batchable`` operations: a call records one node, and the executor's dynamic
+batching merges the calls of every node of one height, across all the trees of a batch, into one
+run of the cell on stacked rows (``--no-batching`` turns that off; the results are the same). The
+word lookups and the per-node classifier are merged the same way, op by op. The tree is walked in
+post-order with a loop, not recursion, and the executor runs the graph iteratively, so a degenerate
+tree thousands of levels deep is fine.
 
 Run it: ``python examples/tree_lstm.py`` (synthetic trees from ``monadl.data.sst``), or
 ``python examples/tree_lstm.py --data path/to/trainDevTestTrees_PTB`` for the real treebank.
@@ -106,20 +108,35 @@ class Cell:
         inner = [Affine.new(2 * hidden, hidden, rng, dtype) for _ in range(5)]
         return Cell(*leaf, *inner)
 
-    def leaf(self, x: ml.AnyArray) -> State:
+    def leaf(self, x: ArrayLayer) -> State:
         """A leaf, from its word's embedding ``x``."""
-        c = self.leaf_c(x)
-        return State(ml.sigmoid(self.leaf_o(x)) * ml.tanh(c), c)
+        return State(*self.leaf_cell(x))
 
     def compose(self, left: State, right: State) -> State:
         """An inner node, from its children's states."""
-        children = ml.concatenate([left.h, right.h])  # [h_l; h_r], shared by the five gates
+        return State(*self.inner_cell(left.h, left.c, right.h, right.c))
+
+    # The node functions proper, on layers: batchable operations, so the calls of many nodes merge
+    # (their arguments then have a leading axis of rows: hence ``axis=-1``).
+
+    @ml.batchable
+    def leaf_cell(self, x: ArrayLayer) -> tuple[ArrayLayer, ArrayLayer]:
+        """``(h, c)`` of a leaf."""
+        c = self.leaf_c(x)
+        return ml.sigmoid(self.leaf_o(x)) * ml.tanh(c), c
+
+    @ml.batchable
+    def inner_cell(
+        self, h_left: ArrayLayer, c_left: ArrayLayer, h_right: ArrayLayer, c_right: ArrayLayer
+    ) -> tuple[ArrayLayer, ArrayLayer]:
+        """``(h, c)`` of an inner node."""
+        children = ml.concatenate([h_left, h_right], axis=-1)  # [h_l; h_r], shared by the five gates
         i, f_left, f_right, o = (
             ml.sigmoid(gate(children)) for gate in (self.i, self.f_left, self.f_right, self.o)
         )
         u = ml.tanh(self.u(children))
-        c = i * u + f_left * left.c + f_right * right.c
-        return State(o * ml.tanh(c), c)
+        c = i * u + f_left * c_left + f_right * c_right
+        return o * ml.tanh(c), c
 
 
 def _raised(result: Result[Any, Exception]) -> Any:
@@ -177,40 +194,30 @@ class TreeLstm:
     def states(self, tree: Tree, word_id: WordId) -> list[tuple[Tree, State]]:
         """Every node of ``tree`` with its state, children before parents (the root last)."""
         nodes = list(tree.nodes())  # post-order, by a loop: no Python recursion at any depth
-        words = np.asarray([word_id(node.word) for node in nodes if node.word is not None], dtype=np.int64)
-        # The tree's words in one lookup. The table's delta is dense for now: a zero table the size
-        # of the vocabulary with the used rows added in (a sparse delta of those rows only is a later
-        # issue). So one lookup per tree makes one such table per tree, where a lookup per leaf would
-        # make one per leaf: with 20,000 words, a step of 25 trees held 6.9 GB instead of 0.4 GB.
-        embedded = ml.take_rows(self.embeddings, words)
         states: dict[int, State] = {}  # by id(node)
-        leaves = 0
         for node in nodes:
             if node.left is None or node.right is None:
-                states[id(node)] = self.cell.leaf(ml.take_rows(embedded, leaves))
-                leaves += 1
+                # One lookup per leaf: batching merges them (one sparse delta of the rows used).
+                word = word_id(node.word) if node.word is not None else 0
+                states[id(node)] = self.cell.leaf(ml.take_rows(self.embeddings, word))
             else:
                 states[id(node)] = self.cell.compose(states[id(node.left)], states[id(node.right)])
         return [(node, states[id(node)]) for node in nodes]
 
     def tree_loss(self, tree: Tree, word_id: WordId) -> FloatLayer:
         """The sum over the nodes of ``tree`` of the cross-entropy of each node's label."""
-        total: FloatLayer | None = None
-        for node, state in self.states(tree, word_id):
-            loss = ml.cross_entropy(self.classifier(state.h), np.asarray(node.label, dtype=np.int64))
-            total = loss if total is None else total + loss
-        assert total is not None  # a tree has at least one node
-        return total
+        return ml.add_n(
+            [
+                ml.cross_entropy(self.classifier(state.h), np.asarray(node.label, dtype=np.int64))
+                for node, state in self.states(tree, word_id)
+            ]
+        )
 
     def loss(self, trees: Sequence[Tree], word_id: WordId) -> FloatLayer:
-        """The sum of the trees' losses."""
+        """The sum of the trees' losses (one ``add_n``: the trees are independent sub-graphs)."""
         if not trees:
             raise ValueError("loss: needs at least one tree")
-        losses = [self.tree_loss(tree, word_id) for tree in trees]
-        total = losses[0]
-        for loss in losses[1:]:
-            total = total + loss
-        return total
+        return ml.add_n([self.tree_loss(tree, word_id) for tree in trees])
 
     def step(self, trees: Sequence[Tree], word_id: WordId) -> float:
         """One Adagrad step on the mean loss per tree of a batch; returns that mean, or raises what
@@ -221,8 +228,17 @@ class TreeLstm:
 
     def root_logits(self, tree: Tree, word_id: WordId) -> np.ndarray:
         """The classifier's scores for the root of ``tree`` (a forward pass only)."""
-        root = self.states(tree, word_id)[-1][1]
-        return np.asarray(_raised(self.classifier(root.h).predict_blocking(executor=self.executor)))
+        logits: np.ndarray = self.predict_roots([tree], word_id)[0]
+        return logits
+
+    def predict_roots(self, trees: Sequence[Tree], word_id: WordId) -> np.ndarray:
+        """The classifier's scores for the roots of ``trees``, shape ``(len(trees), classes)``: one
+        forward pass for them all, so batching merges their nodes."""
+        if not trees:
+            raise ValueError("predict_roots: needs at least one tree")
+        roots = [ml.reshape(self.classifier(self.states(tree, word_id)[-1][1].h), (1, -1)) for tree in trees]
+        scores = ml.concatenate(roots) if len(roots) > 1 else roots[0]
+        return np.asarray(_raised(scores.predict_blocking(executor=self.executor)))
 
     def predict(self, tree: Tree, word_id: WordId) -> int:
         """The most probable class of the root of ``tree``."""
@@ -234,8 +250,8 @@ class TreeLstm:
         middle are more probable together than those below it."""
         middle = self.classes // 2  # the neutral class (2 of 0-4)
         fine = binary = binary_total = 0
-        for tree in trees:
-            logits = self.root_logits(tree, word_id)
+        chunks = [self.predict_roots(trees[i : i + 256], word_id) for i in range(0, len(trees), 256)]
+        for tree, logits in zip(trees, (row for chunk in chunks for row in chunk), strict=True):
             fine += int(np.argmax(logits)) == tree.label
             if tree.label != middle:
                 p = np.exp(logits - np.max(logits))
@@ -260,6 +276,7 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
     parser.add_argument("--learning-rate", type=float, default=0.05)
     parser.add_argument("--weight-decay", type=float, default=0.0, help="L2 (Tai et al.: 1e-4)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-batching", action="store_true", help="run every kernel on its own")
     args = parser.parse_args(argv)
 
     sizes = {"train": args.trees, "dev": max(args.trees // 4, 1)}
@@ -274,6 +291,7 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
         seed=args.seed,
         learning_rate=args.learning_rate,
         weight_decay=args.weight_decay,
+        executor=ml.Executor(batching=not args.no_batching),
     )
     rng = np.random.default_rng(args.seed)
     losses: list[float] = []

@@ -8,8 +8,10 @@ training step; independent sub-graphs run in parallel on the executor's thread p
 from monadl.do import Do, Executor, default_executor, gather, pure, set_default_executor
 from monadl.dsl.direct import direct, parallel
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer
+from monadl.dsl.operation import batchable
 from monadl.dsl.ops import (
     abs,
+    add_n,
     concatenate,
     cross_entropy,
     dot,
@@ -50,6 +52,8 @@ from monadl.typeclasses.deep_learning import DeepLearning
 __version__ = "0.1.0"
 
 __all__ = [
+    "add_n",
+    "batchable",
     "SGD",
     "Adagrad",
     "Adam",

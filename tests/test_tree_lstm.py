@@ -8,6 +8,7 @@ Trees are built by hand with ``monadl.data.trees.Tree``; only the test of ``main
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -184,8 +185,8 @@ def test_accuracy_is_fine_grained_and_binary_without_neutral_roots() -> None:
     }
 
     class FixedScores(TreeLstm):
-        def root_logits(self, tree: Tree, word_id: WordId) -> np.ndarray:
-            return np.asarray(scores[tree.label])
+        def predict_roots(self, trees: Sequence[Tree], word_id: WordId) -> np.ndarray:
+            return np.asarray([scores[tree.label] for tree in trees])
 
     model = FixedScores(4, embedding=2, hidden=2)
     trees = [leaf("movie", label) for label in scores]

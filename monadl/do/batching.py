@@ -52,3 +52,11 @@ class RunStats:
     """Merged groups (of two or more calls)."""
     kinds: dict[str, int] = field(default_factory=dict)
     """Launches of batchable work by kind (a merged group counts once; a call on its own too)."""
+
+    def add(self, other: RunStats) -> None:
+        """Adds ``other``'s counts to these (statistics over several runs)."""
+        self.kernels += other.kernels
+        self.merged += other.merged
+        self.groups += other.groups
+        for name, count in other.kinds.items():
+            self.kinds[name] = self.kinds.get(name, 0) + count

@@ -123,7 +123,7 @@ class OpTape(SharedTape[Any, Any]):
     def _fire(self) -> Do[None]:
         if self.group is None:
             return SharedTape._fire(self)
-        return self.group.fired(self.index, self.take_delta())  # a merged op: backward merged too
+        return self.group.fired(self.index, self.take_deltas())  # a merged op: backward merged too
 
     def _backward(self, delta: Do[Any]) -> Do[None]:
         parts: list[Do[None]] = []

@@ -24,7 +24,7 @@ import numpy as np
 
 from monadl.do.do import KERNEL_MAP, MAP, Bind, Do, PrivateBind, PrivateKernel, run_unit
 from monadl.dsl.primitives import Batching, Primitive
-from monadl.tape.batch import BatchGroup, stack_rows
+from monadl.tape.batch import BatchGroup, given_deltas, stack_rows
 from monadl.typeclasses.backend import ShapeError, namespace, shape_of, unbroadcast
 from monadl.typeclasses.sparse import SparseRows
 
@@ -208,23 +208,20 @@ class _OpGroup:
     def cost(self) -> float:
         return _cost(self.tapes)
 
-    def backward(self, deltas: list[Do[Any] | None]) -> Do[None]:
+    def backward(self, deltas: list[list[Do[Any]] | None]) -> Do[None]:
         """The members' backward, merged: one vjp kernel per input that wants a delta."""
         tapes = self.tapes
         n = len(tapes)
-        present = [k for k, d in enumerate(deltas) if d is not None]
-        if not present:
+        owners, given = given_deltas(deltas)
+        if not owners:
             return run_unit((x.release() for t in tapes for x in t.inputs if x.requires_delta), private=True)
         wanted = [i for i in range(len(self.args)) if any(t.inputs[i].requires_delta for t in tapes)]
         if not wanted:
             return run_unit((), private=True)
-        stack = functools.partial(self._stack, present)
+        stack = functools.partial(self._stack, owners)
         kind = Bind if len(wanted) > 1 else PrivateBind  # memoised if several vjps read it
-        given: tuple[Do[Any], ...] = tuple(d for d in deltas if d is not None)
         delta: Do[Any] = kind(given, stack, KERNEL_MAP, self.cost)
-        is_present = [False] * n
-        for k in present:
-            is_present[k] = True
+        is_present = [d is not None for d in deltas]
         parts: list[Do[None]] = []
         for i in wanted:
             vjp = functools.partial(self._vjp, i)
@@ -245,8 +242,8 @@ class _OpGroup:
                     parts.append(x.release())
         return run_unit(parts, private=True)
 
-    def _stack(self, present: list[int], *rows: Any) -> Any:
-        return stack_rows(self.xp, rows, present, len(self.tapes), self.out)
+    def _stack(self, owners: list[int], *rows: Any) -> Any:
+        return stack_rows(self.xp, rows, owners, len(self.tapes), self.out)
 
     def _vjp(self, i: int, delta: Any) -> Any:
         prim = self.tapes[0].prim

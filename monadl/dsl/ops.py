@@ -150,6 +150,20 @@ def sum(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLayer
 
 
 @overload
+def add_n(xs: Sequence[AnyFloat]) -> FloatLayer: ...
+@overload
+def add_n(xs: Sequence[AnyArray]) -> ArrayLayer: ...
+def add_n(xs: Sequence[AnyFloat] | Sequence[AnyArray]) -> FloatLayer | ArrayLayer:
+    """The sum of ``xs`` as one op (DyNet's ``esum``): a loss summed over many terms is one kernel,
+    not a chain of additions that must run one after another."""
+    if not xs:
+        raise ValueError("add_n: needs at least one operand")
+    if len(xs) == 1:
+        return lift(xs[0])
+    return apply(P.add_n(len(xs)), *xs)
+
+
+@overload
 def mean(x: AnyArray, axis: None = None) -> FloatLayer: ...
 @overload
 def mean(x: AnyArray, axis: int | tuple[int, ...], *, keepdims: bool = False) -> ArrayLayer: ...

@@ -87,6 +87,11 @@ class SharedTape(Tape[Data, Delta], Generic[Data, Delta]):
             return run_unit(t.release() for t in self.inputs)
         return self._backward(delta)
 
+    def take_deltas(self) -> list[Do[Delta]] | None:
+        """The consumers' deltas, unsummed, and forgotten here; None if there were none."""
+        deltas, self._deltas = self._deltas, None
+        return deltas or None
+
     def take_delta(self) -> Do[Delta] | None:
         """The consumers' deltas, summed (lazily), and forgotten here; None if there were none."""
         deltas, self._deltas = self._deltas, None

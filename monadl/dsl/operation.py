@@ -1,0 +1,276 @@
+"""Batchable operations (as TensorFlow Fold does): a differentiable function whose calls merge.
+
+``@batchable`` declares a function of layers a batchable operation. A call records one node instead
+of the function's whole graph. When the executor runs it with dynamic batching, the calls with
+equal signatures (the function; the identities of the weights and other non-layer arguments it is
+given; each layer argument's per-row shape, dtype and array type) merge: each layer argument of the
+calls is stacked into one array of rows, the function's body runs *once* on those stacked layers,
+and row k of each result goes back to call k. The cost of recording and running a cell of a
+Tree-LSTM is then independent of the number of nodes it is applied to. Its backward is merged too:
+the rows' deltas are stacked for the body's backward, and the stacked inputs' deltas are split back.
+
+The body must treat a leading axis as the rows' axis: ``linear``, elementwise ops and
+``concatenate(..., axis=-1)`` do. A call that merges with no other (and every call when batching is
+off) runs the body on its own arguments, exactly as the undecorated function would. The first call
+of an operation runs the body directly too, to learn its result's structure (a layer, or a tuple of
+layers), which must be the same for every call.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import types
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Generic, ParamSpec, TypeVar, cast
+
+import numpy as np
+
+from monadl.do.do import FLAT, KERNEL_MAP, MAP, Batch, Bind, Do, PrivateBind, Pure, gather_all, run_unit
+from monadl.dsl.apply import forward_of
+from monadl.dsl.base import Differentiable
+from monadl.dsl.layers import ArrayLayer, FloatLayer
+from monadl.dsl.weights import ArrayWeight, FloatWeight
+from monadl.tape.batch import BatchGroup, RowTape, given_deltas, stack_rows
+from monadl.tape.shared import SharedTape, _current_step
+from monadl.tape.tape import Tape
+from monadl.typeclasses.backend import is_array, namespace
+from monadl.typeclasses.deep_learning import DeepLearning
+from monadl.typeclasses.monoid import SUM
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+Layer = ArrayLayer | FloatLayer
+
+
+def batchable(f: Callable[P, R]) -> Callable[P, R]:
+    """Declares ``f``, a function of layers returning a layer or a tuple of layers, a batchable
+    operation: its calls of equal signature merge into one call on stacked rows (see the module)."""
+    return cast("Callable[P, R]", Operation(f))
+
+
+class Operation(Generic[P, R]):
+    """A batchable operation: ``f`` and the structure of its results (learnt on the first call)."""
+
+    def __init__(self, f: Callable[P, R]) -> None:
+        functools.update_wrapper(self, f)
+        self.f = f
+        self.structure: tuple[type[Layer], ...] | None = None  # the results' layer types
+        self.single = True  # f returns one layer (not a tuple)
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        return self if instance is None else types.MethodType(self, instance)
+
+    def __repr__(self) -> str:
+        return f"batchable({self.f.__qualname__})"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.structure is None:
+            result = self.f(*args, **kwargs)
+            self._learn(result)
+            return result
+        rows = [i for i, a in enumerate(args) if _is_row(a)]
+        statics = tuple(_static_key(a) for a in args if not _is_row(a))
+        call = _Call(self, args, kwargs, rows, statics)
+        node: Do[Any] = Bind(tuple(forward_of(args[i], self.f.__qualname__) for i in rows), call, FLAT)
+        outputs = [
+            cls(Bind((node,), functools.partial(_item, j), MAP)) for j, cls in enumerate(self.structure)
+        ]
+        return outputs[0] if self.single else tuple(outputs)
+
+    def _learn(self, result: object) -> None:
+        results = result if isinstance(result, tuple) else (result,)
+        if not results or not all(isinstance(r, (ArrayLayer, FloatLayer)) for r in results):
+            raise TypeError(
+                f"batchable {self.f.__qualname__}: must return a layer or a tuple of layers, "
+                f"got {type(result).__name__}"
+            )
+        self.single = not isinstance(result, tuple)
+        self.structure = tuple(type(r) for r in results)
+
+
+def _is_row(a: object) -> bool:
+    """Layers and arrays are stacked; weights are shared (a weight is one value for every row)."""
+    kind = type(a)
+    row = _row_kinds.get(kind)
+    if row is None:  # once per type: a check against the DeepLearning protocol is slow
+        if issubclass(kind, (ArrayWeight, FloatWeight)):
+            row = False
+        else:
+            row = issubclass(kind, Differentiable) or is_array(a) or isinstance(a, DeepLearning)
+        _row_kinds[kind] = row
+    return row
+
+
+_row_kinds: dict[type, bool] = {}
+
+
+def _static_key(a: object) -> Hashable:
+    """A non-layer argument's part of a signature: its value if a plain scalar, else its identity
+    (the weights a call is given, the object a method is bound to)."""
+    return ("value", a) if type(a) in (int, float, str, bool) else id(a)
+
+
+def _item(j: int, tapes: tuple[Tape[Any, Any], ...]) -> Tape[Any, Any]:
+    return tapes[j]
+
+
+class _Call:
+    """One call of an operation: its arguments, and (once its layer arguments ran) their tapes."""
+
+    __slots__ = ("args", "kwargs", "op", "rows", "statics", "tapes")
+
+    def __init__(
+        self,
+        op: Operation[Any, Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        rows: list[int],
+        statics: tuple[Hashable, ...],
+    ) -> None:
+        self.op = op
+        self.args = args
+        self.kwargs = kwargs
+        self.rows = rows
+        self.statics = statics
+        self.tapes: tuple[Tape[Any, Any], ...] = ()
+
+    def __call__(self, *tapes: Tape[Any, Any]) -> Do[tuple[Tape[Any, Any], ...]]:
+        self.tapes = tapes
+        return Batch(_alone, (self,), OPERATION_BATCHER)
+
+    def arguments(self, layers: Sequence[object]) -> list[Any]:
+        """The arguments, with ``layers`` in place of the layer (row) arguments."""
+        args = list(self.args)
+        for i, layer in zip(self.rows, layers, strict=True):
+            args[i] = layer
+        return args
+
+    def results(self, layers: Sequence[object]) -> Do[tuple[Tape[Any, Any], ...]]:
+        """The tapes of the body's results, run on ``layers`` in place of the layer arguments."""
+        result = self.op.f(*self.arguments(layers), **self.kwargs)
+        results = result if isinstance(result, tuple) else (result,)
+        return gather_all(forward_of(r, self.op.f.__qualname__) for r in results)
+
+
+def _layer(tape: Tape[Any, Any]) -> Layer:
+    return FloatLayer(Pure(tape)) if type(tape.data) is float else ArrayLayer(Pure(tape))
+
+
+def _alone(call: _Call) -> Do[tuple[Tape[Any, Any], ...]]:
+    """A call on its own: the body on the call's own arguments, as the plain function."""
+    return call.results([_layer(t) for t in call.tapes])
+
+
+class OperationBatcher:
+    """The :class:`~monadl.do.batching.Batcher` of batchable operations."""
+
+    def signature(self, node: Any) -> Hashable | None:
+        call: _Call = node.args[0]
+        kwargs = tuple((name, _static_key(v)) for name, v in call.kwargs.items())
+        key: list[Hashable] = [call.op, call.statics, kwargs]
+        for t in call.tapes:
+            d = t.data
+            key.append(float if type(d) is float else (type(d), d.shape, d.dtype))
+        return tuple(key)
+
+    def name(self, signature: Hashable) -> str:
+        return signature[0].f.__qualname__  # type: ignore[index, no-any-return]
+
+    def run(self, nodes: list[Any]) -> Do[list[Any]]:
+        calls: list[_Call] = [node.args[0] for node in nodes]
+        first = calls[0]
+        step = _current_step.get()
+        stacked = [_stack([c.tapes[j] for c in calls], step) for j in range(len(first.rows))]
+        body = first.results([_layer(t) for t in stacked])
+        structure = first.op.structure
+        assert structure is not None  # learnt by the operation's first call
+        return Bind((body,), functools.partial(_scatter, len(calls), step, structure), MAP)
+
+
+OPERATION_BATCHER = OperationBatcher()
+
+
+def _stack(tapes: list[Tape[Any, Any]], step: Any) -> Tape[Any, Any]:
+    """The calls' values of one layer argument as the rows of one tape."""
+    datas = [t.data for t in tapes]
+    if type(datas[0]) is float:
+        data: Any = np.asarray(datas, dtype=np.float64)
+    else:
+        data = (np if type(datas[0]) is np.ndarray else namespace(datas[0])).stack(datas)
+    wanting = [(k, t) for k, t in enumerate(tapes) if t.requires_delta]
+    if not wanting:
+        return Tape(data)
+    for _, t in wanting:
+        t.acquire()
+    tape = StackTape(data, wanting)
+    if step is not None:
+        step.register(tape)
+    return tape
+
+
+class StackTape(SharedTape[Any, Any]):
+    """Tapes stacked as rows: its delta is split back into the rows' tapes."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, data: Any, rows: list[tuple[int, Tape[Any, Any]]]) -> None:
+        super().__init__(data, tuple(t for _, t in rows))
+        self.rows = [k for k, _ in rows]
+        self.fanout = len(rows)
+
+    def _sum(self, deltas: Sequence[Do[Any]]) -> Do[Any]:
+        return SUM.sum_lazy(deltas, float(math.prod(self.data.shape)))
+
+    def _backward(self, delta: Do[Any]) -> Do[None]:
+        parts = [
+            t.backward(PrivateBind((delta,), functools.partial(_row, k, t.data), MAP))
+            for k, t in zip(self.rows, self.inputs, strict=True)
+        ]
+        return run_unit(parts, private=True)
+
+
+def _row(k: int, like: Any, rows: Any) -> Any:
+    r = rows[k]
+    if type(like) is float:
+        return float(r)
+    return np.asarray(r) if isinstance(r, np.generic) else r
+
+
+def _scatter(
+    n: int, step: Any, structure: tuple[type[Layer], ...], results: tuple[Tape[Any, Any], ...]
+) -> list[tuple[Tape[Any, Any], ...]]:
+    """Row k of each of the body's results, as call k's results."""
+    columns: list[list[Tape[Any, Any]]] = []
+    for out, kind in zip(results, structure, strict=True):
+        data = out.data
+        scalar = kind is FloatLayer
+        rows_of = [float(data[k]) if scalar else _row(k, data, data) for k in range(n)]
+        if not out.requires_delta:
+            columns.append([Tape(r) for r in rows_of])
+            continue
+        source = cast("SharedTape[Any, Any]", out)
+        source.acquire()
+        group = BatchGroup(n, functools.partial(_rows_backward, source))
+        cost = float(math.prod(data.shape))
+        members: list[Tape[Any, Any]] = []
+        for k, r in enumerate(rows_of):
+            member = RowTape(r, source, group, k, cost)
+            if step is not None:
+                step.register(member)
+            members.append(member)
+        columns.append(members)
+    return [tuple(column[k] for column in columns) for k in range(n)]
+
+
+def _rows_backward(source: SharedTape[Any, Any], deltas: list[list[Do[Any]] | None]) -> Do[None]:
+    owners, given = given_deltas(deltas)
+    if not owners:
+        return source.release()
+    like = source.data
+
+    def stack(*rows: Any) -> Any:
+        return stack_rows(namespace(like), rows, owners, len(deltas), like)
+
+    return source.backward(PrivateBind(given, stack, KERNEL_MAP, float(math.prod(like.shape))))
