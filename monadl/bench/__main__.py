@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
-from monadl.bench import columns, overhead
+from monadl.bench import columns, overhead, treelstm
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     benchmarks = [
         ("overhead", overhead, "per-op overhead of forward and forward + backward, against plain NumPy"),
         ("columns", columns, "the CIFAR-100 column benchmark of the DeepLearning.scala 2 paper"),
+        ("treelstm", treelstm, "Tree-LSTM trees/s, dynamic batching on and off, against PyTorch and DyNet"),
     ]
     for name, module, summary in benchmarks:
         sub = commands.add_parser(

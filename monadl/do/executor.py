@@ -437,6 +437,16 @@ class _Run:
                     v = memo[s] = s.thunk()  # type: ignore[attr-defined]
                     values.append(v)
                     continue
+                if tag & ~PRIVATE == BIND and s.mode == MAP and len(s.sources) == 1:  # type: ignore[attr-defined]
+                    # A cheap map of a known value (a row of a merged result): no fiber for it.
+                    source = s.sources[0]  # type: ignore[attr-defined]
+                    known = source.value if source.tag == PURE else memo.get(source, _MISSING)
+                    if known is not _MISSING and known is not _PENDING:
+                        v = s.f(known)  # type: ignore[attr-defined]
+                        if not tag & PRIVATE:
+                            memo[s] = v
+                        values.append(v)
+                        continue
                 missing.append(i)
                 values.append(None)
             elif v is _PENDING:

@@ -23,7 +23,7 @@ from monadl.do.do import FLAT, KERNEL_MAP, Bind, Do, PrivateBind, PrivateKernel,
 from monadl.dsl.base import Differentiable
 from monadl.dsl.batching import OP_BATCHER
 from monadl.dsl.primitives import Primitive
-from monadl.tape.batch import BatchGroup
+from monadl.tape.batch import BatchGroup, release_member
 from monadl.tape.shared import SharedTape, _current_step
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import (
@@ -119,6 +119,13 @@ class OpTape(SharedTape[Any, Any]):
 
     def _sum(self, deltas: Sequence[Do[Any]]) -> Do[Any]:
         return SUM.sum_lazy(deltas, self.estimate_cost)
+
+    def _last_release(self) -> Do[None]:
+        if self.group is not None:
+            done = release_member(self, self.group, self.index)
+            if done is not None:
+                return done
+        return SharedTape._last_release(self)
 
     def _fire(self) -> Do[None]:
         if self.group is None:

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from monadl.do.do import KERNEL_MAP, MAP, Bind, Do, PrivateBind, PrivateKernel, run_unit
+from monadl.do.do import KERNEL_MAP, Bind, Do, PrivateBind, PrivateKernel, run_unit
 from monadl.dsl.primitives import Batching, Primitive
-from monadl.tape.batch import BatchGroup, given_deltas, stack_rows
+from monadl.tape.batch import BatchGroup, RowOf, stacked_delta
 from monadl.typeclasses.backend import ShapeError, namespace, shape_of, unbroadcast
 from monadl.typeclasses.sparse import SparseRows
 
@@ -212,15 +212,12 @@ class _OpGroup:
         """The members' backward, merged: one vjp kernel per input that wants a delta."""
         tapes = self.tapes
         n = len(tapes)
-        owners, given = given_deltas(deltas)
-        if not owners:
-            return run_unit((x.release() for t in tapes for x in t.inputs if x.requires_delta), private=True)
         wanted = [i for i in range(len(self.args)) if any(t.inputs[i].requires_delta for t in tapes)]
+        delta = stacked_delta(self.xp, deltas, self.out, self.cost, shared=len(wanted) > 1)
+        if delta is None:
+            return run_unit((x.release() for t in tapes for x in t.inputs if x.requires_delta), private=True)
         if not wanted:
             return run_unit((), private=True)
-        stack = functools.partial(self._stack, owners)
-        kind = Bind if len(wanted) > 1 else PrivateBind  # memoised if several vjps read it
-        delta: Do[Any] = kind(given, stack, KERNEL_MAP, self.cost)
         is_present = [d is not None for d in deltas]
         parts: list[Do[None]] = []
         for i in wanted:
@@ -236,14 +233,10 @@ class _OpGroup:
                 if not x.requires_delta:
                     continue
                 if is_present[k]:
-                    row = functools.partial(_row, self.xp, k, t.args[i])
-                    parts.append(x.backward(PrivateBind((rows,), row, MAP)))
+                    parts.append(x.backward(RowOf(rows, k, t.args[i], self.xp)))
                 else:
                     parts.append(x.release())
         return run_unit(parts, private=True)
-
-    def _stack(self, owners: list[int], *rows: Any) -> Any:
-        return stack_rows(self.xp, rows, owners, len(self.tapes), self.out)
 
     def _vjp(self, i: int, delta: Any) -> Any:
         prim = self.tapes[0].prim
@@ -257,13 +250,3 @@ class _OpGroup:
         elif type(g) is SparseRows and not getattr(self.tapes[0].inputs[i], "sparse_deltas", False):
             g = g.to_dense(xp)
         return g
-
-
-def _row(xp: Any, k: int, like: Any, rows: Any) -> Any:
-    """Row ``k`` of a stacked delta, shaped (and typed: float or array) like the call's input."""
-    r = rows[k]
-    if type(like) is float:
-        return float(r)
-    if tuple(r.shape) != tuple(like.shape):
-        r = xp.reshape(r, like.shape)
-    return np.asarray(r) if isinstance(r, np.generic) else r

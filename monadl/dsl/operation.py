@@ -26,12 +26,12 @@ from typing import Any, Generic, ParamSpec, TypeVar, cast
 
 import numpy as np
 
-from monadl.do.do import FLAT, KERNEL_MAP, MAP, Batch, Bind, Do, PrivateBind, Pure, gather_all, run_unit
+from monadl.do.do import FLAT, MAP, Batch, Bind, Do, Pure, gather_all, run_unit
 from monadl.dsl.apply import forward_of
 from monadl.dsl.base import Differentiable
 from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.weights import ArrayWeight, FloatWeight
-from monadl.tape.batch import BatchGroup, RowTape, given_deltas, stack_rows
+from monadl.tape.batch import BatchGroup, RowOf, RowTape, row_of, stacked_delta
 from monadl.tape.shared import SharedTape, _current_step
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import is_array, namespace
@@ -224,18 +224,9 @@ class StackTape(SharedTape[Any, Any]):
         return SUM.sum_lazy(deltas, float(math.prod(self.data.shape)))
 
     def _backward(self, delta: Do[Any]) -> Do[None]:
-        parts = [
-            t.backward(PrivateBind((delta,), functools.partial(_row, k, t.data), MAP))
-            for k, t in zip(self.rows, self.inputs, strict=True)
-        ]
+        xp = namespace(self.data)
+        parts = [t.backward(RowOf(delta, k, t.data, xp)) for k, t in zip(self.rows, self.inputs, strict=True)]
         return run_unit(parts, private=True)
-
-
-def _row(k: int, like: Any, rows: Any) -> Any:
-    r = rows[k]
-    if type(like) is float:
-        return float(r)
-    return np.asarray(r) if isinstance(r, np.generic) else r
 
 
 def _scatter(
@@ -246,7 +237,8 @@ def _scatter(
     for out, kind in zip(results, structure, strict=True):
         data = out.data
         scalar = kind is FloatLayer
-        rows_of = [float(data[k]) if scalar else _row(k, data, data) for k in range(n)]
+        xp = namespace(data)
+        rows_of = [float(data[k]) if scalar else row_of(xp, k, data[k], data) for k in range(n)]
         if not out.requires_delta:
             columns.append([Tape(r) for r in rows_of])
             continue
@@ -265,12 +257,6 @@ def _scatter(
 
 
 def _rows_backward(source: SharedTape[Any, Any], deltas: list[list[Do[Any]] | None]) -> Do[None]:
-    owners, given = given_deltas(deltas)
-    if not owners:
-        return source.release()
     like = source.data
-
-    def stack(*rows: Any) -> Any:
-        return stack_rows(namespace(like), rows, owners, len(deltas), like)
-
-    return source.backward(PrivateBind(given, stack, KERNEL_MAP, float(math.prod(like.shape))))
+    delta = stacked_delta(namespace(like), deltas, like, float(math.prod(like.shape)), shared=False)
+    return source.release() if delta is None else source.backward(delta)

@@ -234,5 +234,8 @@ def cross_entropy(logits: AnyArray, targets: AnyNDArray) -> FloatLayer:
     xp = namespace(targets)
     labels = None
     if xp.isdtype(targets.dtype, "integral"):  # checked once here, not at every run
-        labels = (int(xp.min(targets)), int(xp.max(targets))) if math.prod(targets.shape) else (0, 0)
+        if not targets.shape:  # one label (a node of a tree): no reduction needed
+            labels = (int(targets), int(targets))
+        else:
+            labels = (int(xp.min(targets)), int(xp.max(targets))) if math.prod(targets.shape) else (0, 0)
     return apply_float(P.cross_entropy, logits, targets=targets, labels=labels)

@@ -281,14 +281,18 @@ def _check_take(table: Any, indices: Any) -> None:
     n = table.shape[0] if table.ndim else 0
     if table.ndim == 0:
         raise ShapeError("take_rows: cannot index rows of a 0-d array")
-    if math.prod(indices.shape):
+    if not indices.shape:  # one row (a word)
+        lo = hi = int(indices)
+    elif math.prod(indices.shape):
         xp = indices.__array_namespace__()
         lo, hi = int(xp.min(indices)), int(xp.max(indices))
-        if lo < 0 or hi >= n:
-            raise ShapeError(
-                f"take_rows: row index {lo if lo < 0 else hi} is out of range for a table of shape "
-                f"{tuple(table.shape)}"
-            )
+    else:
+        return
+    if lo < 0 or hi >= n:
+        raise ShapeError(
+            f"take_rows: row index {lo if lo < 0 else hi} is out of range for a table of shape "
+            f"{tuple(table.shape)}"
+        )
 
 
 take_rows = Primitive(

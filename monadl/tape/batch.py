@@ -14,14 +14,17 @@ forward pass, so none is upstream of another, and no member's delta depends on a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from monadl.do.do import UNIT, Do
+import numpy as np
+
+from monadl.do.do import KERNEL_MAP, MAP, UNIT, Bind, Do, PrivateBind
 from monadl.tape.shared import SharedTape
 from monadl.tape.tape import Tape
 from monadl.typeclasses.monoid import SUM
-from monadl.typeclasses.sparse import SparseRows
+from monadl.typeclasses.sparse import SparseRows, scatter_add
 
 GroupBackward = Callable[[list[list[Do[Any]] | None]], Do[None]]
 
@@ -47,6 +50,16 @@ class BatchGroup:
         return self._backward(collected)
 
 
+def release_member(tape: SharedTape[Any, Any], group: BatchGroup, index: int) -> Do[None] | None:
+    """Fires a group's member on the spot if it is not the group's last (which only records its
+    deltas: no fiber needed for that); None if it is the last, whose firing must be deferred as any
+    tape's (it runs the group's backward, and the release cascade must stay iterative)."""
+    if group._remaining > 1 and tape._count == 0 and not tape._fired:
+        tape._fired = True
+        return group.fired(index, tape.take_deltas())
+    return None
+
+
 class RowTape(SharedTape[Any, Any]):
     """Row ``index`` of a batched result: its data is that row; its delta goes to its group.
 
@@ -65,31 +78,77 @@ class RowTape(SharedTape[Any, Any]):
     def _sum(self, deltas: Sequence[Do[Any]]) -> Do[Any]:
         return SUM.sum_lazy(deltas, self.cost)
 
+    def _last_release(self) -> Do[None]:
+        done = release_member(self, self.group, self.index)
+        return super()._last_release() if done is None else done
+
     def _fire(self) -> Do[None]:
         return self.group.fired(self.index, self.take_deltas())
 
 
-def given_deltas(deltas: Sequence[list[Do[Any]] | None]) -> tuple[list[int], tuple[Do[Any], ...]]:
-    """The members' deltas as one flat tuple, and for each, the row (member) it belongs to."""
-    owners: list[int] = []
-    given: list[Do[Any]] = []
+class RowOf(PrivateBind[Any]):
+    """Row ``row`` of a lazy stacked delta (``source``), shaped like a member's input. A group that
+    stacks deltas recognises these and gathers rows of one source with one indexing, instead of
+    taking each row apart and stacking them again."""
+
+    __slots__ = ("row",)
+
+    def __init__(self, source: Do[Any], row: int, like: Any, xp: Any) -> None:
+        super().__init__((source,), functools.partial(row_of, xp, row, like), MAP)
+        self.row = row
+
+
+def row_of(xp: Any, k: int, like: Any, rows: Any) -> Any:
+    """Row ``k`` of ``rows``, shaped (and typed: a float or an array) like ``like``."""
+    r = rows[k]
+    if type(like) is float:
+        return float(r)
+    if tuple(r.shape) != tuple(like.shape):
+        r = xp.reshape(r, like.shape)
+    return np.asarray(r) if isinstance(r, np.generic) else r
+
+
+def stacked_delta(
+    xp: Any, deltas: Sequence[list[Do[Any]] | None], like: Any, cost: Any, shared: bool
+) -> Do[Any] | None:
+    """The members' deltas stacked as the rows of an array shaped and typed like ``like`` (the
+    merged result): row k is the sum of member k's deltas, zero if it has none. None if no member
+    has a delta. ``shared``: the result is read by several computations (memoised)."""
+    sources: dict[Do[Any], tuple[list[int], list[int]]] = {}  # RowOf sources: (members, their rows)
+    loose_owners: list[int] = []
+    loose: list[Do[Any]] = []
     for k, ds in enumerate(deltas):
-        if ds:
-            owners.extend([k] * len(ds))
-            given.extend(ds)
-    return owners, tuple(given)
+        for d in ds or ():
+            if type(d) is RowOf:
+                members, rows = sources.setdefault(d.sources[0], ([], []))
+                members.append(k)
+                rows.append(d.row)
+            else:
+                loose_owners.append(k)
+                loose.append(d)
+    if not sources and not loose:
+        return None
+    gather = functools.partial(_gather, xp, like, list(sources.values()), loose_owners)
+    return (Bind if shared else PrivateBind)((*sources, *loose), gather, KERNEL_MAP, cost)
 
 
-def stack_rows(xp: Any, rows: Sequence[Any], owners: Sequence[int], size: int, like: Any) -> Any:
-    """The array of ``size`` rows shaped and typed like ``like`` (the batched result): row k is the
-    sum of the ``rows[j]`` with ``owners[j] == k``, zero if there are none. Rows may be floats,
-    arrays or :class:`~monadl.typeclasses.sparse.SparseRows`."""
-    dense = [r.to_dense(xp) if type(r) is SparseRows else r for r in rows]
-    if len(dense) == size and all(k == j for j, k in enumerate(owners)):  # one each, in order
-        if type(dense[0]) is float:
-            return xp.asarray(dense, dtype=like.dtype)
-        return xp.stack(dense)
+def _gather(
+    xp: Any, like: Any, indices: list[tuple[list[int], list[int]]], loose_owners: list[int], *values: Any
+) -> Any:
+    n = len(indices)
+    size = like.shape[0]
+    if n == 1 and not loose_owners:
+        members, rows = indices[0]
+        if members == rows == list(range(size)) and values[0].shape[0] == size:  # all its rows, in order
+            return xp.reshape(values[0], like.shape)
     out = xp.zeros(like.shape, dtype=like.dtype)
-    for k, r in zip(owners, dense, strict=True):
-        out[k] += r
+    for (members, rows), source in zip(indices, values[:n], strict=True):
+        picked = xp.reshape(xp.take(source, xp.asarray(rows), axis=0), (len(rows), *like.shape[1:]))
+        if len(set(members)) == len(members):
+            index = xp.asarray(members)
+            out[index] = out[index] + picked
+        else:
+            out = scatter_add(xp, out, xp.asarray(members), picked)
+    for k, d in zip(loose_owners, values[n:], strict=True):
+        out[k] += d.to_dense(xp) if type(d) is SparseRows else d
     return out

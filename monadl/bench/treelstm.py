@@ -1,0 +1,706 @@
+"""The Tree-LSTM benchmark: trees per second of the SST sentiment Tree-LSTM, training and inference,
+with monadl's dynamic batching on and off, side by side with PyTorch eager and DyNet.
+
+The model is ``examples/tree_lstm.py`` (hidden 128, embeddings 128, a classifier and a loss at every
+node, Adagrad 0.05 / 0.1), run on synthetic SST-like trees of 10-40 leaves (``--data DIR``: the real
+SST's train split). For every batch size (``--batches``, default 1 16 64 256) and phase (``train``:
+one Adagrad step on the batch; ``infer``: ``predict_roots``, one forward over the batch) it measures:
+
+  monadl batched     an Executor that merges equal kernels across and within trees
+  monadl unbatched   the same Executor with batching off: every kernel on its own (slow at big
+                     batches: skipped above --max-unbatched, 64 by default)
+  torch              the same model in PyTorch eager, node by node (when torch is installed)
+  dynet autobatch    the same model in DyNet with autobatching, and ``dynet`` without it (when
+                     ``dynet`` imports: pip install dynet38; each runs in a subprocess of its own,
+                     as DyNet fixes autobatching once per process)
+
+Each figure is the median over --repeats timed segments of at least --trees trees (a segment is
+ceil(trees / batch) steps over distinct batches of a shuffled pool), after --warmup trees, with the
+min and the max. One thread throughout: BLAS capped by threadpoolctl, torch.set_num_threads(1), DyNet
+on one CPU thread. All implementations start from the same weights (monadl's initialisation).
+
+For monadl it also reports, on the first batch of each size: the kernel launches of a training step
+and of an inference (``Executor.stats.kernels`` over its runs: a merged group counts once), against
+the depth bound = op kinds x (max tree height + 1), where op kinds = the batchable kernel kinds of the
+batched inference (``len(stats.kinds)``): a perfect batcher runs each kind once per tree level. The
+ratio is launches / bound. And the recording cost: ``model.loss`` (graph recording only, nothing
+runs), in microseconds per cell call (one per tree node).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import pickle
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from monadl.bench.treelstm_torch import PARAMETERS, TorchTreeLstm, torch_available
+from monadl.data import sst
+from monadl.data.trees import Tree
+
+WordId = Callable[[str], int]
+PHASES = ("train", "infer")
+#: Implementation name -> its label in the tables and the plot, in the order they are shown.
+LABELS = {
+    "monadl": "monadl batched",
+    "monadl-unbatched": "monadl unbatched",
+    "torch": "torch eager",
+    "dynet-autobatch": "dynet autobatch",
+    "dynet": "dynet",
+}
+_DYNET_MARK = "@@treelstm "  # the worker's result lines on its stdout start with this
+
+
+@dataclass
+class Measurement:
+    """Trees per second of one implementation, phase and batch size (and monadl's kernel counts)."""
+
+    implementation: str  # a key of LABELS
+    phase: str  # "train" or "infer"
+    batch: int
+    trees: int  # trees per timed segment
+    median: float  # trees / s
+    low: float
+    high: float
+    kernels: int | None = None  # monadl: kernel launches of one batch (the first of this size)
+    merged: int | None = None  # monadl: kernels that ran inside merged groups
+    kinds: dict[str, int] | None = None  # monadl: batchable kernel kinds -> launches
+    height: int | None = None  # the max tree height of that batch
+    bound: int | None = None  # op kinds of the batched inference x (height + 1)
+    ratio: float | None = None  # kernels / bound
+    record_us: float | None = None  # monadl train: model.loss recording, microseconds per cell call
+    samples: list[float] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Data and timing, shared by every implementation (and by the DyNet worker process)
+
+
+def load_example() -> ModuleType:
+    """``examples/tree_lstm.py`` of this checkout (the benchmark measures the example itself)."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "tree_lstm.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: run the treelstm benchmark from a monadl checkout")
+    spec = importlib.util.spec_from_file_location("tree_lstm", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("tree_lstm", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_trees(args: argparse.Namespace) -> tuple[list[Tree], str]:
+    """A shuffled pool of ``args.pool`` trees and a description: synthetic, or SST's train split."""
+    if args.data:
+        train = list(sst.open_dataset(args.data)["train"])
+        source = f"SST train split from {args.data} ({len(train)} trees)"
+    else:
+        train = sst.synthetic_trees(
+            args.pool, seed=args.seed, min_leaves=args.min_leaves, max_leaves=args.max_leaves
+        )
+        source = f"synthetic SST-like trees, {args.min_leaves}-{args.max_leaves} leaves"
+    order = np.random.default_rng(args.seed).permutation(len(train))[: args.pool]
+    pool = [train[i] for i in order]
+    leaves = [len(tree) for tree in pool]
+    heights = [tree.height() for tree in pool]
+    description = (
+        f"{source}: a pool of {len(pool)}, {statistics.mean(leaves):.1f} leaves per tree "
+        f"({min(leaves)}-{max(leaves)}), height {min(heights)}-{max(heights)}"
+    )
+    return pool, description
+
+
+def segment(pool: Sequence[Tree], batch: int, trees: int) -> list[list[Tree]]:
+    """The batches of one timed segment: ceil(trees / batch) distinct batches, the pool cycled."""
+    steps = max(1, math.ceil(trees / batch))
+    return [[pool[(k * batch + j) % len(pool)] for j in range(batch)] for k in range(steps)]
+
+
+def trees_per_second(
+    run: Callable[[Sequence[Tree]], object], batches: Sequence[Sequence[Tree]], warmup: int, repeats: int
+) -> list[float]:
+    """Trees/s of ``run`` over ``batches``, once per repeat, after ``warmup`` trees' worth of steps."""
+    per_segment = sum(len(b) for b in batches)
+    for k in range(max(1, math.ceil(warmup / len(batches[0])))):
+        run(batches[k % len(batches)])
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for b in batches:
+            run(b)
+        rates.append(per_segment / (time.perf_counter() - start))
+    return rates
+
+
+def _with_words(
+    run: Callable[[Sequence[Tree], WordId], object], word_id: WordId
+) -> Callable[[Sequence[Tree]], object]:
+    return lambda trees: run(trees, word_id)
+
+
+def _measurement(impl: str, phase: str, batches: list[list[Tree]], rates: list[float]) -> Measurement:
+    trees = sum(len(b) for b in batches)
+    return Measurement(
+        impl, phase, len(batches[0]), trees, statistics.median(rates), min(rates), max(rates), samples=rates
+    )
+
+
+def initial_params(example: ModuleType, vocabulary_size: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The initial weights of monadl's model (by the example's names), for the peers to start from."""
+    model = example.TreeLstm(vocabulary_size, args.embedding, args.hidden, seed=args.seed)
+    return {name: np.asarray(weight.data) for name, weight in model.weights.items()}
+
+
+class _Progress:
+    """A tqdm bar over the jobs (or nothing, with --no-progress)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar: Any = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="treelstm benchmark", unit="config", file=sys.stderr)
+
+    def start(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(what)
+
+    def advance(self, what: str = "") -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix_str(what)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ---------------------------------------------------------------------------------------------------
+# monadl
+
+
+def _record_us(model: Any, batches: Sequence[Sequence[Tree]], word_id: WordId, repeats: int) -> float:
+    """The median over ``repeats`` of ``model.loss``'s time (recording only) per cell call, in us."""
+    nodes = sum(2 * len(tree) - 1 for b in batches for tree in b)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for b in batches:
+            model.loss(b, word_id)
+        samples.append((time.perf_counter() - start) / nodes * 1e6)
+    return statistics.median(samples)
+
+
+def measure_monadl(
+    example: ModuleType,
+    vocabulary_size: int,
+    word_id: WordId,
+    impl: str,
+    phase: str,
+    batches: list[list[Tree]],
+    args: argparse.Namespace,
+) -> Measurement:
+    """Trees/s of the example on an Executor (``impl``: batching on or off), and its kernel counts."""
+    import monadl as ml
+
+    with ml.Executor(1, limit_blas=False, batching=impl == "monadl") as executor:
+        model = example.TreeLstm(
+            vocabulary_size, args.embedding, args.hidden, seed=args.seed, executor=executor
+        )
+        run = _with_words(model.step if phase == "train" else model.predict_roots, word_id)
+        m = _measurement(impl, phase, batches, trees_per_second(run, batches, args.warmup, args.repeats))
+        executor.stats = type(executor.stats)()  # counts from here on: a step is two runs
+        run(batches[0])  # once more, to count its kernels (forward and backward)
+        stats = executor.stats
+        m.kernels, m.merged, m.kinds = stats.kernels, stats.merged, dict(stats.kinds)
+        m.height = max(tree.height() for tree in batches[0])
+        if phase == "train":
+            m.record_us = _record_us(model, batches, word_id, args.repeats)
+    return m
+
+
+def add_bounds(results: list[Measurement]) -> None:
+    """Sets every monadl measurement's depth bound and ratio, from the batched inference's op kinds."""
+    kinds = {
+        m.batch: len(m.kinds)
+        for m in results
+        if (m.implementation, m.phase) == ("monadl", "infer") and m.kinds is not None
+    }
+    for m in results:
+        if m.kinds is not None and m.height is not None and kinds.get(m.batch):
+            m.bound = kinds[m.batch] * (m.height + 1)
+            if m.kernels is not None:
+                m.ratio = m.kernels / m.bound
+
+
+# ---------------------------------------------------------------------------------------------------
+# DyNet (run in a worker process: DyNet fixes autobatching at import, once per process)
+
+
+def dynet_available() -> bool:
+    """Whether the ``dynet`` module (the pip package dynet38) is installed here."""
+    return importlib.util.find_spec("dynet") is not None
+
+
+class DynetTreeLstm:
+    """The Tree-LSTM in DyNet: node by node like the example; ``dy`` is the imported ``dynet``.
+
+    Weights are copies of ``params`` (DyNet's matrices are (outputs, inputs): the transposes);
+    two Adagrad trainers, 0.05 and 0.1 for the embeddings, epsilon 1e-8, no gradient clipping.
+    """
+
+    def __init__(
+        self,
+        dy: Any,
+        params: Mapping[str, np.ndarray],
+        *,
+        learning_rate: float = 0.05,
+        embedding_learning_rate: float = 0.1,
+    ) -> None:
+        self.dy = dy
+        self.weights = dy.ParameterCollection()
+        self.embedding_weights = dy.ParameterCollection()
+        self.embeddings = self.embedding_weights.lookup_parameters_from_numpy(params["embeddings"])
+        gates = {name.rsplit(".", 1)[0] for name in PARAMETERS if name != "embeddings"}
+        self.affine = {
+            gate: (
+                self.weights.parameters_from_numpy(np.asarray(params[f"{gate}.b"])),
+                self.weights.parameters_from_numpy(np.ascontiguousarray(np.asarray(params[f"{gate}.w"]).T)),
+            )
+            for gate in gates
+        }
+        self.trainers = [
+            dy.AdagradTrainer(self.weights, learning_rate, 1e-8),
+            dy.AdagradTrainer(self.embedding_weights, embedding_learning_rate, 1e-8),
+        ]
+        for trainer in self.trainers:
+            trainer.set_clip_threshold(0)  # DyNet clips gradients at 5 by default; monadl does not
+
+    def _gate(self, gate: str, x: Any) -> Any:
+        b, w = self.affine[gate]
+        return self.dy.affine_transform([b, w, x])
+
+    def states(self, tree: Tree, word_id: WordId) -> list[tuple[Any, Any]]:
+        """Every node's ``(h, c)`` expressions, in post-order (the root last)."""
+        dy = self.dy
+        nodes = list(tree.nodes())
+        states: dict[int, tuple[Any, Any]] = {}
+        for node in nodes:
+            if node.left is None or node.right is None:
+                assert node.word is not None
+                x = dy.lookup(self.embeddings, word_id(node.word))
+                c = self._gate("leaf_c", x)
+                h = dy.cmult(dy.logistic(self._gate("leaf_o", x)), dy.tanh(c))
+            else:
+                h_l, c_l = states[id(node.left)]
+                h_r, c_r = states[id(node.right)]
+                children = dy.concatenate([h_l, h_r])
+                i, f_l, f_r, o = (
+                    dy.logistic(self._gate(g, children)) for g in ("i", "f_left", "f_right", "o")
+                )
+                u = dy.tanh(self._gate("u", children))
+                c = dy.cmult(i, u) + dy.cmult(f_l, c_l) + dy.cmult(f_r, c_r)
+                h = dy.cmult(o, dy.tanh(c))
+            states[id(node)] = (h, c)
+        return [states[id(node)] for node in nodes]
+
+    def _loss(self, trees: Sequence[Tree], word_id: WordId) -> Any:
+        dy = self.dy
+        dy.renew_cg()
+        losses = []
+        for tree in trees:
+            labels = [node.label for node in tree.nodes()]
+            node_losses = [
+                dy.pickneglogsoftmax(self._gate("classifier", h), label)
+                for (h, _), label in zip(self.states(tree, word_id), labels, strict=True)
+            ]
+            losses.append(dy.esum(node_losses))
+        return dy.esum(losses) * (1.0 / len(trees))
+
+    def loss(self, trees: Sequence[Tree], word_id: WordId) -> float:
+        """The mean loss per tree of the batch, forward only."""
+        return float(self._loss(trees, word_id).value())
+
+    def step(self, trees: Sequence[Tree], word_id: WordId) -> float:
+        """One Adagrad step on the mean loss per tree of the batch; returns that mean."""
+        loss = self._loss(trees, word_id)
+        value = float(loss.value())
+        loss.backward()
+        for trainer in self.trainers:
+            trainer.update()
+        return value
+
+    def predict_roots(self, trees: Sequence[Tree], word_id: WordId) -> np.ndarray:
+        """The classifier's scores at every tree's root, (len(trees), classes): one forward."""
+        dy = self.dy
+        dy.renew_cg()
+        roots = [self._gate("classifier", self.states(tree, word_id)[-1][0]) for tree in trees]
+        scores = np.asarray(dy.concatenate_cols(roots).npvalue())
+        return scores.reshape(-1, len(trees)).T
+
+
+def dynet_worker(path: str) -> None:
+    """The DyNet worker's main: runs the jobs pickled at ``path``, one result line each on stdout."""
+    with open(path, "rb") as f:
+        task = pickle.load(f)
+    import dynet_config  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
+    dynet_config.set(mem=task["mem"], random_seed=task["seed"] + 1, autobatch=int(task["autobatch"]))
+    import dynet as dy  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
+    word_id = task["vocabulary"].index
+    for phase, batch in task["jobs"]:
+        model = DynetTreeLstm(dy, task["params"])
+        batches = segment(task["pool"], batch, task["trees"])
+        run = _with_words(model.step if phase == "train" else model.predict_roots, word_id)
+        rates = trees_per_second(run, batches, task["warmup"], task["repeats"])
+        line = {"phase": phase, "batch": batch, "trees": sum(map(len, batches)), "rates": rates}
+        print(_DYNET_MARK + json.dumps(line), flush=True)
+
+
+def measure_dynet(
+    autobatch: bool,
+    jobs: list[tuple[str, int]],
+    pool: list[Tree],
+    vocabulary: sst.Vocabulary,
+    params: dict[str, np.ndarray],
+    args: argparse.Namespace,
+    progress: _Progress,
+) -> tuple[list[Measurement], str | None]:
+    """Runs ``jobs`` (phase, batch) in a DyNet worker process; returns the measurements and, if the
+    worker failed, why."""
+    impl = "dynet-autobatch" if autobatch else "dynet"
+    task = {
+        "autobatch": autobatch,
+        "jobs": jobs,
+        "pool": pool,
+        "vocabulary": vocabulary,
+        "params": params,
+        "trees": args.trees,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "seed": args.seed,
+        "mem": str(args.dynet_mem),
+    }
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    results: list[Measurement] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "task.pickle"
+        path.write_bytes(pickle.dumps(task))
+        code = "import sys; from monadl.bench.treelstm import dynet_worker; dynet_worker(sys.argv[1])"
+        with (
+            open(Path(tmp) / "stderr", "w+") as stderr,
+            subprocess.Popen(
+                [sys.executable, "-c", code, str(path)],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                env=env,
+            ) as worker,
+        ):
+            assert worker.stdout is not None
+            progress.start(f"{LABELS[impl]} {jobs[0][0]} batch {jobs[0][1]}")
+            for line in worker.stdout:
+                if not line.startswith(_DYNET_MARK):
+                    continue
+                r = json.loads(line[len(_DYNET_MARK) :])
+                batches = segment(pool, r["batch"], args.trees)
+                results.append(_measurement(impl, r["phase"], batches, r["rates"]))
+                done = len(results)
+                progress.advance(
+                    f"{LABELS[impl]} {jobs[done][0]} batch {jobs[done][1]}" if done < len(jobs) else ""
+                )
+            status = worker.wait()
+            stderr.seek(0)
+            tail = stderr.read().strip().splitlines()[-3:]
+    if status != 0 or len(results) < len(jobs):
+        return results, f"{LABELS[impl]}: the worker failed (exit {status}): " + " | ".join(tail)
+    return results, None
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run
+
+
+def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement], dict[str, Any]]:
+    """Runs every configuration; returns the measurements and a description of the run, whose notes
+    (what was skipped, and why) are also printed to ``out``."""
+    out = out or sys.stdout
+    example = load_example()
+    pool, description = load_trees(args)
+    vocabulary = sst.Vocabulary.from_trees(pool)
+    word_id = vocabulary.index
+    have_torch = not args.no_torch and torch_available()
+    have_dynet = not args.no_dynet and dynet_available()
+    notes: list[str] = []
+    if args.max_unbatched < max(args.batches):
+        skipped = [b for b in args.batches if b > args.max_unbatched]
+        notes.append(
+            f"monadl unbatched: skipped at batch {skipped} (above --max-unbatched {args.max_unbatched})"
+        )
+    if args.no_torch:
+        notes.append("torch: skipped (--no-torch)")
+    elif not have_torch:
+        notes.append("torch: not installed, its figures skipped (pip install torch)")
+    if args.no_dynet:
+        notes.append("dynet: skipped (--no-dynet)")
+    elif not have_dynet:
+        notes.append("dynet: not installed, its figures skipped (pip install dynet38)")
+
+    monadl_jobs: list[tuple[str, str, int]] = []
+    for batch in args.batches:
+        for phase in args.phases:
+            monadl_jobs.append(("monadl", phase, batch))
+            if batch <= args.max_unbatched:
+                monadl_jobs.append(("monadl-unbatched", phase, batch))
+            if have_torch:
+                monadl_jobs.append(("torch", phase, batch))
+    dynet_jobs = [(phase, batch) for batch in args.batches for phase in args.phases] if have_dynet else []
+    progress = _Progress(len(monadl_jobs) + 2 * len(dynet_jobs), args.progress)
+
+    results: list[Measurement] = []
+    params = initial_params(example, len(vocabulary), args)
+    info: dict[str, Any] = {
+        "data": description,
+        "vocabulary": len(vocabulary),
+        "batches": list(args.batches),
+        "phases": list(args.phases),
+        "embedding": args.embedding,
+        "hidden": args.hidden,
+        "trees_per_segment": args.trees,
+        "repeats": args.repeats,
+        "warmup_trees": args.warmup,
+        "max_unbatched": args.max_unbatched,
+        "machine": f"{platform.machine()}, {platform.processor() or '?'}, {_cpus()} CPUs, one thread used",
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "torch": _version("torch") if have_torch else "skipped",
+        "dynet": _version("dynet") if have_dynet else "skipped",
+    }
+    try:
+        with threadpool_limits(limits=1):
+            if have_torch:
+                import torch  # type: ignore[import-not-found, unused-ignore]
+
+                torch.set_num_threads(1)
+            for impl, phase, batch in monadl_jobs:
+                progress.start(f"{LABELS[impl]} {phase} batch {batch}")
+                batches = segment(pool, batch, args.trees)
+                if impl == "torch":
+                    model = TorchTreeLstm(params)
+                    run = _with_words(model.step if phase == "train" else model.predict_roots, word_id)
+                    rates = trees_per_second(run, batches, args.warmup, args.repeats)
+                    results.append(_measurement(impl, phase, batches, rates))
+                else:
+                    m = measure_monadl(example, len(vocabulary), word_id, impl, phase, batches, args)
+                    results.append(m)
+                progress.advance()
+            for autobatch in (True, False) if dynet_jobs else ():
+                found, failure = measure_dynet(
+                    autobatch, dynet_jobs, pool, vocabulary, params, args, progress
+                )
+                results.extend(found)
+                if failure:
+                    notes.append(failure)
+    finally:
+        progress.close()
+    add_bounds(results)
+    info["notes"] = notes
+    info["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"data: {description}; vocabulary {len(vocabulary)}", file=out)
+    for note in notes:
+        print(note, file=out)
+    return results, info
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in {"dynet": ("dynet38", "dyNET38", "dynet")}.get(package, (package,)):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "?"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reporting
+
+
+def _find(results: Sequence[Measurement], impl: str, phase: str, batch: int) -> Measurement | None:
+    for m in results:
+        if (m.implementation, m.phase, m.batch) == (impl, phase, batch):
+            return m
+    return None
+
+
+def table(results: Sequence[Measurement], args: argparse.Namespace) -> str:
+    """Trees/s per implementation and phase, batch sizes across; then monadl's kernel launches."""
+    width = 20
+    impls = [impl for impl in LABELS if any(m.implementation == impl for m in results)]
+    head = f"{'':<17} {'phase':<5} | " + " ".join(f"{'batch ' + str(b):>{width}}" for b in args.batches)
+    lines = [
+        f"trees/s: median [min-max] of {args.repeats} repeats; train: one Adagrad step, infer: a forward"
+    ]
+    lines += [head, "-" * len(head)]
+    for phase in args.phases:
+        for impl in impls:
+            cells = []
+            for b in args.batches:
+                m = _find(results, impl, phase, b)
+                cells.append(f"{m.median:7.1f} [{m.low:.1f}-{m.high:.1f}]" if m else "-")
+            lines.append(f"{LABELS[impl]:<17} {phase:<5} | " + " ".join(f"{c:>{width}}" for c in cells))
+    counted = [m for m in results if m.kernels is not None]
+    if counted:
+        lines += ["", "kernel launches per batch / depth bound (op kinds x (max height + 1)) = ratio"]
+        lines += [head, "-" * len(head)]
+        for phase in args.phases:
+            for impl in ("monadl", "monadl-unbatched"):
+                cells = []
+                for b in args.batches:
+                    m = _find(counted, impl, phase, b)
+                    ratio = f" = {m.ratio:.1f}x" if m and m.ratio is not None else ""
+                    cells.append(f"{m.kernels}/{m.bound if m.bound else '?'}{ratio}" if m else "-")
+                if any(c != "-" for c in cells):
+                    lines.append(
+                        f"{LABELS[impl]:<17} {phase:<5} | " + " ".join(f"{c:>{width}}" for c in cells)
+                    )
+        kinds = {b: m.kinds for b in args.batches if (m := _find(results, "monadl", "infer", b)) and m.kinds}
+        if kinds:
+            largest = max(kinds)
+            lines.append(
+                f"op kinds of the batched inference at batch {largest}: {len(kinds[largest])} "
+                f"({', '.join(sorted(kinds[largest]))})"
+            )
+    else:
+        lines.append("kernel launches: this Executor has no last_stats (not reported)")
+    records = [
+        m.record_us for b in args.batches if (m := _find(results, "monadl", "train", b)) and m.record_us
+    ]
+    if records:
+        lines.append(
+            f"recording (model.loss, nothing runs): {statistics.median(records):.1f} us per cell call "
+            f"(median over batch sizes; {min(records):.1f}-{max(records):.1f})"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: Sequence[Measurement], args: argparse.Namespace, path: Path) -> None:
+    """Trees/s against batch size (log-log), one panel per phase, one line per implementation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(args.phases), figsize=(6 * len(args.phases), 4.5), squeeze=False)
+    for ax, phase in zip(axes[0], args.phases, strict=True):
+        for impl, label in LABELS.items():
+            ms = [m for b in args.batches if (m := _find(results, impl, phase, b))]
+            if not ms:
+                continue
+            style = "-" if impl.startswith("monadl") else "--"
+            xs = [m.batch for m in ms]
+            (line,) = ax.plot(xs, [m.median for m in ms], style, marker="o", label=label)
+            ax.fill_between(xs, [m.low for m in ms], [m.high for m in ms], color=line.get_color(), alpha=0.15)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(list(args.batches), [str(b) for b in args.batches])
+        ax.set_title(
+            {"train": "training (one Adagrad step per batch)", "infer": "inference"}.get(phase, phase)
+        )
+        ax.set_xlabel("batch size (trees)")
+        ax.set_ylabel("trees / s (min-max shaded)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, frameon=False)
+    fig.suptitle(f"Tree-LSTM: hidden {args.hidden}, embedding {args.embedding}, one thread")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``treelstm`` subcommand's options."""
+    parser.add_argument(
+        "--batches", type=int, nargs="+", default=[1, 16, 64, 256], help="batch sizes (trees)"
+    )
+    parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+    parser.add_argument(
+        "--max-unbatched", type=int, default=64, help="monadl unbatched only up to this batch"
+    )
+    parser.add_argument("--trees", type=int, default=64, help="at least this many trees per timed segment")
+    parser.add_argument("--repeats", type=int, default=3, help="timed segments per configuration")
+    parser.add_argument("--warmup", type=int, default=16, help="trees' worth of untimed steps first")
+    parser.add_argument("--pool", type=int, default=1024, help="distinct trees the batches are drawn from")
+    parser.add_argument("--embedding", type=int, default=128)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--min-leaves", type=int, default=10, help="synthetic trees' fewest leaves")
+    parser.add_argument("--max-leaves", type=int, default=40, help="synthetic trees' most leaves")
+    parser.add_argument(
+        "--data", help="the SST folder (train.txt, ...): its train split (default: synthetic)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch even when installed")
+    parser.add_argument("--no-dynet", action="store_true", help="skip DyNet even when installed")
+    parser.add_argument("--dynet-mem", type=int, default=1024, help="DyNet's memory pool, MiB")
+    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument("--plot", type=Path, help="write a PNG plot here")
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument("--smoke", action="store_true", help="a seconds-long run (for CI): tiny sizes")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Runs the benchmark from parsed arguments; prints the tables."""
+    if args.smoke:
+        args.batches = [1, 4]
+        args.embedding = args.hidden = 16
+        args.min_leaves, args.max_leaves = 2, 6
+        args.pool, args.trees, args.repeats, args.warmup = 16, 4, 3, 1
+        args.dynet_mem = min(args.dynet_mem, 128)
+    if min(args.batches) < 1 or args.repeats < 1 or args.trees < 1:
+        raise SystemExit("treelstm: --batches, --repeats and --trees must be at least 1")
+    results, info = measure(args)
+    print(table(results, args))
+    print(f"peak RSS: {info['peak_rss_mib']:.0f} MiB; torch: {info['torch']}; dynet: {info['dynet']}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.json.with_suffix(".tmp")
+        data = {
+            "benchmark": "treelstm",
+            "unit": "trees/s",
+            "run": info,
+            "results": [asdict(m) for m in results],
+        }
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot(results, args, args.plot)
+        print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,170 @@
+"""The Tree-LSTM of ``examples/tree_lstm.py`` in PyTorch eager on the CPU: the benchmark's peer.
+
+The same model, node by node, with no manual batching: the trees are walked in post-order with a
+loop (children before parents, like the example), and every node runs its own small ops:
+
+* a leaf, from its word's embedding ``x``: ``c = x W_c + b_c``, ``h = sigmoid(x W_o + b_o) * tanh(c)``;
+* an inner node, from its children ``(h_l, c_l)``, ``(h_r, c_r)``: ``children = [h_l; h_r]``;
+  ``i, f_l, f_r, o = sigmoid(children U_g + b_g)``, ``u = tanh(children U_u + b_u)``,
+  ``c = i * u + f_l * c_l + f_r * c_r``, ``h = o * tanh(c)``;
+* a classifier ``h W + b`` (hidden -> classes) and a cross-entropy at every node; a tree's loss is the
+  sum over its nodes, a step's loss the mean over its trees.
+
+Idiomatic, fast eager PyTorch: states are (1, hidden) rows so every gate is one ``torch.addmm``, a
+tree's words are looked up in one indexing op (then one row per leaf, as the example's
+``take_rows``), a tree's node losses are summed by one ``torch.stack(...).sum()``, and Adagrad
+(``foreach=True``, epsilon 1e-8 like monadl's) runs at 0.05, 0.1 for the embeddings. The five gates
+stay five ``addmm`` (not one fused (2H, 5H) matmul): the peer does the example's work, op for op.
+
+The weights are copies of the given arrays (by the example's names: ``embeddings``, ``leaf_c.w``,
+``leaf_c.b``, ..., ``classifier.b``; ``w`` is (inputs, outputs)), so the peer starts from the very
+weights of a monadl ``TreeLstm``. torch is imported lazily; ``torch_available`` says whether it can be.
+Torch's thread count is the caller's business.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from monadl.data.trees import Tree
+
+if TYPE_CHECKING:
+    # Absent where torch is not installed (CI): there mypy sees torch as Any.
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+WordId = Callable[[str], int]
+
+#: The gates of a leaf and of an inner node, as the example names them.
+LEAF_GATES = ("leaf_c", "leaf_o")
+INNER_GATES = ("i", "f_left", "f_right", "o", "u")
+PARAMETERS = (
+    "embeddings",
+    *(f"{gate}.{part}" for gate in (*LEAF_GATES, *INNER_GATES, "classifier") for part in ("w", "b")),
+)
+
+
+def torch_available() -> bool:
+    """Whether PyTorch can be imported here."""
+    if importlib.util.find_spec("torch") is None:
+        return False
+    try:
+        import torch  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class TorchTreeLstm:
+    """The Tree-LSTM in PyTorch eager: ``step`` trains on a batch of trees, ``predict_roots`` infers.
+
+    ``params``: every array of ``PARAMETERS`` (copied into leaf tensors of their dtype);
+    ``numpy_params()`` gives their current values back.
+    """
+
+    def __init__(
+        self,
+        params: Mapping[str, np.ndarray],
+        *,
+        learning_rate: float = 0.05,
+        embedding_learning_rate: float = 0.1,
+    ) -> None:
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        missing = [name for name in PARAMETERS if name not in params]
+        if missing:
+            raise ValueError(f"TorchTreeLstm: missing parameters {missing}")
+        self.params: dict[str, torch.Tensor] = {
+            name: torch.tensor(np.asarray(params[name]), requires_grad=True) for name in PARAMETERS
+        }
+        p = self.params
+        self._affine = {gate: (p[f"{gate}.b"], p[f"{gate}.w"]) for gate in (*LEAF_GATES, *INNER_GATES)}
+        self._classifier = (p["classifier.b"], p["classifier.w"])
+        others = [t for name, t in p.items() if name != "embeddings"]
+        self.optimizer = torch.optim.Adagrad(
+            [
+                {"params": [p["embeddings"]], "lr": embedding_learning_rate},
+                {"params": others, "lr": learning_rate},
+            ],
+            eps=1e-8,
+            foreach=True,
+        )
+
+    def step(self, trees: Sequence[Tree], word_id: WordId) -> float:
+        """One Adagrad step on the mean loss per tree of the batch; returns that mean (before the step)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._loss(trees, word_id)
+        loss.backward()  # type: ignore[no-untyped-call, unused-ignore]  # (torch leaves it unannotated)
+        self.optimizer.step()
+        return float(loss.item())
+
+    def loss(self, trees: Sequence[Tree], word_id: WordId) -> float:
+        """The mean loss per tree of the batch, forward only."""
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        with torch.no_grad():
+            return float(self._loss(trees, word_id).item())
+
+    def predict_roots(self, trees: Sequence[Tree], word_id: WordId) -> np.ndarray:
+        """The classifier's scores at every tree's root, (len(trees), classes): one forward, no gradients."""
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        with torch.inference_mode():
+            b, w = self._classifier
+            roots = [self._states(tree, word_id)[-1][0] for tree in trees]
+            logits = torch.cat([torch.addmm(b, h, w) for h in roots])
+            return np.asarray(logits.numpy())
+
+    def numpy_params(self) -> dict[str, np.ndarray]:
+        """The parameters' current values, as NumPy arrays (copies)."""
+        return {name: t.detach().numpy().copy() for name, t in self.params.items()}
+
+    def _states(self, tree: Tree, word_id: WordId) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every node's ``(h, c)``, each (1, hidden), in post-order (the root last)."""
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        nodes = list(tree.nodes())
+        words = torch.tensor([word_id(n.word) for n in nodes if n.word is not None], dtype=torch.int64)
+        embedded = self.params["embeddings"][words]  # the tree's words in one lookup
+        a = self._affine
+        states: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # by id(node)
+        leaves = 0
+        for node in nodes:
+            if node.left is None or node.right is None:
+                x = embedded[leaves : leaves + 1]
+                leaves += 1
+                c = torch.addmm(a["leaf_c"][0], x, a["leaf_c"][1])
+                h = torch.sigmoid(torch.addmm(a["leaf_o"][0], x, a["leaf_o"][1])) * torch.tanh(c)
+            else:
+                h_l, c_l = states[id(node.left)]
+                h_r, c_r = states[id(node.right)]
+                children = torch.cat([h_l, h_r], dim=1)
+                i, f_l, f_r, o = (
+                    torch.sigmoid(torch.addmm(a[g][0], children, a[g][1]))
+                    for g in ("i", "f_left", "f_right", "o")
+                )
+                u = torch.tanh(torch.addmm(a["u"][0], children, a["u"][1]))
+                c = i * u + f_l * c_l + f_r * c_r
+                h = o * torch.tanh(c)
+            states[id(node)] = (h, c)
+        return [states[id(node)] for node in nodes]
+
+    def _loss(self, trees: Sequence[Tree], word_id: WordId) -> torch.Tensor:
+        import torch  # type: ignore[import-not-found, unused-ignore]
+        import torch.nn.functional as F  # type: ignore[import-not-found, unused-ignore]
+
+        if not trees:
+            raise ValueError("loss: needs at least one tree")
+        b, w = self._classifier
+        losses = []
+        for tree in trees:
+            labels = torch.tensor([node.label for node in tree.nodes()], dtype=torch.int64)
+            node_losses = [
+                F.cross_entropy(torch.addmm(b, h, w), labels[k : k + 1], reduction="sum")
+                for k, (h, _) in enumerate(self._states(tree, word_id))
+            ]
+            losses.append(torch.stack(node_losses).sum())
+        return torch.stack(losses).sum() * (1.0 / len(trees))

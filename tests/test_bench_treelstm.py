@@ -1,0 +1,207 @@
+"""``python -m monadl.bench treelstm``: it runs end to end in its smoke form, and its peers compute the
+example's model.
+
+The smoke runs check the table's, the JSON's and the plot's shape and that every figure is a positive
+number; nothing about speed. The peers (PyTorch, DyNet) must give the example's loss, root scores
+and (torch) Adagrad step from the same weights; each is skipped where it is not installed. Dynamic batching
+must launch fewer kernels than batching off, for the same root scores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+import monadl as ml
+from monadl.bench import treelstm as bench
+from monadl.bench.__main__ import main
+from monadl.bench.treelstm_torch import TorchTreeLstm, torch_available
+from monadl.data import sst
+from monadl.data.trees import Tree
+
+HAS_TORCH = torch_available()
+HAS_DYNET = bench.dynet_available()
+EXAMPLE = bench.load_example()
+
+
+def _trees(count: int = 6, seed: int = 1) -> tuple[list[Tree], sst.Vocabulary]:
+    trees = sst.synthetic_trees(count, seed=seed, min_leaves=2, max_leaves=7)
+    return trees, sst.Vocabulary.from_trees(trees)
+
+
+def _model(vocabulary: sst.Vocabulary, example: ModuleType = EXAMPLE, **options: Any) -> Any:
+    return example.TreeLstm(len(vocabulary), 8, 6, seed=3, dtype=np.float64, **options)
+
+
+@pytest.fixture
+def reference() -> Iterator[ml.Executor]:
+    """The executor of the example's reference values: every kernel on its own (no batching)."""
+    with ml.Executor(1, batching=False) as executor:
+        yield executor
+
+
+def _params(model: Any) -> dict[str, np.ndarray]:
+    return {name: np.asarray(weight.data).copy() for name, weight in model.weights.items()}
+
+
+def _root_scores(model: Any, trees: list[Tree], vocabulary: sst.Vocabulary) -> np.ndarray:
+    return np.stack([model.root_logits(tree, vocabulary.index) for tree in trees])
+
+
+def _smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[str, dict[str, Any]]:
+    out_json, out_png = tmp_path / "treelstm.json", tmp_path / "treelstm.png"
+    argv = ["treelstm", "--smoke", "--no-progress", "--json", str(out_json), "--plot", str(out_png), *extra]
+    assert main(argv) == 0
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return capsys.readouterr().out, json.loads(out_json.read_text())
+
+
+def test_the_benchmark_runs_in_a_smoke_form(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, data = _smoke(tmp_path, capsys)
+    run = data["run"]
+    assert data["benchmark"] == "treelstm" and data["unit"] == "trees/s"
+    assert run["batches"] == [1, 4] and run["repeats"] == 3 and run["hidden"] == 16
+    for word in ["trees/s", "monadl batched", "train", "infer", "batch 1", "batch 4", "recording"]:
+        assert word in out, word
+
+    expected = {"monadl", "monadl-unbatched"}
+    if HAS_TORCH:
+        expected.add("torch")
+    else:
+        assert "torch: not installed" in out
+    if HAS_DYNET:
+        expected |= {"dynet", "dynet-autobatch"}
+    else:
+        assert "dynet: not installed" in out
+    results = data["results"]
+    found = {(r["implementation"], r["phase"], r["batch"]) for r in results}
+    assert found == {(impl, phase, batch) for impl in expected for phase in bench.PHASES for batch in (1, 4)}
+    assert len(results) == len(found)
+    for r in results:
+        assert 0 < r["low"] <= r["median"] <= r["high"], r
+        assert len(r["samples"]) == 3 and r["trees"] >= 4
+        if r["implementation"] == "monadl" and r["phase"] == "train":
+            assert r["record_us"] > 0
+        if r["implementation"].startswith("monadl"):
+            assert r["kernels"] > 0 and r["bound"] > 0 and r["ratio"] == r["kernels"] / r["bound"]
+        else:
+            assert r["kernels"] is None and r["record_us"] is None
+    assert ("torch eager" in out) == HAS_TORCH
+    assert ("dynet autobatch" in out) == HAS_DYNET
+
+
+def test_the_smoke_form_reads_sst_and_caps_the_unbatched_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "sst"
+    folder.mkdir()
+    for split, seed in zip(sst.SPLITS, range(3), strict=True):
+        sst.write_trees(
+            sst.synthetic_trees(5, seed=seed, min_leaves=2, max_leaves=5), folder / f"{split}.txt"
+        )
+    out, data = _smoke(
+        tmp_path, capsys, "--data", str(folder), "--max-unbatched", "1", "--no-torch", "--no-dynet"
+    )
+    assert "SST train split" in data["run"]["data"] and "SST train split" in out
+    assert "torch: skipped (--no-torch)" in out and "dynet: skipped (--no-dynet)" in out
+    found = {(r["implementation"], r["batch"]) for r in data["results"]}
+    assert {("monadl", 1), ("monadl", 4), ("monadl-unbatched", 1)} <= found
+    assert ("monadl-unbatched", 4) not in found
+    assert "monadl unbatched: skipped at batch [4] (above --max-unbatched 1)" in out
+
+
+def test_a_segment_holds_at_least_the_trees_asked_for_in_distinct_batches() -> None:
+    pool, _ = _trees(10)
+    batches = bench.segment(pool, 4, 9)
+    assert [len(b) for b in batches] == [4, 4, 4]
+    assert batches[0] == pool[:4] and batches[2] == [*pool[8:], *pool[:2]]  # the pool, cycled
+    assert bench.segment(pool, 16, 9) == [[pool[k % 10] for k in range(16)]]  # at least one step
+
+    calls: list[int] = []
+    rates = bench.trees_per_second(lambda b: calls.append(len(b)), batches, warmup=5, repeats=3)
+    assert calls == [4, 4] + [4] * 9  # warm-up: ceil(5 / 4) steps; then 3 segments of 3 steps
+    assert len(rates) == 3 and all(r > 0 for r in rates)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_the_torch_peer_computes_the_example(reference: ml.Executor) -> None:
+    trees, vocabulary = _trees()
+    model = _model(vocabulary, executor=reference)
+    peer = TorchTreeLstm(_params(model))
+    expected = model.loss(trees, vocabulary.index).predict_blocking(executor=reference).unwrap() / len(trees)
+    assert peer.loss(trees, vocabulary.index) == pytest.approx(expected, rel=1e-12)
+    np.testing.assert_allclose(
+        peer.predict_roots(trees, vocabulary.index), _root_scores(model, trees, vocabulary), rtol=1e-12
+    )
+    assert peer.step(trees, vocabulary.index) == pytest.approx(model.step(trees, vocabulary.index), rel=1e-12)
+    after = peer.numpy_params()
+    for name, weight in model.weights.items():  # the same Adagrad step, 0.1 for the embeddings
+        np.testing.assert_allclose(after[name], np.asarray(weight.data), rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.skipif(not HAS_DYNET, reason="dynet is not installed (pip install dynet38)")
+def test_the_dynet_peer_computes_the_example(reference: ml.Executor) -> None:
+    import sys
+
+    if "dynet" not in sys.modules:
+        import dynet_config  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
+        dynet_config.set(mem="64", random_seed=1)
+    import dynet  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
+    trees, vocabulary = _trees()
+    model = _model(vocabulary, executor=reference)
+    peer = bench.DynetTreeLstm(dynet, _params(model))  # DyNet computes in float32
+    expected = model.loss(trees, vocabulary.index).predict_blocking(executor=reference).unwrap() / len(trees)
+    assert peer.loss(trees, vocabulary.index) == pytest.approx(expected, rel=1e-5)
+    np.testing.assert_allclose(
+        peer.predict_roots(trees, vocabulary.index),
+        _root_scores(model, trees, vocabulary),
+        rtol=1e-4,
+        atol=1e-5,
+    )
+    before = peer.predict_roots(trees, vocabulary.index)
+    assert peer.step(trees, vocabulary.index) == pytest.approx(expected, rel=1e-5)
+    assert not np.allclose(peer.predict_roots(trees, vocabulary.index), before)  # it trained
+
+
+def test_batching_launches_fewer_kernels_and_the_ratio_is_against_the_depth_bound(
+    reference: ml.Executor,
+) -> None:
+    trees, vocabulary = _trees(8)
+    args = argparse.Namespace(embedding=8, hidden=6, seed=0, warmup=1, repeats=1)
+    batches = bench.segment(trees, 8, 8)
+    results = [
+        bench.measure_monadl(EXAMPLE, len(vocabulary), vocabulary.index, impl, phase, batches, args)
+        for impl in ("monadl", "monadl-unbatched")
+        for phase in bench.PHASES
+    ]
+    bench.add_bounds(results)
+    by = {(m.implementation, m.phase): m for m in results}
+    height = max(tree.height() for tree in trees)
+    kinds = by["monadl", "infer"].kinds
+    assert kinds and sum(kinds.values()) > 0
+    for (impl, phase), m in by.items():
+        assert m.kernels is not None and m.kernels > 0 and m.height == height
+        assert m.bound == len(kinds) * (height + 1)
+        assert m.ratio == pytest.approx(m.kernels / m.bound)
+        if impl == "monadl-unbatched":
+            assert m.merged == 0, phase
+    assert (by["monadl", "infer"].merged or 0) > 0
+    for phase in bench.PHASES:
+        batched, unbatched = by["monadl", phase].kernels, by["monadl-unbatched", phase].kernels
+        assert batched is not None and unbatched is not None and batched < unbatched, phase
+
+    # The batched inference gives the unbatched one's scores.
+    with ml.Executor(1, batching=True) as on, ml.Executor(1, batching=False) as off:
+        scores = [_model(vocabulary, executor=ex).predict_roots(trees, vocabulary.index) for ex in (on, off)]
+    np.testing.assert_allclose(scores[0], scores[1], rtol=1e-10)
+    expected = _root_scores(_model(vocabulary, executor=reference), trees, vocabulary)
+    np.testing.assert_allclose(scores[0], expected, rtol=1e-10)
