@@ -21,8 +21,9 @@ on one CPU thread. All implementations start from the same weights (monadl's ini
 
 For monadl it also reports, on the first batch of each size: the kernel launches of a training step
 and of an inference (``Executor.stats.kernels`` over its runs: a merged group counts once), against
-the depth bound = op kinds x (max tree height + 1), where op kinds = the batchable kernel kinds of the
-batched inference (``len(stats.kinds)``): a perfect batcher runs each kind once per tree level. The
+the depth bound = op kinds x (max tree height + 1), where op kinds = the batchable kinds (op names) of
+the batched inference (``len(stats.kinds)``): a perfect batcher runs each kind once per tree level.
+(The distinct signatures, where one op on different weights counts once per weight, are reported too.) The
 ratio is launches / bound. And the recording cost: ``model.loss`` (graph recording only, nothing
 runs), in microseconds per cell call (one per tree node).
 """
@@ -82,6 +83,7 @@ class Measurement:
     kernels: int | None = None  # monadl: kernel launches of one batch (the first of this size)
     merged: int | None = None  # monadl: kernels that ran inside merged groups
     kinds: dict[str, int] | None = None  # monadl: batchable kernel kinds -> launches
+    signatures: int | None = None  # monadl: distinct signatures of the batchable work launched
     height: int | None = None  # the max tree height of that batch
     bound: int | None = None  # op kinds of the batched inference x (height + 1)
     ratio: float | None = None  # kernels / bound
@@ -230,6 +232,7 @@ def measure_monadl(
         run(batches[0])  # once more, to count its kernels (forward and backward)
         stats = executor.stats
         m.kernels, m.merged, m.kinds = stats.kernels, stats.merged, dict(stats.kinds)
+        m.signatures = stats.signatures
         m.height = max(tree.height() for tree in batches[0])
         if phase == "train":
             m.record_us = _record_us(model, batches, word_id, args.repeats)
@@ -592,9 +595,11 @@ def table(results: Sequence[Measurement], args: argparse.Namespace) -> str:
         kinds = {b: m.kinds for b in args.batches if (m := _find(results, "monadl", "infer", b)) and m.kinds}
         if kinds:
             largest = max(kinds)
+            infer = _find(results, "monadl", "infer", largest)
             lines.append(
                 f"op kinds of the batched inference at batch {largest}: {len(kinds[largest])} "
-                f"({', '.join(sorted(kinds[largest]))})"
+                f"({', '.join(sorted(kinds[largest]))}); {infer.signatures if infer else '?'} "
+                "distinct signatures (one op on different weights or shapes counts once for each)"
             )
     else:
         lines.append("kernel launches: this Executor has no last_stats (not reported)")

@@ -52,11 +52,16 @@ class RunStats:
     """Merged groups (of two or more calls)."""
     kinds: dict[str, int] = field(default_factory=dict)
     """Launches of batchable work by kind (a merged group counts once; a call on its own too)."""
+    signatures: int = 0
+    """Distinct signatures of batchable work launched in a run (the same op on different weights
+    counts twice): what a perfect batcher would launch once per level of a tree. Over several runs,
+    the largest of theirs."""
 
     def add(self, other: RunStats) -> None:
         """Adds ``other``'s counts to these (statistics over several runs)."""
         self.kernels += other.kernels
         self.merged += other.merged
         self.groups += other.groups
+        self.signatures = max(self.signatures, other.signatures)
         for name, count in other.kinds.items():
             self.kinds[name] = self.kinds.get(name, 0) + count

@@ -119,6 +119,7 @@ class Executor(AbstractContextManager["Executor"]):
             if paused:
                 gc.enable()
             state.stats.kernels = state.kernels
+            state.stats.signatures = len(state.signatures)
             self.last_stats = state.stats
             self.stats.add(state.stats)
         return result
@@ -149,6 +150,7 @@ class _Run:
         "min_pool_cost",
         "parked",
         "pool",
+        "signatures",
         "stats",
         "waiters",
     )
@@ -161,6 +163,8 @@ class _Run:
         self.parked: dict[Any, tuple[Batcher, list[Stack], list[Any]]] = {}
         self.stats = RunStats()
         self.kernels = 0  # kernel launches (a plain int: counted in the hot loop)
+        self.signatures: set[int] = set()  # hashes of the signatures launched (not the signatures:
+        # they hold tapes, which must not outlive the run)
         self.memo: dict[Do[Any], Any] = {}
         self.waiters: dict[Do[Any], list[Stack]] = {}
         # Ready fibers: (stack, evaluating, node-or-value).
@@ -243,6 +247,7 @@ class _Run:
         for signature, (batcher, stacks, nodes) in parked.items():
             name = batcher.name(signature)
             kinds[name] = kinds.get(name, 0) + 1
+            self.signatures.add(hash(signature))
             if len(nodes) == 1:  # nothing to merge with: as if batching were off
                 node = nodes[0]
                 if node.tag & ~PRIVATE == KERNEL:

@@ -135,8 +135,12 @@ class OpTape(SharedTape[Any, Any]):
     def _backward(self, delta: Do[Any]) -> Do[None]:
         parts: list[Do[None]] = []
         cost = self.estimate_cost
+        passes = self.prim.passes and type(self.data) is float
         for i, t in enumerate(self.inputs):
             if t.requires_delta:
+                if passes and type(t.data) is float:  # its delta is this delta: no kernel for it
+                    parts.append(t.backward(delta))
+                    continue
                 vjp = functools.partial(self.vjp, i)
                 # Memoised unless one computation only will read it (it may feed several vjps).
                 shared = cast("SharedTape[Any, Any]", t)  # requires_delta: a shared tape

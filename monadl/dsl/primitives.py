@@ -76,6 +76,8 @@ class Primitive:
     forward: Rule
     vjps: tuple[Rule, ...]
     broadcasts: bool = False
+    passes: bool = False
+    """Every vjp is the identity (a sum): a float input's delta is the output's, without a kernel."""
     saves: bool = False
     """If True, ``forward`` returns ``(output, saved)`` and the vjps get ``saved`` in place of
     the output: work shared by forward and backward is done once (a softmax, say)."""
@@ -126,7 +128,14 @@ def _elementwise(name: str, forward: Rule, vjps: tuple[Rule, ...], broadcasts: b
     return Primitive(name, forward, vjps, broadcasts, batch=ELEMENTWISE)
 
 
-add = _elementwise("add", lambda xp, a, b: a + b, (lambda xp, d, o, a, b: d, lambda xp, d, o, a, b: d), True)
+add = Primitive(
+    "add",
+    lambda xp, a, b: a + b,
+    (lambda xp, d, o, a, b: d, lambda xp, d, o, a, b: d),
+    True,
+    passes=True,
+    batch=ELEMENTWISE,
+)
 sub = _elementwise("sub", lambda xp, a, b: a - b, (lambda xp, d, o, a, b: d, lambda xp, d, o, a, b: -d), True)
 mul = _elementwise(
     "mul", lambda xp, a, b: a * b, (lambda xp, d, o, a, b: d * b, lambda xp, d, o, a, b: d * a), True
@@ -511,7 +520,9 @@ def add_n(n: int) -> Primitive:
     after another."""
     prim = _add_n_rules.get(n)
     if prim is None:
-        prim = _elementwise("add_n", _add_n_forward, (_add_n_vjp,) * n, broadcasts=True)
+        prim = Primitive(
+            "add_n", _add_n_forward, (_add_n_vjp,) * n, broadcasts=True, passes=True, batch=ELEMENTWISE
+        )
         _add_n_rules[n] = prim
     return prim
 
