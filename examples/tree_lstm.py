@@ -222,8 +222,9 @@ class TreeLstm:
     def step(self, trees: Sequence[Tree], word_id: WordId) -> float:
         """One Adagrad step on the mean loss per tree of a batch; returns that mean, or raises what
         failed the step (then no weight and no optimizer state changed)."""
-        mean = self.loss(trees, word_id) * (1.0 / len(trees))
-        value: float = _raised(mean.train_blocking(self.optimizer, executor=self.executor))
+        with ml.gc_paused():  # a batch's graph is many small objects: see monadl.do.collector
+            mean = self.loss(trees, word_id) * (1.0 / len(trees))
+            value: float = _raised(mean.train_blocking(self.optimizer, executor=self.executor))
         return value
 
     def root_logits(self, tree: Tree, word_id: WordId) -> np.ndarray:
@@ -236,9 +237,12 @@ class TreeLstm:
         forward pass for them all, so batching merges their nodes."""
         if not trees:
             raise ValueError("predict_roots: needs at least one tree")
-        roots = [ml.reshape(self.classifier(self.states(tree, word_id)[-1][1].h), (1, -1)) for tree in trees]
-        scores = ml.concatenate(roots) if len(roots) > 1 else roots[0]
-        return np.asarray(_raised(scores.predict_blocking(executor=self.executor)))
+        with ml.gc_paused():
+            roots = [
+                ml.reshape(self.classifier(self.states(tree, word_id)[-1][1].h), (1, -1)) for tree in trees
+            ]
+            scores = ml.concatenate(roots) if len(roots) > 1 else roots[0]
+            return np.asarray(_raised(scores.predict_blocking(executor=self.executor)))
 
     def predict(self, tree: Tree, word_id: WordId) -> int:
         """The most probable class of the root of ``tree``."""

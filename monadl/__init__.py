@@ -5,7 +5,7 @@ with plain floats and arrays in operators and ops; ``loss.train(optimizer)`` run
 training step; independent sub-graphs run in parallel on the executor's thread pool.
 """
 
-from monadl.do import Do, Executor, default_executor, gather, pure, set_default_executor
+from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
 from monadl.dsl.direct import direct, parallel
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer
 from monadl.dsl.operation import batchable
@@ -54,6 +54,7 @@ __version__ = "0.1.0"
 __all__ = [
     "add_n",
     "batchable",
+    "gc_paused",
     "SGD",
     "Adagrad",
     "Adam",

@@ -1,5 +1,6 @@
 """``Do[A]``, the lazy monadic computation, and the executor that runs it."""
 
+from monadl.do.collector import gc_paused
 from monadl.do.coroutine import from_coroutine
 from monadl.do.do import (
     UNIT,
@@ -25,6 +26,7 @@ __all__ = [
     "delay",
     "flat_map_n",
     "from_coroutine",
+    "gc_paused",
     "gather",
     "gather_all",
     "kernel",

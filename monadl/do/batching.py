@@ -7,6 +7,10 @@ interchangeable rows of one batched computation. The executor parks them until n
 then hands each group of two or more to :meth:`Batcher.run`, which returns one computation whose
 value is the list of the members' values, in order. A group of one runs as if batching were off.
 
+A batchable node reached while no other fiber can run, nothing is parked and nothing is on the pool
+runs at once, with no signature computed: nothing could merge with it. So a chain of ops (an RNN
+step by step, a deep network on one example) pays nothing for batching.
+
 So batching never changes what is computed, only how many kernels compute it: the executor's
 agenda groups work that is ready at the same time (DyNet's agenda-based batching), which for a
 tree is every node of one height, across all the trees of a batch.
@@ -30,8 +34,8 @@ class Batcher(Protocol):
         keys merge. None: this call cannot be batched (it runs on its own)."""
         ...
 
-    def name(self, signature: Hashable) -> str:
-        """A short name of the kind of work, for statistics (a primitive's or an operation's)."""
+    def name(self, node: Any) -> str:
+        """A short name of a call's kind of work, for statistics (a primitive's or an operation's)."""
         ...
 
     def run(self, nodes: list[Any]) -> Do[list[Any]]:

@@ -23,16 +23,16 @@ Design (see DESIGN.md, "Executor"):
 
 from __future__ import annotations
 
-import gc
 import os
 import queue
 import threading
 from collections import deque
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 from monadl.do.batching import Batcher, RunStats
+from monadl.do.collector import gc_paused
 from monadl.do.do import BATCH, BIND, DEFER, DELAY, FLAT, KERNEL, MAP, PRIVATE, PURE, Do, PrivateKernel
 from monadl.do.memory import tune_allocator
 from monadl.do.workers import Done, WorkerPool, affinity_of
@@ -73,10 +73,8 @@ class Executor(AbstractContextManager["Executor"]):
     ``limit_blas``: with several workers, BLAS is capped at one thread (parallelism comes from
     independent sub-graphs; BLAS threads on top of pool threads oversubscribe the cores).
     ``batching``: merge batchable work of equal signature (dynamic batching; ``run`` can override it).
-    ``pause_gc``: pause Python's cyclic garbage collector during a run. A run allocates many small
-    objects (tapes, nodes) that live until it ends, and the collector's passes over them cost up to a
-    third of a large batch's time; a run makes no reference cycles (its objects are freed by
-    reference counting as usual), so nothing waits for the collector meanwhile.
+    ``pause_gc``: pause Python's cyclic garbage collector during a run (``collector.py``: a run
+    makes no reference cycles, and the collector's passes cost up to a third of a large batch's time).
     """
 
     def __init__(
@@ -110,14 +108,10 @@ class Executor(AbstractContextManager["Executor"]):
         """Evaluates ``do`` and returns its value, or raises the exception that failed it.
         ``batching``: this run's dynamic batching (default: the executor's)."""
         state = _Run(self._pool, self.min_pool_cost, self.batching if batching is None else batching)
-        paused = self.pause_gc and gc.isenabled()
-        if paused:
-            gc.disable()
         try:
-            result: A = state.execute(do)
+            with gc_paused() if self.pause_gc else nullcontext():
+                result: A = state.execute(do)
         finally:
-            if paused:
-                gc.enable()
             state.stats.kernels = state.kernels
             state.stats.signatures = len(state.signatures)
             self.last_stats = state.stats
@@ -192,13 +186,18 @@ class _Run:
         while True:
             if agenda:
                 stack, evaluating, x = agenda.pop()
-                self._drive(stack, evaluating, x)
+                try:
+                    self._drive(stack, evaluating, x)
+                except BaseException:
+                    _break_stacks([stack])  # the failed fiber's: see _drain
+                    raise
             elif self.parked:
                 self._flush()
             elif self.inflight:
                 stack, result, error = self.done.get()
                 self.inflight -= 1
                 if error is not None:
+                    _break_stacks([stack])
                     raise error  # the kernel's own exception, with its traceback
                 agenda.append((stack, False, result))
             else:
@@ -211,14 +210,9 @@ class _Run:
             self.inflight -= 1
         # A fiber's stack and the join it waits on refer to each other: clear the stacks of the
         # fibers left waiting, so that a failed run leaves no reference cycle behind.
-        for stack, _, _ in self.agenda:
-            stack.clear()
-        for group in self.parked.values():
-            for stack in group[1]:
-                stack.clear()
-        for stacks in self.waiters.values():
-            for stack in stacks:
-                stack.clear()
+        _break_stacks([stack for stack, _, _ in self.agenda])
+        _break_stacks([stack for group in self.parked.values() for stack in group[1]])
+        _break_stacks([stack for stacks in self.waiters.values() for stack in stacks])
         self.agenda.clear()
         self.memo.clear()
         self.waiters.clear()
@@ -238,6 +232,12 @@ class _Run:
             group[2].append(node)
         return True
 
+    def _count_kind(self, node: Any) -> None:
+        """Counts a batchable call run at once, alone (see ``batching.py``)."""
+        kinds = self.stats.kinds
+        name = node.batch.name(node)
+        kinds[name] = kinds.get(name, 0) + 1
+
     def _flush(self) -> None:
         """Runs the parked groups: each of two or more calls as one batched computation, whose
         list of values a scatter continuation hands back to the waiting fibers."""
@@ -245,7 +245,7 @@ class _Run:
         stats = self.stats
         kinds = stats.kinds
         for signature, (batcher, stacks, nodes) in parked.items():
-            name = batcher.name(signature)
+            name = batcher.name(nodes[0])
             kinds[name] = kinds.get(name, 0) + 1
             self.signatures.add(hash(signature))
             if len(nodes) == 1:  # nothing to merge with: as if batching were off
@@ -344,8 +344,12 @@ class _Run:
                     node = node.thunk()
                     continue
                 elif tag == KERNEL:
-                    if node.batch is not None and self.batching and self._park(stack, node):
-                        return
+                    if node.batch is not None and self.batching:
+                        if agenda or self.parked or self.inflight:
+                            if self._park(stack, node):
+                                return
+                        else:  # nothing else can run now, so nothing can merge with it
+                            self._count_kind(node)
                     self.kernels += 1
                     value = (
                         node.fn(*node.args)
@@ -355,8 +359,12 @@ class _Run:
                 elif tag == DELAY:
                     value = node.thunk()
                 elif tag == BATCH:
-                    if self.batching and self._park(stack, node):
-                        return
+                    if self.batching:
+                        if agenda or self.parked or self.inflight:
+                            if self._park(stack, node):
+                                return
+                        else:
+                            self._count_kind(node)
                     node = node.fn(*node.args)
                     continue
                 else:
@@ -460,6 +468,20 @@ class _Run:
             else:
                 values.append(v)
         return values, missing
+
+
+def _break_stacks(stacks: list[Stack]) -> None:
+    """Clears fibers' stacks, with the stacks their continuations hold (a join's parent, a merged
+    group's members), so that the fibers of a failed run leave no reference cycle."""
+    while stacks:
+        stack = stacks.pop()
+        entries = list(stack)
+        stack.clear()
+        for kind, a, _ in entries:
+            if kind == _K_SCATTER:
+                stacks.extend(a)
+            elif kind == _K_SLOT and type(a) is _Join:
+                stacks.append(a.stack)
 
 
 _default: Executor | None = None

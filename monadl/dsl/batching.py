@@ -64,9 +64,9 @@ class OpBatcher:
             rows = True
         return tuple(key) if rows else None
 
-    def name(self, signature: Hashable) -> str:
-        prim: Primitive = signature[0]  # type: ignore[index]
-        return prim.name
+    def name(self, node: Any) -> str:
+        tape: OpTape = node.fn.__self__
+        return tape.prim.name
 
     def run(self, nodes: list[Any]) -> Do[list[Any]]:
         tapes: list[OpTape] = [node.fn.__self__ for node in nodes]
@@ -171,7 +171,7 @@ def _forward(tapes: list[OpTape]) -> list[OpTape]:
     if prim.saves:
         out, saved = out
     scalar = _scalar(spec, datas, first.params)
-    group = _OpGroup(tapes, args, stacked, out, saved, params, xp)
+    group = _OpGroup(prim, tapes, args, stacked, out, saved, params, xp)
     members = BatchGroup(n, group.backward)
     for k, t in enumerate(tapes):
         row = out[k]
@@ -183,12 +183,14 @@ def _forward(tapes: list[OpTape]) -> list[OpTape]:
 
 
 class _OpGroup:
-    """A merged op's stacked arguments and result, kept for its one backward."""
+    """A merged op's stacked arguments and result, kept for its one backward. It holds its members'
+    inputs, not the members themselves (which point to it): no reference cycle."""
 
-    __slots__ = ("args", "out", "params", "saved", "stacked", "tapes", "xp")
+    __slots__ = ("args", "cost", "inputs", "items", "out", "params", "prim", "saved", "stacked", "xp")
 
     def __init__(
         self,
+        prim: Primitive,
         tapes: list[OpTape],
         args: list[Any],
         stacked: list[bool],
@@ -197,7 +199,10 @@ class _OpGroup:
         params: dict[str, Any],
         xp: Any,
     ) -> None:
-        self.tapes = tapes
+        self.prim = prim
+        self.inputs = [t.inputs for t in tapes]
+        self.items = [t.args for t in tapes]  # each member's own arguments (the rows' shapes)
+        self.cost = _cost(tapes)
         self.args = args
         self.stacked = stacked
         self.out = out
@@ -205,17 +210,14 @@ class _OpGroup:
         self.params = params
         self.xp = xp
 
-    def cost(self) -> float:
-        return _cost(self.tapes)
-
     def backward(self, deltas: list[list[Do[Any]] | None]) -> Do[None]:
         """The members' backward, merged: one vjp kernel per input that wants a delta."""
-        tapes = self.tapes
-        n = len(tapes)
-        wanted = [i for i in range(len(self.args)) if any(t.inputs[i].requires_delta for t in tapes)]
+        inputs = self.inputs
+        n = len(inputs)
+        wanted = [i for i in range(len(self.args)) if any(xs[i].requires_delta for xs in inputs)]
         delta = stacked_delta(self.xp, deltas, self.out, self.cost, shared=len(wanted) > 1)
         if delta is None:
-            return run_unit((x.release() for t in tapes for x in t.inputs if x.requires_delta), private=True)
+            return run_unit((x.release() for xs in inputs for x in xs if x.requires_delta), private=True)
         if not wanted:
             return run_unit((), private=True)
         is_present = [d is not None for d in deltas]
@@ -223,23 +225,23 @@ class _OpGroup:
         for i in wanted:
             vjp = functools.partial(self._vjp, i)
             if not self.stacked[i]:  # one weight for all: one delta, and a release per other call
-                shared = tapes[0].inputs[i]
+                shared = inputs[0][i]
                 parts.append(shared.backward(PrivateBind((delta,), vjp, KERNEL_MAP, self.cost)))
                 parts.extend(shared.release() for _ in range(n - 1))
                 continue
             rows: Do[Any] = Bind((delta,), vjp, KERNEL_MAP, self.cost)
-            for k, t in enumerate(tapes):
-                x = t.inputs[i]
+            for k, xs in enumerate(inputs):
+                x = xs[i]
                 if not x.requires_delta:
                     continue
                 if is_present[k]:
-                    parts.append(x.backward(RowOf(rows, k, t.args[i], self.xp)))
+                    parts.append(x.backward(RowOf(rows, k, self.items[k][i], self.xp)))
                 else:
                     parts.append(x.release())
         return run_unit(parts, private=True)
 
     def _vjp(self, i: int, delta: Any) -> Any:
-        prim = self.tapes[0].prim
+        prim = self.prim
         spec = prim.batch
         assert spec is not None
         vjps = spec.vjps or prim.vjps
@@ -247,6 +249,6 @@ class _OpGroup:
         g = vjps[i](xp, delta, self.saved if prim.saves else self.out, *self.args, **self.params)
         if prim.broadcasts:
             g = unbroadcast(xp, g, self.args[i])
-        elif type(g) is SparseRows and not getattr(self.tapes[0].inputs[i], "sparse_deltas", False):
+        elif type(g) is SparseRows and not getattr(self.inputs[0][i], "sparse_deltas", False):
             g = g.to_dense(xp)
         return g

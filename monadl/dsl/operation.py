@@ -175,8 +175,9 @@ class OperationBatcher:
             key.append(float if type(d) is float else (type(d), d.shape, d.dtype))
         return tuple(key)
 
-    def name(self, signature: Hashable) -> str:
-        return signature[0].f.__qualname__  # type: ignore[index, no-any-return]
+    def name(self, node: Any) -> str:
+        call: _Call = node.args[0]
+        return call.op.f.__qualname__
 
     def run(self, nodes: list[Any]) -> Do[list[Any]]:
         calls: list[_Call] = [node.args[0] for node in nodes]

@@ -101,8 +101,8 @@ class RowOf(PrivateBind[Any]):
 def row_of(xp: Any, k: int, like: Any, rows: Any) -> Any:
     """Row ``k`` of ``rows``, shaped (and typed: a float or an array) like ``like``."""
     r = rows[k]
-    if type(like) is float:
-        return float(r)
+    if type(like) is float:  # a float input's row; a padded one has shape (1, ...)
+        return float(xp.reshape(r, ())) if getattr(r, "ndim", 0) else float(r)
     if tuple(r.shape) != tuple(like.shape):
         r = xp.reshape(r, like.shape)
     return np.asarray(r) if isinstance(r, np.generic) else r

@@ -1,0 +1,338 @@
+"""Batchable operations (``@ml.batchable``, ``monadl.dsl.operation``): a decorated function computes
+what the plain function computes, merged or not; its calls merge by signature (the function, the
+identity of its non-layer arguments, the rows' shapes and dtypes); weights it is given are shared,
+not stacked; and the gradients of a merged run equal central finite differences.
+
+An operation learns the structure of its result on its first call ever, which runs the body
+directly; so each operation here is called once (the fixture ``learn_all``) before the calls that
+must merge.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+from gradcheck import F64, check_gradients, probe
+from returns.result import Success
+
+import monadl as ml
+from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
+from monadl.do.batching import RunStats
+from monadl.dsl.weights import WeightTape
+from monadl.typeclasses.sparse import SparseRows
+
+Layer = ArrayLayer | FloatLayer
+
+RNG = np.random.default_rng(20)
+W = ArrayWeight(RNG.normal(size=(3, 3)))
+B = ArrayWeight(RNG.normal(size=(3,)))
+S = FloatWeight(0.7)
+
+
+def rows(count: int, shape: tuple[int, ...] = (3,), seed: int = 0) -> list[F64]:
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=shape) for _ in range(count)]
+
+
+# The operations under test, and their plain twins (the same body, undecorated).
+
+
+def plain_dense(x: ArrayLayer | F64) -> ArrayLayer:
+    return ml.tanh(ml.linear(x, W, B))
+
+
+dense = ml.batchable(plain_dense)
+
+
+def plain_gates(x: ArrayLayer | F64, h: ArrayLayer | F64) -> tuple[ArrayLayer, ArrayLayer]:
+    z = ml.linear(ml.concatenate([x, h], axis=-1), WIDE, B)
+    return ml.sigmoid(z) * h, ml.tanh(z)
+
+
+WIDE = ArrayWeight(RNG.normal(size=(6, 3)))
+gates = ml.batchable(plain_gates)
+
+
+def plain_mix(a: FloatLayer, c: FloatLayer) -> FloatLayer:
+    return ml.tanh(a * S + c) * c
+
+
+mix = ml.batchable(plain_mix)
+
+
+def plain_with_weight(x: ArrayLayer | F64, w: ArrayWeight) -> ArrayLayer:
+    return ml.tanh(ml.linear(x, w, B))
+
+
+with_weight = ml.batchable(plain_with_weight)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A cell of weights whose node function is a batchable method."""
+
+    w: ArrayWeight
+    b: ArrayWeight
+
+    @ml.batchable
+    def step(self, x: ArrayLayer | F64) -> ArrayLayer:
+        return ml.relu(ml.linear(x, self.w, self.b))
+
+
+@pytest.fixture(autouse=True)
+def learn_all() -> None:
+    """Every operation above has had its first call (which learns the structure of its result and
+    runs the body directly) before a test builds its graphs."""
+    dense(np.ones(3))
+    gates(np.ones(3), np.ones(3))
+    mix(S * 1.0, S * 2.0)
+    with_weight(np.ones(3), W)
+    Cell(W, B).step(np.ones(3))
+
+
+@dataclass(frozen=True)
+class Run:
+    value: Any
+    gradients: dict[Any, Any]
+    stats: RunStats
+
+
+def run(loss: Layer, batching: bool) -> Run:
+    """``loss``'s value and gradients (dense), with the executor's statistics of both runs."""
+    executor = ml.Executor(batching=batching)
+    value, gradients = ml.compute_gradients(loss, executor=executor)
+    dense_gradients = {w: g.to_dense() if isinstance(g, SparseRows) else g for w, g in gradients.items()}
+    return Run(value, dense_gradients, executor.stats)
+
+
+def assert_close(a: Any, b: Any, what: str) -> None:
+    """Equal to 1e-10, relative to the larger of 1 and ``b``'s largest entry (as test_batching)."""
+    assert type(a) is type(b), (what, type(a), type(b))
+    scale = max(1.0, float(np.max(np.abs(b))))
+    assert float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) <= 1e-10 * scale, (what, a, b)
+
+
+def assert_same(a: Run, b: Run) -> None:
+    assert_close(a.value, b.value, "loss")
+    assert set(a.gradients) == set(b.gradients)
+    for w, g in b.gradients.items():
+        assert_close(a.gradients[w], g, repr(w))
+
+
+def assert_identical(a: Run, b: Run) -> None:
+    """Bit for bit: the same kernels on the same data."""
+    assert a.value == b.value
+    assert set(a.gradients) == set(b.gradients)
+    for w, g in b.gradients.items():
+        np.testing.assert_array_equal(a.gradients[w], g, err_msg=repr(w))
+
+
+def table(count: int, seed: int = 0) -> ArrayWeight:
+    return ArrayWeight(np.random.default_rng(seed).normal(size=(count, 3)))
+
+
+def table_rows(table: ArrayWeight) -> Iterator[ArrayLayer]:
+    """The rows of ``table``, looked up one by one: layers that want a delta."""
+    return (ml.take_rows(table, k) for k in range(table.data.shape[0]))
+
+
+# ------------------------------------------------------------------------ the same as undecorated
+
+
+def dense_loss(op: Callable[[Any], ArrayLayer], rows: ArrayWeight) -> FloatLayer:
+    return ml.add_n([ml.sum(op(x) * probe((3,), k)) for k, x in enumerate(table_rows(rows))])
+
+
+def test_merged_calls_equal_the_plain_function() -> None:
+    xs = table(6)
+    merged = run(dense_loss(dense, xs), batching=True)
+    assert merged.stats.kinds["plain_dense"] == 1 and merged.stats.groups >= 1  # one run of the body
+    assert merged.stats.kinds["linear"] == 1  # the body's linear: once, on 6 stacked rows
+    assert_same(merged, run(dense_loss(plain_dense, xs), batching=False))
+
+
+def test_with_batching_off_the_operation_is_the_plain_function_bit_for_bit() -> None:
+    xs = table(6)
+    off = run(dense_loss(dense, xs), batching=False)
+    assert off.stats.groups == 0 and not off.stats.kinds
+    assert_identical(off, run(dense_loss(plain_dense, xs), batching=False))
+
+
+def test_a_call_that_merges_with_nobody_runs_alone_as_the_plain_function() -> None:
+    x = next(table_rows(table(1)))
+    alone = run(ml.sum(dense(x)), batching=True)
+    assert alone.stats.kinds["plain_dense"] == 1 and alone.stats.groups == 0
+    assert_identical(alone, run(ml.sum(plain_dense(x)), batching=False))
+
+
+def test_the_first_call_ever_runs_the_body_directly() -> None:
+    def plain(x: ArrayLayer) -> ArrayLayer:
+        return ml.tanh(x) * 2.0
+
+    fresh = ml.batchable(plain)
+    first, second = fresh(W * 1.0), fresh(W * 1.0)  # the first learns; the second is an operation
+    executor = ml.Executor(batching=True)
+    for layer, launches in ((first, 0), (second, 1)):
+        result = layer.predict_blocking(executor=executor)
+        assert isinstance(result, Success)
+        np.testing.assert_array_equal(result.unwrap(), np.tanh(W.data) * 2.0)
+        assert executor.last_stats.kinds.get(plain.__qualname__, 0) == launches
+
+
+def test_tuple_results_equal_the_plain_function_even_with_an_output_unused() -> None:
+    xs, hs = table(5, seed=1), table(5, seed=2)
+
+    def loss(op: Callable[[Any, Any], tuple[ArrayLayer, ArrayLayer]]) -> FloatLayer:
+        terms = []
+        for k, (x, h) in enumerate(zip(table_rows(xs), table_rows(hs), strict=True)):
+            out, z = op(x, h)
+            terms.append(ml.sum(out * probe((3,), k)))
+            if k % 2:  # the other calls' second output is not on the path to the loss
+                terms.append(ml.sum(z))
+        return ml.add_n(terms)
+
+    merged = run(loss(gates), batching=True)
+    assert merged.stats.kinds["plain_gates"] == 1
+    assert_same(merged, run(loss(plain_gates), batching=False))
+
+
+def test_float_layer_results_equal_the_plain_function() -> None:
+    def loss(op: Callable[[FloatLayer, FloatLayer], FloatLayer]) -> FloatLayer:
+        return ml.add_n([op(S * (0.3 * k), ml.tanh(S * float(k - 2))) for k in range(5)])
+
+    merged = run(loss(mix), batching=True)
+    assert merged.stats.kinds["plain_mix"] == 1
+    assert type(merged.value) is float and type(merged.gradients[S]) is float
+    assert_same(merged, run(loss(plain_mix), batching=False))
+
+
+def test_a_result_that_is_not_a_layer_raises_a_type_error_naming_the_function() -> None:
+    @ml.batchable
+    def not_a_layer(x: ArrayLayer) -> float:
+        return 1.0
+
+    @ml.batchable
+    def weight_in_a_tuple(x: ArrayLayer) -> tuple[ArrayLayer, ArrayWeight]:
+        return ml.tanh(x), W
+
+    with pytest.raises(TypeError, match=r"batchable .*not_a_layer: must return a layer .* got float"):
+        not_a_layer(W * 1.0)
+    with pytest.raises(TypeError, match=r"batchable .*weight_in_a_tuple: .* got tuple"):
+        weight_in_a_tuple(W * 1.0)
+
+
+def test_rows_may_be_plain_numpy_arrays() -> None:
+    xs = rows(4, (2, 3))  # each call's row is itself a (2, 3) array: stacked to (4, 2, 3)
+    merged = run(ml.add_n([ml.sum(dense(x)) for x in xs]), batching=True)
+    assert merged.stats.kinds["plain_dense"] == 1 and merged.stats.groups >= 1
+    assert_same(merged, run(ml.add_n([ml.sum(plain_dense(x)) for x in xs]), batching=False))
+    slopes = [1.0 - np.tanh(x @ W.data + B.data) ** 2 for x in xs]
+    np.testing.assert_allclose(merged.gradients[B], np.sum(slopes, axis=(0, 1)), rtol=1e-12)
+
+
+# ------------------------------------------------------------------------------------- signatures
+
+
+def test_as_a_method_the_bound_object_is_compared_by_identity() -> None:
+    one, other = Cell(W, B), Cell(W, B)
+    assert one == other  # equal dataclasses, but two objects: their calls do not merge
+    xs = rows(6)
+
+    def loss(cells: list[Cell], step: Callable[[Cell, Any], ArrayLayer]) -> FloatLayer:
+        return ml.add_n(
+            [
+                ml.sum(step(cell, x) * probe((3,), k))
+                for k, (cell, x) in enumerate(zip(cells, xs, strict=True))
+            ]
+        )
+
+    cells = [one, other] * 3
+    merged = run(loss(cells, lambda cell, x: cell.step(x)), batching=True)
+    assert merged.stats.kinds["Cell.step"] == 2  # one launch per cell, each of its three calls
+    unbound = inspect.unwrap(Cell.step)  # the plain function the decorator wraps
+    assert_same(merged, run(loss(cells, unbound), batching=False))
+    assert run(loss([one] * 6, lambda cell, x: cell.step(x)), batching=True).stats.kinds["Cell.step"] == 1
+
+
+def test_calls_of_different_row_shapes_or_dtypes_do_not_merge() -> None:
+    xs: list[Any] = [*rows(2), *rows(2, (2, 3)), np.ones(3, dtype=np.float32), np.zeros(3, dtype=np.float32)]
+    merged = run(ml.add_n([ml.sum(dense(x)) for x in xs]), batching=True)
+    assert merged.stats.kinds["plain_dense"] == 3  # (3,), (2, 3) and float32 (3,)
+    assert_same(merged, run(ml.add_n([ml.sum(plain_dense(x)) for x in xs]), batching=False))
+
+
+def test_calls_given_different_weights_do_not_merge() -> None:
+    other = ArrayWeight(RNG.normal(size=(3, 3)))
+    calls = [(x, W if k % 2 else other) for k, x in enumerate(rows(6))]
+    merged = run(ml.add_n([ml.sum(with_weight(x, w)) for x, w in calls]), batching=True)
+    assert merged.stats.kinds["plain_with_weight"] == 2
+    assert_same(merged, run(ml.add_n([ml.sum(plain_with_weight(x, w)) for x, w in calls]), batching=False))
+
+
+@pytest.fixture
+def weight_deltas(monkeypatch: pytest.MonkeyPatch) -> dict[int, int]:
+    """How many deltas each weight's tapes were given, by id(weight)."""
+    counts: dict[int, int] = {}
+    backward = WeightTape.backward
+
+    def counted(tape: WeightTape, delta: Any) -> Any:
+        counts[id(tape.weight)] = counts.get(id(tape.weight), 0) + 1
+        return backward(tape, delta)
+
+    monkeypatch.setattr(WeightTape, "backward", counted)
+    return counts
+
+
+def test_weights_given_as_arguments_are_shared_not_stacked(weight_deltas: dict[int, int]) -> None:
+    xs = rows(8)
+    loss = ml.add_n([ml.sum(with_weight(x, W)) for x in xs])
+    merged = run(loss, batching=True)
+    assert merged.stats.kinds["plain_with_weight"] == 1
+    assert weight_deltas[id(W)] == 1 and weight_deltas[id(B)] == 1  # the body ran once: one delta
+    weight_deltas.clear()
+    alone = run(loss, batching=False)
+    assert weight_deltas[id(W)] == 8 and weight_deltas[id(B)] == 8
+    assert_same(merged, alone)
+    slopes = [1.0 - np.tanh(x @ W.data + B.data) ** 2 for x in xs]
+    expected = sum(np.outer(x, d) for x, d in zip(xs, slopes, strict=True))
+    np.testing.assert_allclose(merged.gradients[W], expected, rtol=1e-12)
+
+
+# ------------------------------------------------------------------------- gradients of a merged run
+
+
+@pytest.fixture
+def batching_executor() -> Iterator[ml.Executor]:
+    """A fresh default executor with batching on (the gradient checker runs on the default)."""
+    previous = ml.default_executor()  # made now if it was not yet, so that it can be put back
+    executor = ml.Executor(batching=True)
+    ml.set_default_executor(executor)
+    try:
+        yield executor
+    finally:
+        ml.set_default_executor(previous)
+
+
+def test_gradients_of_merged_calls_equal_central_finite_differences(batching_executor: ml.Executor) -> None:
+    def loss(table: ArrayWeight, w: ArrayWeight, s: FloatWeight) -> FloatLayer:
+        terms = []
+        for k in range(4):
+            x = ml.take_rows(table, k)
+            out, z = gates(x, with_weight(x, w))  # two merged operations, one feeding the other
+            terms.append(ml.sum(out * probe((3,), k)) + ml.sum(z) * s)
+            terms.append(mix(s * (0.2 * k), ml.sum(z)))
+        return ml.add_n(terms)
+
+    rng = np.random.default_rng(5)
+    check_gradients(loss, rng.normal(size=(4, 3)), rng.normal(size=(3, 3)), 0.4)
+    kinds = batching_executor.stats.kinds
+    # The gradients' forward run and the checker's two forward runs per input element (4 * 3 + 3 * 3
+    # + 1) each ran every operation once, on the four calls merged.
+    runs = 1 + 2 * (4 * 3 + 3 * 3 + 1)
+    assert kinds["plain_gates"] == kinds["plain_with_weight"] == kinds["plain_mix"] == runs, kinds
+    assert batching_executor.stats.groups >= 3 * runs

@@ -1,0 +1,778 @@
+"""Dynamic batching of primitive ops (``monadl.dsl.batching``) and the executor's parking of batchable
+work (``monadl.do.executor``): results with batching on equal results with it off (to 1e-10 in
+float64) on random trees through the Tree-LSTM example and on random DAGs of ops; merged calls launch
+fewer kernels; a shared weight gets one delta per group; calls that must not merge do not; and a
+failure inside a merged group names the call that failed and leaves nothing behind.
+
+The equality tests of work that must merge also assert that merging happened in the batched run
+(``Executor.stats``), so they cannot pass vacuously by running everything alone.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
+from returns.result import Failure, Success
+
+import monadl as ml
+from examples.tree_lstm import TreeLstm
+from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
+from monadl.data.trees import Tree
+from monadl.do.batching import RunStats
+from monadl.dsl.layers import apply_array
+from monadl.dsl.primitives import ELEMENTWISE, Primitive
+from monadl.dsl.weights import WeightTape
+from monadl.typeclasses.sparse import SparseRows
+
+SETTINGS = settings(max_examples=40, deadline=None)
+
+Weight = ArrayWeight | FloatWeight
+Layer = ArrayLayer | FloatLayer
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def dense(gradient: Any) -> Any:
+    """A gradient as compared here: an embedding table's SparseRows densified, arrays as arrays."""
+    if isinstance(gradient, SparseRows):
+        return gradient.to_dense()
+    return gradient if type(gradient) is float else np.asarray(gradient)
+
+
+def assert_close(batched: Any, alone: Any, what: str) -> None:
+    """Equal to 1e-10 relative to the larger of 1 and the largest entry: rounding (a stacked matmul
+    sums in another order) is ~1e-16 of the values summed; a wrong row or a lost delta is O(1)."""
+    assert type(batched) is type(alone), (what, type(batched), type(alone))
+    b, a = np.asarray(batched, dtype=np.float64), np.asarray(alone, dtype=np.float64)
+    assert b.shape == a.shape, (what, b.shape, a.shape)
+    scale = max(1.0, float(np.max(np.abs(a), initial=0.0)))
+    error = float(np.max(np.abs(b - a), initial=0.0))
+    assert error <= 1e-10 * scale, f"{what}: batched and unbatched differ by {error:.3g} (scale {scale:.3g})"
+
+
+@dataclass(frozen=True)
+class Gradients:
+    """A loss's value and its weights' gradients (dense), computed on a fresh executor."""
+
+    value: float
+    gradients: dict[Weight, Any]
+    stats: RunStats
+    """The executor's statistics over the forward and backward runs together."""
+
+
+def gradients_of(loss: Layer, batching: bool) -> Gradients:
+    executor = ml.Executor(batching=batching)
+    value, gradients = ml.compute_gradients(loss, executor=executor)
+    return Gradients(value, {w: dense(g) for w, g in gradients.items()}, executor.stats)
+
+
+def assert_same_gradients(
+    loss: Layer, names: Mapping[str, Weight] | None = None
+) -> tuple[Gradients, Gradients]:
+    """Computes ``loss``'s gradients with batching on and off and asserts they are equal; returns
+    both (batched first)."""
+    batched, alone = gradients_of(loss, True), gradients_of(loss, False)
+    assert alone.stats.groups == alone.stats.merged == 0 and not alone.stats.kinds
+    assert_close(batched.value, alone.value, "loss")
+    assert set(batched.gradients) == set(alone.gradients)
+    label = {w: n for n, w in (names or {}).items()}
+    for w, g in alone.gradients.items():
+        assert_close(batched.gradients[w], g, f"gradient of {label.get(w, repr(w))}")
+    return batched, alone
+
+
+def value_of(layer: Layer, executor: ml.Executor) -> Any:
+    result = layer.predict_blocking(executor=executor)
+    assert isinstance(result, Success), result
+    return result.unwrap()
+
+
+# ------------------------------------------------------------------- random trees, Tree-LSTM
+
+WORDS = ("good", "bad", "movie", "the", "plot", "unknown")
+
+
+def word_id(word: str) -> int:
+    return WORDS.index(word) % 5  # "unknown" shares row 0 with "good": repeated rows in one lookup
+
+
+INNER_GATES = {"i", "f_left", "f_right", "o", "u"}  # weights of inner nodes only
+
+
+@st.composite
+def trees(draw: st.DrawFn, depth: int = 6) -> Tree:
+    """A random binary tree of height at most ``depth``: random shape, words and labels."""
+    label = draw(st.integers(0, 4))
+    if depth == 0 or draw(st.integers(0, 9)) < 4:
+        return Tree(label, word=draw(st.sampled_from(WORDS)))
+    return Tree(label, left=draw(trees(depth - 1)), right=draw(trees(depth - 1)))
+
+
+def warm_operations() -> None:
+    """Calls the Tree-LSTM's batchable cells once: an operation's first call ever runs its body
+    directly (to learn its result's structure), and the tests below count the merged calls."""
+    model = TreeLstm(5, embedding=2, hidden=2, dtype=np.float64)
+    model.loss([Tree(0, left=Tree(1, word="good"), right=Tree(2, word="bad"))], word_id)
+
+
+@SETTINGS
+@given(batch=st.lists(trees(), min_size=2, max_size=4), seed=st.integers(0, 2**16))
+def test_tree_lstm_gradients_are_equal_with_batching_on_and_off(batch: list[Tree], seed: int) -> None:
+    warm_operations()
+    note(f"heights {[t.height() for t in batch]}, leaves {[len(t) for t in batch]}")
+    model = TreeLstm(5, embedding=3, hidden=4, seed=seed, dtype=np.float64)
+    batched, alone = assert_same_gradients(model.loss(batch, word_id), model.weights)
+    inner = max(t.height() for t in batch) > 0
+    taking_part = {w for n, w in model.weights.items() if inner or n.split(".")[0] not in INNER_GATES}
+    assert set(alone.gradients) == taking_part
+    # The agenda merges every node of one height across the trees: all the leaves in one launch of
+    # the leaf cell (and one lookup), and one launch of the inner cell per height.
+    kinds = batched.stats.kinds
+    assert kinds["take_rows"] == 1 and kinds["Cell.leaf_cell"] == 1, kinds
+    assert kinds.get("Cell.inner_cell", 0) == max(t.height() for t in batch), kinds
+    assert batched.stats.groups > 0 and batched.stats.merged >= sum(len(t) for t in batch)
+    assert batched.stats.kernels < alone.stats.kernels
+
+
+def test_tree_lstm_predictions_are_equal_with_batching_on_and_off() -> None:
+    warm_operations()
+    batch = [
+        Tree(
+            3, left=Tree(4, word="good"), right=Tree(2, left=Tree(2, word="the"), right=Tree(1, word="bad"))
+        ),
+        Tree(1, word="plot"),
+        Tree(0, left=Tree(0, word="bad"), right=Tree(2, word="movie")),
+    ]
+    on = TreeLstm(5, embedding=3, hidden=4, seed=3, dtype=np.float64, executor=ml.Executor(batching=True))
+    off = TreeLstm(5, embedding=3, hidden=4, seed=3, dtype=np.float64, executor=ml.Executor(batching=False))
+    assert_close(on.predict_roots(batch, word_id), off.predict_roots(batch, word_id), "root scores")
+    assert on.executor is not None and on.executor.last_stats.groups > 0
+
+
+# --------------------------------------------------------------------------- random DAGs of ops
+
+Shape = tuple[int, ...]
+FLOAT: Shape = ()  # a FloatLayer (no 0-d arrays are made here)
+V, M, V8, M8 = (4,), (2, 4), (8,), (2, 8)
+ROWS = 6  # of the lookup table
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The weights every DAG is built from (and one constant, lifted)."""
+
+    a: ArrayWeight  # (2, 4)
+    row: ArrayWeight  # (4,): a row vector that rows broadcast against
+    s: FloatWeight
+    w4: ArrayWeight  # linear (4, 4), shared by every linear of 4 inputs
+    w8: ArrayWeight  # linear (8, 4)
+    bias: ArrayWeight  # (4,)
+    table: ArrayWeight  # (ROWS, 4): take_rows
+    constant: np.ndarray  # (2, 4)
+
+    @staticmethod
+    def new(seed: int) -> Inputs:
+        rng = np.random.default_rng(seed)
+        return Inputs(
+            ArrayWeight(rng.uniform(-1.5, 1.5, M)),
+            ArrayWeight(rng.uniform(-1.5, 1.5, V)),
+            FloatWeight(float(rng.uniform(-1.5, 1.5))),
+            ArrayWeight(rng.normal(0.0, 0.5, (4, 4))),
+            ArrayWeight(rng.normal(0.0, 0.35, (8, 4))),
+            ArrayWeight(rng.uniform(-0.5, 0.5, V)),
+            ArrayWeight(rng.uniform(-1.5, 1.5, (ROWS, 4))),
+            rng.uniform(-1.5, 1.5, M),
+        )
+
+    def weights(self) -> dict[str, Weight]:
+        names = ("a", "row", "s", "w4", "w8", "bias", "table")
+        return {name: getattr(self, name) for name in names}
+
+    def pool(self) -> list[Any]:
+        """The first nodes of every DAG (shapes POOL): the weights a, row and s, and a constant."""
+        return [self.a, self.row, self.s, ml.lift_array(self.constant)]
+
+
+POOL = (M, V, FLOAT, M)
+S_NODE = 2  # the FloatWeight s in the pool
+
+
+@dataclass(frozen=True)
+class Unary:
+    """An op of one node (which may also read the shared inputs): where it applies, its result's
+    shape, how many primitive ops it makes, and how to build it from the inputs, the node, its
+    shape and a label seed ``k``."""
+
+    name: str
+    applies: Callable[[Shape], bool]
+    result: Callable[[Shape], Shape]
+    build: Callable[[Inputs, Any, Shape, int], Any]
+    ops: int = 1
+
+
+def _any(shape: Shape) -> bool:
+    return True
+
+
+def _array(shape: Shape) -> bool:
+    return shape != FLOAT
+
+
+def _same(shape: Shape) -> Shape:
+    return shape
+
+
+def _labels(shape: Shape, k: int) -> np.ndarray:
+    classes = shape[-1]
+    return np.asarray((np.arange(int(np.prod(shape[:-1]))) + k) % classes, dtype=np.int64).reshape(shape[:-1])
+
+
+UNARY = [
+    Unary("tanh", _any, _same, lambda i, x, s, k: ml.tanh(x)),
+    Unary("sigmoid", _any, _same, lambda i, x, s, k: ml.sigmoid(x)),
+    Unary("relu", _any, _same, lambda i, x, s, k: ml.relu(x)),
+    Unary("exp", _any, _same, lambda i, x, s, k: ml.exp(ml.tanh(x)), ops=2),  # exp of small values
+    Unary("0.5 - x", _any, _same, lambda i, x, s, k: 0.5 - x),  # a float constant on the left
+    Unary("x * 1.5", _any, _same, lambda i, x, s, k: x * 1.5),
+    Unary("s * x", _any, _same, lambda i, x, s, k: i.s * x),  # a shared FloatWeight
+    Unary("x * row", lambda s: s in (V, M), _same, lambda i, x, s, k: x * i.row),  # broadcast vs a weight
+    Unary("a + x", lambda s: s in (V, M), lambda s: M, lambda i, x, s, k: i.a + x),
+    Unary(
+        "linear",
+        lambda s: s != FLOAT and s[-1] in (4, 8),
+        lambda s: (*s[:-1], 4),
+        lambda i, x, s, k: ml.linear(x, i.w4 if s[-1] == 4 else i.w8, i.bias),
+    ),
+    Unary(
+        "concatenate [x, x]",
+        lambda s: s in (V, M),
+        lambda s: (*s[:-1], 8),
+        lambda i, x, s, k: ml.concatenate([x, x], axis=-1),  # one op reading a node twice
+    ),
+    Unary("softmax", _array, _same, lambda i, x, s, k: ml.softmax(x)),
+    Unary("sum", _array, lambda s: FLOAT, lambda i, x, s, k: ml.sum(x)),
+    Unary("mean", _array, lambda s: FLOAT, lambda i, x, s, k: ml.mean(x)),
+    Unary("sum rows", lambda s: len(s) == 2, lambda s: s[:1], lambda i, x, s, k: ml.sum(x, axis=-1)),
+    Unary("mean rows", lambda s: len(s) == 2, lambda s: s[:1], lambda i, x, s, k: ml.mean(x, axis=-1)),
+    Unary(
+        "cross_entropy",
+        lambda s: s in (V, M, V8, M8),
+        lambda s: FLOAT,
+        lambda i, x, s, k: ml.cross_entropy(x, _labels(s, k)),
+    ),
+]
+UNARIES = {u.name: u for u in UNARY}
+
+# One instruction of a DAG program (plain tuples, so that hypothesis prints a failing program):
+#   ("lanes", indices, names)      independent lookups table[i], then each named Unary on every one
+#   ("unary", name, node, k)       ("map", name, nodes, k): the same Unary on several nodes
+#   ("binary", "+" | "-" | "*", node, node)
+#   ("add_n", nodes)               ("concatenate", node, node)      ("take_rows", index)
+#   ("loss", on_path, off_path)    the loss; off_path nodes are evaluated but not differentiated
+Program = list[tuple[Any, ...]]
+
+
+def broadcast(a: Shape, b: Shape) -> Shape | None:
+    try:
+        return tuple(np.broadcast_shapes(a, b))
+    except ValueError:
+        return None
+
+
+@st.composite
+def programs(draw: st.DrawFn) -> Program:
+    """A random DAG over the pool of :meth:`Inputs.pool`: first, maybe, 2-4 *lanes*, independent
+    rows on which the same ops run (they must merge), then random ops on any earlier nodes (reuse:
+    a node may be read by several), then a loss over some nodes while others stay off its path."""
+    shapes = list(POOL)
+    program: Program = []
+    lanes = draw(st.integers(0, 4))
+    if lanes >= 2:
+        rows = draw(st.lists(st.integers(0, ROWS - 1), min_size=lanes, max_size=lanes, unique=True))
+        pairs = draw(st.booleans())  # lookups of 2 rows each: (2, 4) lanes
+        indices = [(r, (r + 1) % ROWS) for r in rows] if pairs else rows
+        shape: Shape = M if pairs else V
+        names = []
+        for _ in range(draw(st.integers(1, 4))):
+            unary = draw(st.sampled_from([u for u in UNARY if u.applies(shape)]))
+            names.append(unary.name)
+            shape = unary.result(shape)
+        program.append(("lanes", tuple(indices), tuple(names)))
+        shapes += [shape] * lanes
+    for _ in range(draw(st.integers(1, 10))):
+        kind = draw(st.sampled_from(["unary", "map", "binary", "add_n", "concatenate", "take_rows"]))
+        nodes = st.integers(0, len(shapes) - 1)
+        if kind == "take_rows":
+            index = draw(st.one_of(st.integers(0, ROWS - 1), st.tuples(*[st.integers(0, ROWS - 1)] * 2)))
+            program.append(("take_rows", index))
+            shapes.append(V if isinstance(index, int) else M)
+        elif kind in ("unary", "map"):
+            name = draw(st.sampled_from(list(UNARIES)))
+            candidates = [n for n, s in enumerate(shapes) if UNARIES[name].applies(s)]
+            if not candidates:
+                continue
+            k = draw(st.integers(0, 7))
+            if kind == "unary":
+                node = draw(st.sampled_from(candidates))
+                program.append(("unary", name, node, k))
+                shapes.append(UNARIES[name].result(shapes[node]))
+            else:
+                targets = draw(st.lists(st.sampled_from(candidates), min_size=2, max_size=3))
+                program.append(("map", name, tuple(targets), k))
+                shapes += [UNARIES[name].result(shapes[n]) for n in targets]
+        elif kind == "binary":
+            i, j = draw(nodes), draw(nodes)
+            joint = broadcast(shapes[i], shapes[j])
+            if joint is None:
+                continue
+            program.append(("binary", draw(st.sampled_from("+-*")), i, j))
+            shapes.append(joint)
+        elif kind == "add_n":
+            first = draw(nodes)
+            same = [n for n, s in enumerate(shapes) if s == shapes[first]]
+            others = draw(st.lists(st.sampled_from(same), min_size=1, max_size=2))
+            program.append(("add_n", (first, *others)))
+            shapes.append(shapes[first])
+        else:
+            i, j = draw(nodes), draw(nodes)
+            if shapes[i] != shapes[j] or shapes[i] not in (V, M):
+                continue
+            program.append(("concatenate", i, j))
+            shapes.append((*shapes[i][:-1], 8))
+    count = len(shapes)
+    on_path = draw(st.lists(st.integers(0, count - 1), min_size=1, max_size=4, unique=True))
+    lane_nodes = range(len(POOL), len(POOL) + lanes) if lanes >= 2 else range(0)
+    off_path = [n for n in range(count) if n not in on_path and (n in lane_nodes or draw(st.booleans()))]
+    program.append(("loss", tuple(on_path), tuple(off_path)))
+    return program
+
+
+def build(program: Program, inputs: Inputs) -> tuple[FloatLayer, int]:
+    """The loss of ``program``, and how many primitive ops each lane runs (lookups included)."""
+    pool, shapes = inputs.pool(), list(POOL)
+
+    def add(node: Any, shape: Shape) -> None:
+        pool.append(node)
+        shapes.append(shape)
+
+    lane_ops = 0
+    for instruction in program:
+        kind = instruction[0]
+        if kind == "lanes":
+            _, indices, names = instruction
+            shape: Shape = V if isinstance(indices[0], int) else M
+            lanes = [ml.take_rows(inputs.table, i) for i in indices]
+            lane_ops = 1
+            for name in names:
+                unary = UNARIES[name]
+                lanes = [unary.build(inputs, x, shape, k) for k, x in enumerate(lanes)]
+                shape = unary.result(shape)
+                lane_ops += unary.ops
+            for lane in lanes:
+                add(lane, shape)
+        elif kind == "unary":
+            _, name, n, k = instruction
+            add(UNARIES[name].build(inputs, pool[n], shapes[n], k), UNARIES[name].result(shapes[n]))
+        elif kind == "map":
+            _, name, targets, k = instruction
+            for n in targets:
+                add(UNARIES[name].build(inputs, pool[n], shapes[n], k), UNARIES[name].result(shapes[n]))
+        elif kind == "binary":
+            _, op, i, j = instruction
+            a, b = pool[i], pool[j]
+            result = a + b if op == "+" else a - b if op == "-" else a * b
+            joint = broadcast(shapes[i], shapes[j])
+            assert joint is not None
+            add(result, joint)
+        elif kind == "add_n":
+            add(ml.add_n([pool[n] for n in instruction[1]]), shapes[instruction[1][0]])
+        elif kind == "concatenate":
+            _, i, j = instruction
+            add(ml.concatenate([pool[i], pool[j]], axis=-1), (*shapes[i][:-1], 8))
+        elif kind == "take_rows":
+            index = instruction[1]
+            add(ml.take_rows(inputs.table, index), V if isinstance(index, int) else M)
+        else:
+            _, on_path, off_path = instruction
+            total = ml.add_n([pool[n] if shapes[n] == FLOAT else ml.sum(pool[n]) for n in on_path])
+            return with_evaluated(total, [pool[n] for n in off_path]), lane_ops
+    raise AssertionError("a program ends with its loss")
+
+
+def with_evaluated(loss: FloatLayer, others: Sequence[Any]) -> FloatLayer:
+    """``loss``, with ``others`` evaluated in the same run, alongside it, but not differentiated
+    (their tapes get no delta: they are released at the end of the step)."""
+    if not others:
+        return loss
+
+    @ml.direct
+    async def evaluated() -> FloatLayer:
+        await ml.parallel(*others, loss)
+        return loss
+
+    return evaluated()
+
+
+@SETTINGS
+@given(program=programs(), seed=st.integers(0, 2**16))
+def test_random_dags_have_equal_gradients_with_batching_on_and_off(program: Program, seed: int) -> None:
+    inputs = Inputs.new(seed)
+    loss, lane_ops = build(program, inputs)
+    batched, _ = assert_same_gradients(loss, inputs.weights())
+    if lane_ops:  # independent lanes of equal ops: every op of every lane ran merged
+        lanes = len(program[0][1])
+        assert batched.stats.groups >= lane_ops, (batched.stats, program[0])
+        assert batched.stats.merged >= lanes * lane_ops, (batched.stats, program[0])
+
+
+def test_the_dag_generator_makes_lanes_and_reuse() -> None:
+    """The strategy above is not vacuous: it draws lanes, shared nodes and off-path nodes."""
+    seen: dict[str, int] = {"lanes": 0, "reuse": 0, "off path": 0}
+
+    @settings(max_examples=60, deadline=None)
+    @given(programs())
+    def count(program: Program) -> None:
+        seen["lanes"] += program[0][0] == "lanes"
+        reads = [n for ins in program[:-1] for n in _reads(ins)]
+        seen["reuse"] += len(reads) != len(set(reads))
+        seen["off path"] += bool(program[-1][2])
+
+    count()
+    assert all(n > 5 for n in seen.values()), seen
+
+
+def _reads(instruction: tuple[Any, ...]) -> Iterator[int]:
+    kind = instruction[0]
+    if kind == "unary":
+        yield instruction[2]
+    elif kind == "map":
+        yield from instruction[2]
+    elif kind in ("binary", "concatenate"):
+        yield from instruction[-2:]
+    elif kind == "add_n":
+        yield from instruction[1]
+
+
+def test_a_float_layer_combined_with_arrays_in_merged_calls() -> None:
+    s = FloatWeight(0.3)
+    f = ml.tanh(s)  # a float layer: stacked (not shared, as a weight or a constant would be)
+    loss = ml.sum(f * np.full((4,), 2.0)) + ml.sum(f * np.ones((4,)))  # two muls of one signature
+    value, gradients = ml.compute_gradients(loss, executor=ml.Executor(batching=False))
+    assert value == pytest.approx(12.0 * np.tanh(0.3))
+    assert gradients[s] == pytest.approx(12.0 * (1.0 - np.tanh(0.3) ** 2))
+    assert_same_gradients(loss)  # raises the TypeError in the batched backward
+
+
+# ----------------------------------------------------------------------------- kernel launches
+
+
+def chains(count: int = 32, seed: int = 0) -> tuple[FloatLayer, ArrayWeight, ArrayWeight, list[np.ndarray]]:
+    """``sum_k sum(tanh(linear(x_k, w, b)))`` over ``count`` independent rows ``x_k``."""
+    rng = np.random.default_rng(seed)
+    w, b = ArrayWeight(rng.normal(size=(4, 3))), ArrayWeight(rng.normal(size=(3,)))
+    xs = [rng.normal(size=(4,)) for _ in range(count)]
+    return ml.add_n([ml.sum(ml.tanh(ml.linear(x, w, b))) for x in xs]), w, b, xs
+
+
+def test_equal_independent_chains_launch_one_kernel_per_op() -> None:
+    loss, w, b, xs = chains(32)
+    expected = sum(float(np.sum(np.tanh(x @ w.data + b.data))) for x in xs)
+    on, off = ml.Executor(batching=True), ml.Executor(batching=False)
+    assert value_of(loss, on) == pytest.approx(expected, rel=1e-12)
+    assert on.last_stats.kinds == {"linear": 1, "tanh": 1, "sum": 1, "add_n": 1}
+    assert (on.last_stats.kernels, on.last_stats.groups, on.last_stats.merged) == (4, 3, 96)
+    assert value_of(loss, off) == pytest.approx(expected, rel=1e-12)
+    assert (off.last_stats.kernels, off.last_stats.groups, off.last_stats.merged) == (97, 0, 0)
+    # The backward is merged too: one stacking and one vjp kernel per input of each group, instead
+    # of one vjp per call (add_n's own vjp still gives each of its 32 operands a delta).
+    ml.compute_gradients(loss, executor=on)
+    ml.compute_gradients(loss, executor=off)
+    assert on.last_stats.kernels * 4 < off.last_stats.kernels, (on.last_stats, off.last_stats)
+
+
+def test_batching_per_run_overrides_the_executors_default() -> None:
+    loss, *_ = chains(8)
+    forward = loss.forward
+    on, off = ml.Executor(batching=True), ml.Executor(batching=False)
+    alone = on.run(forward, batching=False).data
+    assert (on.last_stats.groups, on.last_stats.kernels) == (0, 25)
+    merged = off.run(forward, batching=True).data
+    assert (off.last_stats.groups, off.last_stats.kernels) == (3, 4)
+    assert merged == pytest.approx(alone, rel=1e-12)
+    on.run(forward)  # and each executor's default is back for the next run
+    off.run(forward)
+    assert on.last_stats.groups == 3 and off.last_stats.groups == 0
+    assert on.stats.groups == 0 + 3 and on.stats.kernels == 25 + 4  # stats sum the runs
+
+
+def test_stats_count_a_call_that_merged_with_nobody_as_a_launch_not_a_group() -> None:
+    x = ArrayWeight(np.ones(3))
+    executor = ml.Executor(batching=True)
+    assert value_of(ml.sum(ml.tanh(rows_of(x))), executor) == pytest.approx(3 * np.tanh(1.0))
+    assert executor.last_stats.kinds == {"mul": 1, "tanh": 1, "sum": 1}
+    assert executor.last_stats.groups == executor.last_stats.merged == 0
+
+
+# --------------------------------------------------------------- shared weights: one delta a group
+
+
+@pytest.fixture
+def weight_deltas(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[int, str], int]:
+    """Counts, by (id(weight), "backward" | "release"), how its tapes were given deltas or released."""
+    counts: dict[tuple[int, str], int] = {}
+    backward, release = WeightTape.backward, WeightTape.release
+
+    def counted_backward(tape: WeightTape, delta: Any) -> Any:
+        key = (id(tape.weight), "backward")
+        counts[key] = counts.get(key, 0) + 1
+        return backward(tape, delta)
+
+    def counted_release(tape: WeightTape) -> Any:
+        key = (id(tape.weight), "release")
+        counts[key] = counts.get(key, 0) + 1
+        return release(tape)
+
+    monkeypatch.setattr(WeightTape, "backward", counted_backward)
+    monkeypatch.setattr(WeightTape, "release", counted_release)
+    return counts
+
+
+def test_a_shared_weight_gets_one_delta_per_group(weight_deltas: dict[tuple[int, str], int]) -> None:
+    loss, w, b, xs = chains(32)
+    on = gradients_of(loss, True)
+    deltas_on = dict(weight_deltas)
+    weight_deltas.clear()
+    off = gradients_of(loss, False)
+    for weight in (w, b):
+        assert deltas_on.get((id(weight), "backward")) == 1, deltas_on  # the group's one delta
+        assert deltas_on.get((id(weight), "release")) == 31, deltas_on  # and the other calls release
+        assert (
+            weight_deltas.get((id(weight), "backward")) == 32 and (id(weight), "release") not in weight_deltas
+        )
+        assert_close(on.gradients[weight], off.gradients[weight], repr(weight))
+    # And the gradient is right: d/dw of sum_k sum(tanh(x_k w + b)).
+    slopes = [1.0 - np.tanh(x @ w.data + b.data) ** 2 for x in xs]
+    np.testing.assert_allclose(on.gradients[w], sum(np.outer(x, d) for x, d in zip(xs, slopes, strict=True)))
+    np.testing.assert_allclose(on.gradients[b], sum(slopes), rtol=1e-12)
+
+
+def test_an_embedding_table_gets_one_sparse_delta_per_group(
+    weight_deltas: dict[tuple[int, str], int],
+) -> None:
+    table = ArrayWeight(np.arange(12.0).reshape(6, 2))
+    rows = [4, 1, 4, 0]
+    loss = ml.add_n([ml.sum(ml.take_rows(table, r) * float(k + 1)) for k, r in enumerate(rows)])
+    executor = ml.Executor(batching=True)
+    value, gradients = ml.compute_gradients(loss, executor=executor)
+    assert weight_deltas[(id(table), "backward")] == 1 and weight_deltas[(id(table), "release")] == 3
+    gradient = gradients[table]
+    assert isinstance(gradient, SparseRows)  # the rows looked up, not a dense table
+    expected = np.zeros((6, 2))
+    for k, r in enumerate(rows):
+        expected[r] += k + 1.0  # row 4 looked up twice: both deltas added
+    np.testing.assert_array_equal(gradient.to_dense(), expected)
+    assert value == sum((k + 1.0) * float(np.sum(table.data[r])) for k, r in enumerate(rows))
+
+
+# ---------------------------------------------------------------------- calls that must not merge
+
+
+def rows_of(w: ArrayWeight) -> ArrayLayer:
+    """``w`` as a layer whose data is stacked when its calls merge: an op's inputs that are all
+    weights (or float constants) are shared, and calls of shared inputs only never merge (see
+    test_calls_of_weights_only_are_not_parked)."""
+    return w * np.ones(w.data.shape, dtype=w.data.dtype)
+
+
+def launches(layer: Layer) -> tuple[dict[str, int], int]:
+    """The launches by kind and the merged groups of ``layer``'s forward, with batching on."""
+    executor = ml.Executor(batching=True)
+    value_of(layer, executor)
+    return executor.last_stats.kinds, executor.last_stats.groups
+
+
+def test_calls_of_different_shapes_do_not_merge() -> None:
+    x, y = ArrayWeight(np.full(4, 0.5)), ArrayWeight(np.full((2, 3), 0.25))
+    loss = ml.sum(ml.tanh(rows_of(x))) + ml.sum(ml.tanh(rows_of(y)))
+    kinds, groups = launches(loss)
+    assert kinds == {"mul": 2, "tanh": 2, "sum": 2, "add": 1} and groups == 0
+    batched, _ = assert_same_gradients(loss)
+    assert batched.value == pytest.approx(4 * np.tanh(0.5) + 6 * np.tanh(0.25))
+
+
+def test_calls_with_different_weights_do_not_merge() -> None:
+    rng = np.random.default_rng(1)
+    w1, w2 = ArrayWeight(rng.normal(size=(3, 2))), ArrayWeight(rng.normal(size=(3, 2)))
+    b = ArrayWeight(np.zeros(2))
+    x1, x2 = rng.normal(size=3), rng.normal(size=3)
+    loss = ml.add_n([ml.sum(ml.linear(x1, w1, b)), ml.sum(ml.linear(x2, w2, b))])
+    kinds, _ = launches(loss)
+    assert kinds["linear"] == 2  # the sums after them still merge
+    batched, _ = assert_same_gradients(loss)
+    np.testing.assert_allclose(batched.gradients[w1], np.outer(x1, np.ones(2)))
+    np.testing.assert_allclose(batched.gradients[w2], np.outer(x2, np.ones(2)))
+    np.testing.assert_allclose(batched.gradients[b], np.full(2, 2.0))
+
+
+def test_calls_with_different_float_constants_do_not_merge() -> None:
+    x, y = ArrayWeight(np.ones(3)), ArrayWeight(np.full(3, 2.0))
+    # rows_of's two muls (by different weights) do not merge; then the muls by equal constants do,
+    # and those by different ones do not.
+    assert launches(ml.sum(rows_of(x) * 2.0) + ml.sum(rows_of(y) * 2.0))[0]["mul"] == 2 + 1
+    loss = ml.sum(rows_of(x) * 2.0) + ml.sum(rows_of(y) * 3.0)
+    assert launches(loss)[0]["mul"] == 2 + 2
+    batched, _ = assert_same_gradients(loss)
+    assert batched.value == pytest.approx(6.0 + 18.0)
+    np.testing.assert_array_equal(batched.gradients[x], np.full(3, 2.0))
+    np.testing.assert_array_equal(batched.gradients[y], np.full(3, 3.0))
+
+
+def test_calls_of_different_dtypes_do_not_merge() -> None:
+    x32 = ArrayWeight(np.full(3, 0.5, dtype=np.float32))
+    x64 = ArrayWeight(np.full(3, 0.5))
+    t32, t64 = ml.tanh(rows_of(x32)), ml.tanh(rows_of(x64))
+    kinds, groups = launches(ml.sum(t32) + ml.sum(t64))
+    assert kinds == {"mul": 2, "tanh": 2, "sum": 2, "add": 1} and groups == 0
+    executor = ml.Executor(batching=True)
+    value_32, value_64 = value_of(t32, executor), value_of(t64, executor)
+    assert value_32.dtype == np.float32 and value_64.dtype == np.float64  # each kept its own
+    _, gradients = ml.compute_gradients(ml.sum(t32) + ml.sum(t64), executor=executor)
+    assert gradients[x32].dtype == np.float32 and gradients[x64].dtype == np.float64
+    np.testing.assert_allclose(gradients[x64], np.full(3, 1.0 - np.tanh(0.5) ** 2), rtol=1e-14)
+    np.testing.assert_allclose(gradients[x32], np.full(3, 1.0 - np.tanh(0.5) ** 2), rtol=1e-6)
+
+
+def test_calls_of_weights_only_are_not_parked() -> None:
+    """An op whose inputs are all shared (weights, float constants) has nothing to stack: it runs
+    at once, with batching on or off."""
+    x, y = ArrayWeight(np.ones(3)), ArrayWeight(np.full(3, 2.0))
+    loss = ml.sum(ml.tanh(x)) + ml.sum(ml.tanh(y))
+    kinds, groups = launches(loss)
+    assert "tanh" not in kinds and kinds["sum"] == 1 and groups == 1  # the sums of layers merge
+    batched, _ = assert_same_gradients(loss)
+    np.testing.assert_allclose(batched.gradients[y], np.full(3, 1.0 - np.tanh(2.0) ** 2), rtol=1e-14)
+
+
+# A primitive of the tests' own whose parameter is a list: unhashable, so its calls cannot be keyed.
+scale_by = Primitive(
+    "scale_by",
+    lambda xp, x, factors: x * xp.asarray(factors),
+    (lambda xp, d, o, x, factors: d * xp.asarray(factors),),
+    batch=ELEMENTWISE,
+)
+
+
+def test_calls_with_unhashable_parameters_run_alone() -> None:
+    xs = [ArrayWeight(np.full(2, float(k + 1))) for k in range(3)]
+    factors = [1.0, -2.0]
+    loss = ml.add_n([ml.sum(apply_array(scale_by, x, factors=factors)) for x in xs])
+    kinds, _ = launches(loss)
+    assert kinds.get("scale_by", 0) == 0  # never parked: each ran as if batching were off
+    batched, _ = assert_same_gradients(loss)
+    assert batched.value == pytest.approx(sum(-(k + 1.0) for k in range(3)))
+    for x in xs:
+        np.testing.assert_array_equal(batched.gradients[x], factors)
+
+
+def test_probability_targets_and_integer_labels_do_not_merge() -> None:
+    logits = [ArrayWeight(np.array([0.1 * k, -0.2, 0.3])) for k in range(4)]
+    targets = [np.array(1), np.array([0.2, 0.5, 0.3]), np.array(2), np.array([1.0, 0.0, 0.0])]
+    loss = ml.add_n([ml.cross_entropy(x, t) for x, t in zip(logits, targets, strict=True)])
+    kinds, _ = launches(loss)
+    assert kinds["cross_entropy"] == 2  # the labels merge, the probabilities merge
+    assert_same_gradients(loss)
+
+
+# -------------------------------------------------------------------------------------- failures
+
+
+def test_an_out_of_range_row_in_a_merged_lookup_names_that_call() -> None:
+    table = ArrayWeight(np.ones((6, 4)))
+    loss = ml.add_n([ml.sum(ml.take_rows(table, r)) for r in (1, 2, 9, 3)])
+    executor = ml.Executor(batching=True)
+    with pytest.raises(ml.ShapeError, match=r"take_rows: row index 9 is out of range .* shape \(6, 4\)"):
+        ml.compute_gradients(loss, executor=executor)
+    assert executor.last_stats.kinds == {"take_rows": 1} and executor.last_stats.merged == 4
+
+
+def test_a_shape_error_in_a_merged_group_names_the_calls_shapes_not_the_stacked_ones() -> None:
+    # Three equal calls that do not fit: they merge (equal signatures), and the error is the one a
+    # call alone raises: its own shapes (3,) and (4,), not the stacked (3, 3) and (3, 4).
+    terms = [ml.sum(ml.tanh(ArrayWeight(np.ones(3))) + ml.tanh(ArrayWeight(np.ones(4)))) for _ in range(3)]
+    loss = ml.add_n(terms)
+    for batching in (True, False):
+        executor = ml.Executor(batching=batching)
+        with pytest.raises(ml.ShapeError, match=r"^add: operands of shapes \(3,\) and \(4,\) do not fit"):
+            ml.compute_gradients(loss, executor=executor)
+        assert executor.last_stats.kinds == ({"add": 1} if batching else {})  # the three adds merged
+        assert executor.last_stats.merged == (3 if batching else 0)
+
+
+def test_a_wrong_label_in_a_merged_loss_fails_the_step() -> None:
+    logits = [ArrayWeight(np.zeros(3)) for _ in range(3)]
+    loss = ml.add_n([ml.cross_entropy(x, np.array(k * 3)) for k, x in enumerate(logits)])  # 6 is wrong
+    executor = ml.Executor(batching=True)
+    with pytest.raises(ValueError, match="label 6 is out of range for 3 classes"):
+        ml.compute_gradients(loss, executor=executor)
+    assert executor.last_stats.kinds == {"cross_entropy": 1} and executor.last_stats.merged == 3
+
+
+def failing_step(table: ArrayWeight, w: ArrayWeight, bad_row: int) -> FloatLayer:
+    """Eight merged lookups and linears, one of whose rows is ``bad_row``."""
+    rows = [0, 1, 2, bad_row, 3, 4, 5, 0]
+    return ml.add_n([ml.sum(ml.tanh(ml.linear(ml.take_rows(table, r), w, 0.0))) for r in rows])
+
+
+def test_a_failed_batched_step_changes_no_weight() -> None:
+    rng = np.random.default_rng(0)
+    table, w = ArrayWeight(rng.normal(size=(6, 4))), ArrayWeight(rng.normal(size=(4, 4)))
+    executor = ml.Executor(batching=True)
+    assert isinstance(failing_step(table, w, 2).train_blocking(ml.SGD(0.1), executor=executor), Success)
+    before = {name: x.data.tobytes() for name, x in (("table", table), ("w", w))}
+    result = failing_step(table, w, 6).train_blocking(ml.SGD(0.1), executor=executor)
+    assert isinstance(result, Failure) and isinstance(result.failure(), ml.ShapeError)
+    assert "row index 6 is out of range" in str(result.failure())
+    assert executor.last_stats.groups > 0  # it failed inside merged work
+    assert {name: x.data.tobytes() for name, x in (("table", table), ("w", w))} == before
+    assert isinstance(failing_step(table, w, 2).train_blocking(ml.SGD(0.1), executor=executor), Success)
+
+
+def garbage_after_a_failed_step(good: FloatLayer, bad: FloatLayer, batching: bool) -> list[str]:
+    """The objects that only the cyclic garbage collector would free after a successful step of
+    ``good`` and a failed step of ``bad`` (the pattern of test_training's reference-cycle test)."""
+    executor = ml.Executor(batching=batching)
+    assert isinstance(good.train_blocking(ml.SGD(0.1), executor=executor), Success)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        assert isinstance(good.train_blocking(ml.SGD(0.1), executor=executor), Success)
+        result = bad.train_blocking(ml.SGD(0.1), executor=executor)
+        assert isinstance(result, Failure)
+        del result
+        gc.collect()
+        return sorted(type(o).__name__ for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_a_failed_step_in_merged_lookups_leaves_no_reference_cycles(batching: bool) -> None:
+    rng = np.random.default_rng(0)
+    table, w = ArrayWeight(rng.normal(size=(6, 4))), ArrayWeight(rng.normal(size=(4, 4)))
+    assert garbage_after_a_failed_step(failing_step(table, w, 2), failing_step(table, w, 6), batching) == []
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_a_failure_in_a_first_operand_leaves_no_reference_cycles(batching: bool) -> None:
+    p, q = ArrayWeight(np.ones(3)), ArrayWeight(np.ones(4))
+    good = ml.sum(p * np.ones(3)) + ml.sum(q)
+    bad = ml.sum(p * np.ones(4)) + ml.sum(q)  # (3,) * (4,): the first operand of + fails
+    assert garbage_after_a_failed_step(good, bad, batching) == []
