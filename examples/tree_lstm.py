@@ -204,20 +204,23 @@ class TreeLstm:
                 states[id(node)] = self.cell.compose(states[id(node.left)], states[id(node.right)])
         return [(node, states[id(node)]) for node in nodes]
 
+    def node_losses(self, tree: Tree, word_id: WordId) -> list[FloatLayer]:
+        """The cross-entropy of each node's label, for every node of ``tree``."""
+        return [
+            ml.cross_entropy(self.classifier(state.h), np.asarray(node.label, dtype=np.int64))
+            for node, state in self.states(tree, word_id)
+        ]
+
     def tree_loss(self, tree: Tree, word_id: WordId) -> FloatLayer:
         """The sum over the nodes of ``tree`` of the cross-entropy of each node's label."""
-        return ml.add_n(
-            [
-                ml.cross_entropy(self.classifier(state.h), np.asarray(node.label, dtype=np.int64))
-                for node, state in self.states(tree, word_id)
-            ]
-        )
+        return ml.add_n(self.node_losses(tree, word_id))
 
     def loss(self, trees: Sequence[Tree], word_id: WordId) -> FloatLayer:
-        """The sum of the trees' losses (one ``add_n``: the trees are independent sub-graphs)."""
+        """The sum of the trees' losses: one ``add_n`` over all their nodes (one sum per tree would
+        be sums of different arities, which do not merge)."""
         if not trees:
             raise ValueError("loss: needs at least one tree")
-        return ml.add_n([self.tree_loss(tree, word_id) for tree in trees])
+        return ml.add_n([loss for tree in trees for loss in self.node_losses(tree, word_id)])
 
     def step(self, trees: Sequence[Tree], word_id: WordId) -> float:
         """One Adagrad step on the mean loss per tree of a batch; returns that mean, or raises what
@@ -238,10 +241,8 @@ class TreeLstm:
         if not trees:
             raise ValueError("predict_roots: needs at least one tree")
         with ml.gc_paused():
-            roots = [
-                ml.reshape(self.classifier(self.states(tree, word_id)[-1][1].h), (1, -1)) for tree in trees
-            ]
-            scores = ml.concatenate(roots) if len(roots) > 1 else roots[0]
+            roots = [self.classifier(self.states(tree, word_id)[-1][1].h) for tree in trees]
+            scores = ml.reshape(ml.concatenate(roots), (len(trees), self.classes))
             return np.asarray(_raised(scores.predict_blocking(executor=self.executor)))
 
     def predict(self, tree: Tree, word_id: WordId) -> int:
