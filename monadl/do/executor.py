@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from monadl.do.batching import Batcher, RunStats
 from monadl.do.collector import gc_paused
-from monadl.do.do import BATCH, BIND, DEFER, DELAY, FLAT, KERNEL, MAP, PRIVATE, PURE, Do, PrivateKernel
+from monadl.do.do import BATCH, BIND, DEFER, DELAY, FLAT, KERNEL, MAP, PRIVATE, PURE, Do
 from monadl.do.memory import tune_allocator
 from monadl.do.workers import Done, WorkerPool, affinity_of
 
@@ -249,11 +249,18 @@ class _Run:
             kinds[name] = kinds.get(name, 0) + 1
             self.signatures.add(hash(signature))
             if len(nodes) == 1:  # nothing to merge with: as if batching were off
-                node = nodes[0]
+                node, stack = nodes[0], stacks[0]
                 if node.tag & ~PRIVATE == KERNEL:
-                    self.agenda.append((stacks[0], True, PrivateKernel(node.fn, node.args, node.cost)))
+                    self.kernels += 1
+                    value = (
+                        node.fn(*node.args)
+                        if self.pool is None
+                        else self._dispatch(stack, node.fn, node.args, node.cost)
+                    )
+                    if value is not _SUSPENDED:
+                        self.agenda.append((stack, False, value))
                 else:
-                    self.agenda.append((stacks[0], True, node.fn(*node.args)))
+                    self.agenda.append((stack, True, node.fn(*node.args)))
                 continue
             stats.groups += 1
             stats.merged += len(nodes)
