@@ -192,7 +192,12 @@ class _Run:
                     _break_stacks([stack])  # the failed fiber's: see _drain
                     raise
             elif self.parked:
-                self._flush()
+                parked = self.parked
+                try:
+                    self._flush()
+                except BaseException:  # a call run alone failed: break its group's fibers' cycles
+                    _break_stacks([stack for group in parked.values() for stack in group[1]])
+                    raise
             elif self.inflight:
                 stack, result, error = self.done.get()
                 self.inflight -= 1
