@@ -186,7 +186,7 @@ class _OpGroup:
     """A merged op's stacked arguments and result, kept for its one backward. It holds its members'
     inputs, not the members themselves (which point to it): no reference cycle."""
 
-    __slots__ = ("args", "cost", "inputs", "items", "out", "params", "prim", "saved", "stacked", "xp")
+    __slots__ = ("args", "inputs", "items", "out", "params", "prim", "saved", "stacked", "xp")
 
     def __init__(
         self,
@@ -202,13 +202,17 @@ class _OpGroup:
         self.prim = prim
         self.inputs = [t.inputs for t in tapes]
         self.items = [t.args for t in tapes]  # each member's own arguments (the rows' shapes)
-        self.cost = _cost(tapes)
         self.args = args
         self.stacked = stacked
         self.out = out
         self.saved = saved
         self.params = params
         self.xp = xp
+
+    def cost(self) -> float:
+        """The merged op's cost (asked for only by an executor with a pool): its primitive's cost
+        on the stacked arguments, which is the members' total."""
+        return self.prim.cost(*self.args, **self.params)
 
     def backward(self, deltas: list[list[Do[Any]] | None]) -> Do[None]:
         """The members' backward, merged: one vjp kernel per input that wants a delta."""
