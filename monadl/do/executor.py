@@ -335,7 +335,7 @@ class _Run:
                         # new fibers.
                         join = _Join(node, stack, values, len(missing))
                         for i in missing[1:]:
-                            agenda.append(([(_K_SLOT, join, i)], True, sources[i]))
+                            self._spawn([(_K_SLOT, join, i)], sources[i])
                         stack.append((_K_SLOT, join, missing[0]))
                         node = sources[missing[0]]
                         continue
@@ -445,6 +445,25 @@ class _Run:
                     )
                     if value is _SUSPENDED:
                         return
+
+    def _spawn(self, stack: Stack, node: Any) -> None:
+        """A new fiber for ``node``; or, if it would only wait on a node being evaluated (``node``
+        itself, or the source of a map of one source, such as an output of a parked call), that
+        wait registered now, without running the fiber to find out."""
+        memo = self.memo
+        known = memo.get(node, _MISSING)
+        if known is _PENDING:
+            self.waiters.setdefault(node, []).append(stack)
+            return
+        if known is _MISSING and node.tag == BIND and node.mode == MAP and len(node.sources) == 1:
+            source = node.sources[0]
+            if memo.get(source, _MISSING) is _PENDING:
+                memo[node] = _PENDING
+                stack.append((_K_MEMO, node, None))
+                stack.append((_K_APPLY, node, None))
+                self.waiters.setdefault(source, []).append(stack)
+                return
+        self.agenda.append((stack, True, node))
 
     def _known(self, sources: tuple[Do[Any], ...]) -> tuple[list[Any], list[int]]:
         """The values of ``sources`` already known, and the indices of those that are not."""
