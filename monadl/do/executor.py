@@ -224,8 +224,14 @@ class _Run:
         self.parked.clear()
 
     def _park(self, stack: Stack, node: Any) -> bool:
-        """Parks a batchable node under its signature; False if it cannot be batched."""
+        """Parks a batchable node under its signature; False if it runs now instead: when nothing
+        else can run (so nothing could merge with it; it is counted here), or it cannot be batched."""
         batcher = node.batch
+        if not (self.agenda or self.parked or self.inflight):
+            kinds = self.stats.kinds
+            name = batcher.name(node)
+            kinds[name] = kinds.get(name, 0) + 1
+            return False
         signature = batcher.signature(node)
         if signature is None:
             return False
@@ -236,12 +242,6 @@ class _Run:
             group[1].append(stack)
             group[2].append(node)
         return True
-
-    def _count_kind(self, node: Any) -> None:
-        """Counts a batchable call run at once, alone (see ``batching.py``)."""
-        kinds = self.stats.kinds
-        name = node.batch.name(node)
-        kinds[name] = kinds.get(name, 0) + 1
 
     def _flush(self) -> None:
         """Runs the parked groups: each of two or more calls as one batched computation, whose
@@ -356,12 +356,8 @@ class _Run:
                     node = node.thunk()
                     continue
                 elif tag == KERNEL:
-                    if node.batch is not None and self.batching:
-                        if agenda or self.parked or self.inflight:
-                            if self._park(stack, node):
-                                return
-                        else:  # nothing else can run now, so nothing can merge with it
-                            self._count_kind(node)
+                    if node.batch is not None and self.batching and self._park(stack, node):
+                        return
                     self.kernels += 1
                     value = (
                         node.fn(*node.args)
@@ -371,12 +367,8 @@ class _Run:
                 elif tag == DELAY:
                     value = node.thunk()
                 elif tag == BATCH:
-                    if self.batching:
-                        if agenda or self.parked or self.inflight:
-                            if self._park(stack, node):
-                                return
-                        else:
-                            self._count_kind(node)
+                    if self.batching and self._park(stack, node):
+                        return
                     node = node.fn(*node.args)
                     continue
                 else:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from monadl.do.do import KERNEL_MAP, Bind, Do, PrivateBind, PrivateKernel, run_unit
+from monadl.do.do import KERNEL_MAP, UNIT, Bind, Do, PrivateBind, PrivateKernel, run_unit
 from monadl.dsl.primitives import Batching, Primitive
 from monadl.tape.batch import BatchGroup, RowOf, stacked_delta
 from monadl.typeclasses.backend import ShapeError, namespace, shape_of, unbroadcast
@@ -46,20 +46,15 @@ class OpBatcher:
             hash(key[1])
         except TypeError:  # an unhashable parameter: this call runs on its own
             return None
-        shared = spec.shared
-        elementwise = spec.elementwise
         rows = bool(spec.rows)  # whether anything is stacked: calls of shared values only do not merge
         for i, t in enumerate(tape.inputs):
             d = t.data
-            if elementwise or i in shared:
-                if getattr(t, "weight", None) is not None:
-                    key.append(t)  # a weight's tape: one per run, so the weight itself
-                    continue
-                if type(d) is float and not t.requires_delta:
-                    key.append(("constant", d))
-                    continue
-                if i in shared:
-                    return None
+            if _is_shared(spec, i, t):
+                # A weight's tape is one per run, so it stands for the weight; a constant, its value.
+                key.append(t if t.requires_delta else ("constant", d))
+                continue
+            if i in spec.shared:
+                return None
             key.append(float if type(d) is float else (type(d), d.shape, d.dtype))
             rows = True
         return tuple(key) if rows else None
@@ -91,15 +86,12 @@ def _cost(tapes: list[OpTape]) -> float:
     return sum(t.estimate_cost() for t in tapes)
 
 
-def _stacked(spec: Batching, tape: OpTape) -> list[bool]:
-    """For each input: stacked (True) or shared, as the signature decided."""
-    out = []
-    for i, t in enumerate(tape.inputs):
-        shared = (spec.elementwise or i in spec.shared) and (
-            getattr(t, "weight", None) is not None or (type(t.data) is float and not t.requires_delta)
-        )
-        out.append(not shared)
-    return out
+def _is_shared(spec: Batching, i: int, t: Any) -> bool:
+    """Whether input ``i`` of a call (its tape ``t``) is shared by the merged calls (a weight, or a
+    float constant, where the op allows it) rather than stacked."""
+    return (spec.elementwise or i in spec.shared) and (
+        getattr(t, "weight", None) is not None or (type(t.data) is float and not t.requires_delta)
+    )
 
 
 def _shift(axis: Any, rank: int) -> Any:
@@ -135,7 +127,7 @@ def _forward(tapes: list[OpTape]) -> list[OpTape]:
     arrays = [d for d in datas if type(d) is not float]
     xp = np if not arrays or type(arrays[0]) is np.ndarray else namespace(*arrays)
     float_dtype = next((d.dtype for d in arrays if xp.isdtype(d.dtype, "real floating")), xp.float64)
-    stacked = _stacked(spec, first)
+    stacked = [not _is_shared(spec, i, t) for i, t in enumerate(first.inputs)]
     rank = max((len(d.shape) for d in arrays), default=0)
     args: list[Any] = []
     for i, d in enumerate(datas):
@@ -219,11 +211,11 @@ class _OpGroup:
         inputs = self.inputs
         n = len(inputs)
         wanted = [i for i in range(len(self.args)) if any(xs[i].requires_delta for xs in inputs)]
+        if not wanted:  # every input is a constant: nothing to give a delta or to release
+            return UNIT
         delta = stacked_delta(self.xp, deltas, self.out, self.cost, shared=len(wanted) > 1)
         if delta is None:
             return run_unit((x.release() for xs in inputs for x in xs if x.requires_delta), private=True)
-        if not wanted:
-            return run_unit((), private=True)
         is_present = [d is not None for d in deltas]
         parts: list[Do[None]] = []
         for i in wanted:

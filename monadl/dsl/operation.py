@@ -70,9 +70,14 @@ class Operation(Generic[P, R]):
             result = self.f(*args, **kwargs)
             self._learn(result)
             return result
-        rows = [i for i, a in enumerate(args) if _is_row(a)]
-        statics = tuple(_static_key(a) for a in args if not _is_row(a))
-        call = _Call(self, args, kwargs, rows, statics)
+        rows: list[int] = []
+        statics: list[Hashable] = []
+        for i, a in enumerate(args):
+            if _is_row(a):
+                rows.append(i)
+            else:
+                statics.append(_static_key(a))
+        call = _Call(self, args, kwargs, rows, tuple(statics))
         node: Do[Any] = Bind(tuple(forward_of(args[i], self.f.__qualname__) for i in rows), call, FLAT)
         outputs = [
             cls(Bind((node,), functools.partial(_item, j), MAP)) for j, cls in enumerate(self.structure)

@@ -94,8 +94,8 @@ class SharedTape(Tape[Data, Delta], Generic[Data, Delta]):
 
     def take_delta(self) -> Do[Delta] | None:
         """The consumers' deltas, summed (lazily), and forgotten here; None if there were none."""
-        deltas, self._deltas = self._deltas, None
-        if not deltas:
+        deltas = self.take_deltas()
+        if deltas is None:
             return None
         return deltas[0] if len(deltas) == 1 else self._sum(deltas)
 
