@@ -35,7 +35,6 @@ import importlib.util
 import json
 import math
 import os
-import pickle
 import platform
 import resource
 import statistics
@@ -363,19 +362,22 @@ class DynetTreeLstm:
         return scores.reshape(-1, len(trees)).T
 
 
-def dynet_worker(path: str) -> None:
-    """The DyNet worker's main: runs the jobs pickled at ``path``, one result line each on stdout."""
-    with open(path, "rb") as f:
-        task = pickle.load(f)
+def dynet_worker(folder: str) -> None:
+    """The DyNet worker's main: runs the jobs written to ``folder`` (``task.json``, the trees in
+    SST's format and the weights as ``.npz``, read without pickle), one result line each on stdout."""
+    task = json.loads((Path(folder) / "task.json").read_text())
+    pool = sst.read_trees(Path(folder) / "trees.txt")
+    with np.load(Path(folder) / "params.npz", allow_pickle=False) as saved:
+        params = {name: saved[name] for name in saved.files}
     import dynet_config  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
     dynet_config.set(mem=task["mem"], random_seed=task["seed"] + 1, autobatch=int(task["autobatch"]))
     import dynet as dy  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
-    word_id = task["vocabulary"].index
+    word_id = sst.Vocabulary.from_trees(pool).index  # the parent's, built from the same pool
     for phase, batch in task["jobs"]:
-        model = DynetTreeLstm(dy, task["params"])
-        batches = segment(task["pool"], batch, task["trees"])
+        model = DynetTreeLstm(dy, params)
+        batches = segment(pool, batch, task["trees"])
         run = _with_words(model.step if phase == "train" else model.predict_roots, word_id)
         rates = trees_per_second(run, batches, task["warmup"], task["repeats"])
         line = {"phase": phase, "batch": batch, "trees": sum(map(len, batches)), "rates": rates}
@@ -386,7 +388,6 @@ def measure_dynet(
     autobatch: bool,
     jobs: list[tuple[str, int]],
     pool: list[Tree],
-    vocabulary: sst.Vocabulary,
     params: dict[str, np.ndarray],
     args: argparse.Namespace,
     progress: _Progress,
@@ -397,9 +398,6 @@ def measure_dynet(
     task = {
         "autobatch": autobatch,
         "jobs": jobs,
-        "pool": pool,
-        "vocabulary": vocabulary,
-        "params": params,
         "trees": args.trees,
         "warmup": args.warmup,
         "repeats": args.repeats,
@@ -411,13 +409,15 @@ def measure_dynet(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     results: list[Measurement] = []
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "task.pickle"
-        path.write_bytes(pickle.dumps(task))
+        (Path(tmp) / "task.json").write_text(json.dumps(task))
+        sst.write_trees(pool, Path(tmp) / "trees.txt")
+        arrays: dict[str, Any] = dict(params)
+        np.savez(Path(tmp) / "params.npz", allow_pickle=False, **arrays)
         code = "import sys; from monadl.bench.treelstm import dynet_worker; dynet_worker(sys.argv[1])"
         with (
             open(Path(tmp) / "stderr", "w+") as stderr,
             subprocess.Popen(
-                [sys.executable, "-c", code, str(path)],
+                [sys.executable, "-c", code, tmp],
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,
@@ -522,9 +522,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
                     results.append(m)
                 progress.advance()
             for autobatch in (True, False) if dynet_jobs else ():
-                found, failure = measure_dynet(
-                    autobatch, dynet_jobs, pool, vocabulary, params, args, progress
-                )
+                found, failure = measure_dynet(autobatch, dynet_jobs, pool, params, args, progress)
                 results.extend(found)
                 if failure:
                     notes.append(failure)
