@@ -22,13 +22,14 @@ import pytest
 import monadl as ml
 from monadl.bench import treelstm as bench
 from monadl.bench.__main__ import main
-from monadl.bench.treelstm_torch import TorchTreeLstm, torch_available
+from monadl.bench.common import load_example, torch_available
+from monadl.bench.treelstm_torch import TorchTreeLstm
 from monadl.data import sst
 from monadl.data.trees import Tree
 
 HAS_TORCH = torch_available()
 HAS_DYNET = bench.dynet_available()
-EXAMPLE = bench.load_example()
+EXAMPLE = load_example("tree_lstm")
 
 
 def _trees(count: int = 6, seed: int = 1) -> tuple[list[Tree], sst.Vocabulary]:

@@ -11,10 +11,10 @@ import pytest
 
 import monadl as ml
 from examples.cifar_columns import ColumnNetwork, Variant
-from monadl.bench import columns as bench
 from monadl.bench.__main__ import main as bench_main
 from monadl.bench.columns_numpy import NumpyColumns
 from monadl.bench.columns_params import init_params, random_batch
+from monadl.bench.common import load_example
 from monadl.data import cifar100
 
 
@@ -107,7 +107,7 @@ def test_the_benchmark_runs_in_a_smoke_form(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_the_benchmark_loads_the_example_it_measures() -> None:
-    module = bench.load_example()
+    module = load_example("cifar_columns")
     assert module.ColumnNetwork.__name__ == "ColumnNetwork"
 
 

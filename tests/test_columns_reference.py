@@ -29,7 +29,8 @@ from monadl.bench.columns_params import (
     param_shapes,
     random_batch,
 )
-from monadl.bench.columns_torch import TorchColumns, torch_available
+from monadl.bench.columns_torch import TorchColumns
+from monadl.bench.common import torch_available
 
 VARIANTS: tuple[Variant, ...] = ("skip", "noskip")
 HAS_TORCH = torch_available()

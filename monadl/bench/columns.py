@@ -18,7 +18,6 @@ All three train the same model from the same initial weights on the same batches
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import platform
 import resource
@@ -28,7 +27,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -36,7 +34,8 @@ from threadpoolctl import threadpool_limits
 
 from monadl.bench.columns_numpy import NumpyColumns
 from monadl.bench.columns_params import init_params
-from monadl.bench.columns_torch import TorchColumns, torch_available
+from monadl.bench.columns_torch import TorchColumns
+from monadl.bench.common import cpus, load_example, torch_available
 from monadl.data import cifar100
 
 IMPLEMENTATIONS = ("monadl", "numpy", "torch")
@@ -54,19 +53,6 @@ class Measurement:
     low: float
     high: float
     rss_mib: float  # resident memory after the measurement
-
-
-def load_example() -> ModuleType:
-    """``examples/cifar_columns.py`` of this checkout (the benchmark measures the example itself)."""
-    path = Path(__file__).resolve().parents[2] / "examples" / "cifar_columns.py"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run the columns benchmark from a monadl checkout")
-    spec = importlib.util.spec_from_file_location("cifar_columns", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("cifar_columns", module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _rss_mib() -> float:
@@ -111,7 +97,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
     import monadl as ml
 
     out = out or sys.stdout
-    example = load_example()
+    example = load_example("cifar_columns")
     data = cifar100.open_dataset(args.data, seed=args.seed)
     dtype = np.dtype(args.dtype)
     batches = _batches(data, args.batch, 64, dtype, args.seed)
@@ -125,7 +111,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
         "steps": args.steps,
         "repeats": args.repeats,
         "warmup": args.warmup,
-        "machine": f"{platform.machine()}, {platform.processor() or '?'}, {_cpus()} CPUs",
+        "machine": f"{platform.machine()}, {platform.processor() or '?'}, {cpus()} CPUs",
         "python": platform.python_version(),
         "numpy": np.__version__,
         "torch": _torch_version()
@@ -172,12 +158,6 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
             )
     info["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return results, info
-
-
-def _cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _torch_version() -> str:

@@ -9,13 +9,13 @@ In skip only fine classifier ``c`` runs, so only the columns', the coarse classi
 parameters get gradients (the others' stay ``None``, and SGD leaves them alone); in noskip all 20 run
 and their losses join the loss weighted by ``0.0``, so all get (zero) gradients and are "updated".
 
-torch is imported lazily (on first use), so this module imports without it; ``torch_available`` says
-whether it can be. Torch's thread count is the caller's business.
+torch is imported lazily (on first use), so this module imports without it;
+``monadl.bench.common.torch_available`` says whether it can be. Torch's thread count is the
+caller's business.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,17 +35,6 @@ from monadl.bench.columns_params import (
 if TYPE_CHECKING:
     # Absent where torch is not installed (CI): there mypy sees torch as Any.
     import torch  # type: ignore[import-not-found, unused-ignore]
-
-
-def torch_available() -> bool:
-    """Whether PyTorch can be imported here."""
-    if importlib.util.find_spec("torch") is None:
-        return False
-    try:
-        import torch  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class TorchColumns:

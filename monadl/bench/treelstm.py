@@ -51,7 +51,8 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from monadl.bench.treelstm_torch import PARAMETERS, TorchTreeLstm, torch_available
+from monadl.bench.common import cpus, load_example, torch_available
+from monadl.bench.treelstm_torch import PARAMETERS, TorchTreeLstm
 from monadl.data import sst
 from monadl.data.trees import Tree
 
@@ -92,19 +93,6 @@ class Measurement:
 
 # ---------------------------------------------------------------------------------------------------
 # Data and timing, shared by every implementation (and by the DyNet worker process)
-
-
-def load_example() -> ModuleType:
-    """``examples/tree_lstm.py`` of this checkout (the benchmark measures the example itself)."""
-    path = Path(__file__).resolve().parents[2] / "examples" / "tree_lstm.py"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run the treelstm benchmark from a monadl checkout")
-    spec = importlib.util.spec_from_file_location("tree_lstm", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("tree_lstm", module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def load_trees(args: argparse.Namespace) -> tuple[list[Tree], str]:
@@ -452,7 +440,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
     """Runs every configuration; returns the measurements and a description of the run, whose notes
     (what was skipped, and why) are also printed to ``out``."""
     out = out or sys.stdout
-    example = load_example()
+    example = load_example("tree_lstm")
     pool, description = load_trees(args)
     vocabulary = sst.Vocabulary.from_trees(pool)
     word_id = vocabulary.index
@@ -497,7 +485,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
         "repeats": args.repeats,
         "warmup_trees": args.warmup,
         "max_unbatched": args.max_unbatched,
-        "machine": f"{platform.machine()}, {platform.processor() or '?'}, {_cpus()} CPUs, one thread used",
+        "machine": f"{platform.machine()}, {platform.processor() or '?'}, {cpus()} CPUs, one thread used",
         "python": platform.python_version(),
         "numpy": np.__version__,
         "torch": _version("torch") if have_torch else "skipped",
@@ -535,10 +523,6 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
     for note in notes:
         print(note, file=out)
     return results, info
-
-
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _version(package: str) -> str:

@@ -18,13 +18,12 @@ stay five ``addmm`` (not one fused (2H, 5H) matmul): the peer does the example's
 
 The weights are copies of the given arrays (by the example's names: ``embeddings``, ``leaf_c.w``,
 ``leaf_c.b``, ..., ``classifier.b``; ``w`` is (inputs, outputs)), so the peer starts from the very
-weights of a monadl ``TreeLstm``. torch is imported lazily; ``torch_available`` says whether it can be.
-Torch's thread count is the caller's business.
+weights of a monadl ``TreeLstm``. torch is imported lazily; ``monadl.bench.common.torch_available``
+says whether it can be. Torch's thread count is the caller's business.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -45,17 +44,6 @@ PARAMETERS = (
     "embeddings",
     *(f"{gate}.{part}" for gate in (*LEAF_GATES, *INNER_GATES, "classifier") for part in ("w", "b")),
 )
-
-
-def torch_available() -> bool:
-    """Whether PyTorch can be imported here."""
-    if importlib.util.find_spec("torch") is None:
-        return False
-    try:
-        import torch  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class TorchTreeLstm:
