@@ -17,16 +17,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from batching_check import Gradients, assert_close, gradients_of
 from gradcheck import F64, check_gradients, probe
 from returns.result import Success
 
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
-from monadl.do.batching import RunStats
 from monadl.dsl.weights import WeightTape
-from monadl.typeclasses.sparse import SparseRows
-
-Layer = ArrayLayer | FloatLayer
 
 RNG = np.random.default_rng(20)
 W = ArrayWeight(RNG.normal(size=(3, 3)))
@@ -95,36 +92,14 @@ def learn_all() -> None:
     Cell(W, B).step(np.ones(3))
 
 
-@dataclass(frozen=True)
-class Run:
-    value: Any
-    gradients: dict[Any, Any]
-    stats: RunStats
-
-
-def run(loss: Layer, batching: bool) -> Run:
-    """``loss``'s value and gradients (dense), with the executor's statistics of both runs."""
-    executor = ml.Executor(batching=batching)
-    value, gradients = ml.compute_gradients(loss, executor=executor)
-    dense_gradients = {w: g.to_dense() if isinstance(g, SparseRows) else g for w, g in gradients.items()}
-    return Run(value, dense_gradients, executor.stats)
-
-
-def assert_close(a: Any, b: Any, what: str) -> None:
-    """Equal to 1e-10, relative to the larger of 1 and ``b``'s largest entry (as test_batching)."""
-    assert type(a) is type(b), (what, type(a), type(b))
-    scale = max(1.0, float(np.max(np.abs(b))))
-    assert float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) <= 1e-10 * scale, (what, a, b)
-
-
-def assert_same(a: Run, b: Run) -> None:
+def assert_same(a: Gradients, b: Gradients) -> None:
     assert_close(a.value, b.value, "loss")
     assert set(a.gradients) == set(b.gradients)
     for w, g in b.gradients.items():
         assert_close(a.gradients[w], g, repr(w))
 
 
-def assert_identical(a: Run, b: Run) -> None:
+def assert_identical(a: Gradients, b: Gradients) -> None:
     """Bit for bit: the same kernels on the same data."""
     assert a.value == b.value
     assert set(a.gradients) == set(b.gradients)
@@ -150,24 +125,24 @@ def dense_loss(op: Callable[[Any], ArrayLayer], rows: ArrayWeight) -> FloatLayer
 
 def test_merged_calls_equal_the_plain_function() -> None:
     xs = table(6)
-    merged = run(dense_loss(dense, xs), batching=True)
+    merged = gradients_of(dense_loss(dense, xs), batching=True)
     assert merged.stats.kinds["plain_dense"] == 1 and merged.stats.groups >= 1  # one run of the body
     assert merged.stats.kinds["linear"] == 1  # the body's linear: once, on 6 stacked rows
-    assert_same(merged, run(dense_loss(plain_dense, xs), batching=False))
+    assert_same(merged, gradients_of(dense_loss(plain_dense, xs), batching=False))
 
 
 def test_with_batching_off_the_operation_is_the_plain_function_bit_for_bit() -> None:
     xs = table(6)
-    off = run(dense_loss(dense, xs), batching=False)
+    off = gradients_of(dense_loss(dense, xs), batching=False)
     assert off.stats.groups == 0 and not off.stats.kinds
-    assert_identical(off, run(dense_loss(plain_dense, xs), batching=False))
+    assert_identical(off, gradients_of(dense_loss(plain_dense, xs), batching=False))
 
 
 def test_a_call_that_merges_with_nobody_runs_alone_as_the_plain_function() -> None:
     x = next(table_rows(table(1)))
-    alone = run(ml.sum(dense(x)), batching=True)
+    alone = gradients_of(ml.sum(dense(x)), batching=True)
     assert alone.stats.kinds["plain_dense"] == 1 and alone.stats.groups == 0
-    assert_identical(alone, run(ml.sum(plain_dense(x)), batching=False))
+    assert_identical(alone, gradients_of(ml.sum(plain_dense(x)), batching=False))
 
 
 def test_the_first_call_ever_runs_the_body_directly() -> None:
@@ -196,19 +171,19 @@ def test_tuple_results_equal_the_plain_function_even_with_an_output_unused() -> 
                 terms.append(ml.sum(z))
         return ml.add_n(terms)
 
-    merged = run(loss(gates), batching=True)
+    merged = gradients_of(loss(gates), batching=True)
     assert merged.stats.kinds["plain_gates"] == 1
-    assert_same(merged, run(loss(plain_gates), batching=False))
+    assert_same(merged, gradients_of(loss(plain_gates), batching=False))
 
 
 def test_float_layer_results_equal_the_plain_function() -> None:
     def loss(op: Callable[[FloatLayer, FloatLayer], FloatLayer]) -> FloatLayer:
         return ml.add_n([op(S * (0.3 * k), ml.tanh(S * float(k - 2))) for k in range(5)])
 
-    merged = run(loss(mix), batching=True)
+    merged = gradients_of(loss(mix), batching=True)
     assert merged.stats.kinds["plain_mix"] == 1
     assert type(merged.value) is float and type(merged.gradients[S]) is float
-    assert_same(merged, run(loss(plain_mix), batching=False))
+    assert_same(merged, gradients_of(loss(plain_mix), batching=False))
 
 
 def test_a_result_that_is_not_a_layer_raises_a_type_error_naming_the_function() -> None:
@@ -228,9 +203,9 @@ def test_a_result_that_is_not_a_layer_raises_a_type_error_naming_the_function() 
 
 def test_rows_may_be_plain_numpy_arrays() -> None:
     xs = rows(4, (2, 3))  # each call's row is itself a (2, 3) array: stacked to (4, 2, 3)
-    merged = run(ml.add_n([ml.sum(dense(x)) for x in xs]), batching=True)
+    merged = gradients_of(ml.add_n([ml.sum(dense(x)) for x in xs]), batching=True)
     assert merged.stats.kinds["plain_dense"] == 1 and merged.stats.groups >= 1
-    assert_same(merged, run(ml.add_n([ml.sum(plain_dense(x)) for x in xs]), batching=False))
+    assert_same(merged, gradients_of(ml.add_n([ml.sum(plain_dense(x)) for x in xs]), batching=False))
     slopes = [1.0 - np.tanh(x @ W.data + B.data) ** 2 for x in xs]
     np.testing.assert_allclose(merged.gradients[B], np.sum(slopes, axis=(0, 1)), rtol=1e-12)
 
@@ -252,26 +227,31 @@ def test_as_a_method_the_bound_object_is_compared_by_identity() -> None:
         )
 
     cells = [one, other] * 3
-    merged = run(loss(cells, lambda cell, x: cell.step(x)), batching=True)
+    merged = gradients_of(loss(cells, lambda cell, x: cell.step(x)), batching=True)
     assert merged.stats.kinds["Cell.step"] == 2  # one launch per cell, each of its three calls
     unbound = inspect.unwrap(Cell.step)  # the plain function the decorator wraps
-    assert_same(merged, run(loss(cells, unbound), batching=False))
-    assert run(loss([one] * 6, lambda cell, x: cell.step(x)), batching=True).stats.kinds["Cell.step"] == 1
+    assert_same(merged, gradients_of(loss(cells, unbound), batching=False))
+    assert (
+        gradients_of(loss([one] * 6, lambda cell, x: cell.step(x)), batching=True).stats.kinds["Cell.step"]
+        == 1
+    )
 
 
 def test_calls_of_different_row_shapes_or_dtypes_do_not_merge() -> None:
     xs: list[Any] = [*rows(2), *rows(2, (2, 3)), np.ones(3, dtype=np.float32), np.zeros(3, dtype=np.float32)]
-    merged = run(ml.add_n([ml.sum(dense(x)) for x in xs]), batching=True)
+    merged = gradients_of(ml.add_n([ml.sum(dense(x)) for x in xs]), batching=True)
     assert merged.stats.kinds["plain_dense"] == 3  # (3,), (2, 3) and float32 (3,)
-    assert_same(merged, run(ml.add_n([ml.sum(plain_dense(x)) for x in xs]), batching=False))
+    assert_same(merged, gradients_of(ml.add_n([ml.sum(plain_dense(x)) for x in xs]), batching=False))
 
 
 def test_calls_given_different_weights_do_not_merge() -> None:
     other = ArrayWeight(RNG.normal(size=(3, 3)))
     calls = [(x, W if k % 2 else other) for k, x in enumerate(rows(6))]
-    merged = run(ml.add_n([ml.sum(with_weight(x, w)) for x, w in calls]), batching=True)
+    merged = gradients_of(ml.add_n([ml.sum(with_weight(x, w)) for x, w in calls]), batching=True)
     assert merged.stats.kinds["plain_with_weight"] == 2
-    assert_same(merged, run(ml.add_n([ml.sum(plain_with_weight(x, w)) for x, w in calls]), batching=False))
+    assert_same(
+        merged, gradients_of(ml.add_n([ml.sum(plain_with_weight(x, w)) for x, w in calls]), batching=False)
+    )
 
 
 @pytest.fixture
@@ -291,11 +271,11 @@ def weight_deltas(monkeypatch: pytest.MonkeyPatch) -> dict[int, int]:
 def test_weights_given_as_arguments_are_shared_not_stacked(weight_deltas: dict[int, int]) -> None:
     xs = rows(8)
     loss = ml.add_n([ml.sum(with_weight(x, W)) for x in xs])
-    merged = run(loss, batching=True)
+    merged = gradients_of(loss, batching=True)
     assert merged.stats.kinds["plain_with_weight"] == 1
     assert weight_deltas[id(W)] == 1 and weight_deltas[id(B)] == 1  # the body ran once: one delta
     weight_deltas.clear()
-    alone = run(loss, batching=False)
+    alone = gradients_of(loss, batching=False)
     assert weight_deltas[id(W)] == 8 and weight_deltas[id(B)] == 8
     assert_same(merged, alone)
     slopes = [1.0 - np.tanh(x @ W.data + B.data) ** 2 for x in xs]

@@ -1,0 +1,51 @@
+"""Comparing a loss's value and gradients with dynamic batching on and off: shared by the tests of
+op batching (test_batching) and of batchable operations (test_batchable)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import monadl as ml
+from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
+from monadl.do.batching import RunStats
+from monadl.typeclasses.sparse import SparseRows
+
+Weight = ArrayWeight | FloatWeight
+Layer = ArrayLayer | FloatLayer
+
+
+def dense(gradient: Any) -> Any:
+    """A gradient as compared here: an embedding table's SparseRows densified, arrays as arrays."""
+    if isinstance(gradient, SparseRows):
+        return gradient.to_dense()
+    return gradient if type(gradient) is float else np.asarray(gradient)
+
+
+def assert_close(batched: Any, alone: Any, what: str) -> None:
+    """Equal to 1e-10 relative to the larger of 1 and the largest entry: rounding (a stacked matmul
+    sums in another order) is ~1e-16 of the values summed; a wrong row or a lost delta is O(1)."""
+    assert type(batched) is type(alone), (what, type(batched), type(alone))
+    b, a = np.asarray(batched, dtype=np.float64), np.asarray(alone, dtype=np.float64)
+    assert b.shape == a.shape, (what, b.shape, a.shape)
+    scale = max(1.0, float(np.max(np.abs(a), initial=0.0)))
+    error = float(np.max(np.abs(b - a), initial=0.0))
+    assert error <= 1e-10 * scale, f"{what}: batched and unbatched differ by {error:.3g} (scale {scale:.3g})"
+
+
+@dataclass(frozen=True)
+class Gradients:
+    """A loss's value and its weights' gradients (dense), computed on a fresh executor."""
+
+    value: float
+    gradients: dict[Weight, Any]
+    stats: RunStats
+    """The executor's statistics over the forward and backward runs together."""
+
+
+def gradients_of(loss: Layer, batching: bool) -> Gradients:
+    executor = ml.Executor(batching=batching)
+    value, gradients = ml.compute_gradients(loss, executor=executor)
+    return Gradients(value, {w: dense(g) for w, g in gradients.items()}, executor.stats)
