@@ -24,7 +24,7 @@ import numpy as np
 
 from monadl.do.do import KERNEL_MAP, UNIT, Bind, Do, PrivateBind, PrivateKernel, run_unit
 from monadl.dsl.primitives import Batching, Primitive
-from monadl.tape.batch import BatchGroup, RowOf, stacked_delta
+from monadl.tape.batch import BatchGroup, RowOf, result_row, stack_values, stacked_delta
 from monadl.typeclasses.backend import ShapeError, namespace, shape_of, unbroadcast
 from monadl.typeclasses.sparse import SparseRows
 
@@ -134,11 +134,7 @@ def _forward(tapes: list[OpTape]) -> list[OpTape]:
         if not stacked[i]:
             args.append(d)
             continue
-        column = [t.args[i] for t in tapes]
-        if type(d) is float:
-            a = xp.asarray(column, dtype=float_dtype)
-        else:
-            a = xp.stack(column)
+        a = stack_values(xp, [t.args[i] for t in tapes], float_dtype)
         if spec.elementwise and a.ndim - 1 < rank:  # so that rows broadcast as their calls did
             a = xp.reshape(a, (n,) + (1,) * (rank - a.ndim + 1) + tuple(a.shape[1:]))
         args.append(a)
@@ -166,8 +162,7 @@ def _forward(tapes: list[OpTape]) -> list[OpTape]:
     group = _OpGroup(prim, tapes, args, stacked, out, saved, params, xp)
     members = BatchGroup(n, group.backward)
     for k, t in enumerate(tapes):
-        row = out[k]
-        t.data = float(row) if scalar else (np.asarray(row) if isinstance(row, np.generic) else row)
+        t.data = result_row(out, k, scalar)
         t.xp = xp
         t.group = members
         t.index = k

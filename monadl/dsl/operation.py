@@ -31,7 +31,7 @@ from monadl.dsl.apply import forward_of
 from monadl.dsl.base import Differentiable
 from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.weights import ArrayWeight, FloatWeight
-from monadl.tape.batch import BatchGroup, RowOf, RowTape, row_of, stacked_delta
+from monadl.tape.batch import BatchGroup, RowOf, RowTape, result_row, stack_values, stacked_delta
 from monadl.tape.shared import SharedTape, _current_step
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import is_array, namespace
@@ -201,10 +201,8 @@ OPERATION_BATCHER = OperationBatcher()
 def _stack(tapes: list[Tape[Any, Any]], step: Any) -> Tape[Any, Any]:
     """The calls' values of one layer argument as the rows of one tape."""
     datas = [t.data for t in tapes]
-    if type(datas[0]) is float:
-        data: Any = np.asarray(datas, dtype=np.float64)
-    else:
-        data = (np if type(datas[0]) is np.ndarray else namespace(datas[0])).stack(datas)
+    xp = np if type(datas[0]) in (float, np.ndarray) else namespace(datas[0])
+    data = stack_values(xp, datas, np.float64)
     wanting = [(k, t) for k, t in enumerate(tapes) if t.requires_delta]
     if not wanting:
         return Tape(data)
@@ -243,18 +241,16 @@ def _scatter(
     for out, kind in zip(results, structure, strict=True):
         data = out.data
         scalar = kind is FloatLayer
-        xp = namespace(data)
-        rows_of = [float(data[k]) if scalar else row_of(xp, k, data[k], data) for k in range(n)]
+        rows_of = [result_row(data, k, scalar) for k in range(n)]
         if not out.requires_delta:
             columns.append([Tape(r) for r in rows_of])
             continue
         source = cast("SharedTape[Any, Any]", out)
         source.acquire()
         group = BatchGroup(n, functools.partial(_rows_backward, source))
-        cost = float(math.prod(data.shape))
         members: list[Tape[Any, Any]] = []
         for k, r in enumerate(rows_of):
-            member = RowTape(r, source, group, k, cost)
+            member = RowTape(r, source, group, k)
             if step is not None:
                 step.register(member)
             members.append(member)

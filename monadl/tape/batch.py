@@ -2,7 +2,7 @@
 
 Dynamic batching (``monadl.do.batching``) computes n independent calls as one: n rows of one array.
 Their backward is merged the same way: each member tape, when it fires (its last consumer gave a
-delta or released), hands its summed delta to its :class:`BatchGroup` instead of running a backward
+delta or released), hands its deltas to its :class:`BatchGroup` instead of running a backward
 of its own. When every member has fired, the group runs one backward for all of them, with the
 members' deltas stacked as rows (zero rows for members that got no delta). A member's several
 deltas (one per consumer) are not summed one kernel per member: they are added into its row by the
@@ -23,7 +23,6 @@ import numpy as np
 from monadl.do.do import KERNEL_MAP, MAP, UNIT, Bind, Do, PrivateBind
 from monadl.tape.shared import SharedTape
 from monadl.tape.tape import Tape
-from monadl.typeclasses.monoid import SUM
 from monadl.typeclasses.sparse import SparseRows, scatter_add
 
 GroupBackward = Callable[[list[list[Do[Any]] | None]], Do[None]]
@@ -66,17 +65,13 @@ class RowTape(SharedTape[Any, Any]):
     ``source`` is the batched result's tape; it is only named as an input, so that the member's
     firing is deferred like any tape's (the release cascade stays iterative)."""
 
-    __slots__ = ("cost", "group", "index")
+    __slots__ = ("group", "index")
 
-    def __init__(self, data: Any, source: Tape[Any, Any], group: BatchGroup, index: int, cost: float) -> None:
+    def __init__(self, data: Any, source: Tape[Any, Any], group: BatchGroup, index: int) -> None:
         super().__init__(data, (source,))
-        self.fanout = 1  # the group reads its delta once, to stack it
+        self.fanout = 1  # the group reads its deltas once, to stack them (never summed here)
         self.group = group
         self.index = index
-        self.cost = cost
-
-    def _sum(self, deltas: Sequence[Do[Any]]) -> Do[Any]:
-        return SUM.sum_lazy(deltas, self.cost)
 
     def _last_release(self) -> Do[None]:
         done = release_member(self, self.group, self.index)
@@ -84,6 +79,23 @@ class RowTape(SharedTape[Any, Any]):
 
     def _fire(self) -> Do[None]:
         return self.group.fired(self.index, self.take_deltas())
+
+
+def stack_values(xp: Any, values: Sequence[Any], float_dtype: Any) -> Any:
+    """The values one argument takes in merged calls, as the rows of one array: floats as a vector
+    of ``float_dtype``, arrays stacked."""
+    if type(values[0]) is float:
+        return xp.asarray(values, dtype=float_dtype)
+    return xp.stack(values)
+
+
+def result_row(out: Any, k: int, scalar: bool) -> Any:
+    """Row ``k`` of a merged result, as its call alone gives it: a float if ``scalar``, else an
+    array (NumPy's rows of a vector are scalars: made 0-d arrays again)."""
+    row = out[k]
+    if scalar:
+        return float(row)
+    return np.asarray(row) if isinstance(row, np.generic) else row
 
 
 class RowOf(PrivateBind[Any]):
