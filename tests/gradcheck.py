@@ -383,6 +383,7 @@ CASES: list[OpCase] = [
     OpCase("mean", lambda c, a: monadl.mean(a), (_A,)),
     OpCase("mean axis keepdims", lambda c, a: monadl.mean(a, axis=0, keepdims=True), (_A,)),
     OpCase("mean axes", lambda c, a: monadl.mean(a, axis=(1, 2)), (_u(27, (2, 3, 4)),)),
+    OpCase("add_n", lambda c, a, b, d: monadl.add_n([a, b, d]), (_A, _ROW, _COL)),
     # shape
     OpCase("reshape", lambda c, a: monadl.reshape(a, (2, -1, 3)), (_u(28, (3, 4)),)),
     OpCase("transpose", lambda c, a: monadl.transpose(a), (_u(29, (2, 3, 4)),)),

@@ -256,6 +256,17 @@ def test_concatenate_nothing() -> None:
         monadl.concatenate([])
 
 
+def test_add_n_of_nothing() -> None:
+    with pytest.raises(ValueError, match="add_n: needs at least one operand"):
+        monadl.add_n([])
+
+
+def test_add_n_mismatched_shapes_name_the_op_and_shapes() -> None:
+    error = evaluation_error(lambda: monadl.add_n([_weight((3,)), _weight((3,)), _weight((4,))]))
+    assert isinstance(error, ShapeError)
+    assert str(error).startswith("add_n: operands of shapes (3,) and (3,) and (4,) do not fit")
+
+
 def test_linear_shape_mismatches_name_the_op_and_shapes() -> None:
     x = monadl.ArrayWeight(np.ones((2, 3)))
     result = monadl.linear(x, np.ones((4, 5)), np.zeros(5)).predict_blocking()

@@ -323,6 +323,25 @@ def test_transpose_axes(data: st.DataObject) -> None:
     check_op(lambda w: monadl.transpose(w, axes), [x], np.transpose(x, axes))
 
 
+@pytest.mark.parametrize("n", [2, 3, 5])
+@SETTINGS
+@given(data=st.data())
+def test_add_n(n: int, data: st.DataObject) -> None:
+    """The sum of n operands of broadcastable shapes, each operand's gradient summed back to its shape."""
+    shapes = data.draw(hnp.mutually_broadcastable_shapes(num_shapes=n, min_dims=1, max_dims=3, max_side=3))
+    xs = [data.draw(arrays(shape)) for shape in shapes.input_shapes]
+    expected = xs[0]
+    for x in xs[1:]:
+        expected = expected + x
+    check_op(lambda *ws: monadl.add_n(ws), xs, expected)
+
+
+@SETTINGS
+@given(xs=st.lists(REAL, min_size=2, max_size=6))
+def test_add_n_of_floats_is_a_float_layer(xs: list[float]) -> None:
+    check_op(lambda *ws: monadl.add_n(ws), xs, sum(xs))
+
+
 @pytest.mark.parametrize("axis", [0, -1])
 @pytest.mark.parametrize("n", [2, 3])
 @SETTINGS
