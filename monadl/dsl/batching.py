@@ -36,25 +36,35 @@ class OpBatcher:
     """The :class:`~monadl.do.batching.Batcher` of primitive ops (their forward kernels)."""
 
     def signature(self, node: Any) -> Hashable | None:
+        # Written out rather than with _is_shared and _params_key calls: it runs for every parked op.
         tape: OpTape = node.fn.__self__
         prim = tape.prim
         spec = prim.batch
         if spec is None:
             return None
-        try:
-            key: list[Any] = [prim, _params_key(spec, tape.params)]
-            hash(key[1])
-        except TypeError:  # an unhashable parameter: this call runs on its own
-            return None
+        params = tape.params
+        key: list[Any] = [prim, None]
+        if params:
+            try:
+                key[1] = _params_key(spec, params)
+                hash(key[1])
+            except TypeError:  # an unhashable parameter: this call runs on its own
+                return None
         rows = bool(spec.rows)  # whether anything is stacked: calls of shared values only do not merge
+        shared = spec.shared
+        may_share = spec.elementwise
         for i, t in enumerate(tape.inputs):
             d = t.data
-            if _is_shared(spec, i, t):
-                # A weight's tape is one per run, so it stands for the weight; a constant, its value.
-                key.append(t if t.requires_delta else ("constant", d))
-                continue
-            if i in spec.shared:
-                return None
+            if may_share or i in shared:
+                if t.requires_delta:
+                    if getattr(t, "weight", None) is not None:
+                        key.append(t)  # a weight's tape is one per run, so it stands for the weight
+                        continue
+                elif type(d) is float:
+                    key.append(("constant", d))
+                    continue
+                if i in shared:
+                    return None
             key.append(float if type(d) is float else (type(d), d.shape, d.dtype))
             rows = True
         return tuple(key) if rows else None
