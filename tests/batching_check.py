@@ -45,7 +45,8 @@ class Gradients:
     """The executor's statistics over the forward and backward runs together."""
 
 
-def gradients_of(loss: Layer, batching: bool) -> Gradients:
-    executor = ml.Executor(batching=batching)
+def gradients_of(loss: Layer, batching: bool, planning: bool = True) -> Gradients:
+    """With ``batching``: planned (``monadl.dsl.fold``), or merged as it runs (``planning=False``)."""
+    executor = ml.Executor(batching=batching, planning=planning)
     value, gradients = ml.compute_gradients(loss, executor=executor)
     return Gradients(value, {w: dense(g) for w, g in gradients.items()}, executor.stats)

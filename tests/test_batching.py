@@ -26,6 +26,7 @@ import monadl as ml
 from examples.tree_lstm import TreeLstm
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.data.trees import Tree
+from monadl.dsl import fold
 from monadl.dsl.layers import apply_array
 from monadl.dsl.primitives import ELEMENTWISE, Primitive
 from monadl.dsl.weights import WeightTape
@@ -38,17 +39,23 @@ SETTINGS = settings(max_examples=40, deadline=None)
 
 
 def assert_same_gradients(
-    loss: Layer, names: Mapping[str, Weight] | None = None
+    loss: Layer, names: Mapping[str, Weight] | None = None, planned: bool | None = None
 ) -> tuple[Gradients, Gradients]:
-    """Computes ``loss``'s gradients with batching on and off and asserts they are equal; returns
-    both (batched first)."""
-    batched, alone = gradients_of(loss, True), gradients_of(loss, False)
+    """Computes ``loss``'s gradients with batching off, on as it runs (the executor's merges) and on
+    with a plan (``monadl.dsl.fold``) and asserts they are equal; returns the executor's and the
+    unbatched ones. ``planned``: whether the plan must (or must not) have run the forward pass."""
+    batched, alone = gradients_of(loss, True, planning=False), gradients_of(loss, False)
+    with_plan = gradients_of(loss, True)
+    if planned is not None:
+        assert with_plan.stats.planned == int(planned), with_plan.stats
     assert alone.stats.groups == alone.stats.merged == 0 and not alone.stats.kinds
-    assert_close(batched.value, alone.value, "loss")
-    assert set(batched.gradients) == set(alone.gradients)
+    assert not batched.stats.planned
     label = {w: n for n, w in (names or {}).items()}
-    for w, g in alone.gradients.items():
-        assert_close(batched.gradients[w], g, f"gradient of {label.get(w, repr(w))}")
+    for other in (batched, with_plan):
+        assert_close(other.value, alone.value, "loss")
+        assert set(other.gradients) == set(alone.gradients)
+        for w, g in alone.gradients.items():
+            assert_close(other.gradients[w], g, f"gradient of {label.get(w, repr(w))}")
     return batched, alone
 
 
@@ -92,7 +99,9 @@ def test_tree_lstm_gradients_are_equal_with_batching_on_and_off(batch: list[Tree
     warm_operations()
     note(f"heights {[t.height() for t in batch]}, leaves {[len(t) for t in batch]}")
     model = TreeLstm(5, embedding=3, hidden=4, seed=seed, dtype=np.float64)
-    batched, alone = assert_same_gradients(model.loss(batch, word_id), model.weights)
+    loss = model.loss(batch, word_id)
+    wide = fold._levels(loss.forward) is not None  # planned whenever wide: no fallback on trees
+    batched, alone = assert_same_gradients(loss, model.weights, planned=wide)
     inner = max(t.height() for t in batch) > 0
     taking_part = {w for n, w in model.weights.items() if inner or n.split(".")[0] not in INNER_GATES}
     assert set(alone.gradients) == taking_part
@@ -436,6 +445,9 @@ def test_a_float_layer_combined_with_arrays_in_merged_calls() -> None:
 
 # ----------------------------------------------------------------------------- kernel launches
 
+# These count the executor's own merges (dynamic batching as it runs): planning is off, and
+# tests/test_fold.py counts what a plan launches.
+
 
 def chains(count: int = 32, seed: int = 0) -> tuple[FloatLayer, ArrayWeight, ArrayWeight, list[np.ndarray]]:
     """``sum_k sum(tanh(linear(x_k, w, b)))`` over ``count`` independent rows ``x_k``."""
@@ -448,7 +460,7 @@ def chains(count: int = 32, seed: int = 0) -> tuple[FloatLayer, ArrayWeight, Arr
 def test_equal_independent_chains_launch_one_kernel_per_op() -> None:
     loss, w, b, xs = chains(32)
     expected = sum(float(np.sum(np.tanh(x @ w.data + b.data))) for x in xs)
-    on, off = ml.Executor(batching=True), ml.Executor(batching=False)
+    on, off = ml.Executor(batching=True, planning=False), ml.Executor(batching=False)
     assert value_of(loss, on) == pytest.approx(expected, rel=1e-12)
     assert on.last_stats.kinds == {"linear": 1, "tanh": 1, "sum": 1, "add_n": 1}
     assert (on.last_stats.kernels, on.last_stats.groups, on.last_stats.merged) == (4, 3, 96)
@@ -464,7 +476,7 @@ def test_equal_independent_chains_launch_one_kernel_per_op() -> None:
 def test_batching_per_run_overrides_the_executors_default() -> None:
     loss, *_ = chains(8)
     forward = loss.forward
-    on, off = ml.Executor(batching=True), ml.Executor(batching=False)
+    on, off = ml.Executor(batching=True, planning=False), ml.Executor(batching=False)
     alone = on.run(forward, batching=False).data
     assert (on.last_stats.groups, on.last_stats.kernels) == (0, 25)
     merged = off.run(forward, batching=True).data
@@ -478,7 +490,7 @@ def test_batching_per_run_overrides_the_executors_default() -> None:
 
 def test_stats_count_a_call_that_merged_with_nobody_as_a_launch_not_a_group() -> None:
     x = ArrayWeight(np.ones(3))
-    executor = ml.Executor(batching=True)
+    executor = ml.Executor(batching=True, planning=False)
     assert value_of(ml.sum(ml.tanh(rows_of(x))), executor) == pytest.approx(3 * np.tanh(1.0))
     assert executor.last_stats.kinds == {"mul": 1, "tanh": 1, "sum": 1}
     assert executor.last_stats.groups == executor.last_stats.merged == 0
@@ -510,7 +522,7 @@ def weight_deltas(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[int, str], int]
 
 def test_a_shared_weight_gets_one_delta_per_group(weight_deltas: dict[tuple[int, str], int]) -> None:
     loss, w, b, xs = chains(32)
-    on = gradients_of(loss, True)
+    on = gradients_of(loss, True, planning=False)
     deltas_on = dict(weight_deltas)
     weight_deltas.clear()
     off = gradients_of(loss, False)
@@ -533,7 +545,7 @@ def test_an_embedding_table_gets_one_sparse_delta_per_group(
     table = ArrayWeight(np.arange(12.0).reshape(6, 2))
     rows = [4, 1, 4, 0]
     loss = ml.add_n([ml.sum(ml.take_rows(table, r) * float(k + 1)) for k, r in enumerate(rows)])
-    executor = ml.Executor(batching=True)
+    executor = ml.Executor(batching=True, planning=False)
     value, gradients = ml.compute_gradients(loss, executor=executor)
     assert weight_deltas[(id(table), "backward")] == 1 and weight_deltas[(id(table), "release")] == 3
     gradient = gradients[table]
@@ -557,7 +569,7 @@ def rows_of(w: ArrayWeight) -> ArrayLayer:
 
 def launches(layer: Layer) -> tuple[dict[str, int], int]:
     """The launches by kind and the merged groups of ``layer``'s forward, with batching on."""
-    executor = ml.Executor(batching=True)
+    executor = ml.Executor(batching=True, planning=False)
     value_of(layer, executor)
     return executor.last_stats.kinds, executor.last_stats.groups
 
@@ -604,7 +616,7 @@ def test_calls_of_different_dtypes_do_not_merge() -> None:
     t32, t64 = ml.tanh(rows_of(x32)), ml.tanh(rows_of(x64))
     kinds, groups = launches(ml.sum(t32) + ml.sum(t64))
     assert kinds == {"mul": 2, "tanh": 2, "sum": 2, "add": 1} and groups == 0
-    executor = ml.Executor(batching=True)
+    executor = ml.Executor(batching=True, planning=False)
     value_32, value_64 = value_of(t32, executor), value_of(t64, executor)
     assert value_32.dtype == np.float32 and value_64.dtype == np.float64  # each kept its own
     _, gradients = ml.compute_gradients(ml.sum(t32) + ml.sum(t64), executor=executor)
@@ -660,7 +672,7 @@ def test_probability_targets_and_integer_labels_do_not_merge() -> None:
 def test_an_out_of_range_row_in_a_merged_lookup_names_that_call() -> None:
     table = ArrayWeight(np.ones((6, 4)))
     loss = ml.add_n([ml.sum(ml.take_rows(table, r)) for r in (1, 2, 9, 3)])
-    executor = ml.Executor(batching=True)
+    executor = ml.Executor(batching=True, planning=False)
     with pytest.raises(ml.ShapeError, match=r"take_rows: row index 9 is out of range .* shape \(6, 4\)"):
         ml.compute_gradients(loss, executor=executor)
     assert executor.last_stats.kinds == {"take_rows": 1} and executor.last_stats.merged == 4
@@ -672,7 +684,7 @@ def test_a_shape_error_in_a_merged_group_names_the_calls_shapes_not_the_stacked_
     terms = [ml.sum(ml.tanh(ArrayWeight(np.ones(3))) + ml.tanh(ArrayWeight(np.ones(4)))) for _ in range(3)]
     loss = ml.add_n(terms)
     for batching in (True, False):
-        executor = ml.Executor(batching=batching)
+        executor = ml.Executor(batching=batching, planning=False)
         with pytest.raises(ml.ShapeError, match=r"^add: operands of shapes \(3,\) and \(4,\) do not fit"):
             ml.compute_gradients(loss, executor=executor)
         assert executor.last_stats.kinds == ({"add": 1} if batching else {})  # the three adds merged
@@ -682,7 +694,7 @@ def test_a_shape_error_in_a_merged_group_names_the_calls_shapes_not_the_stacked_
 def test_a_wrong_label_in_a_merged_loss_fails_the_step() -> None:
     logits = [ArrayWeight(np.zeros(3)) for _ in range(3)]
     loss = ml.add_n([ml.cross_entropy(x, np.array(k * 3)) for k, x in enumerate(logits)])  # 6 is wrong
-    executor = ml.Executor(batching=True)
+    executor = ml.Executor(batching=True, planning=False)
     with pytest.raises(ValueError, match="label 6 is out of range for 3 classes"):
         ml.compute_gradients(loss, executor=executor)
     assert executor.last_stats.kinds == {"cross_entropy": 1} and executor.last_stats.merged == 3
@@ -697,7 +709,7 @@ def failing_step(table: ArrayWeight, w: ArrayWeight, bad_row: int) -> FloatLayer
 def test_a_failed_batched_step_changes_no_weight() -> None:
     rng = np.random.default_rng(0)
     table, w = ArrayWeight(rng.normal(size=(6, 4))), ArrayWeight(rng.normal(size=(4, 4)))
-    executor = ml.Executor(batching=True)
+    executor = ml.Executor(batching=True, planning=False)
     assert isinstance(failing_step(table, w, 2).train_blocking(ml.SGD(0.1), executor=executor), Success)
     before = {name: x.data.tobytes() for name, x in (("table", table), ("w", w))}
     result = failing_step(table, w, 6).train_blocking(ml.SGD(0.1), executor=executor)
@@ -711,7 +723,7 @@ def test_a_failed_batched_step_changes_no_weight() -> None:
 def garbage_after_a_failed_step(good: FloatLayer, bad: FloatLayer, batching: bool) -> list[str]:
     """The objects that only the cyclic garbage collector would free after a successful step of
     ``good`` and a failed step of ``bad`` (the pattern of test_training's reference-cycle test)."""
-    executor = ml.Executor(batching=batching)
+    executor = ml.Executor(batching=batching, planning=False)
     assert isinstance(good.train_blocking(ml.SGD(0.1), executor=executor), Success)
     gc.collect()
     gc.set_debug(gc.DEBUG_SAVEALL)

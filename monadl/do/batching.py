@@ -60,6 +60,9 @@ class RunStats:
     """Distinct signatures of batchable work launched in a run (the same op on different weights
     counts twice): what a perfect batcher would launch once per level of a tree. Over several runs,
     the largest of theirs."""
+    planned: int = 0
+    """Forward passes run by a plan, level by level (``monadl.dsl.fold``); their statistics are
+    the levels' together, as one run's."""
 
     def add(self, other: RunStats) -> None:
         """Adds ``other``'s counts to these (statistics over several runs)."""
@@ -67,5 +70,6 @@ class RunStats:
         self.merged += other.merged
         self.groups += other.groups
         self.signatures = max(self.signatures, other.signatures)
+        self.planned += other.planned
         for name, count in other.kinds.items():
             self.kinds[name] = self.kinds.get(name, 0) + count

@@ -73,6 +73,8 @@ class Executor(AbstractContextManager["Executor"]):
     ``limit_blas``: with several workers, BLAS is capped at one thread (parallelism comes from
     independent sub-graphs; BLAS threads on top of pool threads oversubscribe the cores).
     ``batching``: merge batchable work of equal signature (dynamic batching; ``run`` can override it).
+    ``planning``: with batching, let training and prediction run a graph that is visible before it
+    runs level by level, merged as a whole (``monadl.dsl.fold``; the executor itself does not plan).
     ``pause_gc``: pause Python's cyclic garbage collector during a run (``collector.py``: a run
     makes no reference cycles, and the collector's passes cost up to a third of a large batch's time).
     """
@@ -84,6 +86,7 @@ class Executor(AbstractContextManager["Executor"]):
         min_pool_cost: float = 1e5,
         limit_blas: bool = True,
         batching: bool = True,
+        planning: bool = True,
         pause_gc: bool = True,
     ) -> None:
         if workers < 1:
@@ -92,6 +95,7 @@ class Executor(AbstractContextManager["Executor"]):
         self.workers = workers
         self.min_pool_cost = min_pool_cost
         self.batching = batching
+        self.planning = planning
         self.pause_gc = pause_gc
         self.last_stats = RunStats()
         """What the last run did (kernel launches, merged groups), for benchmarks and tests."""

@@ -27,6 +27,7 @@ from returns.result import Failure, Result, Success
 
 from monadl.do.do import Do, Pure, run_unit
 from monadl.do.executor import Executor, default_executor
+from monadl.dsl.fold import run_planned
 from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.optimizers import Optimizer
 from monadl.dsl.weights import ArrayWeight, FloatWeight, freeze
@@ -73,11 +74,30 @@ def compute_gradients(
     pass raised.
     """
     ex = executor or default_executor()
+    if ex.batching and ex.planning:
+        try:
+            planned = _gradients(ex, loss, planned=True)
+        except Exception:  # noqa: BLE001 - run again unplanned: its error names the call that failed
+            planned = None
+        if planned is not None:
+            return planned
+    result = _gradients(ex, loss, planned=False)
+    assert result is not None
+    return result
+
+
+def _gradients(
+    ex: Executor, loss: FloatLayer | ArrayLayer, planned: bool
+) -> tuple[Any, dict[FloatWeight | ArrayWeight, Any]] | None:
+    """``compute_gradients`` in a step of its own: the forward pass planned (``monadl.dsl.fold``;
+    None if its graph is not one a plan handles, before anything ran) or run as it is."""
     step = StepContext()
 
     def body() -> Any:
         forward: Do[Tape[Any, Any]] = loss.forward
-        root = ex.run(forward)
+        root = run_planned(ex, forward) if planned else ex.run(forward)
+        if root is None:
+            return _NOT_PLANNED
         value = root.data
         if not _is_finite(value):
             raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
@@ -91,7 +111,12 @@ def compute_gradients(
         # Weight tapes point back at the step: without this, every array of the step would live on
         # in a reference cycle until the garbage collector ran, and memory would grow between steps.
         step.tapes.clear()
+    if value is _NOT_PLANNED:
+        return None
     return value, _unaliased(step.gradients)
+
+
+_NOT_PLANNED = object()
 
 
 def _unaliased(gradients: dict[FloatWeight | ArrayWeight, Any]) -> dict[FloatWeight | ArrayWeight, Any]:
@@ -165,7 +190,14 @@ def predict_blocking(
     """The forward value of ``layer``, now: ``Success(value)`` or ``Failure(exception)``."""
     try:
         forward: Do[Tape[Any, Any]] = layer.forward
-        return Success((executor or default_executor()).run(forward).data)
+        ex = executor or default_executor()
+        tape = None
+        if ex.batching and ex.planning:
+            try:
+                tape = run_planned(ex, forward)
+            except Exception:  # noqa: BLE001 - run again unplanned: its error names the failed call
+                tape = None
+        return Success((ex.run(forward) if tape is None else tape).data)
     except Exception as e:  # noqa: BLE001
         return Failure(e)
 

@@ -1,0 +1,563 @@
+"""Planned batching (as TensorFlow Fold and DyNet do): a recorded graph run level by level.
+
+The executor's dynamic batching (``monadl.do.executor``) finds mergeable calls as it runs: it parks
+each batchable call, merges equal ones when nothing else can run, and gives every call back its own
+row, with a tape of its own for the backward pass. That is general (it sees through ``flat_map``s
+and data-dependent control flow), but every call still costs a fiber, a signature, a row tape and
+a share of its group's backward bookkeeping: about 100 us per node of a Tree-LSTM batch.
+
+When the whole graph of a forward pass is visible before it runs (ops, ``@batchable`` operation
+calls and their results, weights and constants, and no ``flat_map`` of the user's), this module
+runs it as DyNet's autobatching does: it walks the graph once, gives each node its depth (one more
+than its deepest input), and runs the nodes of one depth together, one computation per group of
+equal signature (the signatures of ``monadl.dsl.batching`` and ``monadl.dsl.operation``). A group's
+inputs are gathered rows of earlier groups (``take_rows``, or the earlier group itself when it is
+exactly the rows wanted), its result is one stacked tape, and a node's value is a row of it. Only
+group-level tapes are made, so the backward pass is ordinary backpropagation through the groups and
+gathers: no per-node work at all. ``add_n`` and ``concatenate`` over many rows (a batch's loss summed
+over every node; the roots' scores) become sums and gathers of whole groups.
+
+A graph of any other kind returns None (the caller runs it as usual), and so does one where no
+depth holds two batchable nodes (a chain: nothing to merge). A planned run that fails is discarded
+by the caller and run again unplanned, so errors are those of the unplanned run, naming the call
+that failed, and nothing of the failed attempt remains.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from monadl.do.batching import RunStats
+from monadl.do.do import BIND, DELAY, FLAT, MAP, PRIVATE, PURE, Do, Pure, gather_all
+from monadl.do.executor import Executor
+from monadl.dsl import primitives as P
+from monadl.dsl.apply import _Build, apply_primitive
+from monadl.dsl.batching import _params_key, _scalar, _shift
+from monadl.dsl.layers import ArrayLayer, FloatLayer
+from monadl.dsl.operation import _Call, _item, _static_key
+from monadl.dsl.primitives import Primitive
+from monadl.tape.tape import Tape
+from monadl.typeclasses.backend import namespace
+from monadl.typeclasses.sparse import scatter_add
+
+_LEAF, _OP, _CALL, _PROJECTION = range(4)
+MIN_WIDTH = 8
+"""A graph is planned only if its depths hold this many ops or calls on average: a plan's levels
+cost a run each, which merging many nodes a level pays for, and merging a few does not (measured:
+the CIFAR column model, 2-5 ops a level, ran 1.8x the instructions planned)."""
+
+
+class Unsupported(Exception):
+    """The graph (or a part met while running it) is outside what a plan handles."""
+
+
+class _Group:
+    """One merged computation's result: row k is member k's value."""
+
+    __slots__ = ("data", "layer", "scalar", "tape")
+
+    def __init__(self, tape: Tape[Any, Any], scalar: bool) -> None:
+        self.tape = tape
+        self.data = tape.data
+        self.scalar = scalar  # the members' values are floats (the rows of a vector)
+        self.layer = ArrayLayer(Pure(tape))
+
+    def row_key(self) -> Hashable:
+        d = self.data
+        return float if self.scalar else (type(d), d.shape[1:], d.dtype)
+
+
+class _Row:
+    """Row ``k`` of a group: a node's value inside a plan."""
+
+    __slots__ = ("group", "k")
+
+    def __init__(self, group: _Group, k: int) -> None:
+        self.group = group
+        self.k = k
+
+
+def run_planned(executor: Executor, root: Do[Tape[Any, Any]]) -> Tape[Any, Any] | None:
+    """The tape of ``root``, computed level by level with merged groups; None if ``root``'s graph
+    is not one a plan handles (see the module), before anything ran."""
+    skip = _narrow.get(executor)
+    if skip is not None and skip[0]:  # its last graphs were narrow: do not walk this one
+        skip[0] -= 1
+        return None
+    levels = _levels(root)
+    if levels is None:  # the next 1, 2, 4, ... up to NARROW_SKIP runs are not walked
+        streak = min(2 * skip[1], NARROW_SKIP) if skip is not None else 1
+        _narrow[executor] = [streak, streak]
+        return None
+    _narrow.pop(executor, None)
+    before = RunStats()
+    before.add(executor.stats)
+    try:
+        return _Plan(executor).run(levels, root)
+    except BaseException:
+        executor.stats = before  # the failed attempt's kernels are not counted: it is run again
+        raise
+
+
+Entry = tuple[Any, int, tuple[Any, ...]]  # a node, its kind, its sources
+
+NARROW_SKIP = 64
+"""After graphs that are not planned, at most this many runs of their executor are not walked: a
+model's graphs are alike, and a walk of a narrow one (the CIFAR column model's) costs 4% of its
+run. The skips double after each graph not planned (1, 2, 4, ...); a planned graph resets them."""
+_narrow: weakref.WeakKeyDictionary[Executor, list[int]] = weakref.WeakKeyDictionary()  # skips left, streak
+
+
+def _levels(root: Do[Any]) -> list[list[Entry]] | None:
+    """The nodes reachable from ``root`` by depth (a leaf's is 0, a projection's its call's, any
+    other node's one more than its deepest input); None at the first node of a kind a plan does
+    not handle, or if its depths hold fewer than ``MIN_WIDTH`` ops or calls on average."""
+    depth: dict[int, int] = {}  # by id(node); -1 while its inputs are being walked
+    levels: list[list[Entry]] = [[]]
+    width = [0]
+    stack: list[Any] = [root]  # nodes to walk, and entries whose inputs have all been walked
+    while stack:
+        item = stack.pop()
+        if type(item) is tuple:
+            node, kind, sources = item
+            if kind == _PROJECTION:
+                d = depth[id(sources[0])]
+            else:
+                d = 0
+                for source in sources:
+                    ds = depth[id(source)]
+                    if ds > d:
+                        d = ds
+                d += 1
+                if d == len(levels):
+                    levels.append([])
+                    width.append(0)
+                width[d] += 1
+            depth[id(node)] = d
+            levels[d].append(item)
+            continue
+        key = id(item)
+        if key in depth:
+            continue
+        tag = item.tag & ~PRIVATE
+        if tag == PURE or tag == DELAY:
+            depth[key] = 0
+            levels[0].append((item, _LEAF, ()))
+            continue
+        if tag != BIND:
+            return None
+        f = item.f
+        mode = item.mode
+        if mode == FLAT and type(f) is _Build:
+            kind = _OP
+        elif mode == FLAT and type(f) is _Call:
+            kind = _CALL
+        elif mode == MAP and type(f) is functools.partial and f.func is _item:
+            kind = _PROJECTION
+        else:
+            return None
+        depth[key] = -1
+        sources = item.sources
+        stack.append((item, kind, sources))
+        for source in reversed(sources):  # walked in order: a level's nodes in the order of use
+            if id(source) not in depth:
+                stack.append(source)
+    if sum(width) < MIN_WIDTH * (len(width) - 1):
+        return None
+    return levels
+
+
+class _Plan:
+    """The values of a planned run's nodes, computed a level at a time."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+        self.values: dict[int, Any] = {}  # id(node) -> Tape (a value of its own) or _Row
+        self.stats = RunStats()  # the plan's own merges: the executor's statistics when it succeeds
+        self.total = RunStats()  # with its levels' runs: the executor's last run's statistics
+
+    def run(self, levels: list[list[Entry]], root: Do[Any]) -> Tape[Any, Any]:
+        values = self.values
+        for level in levels:
+            groups: dict[Hashable, list[tuple[Any, list[Any]]]] = {}
+            alone: list[tuple[Any, list[Any]]] = []
+            projections: list[tuple[Any, Any]] = []
+            for node, kind, sources in level:
+                if kind == _LEAF:
+                    values[id(node)] = node.value if node.tag & ~PRIVATE == PURE else node.thunk()
+                    continue
+                if kind == _PROJECTION:
+                    projections.append((node, sources))
+                    continue
+                inputs = [values[id(s)] for s in sources]
+                key = self._key(node, kind, inputs)
+                if key is None:
+                    alone.append((node, inputs))
+                else:
+                    groups.setdefault(key, []).append((node, inputs))
+            self._compute(list(groups.values()), alone)
+            for node, sources in projections:
+                outputs = values[id(sources[0])]
+                values[id(node)] = outputs[node.f.args[0]]
+        result = values[id(root)]
+        if type(result) is _Row:  # the root is one node's value: its own tape
+            result = self._run([self._row_layer(result).forward])[0]
+        self.stats.planned += 1
+        self.executor.stats.add(self.stats)  # its runs' own are there already
+        self.total.add(self.stats)
+        self.executor.last_stats = self.total  # the levels' runs and the plan's merges, as one run
+        return result  # type: ignore[no-any-return]
+
+    # ---------------------------------------------------------------------------- signatures
+
+    def _key(self, node: Any, kind: int, inputs: list[Any]) -> Hashable | None:
+        """The node's signature (equal ones merge), or None to run it on its own."""
+        if kind == _CALL:
+            call: _Call = node.f
+            kwargs = tuple((name, _static_key(v)) for name, v in call.kwargs.items())
+            signature: list[Any] = [call.op, call.statics, kwargs]
+            for v in inputs:
+                signature.append(v.group.row_key() if type(v) is _Row else _row_key(v))
+            return tuple(signature)
+        build: _Build = node.f
+        prim = build.prim
+        spec = prim.batch
+        if spec is None or _special(prim) is not None:
+            return None
+        params = build.params
+        key: list[Any] = [prim, None]
+        if params:
+            try:
+                key[1] = _params_key(spec, params)
+                hash(key[1])
+            except TypeError:
+                return None
+        stacked = bool(spec.rows)  # a call of shared values only runs on its own
+        for i, v in enumerate(inputs):
+            if type(v) is not _Row:
+                if spec.elementwise or i in spec.shared:
+                    if v.requires_delta:
+                        if getattr(v, "weight", None) is not None:
+                            key.append(v)
+                            continue
+                    elif type(v.data) is float:
+                        key.append(("constant", v.data))
+                        continue
+                if i in spec.shared or v.requires_delta:  # not shareable; or not stackable here
+                    return None
+            key.append(_row_key(v))
+            stacked = True
+        return tuple(key) if stacked else None
+
+    # ----------------------------------------------------------------------------- computing
+
+    def _compute(self, groups: list[list[tuple[Any, list[Any]]]], alone: list[Any]) -> None:
+        dos: list[Do[Any]] = []
+        finish: list[Any] = []
+        stats = self.stats
+        for members in groups:
+            node = members[0][0]
+            if type(node.f) is _Call:
+                do, done = self._call_group(members)
+                name = node.f.op.f.__qualname__
+                stats.kinds[name] = stats.kinds.get(name, 0) + 1
+            else:
+                do, done = self._op_group(members)
+            if len(members) > 1:
+                stats.groups += 1
+                stats.merged += len(members)
+            dos.append(do)
+            finish.append(done)
+        for node, inputs in alone:
+            dos.append(self._alone(node, inputs))
+            finish.append(functools.partial(self.values.__setitem__, id(node)))
+        if dos:
+            for done, value in zip(finish, self._run(dos), strict=True):
+                done(value)
+
+    def _run(self, dos: list[Do[Any]]) -> tuple[Any, ...]:
+        executor = self.executor
+        result: tuple[Any, ...] = executor.run(gather_all(dos))
+        level = executor.last_stats
+        stats = self.total
+        stats.kernels += level.kernels
+        stats.merged += level.merged
+        stats.groups += level.groups
+        stats.signatures += level.signatures
+        for name, count in level.kinds.items():
+            stats.kinds[name] = stats.kinds.get(name, 0) + count
+        return result
+
+    def _op_group(self, members: list[tuple[Any, list[Any]]]) -> tuple[Do[Any], Any]:
+        """One op applied to the stacked rows of its calls (as ``monadl.dsl.batching`` does)."""
+        first, inputs = members[0]
+        prim: Primitive = first.f.prim
+        spec = prim.batch
+        assert spec is not None
+        n = len(members)
+        if prim.check is not None:
+            # Every call's own check on its own rows. The members' rows have one shape and dtype
+            # (their signature), so a check of shapes gives every member the first one's verdict;
+            # stacked parameters (indices, labels) are values: those are checked call by call.
+            for node, ins in members if spec.rows else members[:1]:
+                prim.check(*[_data(v) for v in ins], **node.f.params)
+        datas = [_data(v) for v in inputs]
+        arrays = [d for d in datas if type(d) is not float]
+        rank = max((len(d.shape) for d in arrays), default=0)
+        layers: list[Any] = []
+        for i, v in enumerate(inputs):
+            if type(v) is not _Row and (spec.elementwise or i in spec.shared) and _shareable(v):
+                layers.append(_layer(v))
+                continue
+            stacked = self._gather([ins[i] for _, ins in members])
+            row_rank = 0 if type(datas[i]) is float else len(datas[i].shape)
+            if spec.elementwise and row_rank < rank:  # so that rows broadcast as their calls did
+                shape = (n,) + (1,) * (rank - row_rank) + tuple(() if row_rank == 0 else datas[i].shape)
+                stacked = _apply(P.reshape, [stacked], {"shape": shape})
+            layers.append(stacked)
+        params = first.f.params
+        if spec.rows:
+            params = {**params}
+            for name in spec.rows:
+                column = [node.f.params[name] for node, _ in members]
+                params[name] = (np if type(column[0]) is np.ndarray else namespace(column[0])).stack(column)
+        if spec.axis:
+            item_rank = 0 if type(datas[0]) is float else len(datas[0].shape)
+            params = {**params, "axis": _shift(params.get("axis", spec.axis_default), item_rank)}
+        scalar = _scalar(spec, tuple(datas), first.f.params)
+        do = apply_primitive(_batched(prim), layers, params)
+        return do, functools.partial(self._rows, [node for node, _ in members], scalar)
+
+    def _rows(self, nodes: list[Any], scalar: bool, tape: Tape[Any, Any]) -> None:
+        group = _Group(tape, scalar)
+        for k, node in enumerate(nodes):
+            self.values[id(node)] = _Row(group, k)
+
+    def _call_group(self, members: list[tuple[Any, list[Any]]]) -> tuple[Do[Any], Any]:
+        """A batchable operation's body, run once on the stacked rows of its calls."""
+        first: _Call = members[0][0].f
+        columns = [self._gather([ins[j] for _, ins in members]) for j in range(len(first.rows))]
+        do = first.results(columns)
+        structure = first.op.structure
+        assert structure is not None
+        return do, functools.partial(self._outputs, [node for node, _ in members], structure)
+
+    def _outputs(
+        self, nodes: list[Any], structure: Sequence[type], tapes: tuple[Tape[Any, Any], ...]
+    ) -> None:
+        groups = [_Group(t, kind is FloatLayer) for t, kind in zip(tapes, structure, strict=True)]
+        for k, node in enumerate(nodes):
+            self.values[id(node)] = tuple(_Row(g, k) for g in groups)
+
+    def _alone(self, node: Any, inputs: list[Any]) -> Do[Any]:
+        """A node that merges with nothing: the op on its own values (a row taken out of its
+        group), or a sum or concatenation of many rows as sums and gathers of whole groups."""
+        if type(node.f) is _Call:  # pragma: no cover - calls always have a signature
+            raise Unsupported("a call without a signature")
+        build: _Build = node.f
+        special = _special(build.prim)
+        if special == "add_n" and any(type(v) is _Row for v in inputs):
+            return self._sum(inputs)
+        if special == "concatenate" and self._stackable(inputs, build.params):
+            stacked = self._gather(list(inputs))
+            first = _data(inputs[0])
+            shape = (-1, *first.shape[1:])
+            return _apply(P.reshape, [stacked], {"shape": shape}).forward
+        return apply_primitive(build.prim, [_layer(v) for v in inputs], build.params)
+
+    def _sum(self, inputs: list[Any]) -> Do[Any]:
+        rows: dict[int, tuple[_Group, list[Any]]] = {}
+        parts: list[Any] = []
+        for v in inputs:
+            if type(v) is _Row:
+                rows.setdefault(id(v.group), (v.group, []))[1].append(v)
+            else:
+                parts.append(_layer(v))
+        for group, members in rows.values():
+            gathered = self._gather(members)
+            if group.scalar:
+                parts.append(_apply(P.sum_, [gathered], {}, scalar=True))
+            else:
+                parts.append(_apply(P.sum_, [gathered], {"axis": 0, "keepdims": False}))
+        if len(parts) == 1:
+            return parts[0].forward  # type: ignore[no-any-return]
+        kind = FloatLayer if all(isinstance(p, FloatLayer) for p in parts) else ArrayLayer
+        return kind(apply_primitive(P.add_n(len(parts)), parts, {})).forward
+
+    def _stackable(self, inputs: list[Any], params: dict[str, Any]) -> bool:
+        """Whether a concatenation is of arrays of one shape along their first axis."""
+        first = _data(inputs[0])
+        if type(first) is float or not first.shape or params.get("axis", 0) not in (0, -len(first.shape)):
+            return False
+        return all(_row_key(v) == _row_key(inputs[0]) for v in inputs)
+
+    # ------------------------------------------------------------------------------- gathering
+
+    def _gather(self, values: list[Any]) -> Any:
+        """The values as the rows of one layer (n, ...): a group itself when the values are exactly
+        its rows, else one ``gather`` op taking rows of the groups (and stacking other values)."""
+        first = values[0]
+        if type(first) is _Row:
+            group = first.group
+            if group.data.shape[0] == len(values) and all(
+                type(v) is _Row and v.group is group and v.k == k for k, v in enumerate(values)
+            ):
+                return group.layer
+        tables: list[Any] = []
+        picks: dict[int, tuple[list[int], list[int]]] = {}  # id(group) -> (positions, its rows)
+        loose: list[tuple[int, Any]] = []  # (position, a value of its own)
+        dtype = None  # the rows' float type, for float constants stacked with them
+        for position, v in enumerate(values):
+            if type(v) is _Row:
+                pick = picks.get(id(v.group))
+                if pick is None:
+                    pick = picks[id(v.group)] = ([], [])
+                    tables.append(v.group.layer)
+                    dtype = dtype or v.group.data.dtype
+                pick[0].append(position)
+                pick[1].append(v.k)
+            else:
+                loose.append((position, v))
+        chosen = list(picks.values())
+        constants = [(p, v) for p, v in loose if not v.requires_delta]
+        if constants:
+            datas = [v.data for _, v in constants]
+            xp = np if type(datas[0]) in (float, np.ndarray) else namespace(datas[0])
+            stacked = (
+                xp.asarray(datas, dtype=dtype or np.float64) if type(datas[0]) is float else xp.stack(datas)
+            )
+            tables.append(ArrayLayer(Pure(Tape(stacked))))
+            chosen.append(([p for p, _ in constants], list(range(len(constants)))))
+        for position, v in loose:  # a value of its own with a delta: a table of one row
+            if v.requires_delta:
+                if type(v.data) is float:
+                    tables.append(_apply(_FLOAT_ROW, [_layer(v)], {"dtype": dtype or np.float64}))
+                else:
+                    tables.append(_apply(P.reshape, [_layer(v)], {"shape": (1, *v.data.shape)}))
+                chosen.append(([position], [0]))
+        if len(chosen) == 1 and chosen[0][0] == chosen[0][1] == list(range(len(values))):
+            table = tables[0]  # stacked constants, in order: no gather
+            if type(table.forward) is Pure and table.forward.value.data.shape[0] == len(values):
+                return table
+        positions = tuple(np.asarray(p, dtype=np.intp) for p, _ in chosen)
+        rows = tuple(np.asarray(r, dtype=np.intp) for _, r in chosen)
+        unique = tuple(len(set(r)) == len(r) for _, r in chosen)
+        params = {"positions": positions, "rows": rows, "unique": unique, "size": len(values)}
+        return _apply(_gather_rule(len(tables)), tables, params)
+
+    def _row_layer(self, row: _Row) -> Any:
+        """One row of a group as a layer of its own (an array; a float row is not supported)."""
+        if row.group.scalar:
+            raise Unsupported("a float row on its own")
+        return _apply(P.take_rows, [row.group.layer], {"indices": np.asarray(row.k, dtype=np.int64)})
+
+
+def _special(prim: Primitive) -> str | None:
+    if prim.name == "add_n":
+        return "add_n"
+    if prim.name == "concatenate":
+        return "concatenate"
+    return None
+
+
+def _data(v: Any) -> Any:
+    """A value's data: a tape's, or its row of a group (a float for a float row)."""
+    if type(v) is _Row:
+        row = v.group.data[v.k]
+        return float(row) if v.group.scalar else row
+    return v.data
+
+
+def _row_key(v: Any) -> Hashable:
+    if type(v) is _Row:
+        return v.group.row_key()
+    d = v.data
+    return float if type(d) is float else (type(d), d.shape, d.dtype)
+
+
+def _shareable(v: Any) -> bool:
+    return getattr(v, "weight", None) is not None or (type(v.data) is float and not v.requires_delta)
+
+
+def _layer(v: Any) -> Any:
+    """A value as a layer: a tape's, or a row of a group (an array row only)."""
+    if type(v) is _Row:
+        if v.group.scalar:
+            raise Unsupported("a float row on its own")
+        return _apply(P.take_rows, [v.group.layer], {"indices": np.asarray(v.k, dtype=np.int64)})
+    return FloatLayer(Pure(v)) if type(v.data) is float else ArrayLayer(Pure(v))
+
+
+def _apply(
+    prim: Primitive, operands: list[Any], params: dict[str, Any], scalar: bool = False
+) -> FloatLayer | ArrayLayer:
+    forward = apply_primitive(prim, operands, params)
+    return FloatLayer(forward) if scalar else ArrayLayer(forward)
+
+
+def _gather_forward(xp: Any, *tables: Any, positions: Any, rows: Any, unique: Any, size: int) -> Any:
+    first = tables[0]
+    out = xp.empty((size, *first.shape[1:]), dtype=first.dtype)
+    for table, where, which in zip(tables, positions, rows, strict=True):
+        out[where] = xp.take(table, which, axis=0)
+    return out
+
+
+def _gather_vjp(j: int) -> Any:
+    def vjp(xp: Any, d: Any, o: Any, *tables: Any, positions: Any, rows: Any, unique: Any, size: int) -> Any:
+        table = tables[j]
+        g = xp.zeros(table.shape, dtype=d.dtype)
+        if unique[j]:
+            g[rows[j]] = d[positions[j]]
+            return g
+        return scatter_add(xp, g, rows[j], d[positions[j]])  # a row taken twice: its deltas add
+
+    return vjp
+
+
+_FLOAT_ROW = Primitive(
+    "float_row",
+    lambda xp, x, dtype: np.asarray([x], dtype=dtype),
+    (lambda xp, d, o, x, dtype: float(d[0]),),
+)
+"""A float as an array of one row (to stack it with rows of a group); its delta, a float again."""
+
+_gather_rules: dict[int, Primitive] = {}
+
+
+def _gather_rule(n: int) -> Primitive:
+    """``gather``: rows of ``n`` tables into one array (row ``positions[j][i]`` of the result is
+    row ``rows[j][i]`` of table j); each table's delta is its rows' deltas, dense."""
+    rule = _gather_rules.get(n)
+    if rule is None:
+        rule = _gather_rules[n] = Primitive(
+            "gather", _gather_forward, tuple(_gather_vjp(j) for j in range(n))
+        )
+    return rule
+
+
+_batched_rules: dict[Primitive, Primitive] = {}
+
+
+def _batched(prim: Primitive) -> Primitive:
+    """``prim`` on stacked rows: its batched forward and vjps (``Primitive.batch``), no per-call
+    check (each call's own check ran on its own rows)."""
+    rule = _batched_rules.get(prim)
+    if rule is None:
+        spec = prim.batch
+        assert spec is not None
+        rule = Primitive(
+            prim.name,
+            spec.forward or prim.forward,
+            spec.vjps or prim.vjps,
+            broadcasts=prim.broadcasts,
+            saves=prim.saves,
+            cost=prim.cost,
+        )
+        _batched_rules[prim] = rule
+    return rule

@@ -1,0 +1,148 @@
+"""Planned batching (``monadl.dsl.fold``): a visible graph run level by level, merged as a whole.
+
+The hypothesis tests of test_batching and test_batchable compare every loss planned, merged as it
+runs and unbatched; these pin what a plan launches, when it is (not) used, and its failures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from batching_check import assert_close, gradients_of
+from returns.result import Failure, Success
+from test_batching import chains
+
+import monadl as ml
+from examples.tree_lstm import TreeLstm
+from monadl import ArrayWeight, FloatLayer
+from monadl.data import sst
+from monadl.dsl import fold
+from monadl.tape.tape import Tape
+
+
+def planned_value(layer: Any, executor: ml.Executor) -> Any:
+    result = layer.predict_blocking(executor=executor)
+    assert isinstance(result, Success), result
+    return result.unwrap()
+
+
+def test_independent_chains_run_as_one_kernel_per_op() -> None:
+    loss, w, b, xs = chains(32)
+    expected = sum(float(np.sum(np.tanh(x @ w.data + b.data))) for x in xs)
+    executor = ml.Executor()
+    assert planned_value(loss, executor) == pytest.approx(expected, rel=1e-12)
+    stats = executor.last_stats
+    assert stats.planned == 1
+    # One launch per level: the 32 linears, tanhs and sums; and the add_n of the 32 rows as one sum.
+    assert stats.kinds == {"linear": 1, "tanh": 1, "sum": 2}
+    assert stats.kernels == 4 and stats.groups == 3 and stats.merged == 96
+
+
+def test_a_weight_used_by_a_whole_group_gets_one_tape_and_one_delta() -> None:
+    loss, w, b, _ = chains(16)
+    planned, unbatched = gradients_of(loss, True), gradients_of(loss, False)
+    assert planned.stats.planned == 1 and unbatched.stats.planned == 0
+    for weight in (w, b):
+        assert_close(planned.gradients[weight], unbatched.gradients[weight], "gradient")
+
+
+def test_a_tree_lstm_batch_is_planned_with_one_cell_launch_per_level() -> None:
+    trees = sst.synthetic_trees(6, seed=2, min_leaves=3, max_leaves=9)
+    vocabulary = sst.Vocabulary.from_trees(trees)
+    model = TreeLstm(len(vocabulary), embedding=4, hidden=5, seed=1, dtype=np.float64)
+    model.loss(trees[:1], vocabulary.index)  # an operation's first call runs alone (it learns its results)
+    planned = gradients_of(model.loss(trees, vocabulary.index), True)
+    unbatched = gradients_of(model.loss(trees, vocabulary.index), False)
+    assert planned.stats.planned == 1
+    assert_close(planned.value, unbatched.value, "loss")
+    for weight, gradient in unbatched.gradients.items():
+        assert_close(planned.gradients[weight], gradient, "gradient")
+    kinds = planned.stats.kinds
+    # Leaves are one level; an inner node's level is set by its deepest child: at most one launch
+    # of the inner cell per level of the tallest tree, however many trees.
+    assert kinds["Cell.leaf_cell"] == 1 and kinds["take_rows"] == 1
+    assert kinds["Cell.inner_cell"] <= 2 * max(t.height() for t in trees)
+    assert planned.stats.kernels < unbatched.stats.kernels / 5
+
+
+def test_tree_lstm_root_scores_are_planned_and_equal() -> None:
+    trees = sst.synthetic_trees(8, seed=4, min_leaves=2, max_leaves=7)
+    vocabulary = sst.Vocabulary.from_trees(trees)
+    planned_model, unbatched_model = (
+        TreeLstm(
+            len(vocabulary), embedding=3, hidden=4, seed=3, dtype=np.float64, executor=ml.Executor(batching=b)
+        )
+        for b in (True, False)
+    )
+    planned_model.predict_roots(trees, vocabulary.index)  # the operations' first calls run alone
+    planned = planned_model.predict_roots(trees, vocabulary.index)
+    assert planned_model.executor is not None and planned_model.executor.last_stats.planned == 1
+    assert_close(planned, unbatched_model.predict_roots(trees, vocabulary.index), "root scores")
+
+
+def test_a_chain_is_not_planned_and_later_runs_are_not_walked() -> None:
+    x = ArrayWeight(np.full(3, 0.5))
+    layer: Any = x
+    for _ in range(10):
+        layer = ml.tanh(layer) * 0.9
+    narrow = ml.sum(layer).forward
+    executor = ml.Executor()
+    assert fold._levels(narrow) is None  # nothing to merge
+    walked = []
+    for _ in range(8):
+        walked.append(fold._narrow.get(executor, [0])[0] == 0)
+        assert fold.run_planned(executor, narrow) is None
+    assert walked == [True, False, True, False, False, True, False, False]  # skips 1, 2, 4, ...
+    wide, *_ = chains(16)
+    while fold._narrow[executor][0]:
+        assert fold.run_planned(executor, wide.forward) is None  # skipped, even though wide
+    assert fold.run_planned(executor, wide.forward) is not None
+    assert executor not in fold._narrow  # a planned graph resets the skips
+
+
+def test_a_graph_with_a_flat_map_of_its_own_is_not_planned() -> None:
+    xs = [ArrayWeight(np.full(2, float(k))) for k in range(4)]
+    dynamic = [ml.sum(x) for x in xs[:2]]
+    dynamic.append(FloatLayer(ml.sum(xs[2]).forward.flat_map(lambda t: ml.sum(xs[3]).forward)))
+    loss = ml.add_n(dynamic)
+    assert fold.run_planned(ml.Executor(), loss.forward) is None
+    planned = gradients_of(loss, True)
+    assert planned.stats.planned == 0 and planned.value == pytest.approx(2.0 + 2.0 * 3.0)
+
+
+def test_planning_can_be_switched_off() -> None:
+    loss, *_ = chains(8)
+    executor = ml.Executor(planning=False)
+    planned_value(loss, executor)
+    assert executor.last_stats.planned == 0 and executor.last_stats.groups > 0  # merged as it ran
+
+
+def test_a_shape_error_in_a_planned_group_names_the_call_and_changes_nothing() -> None:
+    w, b = ArrayWeight(np.ones((3, 2))), ArrayWeight(np.zeros(2))
+    xs = [np.ones(3)] * 7 + [np.ones(4)] + [np.ones(3)] * 8  # the eighth call does not fit w
+    loss = ml.add_n([ml.sum(ml.linear(x, w, b)) for x in xs])
+    before = w.data.copy()
+    executor = ml.Executor()
+    assert fold._levels(loss.forward) is not None  # a plan would run it: its group fails, then
+    result = loss.train_blocking(ml.SGD(0.1), executor=executor)  # the unplanned run names the call
+    assert isinstance(result, Failure)
+    assert "linear" in str(result.failure()) and "(4,)" in str(result.failure())
+    np.testing.assert_array_equal(w.data, before)
+
+
+def test_a_failed_plan_counts_no_kernels_of_its_own() -> None:
+    w, b = ArrayWeight(np.ones((3, 2))), ArrayWeight(np.zeros(2))
+    xs = [np.ones(3)] * 12 + [np.ones(4)]
+    loss = ml.add_n([ml.sum(ml.linear(x, w, b)) for x in xs])
+    executor = ml.Executor()
+    with pytest.raises(ValueError, match="linear"):
+        fold.run_planned(executor, loss.forward)
+    assert executor.stats.kernels == 0 and executor.stats.planned == 0
+
+
+def test_a_plan_returns_a_tape_of_the_roots_value() -> None:
+    loss, w, b, xs = chains(16)
+    tape = fold.run_planned(ml.Executor(), loss.forward)
+    assert isinstance(tape, Tape)
+    assert tape.data == pytest.approx(sum(float(np.sum(np.tanh(x @ w.data + b.data))) for x in xs))
