@@ -40,16 +40,9 @@ class OpBatcher:
         tape: OpTape = node.fn.__self__
         prim = tape.prim
         spec = prim.batch
-        if spec is None:
+        key = signature_start(prim, tape.params)
+        if spec is None or key is None:
             return None
-        params = tape.params
-        key: list[Any] = [prim, None]
-        if params:
-            try:
-                key[1] = _params_key(spec, params)
-                hash(key[1])
-            except TypeError:  # an unhashable parameter: this call runs on its own
-                return None
         rows = bool(spec.rows)  # whether anything is stacked: calls of shared values only do not merge
         shared = spec.shared
         may_share = spec.elementwise
@@ -79,6 +72,22 @@ class OpBatcher:
 
 
 OP_BATCHER = OpBatcher()
+
+
+def signature_start(prim: Primitive, params: dict[str, Any]) -> list[Any] | None:
+    """The first items of a call's signature: the primitive and its parameters' key; None if the
+    primitive does not batch or a parameter is unhashable (then the call runs on its own)."""
+    spec = prim.batch
+    if spec is None:
+        return None
+    if not params:
+        return [prim, None]
+    try:
+        fixed = _params_key(spec, params)
+        hash(fixed)
+    except TypeError:
+        return None
+    return [prim, fixed]
 
 
 def _params_key(spec: Batching, params: dict[str, Any]) -> Hashable:

@@ -37,7 +37,7 @@ from monadl.do.do import BIND, DELAY, FLAT, MAP, PRIVATE, PURE, Do, Pure, gather
 from monadl.do.executor import Executor
 from monadl.dsl import primitives as P
 from monadl.dsl.apply import _Build, apply_primitive
-from monadl.dsl.batching import _params_key, _scalar, _shift
+from monadl.dsl.batching import _scalar, _shift, signature_start
 from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.operation import _Call, _item, _static_key
 from monadl.dsl.primitives import Primitive
@@ -227,16 +227,9 @@ class _Plan:
         build: _Build = node.f
         prim = build.prim
         spec = prim.batch
-        if spec is None or _special(prim) is not None:
+        key = signature_start(prim, build.params)
+        if spec is None or key is None or _special(prim) is not None:
             return None
-        params = build.params
-        key: list[Any] = [prim, None]
-        if params:
-            try:
-                key[1] = _params_key(spec, params)
-                hash(key[1])
-            except TypeError:
-                return None
         stacked = bool(spec.rows)  # a call of shared values only runs on its own
         for i, v in enumerate(inputs):
             if type(v) is not _Row:
