@@ -113,6 +113,21 @@ def _is_shared(spec: Batching, i: int, t: Any) -> bool:
     )
 
 
+def merged_params(spec: Batching, calls: list[dict[str, Any]], first: Any) -> dict[str, Any]:
+    """The parameters of merged calls (``calls``: each call's; ``first``: the first call's first
+    input): the first call's, with stacked parameters stacked and ``axis`` shifted past the rows."""
+    params = calls[0]
+    if spec.rows:
+        params = {**params}
+        for name in spec.rows:
+            column = [call[name] for call in calls]
+            params[name] = (np if type(column[0]) is np.ndarray else namespace(column[0])).stack(column)
+    if spec.axis:
+        item_rank = 0 if type(first) is float else len(first.shape)
+        params = {**params, "axis": _shift(params.get("axis", spec.axis_default), item_rank)}
+    return params
+
+
 def _shift(axis: Any, rank: int) -> Any:
     """An item's ``axis`` on stacked rows (the row axis is 0)."""
     if axis is None:
@@ -157,15 +172,7 @@ def _forward(tapes: list[OpTape]) -> list[OpTape]:
         if spec.elementwise and a.ndim - 1 < rank:  # so that rows broadcast as their calls did
             a = xp.reshape(a, (n,) + (1,) * (rank - a.ndim + 1) + tuple(a.shape[1:]))
         args.append(a)
-    params = first.params
-    if spec.rows:
-        params = {**params}
-        for name in spec.rows:
-            column = [t.params[name] for t in tapes]
-            params[name] = (np if type(column[0]) is np.ndarray else namespace(column[0])).stack(column)
-    if spec.axis:
-        item_rank = 0 if type(datas[0]) is float else len(datas[0].shape)
-        params = {**params, "axis": _shift(params.get("axis", spec.axis_default), item_rank)}
+    params = merged_params(spec, [t.params for t in tapes], datas[0])
     forward = spec.forward or prim.forward
     try:
         out = forward(xp, *args, **params)

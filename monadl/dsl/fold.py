@@ -17,10 +17,10 @@ group-level tapes are made, so the backward pass is ordinary backpropagation thr
 gathers: no per-node work at all. ``add_n`` and ``concatenate`` over many rows (a batch's loss summed
 over every node; the roots' scores) become sums and gathers of whole groups.
 
-A graph of any other kind returns None (the caller runs it as usual), and so does one where no
-depth holds two batchable nodes (a chain: nothing to merge). A planned run that fails is discarded
-by the caller and run again unplanned, so errors are those of the unplanned run, naming the call
-that failed, and nothing of the failed attempt remains.
+A graph of any other kind returns None (the caller runs it as usual), and so does a narrow one
+(fewer than ``MIN_WIDTH`` ops or calls a level on average: a chain, the CIFAR column model). A
+planned run that fails is discarded by the caller and run again unplanned, so errors are those of
+the unplanned run, naming the call that failed, and nothing of the failed attempt remains.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from monadl.do.do import BIND, DELAY, FLAT, MAP, PRIVATE, PURE, Do, Pure, gather
 from monadl.do.executor import Executor
 from monadl.dsl import primitives as P
 from monadl.dsl.apply import _Build, apply_primitive
-from monadl.dsl.batching import _scalar, _shift, signature_start
+from monadl.dsl.batching import _is_shared, _scalar, merged_params, signature_start
 from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.operation import _Call, _item, _static_key
 from monadl.dsl.primitives import Primitive
@@ -206,7 +206,7 @@ class _Plan:
                 values[id(node)] = outputs[node.f.args[0]]
         result = values[id(root)]
         if type(result) is _Row:  # the root is one node's value: its own tape
-            result = self._run([self._row_layer(result).forward])[0]
+            result = self._run([_layer(result).forward])[0]
         self.stats.planned += 1
         self.executor.stats.add(self.stats)  # its runs' own are there already
         self.total.add(self.stats)
@@ -222,7 +222,7 @@ class _Plan:
             kwargs = tuple((name, _static_key(v)) for name, v in call.kwargs.items())
             signature: list[Any] = [call.op, call.statics, kwargs]
             for v in inputs:
-                signature.append(v.group.row_key() if type(v) is _Row else _row_key(v))
+                signature.append(_row_key(v))
             return tuple(signature)
         build: _Build = node.f
         prim = build.prim
@@ -304,7 +304,7 @@ class _Plan:
         rank = max((len(d.shape) for d in arrays), default=0)
         layers: list[Any] = []
         for i, v in enumerate(inputs):
-            if type(v) is not _Row and (spec.elementwise or i in spec.shared) and _shareable(v):
+            if type(v) is not _Row and _is_shared(spec, i, v):
                 layers.append(_layer(v))
                 continue
             stacked = self._gather([ins[i] for _, ins in members])
@@ -313,15 +313,7 @@ class _Plan:
                 shape = (n,) + (1,) * (rank - row_rank) + tuple(() if row_rank == 0 else datas[i].shape)
                 stacked = _apply(P.reshape, [stacked], {"shape": shape})
             layers.append(stacked)
-        params = first.f.params
-        if spec.rows:
-            params = {**params}
-            for name in spec.rows:
-                column = [node.f.params[name] for node, _ in members]
-                params[name] = (np if type(column[0]) is np.ndarray else namespace(column[0])).stack(column)
-        if spec.axis:
-            item_rank = 0 if type(datas[0]) is float else len(datas[0].shape)
-            params = {**params, "axis": _shift(params.get("axis", spec.axis_default), item_rank)}
+        params = merged_params(spec, [node.f.params for node, _ in members], datas[0])
         scalar = _scalar(spec, tuple(datas), first.f.params)
         do = apply_primitive(_batched(prim), layers, params)
         return do, functools.partial(self._rows, [node for node, _ in members], scalar)
@@ -443,12 +435,6 @@ class _Plan:
         params = {"positions": positions, "rows": rows, "unique": unique, "size": len(values)}
         return _apply(_gather_rule(len(tables)), tables, params)
 
-    def _row_layer(self, row: _Row) -> Any:
-        """One row of a group as a layer of its own (an array; a float row is not supported)."""
-        if row.group.scalar:
-            raise Unsupported("a float row on its own")
-        return _apply(P.take_rows, [row.group.layer], {"indices": np.asarray(row.k, dtype=np.int64)})
-
 
 def _special(prim: Primitive) -> str | None:
     if prim.name == "add_n":
@@ -471,10 +457,6 @@ def _row_key(v: Any) -> Hashable:
         return v.group.row_key()
     d = v.data
     return float if type(d) is float else (type(d), d.shape, d.dtype)
-
-
-def _shareable(v: Any) -> bool:
-    return getattr(v, "weight", None) is not None or (type(v.data) is float and not v.requires_delta)
 
 
 def _layer(v: Any) -> Any:
