@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 from batching_check import assert_close, gradients_of
+from gradcheck import check_gradients, probe
 from returns.result import Failure, Success
 from test_batching import chains
 
@@ -146,3 +147,32 @@ def test_a_plan_returns_a_tape_of_the_roots_value() -> None:
     tape = fold.run_planned(ml.Executor(), loss.forward)
     assert isinstance(tape, Tape)
     assert tape.data == pytest.approx(sum(float(np.sum(np.tanh(x @ w.data + b.data))) for x in xs))
+
+
+# ------------------------------------------------------------------- the plan's own ops, by gradients
+
+
+def test_gather_gradients_equal_central_finite_differences() -> None:
+    """Rows of two tables, one row taken twice (its deltas add), into one array of five rows."""
+
+    def loss(a: ArrayWeight, b: ArrayWeight) -> FloatLayer:
+        params = {
+            "positions": (np.array([0, 3, 4]), np.array([1, 2])),
+            "rows": (np.array([2, 0, 2]), np.array([1, 0])),
+            "unique": (False, True),
+            "size": 5,
+        }
+        gathered = fold._apply(fold._gather_rule(2), [a, b], params)
+        return ml.sum(ml.tanh(gathered) * probe((5, 3), 1))
+
+    rng = np.random.default_rng(7)
+    check_gradients(loss, rng.normal(size=(3, 3)), rng.normal(size=(2, 3)))
+
+
+def test_float_row_gradient_equals_central_finite_differences() -> None:
+    def loss(s: ml.FloatWeight) -> FloatLayer:
+        row = fold._apply(fold._FLOAT_ROW, [s * s], {"dtype": np.float64})
+        return ml.sum(ml.tanh(row) * np.array([0.7]))
+
+    (g,) = check_gradients(loss, 0.3)
+    assert type(g) is float  # a float weight's delta stays a float
