@@ -225,9 +225,14 @@ class TreeLstm:
     def step(self, trees: Sequence[Tree], word_id: WordId) -> float:
         """One Adagrad step on the mean loss per tree of a batch; returns that mean, or raises what
         failed the step (then no weight and no optimizer state changed)."""
-        with ml.gc_paused():  # a batch's graph is many small objects: see monadl.do.collector
-            mean = self.loss(trees, word_id) * (1.0 / len(trees))
-            value: float = _raised(mean.train_blocking(self.optimizer, executor=self.executor))
+        # A batch's graph is many small objects: recorded and run with the collector paused, and
+        # gone (with _step's frame) before it is back, so it never walks them (monadl.do.collector).
+        with ml.gc_paused():
+            return self._step(trees, word_id)
+
+    def _step(self, trees: Sequence[Tree], word_id: WordId) -> float:
+        mean = self.loss(trees, word_id) * (1.0 / len(trees))
+        value: float = _raised(mean.train_blocking(self.optimizer, executor=self.executor))
         return value
 
     def root_logits(self, tree: Tree, word_id: WordId) -> np.ndarray:
@@ -240,10 +245,13 @@ class TreeLstm:
         forward pass for them all, so batching merges their nodes."""
         if not trees:
             raise ValueError("predict_roots: needs at least one tree")
-        with ml.gc_paused():
-            roots = [self.classifier(self.states(tree, word_id)[-1][1].h) for tree in trees]
-            scores = ml.reshape(ml.concatenate(roots), (len(trees), self.classes))
-            return np.asarray(_raised(scores.predict_blocking(executor=self.executor)))
+        with ml.gc_paused():  # as in step
+            return self._predict_roots(trees, word_id)
+
+    def _predict_roots(self, trees: Sequence[Tree], word_id: WordId) -> np.ndarray:
+        roots = [self.classifier(self.states(tree, word_id)[-1][1].h) for tree in trees]
+        scores = ml.reshape(ml.concatenate(roots), (len(trees), self.classes))
+        return np.asarray(_raised(scores.predict_blocking(executor=self.executor)))
 
     def predict(self, tree: Tree, word_id: WordId) -> int:
         """The most probable class of the root of ``tree``."""
