@@ -90,15 +90,17 @@ def monadl_gradients(
     inputs: Sequence[Input],
     asarray: Callable[[Any], Any] = _identity,
     to_numpy: Callable[[Any], F64] = numpy_array,
+    executor: monadl.Executor | None = None,
 ) -> tuple[float, list[Grad]]:
-    """The loss and monadl's gradient of every input, in input order (arrays as NumPy arrays).
+    """The loss and monadl's gradient of every input, in input order (arrays as NumPy arrays), on
+    ``executor`` (default: the default executor).
 
     Asserts what any correct gradient satisfies: every input gets one; a ``FloatWeight``'s is a Python
     float; an ``ArrayWeight``'s is an array of its backend (``to_numpy`` checks and converts it) of
     the input's own shape and dtype (a ``SparseRows``, an embedding table's, is densified first).
     """
     weights = make_weights(inputs, asarray)
-    loss, gradients = monadl.compute_gradients(f(*weights))
+    loss, gradients = monadl.compute_gradients(f(*weights), executor=executor)
     assert type(loss) is float, f"the loss of a FloatLayer must be a float, got {type(loss).__name__}"
     out: list[Grad] = []
     for i, (x, w) in enumerate(zip(inputs, weights, strict=True)):
@@ -163,6 +165,11 @@ def check_gradients(
     Returns monadl's gradients (in input order) for further assertions.
     """
     _, analytic = monadl_gradients(f, inputs)
+    # The default executor runs a static graph as a list of ops (monadl.dsl.straight); the executor's
+    # own path, with tapes, must give the same gradients.
+    _, taped = monadl_gradients(f, inputs, executor=monadl.Executor(planning=False))
+    for i, (a, t) in enumerate(zip(analytic, taped, strict=True)):
+        np.testing.assert_allclose(a, t, rtol=1e-12, atol=1e-14, err_msg=f"input {i}: straight vs taped")
     numeric = numerical_gradients(f, inputs, eps)
     for i, (a, n) in enumerate(zip(analytic, numeric, strict=True)):
         np.testing.assert_allclose(

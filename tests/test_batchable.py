@@ -133,16 +133,16 @@ def test_merged_calls_equal_the_plain_function() -> None:
 
 def test_with_batching_off_the_operation_is_the_plain_function_bit_for_bit() -> None:
     xs = table(6)
-    off = gradients_of(dense_loss(dense, xs), batching=False)
+    off = gradients_of(dense_loss(dense, xs), batching=False, planning=False)
     assert off.stats.groups == 0 and not off.stats.kinds
-    assert_identical(off, gradients_of(dense_loss(plain_dense, xs), batching=False))
+    assert_identical(off, gradients_of(dense_loss(plain_dense, xs), batching=False, planning=False))
 
 
 def test_a_call_that_merges_with_nobody_runs_alone_as_the_plain_function() -> None:
     x = next(table_rows(table(1)))
     alone = gradients_of(ml.sum(dense(x)), batching=True)
     assert alone.stats.kinds["plain_dense"] == 1 and alone.stats.groups == 0
-    assert_identical(alone, gradients_of(ml.sum(plain_dense(x)), batching=False))
+    assert_identical(alone, gradients_of(ml.sum(plain_dense(x)), batching=False, planning=False))
 
 
 def test_the_first_call_ever_runs_the_body_directly() -> None:

@@ -29,6 +29,7 @@ from monadl.data.trees import Tree
 from monadl.dsl import fold
 from monadl.dsl.layers import apply_array
 from monadl.dsl.primitives import ELEMENTWISE, Primitive
+from monadl.dsl.straight import program as straight_program
 from monadl.dsl.weights import WeightTape
 from monadl.typeclasses.sparse import SparseRows
 
@@ -41,17 +42,20 @@ SETTINGS = settings(max_examples=40, deadline=None)
 def assert_same_gradients(
     loss: Layer, names: Mapping[str, Weight] | None = None, planned: bool | None = None
 ) -> tuple[Gradients, Gradients]:
-    """Computes ``loss``'s gradients with batching off, on as it runs (the executor's merges) and on
-    with a plan (``monadl.dsl.fold``) and asserts they are equal; returns the executor's and the
+    """Computes ``loss``'s gradients with batching off, on as it runs (the executor's merges), on
+    with a plan (``monadl.dsl.fold``), and off with planning on (a static graph then runs as a list
+    of ops, ``monadl.dsl.straight``), and asserts they are equal; returns the executor's and the
     unbatched ones. ``planned``: whether the plan must (or must not) have run the forward pass."""
-    batched, alone = gradients_of(loss, True, planning=False), gradients_of(loss, False)
-    with_plan = gradients_of(loss, True)
+    batched, alone = gradients_of(loss, True, planning=False), gradients_of(loss, False, planning=False)
+    with_plan, straight = gradients_of(loss, True), gradients_of(loss, False)
     if planned is not None:
         assert with_plan.stats.planned == int(planned), with_plan.stats
     assert alone.stats.groups == alone.stats.merged == 0 and not alone.stats.kinds
-    assert not batched.stats.planned
+    assert not batched.stats.planned and not batched.stats.straight and not alone.stats.straight
+    # A graph of ops on weights and constants only is run straight; any other by the executor.
+    assert straight.stats.straight == int(straight_program(loss.forward) is not None), straight.stats
     label = {w: n for n, w in (names or {}).items()}
-    for other in (batched, with_plan):
+    for other in (batched, with_plan, straight):
         assert_close(other.value, alone.value, "loss")
         assert set(other.gradients) == set(alone.gradients)
         for w, g in alone.gradients.items():
@@ -525,7 +529,7 @@ def test_a_shared_weight_gets_one_delta_per_group(weight_deltas: dict[tuple[int,
     on = gradients_of(loss, True, planning=False)
     deltas_on = dict(weight_deltas)
     weight_deltas.clear()
-    off = gradients_of(loss, False)
+    off = gradients_of(loss, False, planning=False)
     for weight in (w, b):
         assert deltas_on.get((id(weight), "backward")) == 1, deltas_on  # the group's one delta
         assert deltas_on.get((id(weight), "release")) == 31, deltas_on  # and the other calls release

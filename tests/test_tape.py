@@ -17,6 +17,15 @@ from monadl.tape.shared import SharedTape
 from monadl.tape.tape import Tape
 
 
+@pytest.fixture(autouse=True)
+def executor_path() -> Iterator[None]:
+    """These tests are about tapes: their steps run on the executor, where tapes are made (a static
+    graph would otherwise run as a list of ops, ``monadl.dsl.straight``: see tests/test_straight)."""
+    previous = ml.set_default_executor(ml.Executor(planning=False))
+    yield
+    ml.set_default_executor(previous)
+
+
 @pytest.fixture
 def backward_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     """Counts backward runs per op name (and 'weight'), by wrapping the tapes' ``_backward``."""

@@ -63,6 +63,9 @@ class RunStats:
     planned: int = 0
     """Forward passes run by a plan, level by level (``monadl.dsl.fold``); their statistics are
     the levels' together, as one run's."""
+    straight: int = 0
+    """Runs of a static graph as a list of ops, forward or forward and backward (``monadl.dsl.
+    straight``): their kernels are the ops and vjps computed."""
 
     def add(self, other: RunStats) -> None:
         """Adds ``other``'s counts to these (statistics over several runs)."""
@@ -71,5 +74,6 @@ class RunStats:
         self.groups += other.groups
         self.signatures = max(self.signatures, other.signatures)
         self.planned += other.planned
+        self.straight += other.straight
         for name, count in other.kinds.items():
             self.kinds[name] = self.kinds.get(name, 0) + count

@@ -73,8 +73,10 @@ class Executor(AbstractContextManager["Executor"]):
     ``limit_blas``: with several workers, BLAS is capped at one thread (parallelism comes from
     independent sub-graphs; BLAS threads on top of pool threads oversubscribe the cores).
     ``batching``: merge batchable work of equal signature (dynamic batching; ``run`` can override it).
-    ``planning``: with batching, let training and prediction run a graph that is visible before it
-    runs level by level, merged as a whole (``monadl.dsl.fold``; the executor itself does not plan).
+    ``planning``: let training and prediction run a graph that is visible before it runs by a plan:
+    with batching, a wide one level by level, merged as a whole (``monadl.dsl.fold``); without a pool,
+    one of ops on weights and constants only as a list of ops (``monadl.dsl.straight``). The
+    executor's own ``run`` never plans.
     ``pause_gc``: pause Python's cyclic garbage collector during a run (``collector.py``: a run
     makes no reference cycles, and the collector's passes cost up to a third of a large batch's time).
     """
@@ -529,8 +531,9 @@ def default_executor() -> Executor:
         return _default
 
 
-def set_default_executor(executor: Executor) -> Executor | None:
-    """Replaces the process-wide executor; returns the previous one (not closed)."""
+def set_default_executor(executor: Executor | None) -> Executor | None:
+    """Replaces the process-wide executor (None: a fresh one is made when next needed); returns the
+    previous one (not closed)."""
     global _default
     with _default_lock:
         previous, _default = _default, executor

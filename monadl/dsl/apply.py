@@ -84,38 +84,16 @@ class OpTape(SharedTape[Any, Any]):
 
     def compute(self) -> OpTape:
         """The forward kernel: computes ``data`` from the inputs' data."""
-        prim = self.prim
-        params = self.params
         datas = self.args = tuple([t.data for t in self.inputs])
-        d0 = datas[0]
-        xp = self.xp = np if type(d0) is np.ndarray else namespace(*datas)
-        if xp is not np and len(datas) > 1:
-            _check_devices(prim.name, datas)
-        if prim.check is not None:
-            prim.check(*datas, **params)
-        try:
-            out = prim.forward(xp, *datas, **params)
-        except ValueError as e:
-            shapes = " and ".join(str(shape_of(d)) for d in datas)
-            raise ShapeError(f"{prim.name}: operands of shapes {shapes} do not fit: {e}") from e
-        if prim.saves:
-            out, self.saved = out
-        # NumPy turns 0-d results into scalars (np.float64): keep array data an array.
-        self.data = np.asarray(out) if isinstance(out, np.generic) else out
+        self.xp, self.data, self.saved = forward_data(self.prim, self.params, datas)
         return self
 
     def vjp(self, i: int, delta: Any) -> Any:
         """The delta of input ``i``, given this tape's delta (a kernel)."""
         prim = self.prim
-        datas = self.args
-        if type(delta) is SparseRows:  # this op's output was looked up (take_rows): the rules want dense
-            delta = delta.to_dense(self.xp)
-        g = prim.vjps[i](self.xp, delta, self.saved if prim.saves else self.data, *datas, **self.params)
-        if prim.broadcasts:
-            g = unbroadcast(self.xp, g, datas[i])
-        elif type(g) is SparseRows and not getattr(self.inputs[i], "sparse_deltas", False):
-            g = g.to_dense(self.xp)  # a tape of the user's own that may not know SparseRows
-        return np.asarray(g) if isinstance(g, np.generic) else g
+        saved = self.saved if prim.saves else self.data
+        dense = not getattr(self.inputs[i], "sparse_deltas", False)  # a tape of the user's own
+        return input_delta(prim, self.params, self.xp, self.args, saved, delta, i, dense)
 
     def _sum(self, deltas: Sequence[Do[Any]]) -> Do[Any]:
         return SUM.sum_lazy(deltas, self.estimate_cost)
@@ -147,6 +125,50 @@ class OpTape(SharedTape[Any, Any]):
                 kind = PrivateBind if shared.sole_reader() else Bind
                 parts.append(t.backward(kind((delta,), vjp, KERNEL_MAP, cost)))
         return run_unit(parts, private=True)  # returned to the one fire that runs it
+
+
+def forward_data(prim: Primitive, params: dict[str, Any], datas: tuple[Any, ...]) -> tuple[Any, Any, Any]:
+    """``prim`` applied to its inputs' data: the array namespace, the result, and what the
+    primitive saves for its vjps (None if it saves nothing). Errors name the op and the shapes."""
+    d0 = datas[0]
+    xp = np if type(d0) is np.ndarray else namespace(*datas)
+    if xp is not np and len(datas) > 1:
+        _check_devices(prim.name, datas)
+    if prim.check is not None:
+        prim.check(*datas, **params)
+    try:
+        out = prim.forward(xp, *datas, **params)
+    except ValueError as e:
+        shapes = " and ".join(str(shape_of(d)) for d in datas)
+        raise ShapeError(f"{prim.name}: operands of shapes {shapes} do not fit: {e}") from e
+    saved = None
+    if prim.saves:
+        out, saved = out
+    # NumPy turns 0-d results into scalars (np.float64): keep array data an array.
+    return xp, np.asarray(out) if isinstance(out, np.generic) else out, saved
+
+
+def input_delta(
+    prim: Primitive,
+    params: dict[str, Any],
+    xp: Any,
+    datas: tuple[Any, ...],
+    saved: Any,
+    delta: Any,
+    i: int,
+    dense: bool,
+) -> Any:
+    """The delta of input ``i`` of an application of ``prim`` (inputs' data ``datas``; ``saved``:
+    what it saved, or its result), given the result's ``delta``. ``dense``: the input takes dense
+    deltas only (not a ``SparseRows``)."""
+    if type(delta) is SparseRows:  # this op's output was looked up (take_rows): the rules want dense
+        delta = delta.to_dense(xp)
+    g = prim.vjps[i](xp, delta, saved, *datas, **params)
+    if prim.broadcasts:
+        g = unbroadcast(xp, g, datas[i])
+    elif type(g) is SparseRows and dense:
+        g = g.to_dense(xp)
+    return np.asarray(g) if isinstance(g, np.generic) else g
 
 
 def _check_devices(name: str, datas: Sequence[Any]) -> None:

@@ -30,6 +30,7 @@ from monadl.do.executor import Executor, default_executor
 from monadl.dsl.fold import run_planned
 from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.optimizers import Optimizer
+from monadl.dsl.straight import Program, paused, program, record_stats, straight_line
 from monadl.dsl.weights import ArrayWeight, FloatWeight, freeze
 from monadl.tape.shared import StepContext, in_step
 from monadl.tape.tape import Tape
@@ -81,9 +82,26 @@ def compute_gradients(
             planned = None
         if planned is not None:
             return planned
+    if straight_line(ex):
+        prog = program(loss.forward)
+        if prog is not None:
+            return _straight_gradients(ex, prog)
     result = _gradients(ex, loss, planned=False)
     assert result is not None
     return result
+
+
+def _straight_gradients(ex: Executor, prog: Program) -> tuple[Any, dict[FloatWeight | ArrayWeight, Any]]:
+    """``compute_gradients`` of a static graph, run as a list of ops (``monadl.dsl.straight``)."""
+    try:
+        with paused(ex):
+            value = prog.forward()
+            if not _is_finite(value):
+                raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
+            gradients = prog.backward(_seed(value))
+    finally:
+        record_stats(ex, prog)
+    return value, _unaliased(gradients)
 
 
 def _gradients(
@@ -197,6 +215,14 @@ def predict_blocking(
                 tape = run_planned(ex, forward)
             except Exception:  # noqa: BLE001 - run again unplanned: its error names the failed call
                 tape = None
+        if tape is None and straight_line(ex):
+            prog = program(forward)
+            if prog is not None:
+                try:
+                    with paused(ex):
+                        return Success(prog.forward())
+                finally:
+                    record_stats(ex, prog)
         return Success((ex.run(forward) if tape is None else tape).data)
     except Exception as e:  # noqa: BLE001
         return Failure(e)

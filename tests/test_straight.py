@@ -1,0 +1,154 @@
+"""Straight-line runs (``monadl.dsl.straight``): which graphs run as a list of ops, and that they
+compute what the executor computes (values, gradients, errors, statistics, memory).
+
+Every op's gradient test (``gradcheck.check_gradients``) and every random DAG of ``test_batching``
+also compare the straight-line run with the executor's; these tests cover the rest."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from batching_check import assert_close
+from gradcheck import check_gradients
+from peak_memory import gradients_with_peak
+from returns.result import Failure, Success
+
+import monadl as ml
+from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
+from monadl.dsl.straight import program
+from monadl.dsl.training import NonFiniteLossError
+from monadl.typeclasses.backend import ShapeError
+from monadl.typeclasses.sparse import SparseRows
+
+RNG = np.random.default_rng(0)
+
+
+def model() -> tuple[FloatLayer, list[ArrayWeight | FloatWeight]]:
+    """Every kind of node a straight run meets: dense and float weights, a weight used many times,
+    broadcasting, an embedding lookup (a sparse gradient), a float op that passes its delta on, a
+    node read twice by one op, and nodes off the path to the loss."""
+    w = ArrayWeight(RNG.standard_normal((4, 3)))
+    b = ArrayWeight(RNG.standard_normal(3))
+    table = ArrayWeight(RNG.standard_normal((6, 4)))
+    s = FloatWeight(0.7)
+    x = RNG.standard_normal((5, 4))
+    h = ml.tanh(ml.linear(x + table[np.array([0, 2, 2, 5, 1])], w, b))  # row 2 looked up twice
+    unused = ml.exp(h) * s  # computed, off the path to the loss
+    logits = h * s + ml.relu(h) * h  # s broadcast; h read by one op twice (through relu and as is)
+    loss = ml.cross_entropy(logits, np.array([0, 1, 2, 1, 0])) + s * s + ml.sum(b) * 0.5
+    del unused
+    return loss, [w, b, table, s]
+
+
+def on(executor: ml.Executor, loss: FloatLayer) -> tuple[float, dict[ArrayWeight | FloatWeight, object]]:
+    value, gradients = ml.compute_gradients(loss, executor=executor)
+    return value, dict(gradients)
+
+
+def test_a_static_graph_runs_straight_with_the_executors_gradients() -> None:
+    loss, weights = model()
+    straight, taped = ml.Executor(), ml.Executor(planning=False)
+    value, gradients = on(straight, loss)
+    value_taped, gradients_taped = on(taped, loss)
+    assert straight.stats.straight == 1 and taped.stats.straight == 0
+    assert straight.stats.kernels > 0  # its ops and vjps are counted as kernel launches
+    assert_close(value, value_taped, "loss")
+    assert set(gradients) == set(gradients_taped) == set(weights)
+    table = weights[2]
+    assert type(gradients[table]) is SparseRows and type(gradients_taped[table]) is SparseRows
+    assert type(gradients[weights[3]]) is float
+    for weight in weights:
+        assert_close(gradients[weight], gradients_taped[weight], repr(weight))
+
+
+def test_straight_gradients_equal_central_finite_differences() -> None:
+    x = RNG.standard_normal((3, 4))
+
+    def f(w: ArrayLayer, b: ArrayLayer, s: FloatLayer) -> FloatLayer:
+        h = ml.tanh(ml.linear(x, w, b))
+        return ml.sum(h * h * s) + ml.mean(ml.log_softmax(h * s)) + s * s
+
+    check_gradients(f, RNG.standard_normal((4, 2)), RNG.standard_normal(2), 0.3)
+
+
+@pytest.mark.parametrize("depth", [1, 10, 30])
+def test_a_diamond_chain_costs_one_vjp_per_op_input(depth: int) -> None:
+    """y0 = x*w, y_{i+1} = y_i * y_i: 2^depth paths to w, but each node's delta is summed once."""
+    w = ml.FloatWeight(1.0)
+    y = w * 1.0
+    for _ in range(depth):
+        y = y * y
+    executor = ml.Executor()
+    _, gradients = ml.compute_gradients(y, executor=executor)
+    assert gradients[w] == 2.0**depth
+    assert executor.last_stats.straight == 1
+    assert executor.last_stats.kernels == (depth + 1) + (1 + 2 * depth)  # forward ops, then vjps
+
+
+def test_a_weight_used_many_times_holds_one_summed_delta() -> None:
+    uses, n = 40, 500
+    w = ml.ArrayWeight(np.zeros((n, n)))
+    x = np.ones(n)
+    loss = ml.sum(ml.matmul(x, w))
+    for _ in range(uses - 1):
+        loss = loss + ml.sum(ml.matmul(x, w))
+    assert program(loss.forward) is not None
+    gradients, peak = gradients_with_peak(loss)
+    np.testing.assert_array_equal(gradients[w], np.full((n, n), float(uses)))
+    assert peak < 6 * n * n * 8, f"peak {peak / (n * n * 8):.1f} deltas for {uses} uses"
+
+
+def test_a_failing_step_changes_no_weight_and_names_the_op() -> None:
+    w = ArrayWeight(np.ones((3, 2)))
+    before = w.data.copy()
+    bad = ml.sum(ml.matmul(np.ones((4, 5)), w))  # (4, 5) @ (3, 2)
+    executor = ml.Executor()
+    result = bad.train_blocking(ml.SGD(0.1), executor=executor)
+    assert isinstance(result, Failure)
+    error = result.failure()
+    assert isinstance(error, ShapeError)
+    assert "matmul" in str(error) and "(4, 5)" in str(error) and "(3, 2)" in str(error)
+    taped = bad.train_blocking(ml.SGD(0.1), executor=ml.Executor(planning=False))
+    assert isinstance(taped, Failure) and str(taped.failure()) == str(error)  # the same error
+    nan = ml.sum(w * float("nan"))
+    result = nan.train_blocking(ml.SGD(0.1), executor=executor)
+    assert isinstance(result, Failure) and isinstance(result.failure(), NonFiniteLossError)
+    np.testing.assert_array_equal(w.data, before)
+    assert executor.stats.straight == 2
+
+
+def test_training_and_prediction_run_straight() -> None:
+    w = ArrayWeight(np.array([[1.0], [2.0]]))
+    x = np.array([[1.0, 1.0], [0.5, -1.0]])
+    executor = ml.Executor()
+    loss = ml.mean((x @ w - 1.0) ** 2.0)
+    assert isinstance(loss.train_blocking(ml.SGD(0.1), executor=executor), Success)
+    # d/dw mean((xw - 1)^2) = 2/n x^T (xw - 1) = x^T [2, -2.5] = [[0.75], [4.5]] at w = [[1], [2]]
+    np.testing.assert_allclose(w.data, np.array([[1.0], [2.0]]) - 0.1 * np.array([[0.75], [4.5]]))
+    prediction = (x @ w).predict_blocking(executor=executor)
+    assert isinstance(prediction, Success)
+    np.testing.assert_allclose(prediction.unwrap(), x @ w.data)
+    assert executor.stats.straight == 2
+
+
+def test_graphs_that_are_not_static_or_executors_with_a_pool_run_on_the_executor() -> None:
+    w = ArrayWeight(np.array([1.0, -2.0]))
+
+    @ml.batchable
+    def double(x: ArrayLayer) -> ArrayLayer:
+        return x * 2.0
+
+    double(w * 1.0)  # the first call learns the operation's structure
+    dynamic = ml.sum(w * 2.0).forward.flat_map(lambda tape: ml.sum(w * tape.data).forward)
+    cases: list[tuple[str, FloatLayer, ml.Executor]] = [
+        ("a user's flat_map", FloatLayer(dynamic), ml.Executor()),
+        ("a batchable call", ml.sum(double(w * 1.0)), ml.Executor()),
+        ("planning off", ml.sum(w * w), ml.Executor(planning=False)),
+    ]
+    with ml.Executor(2) as pool:
+        cases.append(("a pool", ml.sum(w * w), pool))
+        for name, loss, executor in cases:
+            _, gradients = ml.compute_gradients(loss, executor=executor)
+            assert w in gradients, name
+            assert executor.stats.straight == 0, name
+    assert program(FloatLayer(dynamic).forward) is None
