@@ -6,6 +6,8 @@ also compare the straight-line run with the executor's; these tests cover the re
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from batching_check import assert_close
@@ -15,6 +17,8 @@ from returns.result import Failure, Success
 
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
+from monadl.dsl.layers import apply_array
+from monadl.dsl.primitives import Primitive
 from monadl.dsl.straight import program
 from monadl.dsl.training import NonFiniteLossError
 from monadl.typeclasses.backend import ShapeError
@@ -131,7 +135,7 @@ def test_training_and_prediction_run_straight() -> None:
     assert executor.stats.straight == 2
 
 
-def test_graphs_that_are_not_static_or_executors_with_a_pool_run_on_the_executor() -> None:
+def test_graphs_that_are_not_static_run_on_the_executor() -> None:
     w = ArrayWeight(np.array([1.0, -2.0]))
 
     @ml.batchable
@@ -145,10 +149,56 @@ def test_graphs_that_are_not_static_or_executors_with_a_pool_run_on_the_executor
         ("a batchable call", ml.sum(double(w * 1.0)), ml.Executor()),
         ("planning off", ml.sum(w * w), ml.Executor(planning=False)),
     ]
-    with ml.Executor(2) as pool:
-        cases.append(("a pool", ml.sum(w * w), pool))
-        for name, loss, executor in cases:
-            _, gradients = ml.compute_gradients(loss, executor=executor)
-            assert w in gradients, name
-            assert executor.stats.straight == 0, name
+    for name, loss, executor in cases:
+        _, gradients = ml.compute_gradients(loss, executor=executor)
+        assert w in gradients, name
+        assert executor.stats.straight == 0, name
     assert program(FloatLayer(dynamic).forward) is None
+
+
+threads: list[str] = []
+
+
+def _traced_forward(xp: object, x: np.ndarray, fail: bool = False) -> np.ndarray:
+    threads.append(threading.current_thread().name)
+    if fail:
+        raise ArithmeticError("traced: failed on purpose")
+    return x * 3.0
+
+
+def _traced_vjp(xp: object, d: np.ndarray, o: np.ndarray, x: np.ndarray, fail: bool = False) -> np.ndarray:
+    threads.append(threading.current_thread().name)
+    return d * 3.0
+
+
+TRACED = Primitive("traced", _traced_forward, (_traced_vjp,))
+"""``3 x``, noting the thread each of its kernels ran on."""
+
+
+def test_with_a_pool_the_costly_kernels_run_on_it_with_the_same_results() -> None:
+    loss, weights = model()
+    w = weights[0]
+    loss = loss + ml.sum(apply_array(TRACED, ml.tanh(w)) * w)  # a kernel whose thread is known
+    taped = ml.Executor(planning=False)
+    value_taped, gradients_taped = on(taped, loss)
+    threads.clear()
+    with ml.Executor(2, min_pool_cost=0.0) as pool:  # every kernel costs enough
+        value, gradients = on(pool, loss)
+        assert pool.stats.straight == 1
+    assert len(threads) == 2 and all(name.startswith("monadl-") for name in threads), threads
+    assert_close(value, value_taped, "loss")
+    assert set(gradients) == set(gradients_taped)
+    for weight in weights:
+        assert_close(gradients[weight], gradients_taped[weight], repr(weight))
+
+
+def test_a_kernel_failing_on_the_pool_fails_the_step_and_changes_nothing() -> None:
+    w = ArrayWeight(np.array([1.0, -2.0]))
+    loss = ml.sum(apply_array(TRACED, w * 2.0, fail=True)) + ml.sum(ml.tanh(w) * ml.exp(w))
+    with ml.Executor(2, min_pool_cost=0.0) as pool:
+        result = loss.train_blocking(ml.SGD(0.1), executor=pool)
+        assert isinstance(result, Failure) and "failed on purpose" in str(result.failure())
+        np.testing.assert_array_equal(w.data, [1.0, -2.0])
+        fine = ml.sum(ml.tanh(w) * ml.exp(w)).train_blocking(ml.SGD(0.1), executor=pool)
+        assert isinstance(fine, Success)  # the pool is still usable
+        assert pool.stats.straight == 2

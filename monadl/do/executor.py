@@ -74,9 +74,9 @@ class Executor(AbstractContextManager["Executor"]):
     independent sub-graphs; BLAS threads on top of pool threads oversubscribe the cores).
     ``batching``: merge batchable work of equal signature (dynamic batching; ``run`` can override it).
     ``planning``: let training and prediction run a graph that is visible before it runs by a plan:
-    with batching, a wide one level by level, merged as a whole (``monadl.dsl.fold``); without a pool,
-    one of ops on weights and constants only as a list of ops (``monadl.dsl.straight``). The
-    executor's own ``run`` never plans.
+    with batching, a wide one level by level, merged as a whole (``monadl.dsl.fold``); one of ops
+    on weights and constants only as a list of ops (``monadl.dsl.straight``). The executor's own
+    ``run`` never plans.
     ``pause_gc``: pause Python's cyclic garbage collector during a run (``collector.py``: a run
     makes no reference cycles, and the collector's passes cost up to a third of a large batch's time).
     """
@@ -109,6 +109,11 @@ class Executor(AbstractContextManager["Executor"]):
             from threadpoolctl import threadpool_limits
 
             self._blas_limit = threadpool_limits(limits=1, user_api="blas")
+
+    @property
+    def pool(self) -> WorkerPool | None:
+        """The worker threads (None for a sequential executor, or once closed)."""
+        return self._pool
 
     def run(self, do: Do[A], *, batching: bool | None = None) -> A:
         """Evaluates ``do`` and returns its value, or raises the exception that failed it.

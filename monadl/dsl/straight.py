@@ -1,25 +1,29 @@
-"""Straight-line runs: a static graph on a sequential executor, as a list of ops.
+"""Straight-line runs: a static graph run as a list of ops.
 
 The executor interprets a ``Do`` node by node: fibers, lazy deltas, reference-counted tapes. That is
-what lets it run independent sub-graphs on a pool, look through ``flat_map``s and data-dependent
-control flow, and merge equal calls as it goes. A graph that is visible before it runs and runs on
-one thread needs none of it: ops on weights and constants only (no ``flat_map`` of the user's, no
-``@batchable`` calls, no tapes of the user's own), on an executor without a pool. Such a graph (the
-CIFAR column model, most feed-forward models) is run here as a list in the order of a depth-first
-walk, forward, then backward in reverse order:
+what lets it look through ``flat_map``s and data-dependent control flow and merge equal calls as it
+goes. A graph that is visible before it runs needs none of it: ops on weights and constants only
+(no ``flat_map`` of the user's, no ``@batchable`` calls, no tapes of the user's own). Such a graph
+(the CIFAR column model, most feed-forward models) is run here as a list of ops, forward in the
+order of a depth-first walk, then backward in reverse order:
 
 * forward, each op computes exactly what its tape would (``apply.forward_data``: the same checks,
   the same errors naming the op and the shapes);
-* backward, a node's delta is the sum of its consumers' deltas, its vjps (``apply.input_delta``)
-  run only for the inputs on a path to a weight, and a weight's gradient is its summed delta;
+* backward, a node's delta is the sum of its consumers' deltas, summed as they arrive; its vjps
+  (``apply.input_delta``) run only for the inputs on a path to a weight, and a weight's gradient is
+  its summed delta;
 
-so the results are the executor's, without its per-node bookkeeping (measured on the column model:
-see the README's "Straight-line runs"). ``Executor(planning=False)`` turns this off, with planned
-batching (``monadl.dsl.fold``).
+so the results are the executor's, without its per-node bookkeeping. On an executor with a pool,
+the ops are taken by depth instead (independent ones, such as the columns of a model, come
+together), and the kernels that cost ``min_pool_cost`` or more run on the pool while this thread
+goes on with the rest, as the executor's own runs do. ``Executor(planning=False)`` turns this off,
+with planned batching (``monadl.dsl.fold``).
 """
 
 from __future__ import annotations
 
+import queue
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -27,6 +31,7 @@ from monadl.do.batching import RunStats
 from monadl.do.collector import gc_paused
 from monadl.do.do import BIND, DELAY, FLAT, PRIVATE, PURE, Do
 from monadl.do.executor import Executor
+from monadl.do.workers import Done, WorkerPool
 from monadl.dsl.apply import _Build, forward_data, input_delta
 from monadl.dsl.weights import _WeightState
 from monadl.tape.tape import Tape
@@ -40,37 +45,154 @@ class Program:
 
     Node ``k`` (in the walk's post-order: inputs before their consumers, the root last) is a
     constant (``ops[k]`` None, ``weights[k]`` None), a weight (``weights[k]``), or an op
-    (``ops[k]``, a ``_Build``, of ``inputs[k]``, its input nodes)."""
+    (``ops[k]``, a ``_Build``, of ``inputs[k]``, its input nodes) of depth ``depths[k]`` (one more
+    than its deepest input's; a leaf's is 0)."""
 
-    __slots__ = ("datas", "inputs", "kernels", "ops", "saved", "weights", "xps")
+    __slots__ = (
+        "args",
+        "costs",
+        "datas",
+        "deltas",
+        "depths",
+        "inputs",
+        "kernels",
+        "ops",
+        "owned",
+        "saved",
+        "weights",
+        "xps",
+    )
 
     def __init__(self) -> None:
         self.ops: list[_Build | None] = []
         self.inputs: list[tuple[int, ...]] = []
         self.weights: list[Any] = []
+        self.depths: list[int] = []
         self.datas: list[Any] = []
+        self.args: list[Any] = []  # an op's inputs' data, as it was given them
         self.saved: list[Any] = []  # what an op saved for its vjps, or its result
         self.xps: list[Any] = []
+        self.costs: list[float] = []  # an op's cost, where a pool asked for it
+        # During backward: a node's delta so far, summed as its consumers give them (so a weight
+        # used many times holds one sum, not all its deltas), and whether that sum is a fresh value
+        # of ours (else it may be another node's delta too, and is not added into in place).
+        self.deltas: list[Any] = []
+        self.owned: list[bool] = []
         self.kernels = 0
+
+    # --------------------------------------------------------------------------- one thread
 
     def forward(self) -> Any:
         """Runs the ops in order; returns the root's value."""
-        ops, inputs, datas, saved, xps = self.ops, self.inputs, self.datas, self.saved, self.xps
-        for k, build in enumerate(ops):
-            if build is None:
-                continue
-            prim = build.prim
-            xps[k], datas[k], s = forward_data(prim, build.params, tuple([datas[i] for i in inputs[k]]))
-            saved[k] = s if prim.saves else datas[k]
-            self.kernels += 1
-        return datas[-1]
+        for k, build in enumerate(self.ops):
+            if build is not None:
+                args = self.args[k] = self._args(k)
+                self._computed(k, forward_data(build.prim, build.params, args))
+        return self.datas[-1]
 
     def backward(self, seed: Any) -> dict[Any, Any]:
         """Backpropagates ``seed`` (the root's delta); returns every weight's summed delta."""
-        ops, inputs, datas, weights = self.ops, self.inputs, self.datas, self.weights
+        wanted = self._start_backward(seed)
+        ops, gradients = self.ops, dict[Any, Any]()
+        for k in range(len(ops) - 1, -1, -1):
+            delta = self.deltas[k]
+            if delta is None or not wanted[k]:
+                continue
+            self.deltas[k] = None
+            if ops[k] is None:
+                self._gradient(gradients, k, delta)
+                continue
+            for j, i, passes in self._vjps(k, wanted):
+                self._give(i, delta if passes else self._vjp(k, j, delta))
+        return gradients
+
+    # ------------------------------------------------------------------------------ a pool
+
+    def forward_on(self, pool: WorkerPool, min_cost: float) -> Any:
+        """:meth:`forward`, with the ops that cost ``min_cost`` or more run on ``pool`` and the
+        ops taken by depth, so that independent ones (columns of a model) run at the same time."""
+        ops = self.ops
+        costs = self.costs = [0.0] * len(ops)
+        running: set[int] = set()  # ops on the pool
+
+        def arrived(k: int, result: Any) -> None:
+            running.discard(k)
+            self._computed(k, result)
+
+        with _Jobs(pool, arrived) as jobs:
+            for k in self._by_depth():
+                build = ops[k]
+                if build is None:
+                    continue
+                for i in self.inputs[k]:
+                    while i in running:
+                        jobs.collect()
+                args = self.args[k] = self._args(k)
+                prim, params = build.prim, build.params
+                cost = costs[k] = prim.cost(*args, **params)
+                if cost >= min_cost:
+                    running.add(k)
+                    jobs.submit(forward_data, (prim, params, args), self._affinity(k), k)
+                else:
+                    self._computed(k, forward_data(prim, params, args))
+        return self.datas[-1]
+
+    def backward_on(self, pool: WorkerPool, min_cost: float, seed: Any) -> dict[Any, Any]:
+        """:meth:`backward`, with the vjps of ops that cost ``min_cost`` or more run on ``pool``."""
+        wanted = self._start_backward(seed)
+        ops, gradients = self.ops, dict[Any, Any]()
+        coming = [0] * len(ops)  # a node's deltas still on the pool
+
+        def arrived(i: int, g: Any) -> None:
+            coming[i] -= 1
+            self._give(i, g)
+
+        with _Jobs(pool, arrived) as jobs:
+            for k in reversed(self._by_depth()):
+                while coming[k]:
+                    jobs.collect()
+                delta = self.deltas[k]
+                if delta is None or not wanted[k]:
+                    continue
+                self.deltas[k] = None
+                build = ops[k]
+                if build is None:
+                    self._gradient(gradients, k, delta)
+                    continue
+                heavy = self.costs[k] >= min_cost
+                for j, i, passes in self._vjps(k, wanted):
+                    if passes:
+                        self._give(i, delta)
+                    elif heavy:
+                        coming[i] += 1
+                        self.kernels += 1
+                        rule = (build.prim, build.params, self.xps[k], self.args[k], self.saved[k])
+                        jobs.submit(input_delta, (*rule, delta, j, False), self._affinity(k), i)
+                    else:
+                        self._give(i, self._vjp(k, j, delta))
+        return gradients
+
+    # ------------------------------------------------------------------------------ helpers
+
+    def _args(self, k: int) -> tuple[Any, ...]:
+        datas = self.datas
+        return tuple([datas[i] for i in self.inputs[k]])
+
+    def _computed(self, k: int, result: tuple[Any, Any, Any]) -> None:
+        build = self.ops[k]
+        assert build is not None
+        xp, data, saved = result
+        self.xps[k], self.datas[k] = xp, data
+        self.saved[k] = saved if build.prim.saves else data
+        self.kernels += 1
+
+    def _start_backward(self, seed: Any) -> list[bool]:
+        """Sets the root's delta; returns which nodes are on a path to a weight (their deltas are
+        computed; the vjps of the others never run)."""
+        ops, inputs, weights = self.ops, self.inputs, self.weights
         n = len(ops)
-        wanted = [False] * n  # on a path to a weight: its delta is computed
-        for k, build in enumerate(ops):
+        wanted = [False] * n
+        for k, build in enumerate(ops):  # inputs before consumers
             if build is None:
                 wanted[k] = weights[k] is not None
             else:
@@ -78,44 +200,102 @@ class Program:
                     if wanted[i]:
                         wanted[k] = True
                         break
-        # A node's delta so far, summed as its consumers give them (so a weight used many times
-        # holds one sum, not all its deltas), and whether that sum is a fresh value of our own
-        # (else it may be another node's delta too, and is not added into in place).
-        deltas: list[Any] = [None] * n
-        owned = [False] * n
-        deltas[n - 1] = seed
-        gradients: dict[Any, Any] = {}
-        for k in range(n - 1, -1, -1):
-            delta = deltas[k]
-            if delta is None or not wanted[k]:
-                continue
-            deltas[k] = None
-            build = ops[k]
-            if build is None:  # a weight (used once or more: one node)
-                weight = weights[k]
-                held_gradient = gradients.get(weight)
-                gradients[weight] = delta if held_gradient is None else add(held_gradient, delta)
-                continue
-            prim = build.prim
-            args = tuple([datas[i] for i in inputs[k]])
-            passes = prim.passes and type(datas[k]) is float
-            for j, i in enumerate(inputs[k]):
-                if not wanted[i]:
-                    continue
-                if passes and type(args[j]) is float:  # its delta is this delta: no kernel for it
-                    g = delta
-                else:
-                    g = input_delta(prim, build.params, self.xps[k], args, self.saved[k], delta, j, False)
-                    self.kernels += 1
-                held = deltas[i]
-                if held is None:
-                    deltas[i] = g
-                elif owned[i]:
-                    deltas[i] = add_into(held, g)
-                else:
-                    deltas[i] = add(held, g)
-                    owned[i] = True
-        return gradients
+        self.deltas = [None] * n
+        self.owned = [False] * n
+        self.deltas[n - 1] = seed
+        return wanted
+
+    def _vjps(self, k: int, wanted: list[bool]) -> list[tuple[int, int, bool]]:
+        """Op ``k``'s inputs that want a delta: (input position, node, whether the delta passes
+        through unchanged: a float op's float input, where the primitive says so: no kernel)."""
+        build = self.ops[k]
+        assert build is not None
+        passes = build.prim.passes and type(self.datas[k]) is float
+        args = self.args[k]
+        return [(j, i, passes and type(args[j]) is float) for j, i in enumerate(self.inputs[k]) if wanted[i]]
+
+    def _vjp(self, k: int, j: int, delta: Any) -> Any:
+        build = self.ops[k]
+        assert build is not None
+        self.kernels += 1
+        return input_delta(
+            build.prim, build.params, self.xps[k], self.args[k], self.saved[k], delta, j, False
+        )
+
+    def _give(self, i: int, g: Any) -> None:
+        """Adds ``g`` to node ``i``'s delta."""
+        held = self.deltas[i]
+        if held is None:
+            self.deltas[i] = g
+        elif self.owned[i]:
+            self.deltas[i] = add_into(held, g)
+        else:
+            self.deltas[i] = add(held, g)
+            self.owned[i] = True
+
+    def _gradient(self, gradients: dict[Any, Any], k: int, delta: Any) -> None:
+        weight = self.weights[k]  # used once or more: one node
+        held = gradients.get(weight)
+        gradients[weight] = delta if held is None else add(held, delta)
+
+    def _by_depth(self) -> list[int]:
+        depths = self.depths
+        return sorted(range(len(depths)), key=depths.__getitem__)  # stable: the root stays last
+
+    def _affinity(self, k: int) -> object:
+        """The worker op ``k``'s kernels prefer: its first weight's (``monadl.do.workers``)."""
+        for i in self.inputs[k]:
+            weight = self.weights[i]
+            if weight is not None:
+                return id(weight)
+        return None
+
+
+class _Jobs:
+    """Kernels on a pool, their results handed to ``arrived(token, result)`` on this thread.
+
+    Used as ``with _Jobs(...) as jobs:``; leaving the block waits for every kernel on the pool (so
+    nothing of a failed run runs on), then raises the first kernel's error, if any; an error of the
+    block's own is raised as it is."""
+
+    def __init__(self, pool: WorkerPool, arrived: Callable[[Any, Any], None]) -> None:
+        self.pool = pool
+        self.arrived = arrived
+        self.done: Done = queue.SimpleQueue()
+        self.pending = 0
+        self.error: BaseException | None = None
+
+    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], affinity: object, token: Any) -> None:
+        self.pool.submit(fn, args, affinity, self.done, token)
+        self.pending += 1
+
+    def collect(self) -> None:
+        """Waits for one kernel and hands its result on; after an error, raises it once every
+        kernel has finished."""
+        self._take()
+        if self.error is not None:
+            self._wait_all()
+            raise self.error
+
+    def __enter__(self) -> _Jobs:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        self._wait_all()
+        if kind is None and self.error is not None:
+            raise self.error
+
+    def _wait_all(self) -> None:
+        while self.pending:
+            self._take()
+
+    def _take(self) -> None:
+        token, result, error = self.done.get()
+        self.pending -= 1
+        if error is not None:
+            self.error = self.error or error
+        elif self.error is None:
+            self.arrived(token, result)
 
 
 def program(root: Do[Any]) -> Program | None:
@@ -123,17 +303,19 @@ def program(root: Do[Any]) -> Program | None:
     (then the executor runs the graph, and nothing has run)."""
     prog = Program()
     index: dict[Do[Any], int] = {}  # node -> its position; -1 while its inputs are being walked
-    ops, inputs, weights, datas = prog.ops, prog.inputs, prog.weights, prog.datas
+    ops, inputs, weights, datas, depths = prog.ops, prog.inputs, prog.weights, prog.datas, prog.depths
     stack: list[Any] = [root]  # nodes to walk, and (node,) once their inputs are walked
     while stack:
         item = stack.pop()
         if type(item) is tuple:
             node = item[0]
             index[node] = len(ops)
+            ins = tuple([index[s] for s in node.sources])
             ops.append(node.f)
-            inputs.append(tuple([index[s] for s in node.sources]))
+            inputs.append(ins)
             weights.append(None)
             datas.append(None)
+            depths.append(1 + max([depths[i] for i in ins], default=0))
             continue
         if item in index:
             continue
@@ -164,15 +346,29 @@ def program(root: Do[Any]) -> Program | None:
         inputs.append(())
         weights.append(weight)
         datas.append(data)
+        depths.append(0)
     n = len(ops)
     prog.saved = [None] * n
     prog.xps = [None] * n
+    prog.args = [None] * n
     return prog
 
 
 def straight_line(executor: Executor) -> bool:
-    """Whether ``executor`` runs static graphs in a straight line: it plans, and has no pool."""
-    return executor.planning and executor.workers == 1
+    """Whether ``executor`` runs static graphs in a straight line (it plans)."""
+    return executor.planning
+
+
+def run_forward(executor: Executor, prog: Program) -> Any:
+    """``prog``'s forward pass on ``executor``: on its thread, and on its pool if it has one."""
+    pool = executor.pool
+    return prog.forward() if pool is None else prog.forward_on(pool, executor.min_pool_cost)
+
+
+def run_backward(executor: Executor, prog: Program, seed: Any) -> dict[Any, Any]:
+    """``prog``'s backward pass from ``seed`` on ``executor``; every weight's summed delta."""
+    pool = executor.pool
+    return prog.backward(seed) if pool is None else prog.backward_on(pool, executor.min_pool_cost, seed)
 
 
 def record_stats(executor: Executor, prog: Program) -> None:

@@ -30,7 +30,15 @@ from monadl.do.executor import Executor, default_executor
 from monadl.dsl.fold import run_planned
 from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.optimizers import Optimizer
-from monadl.dsl.straight import Program, paused, program, record_stats, straight_line
+from monadl.dsl.straight import (
+    Program,
+    paused,
+    program,
+    record_stats,
+    run_backward,
+    run_forward,
+    straight_line,
+)
 from monadl.dsl.weights import ArrayWeight, FloatWeight, freeze
 from monadl.tape.shared import StepContext, in_step
 from monadl.tape.tape import Tape
@@ -95,10 +103,10 @@ def _straight_gradients(ex: Executor, prog: Program) -> tuple[Any, dict[FloatWei
     """``compute_gradients`` of a static graph, run as a list of ops (``monadl.dsl.straight``)."""
     try:
         with paused(ex):
-            value = prog.forward()
+            value = run_forward(ex, prog)
             if not _is_finite(value):
                 raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
-            gradients = prog.backward(_seed(value))
+            gradients = run_backward(ex, prog, _seed(value))
     finally:
         record_stats(ex, prog)
     return value, _unaliased(gradients)
@@ -220,7 +228,7 @@ def predict_blocking(
             if prog is not None:
                 try:
                     with paused(ex):
-                        return Success(prog.forward())
+                        return Success(run_forward(ex, prog))
                 finally:
                     record_stats(ex, prog)
         return Success((ex.run(forward) if tape is None else tape).data)
