@@ -10,8 +10,9 @@ prediction plus that of fine classifier ``c``:
   exists in the graph, so only it runs;
 * ``noskip``: all 20 fine classifiers run, forward and backward; the others' losses are added with
   weight zero, so their parameters get (exactly zero) gradients from real work. The 20 classifiers
-  have equal shapes, so they run as one: each layer's 20 weights are stacked and multiplied in one
-  batched matmul (``stacked=False`` runs them one by one, 20 times the ops).
+  have equal shapes, so they run as one: each layer's 20 weights are held as one stacked weight
+  (20, ...) and multiplied in one batched matmul (``stacked=False`` keeps 20 weights of each and
+  runs them one by one, 20 times the ops).
 
 The columns are independent sub-graphs: with an executor of several workers, their kernels (large
 matmuls, worth the pool) run in parallel, forward and backward.
@@ -57,8 +58,9 @@ class ColumnNetwork:
     """The model: its weights (named as in ``columns_params``), its loss and its training step.
 
     The paper trains with SGD at ``learning_rate`` (1e-4); ``optimizer`` replaces it. ``stacked``
-    (``noskip`` only): run the 20 fine classifiers as one stack of batched matmuls (the default),
-    or one by one."""
+    (``noskip`` only): hold each fine layer's 20 weights as one weight ``fine.w1``, ..., ``fine.b3``
+    of shape (20, ...) and run the 20 classifiers as one stack of batched matmuls (the default), or
+    keep them apart and run them one by one."""
 
     def __init__(
         self,
@@ -71,11 +73,15 @@ class ColumnNetwork:
     ) -> None:
         if variant not in ("skip", "noskip"):
             raise ValueError(f"variant must be 'skip' or 'noskip', got {variant!r}")
+        self.variant = variant
+        self.stacked = stacked and variant == "noskip"
+        # A fine layer's shapes (hidden x hidden, ...), for the gradients by classifier.
+        self.fine_shapes = {layer: params[f"fine0.{layer}"].shape for layer in FINE_LAYERS}
+        if self.stacked:
+            params = _stacked(params)
         self.weights = {name: ArrayWeight(value, name=name) for name, value in params.items()}
         self.columns = sum(1 for name in params if name.endswith(".w1") and name.startswith("column"))
-        self.variant = variant
         self.optimizer = optimizer or ml.SGD(learning_rate)
-        self.stacked = stacked
         self.executor = executor
 
     def features(self, x: Array) -> ArrayLayer:
@@ -123,20 +129,12 @@ class ColumnNetwork:
         return total + 0.0 * ml.sum(ml.log_softmax(logits) * onehot)
 
     def stacked_fine_logits(self, h: ArrayLayer) -> ArrayLayer:
-        """The 20 fine classifiers' logits at once, shape (20, batch, 5): every layer's weights
-        concatenated into a (20, n, m) stack, so each layer is one batched matmul."""
+        """The 20 fine classifiers' logits at once, shape (20, batch, 5): each layer's stacked
+        weight (20, n, m) and bias (20, 1, m), so each layer is one batched matmul."""
         w = self.weights
-
-        def stack(name: str) -> ArrayLayer:
-            parts = [w[f"fine{j}.{name}"] for j in range(FINE_CLASSES)]
-            shape = parts[0].data.shape
-            if len(shape) == 1:  # a bias: (20, 1, n), to broadcast over the batch
-                return ml.reshape(ml.concatenate(parts), (FINE_CLASSES, 1, shape[0]))
-            return ml.reshape(ml.concatenate(parts), (FINE_CLASSES, *shape))
-
-        f = ml.relu(h @ stack("w1") + stack("b1"))
-        f = ml.relu(f @ stack("w2") + stack("b2"))
-        return f @ stack("w3") + stack("b3")
+        f = ml.relu(h @ w["fine.w1"] + w["fine.b1"])
+        f = ml.relu(f @ w["fine.w2"] + w["fine.b2"])
+        return f @ w["fine.w3"] + w["fine.b3"]
 
     def step(self, x: Array, coarse: int, fine_local: IndexArray) -> float:
         """One SGD step on a batch; returns its loss, or raises what failed it (then nothing changed)."""
@@ -148,7 +146,28 @@ class ColumnNetwork:
     def gradients(self, x: Array, coarse: int, fine_local: IndexArray) -> tuple[float, dict[str, Array]]:
         """The loss and every weight's gradient, by name, without updating anything."""
         value, gradients = ml.compute_gradients(self.loss(x, coarse, fine_local), executor=self.executor)
-        return float(value), {weight.name: gradient for weight, gradient in gradients.items()}
+        named: dict[str, Array] = {}
+        for weight, gradient in gradients.items():
+            if weight.name.startswith("fine."):  # a stacked weight: classifier j's is row j
+                layer = weight.name.removeprefix("fine.")
+                for j in range(FINE_CLASSES):
+                    named[f"fine{j}.{layer}"] = np.reshape(gradient[j], self.fine_shapes[layer])
+            else:
+                named[weight.name] = gradient
+        return float(value), named
+
+
+FINE_LAYERS = ("w1", "b1", "w2", "b2", "w3", "b3")
+
+
+def _stacked(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``params`` with each fine layer's 20 weights ``fine{j}.w1`` stacked into one ``fine.w1`` of
+    shape (20, ...) (a bias as (20, 1, n), to broadcast over the batch)."""
+    stacked = {name: v for name, v in params.items() if not name.startswith("fine")}
+    for layer in FINE_LAYERS:
+        parts = [params[f"fine{j}.{layer}"] for j in range(FINE_CLASSES)]
+        stacked[f"fine.{layer}"] = np.stack([p if p.ndim == 2 else p[None, :] for p in parts])
+    return stacked
 
 
 def main(argv: Sequence[str] | None = None) -> list[float]:
