@@ -29,7 +29,7 @@ from typing import Any
 
 from monadl.do.batching import RunStats
 from monadl.do.collector import gc_paused
-from monadl.do.do import BIND, DELAY, FLAT, PRIVATE, PURE, Do
+from monadl.do.do import FLAT, Bind, Delay, Do, Pure
 from monadl.do.executor import Executor
 from monadl.do.workers import Done, WorkerPool
 from monadl.dsl.apply import _Build, forward_data, input_delta
@@ -45,15 +45,13 @@ class Program:
 
     Node ``k`` (in the walk's post-order: inputs before their consumers, the root last) is a
     constant (``ops[k]`` None, ``weights[k]`` None), a weight (``weights[k]``), or an op
-    (``ops[k]``, a ``_Build``, of ``inputs[k]``, its input nodes) of depth ``depths[k]`` (one more
-    than its deepest input's; a leaf's is 0)."""
+    (``ops[k]``, a ``_Build``, of ``inputs[k]``, its input nodes)."""
 
     __slots__ = (
         "args",
         "costs",
         "datas",
         "deltas",
-        "depths",
         "inputs",
         "kernels",
         "ops",
@@ -67,7 +65,6 @@ class Program:
         self.ops: list[_Build | None] = []
         self.inputs: list[tuple[int, ...]] = []
         self.weights: list[Any] = []
-        self.depths: list[int] = []
         self.datas: list[Any] = []
         self.args: list[Any] = []  # an op's inputs' data, as it was given them
         self.saved: list[Any] = []  # what an op saved for its vjps, or its result
@@ -84,26 +81,40 @@ class Program:
 
     def forward(self) -> Any:
         """Runs the ops in order; returns the root's value."""
-        for k, build in enumerate(self.ops):
+        inputs, datas, all_args, saved, xps = self.inputs, self.datas, self.args, self.saved, self.xps
+        for k, build in enumerate(self.ops):  # the loop of every op: written out, no helpers
             if build is not None:
-                args = self.args[k] = self._args(k)
-                self._computed(k, forward_data(build.prim, build.params, args))
-        return self.datas[-1]
+                args = all_args[k] = tuple([datas[i] for i in inputs[k]])
+                prim = build.prim
+                xps[k], data, s = forward_data(prim, build.params, args)
+                datas[k] = data
+                saved[k] = s if prim.saves else data
+                self.kernels += 1
+        return datas[-1]
 
     def backward(self, seed: Any) -> dict[Any, Any]:
         """Backpropagates ``seed`` (the root's delta); returns every weight's summed delta."""
         wanted = self._start_backward(seed)
-        ops, gradients = self.ops, dict[Any, Any]()
+        ops, inputs, datas, deltas = self.ops, self.inputs, self.datas, self.deltas
+        gradients: dict[Any, Any] = {}
         for k in range(len(ops) - 1, -1, -1):
-            delta = self.deltas[k]
+            delta = deltas[k]
             if delta is None or not wanted[k]:
                 continue
-            self.deltas[k] = None
-            if ops[k] is None:
+            deltas[k] = None
+            build = ops[k]
+            if build is None:
                 self._gradient(gradients, k, delta)
                 continue
-            for j, i, passes in self._vjps(k, wanted):
-                self._give(i, delta if passes else self._vjp(k, j, delta))
+            prim, params, xp, args, saved = build.prim, build.params, self.xps[k], self.args[k], self.saved[k]
+            passes = prim.passes and type(datas[k]) is float
+            for j, i in enumerate(inputs[k]):
+                if wanted[i]:
+                    if passes and type(args[j]) is float:  # the delta passes through: no kernel
+                        self._give(i, delta)
+                    else:
+                        self._give(i, input_delta(prim, params, xp, args, saved, delta, j, False))
+                        self.kernels += 1
         return gradients
 
     # ------------------------------------------------------------------------------ a pool
@@ -239,8 +250,12 @@ class Program:
         gradients[weight] = delta if held is None else add(held, delta)
 
     def _by_depth(self) -> list[int]:
-        depths = self.depths
-        return sorted(range(len(depths)), key=depths.__getitem__)  # stable: the root stays last
+        """The nodes by depth (one more than its deepest input's; a leaf's is 0), in walk order
+        within a depth: the root, the only node of the largest depth, stays last."""
+        depths: list[int] = []
+        for ins in self.inputs:  # inputs before consumers
+            depths.append(1 + max([depths[i] for i in ins]) if ins else 0)
+        return sorted(range(len(depths)), key=depths.__getitem__)
 
     def _affinity(self, k: int) -> object:
         """The worker op ``k``'s kernels prefer: its first weight's (``monadl.do.workers``)."""
@@ -303,42 +318,42 @@ def program(root: Do[Any]) -> Program | None:
     (then the executor runs the graph, and nothing has run)."""
     prog = Program()
     index: dict[Do[Any], int] = {}  # node -> its position; -1 while its inputs are being walked
-    ops, inputs, weights, datas, depths = prog.ops, prog.inputs, prog.weights, prog.datas, prog.depths
+    ops, inputs, weights, datas = prog.ops, prog.inputs, prog.weights, prog.datas
     stack: list[Any] = [root]  # nodes to walk, and (node,) once their inputs are walked
     while stack:
         item = stack.pop()
-        if type(item) is tuple:
+        kind = type(item)
+        if kind is tuple:
             node = item[0]
             index[node] = len(ops)
-            ins = tuple([index[s] for s in node.sources])
             ops.append(node.f)
-            inputs.append(ins)
+            inputs.append(tuple([index[s] for s in node.sources]))
             weights.append(None)
             datas.append(None)
-            depths.append(1 + max([depths[i] for i in ins], default=0))
             continue
         if item in index:
             continue
-        tag = item.tag & ~PRIVATE
-        if tag == PURE:
-            tape = item.value
-            if type(tape) is not Tape:  # a tape of the user's own, or an executor's
+        # Exact types: the forward graph of ops is made of these (apply_primitive, weights,
+        # literals); anything else (a user's flat_map, a batchable call, a tape of the user's own)
+        # is the executor's to run.
+        if kind is Bind:
+            if item.mode != FLAT or type(item.f) is not _Build:
                 return None
-            data = tape.data
-            weight = None
-        elif tag == DELAY:
-            thunk = item.thunk
-            if getattr(thunk, "__func__", None) is not _WEIGHT_FORWARD:
-                return None
-            weight = thunk.__self__
-            data = weight.data
-        elif tag == BIND and item.mode == FLAT and type(item.f) is _Build:
             index[item] = -1
             stack.append((item,))
             for source in reversed(item.sources):  # walked in order
                 if source not in index:
                     stack.append(source)
             continue
+        if kind is Pure:
+            tape = item.value
+            if type(tape) is not Tape:  # a tape of the user's own, or an executor's
+                return None
+            weight = None
+            data = tape.data
+        elif kind is Delay and getattr(item.thunk, "__func__", None) is _WEIGHT_FORWARD:
+            weight = item.thunk.__self__
+            data = weight.data
         else:
             return None
         index[item] = len(ops)
@@ -346,7 +361,6 @@ def program(root: Do[Any]) -> Program | None:
         inputs.append(())
         weights.append(weight)
         datas.append(data)
-        depths.append(0)
     n = len(ops)
     prog.saved = [None] * n
     prog.xps = [None] * n
