@@ -21,8 +21,10 @@ on one CPU thread. All implementations start from the same weights (monadl's ini
 
 For monadl it also reports, on the first batch of each size: the kernel launches of a training step
 and of an inference (``Executor.stats.kernels`` over its runs: a merged group counts once), against
-the depth bound = op kinds x (max tree height + 1), where op kinds = the batchable kinds (op names) of
-the batched inference (``len(stats.kinds)``): a perfect batcher runs each kind once per tree level.
+the depth bound = op kinds x (max tree height + 1), where op kinds = the batchable kinds (op and
+operation names) of the model's batched inference, counted on a run merged as it runs
+(``planning=False``), so that the plan's own kinds (its gathers) are launches, not kinds of the
+model: a perfect batcher runs each kind once per tree level.
 (The distinct signatures, where one op on different weights counts once per weight, are reported too.) The
 ratio is launches / bound. And the recording cost: ``model.loss`` (graph recording only, nothing
 runs), in microseconds per cell call (one per tree node).
@@ -85,6 +87,7 @@ class Measurement:
     kinds: dict[str, int] | None = None  # monadl: batchable kernel kinds -> launches
     signatures: int | None = None  # monadl: distinct signatures of the batchable work launched
     height: int | None = None  # the max tree height of that batch
+    model_kinds: list[str] | None = None  # monadl batched: the model's kinds (unplanned run)
     bound: int | None = None  # op kinds of the batched inference x (height + 1)
     ratio: float | None = None  # kernels / bound
     record_us: float | None = None  # monadl train: model.loss recording, microseconds per cell call
@@ -225,6 +228,10 @@ def measure_monadl(
         m.kernels, m.merged, m.kinds = stats.kernels, stats.merged, dict(stats.kinds)
         m.signatures = stats.signatures
         m.height = max(tree.height() for tree in batches[0])
+        if impl == "monadl":  # the model's own kinds: merged as it runs, without the plan's gathers
+            executor.planning, executor.stats = False, type(executor.stats)()
+            run(batches[0])
+            m.model_kinds = sorted(executor.stats.kinds)
         if phase == "train":
             m.record_us = _record_us(model, batches, word_id, args.repeats)
     return m
@@ -233,9 +240,9 @@ def measure_monadl(
 def add_bounds(results: list[Measurement]) -> None:
     """Sets every monadl measurement's depth bound and ratio, from the batched inference's op kinds."""
     kinds = {
-        m.batch: len(m.kinds)
+        m.batch: len(m.model_kinds)
         for m in results
-        if (m.implementation, m.phase) == ("monadl", "infer") and m.kinds is not None
+        if (m.implementation, m.phase) == ("monadl", "infer") and m.model_kinds is not None
     }
     for m in results:
         if m.kinds is not None and m.height is not None and kinds.get(m.batch):
@@ -578,14 +585,20 @@ def table(results: Sequence[Measurement], args: argparse.Namespace) -> str:
                     lines.append(
                         f"{LABELS[impl]:<17} {phase:<5} | " + " ".join(f"{c:>{width}}" for c in cells)
                     )
-        kinds = {b: m.kinds for b in args.batches if (m := _find(results, "monadl", "infer", b)) and m.kinds}
+        kinds = {
+            b: m.model_kinds
+            for b in args.batches
+            if (m := _find(results, "monadl", "infer", b)) and m.model_kinds
+        }
         if kinds:
             largest = max(kinds)
             infer = _find(results, "monadl", "infer", largest)
+            extra = sorted(set(infer.kinds or ()) - set(kinds[largest])) if infer else []
             lines.append(
-                f"op kinds of the batched inference at batch {largest}: {len(kinds[largest])} "
-                f"({', '.join(sorted(kinds[largest]))}); {infer.signatures if infer else '?'} "
-                "distinct signatures (one op on different weights or shapes counts once for each)"
+                f"op kinds of the model's batched inference at batch {largest}: {len(kinds[largest])} "
+                f"({', '.join(kinds[largest])}); the plan adds launches of {', '.join(extra) or 'none'}; "
+                f"{infer.signatures if infer else '?'} distinct signatures (one op on different weights "
+                "or shapes counts once for each)"
             )
     else:
         lines.append("kernel launches: this Executor has no last_stats (not reported)")
