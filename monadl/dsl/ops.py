@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import overload
+from typing import Any, overload
+
+import numpy as np
 
 from monadl.dsl import primitives as P
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer, apply, apply_array, apply_float
@@ -191,12 +193,18 @@ def concatenate(xs: Sequence[AnyArray], axis: int = 0) -> ArrayLayer:
     return apply_array(P.concatenate(len(xs)), *xs, axis=axis)
 
 
-def _indices(indices: IndexArray | int | Sequence[int]) -> Array:
-    import numpy as np
+def _integral(array: Any) -> bool:
+    """Whether an array holds integers (NumPy's own dtype test first: this runs once per op made,
+    and the array API's ``isdtype`` costs more than the rest of making a ``take_rows``)."""
+    if type(array) is np.ndarray:
+        return array.dtype.kind in "iu"
+    return bool(namespace(array).isdtype(array.dtype, "integral"))
 
+
+def _indices(indices: IndexArray | int | Sequence[int]) -> Array:
     if is_array(indices):
         array: Array = indices  # type: ignore[assignment]
-        if not namespace(array).isdtype(array.dtype, "integral"):
+        if not _integral(array):
             raise TypeError(f"take_rows: expected integer indices, got dtype {array.dtype}")
         return array
     if isinstance(indices, bool) or not isinstance(indices, (int, Sequence)):
@@ -233,7 +241,7 @@ def cross_entropy(logits: AnyArray, targets: AnyNDArray) -> FloatLayer:
         raise TypeError(f"cross_entropy: expected an array of targets, got {type(targets).__name__}")
     xp = namespace(targets)
     labels = None
-    if xp.isdtype(targets.dtype, "integral"):  # checked once here, not at every run
+    if _integral(targets):  # checked once here, not at every run
         if not targets.shape:  # one label (a node of a tree): no reduction needed
             labels = (int(targets), int(targets))
         else:
