@@ -6,6 +6,7 @@ also compare the straight-line run with the executor's; these tests cover the re
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import numpy as np
@@ -195,3 +196,59 @@ def test_a_kernel_failing_on_the_pool_fails_the_step_and_changes_nothing() -> No
         fine = ml.sum(ml.tanh(w) * ml.exp(w)).train_blocking(ml.SGD(0.1), executor=pool)
         assert isinstance(fine, Success)  # the pool is still usable
         assert pool.stats.straight == 2
+
+
+EXECUTORS = {
+    "straight": lambda: ml.Executor(),
+    "merged": lambda: ml.Executor(planning=False),
+    "unbatched": lambda: ml.Executor(batching=False, planning=False),
+}
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+@pytest.mark.parametrize("path", sorted(EXECUTORS))
+def test_a_sum_of_deltas_of_mixed_types_has_the_widest_type_in_any_order(
+    order: tuple[int, ...], path: str
+) -> None:
+    """A float32 weight used with float64 and float32 arrays: its gradient is float64 whatever the
+    order its deltas are summed in (a running sum added into in place used to keep the type of the
+    first two and cast the float64 delta down)."""
+    x64, x32 = np.array([0.1, 0.2, 0.3]), np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    w = ArrayWeight(np.ones(3, dtype=np.float32))
+    terms = [ml.sum(w * x64), ml.sum(w * x32), ml.sum(w * (x32 * 2.0))]
+    loss = terms[order[0]] + terms[order[1]] + terms[order[2]]
+    _, gradients = ml.compute_gradients(loss, executor=EXECUTORS[path]())
+    gradient = gradients[w]
+    assert isinstance(gradient, np.ndarray) and gradient.dtype == np.float64
+    np.testing.assert_allclose(gradient, x64 + 3.0 * x32.astype(np.float64), rtol=1e-7)
+
+
+@pytest.mark.parametrize("path", sorted(EXECUTORS))
+def test_gradients_never_share_memory(path: str) -> None:
+    """Two weights' gradients may be one delta, or views of one (a reshape, a lookup): each comes
+    back with memory of its own, so changing one in place cannot change the other."""
+    w1, w2 = ArrayWeight(np.ones((3, 1))), ArrayWeight(np.ones(3))
+    t1, t2 = ArrayWeight(np.ones((4, 2))), ArrayWeight(np.ones((4, 2)))
+    rows = np.array([0, 3])
+    loss = ml.sum(ml.tanh(ml.reshape(w1, (3,)) + w2) * np.array([1.0, 2.0, 3.0]))
+    loss = loss + ml.sum(ml.tanh(t1[rows] + t2[rows]))
+    _, gradients = ml.compute_gradients(loss, executor=EXECUTORS[path]())
+    g1, g2, s1, s2 = gradients[w1], gradients[w2], gradients[t1], gradients[t2]
+    assert isinstance(g1, np.ndarray) and isinstance(g2, np.ndarray)
+    assert isinstance(s1, SparseRows) and isinstance(s2, SparseRows)
+    assert not np.shares_memory(g1, g2) and not np.shares_memory(s1.values, s2.values)
+    before = g1.copy()
+    g2 *= 0.0
+    np.testing.assert_array_equal(g1, before)
+
+
+@pytest.mark.parametrize("planning", [True, False])
+def test_with_a_pool_a_bad_operand_is_a_shape_error_not_a_crash_of_the_cost(planning: bool) -> None:
+    """With a pool, an op's cost is asked before it runs; for operands the op rejects, that must
+    not raise first: the op's own check names the problem."""
+    w = ArrayWeight(np.ones(3))  # 1-d: linear's cost reads w.shape[1]
+    bad = ml.sum(ml.linear(np.ones((2, 3)), w, ArrayWeight(np.zeros(2))))
+    with ml.Executor(2, planning=planning) as pool:
+        result = bad.train_blocking(ml.SGD(0.1), executor=pool)
+    assert isinstance(result, Failure) and isinstance(result.failure(), ShapeError), result
+    assert "linear" in str(result.failure()) and "(3,)" in str(result.failure())

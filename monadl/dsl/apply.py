@@ -79,7 +79,10 @@ class OpTape(SharedTape[Any, Any]):
     def estimate_cost(self) -> float:
         """The op's cost (asked for only by an executor with a pool), computed once."""
         if self.cost < 0.0:
-            self.cost = self.prim.cost(*[t.data for t in self.inputs], **self.params)  # before compute()
+            try:
+                self.cost = self.prim.cost(*[t.data for t in self.inputs], **self.params)  # before compute()
+            except Exception:  # noqa: BLE001 - inputs the op rejects: run inline, its check says how
+                self.cost = 0.0
         return self.cost
 
     def compute(self) -> OpTape:

@@ -140,7 +140,10 @@ class Program:
                         jobs.collect()
                 args = self.args[k] = self._args(k)
                 prim, params = build.prim, build.params
-                cost = costs[k] = prim.cost(*args, **params)
+                try:
+                    cost = costs[k] = prim.cost(*args, **params)
+                except Exception:  # noqa: BLE001 - inputs the op rejects: its own check says how
+                    cost = 0.0
                 if cost >= min_cost:
                     running.add(k)
                     jobs.submit(forward_data, (prim, params, args), self._affinity(k), k)
@@ -307,10 +310,13 @@ class _Jobs:
     def _take(self) -> None:
         token, result, error = self.done.get()
         self.pending -= 1
+        if error is None and self.error is None:
+            try:
+                self.arrived(token, result)
+            except BaseException as failed:  # noqa: BLE001 - raised once the pool is idle
+                error = failed
         if error is not None:
             self.error = self.error or error
-        elif self.error is None:
-            self.arrived(token, result)
 
 
 def program(root: Do[Any]) -> Program | None:

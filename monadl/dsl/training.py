@@ -146,19 +146,30 @@ _NOT_PLANNED = object()
 
 
 def _unaliased(gradients: dict[FloatWeight | ArrayWeight, Any]) -> dict[FloatWeight | ArrayWeight, Any]:
-    """The gradients, each its own array: a delta passed through unchanged (by ``+``, say) can be
-    the gradient of two weights at once, and changing one in place must not change the other."""
+    """The gradients, each with memory of its own: a delta passed through unchanged (by ``+``, say),
+    or a view of one (by ``reshape``), can be the gradient of two weights at once, and changing one
+    in place must not change the other."""
     seen: set[int] = set()
     for weight, gradient in gradients.items():
-        if type(gradient) is not float:
-            if id(gradient) in seen:
-                gradients[weight] = (
-                    gradient.copy()  # its own object, with its own rows
-                    if type(gradient) is SparseRows
-                    else namespace(gradient).asarray(gradient, copy=True)
-                )
-            seen.add(id(gradient))
+        if type(gradient) is float:
+            continue
+        owner = _memory(gradient.values if type(gradient) is SparseRows else gradient)
+        if owner in seen:
+            gradients[weight] = (
+                gradient.copy()  # its own object, with its own rows
+                if type(gradient) is SparseRows
+                else namespace(gradient).asarray(gradient, copy=True)
+            )
+            owner = _memory(gradients[weight].values if type(gradient) is SparseRows else gradients[weight])
+        seen.add(owner)
     return gradients
+
+
+def _memory(array: Any) -> int:
+    """The identity of the array that owns ``array``'s memory (itself, or the base of a view)."""
+    while getattr(array, "base", None) is not None and hasattr(array.base, "shape"):
+        array = array.base
+    return id(array)
 
 
 def _apply(gradients: dict[FloatWeight | ArrayWeight, Any], default: Optimizer | None) -> None:

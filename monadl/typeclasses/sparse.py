@@ -161,9 +161,18 @@ def add(a: Any, b: Any) -> Any:
 def add_into(total: Any, d: Any) -> Any:
     """``total += d``, for the ``SUM`` fold: ``total`` is the fold's own value. A dense array total
     takes a SparseRows in place (a scatter-add where the namespace allows it); a SparseRows total
-    (or a float) is rebound to a fresh sum."""
+    (or a float) is rebound to a fresh sum, and so is a total of a narrower dtype than ``d`` (in
+    place, ``+=`` would cast ``d`` down: the sum's type must not depend on the order of the terms)."""
     if type(total) is SparseRows:
         return total + d
+    if type(total) is float:
+        return total + d
+    part = d.values if type(d) is SparseRows else d
+    if type(part) is not float and part.dtype != total.dtype:
+        xp = namespace(total)
+        wider = xp.result_type(total.dtype, part.dtype)
+        if wider != total.dtype:
+            total = xp.astype(total, wider)  # a fresh total of the sum's type
     if type(d) is SparseRows:
         return scatter_add(namespace(total), total, d.indices, d.values)
     total += d
