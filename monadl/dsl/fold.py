@@ -59,17 +59,15 @@ class Unsupported(Exception):
 class _Group:
     """One merged computation's result: row k is member k's value."""
 
-    __slots__ = ("data", "layer", "scalar", "tape")
+    __slots__ = ("data", "layer", "row_key", "scalar", "tape")
 
     def __init__(self, tape: Tape[Any, Any], scalar: bool) -> None:
         self.tape = tape
-        self.data = tape.data
+        d = self.data = tape.data
         self.scalar = scalar  # the members' values are floats (the rows of a vector)
         self.layer = ArrayLayer(Pure(tape))
-
-    def row_key(self) -> Hashable:
-        d = self.data
-        return float if self.scalar else (type(d), d.shape[1:], d.dtype)
+        # A row's part of a signature: made once here, read for every use of every row.
+        self.row_key: Hashable = float if scalar else (type(d), d.shape[1:], d.dtype)
 
 
 class _Row:
@@ -117,7 +115,7 @@ def _levels(root: Do[Any]) -> list[list[Entry]] | None:
     """The nodes reachable from ``root`` by depth (a leaf's is 0, a projection's its call's, any
     other node's one more than its deepest input); None at the first node of a kind a plan does
     not handle, or if its depths hold fewer than ``MIN_WIDTH`` ops or calls on average."""
-    depth: dict[int, int] = {}  # by id(node); -1 while its inputs are being walked
+    depth: dict[Any, int] = {}  # by node; -1 while its inputs are being walked
     levels: list[list[Entry]] = [[]]
     width = [0]
     stack: list[Any] = [root]  # nodes to walk, and entries whose inputs have all been walked
@@ -126,11 +124,11 @@ def _levels(root: Do[Any]) -> list[list[Entry]] | None:
         if type(item) is tuple:
             node, kind, sources = item
             if kind == _PROJECTION:
-                d = depth[id(sources[0])]
+                d = depth[sources[0]]
             else:
                 d = 0
                 for source in sources:
-                    ds = depth[id(source)]
+                    ds = depth[source]
                     if ds > d:
                         d = ds
                 d += 1
@@ -138,10 +136,10 @@ def _levels(root: Do[Any]) -> list[list[Entry]] | None:
                     levels.append([])
                     width.append(0)
                 width[d] += 1
-            depth[id(node)] = d
+            depth[node] = d
             levels[d].append(item)
             continue
-        key = id(item)
+        key = item
         if key in depth:
             continue
         tag = item.tag & ~PRIVATE
@@ -165,7 +163,7 @@ def _levels(root: Do[Any]) -> list[list[Entry]] | None:
         sources = item.sources
         stack.append((item, kind, sources))
         for source in reversed(sources):  # walked in order: a level's nodes in the order of use
-            if id(source) not in depth:
+            if source not in depth:
                 stack.append(source)
     if sum(width) < MIN_WIDTH * (len(width) - 1):
         return None
@@ -177,7 +175,7 @@ class _Plan:
 
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
-        self.values: dict[int, Any] = {}  # id(node) -> Tape (a value of its own) or _Row
+        self.values: dict[Any, Any] = {}  # node -> Tape (a value of its own) or _Row
         self.stats = RunStats()  # the plan's own merges: the executor's statistics when it succeeds
         self.total = RunStats()  # with its levels' runs: the executor's last run's statistics
 
@@ -189,12 +187,12 @@ class _Plan:
             projections: list[tuple[Any, Any]] = []
             for node, kind, sources in level:
                 if kind == _LEAF:
-                    values[id(node)] = node.value if node.tag & ~PRIVATE == PURE else node.thunk()
+                    values[node] = node.value if node.tag & ~PRIVATE == PURE else node.thunk()
                     continue
                 if kind == _PROJECTION:
                     projections.append((node, sources))
                     continue
-                inputs = [values[id(s)] for s in sources]
+                inputs = [values[s] for s in sources]
                 key = self._key(node, kind, inputs)
                 if key is None:
                     alone.append((node, inputs))
@@ -202,9 +200,9 @@ class _Plan:
                     groups.setdefault(key, []).append((node, inputs))
             self._compute(list(groups.values()), alone)
             for node, sources in projections:
-                outputs = values[id(sources[0])]
-                values[id(node)] = outputs[node.f.args[0]]
-        result = values[id(root)]
+                outputs = values[sources[0]]
+                values[node] = outputs[node.f.args[0]]
+        result = values[root]
         if type(result) is _Row:  # the root is one node's value: its own tape
             result = self._run([_layer(result).forward])[0]
         self.stats.planned += 1
@@ -268,7 +266,7 @@ class _Plan:
             finish.append(done)
         for node, inputs in alone:
             dos.append(self._alone(node, inputs))
-            finish.append(functools.partial(self.values.__setitem__, id(node)))
+            finish.append(functools.partial(self.values.__setitem__, node))
         if dos:
             for done, value in zip(finish, self._run(dos), strict=True):
                 done(value)
@@ -321,7 +319,7 @@ class _Plan:
     def _rows(self, nodes: list[Any], scalar: bool, tape: Tape[Any, Any]) -> None:
         group = _Group(tape, scalar)
         for k, node in enumerate(nodes):
-            self.values[id(node)] = _Row(group, k)
+            self.values[node] = _Row(group, k)
 
     def _call_group(self, members: list[tuple[Any, list[Any]]]) -> tuple[Do[Any], Any]:
         """A batchable operation's body, run once on the stacked rows of its calls."""
@@ -337,7 +335,7 @@ class _Plan:
     ) -> None:
         groups = [_Group(t, kind is FloatLayer) for t, kind in zip(tapes, structure, strict=True)]
         for k, node in enumerate(nodes):
-            self.values[id(node)] = tuple(_Row(g, k) for g in groups)
+            self.values[node] = tuple(_Row(g, k) for g in groups)
 
     def _alone(self, node: Any, inputs: list[Any]) -> Do[Any]:
         """A node that merges with nothing: the op on its own values (a row taken out of its
@@ -356,11 +354,11 @@ class _Plan:
         return apply_primitive(build.prim, [_layer(v) for v in inputs], build.params)
 
     def _sum(self, inputs: list[Any]) -> Do[Any]:
-        rows: dict[int, tuple[_Group, list[Any]]] = {}
+        rows: dict[_Group, tuple[_Group, list[Any]]] = {}
         parts: list[Any] = []
         for v in inputs:
             if type(v) is _Row:
-                rows.setdefault(id(v.group), (v.group, []))[1].append(v)
+                rows.setdefault(v.group, (v.group, []))[1].append(v)
             else:
                 parts.append(_layer(v))
         for group, members in rows.values():
@@ -394,14 +392,14 @@ class _Plan:
             ):
                 return group.layer
         tables: list[Any] = []
-        picks: dict[int, tuple[list[int], list[int]]] = {}  # id(group) -> (positions, its rows)
+        picks: dict[_Group, tuple[list[int], list[int]]] = {}  # group -> (positions, its rows)
         loose: list[tuple[int, Any]] = []  # (position, a value of its own)
         dtype = None  # the rows' float type, for float constants stacked with them
         for position, v in enumerate(values):
             if type(v) is _Row:
-                pick = picks.get(id(v.group))
+                pick = picks.get(v.group)
                 if pick is None:
-                    pick = picks[id(v.group)] = ([], [])
+                    pick = picks[v.group] = ([], [])
                     tables.append(v.group.layer)
                     dtype = dtype or v.group.data.dtype
                 pick[0].append(position)
@@ -454,7 +452,7 @@ def _data(v: Any) -> Any:
 
 def _row_key(v: Any) -> Hashable:
     if type(v) is _Row:
-        return v.group.row_key()
+        return v.group.row_key
     d = v.data
     return float if type(d) is float else (type(d), d.shape, d.dtype)
 
