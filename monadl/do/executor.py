@@ -110,6 +110,11 @@ class Executor(AbstractContextManager["Executor"]):
 
             self._blas_limit = threadpool_limits(limits=1, user_api="blas")
 
+    def paused(self) -> AbstractContextManager[None]:
+        """The garbage-collector pause of this executor's runs (``pause_gc``), for runs made
+        elsewhere too (``monadl.dsl.straight``)."""
+        return gc_paused() if self.pause_gc else nullcontext()
+
     @property
     def pool(self) -> WorkerPool | None:
         """The worker threads (None for a sequential executor, or once closed)."""
@@ -120,7 +125,7 @@ class Executor(AbstractContextManager["Executor"]):
         ``batching``: this run's dynamic batching (default: the executor's)."""
         state = _Run(self._pool, self.min_pool_cost, self.batching if batching is None else batching)
         try:
-            with gc_paused() if self.pause_gc else nullcontext():
+            with self.paused():
                 result: A = state.execute(do)
         finally:
             state.stats.kernels = state.kernels

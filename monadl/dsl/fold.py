@@ -139,12 +139,11 @@ def _levels(root: Do[Any]) -> list[list[Entry]] | None:
             depth[node] = d
             levels[d].append(item)
             continue
-        key = item
-        if key in depth:
+        if item in depth:
             continue
         tag = item.tag & ~PRIVATE
         if tag == PURE or tag == DELAY:
-            depth[key] = 0
+            depth[item] = 0
             levels[0].append((item, _LEAF, ()))
             continue
         if tag != BIND:
@@ -159,7 +158,7 @@ def _levels(root: Do[Any]) -> list[list[Entry]] | None:
             kind = _PROJECTION
         else:
             return None
-        depth[key] = -1
+        depth[item] = -1
         sources = item.sources
         stack.append((item, kind, sources))
         for source in reversed(sources):  # walked in order: a level's nodes in the order of use

@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from monadl.do.batching import RunStats
-from monadl.do.collector import gc_paused
 from monadl.do.do import FLAT, Bind, Delay, Do, Pure
 from monadl.do.executor import Executor
 from monadl.do.workers import Done, WorkerPool
@@ -374,11 +372,6 @@ def program(root: Do[Any]) -> Program | None:
     return prog
 
 
-def straight_line(executor: Executor) -> bool:
-    """Whether ``executor`` runs static graphs in a straight line (it plans)."""
-    return executor.planning
-
-
 def run_forward(executor: Executor, prog: Program) -> Any:
     """``prog``'s forward pass on ``executor``: on its thread, and on its pool if it has one."""
     pool = executor.pool
@@ -396,8 +389,3 @@ def record_stats(executor: Executor, prog: Program) -> None:
     stats = RunStats(kernels=prog.kernels, straight=1)
     executor.last_stats = stats
     executor.stats.add(stats)
-
-
-def paused(executor: Executor) -> AbstractContextManager[None]:
-    """The executor's garbage-collector pause, for a straight-line run (as for its own runs)."""
-    return gc_paused() if executor.pause_gc else nullcontext()

@@ -30,15 +30,7 @@ from monadl.do.executor import Executor, default_executor
 from monadl.dsl.fold import run_planned
 from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.optimizers import Optimizer
-from monadl.dsl.straight import (
-    Program,
-    paused,
-    program,
-    record_stats,
-    run_backward,
-    run_forward,
-    straight_line,
-)
+from monadl.dsl.straight import Program, program, record_stats, run_backward, run_forward
 from monadl.dsl.weights import ArrayWeight, FloatWeight, freeze
 from monadl.tape.shared import StepContext, in_step
 from monadl.tape.tape import Tape
@@ -90,7 +82,7 @@ def compute_gradients(
             planned = None
         if planned is not None:
             return planned
-    if straight_line(ex):
+    if ex.planning:  # a static graph runs as a list of ops (monadl.dsl.straight)
         prog = program(loss.forward)
         if prog is not None:
             return _straight_gradients(ex, prog)
@@ -102,7 +94,7 @@ def compute_gradients(
 def _straight_gradients(ex: Executor, prog: Program) -> tuple[Any, dict[FloatWeight | ArrayWeight, Any]]:
     """``compute_gradients`` of a static graph, run as a list of ops (``monadl.dsl.straight``)."""
     try:
-        with paused(ex):
+        with ex.paused():
             value = run_forward(ex, prog)
             if not _is_finite(value):
                 raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
@@ -153,20 +145,20 @@ def _unaliased(gradients: dict[FloatWeight | ArrayWeight, Any]) -> dict[FloatWei
     for weight, gradient in gradients.items():
         if type(gradient) is float:
             continue
-        owner = _memory(gradient.values if type(gradient) is SparseRows else gradient)
-        if owner in seen:
-            gradients[weight] = (
+        if _memory(gradient) in seen:
+            gradient = gradients[weight] = (
                 gradient.copy()  # its own object, with its own rows
                 if type(gradient) is SparseRows
                 else namespace(gradient).asarray(gradient, copy=True)
             )
-            owner = _memory(gradients[weight].values if type(gradient) is SparseRows else gradients[weight])
-        seen.add(owner)
+        seen.add(_memory(gradient))
     return gradients
 
 
-def _memory(array: Any) -> int:
-    """The identity of the array that owns ``array``'s memory (itself, or the base of a view)."""
+def _memory(gradient: Any) -> int:
+    """The identity of the array that owns a gradient's memory (the array, or its rows' for a
+    ``SparseRows``; or the base they are a view of)."""
+    array = gradient.values if type(gradient) is SparseRows else gradient
     while getattr(array, "base", None) is not None and hasattr(array.base, "shape"):
         array = array.base
     return id(array)
@@ -234,11 +226,11 @@ def predict_blocking(
                 tape = run_planned(ex, forward)
             except Exception:  # noqa: BLE001 - run again unplanned: its error names the failed call
                 tape = None
-        if tape is None and straight_line(ex):
+        if tape is None and ex.planning:
             prog = program(forward)
             if prog is not None:
                 try:
-                    with paused(ex):
+                    with ex.paused():
                         return Success(run_forward(ex, prog))
                 finally:
                     record_stats(ex, prog)
