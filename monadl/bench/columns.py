@@ -37,6 +37,7 @@ from monadl.bench.columns_params import init_params
 from monadl.bench.columns_torch import TorchColumns
 from monadl.bench.common import cpus, load_example, torch_available
 from monadl.data import cifar100
+from monadl.data.files import atomic_file, atomic_write_bytes
 
 IMPLEMENTATIONS = ("monadl", "numpy", "torch")
 
@@ -247,10 +248,9 @@ def plot(results: list[Measurement], args: argparse.Namespace, path: Path) -> No
     fig.suptitle(f"CIFAR-100 columns: batch {args.batch}, hidden {args.hidden}, {args.dtype}")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_file(path) as f:
+        fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
-    tmp.replace(path)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -286,9 +286,8 @@ def run_cli(args: argparse.Namespace) -> int:
     print(f"peak RSS: {info['peak_rss_mib']:.0f} MiB; torch: {info['torch']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"run": info, "results": [asdict(m) for m in results]}, indent=2))
-        tmp.replace(args.json)
+        data = {"run": info, "results": [asdict(m) for m in results]}
+        atomic_write_bytes(args.json, json.dumps(data, indent=2).encode())
         print(f"wrote {args.json}")
     if args.plot:
         plot(results, args, args.plot)

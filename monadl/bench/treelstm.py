@@ -56,6 +56,7 @@ from threadpoolctl import threadpool_limits
 from monadl.bench.common import cpus, load_example, torch_available
 from monadl.bench.treelstm_torch import PARAMETERS, TorchTreeLstm
 from monadl.data import sst
+from monadl.data.files import atomic_file, atomic_write_bytes
 from monadl.data.trees import Tree
 
 WordId = Callable[[str], int]
@@ -88,7 +89,7 @@ class Measurement:
     signatures: int | None = None  # monadl: distinct signatures of the batchable work launched
     height: int | None = None  # the max tree height of that batch
     model_kinds: list[str] | None = None  # monadl batched: the model's kinds (unplanned run)
-    bound: int | None = None  # op kinds of the batched inference x (height + 1)
+    bound: int | None = None  # the model's op kinds (model_kinds) x (height + 1)
     ratio: float | None = None  # kernels / bound
     record_us: float | None = None  # monadl train: model.loss recording, microseconds per cell call
     samples: list[float] = field(default_factory=list)
@@ -643,10 +644,9 @@ def plot(results: Sequence[Measurement], args: argparse.Namespace, path: Path) -
     fig.suptitle(f"Tree-LSTM: hidden {args.hidden}, embedding {args.embedding}, one thread")
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_file(path) as f:
+        fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
-    tmp.replace(path)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -694,15 +694,13 @@ def run_cli(args: argparse.Namespace) -> int:
     print(f"peak RSS: {info['peak_rss_mib']:.0f} MiB; torch: {info['torch']}; dynet: {info['dynet']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_suffix(".tmp")
         data = {
             "benchmark": "treelstm",
             "unit": "trees/s",
             "run": info,
             "results": [asdict(m) for m in results],
         }
-        tmp.write_text(json.dumps(data, indent=2))
-        tmp.replace(args.json)
+        atomic_write_bytes(args.json, json.dumps(data, indent=2).encode())
         print(f"wrote {args.json}")
     if args.plot:
         plot(results, args, args.plot)
