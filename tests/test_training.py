@@ -240,3 +240,44 @@ def test_weights_and_gradients_are_not_aliased() -> None:
         value[0, 0] = 5.0  # the prediction is the weight's data: it cannot be changed in place
     assert isinstance(ml.sum(b1 * 2.0).train_blocking(ml.SGD(0.1)), Success)
     assert not b1.data.flags.writeable  # still read-only after an update
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sgd_update_owned_is_update_bit_for_bit(dtype: type[np.floating[Any]]) -> None:
+    rng = np.random.default_rng(1)
+    data = rng.standard_normal((7, 5)).astype(dtype)
+    gradient = rng.standard_normal((7, 5)).astype(dtype)
+    expected, _ = ml.SGD(0.03).update(data, gradient, None)
+    got, _ = ml.SGD(0.03).update_owned(data, gradient.copy(), None)
+    assert got.dtype == expected.dtype == dtype
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_a_step_writes_sgd_updates_into_its_own_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(2)
+    w = ml.ArrayWeight(rng.standard_normal((4, 3)))
+    loss = ml.sum(ml.tanh(X @ w))
+    _, gradients = ml.compute_gradients(loss)
+    expected = w.data - 0.1 * gradients[w]
+    handed: list[np.ndarray] = []
+    update_owned = ml.SGD.update_owned
+
+    def spy(self: ml.SGD, data: Any, gradient: Any, state: None) -> tuple[Any, None]:
+        handed.append(gradient)
+        return update_owned(self, data, gradient, state)
+
+    monkeypatch.setattr(ml.SGD, "update_owned", spy)
+    assert isinstance(loss.train_blocking(ml.SGD(0.1)), Success)
+    assert len(handed) == 1
+    assert w.data is handed[0]  # the new data lives in the gradient's memory: nothing allocated
+    np.testing.assert_array_equal(w.data, expected)
+    assert not w.data.flags.writeable
+
+
+def test_a_gradient_held_elsewhere_is_not_written_into() -> None:
+    kept = np.full((2, 2), 0.5)  # a vjp hands out an array its author keeps: the gradient is it
+    hold = Primitive("hold", lambda xp, x: x * 1.0, (lambda xp, d, o, x: kept,))
+    w = ml.ArrayWeight(np.ones((2, 2)))
+    assert isinstance(ml.sum(apply_array(hold, w)).train_blocking(ml.SGD(0.1)), Success)
+    np.testing.assert_array_equal(kept, np.full((2, 2), 0.5))
+    np.testing.assert_array_equal(w.data, np.full((2, 2), 0.95))

@@ -9,6 +9,8 @@ A training step is all-or-nothing:
    once, and each weight's tape records its summed delta;
 4. update: every weight's new data and optimizer state are computed first, then all are committed
    together. An exception anywhere before the commit leaves every weight and state as it was.
+   An optimizer with an ``update_owned`` (SGD) writes the new data into the step's own gradient
+   array where nothing else holds it (checked by reference count): no weight-sized allocation.
 
 ``train``/``predict`` return ``returns``' ``FutureResult`` (the paper's typed asynchronous result);
 ``train_blocking``/``predict_blocking`` return a ``Result`` for scripts.
@@ -18,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import threading
 from collections.abc import Callable, Generator
 from typing import Any, overload
 
+import numpy as np
 from returns.future import FutureResult
 from returns.result import Failure, Result, Success
 
@@ -175,11 +179,47 @@ def _apply(gradients: dict[FloatWeight | ArrayWeight, Any], default: Optimizer |
             )
         held = weight.optimizer_state
         state = held[1] if held is not None and held[0] == optimizer else optimizer.init(weight.data)
-        data, state = optimizer.update(weight.data, gradient, state)
+        update_owned = getattr(optimizer, "update_owned", None)
+        if update_owned is not None and _handed_over(gradient, weight.data):
+            data, state = update_owned(weight.data, gradient, state)
+        else:
+            data, state = optimizer.update(weight.data, gradient, state)
         updates.append((weight, data, (optimizer, state)))
     for weight, data, state in updates:
         weight.data = freeze(data)
         weight.optimizer_state = state
+
+
+def _handed_over(gradient: Any, data: Any) -> bool:
+    """Whether an optimizer may write ``data``'s update into ``gradient``'s memory: a writable NumPy
+    array of data's shape and dtype, owning its memory, and held by nothing but ``_apply``'s
+    gradients and loop (no view of it, no user or tape keeps it)."""
+    return (
+        type(gradient) is np.ndarray
+        and type(data) is np.ndarray
+        and gradient.shape == data.shape
+        and gradient.dtype == data.dtype
+        and gradient.flags.owndata
+        and gradient.flags.writeable
+        and sys.getrefcount(gradient) <= _REFS_IN_APPLY
+    )
+
+
+def _refs_in_apply() -> int:
+    """``sys.getrefcount`` of an array held only as ``_apply`` holds a gradient (in a dict, a loop
+    variable and ``_handed_over``'s argument), counted here on this interpreter, whose counts vary
+    by version."""
+    gradients = {0: np.zeros(1)}
+    for _, gradient in gradients.items():
+        return _count(gradient)
+    raise AssertionError("unreachable")
+
+
+def _count(gradient: Any) -> int:
+    return sys.getrefcount(gradient)
+
+
+_REFS_IN_APPLY = _refs_in_apply()
 
 
 @overload
