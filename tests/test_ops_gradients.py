@@ -436,6 +436,34 @@ def test_cross_entropy(targets: str, data: st.DataObject) -> None:
     np.testing.assert_allclose(g, (np.exp(_log_softmax(logits, -1)) - probabilities) / batch, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@SETTINGS
+@given(data=st.data())
+def test_numpy_softmax_paths_equal_the_generic_rules(
+    dtype: type[np.floating[Any]], data: st.DataObject
+) -> None:
+    """log_softmax and cross_entropy take a NumPy path of their own; it matches the generic rule (run
+    here on array_api_compat's NumPy namespace, which is not ``np``) to rounding."""
+    import array_api_compat.numpy as compat
+
+    from monadl.dsl.primitives import _cross_entropy, _log_softmax
+
+    shape = data.draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=5))
+    logits = data.draw(arrays(shape, floats(-30.0, 30.0))).astype(dtype)
+    labels = data.draw(hnp.arrays(np.int64, shape[:-1], elements=st.integers(0, shape[-1] - 1)))
+    rtol, atol = (1e-5, 1e-6) if dtype == np.float32 else (1e-13, 1e-14)
+    fast, generic = _log_softmax(np, logits, -1), _log_softmax(compat, logits, -1)
+    assert fast.dtype == generic.dtype == dtype
+    np.testing.assert_array_equal(fast, generic)  # the same operations, in place
+    bounds = (int(labels.min(initial=0)), int(labels.max(initial=0)))
+    loss, gradient = _cross_entropy(np, logits, labels, bounds)
+    loss_generic, gradient_generic = _cross_entropy(compat, logits, labels, bounds)
+    assert gradient.dtype == gradient_generic.dtype == dtype
+    np.testing.assert_array_equal(gradient, gradient_generic)
+    # the loss sums the labels' terms only, not every term times a one-hot: the rounding differs
+    np.testing.assert_allclose(loss, loss_generic, rtol=rtol, atol=atol)
+
+
 # ----------------------------------------------------------------------- the shared fixed cases
 
 

@@ -151,6 +151,11 @@ def unbroadcast(xp: Any, delta: Any, like: Any) -> Any:
     axes = tuple(range(lead)) + tuple(
         lead + i for i, n in enumerate(shape) if n == 1 and dshape[lead + i] != 1
     )
+    if xp is np and axes:  # the ufunc's reduction (np.sum adds microseconds of Python), and no
+        # reshape where the sum has the shape already: a view would keep a gradient from owning
+        # its memory (see ``training._handed_over``)
+        summed = np.add.reduce(delta, axis=axes)
+        return summed if type(summed) is np.ndarray and summed.shape == shape else np.reshape(summed, shape)
     summed = xp.sum(delta, axis=axes) if axes else delta
     return xp.reshape(summed, shape)
 
