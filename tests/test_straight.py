@@ -151,16 +151,21 @@ def test_graphs_that_are_not_static_run_on_the_executor() -> None:
 
 
 threads: list[str] = []
+meeting = threading.Barrier(2, timeout=10)
 
 
-def _traced_forward(xp: object, x: np.ndarray, fail: bool = False) -> np.ndarray:
+def _traced_forward(xp: object, x: np.ndarray, fail: bool = False, meet: bool = False) -> np.ndarray:
     threads.append(threading.current_thread().name)
     if fail:
         raise ArithmeticError("traced: failed on purpose")
+    if meet:  # returns only once another kernel meets it: both run at the same time
+        meeting.wait()
     return x * 3.0
 
 
-def _traced_vjp(xp: object, d: np.ndarray, o: np.ndarray, x: np.ndarray, fail: bool = False) -> np.ndarray:
+def _traced_vjp(
+    xp: object, d: np.ndarray, o: np.ndarray, x: np.ndarray, fail: bool = False, meet: bool = False
+) -> np.ndarray:
     threads.append(threading.current_thread().name)
     return d * 3.0
 
@@ -179,11 +184,28 @@ def test_with_a_pool_the_costly_kernels_run_on_it_with_the_same_results() -> Non
     with ml.Executor(2, min_pool_cost=0.0) as pool:  # every kernel costs enough
         value, gradients = on(pool, loss)
         assert pool.stats.straight == 1
-    assert len(threads) == 2 and all(name.startswith("monadl-") for name in threads), threads
+    # on a worker, or on the caller, which runs the kernels no worker has started while it waits
+    assert len(threads) == 2 and all(n.startswith("monadl-") or n == "MainThread" for n in threads)
     assert_close(value, value_taped, "loss")
     assert set(gradients) == set(gradients_taped)
     for weight in weights:
         assert_close(gradients[weight], gradients_taped[weight], repr(weight))
+
+
+def test_with_a_pool_independent_costly_kernels_run_at_the_same_time() -> None:
+    """Two kernels that return only once both run: on a worker and on the waiting caller, or on two
+    workers. Run one after the other (a caller taking back both), they would never return."""
+    w1, w2 = ArrayWeight(np.ones(3)), ArrayWeight(np.full(3, 2.0))
+    loss = ml.sum(apply_array(TRACED, w1, meet=True)) + ml.sum(apply_array(TRACED, w2, meet=True))
+    meeting.reset()
+    threads.clear()
+    with ml.Executor(2, min_pool_cost=0.0) as pool:
+        value, gradients = on(pool, loss)
+        assert pool.stats.straight == 1
+    assert value == pytest.approx(27.0)
+    np.testing.assert_array_equal(gradients[w1], np.full(3, 3.0))
+    np.testing.assert_array_equal(gradients[w2], np.full(3, 3.0))
+    assert len(set(threads[:2])) == 2, threads  # the two forwards, on two threads
 
 
 def test_a_kernel_failing_on_the_pool_fails_the_step_and_changes_nothing() -> None:

@@ -102,3 +102,26 @@ def test_stealing_does_not_depend_on_when_the_owner_wakes() -> None:
             assert _collect(done, 2) == {"blocked": True, "releaser": None}
         finally:
             pool.shutdown()
+
+
+def test_a_caller_takes_back_only_its_own_unstarted_jobs() -> None:
+    pool = WorkerPool(1)
+    released = threading.Event()
+    others: Done = queue.SimpleQueue()
+    mine: Done = queue.SimpleQueue()
+    try:
+        pool.submit(lambda: released.wait(timeout=5), (), None, others, "busy")  # holds the worker
+        pool.submit(lambda: "theirs", (), None, others, "queued, theirs")
+        pool.submit(lambda: "first", (), None, mine, "first")
+        pool.submit(lambda: "last", (), None, mine, "last")
+        job = pool.steal(mine)
+        assert job is not None and job[2] is mine and job[3] == "last"  # the last queued first
+        job = pool.steal(mine)
+        assert job is not None and job[3] == "first"
+        assert pool.steal(mine) is None  # the other run's queued job stays where it is
+        released.set()
+        assert _collect(others, 2) == {"busy": True, "queued, theirs": "theirs"}
+        assert mine.empty()  # taken back: no worker ran them
+    finally:
+        released.set()
+        pool.shutdown()

@@ -11,6 +11,13 @@ same affinity always run on the same worker, the forward matmul and its vjps ali
 affinity is given the next worker, round-robin. Kernels without one go round-robin too. A worker
 whose own queue is empty takes the kernels queued for a busy worker (work stealing): locality is
 kept when it costs no waiting. A worker posts ``(token, result, error)`` to the caller's queue.
+
+A caller waiting for its kernels may take back the ones that no worker has started and run them
+itself (``run_own_jobs``): waking a thread costs ~50 us on this project's VMs (a queue round trip
+between two threads takes 100 us), as long as a kernel worth a worker, so a caller that only slept
+would leave a core idle. Only a caller whose kernels never wait for one another may do so (the
+straight-line runs of ``monadl.dsl.straight``: primitives' arithmetic). The executor's own runs do
+not: a user's kernel may wait for another one (a barrier, say) that only the caller can start.
 """
 
 from __future__ import annotations
@@ -63,6 +70,35 @@ class WorkerPool:
                     self._next_home = (index + 1) % self.size
             self._queues[index].append((fn, args, done, token))
             self._lock.notify_all()
+
+    def steal(self, done: Done) -> tuple[Callable[..., Any], tuple[Any, ...], Done, Any] | None:
+        """A job posted to ``done`` that no worker has started, taken back for the caller to run
+        itself (the last queued of the longest queue: the one the workers would reach last);
+        None if there is none."""
+        with self._lock:
+            for jobs in sorted(self._queues, key=len, reverse=True):
+                for k in range(len(jobs) - 1, -1, -1):
+                    if jobs[k][2] is done:
+                        job = jobs[k]
+                        del jobs[k]
+                        return job  # type: ignore[no-any-return]
+        return None
+
+    def run_own_jobs(self, done: Done) -> None:
+        """While ``done`` holds no result, takes back the caller's jobs (those posting to ``done``)
+        that no worker has started, and runs them on the calling thread, posting their results to
+        ``done`` as a worker would. Called by a caller about to wait on ``done``."""
+        while done.empty():
+            job = self.steal(done)
+            if job is None:
+                return
+            fn, args, _, token = job
+            try:
+                result = fn(*args)
+            except BaseException as error:  # noqa: BLE001 - handed on as a worker hands it on
+                done.put((token, None, error))
+            else:
+                done.put((token, result, None))
 
     def _take(self, me: int) -> Any:
         """The next job for worker ``me``: its own, else one queued for a busy worker; None when

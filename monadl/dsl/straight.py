@@ -16,7 +16,8 @@ order of a depth-first walk, then backward in reverse order:
 so the results are the executor's, without its per-node bookkeeping. On an executor with a pool,
 the ops are taken by depth instead (independent ones, such as the columns of a model, come
 together), and the kernels that cost ``min_pool_cost`` or more run on the pool while this thread
-goes on with the rest, as the executor's own runs do. ``Executor(planning=False)`` turns this off,
+goes on with the rest, as the executor's own runs do; when it has to wait for one, it runs the
+kernels no worker has started yet itself. ``Executor(planning=False)`` turns this off,
 with planned batching (``monadl.dsl.fold``).
 """
 
@@ -306,6 +307,7 @@ class _Jobs:
             self._take()
 
     def _take(self) -> None:
+        self.pool.run_own_jobs(self.done)  # rather than sleep while kernels wait for a worker
         token, result, error = self.done.get()
         self.pending -= 1
         if error is None and self.error is None:
