@@ -9,15 +9,20 @@ runs; ``noskip``: all 20 run, forward and backward), it measures training steps 
   torch    the same model in PyTorch eager on the CPU, one thread (when torch is installed)
 
 Each figure is the median over --repeats timed segments of --steps steps (after --warmup steps),
-with the min and the max. BLAS (and torch) are capped at one thread for the whole run: parallelism
-comes from independent columns on the executor's pool, not from BLAS. NumPy and PyTorch do not use
-the pool, so they are measured once per (columns, variant) and compared with every pool size.
-All three train the same model from the same initial weights on the same batches.
+with the min and the max. The segments of one (columns, variant) are interleaved: NumPy, PyTorch,
+monadl at each pool size, then NumPy again, and so on, so that the machine's drift in speed (20-50%
+within an hour on the project's VMs) touches every implementation alike. BLAS (and torch) are
+capped at one thread for the whole run: parallelism comes from independent columns on the
+executor's pool, not from BLAS. NumPy and PyTorch do not use the pool, so they are measured once
+per (columns, variant) and compared with every pool size. All three train the same model from the
+same initial weights on the same batches.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import platform
 import resource
@@ -64,22 +69,28 @@ def _rss_mib() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _steps_per_second(step: Callable[[], object], steps: int, warmup: int, repeats: int) -> list[float]:
-    for _ in range(warmup):
-        step()
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(steps):
+def _steps_per_second(
+    steps: Sequence[Callable[[], object]], count: int, warmup: int, repeats: int
+) -> list[list[float]]:
+    """Each of ``steps``' rates in its ``repeats`` timed segments of ``count`` calls, the segments
+    taken in turn (one of each, then again), after ``warmup`` calls of each."""
+    for step in steps:
+        for _ in range(warmup):
             step()
-        rates.append(steps / (time.perf_counter() - start))
+    rates: list[list[float]] = [[] for _ in steps]
+    for _ in range(repeats):
+        for step, its_rates in zip(steps, rates, strict=True):
+            start = time.perf_counter()
+            for _ in range(count):
+                step()
+            its_rates.append(count / (time.perf_counter() - start))
     return rates
 
 
-def _time_model(model: Any, batches: Sequence[cifar100.Batch], args: argparse.Namespace) -> list[float]:
-    """Steps/s of ``model.step`` over the batches, cycled."""
+def _stepper(model: Any, batches: Sequence[cifar100.Batch]) -> Callable[[], object]:
+    """One training step of ``model`` per call, on the batches, cycled."""
     stream = _cycle(batches)
-    return _steps_per_second(lambda: model.step(*next(stream)), args.steps, args.warmup, args.repeats)
+    return lambda: model.step(*next(stream))
 
 
 def _batches(data: cifar100.Cifar100, batch: int, count: int, dtype: Any, seed: int) -> list[cifar100.Batch]:
@@ -127,36 +138,33 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
     elif not have_torch:
         print("torch: not installed, PyTorch figures skipped (pip install torch)", file=out)
 
-    jobs: list[tuple[str, int, int | None, str]] = []
-    for columns in args.columns:
-        for variant in args.variants:
-            jobs.append(("numpy", columns, None, variant))
-            if have_torch:
-                jobs.append(("torch", columns, None, variant))
-            for pool in args.pools:
-                jobs.append(("monadl", columns, pool, variant))
-
+    groups = [(columns, variant) for columns in args.columns for variant in args.variants]
     results: list[Measurement] = []
     with threadpool_limits(limits=1):
         if have_torch:
             import torch  # type: ignore[import-not-found, unused-ignore]
 
             torch.set_num_threads(1)
-        for impl, columns, pool, variant in _progress(jobs, args.progress):
-            params = init_params(columns, hidden=args.hidden, seed=args.seed, dtype=dtype)
-            if impl == "monadl":
-                with ml.Executor(pool or 1, limit_blas=False) as executor:
-                    net = example.ColumnNetwork(params, variant, args.learning_rate, executor)
-                    rates = _time_model(net, batches, args)
-            elif impl == "numpy":
-                rates = _time_model(NumpyColumns(params, variant, args.learning_rate), batches, args)
-            else:
-                rates = _time_model(TorchColumns(params, variant, args.learning_rate), batches, args)
-            results.append(
-                Measurement(
-                    impl, columns, pool, variant, statistics.median(rates), min(rates), max(rates), _rss_mib()
+        for columns, variant in _progress(groups, args.progress):
+            params = functools.partial(init_params, columns, hidden=args.hidden, seed=args.seed, dtype=dtype)
+            with contextlib.ExitStack() as executors:
+                contenders: list[tuple[str, int | None, Callable[[], object]]] = [
+                    ("numpy", None, _stepper(NumpyColumns(params(), variant, args.learning_rate), batches))
+                ]
+                if have_torch:
+                    model = TorchColumns(params(), variant, args.learning_rate)
+                    contenders.append(("torch", None, _stepper(model, batches)))
+                for pool in args.pools:
+                    executor = executors.enter_context(ml.Executor(pool, limit_blas=False))
+                    net = example.ColumnNetwork(params(), variant, args.learning_rate, executor)
+                    contenders.append(("monadl", pool, _stepper(net, batches)))
+                all_rates = _steps_per_second(
+                    [step for _, _, step in contenders], args.steps, args.warmup, args.repeats
                 )
-            )
+            rss = _rss_mib()
+            for (impl, pool, _), rates in zip(contenders, all_rates, strict=True):
+                median = statistics.median(rates)
+                results.append(Measurement(impl, columns, pool, variant, median, min(rates), max(rates), rss))
     info["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return results, info
 
@@ -175,7 +183,7 @@ def _progress(jobs: list[Any], enabled: bool) -> Iterator[Any]:
 
     with tqdm(jobs, desc="columns benchmark", unit="config", file=sys.stderr) as bar:
         for job in bar:
-            bar.set_postfix_str(f"{job[0]} columns={job[1]} pool={job[2] or '-'} {job[3]}")
+            bar.set_postfix_str(f"columns={job[0]} {job[1]}")
             yield job
 
 
