@@ -92,13 +92,7 @@ class WorkerPool:
             job = self.steal(done)
             if job is None:
                 return
-            fn, args, _, token = job
-            try:
-                result = fn(*args)
-            except BaseException as error:  # noqa: BLE001 - handed on as a worker hands it on
-                done.put((token, None, error))
-            else:
-                done.put((token, result, None))
+            _run(job)
 
     def _take(self, me: int) -> Any:
         """The next job for worker ``me``: its own, else one queued for a busy worker; None when
@@ -122,14 +116,8 @@ class WorkerPool:
                 self._busy[me] = True
                 if self._queues[me]:  # what is left behind may now be taken by an idle worker
                     self._lock.notify_all()
-            fn, args, done, token = job
-            try:
-                result = fn(*args)
-            except BaseException as error:  # noqa: BLE001 - every failure goes back to the run
-                done.put((token, None, error))
-            else:
-                done.put((token, result, None))
-            del job, fn, args, done, token  # hold nothing between jobs
+            _run(job)
+            del job  # hold nothing between jobs
             with self._lock:
                 self._busy[me] = False
                 if any(self._queues):  # others may be waiting for this worker's queue
@@ -142,6 +130,18 @@ class WorkerPool:
             self._lock.notify_all()
         for t in self._threads:
             t.join()
+
+
+def _run(job: tuple[Callable[..., Any], tuple[Any, ...], Done, Any]) -> None:
+    """Runs a job, on a worker or on its caller, and posts ``(token, result, None)`` or
+    ``(token, None, error)`` to its queue: every failure goes back to the run."""
+    fn, args, done, token = job
+    try:
+        result = fn(*args)
+    except BaseException as error:  # noqa: BLE001 - handed on to the run, which raises it
+        done.put((token, None, error))
+    else:
+        done.put((token, result, None))
 
 
 def affinity_of(fn: Callable[..., Any]) -> object:
