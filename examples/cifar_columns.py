@@ -32,7 +32,7 @@ from returns.result import Failure
 
 import monadl as ml
 from monadl import Array, ArrayLayer, ArrayWeight, FloatLayer
-from monadl.bench.columns_params import FINE_CLASSES, FINE_PER_COARSE, init_params
+from monadl.bench.columns_params import FINE_CLASSES, FINE_PARAMS, FINE_PER_COARSE, init_params
 from monadl.typeclasses.backend import IndexArray
 
 Variant = Literal["skip", "noskip"]
@@ -76,7 +76,7 @@ class ColumnNetwork:
         self.variant = variant
         self.stacked = stacked and variant == "noskip"
         # A fine layer's shapes (hidden x hidden, ...), for the gradients by classifier.
-        self.fine_shapes = {layer: params[f"fine0.{layer}"].shape for layer in FINE_LAYERS}
+        self.fine_shapes = {layer: params[f"fine0.{layer}"].shape for layer in FINE_PARAMS}
         if self.stacked:
             params = _stacked(params)
         self.weights = {name: ArrayWeight(value, name=name) for name, value in params.items()}
@@ -157,14 +157,11 @@ class ColumnNetwork:
         return float(value), named
 
 
-FINE_LAYERS = ("w1", "b1", "w2", "b2", "w3", "b3")
-
-
 def _stacked(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``params`` with each fine layer's 20 weights ``fine{j}.w1`` stacked into one ``fine.w1`` of
     shape (20, ...) (a bias as (20, 1, n), to broadcast over the batch)."""
     stacked = {name: v for name, v in params.items() if not name.startswith("fine")}
-    for layer in FINE_LAYERS:
+    for layer in FINE_PARAMS:
         parts = [params[f"fine{j}.{layer}"] for j in range(FINE_CLASSES)]
         stacked[f"fine.{layer}"] = np.stack([p if p.ndim == 2 else p[None, :] for p in parts])
     return stacked

@@ -211,10 +211,6 @@ class TreeLstm:
             for node, state in self.states(tree, word_id)
         ]
 
-    def tree_loss(self, tree: Tree, word_id: WordId) -> FloatLayer:
-        """The sum over the nodes of ``tree`` of the cross-entropy of each node's label."""
-        return ml.add_n(self.node_losses(tree, word_id))
-
     def loss(self, trees: Sequence[Tree], word_id: WordId) -> FloatLayer:
         """The sum of the trees' losses: one ``add_n`` over all their nodes (one sum per tree would
         be sums of different arities, which do not merge)."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import platform
 import resource
@@ -146,17 +145,17 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
 
             torch.set_num_threads(1)
         for columns, variant in _progress(groups, args.progress):
-            params = functools.partial(init_params, columns, hidden=args.hidden, seed=args.seed, dtype=dtype)
+            params = init_params(columns, hidden=args.hidden, seed=args.seed, dtype=dtype)  # each copies it
             with contextlib.ExitStack() as executors:
                 contenders: list[tuple[str, int | None, Callable[[], object]]] = [
-                    ("numpy", None, _stepper(NumpyColumns(params(), variant, args.learning_rate), batches))
+                    ("numpy", None, _stepper(NumpyColumns(params, variant, args.learning_rate), batches))
                 ]
                 if have_torch:
-                    model = TorchColumns(params(), variant, args.learning_rate)
+                    model = TorchColumns(params, variant, args.learning_rate)
                     contenders.append(("torch", None, _stepper(model, batches)))
                 for pool in args.pools:
                     executor = executors.enter_context(ml.Executor(pool, limit_blas=False))
-                    net = example.ColumnNetwork(params(), variant, args.learning_rate, executor)
+                    net = example.ColumnNetwork(params, variant, args.learning_rate, executor)
                     contenders.append(("monadl", pool, _stepper(net, batches)))
                 all_rates = _steps_per_second(
                     [step for _, _, step in contenders], args.steps, args.warmup, args.repeats

@@ -229,7 +229,8 @@ def measure_monadl(
         m.kernels, m.merged, m.kinds = stats.kernels, stats.merged, dict(stats.kinds)
         m.signatures = stats.signatures
         m.height = max(tree.height() for tree in batches[0])
-        if impl == "monadl":  # the model's own kinds: merged as it runs, without the plan's gathers
+        if impl == "monadl" and phase == "infer":  # the bound's kinds (add_bounds): the model's own,
+            # merged as it runs, without the plan's gathers
             executor.planning, executor.stats = False, type(executor.stats)()
             run(batches[0])
             m.model_kinds = sorted(executor.stats.kinds)
