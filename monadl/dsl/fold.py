@@ -40,6 +40,7 @@ from monadl.dsl.apply import _Build, apply_primitive
 from monadl.dsl.batching import _is_shared, _scalar, merged_params, signature_start
 from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.operation import _Call, _item, _static_key
+from monadl.dsl.operation import _layer as operation_layer
 from monadl.dsl.primitives import Primitive
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import namespace
@@ -225,7 +226,7 @@ class _Plan:
         prim = build.prim
         spec = prim.batch
         key = signature_start(prim, build.params)
-        if spec is None or key is None or _special(prim) is not None:
+        if spec is None or key is None or prim.name in _SPECIAL:
             return None
         stacked = bool(spec.rows)  # a call of shared values only runs on its own
         for i, v in enumerate(inputs):
@@ -342,10 +343,10 @@ class _Plan:
         if type(node.f) is _Call:  # pragma: no cover - calls always have a signature
             raise Unsupported("a call without a signature")
         build: _Build = node.f
-        special = _special(build.prim)
-        if special == "add_n" and any(type(v) is _Row for v in inputs):
+        name = build.prim.name
+        if name == "add_n" and any(type(v) is _Row for v in inputs):
             return self._sum(inputs)
-        if special == "concatenate" and self._stackable(inputs, build.params):
+        if name == "concatenate" and self._stackable(inputs, build.params):
             stacked = self._gather(list(inputs))
             first = _data(inputs[0])
             shape = (-1, *first.shape[1:])
@@ -433,12 +434,8 @@ class _Plan:
         return _apply(_gather_rule(len(tables)), tables, params)
 
 
-def _special(prim: Primitive) -> str | None:
-    if prim.name == "add_n":
-        return "add_n"
-    if prim.name == "concatenate":
-        return "concatenate"
-    return None
+_SPECIAL = ("add_n", "concatenate")
+"""The ops a plan runs its own way: sums of rows, and concatenations of stackable rows."""
 
 
 def _data(v: Any) -> Any:
@@ -462,7 +459,7 @@ def _layer(v: Any) -> Any:
         if v.group.scalar:
             raise Unsupported("a float row on its own")
         return _apply(P.take_rows, [v.group.layer], {"indices": np.asarray(v.k, dtype=np.int64)})
-    return FloatLayer(Pure(v)) if type(v.data) is float else ArrayLayer(Pure(v))
+    return operation_layer(v)
 
 
 def _apply(
