@@ -10,7 +10,6 @@ The equality tests of work that must merge also assert that merging happened in 
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from batching_check import Gradients, Layer, Weight, assert_close, gradients_of
+from cycles import cyclic_garbage
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 from returns.result import Failure, Success
@@ -729,18 +729,12 @@ def garbage_after_a_failed_step(good: FloatLayer, bad: FloatLayer, batching: boo
     ``good`` and a failed step of ``bad`` (the pattern of test_training's reference-cycle test)."""
     executor = ml.Executor(batching=batching, planning=False)
     assert isinstance(good.train_blocking(ml.SGD(0.1), executor=executor), Success)
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
+
+    def good_and_bad_steps() -> None:
         assert isinstance(good.train_blocking(ml.SGD(0.1), executor=executor), Success)
-        result = bad.train_blocking(ml.SGD(0.1), executor=executor)
-        assert isinstance(result, Failure)
-        del result
-        gc.collect()
-        return sorted(type(o).__name__ for o in gc.garbage)
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
+        assert isinstance(bad.train_blocking(ml.SGD(0.1), executor=executor), Failure)
+
+    return cyclic_garbage(good_and_bad_steps)
 
 
 @pytest.mark.parametrize("batching", [False, True])

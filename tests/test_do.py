@@ -5,15 +5,17 @@ from __future__ import annotations
 import functools
 import operator
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 
 import pytest
+from cycles import cyclic_garbage
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from monadl.do import Do, Executor, defer, delay, from_coroutine, gather, gather_all, kernel, pure
-from monadl.do.do import Bind, map_n
+from monadl.do.do import Bind, kernel_n, map_n
 
 IntFn = Callable[[int], int]
 KleisliFn = Callable[[int], Do[int]]
@@ -259,6 +261,25 @@ def test_failure_lets_started_work_finish_and_starts_nothing_new() -> None:
         assert after_failure == []  # nothing after the failure ran
         assert ex.run(kernel(lambda: 5, cost=1.0)) == 5
         assert threading.active_count() <= threads_before + 2  # no threads leaked beyond the pool
+
+
+def test_a_failed_run_leaves_no_reference_cycles(executor: Executor) -> None:
+    """On the pool too: the run's state is on the failure's traceback (its frames), so neither it
+    nor a frame on that traceback may keep the exception."""
+
+    def slow() -> int:
+        time.sleep(0.02)  # still running when its sibling's input fails
+        return 1
+
+    def failing(a: int, b: int) -> int:
+        raise Boom("inner failed")
+
+    def run_failing() -> None:
+        inner = kernel_n(failing, kernel(lambda: 1, cost=1.0), kernel(lambda: 2, cost=1.0), cost=1.0)
+        with pytest.raises(Boom):
+            executor.run(kernel_n(operator.add, kernel(slow, cost=1.0), inner, cost=1.0))
+
+    assert cyclic_garbage(run_failing) == []
 
 
 # ----------------------------------------------------------------------------------- concurrency

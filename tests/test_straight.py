@@ -12,6 +12,7 @@ import threading
 import numpy as np
 import pytest
 from batching_check import assert_close
+from cycles import cyclic_garbage
 from gradcheck import check_gradients
 from peak_memory import assert_one_summed_delta
 from returns.result import Failure, Success
@@ -218,6 +219,17 @@ def test_a_kernel_failing_on_the_pool_fails_the_step_and_changes_nothing() -> No
         fine = ml.sum(ml.tanh(w) * ml.exp(w)).train_blocking(ml.SGD(0.1), executor=pool)
         assert isinstance(fine, Success)  # the pool is still usable
         assert pool.stats.straight == 2
+
+
+def test_a_kernel_failing_on_the_pool_leaves_no_reference_cycles() -> None:
+    w = ArrayWeight(np.array([1.0, -2.0]))
+    bad = ml.sum(apply_array(TRACED, w * 2.0, fail=True)) + ml.sum(ml.tanh(w) * ml.exp(w))
+    with ml.Executor(2, min_pool_cost=0.0) as pool:
+        assert isinstance(ml.sum(ml.tanh(w)).train_blocking(ml.SGD(0.1), executor=pool), Success)
+        for _ in range(5):  # the failing kernel runs on a worker or on the waiting caller
+            garbage = cyclic_garbage(lambda: bad.train_blocking(ml.SGD(0.1), executor=pool))
+            assert garbage == [], garbage[:20]
+        assert pool.stats.straight == 6
 
 
 EXECUTORS = {

@@ -219,7 +219,10 @@ class _Run:
                 self.inflight -= 1
                 if error is not None:
                     _break_stacks([stack])
-                    raise error  # the kernel's own exception, with its traceback
+                    try:
+                        raise error  # the kernel's own exception, with its traceback
+                    finally:  # which holds this frame: a local naming it would be a cycle
+                        del error
                 agenda.append((stack, False, result))
             else:
                 return

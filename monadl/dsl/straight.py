@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from monadl.do.batching import RunStats
 from monadl.do.do import FLAT, Bind, Delay, Do, Pure
@@ -292,7 +292,7 @@ class _Jobs:
         self._take()
         if self.error is not None:
             self._wait_all()
-            raise self.error
+            self._raise()
 
     def __enter__(self) -> _Jobs:
         return self
@@ -300,7 +300,17 @@ class _Jobs:
     def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
         self._wait_all()
         if kind is None and self.error is not None:
-            raise self.error
+            self._raise()
+
+    def _raise(self) -> NoReturn:
+        """Raises the error, holding no reference to it: its traceback holds the frames of this
+        object's methods, so a reference kept here would be a reference cycle."""
+        error, self.error = self.error, None
+        assert error is not None
+        try:
+            raise error
+        finally:
+            del error
 
     def _wait_all(self) -> None:
         while self.pending:
@@ -310,13 +320,14 @@ class _Jobs:
         self.pool.run_own_jobs(self.done)  # rather than sleep while kernels wait for a worker
         token, result, error = self.done.get()
         self.pending -= 1
-        if error is None and self.error is None:
+        if error is not None:
+            self.error = self.error or error
+            del error  # a job run on this thread (run_own_jobs) has this frame in its traceback
+        elif self.error is None:
             try:
                 self.arrived(token, result)
             except BaseException as failed:  # noqa: BLE001 - raised once the pool is idle
-                error = failed
-        if error is not None:
-            self.error = self.error or error
+                self.error = failed  # (not a local: its traceback holds this frame)
 
 
 def program(root: Do[Any]) -> Program | None:
