@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from batching_check import Gradients, Layer, Weight, assert_close, gradients_of
 from cycles import cyclic_garbage
+from gradcheck import check_gradients
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 from returns.result import Failure, Success
@@ -139,6 +140,7 @@ Shape = tuple[int, ...]
 FLOAT: Shape = ()  # a FloatLayer (no 0-d arrays are made here)
 V, M, V8, M8 = (4,), (2, 4), (8,), (2, 8)
 ROWS = 6  # of the lookup table
+GATES = 3  # linears of different weights that read one node (a cell's gates)
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,8 @@ class Inputs:
     bias: ArrayWeight  # (4,)
     table: ArrayWeight  # (ROWS, 4): take_rows
     constant: np.ndarray  # (2, 4)
+    gates: tuple[ArrayWeight, ...]  # GATES linears (4, 4) that read one node: they fan out
+    gate_biases: tuple[ArrayWeight, ...]  # (4,) each
 
     @staticmethod
     def new(seed: int) -> Inputs:
@@ -166,11 +170,15 @@ class Inputs:
             ArrayWeight(rng.uniform(-0.5, 0.5, V)),
             ArrayWeight(rng.uniform(-1.5, 1.5, (ROWS, 4))),
             rng.uniform(-1.5, 1.5, M),
+            tuple(ArrayWeight(rng.normal(0.0, 0.5, (4, 4))) for _ in range(GATES)),
+            tuple(ArrayWeight(rng.uniform(-0.5, 0.5, V)) for _ in range(GATES)),
         )
 
     def weights(self) -> dict[str, Weight]:
         names = ("a", "row", "s", "w4", "w8", "bias", "table")
-        return {name: getattr(self, name) for name in names}
+        gates = {f"gate {g}": w for g, w in enumerate(self.gates)}
+        gate_biases = {f"gate bias {g}": b for g, b in enumerate(self.gate_biases)}
+        return {name: getattr(self, name) for name in names} | gates | gate_biases
 
     def pool(self) -> list[Any]:
         """The first nodes of every DAG (shapes POOL): the weights a, row and s, and a constant."""
@@ -252,6 +260,7 @@ UNARIES = {u.name: u for u in UNARY}
 #   ("unary", name, node, k)       ("map", name, nodes, k): the same Unary on several nodes
 #   ("binary", "+" | "-" | "*", node, node)
 #   ("add_n", nodes)               ("concatenate", node, node)      ("take_rows", index)
+#   ("fan", node, gates)           linears of one node by several gate weights (they fan out)
 #   ("loss", on_path, off_path)    the loss; off_path nodes are evaluated but not differentiated
 Program = list[tuple[Any, ...]]
 
@@ -284,9 +293,15 @@ def programs(draw: st.DrawFn) -> Program:
         program.append(("lanes", tuple(indices), tuple(names)))
         shapes += [shape] * lanes
     for _ in range(draw(st.integers(1, 10))):
-        kind = draw(st.sampled_from(["unary", "map", "binary", "add_n", "concatenate", "take_rows"]))
+        kinds = ["unary", "map", "binary", "add_n", "concatenate", "take_rows", "fan"]
+        kind = draw(st.sampled_from(kinds))
         nodes = st.integers(0, len(shapes) - 1)
-        if kind == "take_rows":
+        if kind == "fan":
+            node = draw(st.sampled_from([n for n, s in enumerate(shapes) if s in (V, M)]))
+            gates = draw(st.lists(st.integers(0, GATES - 1), min_size=2, max_size=GATES, unique=True))
+            program.append(("fan", node, tuple(gates)))
+            shapes += [shapes[node]] * len(gates)
+        elif kind == "take_rows":
             index = draw(st.one_of(st.integers(0, ROWS - 1), st.tuples(*[st.integers(0, ROWS - 1)] * 2)))
             program.append(("take_rows", index))
             shapes.append(V if isinstance(index, int) else M)
@@ -373,6 +388,10 @@ def build(program: Program, inputs: Inputs) -> tuple[FloatLayer, int]:
         elif kind == "concatenate":
             _, i, j = instruction
             add(ml.concatenate([pool[i], pool[j]], axis=-1), (*shapes[i][:-1], 8))
+        elif kind == "fan":
+            _, n, gates = instruction
+            for g in gates:
+                add(ml.linear(pool[n], inputs.gates[g], inputs.gate_biases[g]), shapes[n])
         elif kind == "take_rows":
             index = instruction[1]
             add(ml.take_rows(inputs.table, index), V if isinstance(index, int) else M)
@@ -410,8 +429,8 @@ def test_random_dags_have_equal_gradients_with_batching_on_and_off(program: Prog
 
 
 def test_the_dag_generator_makes_lanes_and_reuse() -> None:
-    """The strategy above is not vacuous: it draws lanes, shared nodes and off-path nodes."""
-    seen: dict[str, int] = {"lanes": 0, "reuse": 0, "off path": 0}
+    """The strategy above is not vacuous: it draws lanes, shared nodes, off-path nodes and fans."""
+    seen: dict[str, int] = {"lanes": 0, "reuse": 0, "off path": 0, "fan": 0}
 
     @settings(max_examples=60, deadline=None)
     @given(programs())
@@ -420,6 +439,7 @@ def test_the_dag_generator_makes_lanes_and_reuse() -> None:
         reads = [n for ins in program[:-1] for n in _reads(ins)]
         seen["reuse"] += len(reads) != len(set(reads))
         seen["off path"] += bool(program[-1][2])
+        seen["fan"] += any(ins[0] == "fan" for ins in program)
 
     count()
     assert all(n > 5 for n in seen.values()), seen
@@ -435,6 +455,8 @@ def _reads(instruction: tuple[Any, ...]) -> Iterator[int]:
         yield from instruction[-2:]
     elif kind == "add_n":
         yield from instruction[1]
+    elif kind == "fan":
+        yield instruction[1]
 
 
 def test_a_float_layer_combined_with_arrays_in_merged_calls() -> None:
@@ -599,6 +621,68 @@ def test_calls_with_different_weights_do_not_merge() -> None:
     np.testing.assert_allclose(batched.gradients[w1], np.outer(x1, np.ones(2)))
     np.testing.assert_allclose(batched.gradients[w2], np.outer(x2, np.ones(2)))
     np.testing.assert_allclose(batched.gradients[b], np.full(2, 2.0))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lead=st.lists(st.integers(1, 3), max_size=2),
+    gates=st.integers(2, 4),
+    bias=st.sampled_from(["weight", "constant", "float", "float weight"]),
+    x_is_weight=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_linears_of_one_input_and_different_weights_fan_out_into_one_kernel(
+    lead: list[int], gates: int, bias: str, x_is_weight: bool, seed: int
+) -> None:
+    """A cell's gates: linears of one x with different weights merge with nothing as rows, and run
+    as one matmul by the stacked weights instead, with the results and gradients of running alone."""
+    rng = np.random.default_rng(seed)
+    source = ArrayWeight(rng.normal(size=(*lead, 3)))
+    x = source if x_is_weight else ml.tanh(source)
+
+    def new_bias() -> Any:
+        if bias == "weight":
+            return ArrayWeight(rng.normal(size=2))
+        if bias == "constant":
+            return rng.normal(size=2)
+        value = float(rng.normal())
+        return FloatWeight(value) if bias == "float weight" else value
+
+    outputs = [ml.linear(x, ArrayWeight(rng.normal(size=(3, 2))), new_bias()) for _ in range(gates)]
+    heads: list[Callable[[ArrayLayer], ArrayLayer]] = [lambda y: y * y, ml.sigmoid, ml.tanh, ml.exp]
+    loss = ml.add_n([ml.sum(heads[j](y)) for j, y in enumerate(outputs)])
+    kinds, _ = launches(loss)
+    assert kinds["linear"] == 1, kinds  # the gates at once, not one after the other
+    assert_same_gradients(loss)
+
+
+def test_fanned_out_linears_have_the_gradients_of_finite_differences() -> None:
+    def loss(x: Any, w1: Any, w2: Any, w3: Any, b1: Any, b2: Any, b3: Any) -> FloatLayer:
+        h = ml.tanh(x)
+        return (
+            ml.sum(ml.linear(h, w1, b1) ** 2.0)
+            + ml.sum(ml.sigmoid(ml.linear(h, w2, b2)))
+            + ml.sum(ml.tanh(ml.linear(h, w3, b3)))
+        )
+
+    rng = np.random.default_rng(3)
+    inputs = [rng.normal(size=(2, 3)), *(rng.normal(size=(3, 4)) for _ in range(3))]
+    inputs += [rng.normal(size=4) for _ in range(3)]
+    check_gradients(loss, *inputs)  # its taped run fans out: checked here
+    kinds, _ = launches(loss(*(ArrayWeight(v) for v in inputs)))
+    assert kinds["linear"] == 1, kinds
+
+
+def test_a_shape_error_in_fanned_out_linears_names_the_call() -> None:
+    x = ArrayWeight(np.ones(3))
+    w1, w2 = ArrayWeight(np.ones((4, 2))), ArrayWeight(np.ones((4, 2)))  # 3 != 4
+    before = (w1.data.copy(), w2.data.copy())
+    loss = ml.sum(ml.linear(ml.tanh(x), w1, 0.0)) + ml.sum(ml.linear(ml.tanh(x), w2, 0.0))
+    result = loss.train_blocking(ml.SGD(0.1), executor=ml.Executor(planning=False))
+    assert isinstance(result, Failure) and isinstance(result.failure(), ml.ShapeError)
+    assert "linear" in str(result.failure()) and "(3,) and (4, 2)" in str(result.failure())
+    np.testing.assert_array_equal(w1.data, before[0])
+    np.testing.assert_array_equal(w2.data, before[1])
 
 
 def test_calls_with_different_float_constants_do_not_merge() -> None:

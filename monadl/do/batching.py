@@ -5,7 +5,10 @@ A node that may be batched (a :class:`~monadl.do.do.Kernel` with a ``batch``, or
 batching on, it asks the batcher for the node's *signature*; nodes with equal signatures are
 interchangeable rows of one batched computation. The executor parks them until no fiber can run,
 then hands each group of two or more to :meth:`Batcher.run`, which returns one computation whose
-value is the list of the members' values, in order. A group of one runs as if batching were off.
+value is the list of the members' values, in order. A call left alone under its signature gets a
+second chance: calls with equal *fan signatures* (:meth:`Batcher.fan_signature`: one input shared,
+the others different, such as the five gates of a Tree-LSTM cell, one input and five weights) run
+as one computation of :meth:`Batcher.run_fan`. A group of one runs as if batching were off.
 
 A batchable node reached while no other fiber can run, nothing is parked and nothing is on the pool
 runs at once, with no signature computed: nothing could merge with it. So a chain of ops (an RNN
@@ -41,6 +44,16 @@ class Batcher(Protocol):
     def run(self, nodes: list[Any]) -> Do[list[Any]]:
         """One computation for all ``nodes`` (two or more, of equal signatures): the list of their
         values, in order."""
+        ...
+
+    def fan_signature(self, node: Any) -> Hashable | None:
+        """A second key, asked of a call that nothing merged with under its signature: calls with
+        equal ones merge by :meth:`run_fan`. None: it runs on its own."""
+        ...
+
+    def run_fan(self, nodes: list[Any]) -> Do[list[Any]]:
+        """One computation for all ``nodes`` (two or more, of equal fan signatures): the list of
+        their values, in order."""
         ...
 
 

@@ -147,6 +147,10 @@ class Executor(AbstractContextManager["Executor"]):
         self.close()
 
 
+_FAN = object()
+"""The first item of a fan signature's key among the parked groups (no signature's)."""
+
+
 class _Run:
     """The state of one run: memo, agenda, pool completions."""
 
@@ -253,7 +257,10 @@ class _Run:
             return False
         signature = batcher.signature(node)
         if signature is None:
-            return False
+            fan = batcher.fan_signature(node)
+            if fan is None:
+                return False
+            signature = (_FAN, fan)  # it can merge only by fanning out: parked as such
         group = self.parked.get(signature)
         if group is None:
             self.parked[signature] = (batcher, [stack], [node])
@@ -264,32 +271,68 @@ class _Run:
 
     def _flush(self) -> None:
         """Runs the parked groups: each of two or more calls as one batched computation, whose
-        list of values a scatter continuation hands back to the waiting fibers."""
+        list of values a scatter continuation hands back to the waiting fibers. Calls left alone
+        are grouped again by their fan signatures (and join the calls parked by theirs)."""
         parked, self.parked = self.parked, {}
-        stats = self.stats
-        kinds = stats.kinds
+        fans: dict[Any, tuple[Batcher, list[Stack], list[Any]]] = {}
         for signature, (batcher, stacks, nodes) in parked.items():
-            name = batcher.name(nodes[0])
-            kinds[name] = kinds.get(name, 0) + 1
-            self.signatures.add(hash(signature))
-            if len(nodes) == 1:  # nothing to merge with: as if batching were off
-                node, stack = nodes[0], stacks[0]
-                if node.tag & ~PRIVATE == KERNEL:
-                    self.kernels += 1
-                    value = (
-                        node.fn(*node.args)
-                        if self.pool is None
-                        else self._dispatch(stack, node.fn, node.args, node.cost)
-                    )
-                    if value is not _SUSPENDED:
-                        self.agenda.append((stack, False, value))
-                else:
-                    self.agenda.append((stack, True, node.fn(*node.args)))
+            if type(signature) is tuple and signature[0] is _FAN:
+                fan = signature
+            elif len(nodes) > 1:
+                self._merge(signature, batcher, stacks, nodes, batcher.run)
                 continue
-            stats.groups += 1
-            stats.merged += len(nodes)
-            merged = batcher.run(nodes)
-            self.agenda.append(([(_K_SCATTER, stacks, None)], True, merged))
+            else:
+                key = batcher.fan_signature(nodes[0])
+                if key is None:
+                    self._alone(signature, batcher, stacks[0], nodes[0])
+                    continue
+                fan = (_FAN, key)
+            group = fans.get(fan)
+            if group is None:
+                fans[fan] = (batcher, stacks, nodes)  # (parked's lists: parked is dropped)
+            else:
+                group[1].extend(stacks)
+                group[2].extend(nodes)
+        for signature, (batcher, stacks, nodes) in fans.items():
+            if len(nodes) > 1:
+                self._merge(signature, batcher, stacks, nodes, batcher.run_fan)
+            else:
+                self._alone(signature, batcher, stacks[0], nodes[0])
+
+    def _merge(
+        self,
+        signature: Any,
+        batcher: Batcher,
+        stacks: list[Stack],
+        nodes: list[Any],
+        run: Callable[[list[Any]], Do[list[Any]]],
+    ) -> None:
+        """Starts one computation (``run``'s) for the nodes of a group."""
+        stats = self.stats
+        name = batcher.name(nodes[0])
+        stats.kinds[name] = stats.kinds.get(name, 0) + 1
+        self.signatures.add(hash(signature))
+        stats.groups += 1
+        stats.merged += len(nodes)
+        self.agenda.append(([(_K_SCATTER, stacks, None)], True, run(nodes)))
+
+    def _alone(self, signature: Any, batcher: Batcher, stack: Stack, node: Any) -> None:
+        """Runs a parked node that merges with nothing, as if batching were off."""
+        kinds = self.stats.kinds
+        name = batcher.name(node)
+        kinds[name] = kinds.get(name, 0) + 1
+        self.signatures.add(hash(signature))
+        if node.tag & ~PRIVATE == KERNEL:
+            self.kernels += 1
+            value = (
+                node.fn(*node.args)
+                if self.pool is None
+                else self._dispatch(stack, node.fn, node.args, node.cost)
+            )
+            if value is not _SUSPENDED:
+                self.agenda.append((stack, False, value))
+        else:
+            self.agenda.append((stack, True, node.fn(*node.args)))
 
     def _dispatch(self, stack: Stack, fn: Callable[..., Any], args: tuple[Any, ...], cost: Any) -> Any:
         """Runs a kernel inline, or sends it to the pool and returns ``_SUSPENDED``.

@@ -12,6 +12,12 @@ The backward is merged too (``monadl.tape.batch``): when all the calls' tapes ha
 kernel per input runs on the stacked deltas; a stacked input's delta is split back into rows, and
 a shared weight gets one delta for the whole group (summed by the vjp itself, a matmul for
 ``linear``'s weight) and releases for the other calls.
+
+Calls that merge with nothing as rows may still *fan out* (``Batching.fan``): ``linear`` calls of
+one input with different weights (a Tree-LSTM cell's five gates) run as one matmul by the stacked
+weights. Their :meth:`OpBatcher.fan_signature` is the primitive, its parameters, the shared input's
+tape itself, and the other inputs' shapes; the shared input gets one delta, summed over the calls,
+and every weight its row of the stacked weights' delta.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from monadl.do.do import KERNEL_MAP, UNIT, Bind, Do, PrivateBind, PrivateKernel, run_unit
-from monadl.dsl.primitives import Batching, Primitive
+from monadl.dsl.primitives import Batching, FanOut, Primitive, Rule
 from monadl.tape.batch import BatchGroup, RowOf, result_row, stack_values, stacked_delta
 from monadl.typeclasses.backend import ShapeError, namespace, shape_of, unbroadcast
 from monadl.typeclasses.sparse import SparseRows
@@ -62,13 +68,41 @@ class OpBatcher:
             rows = True
         return tuple(key) if rows else None
 
+    def fan_signature(self, node: Any) -> Hashable | None:
+        tape: OpTape = node.fn.__self__
+        prim = tape.prim
+        spec = prim.batch
+        fan = None if spec is None else spec.fan
+        if fan is None:
+            return None
+        key: list[Any] = [prim, "fan"]
+        try:
+            params = tuple(tape.params.items())
+            hash(params)
+        except TypeError:
+            return None
+        key.append(params)
+        for i, t in enumerate(tape.inputs):
+            d = t.data
+            if i in fan.shared:
+                key.append(t)  # the very same value: one tape
+            else:
+                key.append(float if type(d) is float else (type(d), d.shape, d.dtype))
+        return tuple(key)
+
     def name(self, node: Any) -> str:
         tape: OpTape = node.fn.__self__
         return tape.prim.name
 
     def run(self, nodes: list[Any]) -> Do[list[Any]]:
         tapes: list[OpTape] = [node.fn.__self__ for node in nodes]
-        return PrivateKernel(_forward, (tapes,), functools.partial(_cost, tapes))
+        return PrivateKernel(_forward, (tapes, None), functools.partial(_cost, tapes))
+
+    def run_fan(self, nodes: list[Any]) -> Do[list[Any]]:
+        tapes: list[OpTape] = [node.fn.__self__ for node in nodes]
+        spec = tapes[0].prim.batch
+        assert spec is not None and spec.fan is not None
+        return PrivateKernel(_forward, (tapes, spec.fan), functools.partial(_cost, tapes))
 
 
 OP_BATCHER = OpBatcher()
@@ -146,8 +180,9 @@ def _scalar(spec: Batching, datas: tuple[Any, ...], params: dict[str, Any]) -> b
     return spec.scalar == "always"
 
 
-def _forward(tapes: list[OpTape]) -> list[OpTape]:
-    """The merged forward kernel: stacks the rows, applies the primitive once, hands out rows."""
+def _forward(tapes: list[OpTape], fan: FanOut | None) -> list[OpTape]:
+    """The merged forward kernel: stacks the rows, applies the primitive once, hands out rows.
+    ``fan``: the calls share ``fan.shared`` inputs and are merged by ``fan``'s rules."""
     first = tapes[0]
     prim = first.prim
     spec = prim.batch
@@ -161,7 +196,10 @@ def _forward(tapes: list[OpTape]) -> list[OpTape]:
     arrays = [d for d in datas if type(d) is not float]
     xp = np if not arrays or type(arrays[0]) is np.ndarray else namespace(*arrays)
     float_dtype = next((d.dtype for d in arrays if xp.isdtype(d.dtype, "real floating")), xp.float64)
-    stacked = [not _is_shared(spec, i, t) for i, t in enumerate(first.inputs)]
+    if fan is None:
+        stacked = [not _is_shared(spec, i, t) for i, t in enumerate(first.inputs)]
+    else:
+        stacked = [i not in fan.shared for i in range(len(datas))]
     rank = max((len(d.shape) for d in arrays), default=0)
     args: list[Any] = []
     for i, d in enumerate(datas):
@@ -169,11 +207,15 @@ def _forward(tapes: list[OpTape]) -> list[OpTape]:
             args.append(d)
             continue
         a = stack_values(xp, [t.args[i] for t in tapes], float_dtype)
-        if spec.elementwise and a.ndim - 1 < rank:  # so that rows broadcast as their calls did
+        if spec.elementwise and fan is None and a.ndim - 1 < rank:  # rows broadcast as their calls did
             a = xp.reshape(a, (n,) + (1,) * (rank - a.ndim + 1) + tuple(a.shape[1:]))
         args.append(a)
-    params = merged_params(spec, [t.params for t in tapes], datas[0])
-    forward = spec.forward or prim.forward
+    if fan is None:
+        params = merged_params(spec, [t.params for t in tapes], datas[0])
+        forward = spec.forward or prim.forward
+        vjps = spec.vjps or prim.vjps
+    else:
+        params, forward, vjps = first.params, fan.forward, fan.vjps
     try:
         out = forward(xp, *args, **params)
     except ValueError as e:
@@ -184,8 +226,8 @@ def _forward(tapes: list[OpTape]) -> list[OpTape]:
     saved = None
     if prim.saves:
         out, saved = out
-    scalar = _scalar(spec, datas, first.params)
-    group = _OpGroup(prim, tapes, args, stacked, out, saved, params, xp)
+    scalar = fan is None and _scalar(spec, datas, first.params)
+    group = _OpGroup(prim, tapes, args, stacked, out, saved, params, xp, vjps, fan is not None)
     members = BatchGroup(n, group.backward)
     for k, t in enumerate(tapes):
         t.data = result_row(out, k, scalar)
@@ -199,7 +241,7 @@ class _OpGroup:
     """A merged op's stacked arguments and result, kept for its one backward. It holds its members'
     inputs, not the members themselves (which point to it): no reference cycle."""
 
-    __slots__ = ("args", "inputs", "items", "out", "params", "prim", "saved", "stacked", "xp")
+    __slots__ = ("args", "fan", "inputs", "items", "out", "params", "prim", "saved", "stacked", "vjps", "xp")
 
     def __init__(
         self,
@@ -211,8 +253,12 @@ class _OpGroup:
         saved: Any,
         params: dict[str, Any],
         xp: Any,
+        vjps: tuple[Rule, ...],
+        fan: bool,
     ) -> None:
         self.prim = prim
+        self.vjps = vjps
+        self.fan = fan  # merged by the primitive's FanOut rules (their deltas have exact shapes)
         self.inputs = [t.inputs for t in tapes]
         self.items = [t.args for t in tapes]  # each member's own arguments (the rows' shapes)
         self.args = args
@@ -224,7 +270,10 @@ class _OpGroup:
 
     def cost(self) -> float:
         """The merged op's cost (asked for only by an executor with a pool): its primitive's cost
-        on the stacked arguments, which is the members' total."""
+        on the stacked arguments, which is the members' total (the members' own, summed, for calls
+        merged by fanning out)."""
+        if self.fan:
+            return sum(self.prim.cost(*items, **self.params) for items in self.items)
         return self.prim.cost(*self.args, **self.params)
 
     def backward(self, deltas: list[list[Do[Any]] | None]) -> Do[None]:
@@ -259,12 +308,9 @@ class _OpGroup:
 
     def _vjp(self, i: int, delta: Any) -> Any:
         prim = self.prim
-        spec = prim.batch
-        assert spec is not None
-        vjps = spec.vjps or prim.vjps
         xp = self.xp
-        g = vjps[i](xp, delta, self.saved if prim.saves else self.out, *self.args, **self.params)
-        if prim.broadcasts:
+        g = self.vjps[i](xp, delta, self.saved if prim.saves else self.out, *self.args, **self.params)
+        if prim.broadcasts and not self.fan:
             g = unbroadcast(xp, g, self.args[i])
         elif type(g) is SparseRows and not getattr(self.inputs[0][i], "sparse_deltas", False):
             g = g.to_dense(xp)

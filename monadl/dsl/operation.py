@@ -184,6 +184,12 @@ class OperationBatcher:
         call: _Call = node.args[0]
         return call.op.f.__qualname__
 
+    def fan_signature(self, node: Any) -> Hashable | None:
+        return None  # an operation's calls merge only as rows
+
+    def run_fan(self, nodes: list[Any]) -> Do[list[Any]]:  # pragma: no cover - no fan signatures
+        raise NotImplementedError("batchable operations do not fan out")
+
     def run(self, nodes: list[Any]) -> Do[list[Any]]:
         calls: list[_Call] = [node.args[0] for node in nodes]
         first = calls[0]

@@ -38,6 +38,21 @@ def elementwise_cost(*inputs: Any, **_: Any) -> float:
 
 
 @dataclass(frozen=True)
+class FanOut:
+    """How calls of a primitive that read one value with different others merge (``linear`` of one
+    input with several weights: the gates of an LSTM cell): the inputs ``shared`` are one value for
+    all the calls (the same tape), the other inputs are stacked, row k the k-th call's.
+
+    ``forward(xp, *inputs, **params)`` gets the stacked inputs and gives one result row per call;
+    ``vjps`` give a shared input its delta summed over the calls, a stacked one its rows' deltas.
+    The calls' parameters are equal (their whole value is in the signature)."""
+
+    shared: tuple[int, ...]
+    forward: Rule
+    vjps: tuple[Rule, ...]
+
+
+@dataclass(frozen=True)
 class Batching:
     """How calls of a primitive merge into one call on stacked rows (dynamic batching, see
     ``monadl.dsl.batching``).
@@ -66,6 +81,8 @@ class Batching:
     key: Callable[[dict[str, Any]], Hashable] | None = None
     """The part of the parameters (other than ``rows``) that must be equal for calls to merge
     (default: all of them)."""
+    fan: FanOut | None = None
+    """How calls that merged with nothing else merge when they share an input (None: they do not)."""
 
 
 ELEMENTWISE = Batching(elementwise=True, scalar="inputs")
@@ -391,6 +408,35 @@ def _rows(xp: Any, a: Any) -> Any:
     return a if a.ndim == 2 else xp.reshape(a, (-1, a.shape[-1]))
 
 
+def _fan_linear(xp: Any, x: Any, w: Any, b: Any) -> Any:
+    """k calls ``x @ w[j] + b[j]`` of one ``x``: one matmul of its rows by the k stacked weights."""
+    k, _, outputs = w.shape
+    out = xp.matmul(_rows(xp, x), w) + xp.reshape(b, (k, 1, -1))  # (k, rows, outputs)
+    return xp.reshape(out, (k, *x.shape[:-1], outputs))
+
+
+def _fan_linear_rows(xp: Any, d: Any, w: Any) -> Any:
+    """The stacked delta as (k, rows, outputs)."""
+    return xp.reshape(d, (w.shape[0], -1, w.shape[2]))
+
+
+def _fan_linear_vjp_b(xp: Any, d: Any, o: Any, x: Any, w: Any, b: Any) -> Any:
+    g = xp.sum(_fan_linear_rows(xp, d, w), axis=1)  # (k, outputs)
+    return g if b.ndim == 2 else xp.sum(g, axis=1)  # a scalar bias per call: (k,)
+
+
+_FAN_LINEAR = FanOut(
+    shared=(0,),
+    forward=_fan_linear,
+    vjps=(
+        lambda xp, d, o, x, w, b: xp.reshape(
+            xp.sum(xp.matmul(_fan_linear_rows(xp, d, w), w.mT), axis=0), x.shape
+        ),
+        lambda xp, d, o, x, w, b: xp.matmul(_rows(xp, x).mT, _fan_linear_rows(xp, d, w)),
+        _fan_linear_vjp_b,
+    ),
+)
+
 # x @ w + b in one op: every dense layer's forward, one kernel and one tape instead of two.
 linear = Primitive(
     "linear",
@@ -407,7 +453,9 @@ linear = Primitive(
     ),
     cost=lambda x, w, b: float(math.prod(x.shape) * w.shape[1]),
     check=_check_linear,
-    batch=Batching(shared=(1, 2)),  # x's rows stacked: the calls' x @ w become one matmul
+    # x's rows stacked: the calls' x @ w become one matmul; or, for calls of one x with different
+    # weights, the weights stacked: the calls' x @ w[j] become one batched matmul
+    batch=Batching(shared=(1, 2), fan=_FAN_LINEAR),
 )
 
 # ------------------------------------------------------------------------------ softmax and loss
