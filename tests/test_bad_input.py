@@ -205,6 +205,21 @@ def test_cross_entropy_targets_of_the_wrong_shape(targets: Any, wanted: str) -> 
     assert f"expected {wanted}" in message, message
 
 
+@pytest.mark.parametrize(
+    ("shape", "targets"),
+    [
+        ((0, 4), np.zeros(0, dtype=np.int64)),  # an empty batch: a mean over no rows
+        ((0, 4), np.zeros((0, 4))),
+        ((2, 0, 4), np.zeros((2, 0), dtype=np.int64)),
+        ((3, 0), np.zeros((3, 0))),  # no classes
+    ],
+)
+def test_cross_entropy_of_empty_logits(shape: tuple[int, ...], targets: Any) -> None:
+    error = evaluation_error(lambda: monadl.cross_entropy(_weight(shape), targets))
+    assert isinstance(error, ShapeError)
+    assert str(error) == f"cross_entropy: logits of shape {shape} are empty (no rows or no classes)"
+
+
 def test_cross_entropy_targets_not_an_array() -> None:
     with pytest.raises(TypeError, match=re.escape("cross_entropy: expected an array of targets, got list")):
         monadl.cross_entropy(_weight((3, 4)), [0, 1, 2])  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import monadl
+from monadl.dsl import primitives as P
 
 STRICT_ARRAY = type(xps.asarray(0.0))
 
@@ -133,3 +134,28 @@ def _draw_case(family: str, data: st.DataObject) -> OpCase:
 @given(data=st.data())
 def test_shapes_match_numpy(family: str, data: st.DataObject) -> None:
     _assert_same_as_numpy(_draw_case(family, data))
+
+
+@pytest.mark.parametrize("bias", ["array", "float"])
+@pytest.mark.parametrize("lead", [(), (2,), (2, 3)])
+def test_the_fan_out_rules_of_linear_match_numpy(bias: str, lead: tuple[int, ...]) -> None:
+    """``linear``'s ``FanOut`` rules (three calls of one x with different weights as one): off NumPy
+    they take one batched matmul, on NumPy a matmul per weight; the results are NumPy's."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(*lead, 3))
+    ws = tuple(rng.normal(size=(3, 4)) for _ in range(3))
+    bs: tuple[Any, ...] = tuple(
+        rng.normal(size=4) if bias == "array" else float(rng.normal()) for _ in range(3)
+    )
+    d = rng.normal(size=(3, *lead, 4))
+    fan = P.linear.batch.fan if P.linear.batch is not None else None
+    assert fan is not None
+    expected = [fan.forward(np, x, ws, bs), *(vjp(np, d, None, x, ws, bs) for vjp in fan.vjps)]
+    for j in range(3):  # the calls one by one
+        np.testing.assert_allclose(expected[0][j], x @ ws[j] + bs[j], rtol=TOL)
+    s = STRICT.asarray
+    strict_bs = tuple(s(b) for b in bs) if bias == "array" else bs
+    args = (s(x), tuple(s(w) for w in ws), strict_bs)
+    got = [fan.forward(xps, *args), *(vjp(xps, s(d), None, *args) for vjp in fan.vjps)]
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(STRICT.to_numpy(g), e, rtol=TOL, atol=TOL)

@@ -14,10 +14,10 @@ a shared weight gets one delta for the whole group (summed by the vjp itself, a 
 ``linear``'s weight) and releases for the other calls.
 
 Calls that merge with nothing as rows may still *fan out* (``Batching.fan``): ``linear`` calls of
-one input with different weights (a Tree-LSTM cell's five gates) run as one matmul by the stacked
-weights. Their :meth:`OpBatcher.fan_signature` is the primitive, its parameters, the shared input's
-tape itself, and the other inputs' shapes; the shared input gets one delta, summed over the calls,
-and every weight its row of the stacked weights' delta.
+one input with different weights (a Tree-LSTM cell's five gates) run as one kernel, whose weights'
+deltas are one batched matmul. Their :meth:`OpBatcher.fan_signature` is the primitive, its
+parameters, the shared input's tape itself, and the other inputs' shapes; the shared input gets one
+delta, summed over the calls, and every weight its row of the weights' stacked delta.
 """
 
 from __future__ import annotations
@@ -206,8 +206,11 @@ def _forward(tapes: list[OpTape], fan: FanOut | None) -> list[OpTape]:
         if not stacked[i]:
             args.append(d)
             continue
+        if fan is not None:  # the fan rules take the calls' values as they are
+            args.append(tuple([t.args[i] for t in tapes]))
+            continue
         a = stack_values(xp, [t.args[i] for t in tapes], float_dtype)
-        if spec.elementwise and fan is None and a.ndim - 1 < rank:  # rows broadcast as their calls did
+        if spec.elementwise and a.ndim - 1 < rank:  # so that rows broadcast as their calls did
             a = xp.reshape(a, (n,) + (1,) * (rank - a.ndim + 1) + tuple(a.shape[1:]))
         args.append(a)
     if fan is None:

@@ -43,8 +43,9 @@ class FanOut:
     input with several weights: the gates of an LSTM cell): the inputs ``shared`` are one value for
     all the calls (the same tape), the other inputs are stacked, row k the k-th call's.
 
-    ``forward(xp, *inputs, **params)`` gets the stacked inputs and gives one result row per call;
-    ``vjps`` give a shared input its delta summed over the calls, a stacked one its rows' deltas.
+    ``forward(xp, *inputs, **params)`` gets each stacked input as a tuple of the calls' values (not
+    copied into one array) and gives one result row per call; ``vjps`` give a shared input its delta
+    summed over the calls, a stacked one its rows' deltas as one array.
     The calls' parameters are equal (their whole value is in the signature)."""
 
     shared: tuple[int, ...]
@@ -408,31 +409,48 @@ def _rows(xp: Any, a: Any) -> Any:
     return a if a.ndim == 2 else xp.reshape(a, (-1, a.shape[-1]))
 
 
-def _fan_linear(xp: Any, x: Any, w: Any, b: Any) -> Any:
-    """k calls ``x @ w[j] + b[j]`` of one ``x``: one matmul of its rows by the k stacked weights."""
-    k, _, outputs = w.shape
-    out = xp.matmul(_rows(xp, x), w) + xp.reshape(b, (k, 1, -1))  # (k, rows, outputs)
+def _fan_linear(xp: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
+    """k calls ``x @ w[j] + b[j]`` of one ``x``, as a (k, ..., outputs) array. On NumPy a matmul per
+    weight into one result: a copy of the weights into one stack would cost more than the products
+    of a few rows."""
+    rows = _rows(xp, x)
+    k, outputs = len(w), w[0].shape[1]
+    if xp is np:
+        out = np.empty((k, rows.shape[0], outputs), dtype=np.result_type(rows, w[0], b[0]))
+        for j in range(k):
+            np.matmul(rows, w[j], out=out[j])
+            out[j] += b[j]
+    else:  # one batched matmul: on a GPU, one launch for the k products
+        ws = xp.stack(w)
+        bs = xp.asarray(b, dtype=ws.dtype) if type(b[0]) is float else xp.stack(b)
+        out = xp.matmul(rows, ws) + xp.reshape(bs, (k, 1, -1))
     return xp.reshape(out, (k, *x.shape[:-1], outputs))
 
 
-def _fan_linear_rows(xp: Any, d: Any, w: Any) -> Any:
+def _fan_linear_rows(xp: Any, d: Any, w: tuple[Any, ...]) -> Any:
     """The stacked delta as (k, rows, outputs)."""
-    return xp.reshape(d, (w.shape[0], -1, w.shape[2]))
+    return xp.reshape(d, (len(w), -1, w[0].shape[1]))
 
 
-def _fan_linear_vjp_b(xp: Any, d: Any, o: Any, x: Any, w: Any, b: Any) -> Any:
+def _fan_linear_vjp_x(xp: Any, d: Any, o: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
+    d = _fan_linear_rows(xp, d, w)
+    g = xp.matmul(d[0, ...], w[0].mT)
+    for j in range(1, len(w)):
+        g = g + xp.matmul(d[j, ...], w[j].mT)
+    return xp.reshape(g, x.shape)
+
+
+def _fan_linear_vjp_b(xp: Any, d: Any, o: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
     g = xp.sum(_fan_linear_rows(xp, d, w), axis=1)  # (k, outputs)
-    return g if b.ndim == 2 else xp.sum(g, axis=1)  # a scalar bias per call: (k,)
+    return g if type(b[0]) is not float and b[0].ndim == 1 else xp.sum(g, axis=1)  # scalar biases: (k,)
 
 
 _FAN_LINEAR = FanOut(
     shared=(0,),
     forward=_fan_linear,
     vjps=(
-        lambda xp, d, o, x, w, b: xp.reshape(
-            xp.sum(xp.matmul(_fan_linear_rows(xp, d, w), w.mT), axis=0), x.shape
-        ),
-        lambda xp, d, o, x, w, b: xp.matmul(_rows(xp, x).mT, _fan_linear_rows(xp, d, w)),
+        _fan_linear_vjp_x,
+        lambda xp, d, o, x, w, b: xp.matmul(_rows(xp, x).mT, _fan_linear_rows(xp, d, w)),  # (k, in, out)
         _fan_linear_vjp_b,
     ),
 )
@@ -454,7 +472,7 @@ linear = Primitive(
     cost=lambda x, w, b: float(math.prod(x.shape) * w.shape[1]),
     check=_check_linear,
     # x's rows stacked: the calls' x @ w become one matmul; or, for calls of one x with different
-    # weights, the weights stacked: the calls' x @ w[j] become one batched matmul
+    # weights, one kernel (FanOut)
     batch=Batching(shared=(1, 2), fan=_FAN_LINEAR),
 )
 
@@ -503,6 +521,10 @@ def _targets(xp: Any, logits: Any, targets: Any, labels: tuple[int, int] | None)
 def _check_cross_entropy(logits: Any, targets: Any, labels: tuple[int, int] | None) -> None:
     if type(logits) is float or logits.ndim == 0:
         raise ShapeError(f"cross_entropy: logits must have a class axis, got shape {shape_of(logits)}")
+    if math.prod(logits.shape) == 0:  # the mean over no rows, or a softmax over no classes
+        raise ShapeError(
+            f"cross_entropy: logits of shape {tuple(logits.shape)} are empty (no rows or no classes)"
+        )
     wanted = tuple(logits.shape[:-1]) if labels is not None else tuple(logits.shape)
     if tuple(targets.shape) != wanted:
         raise ShapeError(
