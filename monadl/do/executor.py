@@ -308,20 +308,15 @@ class _Run:
         run: Callable[[list[Any]], Do[list[Any]]],
     ) -> None:
         """Starts one computation (``run``'s) for the nodes of a group."""
+        self._count(signature, batcher, nodes[0])
         stats = self.stats
-        name = batcher.name(nodes[0])
-        stats.kinds[name] = stats.kinds.get(name, 0) + 1
-        self.signatures.add(hash(signature))
         stats.groups += 1
         stats.merged += len(nodes)
         self.agenda.append(([(_K_SCATTER, stacks, None)], True, run(nodes)))
 
     def _alone(self, signature: Any, batcher: Batcher, stack: Stack, node: Any) -> None:
         """Runs a parked node that merges with nothing, as if batching were off."""
-        kinds = self.stats.kinds
-        name = batcher.name(node)
-        kinds[name] = kinds.get(name, 0) + 1
-        self.signatures.add(hash(signature))
+        self._count(signature, batcher, node)
         if node.tag & ~PRIVATE == KERNEL:
             self.kernels += 1
             value = (
@@ -333,6 +328,13 @@ class _Run:
                 self.agenda.append((stack, False, value))
         else:
             self.agenda.append((stack, True, node.fn(*node.args)))
+
+    def _count(self, signature: Any, batcher: Batcher, node: Any) -> None:
+        """Counts a launch of parked work (a group, or a node alone) by kind and by signature."""
+        kinds = self.stats.kinds
+        name = batcher.name(node)
+        kinds[name] = kinds.get(name, 0) + 1
+        self.signatures.add(hash(signature))
 
     def _dispatch(self, stack: Stack, fn: Callable[..., Any], args: tuple[Any, ...], cost: Any) -> Any:
         """Runs a kernel inline, or sends it to the pool and returns ``_SUSPENDED``.
