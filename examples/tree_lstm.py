@@ -52,7 +52,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from returns.result import Failure, Result
@@ -82,9 +82,9 @@ class Affine:
         return ml.linear(x, self.w, self.b)
 
 
-@dataclass(frozen=True)
-class State:
-    """A node's output ``h`` and memory cell ``c``, each of shape (hidden,)."""
+class State(NamedTuple):
+    """A node's output ``h`` and memory cell ``c``, each of shape (hidden,). (A named tuple: one is
+    made per node of every tree, and a frozen dataclass costs several times more to make.)"""
 
     h: ArrayLayer
     c: ArrayLayer

@@ -244,6 +244,28 @@ def test_calls_of_different_row_shapes_or_dtypes_do_not_merge() -> None:
     assert_same(merged, gradients_of(ml.add_n([ml.sum(plain_dense(x)) for x in xs]), batching=False))
 
 
+def test_a_row_argument_that_is_not_a_float_array_is_a_type_error_naming_the_function() -> None:
+    dense(W * 1.0)  # not the first call: the operation has learnt its results
+    with pytest.raises(TypeError, match="plain_dense: expected a floating-point array"):
+        dense(np.ones(3, dtype=np.int64))
+
+
+def test_keyword_arguments_are_part_of_the_signature() -> None:
+    def plain(x: ArrayLayer | F64, *, scale: float) -> ArrayLayer:
+        return ml.tanh(ml.linear(x, W, B)) * scale
+
+    scaled = ml.batchable(plain)
+    calls = [(x, 1.0 if k % 3 else 2.0) for k, x in enumerate(rows(6))]
+
+    def loss(op: Callable[..., ArrayLayer]) -> FloatLayer:
+        return ml.add_n([ml.sum(op(x, scale=scale) * probe((3,), k)) for k, (x, scale) in enumerate(calls)])
+
+    scaled(W * 1.0, scale=1.0)  # the first call learns
+    merged = gradients_of(loss(scaled), batching=True)
+    assert merged.stats.kinds[plain.__qualname__] == 2  # scale 1.0 and scale 2.0
+    assert_same(merged, gradients_of(loss(plain), batching=False))
+
+
 def test_calls_given_different_weights_do_not_merge() -> None:
     other = ArrayWeight(RNG.normal(size=(3, 3)))
     calls = [(x, W if k % 2 else other) for k, x in enumerate(rows(6))]

@@ -39,7 +39,7 @@ from monadl.dsl import primitives as P
 from monadl.dsl.apply import _Build, apply_primitive
 from monadl.dsl.batching import _is_shared, _scalar, merged_params, signature_start
 from monadl.dsl.layers import ArrayLayer, FloatLayer
-from monadl.dsl.operation import _Call, _item, _static_key
+from monadl.dsl.operation import _Call, _item
 from monadl.dsl.operation import _layer as operation_layer
 from monadl.dsl.primitives import Primitive
 from monadl.tape.tape import Tape
@@ -116,23 +116,21 @@ def _levels(root: Do[Any]) -> list[list[Entry]] | None:
     """The nodes reachable from ``root`` by depth (a leaf's is 0, a projection's its call's, any
     other node's one more than its deepest input); None at the first node of a kind a plan does
     not handle, or if its depths hold fewer than ``MIN_WIDTH`` ops or calls on average."""
+    # This walk visits every node of a batch (several per tree node), so it is written out.
     depth: dict[Any, int] = {}  # by node; -1 while its inputs are being walked
+    depth_of = depth.__getitem__
     levels: list[list[Entry]] = [[]]
     width = [0]
     stack: list[Any] = [root]  # nodes to walk, and entries whose inputs have all been walked
+    pop, push = stack.pop, stack.append
     while stack:
-        item = stack.pop()
+        item = pop()
         if type(item) is tuple:
             node, kind, sources = item
             if kind == _PROJECTION:
                 d = depth[sources[0]]
             else:
-                d = 0
-                for source in sources:
-                    ds = depth[source]
-                    if ds > d:
-                        d = ds
-                d += 1
+                d = max(map(depth_of, sources), default=0) + 1
                 if d == len(levels):
                     levels.append([])
                     width.append(0)
@@ -143,28 +141,30 @@ def _levels(root: Do[Any]) -> list[list[Entry]] | None:
         if item in depth:
             continue
         tag = item.tag & ~PRIVATE
-        if tag == PURE or tag == DELAY:
+        if tag != BIND:
+            if tag != PURE and tag != DELAY:
+                return None
             depth[item] = 0
             levels[0].append((item, _LEAF, ()))
             continue
-        if tag != BIND:
-            return None
         f = item.f
-        mode = item.mode
-        if mode == FLAT and type(f) is _Build:
+        f_type = type(f)
+        if f_type is _Build:
             kind = _OP
-        elif mode == FLAT and type(f) is _Call:
+        elif f_type is _Call:
             kind = _CALL
-        elif mode == MAP and type(f) is functools.partial and f.func is _item:
+        elif f_type is functools.partial and f.func is _item and item.mode == MAP:
             kind = _PROJECTION
         else:
             return None
+        if kind != _PROJECTION and item.mode != FLAT:
+            return None
         depth[item] = -1
         sources = item.sources
-        stack.append((item, kind, sources))
+        push((item, kind, sources))
         for source in reversed(sources):  # walked in order: a level's nodes in the order of use
             if source not in depth:
-                stack.append(source)
+                push(source)
     if sum(width) < MIN_WIDTH * (len(width) - 1):
         return None
     return levels
@@ -217,11 +217,7 @@ class _Plan:
         """The node's signature (equal ones merge), or None to run it on its own."""
         if kind == _CALL:
             call: _Call = node.f
-            kwargs = tuple((name, _static_key(v)) for name, v in call.kwargs.items())
-            signature: list[Any] = [call.op, call.statics, kwargs]
-            for v in inputs:
-                signature.append(_row_key(v))
-            return tuple(signature)
+            return (call.static, *map(_row_key, inputs))
         build: _Build = node.f
         prim = build.prim
         spec = prim.batch
@@ -334,8 +330,9 @@ class _Plan:
         self, nodes: list[Any], structure: Sequence[type], tapes: tuple[Tape[Any, Any], ...]
     ) -> None:
         groups = [_Group(t, kind is FloatLayer) for t, kind in zip(tapes, structure, strict=True)]
+        values = self.values
         for k, node in enumerate(nodes):
-            self.values[node] = tuple(_Row(g, k) for g in groups)
+            values[node] = tuple([_Row(g, k) for g in groups])
 
     def _alone(self, node: Any, inputs: list[Any]) -> Do[Any]:
         """A node that merges with nothing: the op on its own values (a row taken out of its

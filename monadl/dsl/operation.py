@@ -58,6 +58,7 @@ class Operation(Generic[P, R]):
         self.f = f
         self.structure: tuple[type[Layer], ...] | None = None  # the results' layer types
         self.single = True  # f returns one layer (not a tuple)
+        self.projections: list[tuple[type[Layer], Callable[..., Any]]] | None = None  # learnt with them
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         return self if instance is None else types.MethodType(self, instance)
@@ -66,23 +67,35 @@ class Operation(Generic[P, R]):
         return f"batchable({self.f.__qualname__})"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.structure is None:
+        projections = self.projections
+        if projections is None:
             result = self.f(*args, **kwargs)
             self._learn(result)
             return result
+        # Recording one call: this runs once per node of every tree, so it is written out.
         rows: list[int] = []
         statics: list[Hashable] = []
+        sources: list[Do[Any]] = []
         for i, a in enumerate(args):
-            if _is_row(a):
+            kind = type(a)
+            row = _row_kinds.get(kind)
+            if row is None:
+                row = _row_kind(a)
+            if row == _LAYER_ROW:
                 rows.append(i)
+                sources.append(a.forward)
+            elif row == _VALUE_ROW:
+                rows.append(i)
+                sources.append(forward_of(a, self.f.__qualname__))
             else:
-                statics.append(_static_key(a))
-        call = _Call(self, args, kwargs, rows, tuple(statics))
-        node: Do[Any] = Bind(tuple(forward_of(args[i], self.f.__qualname__) for i in rows), call, FLAT)
-        outputs = [
-            cls(Bind((node,), functools.partial(_item, j), MAP)) for j, cls in enumerate(self.structure)
-        ]
-        return outputs[0] if self.single else tuple(outputs)
+                statics.append(("value", a) if kind in _PLAIN else id(a))
+        kwkey = tuple([(name, _static_key(v)) for name, v in kwargs.items()]) if kwargs else ()
+        call = _Call(self, args, kwargs, rows, (self, tuple(statics), kwkey))
+        node: Do[Any] = Bind(tuple(sources), call, FLAT)
+        if self.single:
+            cls, item = projections[0]
+            return cls(Bind((node,), item, MAP))
+        return tuple([cls(Bind((node,), item, MAP)) for cls, item in projections])
 
     def _learn(self, result: object) -> None:
         results = result if isinstance(result, tuple) else (result,)
@@ -93,28 +106,39 @@ class Operation(Generic[P, R]):
             )
         self.single = not isinstance(result, tuple)
         self.structure = tuple(type(r) for r in results)
+        # A call's results are projections of its node: the same functions for every call.
+        self.projections = [(cls, functools.partial(_item, j)) for j, cls in enumerate(self.structure)]
 
 
-def _is_row(a: object) -> bool:
-    """Layers and arrays are stacked; weights are shared (a weight is one value for every row)."""
+_STATIC_ROW, _LAYER_ROW, _VALUE_ROW = range(3)
+_PLAIN = (int, float, str, bool)
+
+
+def _row_kind(a: object) -> int:
+    """Whether an argument of this type is a static (a weight, an object, a scalar: shared by all
+    rows), a layer (stacked; its ``forward``), or another value that is stacked (an array, a user's
+    differentiable type); learnt once per type, since a check against the DeepLearning protocol is
+    slow."""
     kind = type(a)
-    row = _row_kinds.get(kind)
-    if row is None:  # once per type: a check against the DeepLearning protocol is slow
-        if issubclass(kind, (ArrayWeight, FloatWeight)):
-            row = False
-        else:
-            row = issubclass(kind, Differentiable) or is_array(a) or isinstance(a, DeepLearning)
-        _row_kinds[kind] = row
+    if issubclass(kind, (ArrayWeight, FloatWeight)):
+        row = _STATIC_ROW
+    elif issubclass(kind, Differentiable):
+        row = _LAYER_ROW
+    elif is_array(a) or isinstance(a, DeepLearning):
+        row = _VALUE_ROW
+    else:
+        row = _STATIC_ROW
+    _row_kinds[kind] = row
     return row
 
 
-_row_kinds: dict[type, bool] = {}
+_row_kinds: dict[type, int] = {}
 
 
 def _static_key(a: object) -> Hashable:
     """A non-layer argument's part of a signature: its value if a plain scalar, else its identity
     (the weights a call is given, the object a method is bound to)."""
-    return ("value", a) if type(a) in (int, float, str, bool) else id(a)
+    return ("value", a) if type(a) in _PLAIN else id(a)
 
 
 def _item(j: int, tapes: tuple[Tape[Any, Any], ...]) -> Tape[Any, Any]:
@@ -124,7 +148,7 @@ def _item(j: int, tapes: tuple[Tape[Any, Any], ...]) -> Tape[Any, Any]:
 class _Call:
     """One call of an operation: its arguments, and (once its layer arguments ran) their tapes."""
 
-    __slots__ = ("args", "kwargs", "op", "rows", "statics", "tapes")
+    __slots__ = ("args", "kwargs", "op", "rows", "static", "tapes")
 
     def __init__(
         self,
@@ -132,13 +156,13 @@ class _Call:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         rows: list[int],
-        statics: tuple[Hashable, ...],
+        static: Hashable,
     ) -> None:
         self.op = op
         self.args = args
         self.kwargs = kwargs
         self.rows = rows
-        self.statics = statics
+        self.static = static  # the signature's part that is known when the call is made
         self.tapes: tuple[Tape[Any, Any], ...] = ()
 
     def __call__(self, *tapes: Tape[Any, Any]) -> Do[tuple[Tape[Any, Any], ...]]:
@@ -173,8 +197,7 @@ class OperationBatcher:
 
     def signature(self, node: Any) -> Hashable | None:
         call: _Call = node.args[0]
-        kwargs = tuple((name, _static_key(v)) for name, v in call.kwargs.items())
-        key: list[Hashable] = [call.op, call.statics, kwargs]
+        key: list[Hashable] = [call.static]
         for t in call.tapes:
             d = t.data
             key.append(float if type(d) is float else (type(d), d.shape, d.dtype))
