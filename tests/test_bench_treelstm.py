@@ -131,6 +131,17 @@ def test_a_segment_holds_at_least_the_trees_asked_for_in_distinct_batches() -> N
     assert len(rates) == 3 and all(r > 0 for r in rates)
 
 
+def test_interleaved_runs_time_one_segment_of_each_in_turn() -> None:
+    pool, _ = _trees(10)
+    batches = bench.segment(pool, 4, 8)  # two steps a segment
+    calls: list[str] = []
+    runs = [lambda b, name=name: calls.append(name) for name in ("a", "b", "c")]
+    rates = bench.interleaved(runs, batches, warmup=5, repeats=3)
+    warm = ["a", "a", "b", "b", "c", "c"]  # each warmed up first: ceil(5 / 4) steps
+    assert calls == warm + ["a", "a", "b", "b", "c", "c"] * 3
+    assert [len(r) for r in rates] == [3, 3, 3] and all(x > 0 for r in rates for x in r)
+
+
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 def test_the_torch_peer_computes_the_example(reference: ml.Executor) -> None:
     trees, vocabulary = _trees()

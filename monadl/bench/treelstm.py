@@ -16,8 +16,11 @@ one Adagrad step on the batch; ``infer``: ``predict_roots``, one forward over th
 
 Each figure is the median over --repeats timed segments of at least --trees trees (a segment is
 ceil(trees / batch) steps over distinct batches of a shuffled pool), after --warmup trees, with the
-min and the max. One thread throughout: BLAS capped by threadpoolctl, torch.set_num_threads(1), DyNet
-on one CPU thread. All implementations start from the same weights (monadl's initialisation).
+min and the max. The segments of one (phase, batch) are interleaved: monadl batched, unbatched and
+torch one segment each, then again, so that the machine's drift in speed touches them alike and
+their ratios hold (DyNet runs afterwards, in processes of its own). One thread throughout: BLAS
+capped by threadpoolctl, torch.set_num_threads(1), DyNet on one CPU thread. All implementations
+start from the same weights (monadl's initialisation).
 
 For monadl it also reports, on the first batch of each size: the kernel launches of a training step
 and of an inference (``Executor.stats.kernels`` over its runs: a merged group counts once), against
@@ -33,6 +36,7 @@ runs), in microseconds per cell call (one per tree node).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -130,16 +134,38 @@ def trees_per_second(
     run: Callable[[Sequence[Tree]], object], batches: Sequence[Sequence[Tree]], warmup: int, repeats: int
 ) -> list[float]:
     """Trees/s of ``run`` over ``batches``, once per repeat, after ``warmup`` trees' worth of steps."""
-    per_segment = sum(len(b) for b in batches)
+    _warm_up(run, batches, warmup)
+    return [_segment_rate(run, batches) for _ in range(repeats)]
+
+
+def interleaved(
+    runs: Sequence[Callable[[Sequence[Tree]], object]],
+    batches: Sequence[Sequence[Tree]],
+    warmup: int,
+    repeats: int,
+) -> list[list[float]]:
+    """Trees/s of each of ``runs`` over ``batches``, ``repeats`` times: each warmed up, then one
+    timed segment of each in turn per round, so that the machine's drift in speed touches them alike
+    and their ratios hold even where their absolute figures move."""
+    for run in runs:
+        _warm_up(run, batches, warmup)
+    rates: list[list[float]] = [[] for _ in runs]
+    for _ in range(repeats):
+        for run, found in zip(runs, rates, strict=True):
+            found.append(_segment_rate(run, batches))
+    return rates
+
+
+def _warm_up(run: Callable[[Sequence[Tree]], object], batches: Sequence[Sequence[Tree]], warmup: int) -> None:
     for k in range(max(1, math.ceil(warmup / len(batches[0])))):
         run(batches[k % len(batches)])
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for b in batches:
-            run(b)
-        rates.append(per_segment / (time.perf_counter() - start))
-    return rates
+
+
+def _segment_rate(run: Callable[[Sequence[Tree]], object], batches: Sequence[Sequence[Tree]]) -> float:
+    start = time.perf_counter()
+    for b in batches:
+        run(b)
+    return sum(len(b) for b in batches) / (time.perf_counter() - start)
 
 
 def _with_words(
@@ -205,7 +231,17 @@ def _record_us(model: Any, batches: Sequence[Sequence[Tree]], word_id: WordId, r
     return statistics.median(samples)
 
 
-def measure_monadl(
+@dataclass
+class _Contender:
+    """One implementation of a (phase, batch) configuration, ready to time: its step or inference,
+    and (monadl) what to count once the timing is done."""
+
+    implementation: str
+    run: Callable[[Sequence[Tree]], object]
+    finish: Callable[[Measurement], None] | None = None
+
+
+def monadl_contender(
     example: ModuleType,
     vocabulary_size: int,
     word_id: WordId,
@@ -213,16 +249,14 @@ def measure_monadl(
     phase: str,
     batches: list[list[Tree]],
     args: argparse.Namespace,
-) -> Measurement:
-    """Trees/s of the example on an Executor (``impl``: batching on or off), and its kernel counts."""
-    import monadl as ml
+    executor: Any,
+) -> _Contender:
+    """The example on ``executor`` (``impl``: batching on or off, which the executor must match);
+    its ``finish`` adds the kernel counts of one more batch and, for training, the recording cost."""
+    model = example.TreeLstm(vocabulary_size, args.embedding, args.hidden, seed=args.seed, executor=executor)
+    run = _with_words(model.step if phase == "train" else model.predict_roots, word_id)
 
-    with ml.Executor(1, limit_blas=False, batching=impl == "monadl") as executor:
-        model = example.TreeLstm(
-            vocabulary_size, args.embedding, args.hidden, seed=args.seed, executor=executor
-        )
-        run = _with_words(model.step if phase == "train" else model.predict_roots, word_id)
-        m = _measurement(impl, phase, batches, trees_per_second(run, batches, args.warmup, args.repeats))
+    def finish(m: Measurement) -> None:
         executor.stats = type(executor.stats)()  # counts from here on: a step is two runs
         run(batches[0])  # once more, to count its kernels (forward and backward)
         stats = executor.stats
@@ -233,9 +267,38 @@ def measure_monadl(
             # merged as it runs, without the plan's gathers
             executor.planning, executor.stats = False, type(executor.stats)()
             run(batches[0])
+            executor.planning = True
             m.model_kinds = sorted(executor.stats.kinds)
         if phase == "train":
             m.record_us = _record_us(model, batches, word_id, args.repeats)
+
+    return _Contender(impl, run, finish)
+
+
+def _monadl_executor(impl: str) -> Any:
+    import monadl as ml
+
+    return ml.Executor(1, limit_blas=False, batching=impl == "monadl")
+
+
+def measure_monadl(
+    example: ModuleType,
+    vocabulary_size: int,
+    word_id: WordId,
+    impl: str,
+    phase: str,
+    batches: list[list[Tree]],
+    args: argparse.Namespace,
+) -> Measurement:
+    """Trees/s of the example on an Executor (``impl``: batching on or off), and its kernel counts,
+    timed on its own."""
+    with _monadl_executor(impl) as executor:
+        contender = monadl_contender(example, vocabulary_size, word_id, impl, phase, batches, args, executor)
+        m = _measurement(
+            impl, phase, batches, trees_per_second(contender.run, batches, args.warmup, args.repeats)
+        )
+        assert contender.finish is not None
+        contender.finish(m)
     return m
 
 
@@ -470,16 +533,18 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
     elif not have_dynet:
         notes.append("dynet: not installed, its figures skipped (pip install dynet38)")
 
-    monadl_jobs: list[tuple[str, str, int]] = []
+    # The implementations of one (batch, phase) are timed in turn, segment by segment (interleaved).
+    configs: list[tuple[int, str, list[str]]] = []
     for batch in args.batches:
         for phase in args.phases:
-            monadl_jobs.append(("monadl", phase, batch))
+            impls = ["monadl"]
             if batch <= args.max_unbatched:
-                monadl_jobs.append(("monadl-unbatched", phase, batch))
+                impls.append("monadl-unbatched")
             if have_torch:
-                monadl_jobs.append(("torch", phase, batch))
+                impls.append("torch")
+            configs.append((batch, phase, impls))
     dynet_jobs = [(phase, batch) for batch in args.batches for phase in args.phases] if have_dynet else []
-    progress = _Progress(len(monadl_jobs) + 2 * len(dynet_jobs), args.progress)
+    progress = _Progress(len(configs) + 2 * len(dynet_jobs), args.progress)
 
     results: list[Measurement] = []
     params = initial_params(example, len(vocabulary), args)
@@ -506,17 +571,31 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
                 import torch  # type: ignore[import-not-found, unused-ignore]
 
                 torch.set_num_threads(1)
-            for impl, phase, batch in monadl_jobs:
-                progress.start(f"{LABELS[impl]} {phase} batch {batch}")
+            for batch, phase, impls in configs:
+                progress.start(f"{' / '.join(LABELS[i] for i in impls)} {phase} batch {batch}")
                 batches = segment(pool, batch, args.trees)
-                if impl == "torch":
-                    model = TorchTreeLstm(params)
-                    run = _with_words(model.step if phase == "train" else model.predict_roots, word_id)
-                    rates = trees_per_second(run, batches, args.warmup, args.repeats)
-                    results.append(_measurement(impl, phase, batches, rates))
-                else:
-                    m = measure_monadl(example, len(vocabulary), word_id, impl, phase, batches, args)
-                    results.append(m)
+                with contextlib.ExitStack() as stack:
+                    contenders = []
+                    for impl in impls:
+                        if impl == "torch":
+                            model = TorchTreeLstm(params)
+                            run = _with_words(
+                                model.step if phase == "train" else model.predict_roots, word_id
+                            )
+                            contenders.append(_Contender(impl, run))
+                        else:
+                            executor = stack.enter_context(_monadl_executor(impl))
+                            contenders.append(
+                                monadl_contender(
+                                    example, len(vocabulary), word_id, impl, phase, batches, args, executor
+                                )
+                            )
+                    rates = interleaved([c.run for c in contenders], batches, args.warmup, args.repeats)
+                    for contender, samples in zip(contenders, rates, strict=True):
+                        m = _measurement(contender.implementation, phase, batches, samples)
+                        if contender.finish is not None:
+                            contender.finish(m)
+                        results.append(m)
                 progress.advance()
             for autobatch in (True, False) if dynet_jobs else ():
                 found, failure = measure_dynet(autobatch, dynet_jobs, pool, params, args, progress)
