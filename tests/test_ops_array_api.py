@@ -16,6 +16,7 @@ from hypothesis.extra import numpy as hnp
 
 import monadl
 from monadl.dsl import primitives as P
+from monadl.tape.batch import stack_arrays
 
 STRICT_ARRAY = type(xps.asarray(0.0))
 
@@ -159,3 +160,24 @@ def test_the_fan_out_rules_of_linear_match_numpy(bias: str, lead: tuple[int, ...
     got = [fan.forward(xps, *args), *(vjp(xps, s(d), None, *args) for vjp in fan.vjps)]
     for g, e in zip(got, expected, strict=True):
         np.testing.assert_allclose(STRICT.to_numpy(g), e, rtol=TOL, atol=TOL)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from([np.int64, np.float32, np.float64]),
+    hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=3),
+    st.integers(1, 6),
+    st.data(),
+)
+def test_stacked_rows_equal_stack_on_numpy_and_strict(
+    dtype: Any, shape: tuple[int, ...], n: int, data: st.DataObject
+) -> None:
+    arrays = [data.draw(hnp.arrays(dtype, shape)) for _ in range(n)]
+    stacked = stack_arrays(np, arrays)  # np.array of the list, not np.stack: the same array
+    expected = np.stack(arrays)
+    assert type(stacked) is np.ndarray and stacked.dtype == expected.dtype and stacked.shape == expected.shape
+    np.testing.assert_array_equal(stacked, expected)
+    assert not any(np.shares_memory(stacked, a) for a in arrays)
+    strict = stack_arrays(xps, [xps.asarray(a) for a in arrays])
+    assert isinstance(strict, STRICT_ARRAY)
+    np.testing.assert_array_equal(_strict_to_numpy(strict), expected)

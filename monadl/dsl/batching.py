@@ -30,7 +30,7 @@ import numpy as np
 
 from monadl.do.do import KERNEL_MAP, UNIT, Bind, Do, PrivateBind, PrivateKernel, run_unit
 from monadl.dsl.primitives import Batching, FanOut, Primitive, Rule
-from monadl.tape.batch import BatchGroup, RowOf, result_row, stack_values, stacked_delta
+from monadl.tape.batch import BatchGroup, RowOf, result_row, stack_arrays, stack_values, stacked_delta
 from monadl.typeclasses.backend import ShapeError, namespace, shape_of, unbroadcast
 from monadl.typeclasses.sparse import SparseRows
 
@@ -155,7 +155,7 @@ def merged_params(spec: Batching, calls: list[dict[str, Any]], first: Any) -> di
         params = {**params}
         for name in spec.rows:
             column = [call[name] for call in calls]
-            params[name] = (np if type(column[0]) is np.ndarray else namespace(column[0])).stack(column)
+            params[name] = stack_arrays(np if type(column[0]) is np.ndarray else namespace(column[0]), column)
     if spec.axis:
         item_rank = 0 if type(first) is float else len(first.shape)
         params = {**params, "axis": _shift(params.get("axis", spec.axis_default), item_rank)}

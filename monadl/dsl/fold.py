@@ -42,6 +42,7 @@ from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.operation import _Call, _item
 from monadl.dsl.operation import _layer as operation_layer
 from monadl.dsl.primitives import Primitive
+from monadl.tape.batch import stack_values
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import namespace
 from monadl.typeclasses.sparse import scatter_add
@@ -408,9 +409,7 @@ class _Plan:
         if constants:
             datas = [v.data for _, v in constants]
             xp = np if type(datas[0]) in (float, np.ndarray) else namespace(datas[0])
-            stacked = (
-                xp.asarray(datas, dtype=dtype or np.float64) if type(datas[0]) is float else xp.stack(datas)
-            )
+            stacked = stack_values(xp, datas, dtype or np.float64)
             tables.append(ArrayLayer(Pure(Tape(stacked))))
             chosen.append(([p for p, _ in constants], list(range(len(constants)))))
         for position, v in loose:  # a value of its own with a delta: a table of one row
