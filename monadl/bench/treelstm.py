@@ -739,7 +739,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-unbatched", type=int, default=64, help="monadl unbatched only up to this batch"
     )
     parser.add_argument("--trees", type=int, default=64, help="at least this many trees per timed segment")
-    parser.add_argument("--repeats", type=int, default=3, help="timed segments per configuration")
+    parser.add_argument("--repeats", type=int, default=5, help="timed segments per configuration")
     parser.add_argument("--warmup", type=int, default=16, help="trees' worth of untimed steps first")
     parser.add_argument("--pool", type=int, default=1024, help="distinct trees the batches are drawn from")
     parser.add_argument("--embedding", type=int, default=128)
