@@ -175,6 +175,7 @@ def test_take_rows_index_out_of_range(indices: Any, bad: int) -> None:
         (1.0, "take_rows: expected integer indices, got float"),
         (None, "take_rows: expected integer indices, got NoneType"),
         ("0", "take_rows: expected integer indices, got '0'"),
+        (2**70, f"take_rows: expected integer indices, got {2**70}"),  # no integer dtype holds it
     ],
 )
 def test_take_rows_float_indices(indices: Any, expected: str) -> None:

@@ -266,6 +266,25 @@ def test_keyword_arguments_are_part_of_the_signature() -> None:
     assert_same(merged, gradients_of(loss(plain), batching=False))
 
 
+def test_plain_values_of_different_types_do_not_merge_even_when_equal() -> None:
+    def plain(x: ArrayLayer | F64, scale: float | int | bool) -> ArrayLayer:
+        y = ml.tanh(ml.linear(x, W, B))
+        return y * 2.0 if type(scale) is bool else y * float(scale)  # True, 1 and 1.0 are equal
+
+    typed = ml.batchable(plain)
+    scales: list[float | int | bool] = [True, 1, 1.0, True, 1, 1.0]
+
+    def loss(op: Callable[..., ArrayLayer]) -> FloatLayer:
+        return ml.add_n(
+            [ml.sum(op(x, s) * probe((3,), k)) for k, (x, s) in enumerate(zip(rows(6), scales, strict=True))]
+        )
+
+    typed(W * 1.0, 1.0)  # the first call learns
+    merged = gradients_of(loss(typed), batching=True)
+    assert merged.stats.kinds[plain.__qualname__] == 3  # bool, int and float: three signatures
+    assert_same(merged, gradients_of(loss(plain), batching=False))
+
+
 def test_calls_given_different_weights_do_not_merge() -> None:
     other = ArrayWeight(RNG.normal(size=(3, 3)))
     calls = [(x, W if k % 2 else other) for k, x in enumerate(rows(6))]

@@ -5,6 +5,7 @@ runs and unbatched; these pin what a plan launches, when it is (not) used, and i
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,11 @@ import monadl as ml
 from examples.tree_lstm import TreeLstm
 from monadl import ArrayWeight, FloatLayer
 from monadl.data import sst
+from monadl.do.do import FLAT, MAP, Bind, Do, Pure
 from monadl.dsl import fold
+from monadl.dsl import primitives as P
+from monadl.dsl.apply import _Build
+from monadl.dsl.operation import _item
 from monadl.tape.tape import Tape
 
 
@@ -110,6 +115,21 @@ def test_a_graph_with_a_flat_map_of_its_own_is_not_planned() -> None:
     assert fold.run_planned(ml.Executor(), loss.forward) is None
     planned = gradients_of(loss, True)
     assert planned.stats.planned == 0 and planned.value == pytest.approx(2.0 + 2.0 * 3.0)
+
+
+def test_the_walk_takes_ops_calls_and_projections_only_in_their_own_modes() -> None:
+    leaves: list[Do[Any]] = [Pure(Tape(np.full(2, float(k)))) for k in range(20)]
+    ops: list[Do[Any]] = [Bind((leaf,), _Build(P.tanh, {}), FLAT) for leaf in leaves]
+    root: Do[Any] = Bind(tuple(ops), _Build(P.add_n(len(ops)), {}), FLAT)
+    levels = fold._levels(root)
+    assert levels is not None and [len(level) for level in levels] == [20, 20, 1]
+    # The same graph with one op as a map, or a projection as a flat map: not a plan's graph.
+    odd_ones: list[Do[Any]] = [
+        Bind((leaves[0],), _Build(P.tanh, {}), MAP),
+        Bind((ops[0],), functools.partial(_item, 0), FLAT),
+    ]
+    for odd in odd_ones:
+        assert fold._levels(Bind((*ops[1:], odd), _Build(P.add_n(len(ops)), {}), FLAT)) is None
 
 
 def test_planning_can_be_switched_off() -> None:

@@ -265,9 +265,9 @@ def monadl_contender(
         m.height = max(tree.height() for tree in batches[0])
         if impl == "monadl" and phase == "infer":  # the bound's kinds (add_bounds): the model's own,
             # merged as it runs, without the plan's gathers
-            executor.planning, executor.stats = False, type(executor.stats)()
+            planning, executor.planning, executor.stats = executor.planning, False, type(executor.stats)()
             run(batches[0])
-            executor.planning = True
+            executor.planning = planning
             m.model_kinds = sorted(executor.stats.kinds)
         if phase == "train":
             m.record_us = _record_us(model, batches, word_id, args.repeats)

@@ -3,7 +3,8 @@
 ``@batchable`` declares a function of layers a batchable operation. A call records one node instead
 of the function's whole graph. When the executor runs it with dynamic batching, the calls with
 equal signatures (the function; the identities of the weights and other non-layer arguments it is
-given; each layer argument's per-row shape, dtype and array type) merge: each layer argument of the
+given, or the type and value of a plain int, float, str or bool, keyword arguments alike; each
+layer argument's per-row shape, dtype and array type) merge: each layer argument of the
 calls is stacked into one array of rows, the function's body runs *once* on those stacked layers,
 and row k of each result goes back to call k. The cost of recording and running a cell of a
 Tree-LSTM is then independent of the number of nodes it is applied to. Its backward is merged too:
@@ -88,7 +89,7 @@ class Operation(Generic[P, R]):
                 rows.append(i)
                 sources.append(forward_of(a, self.f.__qualname__))
             else:
-                statics.append(("value", a) if kind in _PLAIN else id(a))
+                statics.append(_static_key(a))
         kwkey = tuple([(name, _static_key(v)) for name, v in kwargs.items()]) if kwargs else ()
         call = _Call(self, args, kwargs, rows, (self, tuple(statics), kwkey))
         node: Do[Any] = Bind(tuple(sources), call, FLAT)
@@ -138,7 +139,7 @@ _row_kinds: dict[type, int] = {}
 def _static_key(a: object) -> Hashable:
     """A non-layer argument's part of a signature: its value if a plain scalar, else its identity
     (the weights a call is given, the object a method is bound to)."""
-    return ("value", a) if type(a) in _PLAIN else id(a)
+    return ("value", type(a), a) if type(a) in _PLAIN else id(a)
 
 
 def _item(j: int, tapes: tuple[Tape[Any, Any], ...]) -> Tape[Any, Any]:

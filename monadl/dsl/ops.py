@@ -203,7 +203,9 @@ def _integral(array: Any) -> bool:
 
 def _indices(indices: IndexArray | int | Sequence[int]) -> Array:
     if type(indices) is int:  # one row (a word of a tree): once per leaf, so first
-        return np.asarray(indices)
+        one = np.asarray(indices)
+        if one.dtype.kind in "iu":  # else too large for an integer dtype: the error below
+            return one
     if is_array(indices):
         array: Array = indices  # type: ignore[assignment]
         if not _integral(array):

@@ -92,7 +92,8 @@ def stack_values(xp: Any, values: Sequence[Any], float_dtype: Any) -> Any:
 def stack_arrays(xp: Any, arrays: Sequence[Any]) -> Any:
     """Arrays of one shape as the rows of one array (``xp.stack``). On NumPy ``np.array`` of the
     list, the same array built in C: ``np.stack`` spends about a microsecond of Python on each
-    array, and merged calls stack hundreds of rows (a Tree-LSTM level's word ids or labels)."""
+    array, and merged calls stack hundreds of rows (a Tree-LSTM level's word ids or labels). (An
+    array subclass comes out a plain ndarray: the values stacked here are plain arrays.)"""
     if xp is np:
         return np.array(arrays)
     return xp.stack(arrays)
