@@ -136,7 +136,7 @@ def test_interleaved_runs_time_one_segment_of_each_in_turn() -> None:
     batches = bench.segment(pool, 4, 8)  # two steps a segment
     calls: list[str] = []
     runs = [lambda b, name=name: calls.append(name) for name in ("a", "b", "c")]
-    rates = bench.interleaved(runs, batches, warmup=5, repeats=3)
+    rates = bench.interleaved_trees(runs, batches, warmup=5, repeats=3)
     warm = ["a", "a", "b", "b", "c", "c"]  # each warmed up first: ceil(5 / 4) steps
     assert calls == warm + ["a", "a", "b", "b", "c", "c"] * 3
     assert [len(r) for r in rates] == [3, 3, 3] and all(x > 0 for r in rates for x in r)

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import platform
 import resource
 import statistics
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,7 +39,7 @@ from threadpoolctl import threadpool_limits
 from monadl.bench.columns_numpy import NumpyColumns
 from monadl.bench.columns_params import init_params
 from monadl.bench.columns_torch import TorchColumns
-from monadl.bench.common import cpus, load_example, torch_available
+from monadl.bench.common import cpus, interleaved, load_example, torch_available
 from monadl.data import cifar100
 from monadl.data.files import atomic_file, atomic_write_bytes
 
@@ -72,18 +72,17 @@ def _steps_per_second(
     steps: Sequence[Callable[[], object]], count: int, warmup: int, repeats: int
 ) -> list[list[float]]:
     """Each of ``steps``' rates in its ``repeats`` timed segments of ``count`` calls, the segments
-    taken in turn (one of each, then again), after ``warmup`` calls of each."""
+    taken in turn (one of each, then again: ``common.interleaved``), after ``warmup`` calls of each."""
     for step in steps:
         for _ in range(warmup):
             step()
-    rates: list[list[float]] = [[] for _ in steps]
-    for _ in range(repeats):
-        for step, its_rates in zip(steps, rates, strict=True):
-            start = time.perf_counter()
-            for _ in range(count):
-                step()
-            its_rates.append(count / (time.perf_counter() - start))
-    return rates
+    return interleaved([functools.partial(_segment, step, count) for step in steps], repeats)
+
+
+def _segment(step: Callable[[], object], count: int) -> int:
+    for _ in range(count):
+        step()
+    return count
 
 
 def _stepper(model: Any, batches: Sequence[cifar100.Batch]) -> Callable[[], object]:

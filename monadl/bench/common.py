@@ -1,11 +1,14 @@
-"""What the benchmarks share: loading the example they measure, the machine's CPUs, whether
-PyTorch (an optional peer) can be imported."""
+"""What the benchmarks share: loading the example they measure, timing implementations in turn, the
+machine's CPUs, whether PyTorch (an optional peer) can be imported."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -37,3 +40,19 @@ def torch_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def interleaved(segments: Sequence[Callable[[], int]], repeats: int) -> list[list[float]]:
+    """The rates of ``segments`` (each runs one timed segment of its implementation and returns how
+    many items it did: steps, trees), ``repeats`` rounds of one segment of each in turn, so that the
+    machine's drift in speed (20-50% within an hour on the project's VMs) touches them alike and
+    their ratios hold even where their absolute figures move. Each segment starts from a collected
+    heap: the collector's work for one segment's garbage is not timed in the next one's."""
+    rates: list[list[float]] = [[] for _ in segments]
+    for _ in range(repeats):
+        for segment, found in zip(segments, rates, strict=True):
+            gc.collect()
+            start = time.perf_counter()
+            items = segment()
+            found.append(items / (time.perf_counter() - start))
+    return rates

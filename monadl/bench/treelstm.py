@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.util
 import json
 import math
@@ -57,7 +58,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from monadl.bench.common import cpus, load_example, torch_available
+from monadl.bench.common import cpus, interleaved, load_example, torch_available
 from monadl.bench.treelstm_torch import PARAMETERS, TorchTreeLstm
 from monadl.data import sst
 from monadl.data.files import atomic_file, atomic_write_bytes
@@ -134,38 +135,28 @@ def trees_per_second(
     run: Callable[[Sequence[Tree]], object], batches: Sequence[Sequence[Tree]], warmup: int, repeats: int
 ) -> list[float]:
     """Trees/s of ``run`` over ``batches``, once per repeat, after ``warmup`` trees' worth of steps."""
-    _warm_up(run, batches, warmup)
-    return [_segment_rate(run, batches) for _ in range(repeats)]
+    return interleaved_trees([run], batches, warmup, repeats)[0]
 
 
-def interleaved(
+def interleaved_trees(
     runs: Sequence[Callable[[Sequence[Tree]], object]],
     batches: Sequence[Sequence[Tree]],
     warmup: int,
     repeats: int,
 ) -> list[list[float]]:
-    """Trees/s of each of ``runs`` over ``batches``, ``repeats`` times: each warmed up, then one
-    timed segment of each in turn per round, so that the machine's drift in speed touches them alike
-    and their ratios hold even where their absolute figures move."""
+    """Trees/s of each of ``runs`` over ``batches``, ``repeats`` times: each warmed up with
+    ``warmup`` trees' worth of steps, then one timed segment of each in turn per round
+    (``common.interleaved``)."""
     for run in runs:
-        _warm_up(run, batches, warmup)
-    rates: list[list[float]] = [[] for _ in runs]
-    for _ in range(repeats):
-        for run, found in zip(runs, rates, strict=True):
-            found.append(_segment_rate(run, batches))
-    return rates
+        for k in range(max(1, math.ceil(warmup / len(batches[0])))):
+            run(batches[k % len(batches)])
+    return interleaved([functools.partial(_segment, run, batches) for run in runs], repeats)
 
 
-def _warm_up(run: Callable[[Sequence[Tree]], object], batches: Sequence[Sequence[Tree]], warmup: int) -> None:
-    for k in range(max(1, math.ceil(warmup / len(batches[0])))):
-        run(batches[k % len(batches)])
-
-
-def _segment_rate(run: Callable[[Sequence[Tree]], object], batches: Sequence[Sequence[Tree]]) -> float:
-    start = time.perf_counter()
+def _segment(run: Callable[[Sequence[Tree]], object], batches: Sequence[Sequence[Tree]]) -> int:
     for b in batches:
         run(b)
-    return sum(len(b) for b in batches) / (time.perf_counter() - start)
+    return sum(len(b) for b in batches)
 
 
 def _with_words(
@@ -590,7 +581,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
                                     example, len(vocabulary), word_id, impl, phase, batches, args, executor
                                 )
                             )
-                    rates = interleaved([c.run for c in contenders], batches, args.warmup, args.repeats)
+                    rates = interleaved_trees([c.run for c in contenders], batches, args.warmup, args.repeats)
                     for contender, samples in zip(contenders, rates, strict=True):
                         m = _measurement(contender.implementation, phase, batches, samples)
                         if contender.finish is not None:
