@@ -190,11 +190,12 @@ def test_batching_launches_fewer_kernels_and_the_ratio_is_against_the_depth_boun
     trees, vocabulary = _trees(8)
     args = argparse.Namespace(embedding=8, hidden=6, seed=0, warmup=1, repeats=1)
     batches = bench.segment(trees, 8, 8)
-    results = [
-        bench.measure_monadl(EXAMPLE, len(vocabulary), vocabulary.index, impl, phase, batches, args)
-        for impl in ("monadl", "monadl-unbatched")
-        for phase in bench.PHASES
-    ]
+    impls = ("monadl", "monadl-unbatched")
+    results = []
+    for phase in bench.PHASES:
+        word_id = vocabulary.index
+        results += bench.measure_together(EXAMPLE, len(vocabulary), word_id, impls, phase, batches, {}, args)
+    assert [(m.implementation, m.phase) for m in results] == [(i, p) for p in bench.PHASES for i in impls]
     bench.add_bounds(results)
     by = {(m.implementation, m.phase): m for m in results}
     height = max(tree.height() for tree in trees)

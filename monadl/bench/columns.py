@@ -29,7 +29,7 @@ import resource
 import statistics
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,7 @@ class Measurement:
     low: float
     high: float
     rss_mib: float  # resident memory after the measurement
+    samples: list[float] = field(default_factory=list)  # each segment's rate, round by round
 
 
 def _rss_mib() -> float:
@@ -162,7 +163,9 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
             rss = _rss_mib()
             for (impl, pool, _), rates in zip(contenders, all_rates, strict=True):
                 median = statistics.median(rates)
-                results.append(Measurement(impl, columns, pool, variant, median, min(rates), max(rates), rss))
+                results.append(
+                    Measurement(impl, columns, pool, variant, median, min(rates), max(rates), rss, rates)
+                )
     info["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return results, info
 

@@ -272,25 +272,38 @@ def _monadl_executor(impl: str) -> Any:
     return ml.Executor(1, limit_blas=False, batching=impl == "monadl")
 
 
-def measure_monadl(
+def measure_together(
     example: ModuleType,
     vocabulary_size: int,
     word_id: WordId,
-    impl: str,
+    impls: Sequence[str],
     phase: str,
     batches: list[list[Tree]],
+    params: Mapping[str, np.ndarray],
     args: argparse.Namespace,
-) -> Measurement:
-    """Trees/s of the example on an Executor (``impl``: batching on or off), and its kernel counts,
-    timed on its own."""
-    with _monadl_executor(impl) as executor:
-        contender = monadl_contender(example, vocabulary_size, word_id, impl, phase, batches, args, executor)
-        m = _measurement(
-            impl, phase, batches, trees_per_second(contender.run, batches, args.warmup, args.repeats)
-        )
-        assert contender.finish is not None
-        contender.finish(m)
-    return m
+) -> list[Measurement]:
+    """Trees/s of ``impls`` (monadl batched or unbatched, torch) in one phase, their segments timed
+    in turn (``interleaved_trees``), and monadl's kernel counts; ``params``: torch's initial weights."""
+    with contextlib.ExitStack() as stack:
+        contenders = []
+        for impl in impls:
+            if impl == "torch":
+                model = TorchTreeLstm(params)
+                run = _with_words(model.step if phase == "train" else model.predict_roots, word_id)
+                contenders.append(_Contender(impl, run))
+            else:
+                executor = stack.enter_context(_monadl_executor(impl))
+                contenders.append(
+                    monadl_contender(example, vocabulary_size, word_id, impl, phase, batches, args, executor)
+                )
+        rates = interleaved_trees([c.run for c in contenders], batches, args.warmup, args.repeats)
+        measured = []
+        for contender, samples in zip(contenders, rates, strict=True):
+            m = _measurement(contender.implementation, phase, batches, samples)
+            if contender.finish is not None:
+                contender.finish(m)
+            measured.append(m)
+    return measured
 
 
 def add_bounds(results: list[Measurement]) -> None:
@@ -565,28 +578,9 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
             for batch, phase, impls in configs:
                 progress.start(f"{' / '.join(LABELS[i] for i in impls)} {phase} batch {batch}")
                 batches = segment(pool, batch, args.trees)
-                with contextlib.ExitStack() as stack:
-                    contenders = []
-                    for impl in impls:
-                        if impl == "torch":
-                            model = TorchTreeLstm(params)
-                            run = _with_words(
-                                model.step if phase == "train" else model.predict_roots, word_id
-                            )
-                            contenders.append(_Contender(impl, run))
-                        else:
-                            executor = stack.enter_context(_monadl_executor(impl))
-                            contenders.append(
-                                monadl_contender(
-                                    example, len(vocabulary), word_id, impl, phase, batches, args, executor
-                                )
-                            )
-                    rates = interleaved_trees([c.run for c in contenders], batches, args.warmup, args.repeats)
-                    for contender, samples in zip(contenders, rates, strict=True):
-                        m = _measurement(contender.implementation, phase, batches, samples)
-                        if contender.finish is not None:
-                            contender.finish(m)
-                        results.append(m)
+                results += measure_together(
+                    example, len(vocabulary), word_id, impls, phase, batches, params, args
+                )
                 progress.advance()
             for autobatch in (True, False) if dynet_jobs else ():
                 found, failure = measure_dynet(autobatch, dynet_jobs, pool, params, args, progress)
