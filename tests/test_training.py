@@ -271,6 +271,33 @@ def test_a_step_writes_sgd_updates_into_its_own_gradients(monkeypatch: pytest.Mo
     assert not w.data.flags.writeable
 
 
+def test_stacked_weights_and_their_biases_take_updates_in_their_own_gradients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Weights stacked as the CIFAR noskip model holds its 20 classifiers: a matmul that broadcasts
+    # x against (k, n, m), and a bias (k, 1, m). Their gradients come out of a broadcast matmul's
+    # vjp and an unbroadcast sum; both must own their memory, or each step allocates two arrays.
+    rng = np.random.default_rng(3)
+    w = ml.ArrayWeight(rng.standard_normal((5, 4, 2)))  # X is (2, 4)
+    b = ml.ArrayWeight(rng.standard_normal((5, 1, 2)))
+    loss = ml.sum(ml.tanh(X @ w + b))
+    _, gradients = ml.compute_gradients(loss)
+    expected = {weight: weight.data - 0.1 * gradients[weight] for weight in (w, b)}
+    handed: list[np.ndarray] = []
+    update_owned = ml.SGD.update_owned
+
+    def spy(self: ml.SGD, data: Any, gradient: Any, state: None) -> tuple[Any, None]:
+        handed.append(gradient)
+        return update_owned(self, data, gradient, state)
+
+    monkeypatch.setattr(ml.SGD, "update_owned", spy)
+    assert isinstance(loss.train_blocking(ml.SGD(0.1)), Success)
+    assert len(handed) == 2
+    assert {id(w.data), id(b.data)} == {id(g) for g in handed}
+    for weight in (w, b):
+        np.testing.assert_array_equal(weight.data, expected[weight])
+
+
 def test_a_gradient_held_elsewhere_is_not_written_into() -> None:
     kept = np.full((2, 2), 0.5)  # a vjp hands out an array its author keeps: the gradient is it
     hold = Primitive("hold", lambda xp, x: x * 1.0, (lambda xp, d, o, x: kept,))

@@ -368,14 +368,21 @@ def _matmul_vjp_a(xp: Any, d: Any, o: Any, a: Any, b: Any) -> Any:
     if a.ndim == 2 and b.ndim == 2:  # the common case, without the promotions below
         return xp.matmul(d, b.mT)
     d2, a2, b2 = _as_matrices(xp, d, a, b)
-    return xp.reshape(unbroadcast(xp, xp.matmul(d2, xp.matrix_transpose(b2)), a2), a.shape)
+    return _shaped(xp, unbroadcast(xp, xp.matmul(d2, xp.matrix_transpose(b2)), a2), a.shape)
 
 
 def _matmul_vjp_b(xp: Any, d: Any, o: Any, a: Any, b: Any) -> Any:
     if a.ndim == 2 and b.ndim == 2:
         return xp.matmul(a.mT, d)
     d2, a2, b2 = _as_matrices(xp, d, a, b)
-    return xp.reshape(unbroadcast(xp, xp.matmul(xp.matrix_transpose(a2), d2), b2), b.shape)
+    return _shaped(xp, unbroadcast(xp, xp.matmul(xp.matrix_transpose(a2), d2), b2), b.shape)
+
+
+def _shaped(xp: Any, g: Any, shape: tuple[int, ...]) -> Any:
+    """``g`` in ``shape``; ``g`` itself when it has it (a reshape to its own shape is a view in
+    NumPy, and a gradient that is a view cannot take its weight's update in place: see
+    ``training._handed_over``; a stacked weight's, (20, 64, 64) in the CIFAR model, came this way)."""
+    return g if tuple(g.shape) == tuple(shape) else xp.reshape(g, shape)
 
 
 matmul = Primitive(

@@ -153,8 +153,9 @@ def unbroadcast(xp: Any, delta: Any, like: Any) -> Any:
     )
     if xp is np and axes:  # the ufunc's reduction (np.sum adds microseconds of Python), and no
         # reshape where the sum has the shape already: a view would keep a gradient from owning
-        # its memory (see ``training._handed_over``)
-        summed = np.add.reduce(delta, axis=axes)
+        # its memory (see ``training._handed_over``). Without leading axes, every summed axis is
+        # one of ``like``'s own 1s, so keeping them gives its shape (a stacked bias (20, 1, 64)).
+        summed = np.add.reduce(delta, axis=axes, keepdims=lead == 0)
         return summed if type(summed) is np.ndarray and summed.shape == shape else np.reshape(summed, shape)
     summed = xp.sum(delta, axis=axes) if axes else delta
     return xp.reshape(summed, shape)
