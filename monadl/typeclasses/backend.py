@@ -155,7 +155,9 @@ def unbroadcast(xp: Any, delta: Any, like: Any) -> Any:
         # reshape where the sum has the shape already: a view would keep a gradient from owning
         # its memory (see ``training._handed_over``). Without leading axes, every summed axis is
         # one of ``like``'s own 1s, so keeping them gives its shape (a stacked bias (20, 1, 64)).
-        summed = np.add.reduce(delta, axis=axes, keepdims=lead == 0)
+        summed = (
+            np.add.reduce(delta, axis=axes, keepdims=True) if lead == 0 else np.add.reduce(delta, axis=axes)
+        )
         return summed if type(summed) is np.ndarray and summed.shape == shape else np.reshape(summed, shape)
     summed = xp.sum(delta, axis=axes) if axes else delta
     return xp.reshape(summed, shape)
