@@ -30,7 +30,7 @@ from hypothesis.extra import numpy as hnp
 import monadl
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.dsl.layers import apply_array, apply_float
-from monadl.dsl.primitives import Primitive
+from monadl.dsl.primitives import Primitive, relu
 
 SETTINGS = settings(max_examples=25, deadline=None)
 
@@ -209,6 +209,52 @@ def test_unary(name: str, kind: str, data: st.DataObject) -> None:
     fn, reference, elements = UNARY[name]
     x: Input = data.draw(elements) if kind == "float" else data.draw(arrays(data.draw(SHAPES), elements))
     check_op(fn, [x], reference(x))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.sampled_from([np.float32, np.float64]),
+    st.integers(64, 96),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+)
+def test_relu_vjp_of_large_arrays_is_where_bit_for_bit(
+    dtype: type[np.floating[Any]], rows: int, transposed: bool, seed: int
+) -> None:
+    # Large arrays take relu's vjp by bits (primitives._relu_vjp); it must be where(x > 0, d, 0)
+    # exactly, special values included: NaN, infinities and -0.0 in the delta, NaN and 0.0 in x.
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, 64)).astype(dtype)
+    d = rng.standard_normal((rows, 64)).astype(dtype)
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0], dtype=dtype)
+    for a in (x, d):
+        spots = rng.integers(0, a.size, 50)
+        a.flat[spots] = special[rng.integers(0, len(special), 50)]
+    if transposed:  # a delta that is a view with other strides
+        d = np.ascontiguousarray(d.T).T
+    got = relu.vjps[0](np, d, None, x)
+    expected = np.where(x > 0.0, d, 0.0)
+    uint = np.uint32 if dtype == np.float32 else np.uint64
+    assert got.dtype == expected.dtype == dtype and got.shape == expected.shape
+    np.testing.assert_array_equal(got.view(uint), expected.view(uint))  # the same bits
+    assert got.flags.owndata and got.flags.c_contiguous
+
+
+def test_relu_gradient_of_a_large_weight_equals_a_central_difference() -> None:
+    rng = np.random.default_rng(5)
+    w = ArrayWeight(rng.uniform(0.1, 1.0, (80, 64)) * rng.choice([-1.0, 1.0], (80, 64)))  # off the kink
+    c = rng.standard_normal((80, 64))
+    loss = monadl.sum(monadl.relu(w) * c)
+    _, gradients = monadl.compute_gradients(loss)
+    direction = rng.standard_normal((80, 64))
+    eps = 1e-6
+
+    def at(shift: float) -> float:
+        return float(np.sum(np.maximum(w.data + shift * direction, 0.0) * c))
+
+    numeric = (at(eps) - at(-eps)) / (2 * eps)  # the derivative along one random direction
+    assert float(np.sum(gradients[w] * direction)) == pytest.approx(numeric, rel=1e-7)
+    np.testing.assert_array_equal(gradients[w], np.where(w.data > 0.0, c, 0.0))
 
 
 # ---------------------------------------------------------------------------------------- matmul

@@ -197,9 +197,25 @@ tanh = _elementwise("tanh", lambda xp, x: xp.tanh(x), (lambda xp, d, o, x: d * (
 sigmoid = _elementwise(
     "sigmoid", lambda xp, x: 0.5 * (xp.tanh(0.5 * x) + 1.0), (lambda xp, d, o, x: d * o * (1.0 - o),)
 )
-relu = _elementwise(
-    "relu", lambda xp, x: xp.maximum(x, 0.0), (lambda xp, d, o, x: xp.where(x > 0.0, d, 0.0),)
-)
+_UINT_OF_SIZE = {4: np.uint32, 8: np.uint64}
+
+
+def _relu_vjp(xp: Any, d: Any, o: Any, x: Any) -> Any:
+    uint = _UINT_OF_SIZE.get(d.dtype.itemsize) if xp is np and type(d) is np.ndarray else None
+    if uint is not None and d.size >= 4096 and d.dtype == x.dtype and d.shape == x.shape:
+        # ``where(x > 0, d, 0)`` by its bits: each float anded with all ones (kept) or all zeros
+        # (+0.0), the same result bit for bit (a NaN delta of a unit that is off is 0, as with
+        # ``where``). NumPy's ``where`` on floats is scalar code: 44 us on 20,480 float32, against
+        # 19 us for the comparison, the mask and the and (below 4,096 the calls cost more).
+        mask = (x > 0.0).astype(uint)
+        np.negative(mask, out=mask)  # True -> all ones
+        out = np.empty(d.shape, dtype=d.dtype)
+        np.bitwise_and(np.ascontiguousarray(d).view(uint), mask, out=out.view(uint))
+        return out
+    return xp.where(x > 0.0, d, 0.0)
+
+
+relu = _elementwise("relu", lambda xp, x: xp.maximum(x, 0.0), (_relu_vjp,))
 
 # ------------------------------------------------------------------------------------ reductions
 
