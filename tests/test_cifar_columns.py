@@ -11,6 +11,7 @@ import pytest
 
 import monadl as ml
 from examples.cifar_columns import ColumnNetwork, Variant
+from monadl.bench import columns as columns_bench
 from monadl.bench.__main__ import main as bench_main
 from monadl.bench.columns_numpy import NumpyColumns
 from monadl.bench.columns_params import init_params, random_batch
@@ -104,6 +105,22 @@ def test_the_benchmark_runs_in_a_smoke_form(tmp_path: Path, capsys: pytest.Captu
             assert {("monadl", columns, pool, variant) for pool in (1, 2)} <= configs
     assert all(r["median"] > 0 and r["low"] <= r["median"] <= r["high"] for r in run["results"])
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_benchmark_ratio_is_the_median_of_the_rounds_ratios() -> None:
+    def measured(samples: list[float]) -> columns_bench.Measurement:
+        ordered = sorted(samples)
+        return columns_bench.Measurement(
+            "x", 1, None, "skip", ordered[len(ordered) // 2], ordered[0], ordered[-1], 0.0, samples
+        )
+
+    # The machine slows down in round 2: both slow together, and their ratio holds.
+    fast, slow = measured([100.0, 50.0, 100.0]), measured([50.0, 25.0, 50.0])
+    assert columns_bench.ratio(fast, slow) == 2.0
+    drifting = measured([100.0, 40.0, 90.0])
+    assert columns_bench.ratio(drifting, slow) == pytest.approx(1.8)  # rounds: 2.0, 1.6, 1.8
+    unpaired = measured([10.0])
+    assert columns_bench.ratio(unpaired, slow) == pytest.approx(10.0 / 50.0)  # no pairs: the medians'
 
 
 def test_the_benchmark_loads_the_example_it_measures() -> None:

@@ -11,7 +11,8 @@ runs; ``noskip``: all 20 run, forward and backward), it measures training steps 
 Each figure is the median over --repeats timed segments of --steps steps (after --warmup steps),
 with the min and the max. The segments of one (columns, variant) are interleaved: NumPy, PyTorch,
 monadl at each pool size, then NumPy again, and so on, so that the machine's drift in speed (20-50%
-within an hour on the project's VMs) touches every implementation alike. BLAS (and torch) are
+within an hour on the project's VMs) touches every implementation alike; a ratio is the median of
+the rounds' ratios, each of two segments timed one after the other. BLAS (and torch) are
 capped at one thread for the whole run: parallelism comes from independent columns on the
 executor's pool, not from BLAS. NumPy and PyTorch do not use the pool, so they are measured once
 per (columns, variant) and compared with every pool size. All three train the same model from the
@@ -197,13 +198,24 @@ def _find(
     return None
 
 
+def ratio(a: Measurement, b: Measurement) -> float:
+    """``a`` / ``b``: the median of their ratios round by round (each from two segments timed one
+    after the other), or the ratio of their medians if they have no paired segments."""
+    if a.samples and len(a.samples) == len(b.samples):
+        return statistics.median(x / y for x, y in zip(a.samples, b.samples, strict=True))
+    return a.median / b.median
+
+
 def table(results: list[Measurement], args: argparse.Namespace) -> str:
     """The results shaped like the paper's tables: one row per (columns, variant), pool sizes across."""
     lines = []
     pools = list(args.pools)
     header = f"{'columns':>7} {'variant':>7} | " + " ".join(f"{'pool ' + str(p):>21}" for p in pools)
     header += f" | {'numpy':>15} | {'torch':>15}"
-    lines.append("training steps/s: median [min-max]; monadl / numpy and monadl / torch under each")
+    lines.append(
+        "training steps/s: median [min-max]; under each, monadl / numpy and monadl / torch: the median "
+        "of the rounds' ratios"
+    )
     lines.append(header)
     lines.append("-" * len(header))
     for columns in args.columns:
@@ -216,9 +228,9 @@ def table(results: list[Measurement], args: argparse.Namespace) -> str:
                 cells.append(f"{m.median:7.0f} [{m.low:5.0f}-{m.high:5.0f}]" if m else f"{'-':>21}")
                 parts = []
                 if m and numpy_m:
-                    parts.append(f"{m.median / numpy_m.median:4.2f}x np")
+                    parts.append(f"{ratio(m, numpy_m):4.2f}x np")
                 if m and torch_m:
-                    parts.append(f"{m.median / torch_m.median:4.2f}x pt")
+                    parts.append(f"{ratio(m, torch_m):4.2f}x pt")
                 ratios.append(f"{' '.join(parts):>21}")
             np_cell = f"{numpy_m.median:6.0f} [{numpy_m.low:4.0f}]" if numpy_m else "-"
             pt_cell = f"{torch_m.median:6.0f} [{torch_m.low:4.0f}]" if torch_m else "skipped"
