@@ -12,7 +12,7 @@ Each figure is the median over --repeats timed segments of --steps steps (after 
 with the min and the max. The segments of one (columns, variant) are interleaved: NumPy, PyTorch,
 monadl at each pool size, then NumPy again, and so on, so that the machine's drift in speed (20-50%
 within an hour on the project's VMs) touches every implementation alike; a ratio is the median of
-the rounds' ratios, each of two segments timed one after the other. BLAS (and torch) are
+the rounds' ratios, each of the two implementations' segments in one round. BLAS (and torch) are
 capped at one thread for the whole run: parallelism comes from independent columns on the
 executor's pool, not from BLAS. NumPy and PyTorch do not use the pool, so they are measured once
 per (columns, variant) and compared with every pool size. All three train the same model from the
@@ -199,8 +199,8 @@ def _find(
 
 
 def ratio(a: Measurement, b: Measurement) -> float:
-    """``a`` / ``b``: the median of their ratios round by round (each from two segments timed one
-    after the other), or the ratio of their medians if they have no paired segments."""
+    """``a`` / ``b``: the median of their ratios round by round (each from their segments of one
+    round, minutes apart at most), or the ratio of their medians if they have no paired segments."""
     if a.samples and len(a.samples) == len(b.samples):
         return statistics.median(x / y for x, y in zip(a.samples, b.samples, strict=True))
     return a.median / b.median

@@ -201,7 +201,8 @@ _UINT_OF_SIZE = {4: np.uint32, 8: np.uint64}
 
 
 def _relu_vjp(xp: Any, d: Any, o: Any, x: Any) -> Any:
-    uint = _UINT_OF_SIZE.get(d.dtype.itemsize) if xp is np and type(d) is np.ndarray else None
+    arrays = xp is np and type(d) is np.ndarray and type(x) is np.ndarray and d.dtype.kind == "f"
+    uint = _UINT_OF_SIZE.get(d.dtype.itemsize) if arrays else None
     if uint is not None and d.size >= 4096 and d.dtype == x.dtype and d.shape == x.shape:
         # ``where(x > 0, d, 0)`` by its bits: each float anded with all ones (kept) or all zeros
         # (+0.0), the same result bit for bit (a NaN delta of a unit that is off is 0, as with
