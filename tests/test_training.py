@@ -250,20 +250,26 @@ def test_sgd_update_owned_is_update_bit_for_bit(dtype: type[np.floating[Any]]) -
     np.testing.assert_array_equal(got, expected)
 
 
-def test_a_step_writes_sgd_updates_into_its_own_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def handed(monkeypatch: pytest.MonkeyPatch) -> list[np.ndarray]:
+    """The gradients SGD is given to write its updates into (``update_owned``), in order."""
+    given: list[np.ndarray] = []
+    update_owned = ml.SGD.update_owned
+
+    def spy(self: ml.SGD, data: Any, gradient: Any, state: None) -> tuple[Any, None]:
+        given.append(gradient)
+        return update_owned(self, data, gradient, state)
+
+    monkeypatch.setattr(ml.SGD, "update_owned", spy)
+    return given
+
+
+def test_a_step_writes_sgd_updates_into_its_own_gradients(handed: list[np.ndarray]) -> None:
     rng = np.random.default_rng(2)
     w = ml.ArrayWeight(rng.standard_normal((4, 3)))
     loss = ml.sum(ml.tanh(X @ w))
     _, gradients = ml.compute_gradients(loss)
     expected = w.data - 0.1 * gradients[w]
-    handed: list[np.ndarray] = []
-    update_owned = ml.SGD.update_owned
-
-    def spy(self: ml.SGD, data: Any, gradient: Any, state: None) -> tuple[Any, None]:
-        handed.append(gradient)
-        return update_owned(self, data, gradient, state)
-
-    monkeypatch.setattr(ml.SGD, "update_owned", spy)
     assert isinstance(loss.train_blocking(ml.SGD(0.1)), Success)
     assert len(handed) == 1
     assert w.data is handed[0]  # the new data lives in the gradient's memory: nothing allocated
@@ -272,7 +278,7 @@ def test_a_step_writes_sgd_updates_into_its_own_gradients(monkeypatch: pytest.Mo
 
 
 def test_stacked_weights_and_their_biases_take_updates_in_their_own_gradients(
-    monkeypatch: pytest.MonkeyPatch,
+    handed: list[np.ndarray],
 ) -> None:
     # Weights stacked as the CIFAR noskip model holds its 20 classifiers: a matmul that broadcasts
     # x against (k, n, m), and a bias (k, 1, m). Their gradients come out of a broadcast matmul's
@@ -283,14 +289,6 @@ def test_stacked_weights_and_their_biases_take_updates_in_their_own_gradients(
     loss = ml.sum(ml.tanh(X @ w + b))
     _, gradients = ml.compute_gradients(loss)
     expected = {weight: weight.data - 0.1 * gradients[weight] for weight in (w, b)}
-    handed: list[np.ndarray] = []
-    update_owned = ml.SGD.update_owned
-
-    def spy(self: ml.SGD, data: Any, gradient: Any, state: None) -> tuple[Any, None]:
-        handed.append(gradient)
-        return update_owned(self, data, gradient, state)
-
-    monkeypatch.setattr(ml.SGD, "update_owned", spy)
     assert isinstance(loss.train_blocking(ml.SGD(0.1)), Success)
     assert len(handed) == 2
     assert {id(w.data), id(b.data)} == {id(g) for g in handed}
