@@ -207,6 +207,21 @@ def test_cross_entropy_targets_of_the_wrong_shape(targets: Any, wanted: str) -> 
 
 
 @pytest.mark.parametrize(
+    ("labels", "bad"),
+    [
+        (np.array([[0, 1], [3, 2]], dtype=np.int64), 3),  # the largest of a 2-d array of labels
+        (np.array([[0, -1], [2, 2]], dtype=np.int32), -1),  # the smallest
+        (np.array(4, dtype=np.int64), 4),  # one label
+    ],
+)
+def test_cross_entropy_labels_out_of_range_name_the_label(labels: Any, bad: int) -> None:
+    logits = _weight((*labels.shape, 3))
+    error = evaluation_error(lambda: monadl.cross_entropy(logits, labels))
+    assert isinstance(error, ValueError)
+    assert str(error) == f"cross_entropy: label {bad} is out of range for 3 classes"
+
+
+@pytest.mark.parametrize(
     ("shape", "targets"),
     [
         ((0, 4), np.zeros(0, dtype=np.int64)),  # an empty batch: a mean over no rows
