@@ -30,7 +30,15 @@ import numpy as np
 
 from monadl.do.do import KERNEL_MAP, UNIT, Bind, Do, PrivateBind, PrivateKernel, run_unit
 from monadl.dsl.primitives import Batching, FanOut, Primitive, Rule
-from monadl.tape.batch import BatchGroup, RowOf, result_row, stack_arrays, stack_values, stacked_delta
+from monadl.tape.batch import (
+    BatchGroup,
+    RowOf,
+    result_row,
+    stack_arrays,
+    stack_values,
+    stacked_delta,
+    value_key,
+)
 from monadl.typeclasses.backend import ShapeError, namespace, shape_of, unbroadcast
 from monadl.typeclasses.sparse import SparseRows
 
@@ -64,7 +72,7 @@ class OpBatcher:
                     continue
                 if i in shared:
                     return None
-            key.append(float if type(d) is float else (type(d), d.shape, d.dtype))
+            key.append(float if type(d) is float else (type(d), d.shape, d.dtype))  # value_key, inline
             rows = True
         return tuple(key) if rows else None
 
@@ -83,11 +91,7 @@ class OpBatcher:
             return None
         key.append(params)
         for i, t in enumerate(tape.inputs):
-            d = t.data
-            if i in fan.shared:
-                key.append(t)  # the very same value: one tape
-            else:
-                key.append(float if type(d) is float else (type(d), d.shape, d.dtype))
+            key.append(t if i in fan.shared else value_key(t.data))  # shared: the very same value
         return tuple(key)
 
     def name(self, node: Any) -> str:

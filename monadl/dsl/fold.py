@@ -42,7 +42,7 @@ from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.operation import _Call, _item
 from monadl.dsl.operation import _layer as operation_layer
 from monadl.dsl.primitives import Primitive
-from monadl.tape.batch import stack_values
+from monadl.tape.batch import stack_values, value_key
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import namespace
 from monadl.typeclasses.sparse import scatter_add
@@ -150,15 +150,14 @@ def _levels(root: Do[Any]) -> list[list[Entry]] | None:
             continue
         f = item.f
         f_type = type(f)
-        if f_type is _Build:
+        mode = item.mode
+        if mode == FLAT and f_type is _Build:
             kind = _OP
-        elif f_type is _Call:
+        elif mode == FLAT and f_type is _Call:
             kind = _CALL
-        elif f_type is functools.partial and f.func is _item and item.mode == MAP:
+        elif mode == MAP and f_type is functools.partial and f.func is _item:
             kind = _PROJECTION
         else:
-            return None
-        if kind != _PROJECTION and item.mode != FLAT:
             return None
         depth[item] = -1
         sources = item.sources
@@ -443,10 +442,7 @@ def _data(v: Any) -> Any:
 
 
 def _row_key(v: Any) -> Hashable:
-    if type(v) is _Row:
-        return v.group.row_key
-    d = v.data
-    return float if type(d) is float else (type(d), d.shape, d.dtype)
+    return v.group.row_key if type(v) is _Row else value_key(v.data)
 
 
 def _layer(v: Any) -> Any:

@@ -32,7 +32,7 @@ from monadl.dsl.apply import forward_of
 from monadl.dsl.base import Differentiable
 from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.weights import ArrayWeight, FloatWeight
-from monadl.tape.batch import BatchGroup, RowOf, RowTape, result_row, stack_values, stacked_delta
+from monadl.tape.batch import BatchGroup, RowOf, RowTape, result_row, stack_values, stacked_delta, value_key
 from monadl.tape.shared import SharedTape, _current_step
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import is_array, namespace
@@ -198,11 +198,7 @@ class OperationBatcher:
 
     def signature(self, node: Any) -> Hashable | None:
         call: _Call = node.args[0]
-        key: list[Hashable] = [call.static]
-        for t in call.tapes:
-            d = t.data
-            key.append(float if type(d) is float else (type(d), d.shape, d.dtype))
-        return tuple(key)
+        return (call.static, *[value_key(t.data) for t in call.tapes])
 
     def name(self, node: Any) -> str:
         call: _Call = node.args[0]

@@ -15,7 +15,7 @@ forward pass, so none is upstream of another, and no member's delta depends on a
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,6 +79,12 @@ class RowTape(SharedTape[Any, Any]):
 
     def _fire(self) -> Do[None]:
         return self.group.fired(self.index, self.take_deltas())
+
+
+def value_key(data: Any) -> Hashable:
+    """A value's part of a merge signature: ``float`` for a Python float, else the array's type,
+    shape and dtype (calls whose values have equal keys stack into one array of rows)."""
+    return float if type(data) is float else (type(data), data.shape, data.dtype)
 
 
 def stack_values(xp: Any, values: Sequence[Any], float_dtype: Any) -> Any:

@@ -163,9 +163,7 @@ def add_into(total: Any, d: Any) -> Any:
     takes a SparseRows in place (a scatter-add where the namespace allows it); a SparseRows total
     (or a float) is rebound to a fresh sum, and so is a total of a narrower dtype than ``d`` (in
     place, ``+=`` would cast ``d`` down: the sum's type must not depend on the order of the terms)."""
-    if type(total) is SparseRows:
-        return total + d
-    if type(total) is float:
+    if type(total) is SparseRows or type(total) is float:
         return total + d
     part = d.values if type(d) is SparseRows else d
     if type(part) is not float and part.dtype != total.dtype:
