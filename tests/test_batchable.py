@@ -285,6 +285,25 @@ def test_plain_values_of_different_types_do_not_merge_even_when_equal() -> None:
     assert_same(merged, gradients_of(loss(plain), batching=False))
 
 
+def test_static_zero_and_minus_zero_do_not_merge() -> None:
+    def plain(x: ArrayLayer | F64, scale: float) -> ArrayLayer:
+        return ml.tanh(ml.linear(x, W, B)) * scale
+
+    scaled = ml.batchable(plain)
+    xs = [ArrayWeight(x) for x in rows(6)]
+    outs = [scaled(x * 1.0, -0.0 if k % 2 else 0.0) for k, x in enumerate(xs)]
+    loss = ml.sum(ml.concatenate(outs))
+    executor, alone = ml.Executor(batching=True), ml.Executor(batching=False)
+    forward = ml.concatenate(outs).predict_blocking(executor=executor).unwrap()
+    assert executor.stats.kinds[plain.__qualname__] == 2  # one group per zero (0.0 == -0.0 in Python)
+    expected = ml.concatenate(outs).predict_blocking(executor=alone).unwrap()
+    assert np.array_equal(np.signbit(forward), np.signbit(expected))
+    assert np.all(forward == 0.0) and np.any(np.signbit(forward)) and not np.all(np.signbit(forward))
+    gradients = ml.compute_gradients(loss, executor=executor)[1]
+    for x, g in ml.compute_gradients(loss, executor=alone)[1].items():
+        assert np.array_equal(np.signbit(gradients[x]), np.signbit(g)), (gradients[x], g)
+
+
 def test_calls_given_different_weights_do_not_merge() -> None:
     other = ArrayWeight(RNG.normal(size=(3, 3)))
     calls = [(x, W if k % 2 else other) for k, x in enumerate(rows(6))]

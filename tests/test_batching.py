@@ -834,3 +834,25 @@ def test_a_failure_in_a_first_operand_leaves_no_reference_cycles(batching: bool)
     good = ml.sum(p * np.ones(3)) + ml.sum(q)
     bad = ml.sum(p * np.ones(4)) + ml.sum(q)  # (3,) * (4,): the first operand of + fails
     assert garbage_after_a_failed_step(good, bad, batching) == []
+
+
+@pytest.mark.parametrize("planning", [False, True], ids=["executor", "planned"])
+def test_zero_and_minus_zero_keep_their_signs_when_calls_merge(planning: bool) -> None:
+    # 0.0 == -0.0 in Python: keyed by value alone, the calls merged and every row got the first
+    # call's zero, whose sign is wrong for half of them (forward and backward). And a merged
+    # backward that summed a row's deltas from 0.0 gave 0.0 for -0.0 + -0.0 (each h is used twice).
+    signs = [k % 2 == 1 for k in range(12)]
+    xs = [ArrayWeight(np.full(3, 1.0 + k)) for k in range(12)]
+    hs = [ml.tanh(x * 1.0) for x in xs]
+    outs = [h * (-0.0 if minus else 0.0) for _ in range(2) for h, minus in zip(hs, signs, strict=True)]
+    executor = ml.Executor(batching=True, planning=planning)
+    forward = ml.concatenate(outs).predict_blocking(executor=executor).unwrap()
+    assert np.array_equal(np.signbit(forward), np.tile(np.repeat(signs, 3), 2))
+    if planning:
+        assert executor.last_stats.planned == 1
+    else:
+        assert executor.last_stats.kinds["mul"] == 2  # the calls merged: one group per zero
+    value, gradients = ml.compute_gradients(ml.sum(ml.concatenate(outs)), executor=executor)
+    assert value == 0.0
+    for x, minus in zip(xs, signs, strict=True):
+        assert np.all(np.signbit(gradients[x]) == minus), (minus, gradients[x])

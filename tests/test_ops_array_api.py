@@ -16,7 +16,7 @@ from hypothesis.extra import numpy as hnp
 
 import monadl
 from monadl.dsl import primitives as P
-from monadl.tape.batch import stack_arrays
+from monadl.tape.batch import minus_zeros, stack_arrays
 
 STRICT_ARRAY = type(xps.asarray(0.0))
 
@@ -183,3 +183,12 @@ def test_stacked_rows_equal_stack_on_numpy_and_strict(
     strict = stack_arrays(xps, [xps.asarray(a) for a in arrays])
     assert isinstance(strict, STRICT_ARRAY)
     np.testing.assert_array_equal(_strict_to_numpy(strict), expected)
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (3,), (2, 3)])
+def test_minus_zeros_are_negative_zeros_on_numpy_and_strict(shape: tuple[int, ...]) -> None:
+    for xp, dtype, to_numpy in ((np, np.float32, np.asarray), (xps, xps.float64, _strict_to_numpy)):
+        out = minus_zeros(xp, shape, dtype)
+        values = to_numpy(out)
+        assert values.shape == shape and out.dtype == dtype
+        assert np.all(values == 0.0) and np.all(np.signbit(values))

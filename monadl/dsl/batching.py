@@ -33,6 +33,7 @@ from monadl.dsl.primitives import Batching, FanOut, Primitive, Rule
 from monadl.tape.batch import (
     BatchGroup,
     RowOf,
+    float_key,
     result_row,
     stack_arrays,
     stack_values,
@@ -68,7 +69,7 @@ class OpBatcher:
                         key.append(t)  # a weight's tape is one per run, so it stands for the weight
                         continue
                 elif type(d) is float:
-                    key.append(("constant", d))
+                    key.append(("constant", float_key(d)))
                     continue
                 if i in shared:
                     return None

@@ -32,7 +32,16 @@ from monadl.dsl.apply import forward_of
 from monadl.dsl.base import Differentiable
 from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.weights import ArrayWeight, FloatWeight
-from monadl.tape.batch import BatchGroup, RowOf, RowTape, result_row, stack_values, stacked_delta, value_key
+from monadl.tape.batch import (
+    BatchGroup,
+    RowOf,
+    RowTape,
+    float_key,
+    result_row,
+    stack_values,
+    stacked_delta,
+    value_key,
+)
 from monadl.tape.shared import SharedTape, _current_step
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import is_array, namespace
@@ -139,6 +148,8 @@ _row_kinds: dict[type, int] = {}
 def _static_key(a: object) -> Hashable:
     """A non-layer argument's part of a signature: its value if a plain scalar, else its identity
     (the weights a call is given, the object a method is bound to)."""
+    if type(a) is float:
+        return ("value", float, float_key(a))
     return ("value", type(a), a) if type(a) in _PLAIN else id(a)
 
 

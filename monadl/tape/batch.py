@@ -15,6 +15,7 @@ forward pass, so none is upstream of another, and no member's delta depends on a
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -87,6 +88,24 @@ def value_key(data: Any) -> Hashable:
     return float if type(data) is float else (type(data), data.shape, data.dtype)
 
 
+def float_key(x: float) -> Hashable:
+    """A float's part of a merge signature, where calls merge only on equal floats (a shared
+    constant, a static argument): the float itself, but 0.0 and -0.0, equal in Python, kept apart
+    (``x * -0.0`` is ``-0.0`` and ``1 / -0.0`` is ``-inf``: merged, one call would get the other's)."""
+    return x if x else (x, math.copysign(1.0, x))
+
+
+def minus_zeros(xp: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """An array of -0.0, to sum deltas into: -0.0 is the exact identity of addition, where 0.0 is
+    not (``0.0 + -0.0`` is ``0.0``), so a row given one delta holds that delta as its call alone
+    would get it, signed zeros included. (On NumPy ``empty`` and ``fill``: ``full`` costs more.)"""
+    if xp is np:
+        out = np.empty(shape, dtype=dtype)
+        out.fill(-0.0)
+        return out
+    return xp.full(shape, -0.0, dtype=dtype)
+
+
 def stack_values(xp: Any, values: Sequence[Any], float_dtype: Any) -> Any:
     """The values one argument takes in merged calls, as the rows of one array: floats as a vector
     of ``float_dtype``, arrays stacked."""
@@ -140,7 +159,7 @@ def stacked_delta(
     xp: Any, deltas: Sequence[list[Do[Any]] | None], like: Any, cost: Any, shared: bool
 ) -> Do[Any] | None:
     """The members' deltas stacked as the rows of an array shaped and typed like ``like`` (the
-    merged result): row k is the sum of member k's deltas, zero if it has none. None if no member
+    merged result): row k is the sum of member k's deltas, -0.0 if it has none. None if no member
     has a delta. ``shared``: the result is read by several computations (memoised)."""
     sources: dict[Do[Any], tuple[list[int], list[int]]] = {}  # RowOf sources: (members, their rows)
     loose_owners: list[int] = []
@@ -169,7 +188,7 @@ def _gather(
         members, rows = indices[0]
         if members == rows == list(range(size)) and values[0].shape[0] == size:  # all its rows, in order
             return xp.reshape(values[0], like.shape)
-    out = xp.zeros(like.shape, dtype=like.dtype)
+    out = minus_zeros(xp, like.shape, like.dtype)  # a row given one delta is that delta, exactly
     for (members, rows), source in zip(indices, values[:n], strict=True):
         picked = xp.reshape(xp.take(source, xp.asarray(rows), axis=0), (len(rows), *like.shape[1:]))
         if len(set(members)) == len(members):
