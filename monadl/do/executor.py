@@ -580,7 +580,8 @@ def default_executor() -> Executor:
 
     Sequential by default because that measured fastest on this project's 2-core machines: handing
     a ~100 us matmul to another thread costs about what it saves there (the CIFAR column benchmark
-    ran ~30% slower on 2 workers). Measure your own machine with ``python -m monadl.bench columns``."""
+    ran ~30% slower on 2 workers). Measure your own machine with ``python -m monadl.bench columns``
+    (the model on 1, 2 and 4 workers) and ``python -m monadl.bench threads`` (what two threads gain)."""
     global _default
     with _default_lock:
         if _default is None:
