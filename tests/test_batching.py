@@ -836,23 +836,38 @@ def test_a_failure_in_a_first_operand_leaves_no_reference_cycles(batching: bool)
     assert garbage_after_a_failed_step(good, bad, batching) == []
 
 
+@pytest.mark.parametrize("uses", [1, 2])
 @pytest.mark.parametrize("planning", [False, True], ids=["executor", "planned"])
-def test_zero_and_minus_zero_keep_their_signs_when_calls_merge(planning: bool) -> None:
+def test_zero_and_minus_zero_keep_their_signs_when_calls_merge(planning: bool, uses: int) -> None:
     # 0.0 == -0.0 in Python: keyed by value alone, the calls merged and every row got the first
     # call's zero, whose sign is wrong for half of them (forward and backward). And a merged
-    # backward that summed a row's deltas from 0.0 gave 0.0 for -0.0 + -0.0 (each h is used twice).
-    signs = [k % 2 == 1 for k in range(12)]
-    xs = [ArrayWeight(np.full(3, 1.0 + k)) for k in range(12)]
+    # backward that summed a row's deltas from 0.0 gave 0.0 for 0.0 + -0.0 (an h used once, its
+    # group's other rows 0.0) and for -0.0 + -0.0 (an h used twice).
+    signs = [k % 2 == 1 for k in range(16)]  # wide enough to be planned
+    xs = [ArrayWeight(np.full(3, 1.0 + k)) for k in range(16)]
     hs = [ml.tanh(x * 1.0) for x in xs]
-    outs = [h * (-0.0 if minus else 0.0) for _ in range(2) for h, minus in zip(hs, signs, strict=True)]
+    outs = [h * (-0.0 if minus else 0.0) for _ in range(uses) for h, minus in zip(hs, signs, strict=True)]
     executor = ml.Executor(batching=True, planning=planning)
     forward = ml.concatenate(outs).predict_blocking(executor=executor).unwrap()
-    assert np.array_equal(np.signbit(forward), np.tile(np.repeat(signs, 3), 2))
+    assert np.array_equal(np.signbit(forward), np.tile(np.repeat(signs, 3), uses))
     if planning:
         assert executor.last_stats.planned == 1
     else:
         assert executor.last_stats.kinds["mul"] == 2  # the calls merged: one group per zero
+    planned = executor.stats.planned
     value, gradients = ml.compute_gradients(ml.sum(ml.concatenate(outs)), executor=executor)
     assert value == 0.0
+    assert executor.stats.planned == planned + planning
     for x, minus in zip(xs, signs, strict=True):
         assert np.all(np.signbit(gradients[x]) == minus), (minus, gradients[x])
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_a_sums_delta_of_minus_zero_reaches_its_input_as_minus_zero(batching: bool) -> None:
+    # The unmerged sum broadcast its float delta as zeros + delta: 0.0 + -0.0 is 0.0.
+    xs = [ArrayWeight(np.full(3, 1.0 + k)) for k in range(10)]
+    loss = ml.add_n([ml.sum(ml.tanh(x * 1.0)) * -0.0 for x in xs])
+    for planning in (False, True):
+        gradients = ml.compute_gradients(loss, executor=ml.Executor(batching=batching, planning=planning))[1]
+        for x in xs:
+            assert np.all(np.signbit(gradients[x])), (planning, gradients[x])

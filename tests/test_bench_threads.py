@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 from monadl.bench.__main__ import main
 from monadl.bench.threads import Columns, Worker, step_one_thread, step_two_threads, steps_two_threads_apart
@@ -55,10 +56,11 @@ def test_two_threads_do_the_work_of_one(columns: int) -> None:
     before = [w.copy() for w in one.weights]
     worker = Worker()
     try:
-        for _ in range(3):
-            step_one_thread(one)
-            step_two_threads(two, worker)
-        steps_two_threads_apart(apart, worker, 3)
+        with threadpool_limits(limits=1, user_api="blas"):  # one BLAS thread: the same sums
+            for _ in range(3):
+                step_one_thread(one)
+                step_two_threads(two, worker)
+            steps_two_threads_apart(apart, worker, 3)
     finally:
         worker.close()
     for k, w0 in enumerate(before):
@@ -68,6 +70,29 @@ def test_two_threads_do_the_work_of_one(columns: int) -> None:
             np.testing.assert_array_equal(other.outputs[k], one.outputs[k])
 
 
-def test_threads_cli_rejects_nonpositive_sizes() -> None:
-    with pytest.raises(SystemExit, match="--steps must be at least 1"):
-        main(["threads", "--steps", "0"])
+@pytest.mark.parametrize("option", ["columns", "batch", "hidden", "steps", "repeats"])
+def test_threads_cli_rejects_nonpositive_sizes(option: str) -> None:
+    with pytest.raises(SystemExit, match=f"--{option} must be at least 1, got 0"):
+        main(["threads", f"--{option}", "0"])
+
+
+def test_a_failed_job_is_raised_and_the_worker_goes_on() -> None:
+    worker = Worker()
+    ran: list[str] = []
+
+    def fail() -> None:
+        raise ValueError("job failed")
+
+    try:
+        with pytest.raises(ValueError, match="job failed"):
+            worker.call(fail, lambda: ran.append("meanwhile"))
+
+        def fail_here() -> None:
+            raise KeyError("meanwhile failed")
+
+        with pytest.raises(KeyError, match="meanwhile failed"):
+            worker.call(lambda: ran.append("job"), fail_here)
+        worker.call(lambda: ran.append("again"), lambda: None)  # in step: no result left over
+    finally:
+        worker.close()
+    assert ran == ["meanwhile", "job", "again"]

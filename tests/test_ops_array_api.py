@@ -16,7 +16,8 @@ from hypothesis.extra import numpy as hnp
 
 import monadl
 from monadl.dsl import primitives as P
-from monadl.tape.batch import minus_zeros, stack_arrays
+from monadl.tape.batch import stack_arrays
+from monadl.typeclasses.backend import minus_zeros
 
 STRICT_ARRAY = type(xps.asarray(0.0))
 

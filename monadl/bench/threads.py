@@ -43,7 +43,9 @@ from monadl.data.files import atomic_write_bytes
 
 @dataclass
 class Ceiling:
-    """What ``measure`` found: microseconds and the speed-up of two threads over one."""
+    """What ``measure`` found: microseconds per round trip and per step (one thread, two threads
+    with one hand-off per phase, two threads apart), and the speed-ups of two threads over one
+    (``speedups``: each round's, ``speedup`` their median)."""
 
     columns: int
     batch: int
@@ -55,7 +57,6 @@ class Ceiling:
     speedup: float
     speedups: list[float]
     apart_us: float
-    """Per step, the two threads running their columns' steps apart (one hand-off per segment)."""
     apart_speedup: float
 
 
@@ -70,14 +71,23 @@ class Worker:
 
     def _run(self) -> None:
         while (job := self.jobs.get()) is not None:
-            self.done.put(job())
+            try:
+                job()
+            except BaseException as error:  # noqa: BLE001 - handed to the caller, which raises it
+                self.done.put(error)
+            else:
+                self.done.put(None)
 
     def call(self, job: Callable[[], Any], meanwhile: Callable[[], Any]) -> None:
         """Runs ``job`` on the worker and ``meanwhile`` on this thread, at the same time; returns
-        when both are done."""
+        when both are done, or raises what failed (the job's error first)."""
         self.jobs.put(job)
-        meanwhile()
-        self.done.get()
+        try:
+            meanwhile()
+        finally:
+            error = self.done.get()  # the worker is done with the job, whatever happened here
+        if error is not None:
+            raise error
 
     def close(self) -> None:
         self.jobs.put(None)

@@ -42,7 +42,7 @@ from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.operation import _Call, _item
 from monadl.dsl.operation import _layer as operation_layer
 from monadl.dsl.primitives import Primitive
-from monadl.tape.batch import float_key, minus_zeros, stack_values, value_key
+from monadl.tape.batch import float_key, stack_values, value_key
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import namespace
 from monadl.typeclasses.sparse import scatter_add
@@ -472,12 +472,11 @@ def _gather_forward(xp: Any, *tables: Any, positions: Any, rows: Any, unique: An
 def _gather_vjp(j: int) -> Any:
     def vjp(xp: Any, d: Any, o: Any, *tables: Any, positions: Any, rows: Any, unique: Any, size: int) -> Any:
         table = tables[j]
+        g = xp.zeros(table.shape, dtype=d.dtype)
         if unique[j]:
-            g = xp.zeros(table.shape, dtype=d.dtype)
             g[rows[j]] = d[positions[j]]
             return g
-        g = minus_zeros(xp, table.shape, d.dtype)  # a row taken twice: its deltas add
-        return scatter_add(xp, g, rows[j], d[positions[j]])
+        return scatter_add(xp, g, rows[j], d[positions[j]])  # a row taken twice: its deltas add
 
     return vjp
 

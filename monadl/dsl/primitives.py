@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from monadl.typeclasses.backend import FLOATS, ShapeError, shape_of, unbroadcast
+from monadl.typeclasses.backend import FLOATS, ShapeError, minus_zeros, shape_of, unbroadcast
 from monadl.typeclasses.sparse import SparseRows
 
 Rule = Callable[..., Any]
@@ -118,7 +118,7 @@ class Primitive:
 def _expand_to(xp: Any, delta: Any, x: Any, axis: int | tuple[int, ...] | None, keepdims: bool) -> Any:
     """``delta`` of a reduction of ``x`` over ``axis``, broadcast back to ``x``'s shape."""
     if type(delta) is float or getattr(delta, "ndim", 1) == 0:
-        return xp.zeros_like(x) + delta
+        return minus_zeros(xp, x.shape, x.dtype) + delta  # -0.0 + d is d, a -0.0 included
     if not keepdims and axis is not None:
         axes = (axis,) if isinstance(axis, int) else axis
         kept = list(x.shape)

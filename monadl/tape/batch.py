@@ -24,6 +24,7 @@ import numpy as np
 from monadl.do.do import KERNEL_MAP, MAP, UNIT, Bind, Do, PrivateBind
 from monadl.tape.shared import SharedTape
 from monadl.tape.tape import Tape
+from monadl.typeclasses.backend import minus_zeros
 from monadl.typeclasses.sparse import SparseRows, scatter_add
 
 GroupBackward = Callable[[list[list[Do[Any]] | None]], Do[None]]
@@ -91,19 +92,9 @@ def value_key(data: Any) -> Hashable:
 def float_key(x: float) -> Hashable:
     """A float's part of a merge signature, where calls merge only on equal floats (a shared
     constant, a static argument): the float itself, but 0.0 and -0.0, equal in Python, kept apart
-    (``x * -0.0`` is ``-0.0`` and ``1 / -0.0`` is ``-inf``: merged, one call would get the other's)."""
+    (``2.0 * -0.0`` is ``-0.0``, and NumPy's ``1 / -0.0`` is ``-inf``: merged, one call would get
+    the other's). A NaN keys as itself: calls given different NaN objects do not merge."""
     return x if x else (x, math.copysign(1.0, x))
-
-
-def minus_zeros(xp: Any, shape: tuple[int, ...], dtype: Any) -> Any:
-    """An array of -0.0, to sum deltas into: -0.0 is the exact identity of addition, where 0.0 is
-    not (``0.0 + -0.0`` is ``0.0``), so a row given one delta holds that delta as its call alone
-    would get it, signed zeros included. (On NumPy ``empty`` and ``fill``: ``full`` costs more.)"""
-    if xp is np:
-        out = np.empty(shape, dtype=dtype)
-        out.fill(-0.0)
-        return out
-    return xp.full(shape, -0.0, dtype=dtype)
 
 
 def stack_values(xp: Any, values: Sequence[Any], float_dtype: Any) -> Any:
@@ -188,7 +179,7 @@ def _gather(
         members, rows = indices[0]
         if members == rows == list(range(size)) and values[0].shape[0] == size:  # all its rows, in order
             return xp.reshape(values[0], like.shape)
-    out = minus_zeros(xp, like.shape, like.dtype)  # a row given one delta is that delta, exactly
+    out = minus_zeros(xp, like.shape, like.dtype)  # a row given one delta is that delta (-0.0 too)
     for (members, rows), source in zip(indices, values[:n], strict=True):
         picked = xp.reshape(xp.take(source, xp.asarray(rows), axis=0), (len(rows), *like.shape[1:]))
         if len(set(members)) == len(members):

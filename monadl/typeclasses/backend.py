@@ -136,6 +136,17 @@ def device_of(x: object) -> object:
     return getattr(x, "device", "cpu")
 
 
+def minus_zeros(xp: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """An array of -0.0, to sum deltas into: -0.0 is the exact identity of addition, where 0.0 is
+    not (``0.0 + -0.0`` is ``0.0``), so an element given one delta holds that delta as it is, a
+    -0.0 included. (On NumPy ``empty`` and ``fill``: ``full`` costs more.)"""
+    if xp is np:
+        out = np.empty(shape, dtype=dtype)
+        out.fill(-0.0)
+        return out
+    return xp.full(shape, -0.0, dtype=dtype)
+
+
 def unbroadcast(xp: Any, delta: Any, like: Any) -> Any:
     """``delta`` summed back to the shape of ``like`` (broadcasting's vector-Jacobian product).
 
