@@ -80,7 +80,7 @@ class Worker:
 
     def call(self, job: Callable[[], Any], meanwhile: Callable[[], Any]) -> None:
         """Runs ``job`` on the worker and ``meanwhile`` on this thread, at the same time; returns
-        when both are done, or raises what failed (the job's error first)."""
+        when both are done, or raises what failed (this thread's error, else the job's)."""
         self.jobs.put(job)
         try:
             meanwhile()
@@ -117,6 +117,16 @@ class Columns:
             np.multiply(g, -1e-4, out=g)
             np.add(self.weights[c], g, out=self.weights[c])
 
+    def step(self, which: range) -> None:
+        """One step's kernels of the columns ``which``: forward, then gradients and updates."""
+        self.forward(which)
+        self.backward(which)
+
+    def halves(self) -> tuple[range, range]:
+        """The even columns (the calling thread's) and the odd ones (the worker's)."""
+        n = len(self.weights)
+        return range(0, n, 2), range(1, n, 2)
+
 
 def round_trip_us(worker: Worker, count: int = 2000) -> float:
     """The median time, in microseconds, of handing an empty job to ``worker`` and back."""
@@ -134,16 +144,13 @@ def _nothing() -> None:
 
 def step_one_thread(model: Columns) -> None:
     """One step's kernels, every column on this thread."""
-    every = range(len(model.weights))
-    model.forward(every)
-    model.backward(every)
+    model.step(range(len(model.weights)))
 
 
 def step_two_threads(model: Columns, worker: Worker) -> None:
     """One step's kernels, the even columns on this thread and the odd ones on ``worker``: one
     hand-off for the forward products, one for the gradients and updates."""
-    n = len(model.weights)
-    mine, theirs = range(0, n, 2), range(1, n, 2)
+    mine, theirs = model.halves()
     worker.call(lambda: model.forward(theirs), lambda: model.forward(mine))
     worker.call(lambda: model.backward(theirs), lambda: model.backward(mine))
 
@@ -151,13 +158,11 @@ def step_two_threads(model: Columns, worker: Worker) -> None:
 def steps_two_threads_apart(model: Columns, worker: Worker, steps: int) -> None:
     """``steps`` steps' kernels, each thread running its columns' steps on its own, with one hand-off
     for them all: what two threads can do on these kernels when they never wait for each other."""
-    n = len(model.weights)
-    mine, theirs = range(0, n, 2), range(1, n, 2)
+    mine, theirs = model.halves()
 
     def run(columns: range) -> None:
         for _ in range(steps):
-            model.forward(columns)
-            model.backward(columns)
+            model.step(columns)
 
     worker.call(lambda: run(theirs), lambda: run(mine))
 
