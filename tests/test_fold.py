@@ -17,7 +17,7 @@ from test_batching import chains
 
 import monadl as ml
 from examples.tree_lstm import TreeLstm
-from monadl import ArrayWeight, FloatLayer
+from monadl import ArrayLayer, ArrayWeight, FloatLayer
 from monadl.data import sst
 from monadl.do.do import FLAT, MAP, Bind, Do, Pure
 from monadl.dsl import fold
@@ -70,6 +70,35 @@ def test_a_tree_lstm_batch_is_planned_with_one_cell_launch_per_level() -> None:
     assert kinds["Cell.leaf_cell"] == 1 and kinds["take_rows"] == 1
     assert kinds["Cell.inner_cell"] <= 2 * max(t.height() for t in trees)
     assert planned.stats.kernels < unbatched.stats.kernels / 5
+
+
+def test_the_gates_of_a_cell_fan_out_into_one_kernel_with_the_unbatched_gradients() -> None:
+    """Five gates read one input, each with weights of its own that the walk meets after the first
+    gate's; the fifth gate's result is unused. A level's gates are one kernel forward and one per
+    input backward, every used gate's weights get the unbatched gradient, the unused one's none."""
+    rng = np.random.default_rng(3)
+    gates = [(ArrayWeight(rng.normal(size=(6, 2))), ArrayWeight(rng.normal(size=2))) for _ in range(5)]
+
+    @ml.batchable
+    def cell(left: ml.AnyArray, right: ml.AnyArray) -> ArrayLayer:
+        both = ml.concatenate([left, right], axis=-1)
+        a, b, c, d, _ = (ml.tanh(ml.linear(both, w, bias)) for w, bias in gates)
+        return a * b + c * d
+
+    def loss() -> FloatLayer:
+        return ml.add_n([ml.sum(cell(rng.normal(size=3) * 1.0, rng.normal(size=3))) for _ in range(16)])
+
+    loss()  # the operation's first call learns its results
+    state = rng.bit_generator.state
+    planned = gradients_of(loss(), True)
+    rng.bit_generator.state = state
+    unbatched = gradients_of(loss(), False)
+    assert planned.stats.planned == 1
+    assert planned.stats.kinds["linear"] == 1  # the 16 calls' five gates: one launch
+    assert_close(planned.value, unbatched.value, "loss")
+    assert set(planned.gradients) == set(unbatched.gradients) == {w for gate in gates[:4] for w in gate}
+    for weight, gradient in unbatched.gradients.items():
+        assert_close(planned.gradients[weight], gradient, "gradient")
 
 
 def test_tree_lstm_root_scores_are_planned_and_equal() -> None:
@@ -162,11 +191,16 @@ def test_a_failed_plan_counts_no_kernels_of_its_own() -> None:
     assert executor.stats.kernels == 0 and executor.stats.planned == 0
 
 
-def test_a_plan_returns_a_tape_of_the_roots_value() -> None:
+def test_a_plan_gives_the_roots_value_and_then_the_weights_gradients() -> None:
     loss, w, b, xs = chains(16)
-    tape = fold.run_planned(ml.Executor(), loss.forward)
-    assert isinstance(tape, Tape)
-    assert tape.data == pytest.approx(sum(float(np.sum(np.tanh(x @ w.data + b.data))) for x in xs))
+    planned = fold.run_planned(ml.Executor(), loss.forward)
+    assert planned is not None
+    assert planned.value == pytest.approx(sum(float(np.sum(np.tanh(x @ w.data + b.data))) for x in xs))
+    gradients = planned.gradients(1.0)
+    unbatched = gradients_of(loss, False)
+    assert set(gradients) == {w, b}
+    for weight in (w, b):
+        assert_close(gradients[weight], unbatched.gradients[weight], "gradient")
 
 
 # ------------------------------------------------------------------- the plan's own ops, by gradients

@@ -12,14 +12,21 @@ runs it as DyNet's autobatching does: it walks the graph once, gives each node i
 than its deepest input), and runs the nodes of one depth together, one computation per group of
 equal signature (the signatures of ``monadl.dsl.batching`` and ``monadl.dsl.operation``). A group's
 inputs are gathered rows of earlier groups (``take_rows``, or the earlier group itself when it is
-exactly the rows wanted), its result is one stacked tape, and a node's value is a row of it. Only
-group-level tapes are made, so the backward pass is ordinary backpropagation through the groups and
-gathers: no per-node work at all. ``add_n`` and ``concatenate`` over many rows (a batch's loss summed
-over every node; the roots' scores) become sums and gathers of whole groups.
+exactly the rows wanted), its result is one stacked array, and a node's value is a row of it.
+``add_n`` and ``concatenate`` over many rows (a batch's loss summed over every node; the roots'
+scores) become sums and gathers of whole groups.
+
+The groups' computations (a batched op, an operation's body recorded once on stacked rows, the
+gathers) are ops on weights and constants only, so they are appended, a depth at a time, to one
+straight-line program (``monadl.dsl.straight``) and run there, without tapes: the backward pass is
+that program's, through the groups and gathers, with no per-node work at all. Within a depth, the
+program runs equal ops as one kernel, as the executor's merging would (a cell's five gate
+``linear``s, its sigmoids); on an executor with a pool it runs them one by one, on the pool.
 
 A graph of any other kind returns None (the caller runs it as usual), and so does a narrow one
 (fewer than ``MIN_WIDTH`` ops or calls a level on average: a chain, the CIFAR column model). A
-planned run that fails is discarded by the caller and run again unplanned, so errors are those of
+planned run that fails (an error of a group; an operation whose body is not a graph of ops, such as
+one with a ``flat_map``) is discarded by the caller and run again unplanned, so errors are those of
 the unplanned run, naming the call that failed, and nothing of the failed attempt remains.
 """
 
@@ -33,15 +40,15 @@ from typing import Any
 import numpy as np
 
 from monadl.do.batching import RunStats
-from monadl.do.do import BIND, DELAY, FLAT, MAP, PRIVATE, PURE, Do, Pure, gather_all
+from monadl.do.do import FLAT, MAP, Bind, Delay, Do, Pure
 from monadl.do.executor import Executor
 from monadl.dsl import primitives as P
 from monadl.dsl.apply import _Build, apply_primitive
 from monadl.dsl.batching import _is_shared, _scalar, merged_params, signature_start
 from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.operation import _Call, _item
-from monadl.dsl.operation import _layer as operation_layer
 from monadl.dsl.primitives import Primitive
+from monadl.dsl.straight import _WEIGHT_FORWARD, Program, run_backward
 from monadl.tape.batch import float_key, stack_values, value_key
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import namespace
@@ -59,17 +66,30 @@ class Unsupported(Exception):
 
 
 class _Group:
-    """One merged computation's result: row k is member k's value."""
+    """One merged computation's result (``node``, its value ``data``): row k is member k's value."""
 
-    __slots__ = ("data", "layer", "row_key", "scalar", "tape")
+    __slots__ = ("data", "layer", "row_key", "scalar")
 
-    def __init__(self, tape: Tape[Any, Any], scalar: bool) -> None:
-        self.tape = tape
-        d = self.data = tape.data
+    def __init__(self, node: Do[Any], data: Any, scalar: bool) -> None:
+        self.data = data
         self.scalar = scalar  # the members' values are floats (the rows of a vector)
-        self.layer = ArrayLayer(Pure(tape))
+        self.layer = ArrayLayer(node)
         # A row's part of a signature: made once here, read for every use of every row.
-        self.row_key: Hashable = float if scalar else (type(d), d.shape[1:], d.dtype)
+        self.row_key: Hashable = float if scalar else (type(data), data.shape[1:], data.dtype)
+
+
+class _Own:
+    """A value of its own, not a row of a group: a leaf (a weight, a constant), or the result of
+    an op run alone. ``node`` computes it (node ``k`` of the plan's program)."""
+
+    __slots__ = ("data", "k", "node", "requires_delta", "weight")
+
+    def __init__(self, node: Do[Any], k: int, prog: Program) -> None:
+        self.node = node
+        self.k = k
+        self.data = prog.datas[k]
+        self.requires_delta = prog.wants[k]  # it depends on a weight
+        self.weight = prog.weights[k]
 
 
 class _Row:
@@ -82,9 +102,38 @@ class _Row:
         self.k = k
 
 
-def run_planned(executor: Executor, root: Do[Tape[Any, Any]]) -> Tape[Any, Any] | None:
-    """The tape of ``root``, computed level by level with merged groups; None if ``root``'s graph
-    is not one a plan handles (see the module), before anything ran."""
+class Planned:
+    """A planned run: its program (``monadl.dsl.straight``), run forward, with the root's value at
+    node ``root``, and what it launched (``stats``, the executor's ``last_stats``)."""
+
+    __slots__ = ("executor", "prog", "root", "stats")
+
+    def __init__(self, executor: Executor, prog: Program, root: int, stats: RunStats) -> None:
+        self.executor = executor
+        self.prog = prog
+        self.root = root
+        self.stats = stats
+
+    @property
+    def value(self) -> Any:
+        """The root's value."""
+        return self.prog.datas[self.root]
+
+    def gradients(self, seed: Any) -> dict[Any, Any]:
+        """Backpropagates ``seed``, the root's delta; returns every weight's summed delta (the
+        backward's kernels are counted in ``stats`` and the executor's)."""
+        prog, before = self.prog, self.prog.kernels
+        with self.executor.paused():
+            gradients = run_backward(self.executor, prog, seed, self.root)
+        launched = prog.kernels - before
+        self.stats.kernels += launched
+        self.executor.stats.kernels += launched
+        return gradients
+
+
+def run_planned(executor: Executor, root: Do[Tape[Any, Any]]) -> Planned | None:
+    """``root``'s graph computed level by level with merged groups, forward; None if it is not
+    one a plan handles (see the module), before anything ran."""
     skip = _narrow.get(executor)
     if skip is not None and skip[0]:  # its last graphs were narrow: do not walk this one
         skip[0] -= 1
@@ -95,13 +144,8 @@ def run_planned(executor: Executor, root: Do[Tape[Any, Any]]) -> Tape[Any, Any] 
         _narrow[executor] = [streak, streak]
         return None
     _narrow.pop(executor, None)
-    before = RunStats()
-    before.add(executor.stats)
-    try:
-        return _Plan(executor).run(levels, root)
-    except BaseException:
-        executor.stats = before  # the failed attempt's kernels are not counted: it is run again
-        raise
+    with executor.paused():
+        return _Plan(executor).run(levels, root)  # counted in the executor's stats if it succeeds
 
 
 Entry = tuple[Any, int, tuple[Any, ...]]  # a node, its kind, its sources
@@ -141,10 +185,13 @@ def _levels(root: Do[Any]) -> list[list[Entry]] | None:
             continue
         if item in depth:
             continue
-        tag = item.tag & ~PRIVATE
-        if tag != BIND:
-            if tag != PURE and tag != DELAY:
-                return None
+        kind_of = type(item)
+        if kind_of is not Bind:
+            if not (
+                (kind_of is Pure and type(item.value) is Tape)
+                or (kind_of is Delay and getattr(item.thunk, "__func__", None) is _WEIGHT_FORWARD)
+            ):
+                return None  # only constants and weights are leaves of a program
             depth[item] = 0
             levels[0].append((item, _LEAF, ()))
             continue
@@ -171,23 +218,25 @@ def _levels(root: Do[Any]) -> list[list[Entry]] | None:
 
 
 class _Plan:
-    """The values of a planned run's nodes, computed a level at a time."""
+    """The values of a planned run's nodes, computed a level at a time into one program."""
 
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
-        self.values: dict[Any, Any] = {}  # node -> Tape (a value of its own) or _Row
-        self.stats = RunStats()  # the plan's own merges: the executor's statistics when it succeeds
-        self.total = RunStats()  # with its levels' runs: the executor's last run's statistics
+        self.prog = Program()  # every computation of the plan: its levels' groups, gathers, sums
+        self.values: dict[Any, Any] = {}  # node -> _Own, _Row, or a call's tuple of _Rows
+        self.stats = RunStats()  # the plan's merges and the program's launches
 
-    def run(self, levels: list[list[Entry]], root: Do[Any]) -> Tape[Any, Any]:
-        values = self.values
+    def run(self, levels: list[list[Entry]], root: Do[Any]) -> Planned:
+        values, prog = self.values, self.prog
         for level in levels:
             groups: dict[Hashable, list[tuple[Any, list[Any]]]] = {}
             alone: list[tuple[Any, list[Any]]] = []
             projections: list[tuple[Any, Any]] = []
             for node, kind, sources in level:
                 if kind == _LEAF:
-                    values[node] = node.value if node.tag & ~PRIVATE == PURE else node.thunk()
+                    k = prog.add(node)
+                    assert k is not None  # _levels let only a program's leaves through
+                    values[node] = _Own(node, k, prog)
                     continue
                 if kind == _PROJECTION:
                     projections.append((node, sources))
@@ -203,13 +252,14 @@ class _Plan:
                 outputs = values[sources[0]]
                 values[node] = outputs[node.f.args[0]]
         result = values[root]
-        if type(result) is _Row:  # the root is one node's value: its own tape
+        if type(result) is _Row:  # the root is one node's value: taken out of its group
             result = self._run([_layer(result).forward])[0]
-        self.stats.planned += 1
-        self.executor.stats.add(self.stats)  # its runs' own are there already
-        self.total.add(self.stats)
-        self.executor.last_stats = self.total  # the levels' runs and the plan's merges, as one run
-        return result  # type: ignore[no-any-return]
+        stats = self.stats
+        stats.planned += 1
+        stats.kernels = prog.kernels
+        self.executor.stats.add(stats)
+        self.executor.last_stats = stats
+        return Planned(self.executor, prog, result.k, stats)
 
     # ---------------------------------------------------------------------------- signatures
 
@@ -245,40 +295,57 @@ class _Plan:
 
     def _compute(self, groups: list[list[tuple[Any, list[Any]]]], alone: list[Any]) -> None:
         dos: list[Do[Any]] = []
-        finish: list[Any] = []
+        finish: list[tuple[Any, int]] = []  # a group's (or alone node's) callback, its dos' count
         stats = self.stats
         for members in groups:
             node = members[0][0]
             if type(node.f) is _Call:
-                do, done = self._call_group(members)
+                group_dos, done = self._call_group(members)
                 name = node.f.op.f.__qualname__
                 stats.kinds[name] = stats.kinds.get(name, 0) + 1
             else:
                 do, done = self._op_group(members)
+                group_dos = [do]
             if len(members) > 1:
                 stats.groups += 1
                 stats.merged += len(members)
-            dos.append(do)
-            finish.append(done)
+            dos += group_dos
+            finish.append((done, len(group_dos)))
         for node, inputs in alone:
             dos.append(self._alone(node, inputs))
-            finish.append(functools.partial(self.values.__setitem__, node))
+            finish.append((functools.partial(self._own, node), 1))
         if dos:
-            for done, value in zip(finish, self._run(dos), strict=True):
-                done(value)
+            results = self._run(dos)
+            at = 0
+            for done, count in finish:
+                done(results[at : at + count])
+                at += count
 
-    def _run(self, dos: list[Do[Any]]) -> tuple[Any, ...]:
-        executor = self.executor
-        result: tuple[Any, ...] = executor.run(gather_all(dos))
-        level = executor.last_stats
-        stats = self.total
-        stats.kernels += level.kernels
-        stats.merged += level.merged
-        stats.groups += level.groups
-        stats.signatures += level.signatures
-        for name, count in level.kinds.items():
-            stats.kinds[name] = stats.kinds.get(name, 0) + count
-        return result
+    def _run(self, dos: list[Do[Any]]) -> list[_Own]:
+        """Adds ``dos`` to the program and computes them (on the executor's pool, if it has one)."""
+        prog = self.prog
+        start = len(prog.ops)
+        owns = []
+        for do in dos:
+            k = prog.add(do)
+            if k is None:  # an operation's body made a node of another kind (a flat_map, say)
+                raise Unsupported("a computation that is not a graph of ops")
+            owns.append(k)
+        pool = self.executor.pool
+        if pool is None:
+            prog.forward_merging(start)  # a cell's gates, its sigmoids: one kernel each
+        else:
+            prog.forward_on(pool, self.executor.min_pool_cost, start)
+        kinds, merged = self.stats.kinds, prog.merged
+        for k in range(start, len(prog.ops)):
+            build = prog.ops[k]
+            if build is not None and (k not in merged or merged[k].members[0] == k):  # one launch
+                name = build.prim.name
+                kinds[name] = kinds.get(name, 0) + 1
+        return [_Own(do, k, prog) for do, k in zip(dos, owns, strict=True)]
+
+    def _own(self, node: Any, results: list[_Own]) -> None:
+        self.values[node] = results[0]
 
     def _op_group(self, members: list[tuple[Any, list[Any]]]) -> tuple[Do[Any], Any]:
         """One op applied to the stacked rows of its calls (as ``monadl.dsl.batching`` does)."""
@@ -312,24 +379,25 @@ class _Plan:
         do = apply_primitive(_batched(prim), layers, params)
         return do, functools.partial(self._rows, [node for node, _ in members], scalar)
 
-    def _rows(self, nodes: list[Any], scalar: bool, tape: Tape[Any, Any]) -> None:
-        group = _Group(tape, scalar)
+    def _rows(self, nodes: list[Any], scalar: bool, results: list[_Own]) -> None:
+        (result,) = results
+        group = _Group(result.node, result.data, scalar)
         for k, node in enumerate(nodes):
             self.values[node] = _Row(group, k)
 
-    def _call_group(self, members: list[tuple[Any, list[Any]]]) -> tuple[Do[Any], Any]:
-        """A batchable operation's body, run once on the stacked rows of its calls."""
+    def _call_group(self, members: list[tuple[Any, list[Any]]]) -> tuple[list[Do[Any]], Any]:
+        """A batchable operation's body, recorded once on the stacked rows of its calls."""
         first: _Call = members[0][0].f
         columns = [self._gather([ins[j] for _, ins in members]) for j in range(len(first.rows))]
-        do = first.results(columns)
+        dos = first.forwards(columns)
         structure = first.op.structure
         assert structure is not None
-        return do, functools.partial(self._outputs, [node for node, _ in members], structure)
+        return dos, functools.partial(self._outputs, [node for node, _ in members], structure)
 
-    def _outputs(
-        self, nodes: list[Any], structure: Sequence[type], tapes: tuple[Tape[Any, Any], ...]
-    ) -> None:
-        groups = [_Group(t, kind is FloatLayer) for t, kind in zip(tapes, structure, strict=True)]
+    def _outputs(self, nodes: list[Any], structure: Sequence[type], results: list[_Own]) -> None:
+        groups = [
+            _Group(r.node, r.data, kind is FloatLayer) for r, kind in zip(results, structure, strict=True)
+        ]
         values = self.values
         for k, node in enumerate(nodes):
             values[node] = tuple([_Row(g, k) for g in groups])
@@ -446,12 +514,12 @@ def _row_key(v: Any) -> Hashable:
 
 
 def _layer(v: Any) -> Any:
-    """A value as a layer: a tape's, or a row of a group (an array row only)."""
+    """A value as a layer: its own node's, or a row of a group (an array row only)."""
     if type(v) is _Row:
         if v.group.scalar:
             raise Unsupported("a float row on its own")
         return _apply(P.take_rows, [v.group.layer], {"indices": np.asarray(v.k, dtype=np.int64)})
-    return operation_layer(v)
+    return FloatLayer(v.node) if type(v.data) is float else ArrayLayer(v.node)
 
 
 def _apply(

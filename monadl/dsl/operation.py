@@ -190,9 +190,14 @@ class _Call:
 
     def results(self, layers: Sequence[object]) -> Do[tuple[Tape[Any, Any], ...]]:
         """The tapes of the body's results, run on ``layers`` in place of the layer arguments."""
+        return gather_all(self.forwards(layers))
+
+    def forwards(self, layers: Sequence[object]) -> list[Do[Tape[Any, Any]]]:
+        """The forward of each of the body's results, recorded on ``layers`` in place of the layer
+        arguments."""
         result = self.op.f(*self.arguments(layers), **self.kwargs)
         results = result if isinstance(result, tuple) else (result,)
-        return gather_all(forward_of(r, self.op.f.__qualname__) for r in results)
+        return [forward_of(r, self.op.f.__qualname__) for r in results]
 
 
 def _layer(tape: Tape[Any, Any]) -> Layer:

@@ -13,7 +13,9 @@ order of a depth-first walk, then backward in reverse order:
   (``apply.input_delta``) run only for the inputs on a path to a weight, and a weight's gradient is
   its summed delta;
 
-so the results are the executor's, without its per-node bookkeeping. On an executor with a pool,
+so the results are the executor's, without its per-node bookkeeping. Planned batching
+(``monadl.dsl.fold``) runs its merged groups as such a program too, grown a depth at a time
+(:meth:`Program.add`, :meth:`Program.forward_merging`). On an executor with a pool,
 the ops are taken by depth instead (independent ones, such as the columns of a model, come
 together), and the kernels that cost ``min_pool_cost`` or more run on the pool while this thread
 goes on with the rest, as the executor's own runs do; when it has to wait for one, it runs the
@@ -33,8 +35,10 @@ from monadl.do.executor import Executor
 from monadl.do.workers import Done, WorkerPool
 from monadl.dsl.apply import _Build, forward_data, input_delta
 from monadl.dsl.weights import _WeightState
+from monadl.tape.batch import value_key
 from monadl.tape.tape import Tape
-from monadl.typeclasses.sparse import add, add_into
+from monadl.typeclasses.backend import minus_zeros, namespace
+from monadl.typeclasses.sparse import SparseRows, add, add_into
 
 _WEIGHT_FORWARD = _WeightState._tape  # a weight's forward: Delay(weight._tape)
 
@@ -51,20 +55,26 @@ class Program:
         "costs",
         "datas",
         "deltas",
+        "depths",
+        "index",
         "inputs",
         "kernels",
+        "merged",
         "ops",
         "owned",
         "saved",
+        "wants",
         "weights",
         "xps",
     )
 
     def __init__(self) -> None:
+        self.index: dict[Do[Any], int] = {}  # node -> its position; -1 while its inputs are walked
         self.ops: list[_Build | None] = []
         self.inputs: list[tuple[int, ...]] = []
         self.weights: list[Any] = []
         self.datas: list[Any] = []
+        self.wants: list[bool] = []  # whether a node depends on a weight (its tape would want a delta)
         self.args: list[Any] = []  # an op's inputs' data, as it was given them
         self.saved: list[Any] = []  # what an op saved for its vjps, or its result
         self.xps: list[Any] = []
@@ -75,13 +85,141 @@ class Program:
         self.deltas: list[Any] = []
         self.owned: list[bool] = []
         self.kernels = 0
+        self.depths: list[int] = []  # by node: one more than its deepest input's (a leaf's is 0)
+        self.merged: dict[int, Merged] = {}  # ops run as one kernel (forward_merging), by member
+
+    def add(self, root: Do[Any]) -> int | None:
+        """Walks the nodes of ``root``'s graph that are not in the program yet and appends them
+        (inputs before consumers; an op's value is computed by the next :meth:`forward`); returns
+        ``root``'s position, or None at the first node of a kind a program cannot hold (then the
+        program is unusable)."""
+        index = self.index
+        found = index.get(root)
+        if found is not None:
+            return found
+        ops, inputs, weights, datas, wants = self.ops, self.inputs, self.weights, self.datas, self.wants
+        stack: list[Any] = [root]  # nodes to walk, and (node,) once their inputs are walked
+        while stack:
+            item = stack.pop()
+            kind = type(item)
+            if kind is tuple:
+                node = item[0]
+                index[node] = len(ops)
+                ops.append(node.f)
+                ins = tuple([index[s] for s in node.sources])
+                inputs.append(ins)
+                weights.append(None)
+                datas.append(None)
+                wants.append(any([wants[i] for i in ins]))
+                continue
+            if item in index:
+                continue
+            # Exact types: the forward graph of ops is made of these (apply_primitive, weights,
+            # literals); anything else (a user's flat_map, a batchable call, a tape of the user's
+            # own) is the executor's to run.
+            if kind is Bind:
+                if item.mode != FLAT or type(item.f) is not _Build:
+                    return None
+                index[item] = -1
+                stack.append((item,))
+                for source in reversed(item.sources):  # walked in order
+                    if source not in index:
+                        stack.append(source)
+                continue
+            if kind is Pure:
+                tape = item.value
+                if type(tape) is not Tape:  # a tape of the user's own, or an executor's
+                    return None
+                weight = None
+                data = tape.data
+            elif kind is Delay and getattr(item.thunk, "__func__", None) is _WEIGHT_FORWARD:
+                weight = item.thunk.__self__
+                data = weight.data
+            else:
+                return None
+            index[item] = len(ops)
+            ops.append(None)
+            inputs.append(())
+            weights.append(weight)
+            datas.append(data)
+            wants.append(weight is not None)
+        n = len(ops) - len(self.saved)
+        for column in (self.saved, self.xps, self.args):
+            column += [None] * n
+        return index[root]
+
+    def forward_merging(self, start: int = 0) -> None:
+        """Runs the ops from node ``start`` on, a depth at a time, with equal ops of one depth run as
+        one kernel (as the executor's dynamic batching does), forward and then backward:
+
+        * calls that fan out (``Batching.fan``: ``linear`` of one input with different weights, a
+          Tree-LSTM cell's gates), whose other inputs are leaves (weights, constants);
+        * elementwise ops of one primitive and parameters on arrays of one shape and dtype (a
+          cell's sigmoids), their inputs stacked as rows.
+
+        Then :meth:`backward` goes by depth too. For one thread (the pool's versions do not merge)."""
+        ops, inputs, depths = self.ops, self.inputs, self.depths
+        for k in range(len(depths), len(ops)):
+            ins = inputs[k]
+            depths.append(1 + max([depths[i] for i in ins]) if ins else 0)
+        level: dict[int, list[int]] = {}
+        for k in range(start, len(ops)):
+            if ops[k] is not None:
+                level.setdefault(depths[k], []).append(k)
+        for d in sorted(level):
+            groups: dict[tuple[Any, ...], list[int]] = {}
+            for k in level[d]:
+                key = self._merge_key(k)
+                if key is None:
+                    self._compute_one(k)
+                else:
+                    groups.setdefault(key, []).append(k)
+            for key, members in groups.items():
+                if len(members) == 1:
+                    self._compute_one(members[0])
+                else:
+                    self._merged_forward(members, key[0] == "fan")
+
+    def _merge_key(self, k: int) -> tuple[Any, ...] | None:
+        """Op ``k``'s signature among the ops of its depth (equal ones run as one kernel), or None."""
+        build = self.ops[k]
+        assert build is not None
+        spec = build.prim.batch
+        if spec is None or not (spec.elementwise or spec.fan is not None):
+            return None
+        try:
+            params = tuple(build.params.items())
+            hash(params)
+        except TypeError:
+            return None
+        ins, ops, datas = self.inputs[k], self.ops, self.datas
+        fan = spec.fan
+        if fan is not None:
+            if any(ops[i] is not None for j, i in enumerate(ins) if j not in fan.shared):
+                return None  # stacked inputs must be leaves: known before anything runs
+            values = [i if j in fan.shared else value_key(datas[i]) for j, i in enumerate(ins)]
+            return ("fan", build.prim, params, *values)
+        first = datas[ins[0]]
+        if type(first) is float or any(type(datas[i]) is not type(first) for i in ins):
+            return None
+        if any(datas[i].shape != first.shape or datas[i].dtype != first.dtype for i in ins):
+            return None  # arrays of one shape only: stacked as rows, they broadcast as they did
+        return ("rows", build.prim, params, len(ins), type(first), first.shape, first.dtype)
+
+    def _compute_one(self, k: int) -> None:
+        build = self.ops[k]
+        assert build is not None
+        args = self.args[k] = self._args(k)
+        self._computed(k, forward_data(build.prim, build.params, args))
 
     # --------------------------------------------------------------------------- one thread
 
-    def forward(self) -> Any:
-        """Runs the ops in order; returns the root's value."""
+    def forward(self, start: int = 0) -> Any:
+        """Runs the ops in order (those from node ``start`` on); returns the last node's value."""
         inputs, datas, all_args, saved, xps = self.inputs, self.datas, self.args, self.saved, self.xps
-        for k, build in enumerate(self.ops):  # the loop of every op: written out, no helpers
+        ops = self.ops
+        for k in range(start, len(ops)):  # the loop of every op: written out, no helpers
+            build = ops[k]
             if build is not None:
                 args = all_args[k] = tuple([datas[i] for i in inputs[k]])
                 prim = build.prim
@@ -91,12 +229,25 @@ class Program:
                 self.kernels += 1
         return datas[-1]
 
-    def backward(self, seed: Any) -> dict[Any, Any]:
-        """Backpropagates ``seed`` (the root's delta); returns every weight's summed delta."""
-        wanted = self._start_backward(seed)
+    def backward(self, seed: Any, root: int = -1) -> dict[Any, Any]:
+        """Backpropagates ``seed``, the delta of node ``root`` (by default the last); returns every
+        weight's summed delta."""
+        root = self._start_backward(seed, root)
+        wanted = self.wants
         ops, inputs, datas, deltas = self.ops, self.inputs, self.datas, self.deltas
         gradients: dict[Any, Any] = {}
-        for k in range(len(ops) - 1, -1, -1):
+        merged = self.merged
+        # By depth when ops were merged: a group's members are of one depth, so every consumer of
+        # every member has given its delta when the group's backward runs, and no input of a
+        # member has been passed yet.
+        order = reversed(self._by_depth()) if merged else range(root, -1, -1)
+        for k in order:
+            if merged:
+                group = merged.get(k)
+                if group is not None:
+                    if group.members[0] == k:
+                        self._merged_backward(group)
+                    continue
             delta = deltas[k]
             if delta is None or not wanted[k]:
                 continue
@@ -118,11 +269,12 @@ class Program:
 
     # ------------------------------------------------------------------------------ a pool
 
-    def forward_on(self, pool: WorkerPool, min_cost: float) -> Any:
+    def forward_on(self, pool: WorkerPool, min_cost: float, start: int = 0) -> Any:
         """:meth:`forward`, with the ops that cost ``min_cost`` or more run on ``pool`` and the
         ops taken by depth, so that independent ones (columns of a model) run at the same time."""
         ops = self.ops
-        costs = self.costs = [0.0] * len(ops)
+        costs = self.costs
+        costs += [0.0] * (len(ops) - len(costs))
         running: set[int] = set()  # ops on the pool
 
         def arrived(k: int, result: Any) -> None:
@@ -132,7 +284,7 @@ class Program:
         with _Jobs(pool, arrived) as jobs:
             for k in self._by_depth():
                 build = ops[k]
-                if build is None:
+                if build is None or k < start:
                     continue
                 for i in self.inputs[k]:
                     while i in running:
@@ -150,9 +302,10 @@ class Program:
                     self._computed(k, forward_data(prim, params, args))
         return self.datas[-1]
 
-    def backward_on(self, pool: WorkerPool, min_cost: float, seed: Any) -> dict[Any, Any]:
+    def backward_on(self, pool: WorkerPool, min_cost: float, seed: Any, root: int = -1) -> dict[Any, Any]:
         """:meth:`backward`, with the vjps of ops that cost ``min_cost`` or more run on ``pool``."""
-        wanted = self._start_backward(seed)
+        root = self._start_backward(seed, root)
+        wanted = self.wants
         ops, gradients = self.ops, dict[Any, Any]()
         coming = [0] * len(ops)  # a node's deltas still on the pool
 
@@ -185,6 +338,82 @@ class Program:
                         self._give(i, self._vjp(k, j, delta))
         return gradients
 
+    # -------------------------------------------------------------------------- merged ops
+
+    def _merged_forward(self, members: list[int], fan: bool) -> None:
+        """The merged kernel of ``members``: each member's value is a row of its result. Every
+        member's own check runs first, so that an error names its shapes."""
+        build = self.ops[members[0]]
+        assert build is not None
+        prim, params = build.prim, build.params
+        spec = prim.batch
+        assert spec is not None
+        datas, inputs = self.datas, self.inputs
+        calls = [tuple([datas[i] for i in inputs[m]]) for m in members]
+        if prim.check is not None:
+            for call in calls:
+                prim.check(*call, **params)
+        if fan:
+            assert spec.fan is not None
+            shared = spec.fan.shared
+            xp = namespace(calls[0][shared[0]])
+            args = tuple(
+                calls[0][j] if j in shared else tuple([c[j] for c in calls]) for j in range(len(calls[0]))
+            )
+            out = saved = spec.fan.forward(xp, *args, **params)
+            vjps = spec.fan.vjps
+        else:
+            xp = namespace(*calls[0])
+            args = tuple([xp.stack([c[j] for c in calls]) for j in range(len(calls[0]))])
+            out = (spec.forward or prim.forward)(xp, *args, **params)
+            if prim.saves:
+                out, saved = out
+            else:
+                saved = out
+            vjps = spec.vjps or prim.vjps
+        group = Merged(members, fan and spec.fan is not None, vjps, xp, args, out, saved)
+        for row, m in enumerate(members):
+            datas[m] = out[row]
+            self.merged[m] = group
+        self.kernels += 1
+
+    def _merged_backward(self, group: Merged) -> None:
+        """The merged vjps: the members' deltas stacked (-0.0 for a member without one, the
+        identity of the sums), one kernel per input; a fan's shared input gets one delta, every
+        other input its member's row (a member without a delta gives none, as its own vjp)."""
+        members = group.members
+        deltas, wanted, inputs = self.deltas, self.wants, self.inputs
+        given = [deltas[m] for m in members]
+        for m in members:
+            deltas[m] = None
+        if all(d is None for d in given):
+            return
+        build = self.ops[members[0]]
+        assert build is not None
+        spec = build.prim.batch
+        assert spec is not None
+        xp, out = group.xp, group.out
+        rows = [
+            minus_zeros(xp, out.shape[1:], out.dtype)
+            if d is None
+            else (d.to_dense(xp) if type(d) is SparseRows else d)
+            for d in given
+        ]
+        stacked = xp.stack(rows)
+        shared = spec.fan.shared if group.fan and spec.fan is not None else ()
+        for j in range(len(group.args)):
+            targets = [inputs[m][j] for m in members]
+            if not any(wanted[i] for i in targets):
+                continue
+            g = group.vjps[j](xp, stacked, group.saved, *group.args, **build.params)
+            self.kernels += 1
+            if j in shared:
+                self._give(targets[0], g)
+                continue
+            for row, i in enumerate(targets):
+                if wanted[i] and given[row] is not None:
+                    self._give(i, g[row])
+
     # ------------------------------------------------------------------------------ helpers
 
     def _args(self, k: int) -> tuple[Any, ...]:
@@ -199,24 +428,15 @@ class Program:
         self.saved[k] = saved if build.prim.saves else data
         self.kernels += 1
 
-    def _start_backward(self, seed: Any) -> list[bool]:
-        """Sets the root's delta; returns which nodes are on a path to a weight (their deltas are
-        computed; the vjps of the others never run)."""
-        ops, inputs, weights = self.ops, self.inputs, self.weights
-        n = len(ops)
-        wanted = [False] * n
-        for k, build in enumerate(ops):  # inputs before consumers
-            if build is None:
-                wanted[k] = weights[k] is not None
-            else:
-                for i in inputs[k]:
-                    if wanted[i]:
-                        wanted[k] = True
-                        break
+    def _start_backward(self, seed: Any, root: int) -> int:
+        """Sets the root's delta; returns the root's position. Only the nodes on a path to a weight
+        (``wants``) get deltas; the vjps of the others never run."""
+        n = len(self.ops)
         self.deltas = [None] * n
         self.owned = [False] * n
-        self.deltas[n - 1] = seed
-        return wanted
+        root %= n
+        self.deltas[root] = seed
+        return root
 
     def _vjps(self, k: int, wanted: list[bool]) -> list[tuple[int, int, bool]]:
         """Op ``k``'s inputs that want a delta: (input position, node, whether the delta passes
@@ -266,6 +486,31 @@ class Program:
             if weight is not None:
                 return id(weight)
         return None
+
+
+class Merged:
+    """Ops of one depth run as one kernel (``Program.forward_merging``): their positions, whether
+    they fan out, the rules of their vjps, and what the kernel saw and gave."""
+
+    __slots__ = ("args", "fan", "members", "out", "saved", "vjps", "xp")
+
+    def __init__(
+        self,
+        members: list[int],
+        fan: bool,
+        vjps: tuple[Any, ...],
+        xp: Any,
+        args: tuple[Any, ...],
+        out: Any,
+        saved: Any,
+    ) -> None:
+        self.members = members
+        self.fan = fan
+        self.vjps = vjps
+        self.xp = xp
+        self.args = args
+        self.out = out
+        self.saved = saved
 
 
 class _Jobs:
@@ -334,55 +579,7 @@ def program(root: Do[Any]) -> Program | None:
     """``root``'s graph as a :class:`Program`, or None at the first node of a kind it cannot hold
     (then the executor runs the graph, and nothing has run)."""
     prog = Program()
-    index: dict[Do[Any], int] = {}  # node -> its position; -1 while its inputs are being walked
-    ops, inputs, weights, datas = prog.ops, prog.inputs, prog.weights, prog.datas
-    stack: list[Any] = [root]  # nodes to walk, and (node,) once their inputs are walked
-    while stack:
-        item = stack.pop()
-        kind = type(item)
-        if kind is tuple:
-            node = item[0]
-            index[node] = len(ops)
-            ops.append(node.f)
-            inputs.append(tuple([index[s] for s in node.sources]))
-            weights.append(None)
-            datas.append(None)
-            continue
-        if item in index:
-            continue
-        # Exact types: the forward graph of ops is made of these (apply_primitive, weights,
-        # literals); anything else (a user's flat_map, a batchable call, a tape of the user's own)
-        # is the executor's to run.
-        if kind is Bind:
-            if item.mode != FLAT or type(item.f) is not _Build:
-                return None
-            index[item] = -1
-            stack.append((item,))
-            for source in reversed(item.sources):  # walked in order
-                if source not in index:
-                    stack.append(source)
-            continue
-        if kind is Pure:
-            tape = item.value
-            if type(tape) is not Tape:  # a tape of the user's own, or an executor's
-                return None
-            weight = None
-            data = tape.data
-        elif kind is Delay and getattr(item.thunk, "__func__", None) is _WEIGHT_FORWARD:
-            weight = item.thunk.__self__
-            data = weight.data
-        else:
-            return None
-        index[item] = len(ops)
-        ops.append(None)
-        inputs.append(())
-        weights.append(weight)
-        datas.append(data)
-    n = len(ops)
-    prog.saved = [None] * n
-    prog.xps = [None] * n
-    prog.args = [None] * n
-    return prog
+    return None if prog.add(root) is None else prog
 
 
 def run_forward(executor: Executor, prog: Program) -> Any:
@@ -391,10 +588,13 @@ def run_forward(executor: Executor, prog: Program) -> Any:
     return prog.forward() if pool is None else prog.forward_on(pool, executor.min_pool_cost)
 
 
-def run_backward(executor: Executor, prog: Program, seed: Any) -> dict[Any, Any]:
-    """``prog``'s backward pass from ``seed`` on ``executor``; every weight's summed delta."""
+def run_backward(executor: Executor, prog: Program, seed: Any, root: int = -1) -> dict[Any, Any]:
+    """``prog``'s backward pass from ``seed``, the delta of node ``root`` (by default the last), on
+    ``executor``; every weight's summed delta."""
     pool = executor.pool
-    return prog.backward(seed) if pool is None else prog.backward_on(pool, executor.min_pool_cost, seed)
+    if pool is None:
+        return prog.backward(seed, root)
+    return prog.backward_on(pool, executor.min_pool_cost, seed, root)
 
 
 def record_stats(executor: Executor, prog: Program) -> None:

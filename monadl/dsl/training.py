@@ -81,18 +81,18 @@ def compute_gradients(
     ex = executor or default_executor()
     if ex.batching and ex.planning:
         try:
-            planned = _gradients(ex, loss, planned=True)
+            planned = run_planned(ex, loss.forward)
+            if planned is not None and _is_finite(planned.value):
+                return planned.value, _unaliased(planned.gradients(_seed(planned.value)))
         except Exception:  # noqa: BLE001 - run again unplanned: its error names the call that failed
             planned = None
         if planned is not None:
-            return planned
+            raise NonFiniteLossError(f"the loss is not finite: {planned.value!r}; no weight was changed")
     if ex.planning:  # a static graph runs as a list of ops (monadl.dsl.straight)
         prog = program(loss.forward)
         if prog is not None:
             return _straight_gradients(ex, prog)
-    result = _gradients(ex, loss, planned=False)
-    assert result is not None
-    return result
+    return _gradients(ex, loss)
 
 
 def _straight_gradients(ex: Executor, prog: Program) -> tuple[Any, dict[FloatWeight | ArrayWeight, Any]]:
@@ -109,17 +109,14 @@ def _straight_gradients(ex: Executor, prog: Program) -> tuple[Any, dict[FloatWei
 
 
 def _gradients(
-    ex: Executor, loss: FloatLayer | ArrayLayer, planned: bool
-) -> tuple[Any, dict[FloatWeight | ArrayWeight, Any]] | None:
-    """``compute_gradients`` in a step of its own: the forward pass planned (``monadl.dsl.fold``;
-    None if its graph is not one a plan handles, before anything ran) or run as it is."""
+    ex: Executor, loss: FloatLayer | ArrayLayer
+) -> tuple[Any, dict[FloatWeight | ArrayWeight, Any]]:
+    """``compute_gradients`` run by the executor, in a step of its own."""
     step = StepContext()
 
     def body() -> Any:
         forward: Do[Tape[Any, Any]] = loss.forward
-        root = run_planned(ex, forward) if planned else ex.run(forward)
-        if root is None:
-            return _NOT_PLANNED
+        root = ex.run(forward)
         value = root.data
         if not _is_finite(value):
             raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
@@ -133,12 +130,7 @@ def _gradients(
         # Weight tapes point back at the step: without this, every array of the step would live on
         # in a reference cycle until the garbage collector ran, and memory would grow between steps.
         step.tapes.clear()
-    if value is _NOT_PLANNED:
-        return None
     return value, _unaliased(step.gradients)
-
-
-_NOT_PLANNED = object()
 
 
 def _unaliased(gradients: dict[FloatWeight | ArrayWeight, Any]) -> dict[FloatWeight | ArrayWeight, Any]:
@@ -260,13 +252,14 @@ def predict_blocking(
     try:
         forward: Do[Tape[Any, Any]] = layer.forward
         ex = executor or default_executor()
-        tape = None
         if ex.batching and ex.planning:
             try:
-                tape = run_planned(ex, forward)
+                planned = run_planned(ex, forward)
             except Exception:  # noqa: BLE001 - run again unplanned: its error names the failed call
-                tape = None
-        if tape is None and ex.planning:
+                planned = None
+            if planned is not None:
+                return Success(planned.value)
+        if ex.planning:
             prog = program(forward)
             if prog is not None:
                 try:
@@ -274,7 +267,7 @@ def predict_blocking(
                         return Success(run_forward(ex, prog))
                 finally:
                     record_stats(ex, prog)
-        return Success((ex.run(forward) if tape is None else tape).data)
+        return Success(ex.run(forward).data)
     except Exception as e:  # noqa: BLE001
         return Failure(e)
 
