@@ -146,6 +146,26 @@ def test_a_graph_with_a_flat_map_of_its_own_is_not_planned() -> None:
     assert planned.stats.planned == 0 and planned.value == pytest.approx(2.0 + 2.0 * 3.0)
 
 
+def test_an_operation_whose_body_has_a_flat_map_runs_unplanned_with_the_same_results() -> None:
+    """A plan records an operation's body on stacked rows into its program, which holds ops only:
+    a body with a flat_map fails the plan, and the step runs merged as it runs, with equal results."""
+    w = ArrayWeight(np.array([0.5, -1.0, 2.0]))
+
+    @ml.batchable
+    def cell(x: ml.AnyArray) -> ArrayLayer:
+        scaled = ml.tanh(x * w)
+        return ArrayLayer(scaled.forward.flat_map(lambda t: (scaled * 2.0).forward))
+
+    xs = [np.full(3, 0.1 * k) for k in range(16)]
+    cell(xs[0])  # the operation's first call learns its results
+    loss = ml.add_n([ml.sum(cell(x)) for x in xs])
+    assert fold._levels(loss.forward) is not None  # wide: a plan is tried
+    planned, unbatched = gradients_of(loss, True), gradients_of(loss, False)
+    assert planned.stats.planned == 0 and planned.stats.merged > 0
+    assert_close(planned.value, unbatched.value, "loss")
+    assert_close(planned.gradients[w], unbatched.gradients[w], "gradient")
+
+
 def test_the_walk_takes_ops_calls_and_projections_only_in_their_own_modes() -> None:
     leaves: list[Do[Any]] = [Pure(Tape(np.full(2, float(k)))) for k in range(20)]
     ops: list[Do[Any]] = [Bind((leaf,), _Build(P.tanh, {}), FLAT) for leaf in leaves]

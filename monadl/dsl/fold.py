@@ -225,6 +225,7 @@ class _Plan:
         self.prog = Program()  # every computation of the plan: its levels' groups, gathers, sums
         self.values: dict[Any, Any] = {}  # node -> _Own, _Row, or a call's tuple of _Rows
         self.stats = RunStats()  # the plan's merges and the program's launches
+        self.signatures: set[Hashable] = set()  # of its groups
 
     def run(self, levels: list[list[Entry]], root: Do[Any]) -> Planned:
         values, prog = self.values, self.prog
@@ -247,6 +248,7 @@ class _Plan:
                     alone.append((node, inputs))
                 else:
                     groups.setdefault(key, []).append((node, inputs))
+            self.signatures.update(groups)
             self._compute(list(groups.values()), alone)
             for node, sources in projections:
                 outputs = values[sources[0]]
@@ -257,6 +259,7 @@ class _Plan:
         stats = self.stats
         stats.planned += 1
         stats.kernels = prog.kernels
+        stats.signatures = len(self.signatures)
         self.executor.stats.add(stats)
         self.executor.last_stats = stats
         return Planned(self.executor, prog, result.k, stats)
