@@ -101,6 +101,36 @@ def test_the_gates_of_a_cell_fan_out_into_one_kernel_with_the_unbatched_gradient
         assert_close(planned.gradients[weight], gradient, "gradient")
 
 
+def test_merged_rows_keep_their_calls_types_a_float_bias_and_0d_weights() -> None:
+    """A fan's float biases get float gradients and stay floats after a step; merged rows of 0-d
+    arrays are 0-d arrays (not NumPy scalars), forward and backward, as their calls alone give."""
+    rng = np.random.default_rng(5)
+    gates = [(ArrayWeight(rng.normal(size=(6, 2))), ml.FloatWeight(0.1 * j)) for j in range(3)]
+
+    @ml.batchable
+    def cell(left: ml.AnyArray, right: ml.AnyArray) -> ArrayLayer:
+        both = ml.concatenate([left, right], axis=-1)
+        a, b, c = (ml.tanh(ml.linear(both, w, bias)) for w, bias in gates)
+        return a * b + c
+
+    xs = [(rng.normal(size=3), rng.normal(size=3)) for _ in range(16)]
+    cell(*xs[0])
+    loss = ml.add_n([ml.sum(cell(left, right)) for left, right in xs])
+    executor = ml.Executor()
+    _, gradients = ml.compute_gradients(loss, executor=executor)
+    assert executor.stats.planned == 1
+    assert all(type(gradients[bias]) is float for _, bias in gates)
+    assert isinstance(ml.train_blocking(loss, ml.SGD(0.1), executor=executor), Success)
+    assert all(type(bias.data) is float for _, bias in gates)
+
+    ws = [ArrayWeight(np.array(0.1 * k)) for k in range(16)]
+    scalars = ml.add_n([ml.sum(ml.tanh(w) * np.array(2.0)) for w in ws])
+    executor = ml.Executor()
+    _, gradients = ml.compute_gradients(scalars, executor=executor)
+    assert executor.stats.planned == 1 and executor.stats.kinds["mul"] == 1
+    assert all(type(gradients[w]) is np.ndarray and gradients[w].shape == () for w in ws)
+
+
 def test_tree_lstm_root_scores_are_planned_and_equal() -> None:
     trees = sst.synthetic_trees(8, seed=4, min_leaves=2, max_leaves=7)
     vocabulary = sst.Vocabulary.from_trees(trees)

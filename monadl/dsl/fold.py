@@ -505,7 +505,7 @@ _SPECIAL = ("add_n", "concatenate")
 
 
 def _data(v: Any) -> Any:
-    """A value's data: a tape's, or its row of a group (a float for a float row)."""
+    """A value's data: its own (``_Own``), or its row of a group (a float for a float row)."""
     if type(v) is _Row:
         row = v.group.data[v.k]
         return float(row) if v.group.scalar else row

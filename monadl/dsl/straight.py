@@ -35,7 +35,7 @@ from monadl.do.executor import Executor
 from monadl.do.workers import Done, WorkerPool
 from monadl.dsl.apply import _Build, forward_data, input_delta
 from monadl.dsl.weights import _WeightState
-from monadl.tape.batch import value_key
+from monadl.tape.batch import result_row, row_of, value_key
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import minus_zeros, namespace
 from monadl.typeclasses.sparse import SparseRows, add, add_into
@@ -238,8 +238,9 @@ class Program:
         gradients: dict[Any, Any] = {}
         merged = self.merged
         # By depth when ops were merged: a group's members are of one depth, so every consumer of
-        # every member has given its delta when the group's backward runs, and no input of a
-        # member has been passed yet.
+        # every member has given its delta when the group's backward runs (at its member placed
+        # first in the program, whichever the depth order meets last), and no input of a member
+        # has been passed yet.
         order = reversed(self._by_depth()) if merged else range(root, -1, -1)
         for k in order:
             if merged:
@@ -373,7 +374,7 @@ class Program:
             vjps = spec.vjps or prim.vjps
         group = Merged(members, fan and spec.fan is not None, vjps, xp, args, out, saved)
         for row, m in enumerate(members):
-            datas[m] = out[row]
+            datas[m] = result_row(out, row, False)  # as the call alone gives it (0-d, not a scalar)
             self.merged[m] = group
         self.kernels += 1
 
@@ -410,9 +411,10 @@ class Program:
             if j in shared:
                 self._give(targets[0], g)
                 continue
+            datas = self.datas
             for row, i in enumerate(targets):
                 if wanted[i] and given[row] is not None:
-                    self._give(i, g[row])
+                    self._give(i, row_of(xp, row, datas[i], g))  # typed as the input (a float for a float)
 
     # ------------------------------------------------------------------------------ helpers
 
@@ -473,7 +475,7 @@ class Program:
 
     def _by_depth(self) -> list[int]:
         """The nodes by depth (one more than its deepest input's; a leaf's is 0), in walk order
-        within a depth: the root, the only node of the largest depth, stays last."""
+        within a depth (a graph's root, the only node of the largest depth, stays last)."""
         depths: list[int] = []
         for ins in self.inputs:  # inputs before consumers
             depths.append(1 + max([depths[i] for i in ins]) if ins else 0)
