@@ -158,10 +158,7 @@ class Program:
           cell's sigmoids), their inputs stacked as rows.
 
         Then :meth:`backward` goes by depth too. For one thread (the pool's versions do not merge)."""
-        ops, inputs, depths = self.ops, self.inputs, self.depths
-        for k in range(len(depths), len(ops)):
-            ins = inputs[k]
-            depths.append(1 + max([depths[i] for i in ins]) if ins else 0)
+        ops, depths = self.ops, self._depths()
         level: dict[int, list[int]] = {}
         for k in range(start, len(ops)):
             if ops[k] is not None:
@@ -283,9 +280,9 @@ class Program:
             self._computed(k, result)
 
         with _Jobs(pool, arrived) as jobs:
-            for k in self._by_depth():
+            for k in self._by_depth(start):
                 build = ops[k]
-                if build is None or k < start:
+                if build is None:
                     continue
                 for i in self.inputs[k]:
                     while i in running:
@@ -354,6 +351,7 @@ class Program:
         if prim.check is not None:
             for call in calls:
                 prim.check(*call, **params)
+        shared: tuple[int, ...] = ()
         if fan:
             assert spec.fan is not None
             shared = spec.fan.shared
@@ -372,7 +370,7 @@ class Program:
             else:
                 saved = out
             vjps = spec.vjps or prim.vjps
-        group = Merged(members, fan and spec.fan is not None, vjps, xp, args, out, saved)
+        group = Merged(members, shared if fan else (), vjps, xp, args, out, saved)
         for row, m in enumerate(members):
             datas[m] = result_row(out, row, False)  # as the call alone gives it (0-d, not a scalar)
             self.merged[m] = group
@@ -391,9 +389,7 @@ class Program:
             return
         build = self.ops[members[0]]
         assert build is not None
-        spec = build.prim.batch
-        assert spec is not None
-        xp, out = group.xp, group.out
+        xp, out, shared, datas = group.xp, group.out, group.shared, self.datas
         rows = [
             minus_zeros(xp, out.shape[1:], out.dtype)
             if d is None
@@ -401,7 +397,6 @@ class Program:
             for d in given
         ]
         stacked = xp.stack(rows)
-        shared = spec.fan.shared if group.fan and spec.fan is not None else ()
         for j in range(len(group.args)):
             targets = [inputs[m][j] for m in members]
             if not any(wanted[i] for i in targets):
@@ -411,7 +406,6 @@ class Program:
             if j in shared:
                 self._give(targets[0], g)
                 continue
-            datas = self.datas
             for row, i in enumerate(targets):
                 if wanted[i] and given[row] is not None:
                     self._give(i, row_of(xp, row, datas[i], g))  # typed as the input (a float for a float)
@@ -473,13 +467,20 @@ class Program:
         held = gradients.get(weight)
         gradients[weight] = delta if held is None else add(held, delta)
 
-    def _by_depth(self) -> list[int]:
-        """The nodes by depth (one more than its deepest input's; a leaf's is 0), in walk order
-        within a depth (a graph's root, the only node of the largest depth, stays last)."""
-        depths: list[int] = []
-        for ins in self.inputs:  # inputs before consumers
+    def _depths(self) -> list[int]:
+        """Every node's depth (one more than its deepest input's; a leaf's is 0): ``depths``,
+        extended to the nodes added since it was last asked for (a node's depth never changes)."""
+        depths, inputs = self.depths, self.inputs
+        for k in range(len(depths), len(inputs)):  # inputs before consumers
+            ins = inputs[k]
             depths.append(1 + max([depths[i] for i in ins]) if ins else 0)
-        return sorted(range(len(depths)), key=depths.__getitem__)
+        return depths
+
+    def _by_depth(self, start: int = 0) -> list[int]:
+        """The nodes from ``start`` on by depth, in walk order within a depth (a graph's root, the
+        only node of the largest depth, stays last)."""
+        depths = self._depths()
+        return sorted(range(start, len(depths)), key=depths.__getitem__)
 
     def _affinity(self, k: int) -> object:
         """The worker op ``k``'s kernels prefer: its first weight's (``monadl.do.workers``)."""
@@ -491,15 +492,16 @@ class Program:
 
 
 class Merged:
-    """Ops of one depth run as one kernel (``Program.forward_merging``): their positions, whether
-    they fan out, the rules of their vjps, and what the kernel saw and gave."""
+    """Ops of one depth run as one kernel (``Program.forward_merging``): their positions, the
+    inputs they share (a fan-out's; none for ops on stacked rows), the rules of their vjps, and
+    what the kernel saw and gave."""
 
-    __slots__ = ("args", "fan", "members", "out", "saved", "vjps", "xp")
+    __slots__ = ("args", "members", "out", "saved", "shared", "vjps", "xp")
 
     def __init__(
         self,
         members: list[int],
-        fan: bool,
+        shared: tuple[int, ...],
         vjps: tuple[Any, ...],
         xp: Any,
         args: tuple[Any, ...],
@@ -507,7 +509,7 @@ class Merged:
         saved: Any,
     ) -> None:
         self.members = members
-        self.fan = fan
+        self.shared = shared
         self.vjps = vjps
         self.xp = xp
         self.args = args
