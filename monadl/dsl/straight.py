@@ -106,11 +106,11 @@ class Program:
                 node = item[0]
                 index[node] = len(ops)
                 ops.append(node.f)
-                ins = tuple([index[s] for s in node.sources])
+                ins = tuple(map(index.__getitem__, node.sources))
                 inputs.append(ins)
                 weights.append(None)
                 datas.append(None)
-                wants.append(any([wants[i] for i in ins]))
+                wants.append(any(map(wants.__getitem__, ins)))
                 continue
             if item in index:
                 continue

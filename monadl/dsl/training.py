@@ -170,7 +170,11 @@ def _apply(gradients: dict[FloatWeight | ArrayWeight, Any], default: Optimizer |
                 f"{weight!r} has a gradient but no optimizer: pass one to train() or to the weight"
             )
         held = weight.optimizer_state
-        state = held[1] if held is not None and held[0] == optimizer else optimizer.init(weight.data)
+        # The same optimizer object first: a dataclass's == is Python code, run once per weight.
+        if held is not None and (held[0] is optimizer or held[0] == optimizer):
+            state = held[1]
+        else:
+            state = optimizer.init(weight.data)
         update_owned = getattr(optimizer, "update_owned", None)
         if update_owned is not None and _handed_over(gradient, weight.data):
             data, state = update_owned(weight.data, gradient, state)
