@@ -253,7 +253,12 @@ def plot(results: list[Measurement], args: argparse.Namespace, path: Path) -> No
         for columns in args.columns:
             ms = [_find(results, "monadl", columns, variant, p) for p in args.pools]
             xs = [p for p, m in zip(args.pools, ms, strict=True) if m]
-            line = ax.plot(xs, [m.median for m in ms if m], marker="o", label=f"monadl, {columns} columns")
+            line = ax.plot(
+                xs,
+                [m.median for m in ms if m],
+                marker="o",
+                label=f"monadl, {columns} column{'s' if columns != 1 else ''}",
+            )
             numpy_m = _find(results, "numpy", columns, variant, None)
             if numpy_m:
                 ax.axhline(numpy_m.median, color=line[0].get_color(), linestyle="--", linewidth=1)
