@@ -84,13 +84,10 @@ class OpBatcher:
         fan = None if spec is None else spec.fan
         if fan is None:
             return None
-        key: list[Any] = [prim, "fan"]
-        try:
-            params = tuple(tape.params.items())
-            hash(params)
-        except TypeError:
+        params = params_items(tape.params)
+        if params is None:
             return None
-        key.append(params)
+        key: list[Any] = [prim, "fan", params]
         for i, t in enumerate(tape.inputs):
             key.append(t if i in fan.shared else value_key(t.data))  # shared: the very same value
         return tuple(key)
@@ -111,6 +108,17 @@ class OpBatcher:
 
 
 OP_BATCHER = OpBatcher()
+
+
+def params_items(params: dict[str, Any]) -> tuple[tuple[str, Any], ...] | None:
+    """All of a call's parameters as a signature's part, for merges that take them whole (a fan
+    out, equal elementwise ops); None if one is unhashable (then the call runs on its own)."""
+    items = tuple(params.items())
+    try:
+        hash(items)
+    except TypeError:
+        return None
+    return items
 
 
 def signature_start(prim: Primitive, params: dict[str, Any]) -> list[Any] | None:

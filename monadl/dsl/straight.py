@@ -34,6 +34,7 @@ from monadl.do.do import FLAT, Bind, Delay, Do, Pure
 from monadl.do.executor import Executor
 from monadl.do.workers import Done, WorkerPool
 from monadl.dsl.apply import _Build, forward_data, input_delta
+from monadl.dsl.batching import params_items
 from monadl.dsl.weights import _WeightState
 from monadl.tape.batch import result_row, row_of, value_key
 from monadl.tape.tape import Tape
@@ -184,10 +185,8 @@ class Program:
         spec = build.prim.batch
         if spec is None or not (spec.elementwise or spec.fan is not None):
             return None
-        try:
-            params = tuple(build.params.items())
-            hash(params)
-        except TypeError:
+        params = params_items(build.params)
+        if params is None:
             return None
         ins, ops, datas = self.inputs[k], self.ops, self.datas
         fan = spec.fan
@@ -370,7 +369,7 @@ class Program:
             else:
                 saved = out
             vjps = spec.vjps or prim.vjps
-        group = Merged(members, shared if fan else (), vjps, xp, args, out, saved)
+        group = Merged(members, shared, vjps, xp, args, out, saved)
         for row, m in enumerate(members):
             datas[m] = result_row(out, row, False)  # as the call alone gives it (0-d, not a scalar)
             self.merged[m] = group
