@@ -414,6 +414,11 @@ CASES: list[OpCase] = [
     OpCase(
         "cross_entropy labels 3d", lambda c, a: monadl.cross_entropy(a, c(_LABELS_3D)), (_u(37, (2, 2, 3)),)
     ),
+    OpCase(  # logits whose memory is not in row order (a transpose's view): the labels' -1 must land
+        "cross_entropy labels 3d transposed",
+        lambda c, a: monadl.cross_entropy(monadl.transpose(a, (2, 1, 0)), c(_LABELS_3D)),
+        (_u(50, (3, 2, 2)),),
+    ),
     # a small network: every op's delta flows through the others
     OpCase(
         "mlp",

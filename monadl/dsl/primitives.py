@@ -567,16 +567,23 @@ def _check_cross_entropy(logits: Any, targets: Any, labels: tuple[int, int] | No
 
 def _cross_entropy(xp: Any, logits: Any, targets: Any, labels: tuple[int, int] | None) -> tuple[float, Any]:
     """The loss, and (saved for the vjp) its gradient ``(softmax(logits) - targets) / batch``."""
-    log_p = _log_softmax(xp, logits, -1)
     batch = int(math.prod(logits.shape[:-1]))
     if labels is not None and xp is np:  # pick each row's label instead of multiplying by a one-hot
+        # On a matrix of rows (the arrays' reshape method: np.reshape's dispatch costs more than the
+        # arithmetic on a batch of logits), indexed directly, so the gradient is written in place
+        # whatever its memory layout.
+        matrix = logits if logits.ndim == 2 else logits.reshape(batch, logits.shape[-1])
+        labels_flat = targets if targets.ndim == 1 else targets.reshape(batch)
+        log_p = _log_softmax(np, matrix, -1)
         rows = np.arange(batch)
-        labels_flat = np.reshape(targets, -1)
-        picked = np.reshape(log_p, (batch, -1))[rows, labels_flat]
+        picked = log_p[rows, labels_flat]
         gradient = np.exp(log_p)
-        np.reshape(gradient, (batch, -1))[rows, labels_flat] -= 1.0  # a view: writes into gradient
+        gradient[rows, labels_flat] -= 1.0
         gradient /= batch
+        if matrix is not logits:
+            gradient = gradient.reshape(logits.shape)
         return -float(np.add.reduce(picked)) / batch, gradient
+    log_p = _log_softmax(xp, logits, -1)
     onehot = _targets(xp, logits, targets, labels)
     return -float(xp.sum(onehot * log_p)) / batch, (xp.exp(log_p) - onehot) / batch
 
