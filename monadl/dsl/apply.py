@@ -210,6 +210,8 @@ def forward_of(x: object, where: str) -> Do[Tape[Any, Any]]:
     """
     if isinstance(x, Differentiable):
         return x.forward
+    if type(x) is np.ndarray and x.dtype.kind == "f":  # the common constant, without the general checks
+        return Pure(Tape(x))
     if isinstance(x, (float, int)) and not isinstance(x, bool):
         return Pure(Tape(float(x)))
     if is_array(x):
@@ -226,5 +228,5 @@ def apply_primitive(
     prim: Primitive, operands: Sequence[object], params: dict[str, Any]
 ) -> Do[Tape[Any, Any]]:
     """The forward computation of ``prim`` applied to ``operands`` (see the module's docstring)."""
-    sources = tuple(forward_of(x, prim.name) for x in operands)
+    sources = tuple([forward_of(x, prim.name) for x in operands])
     return Bind(sources, _Build(prim, params), FLAT)

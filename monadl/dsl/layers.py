@@ -40,9 +40,10 @@ def is_float_kind(x: object) -> bool:
 def apply(prim: Primitive, *operands: object, **params: Any) -> FloatLayer | ArrayLayer:
     """``prim`` applied to ``operands``: a ``FloatLayer`` if all are floats, else an ``ArrayLayer``."""
     forward = apply_primitive(prim, operands, params)
-    if all(is_float_kind(x) for x in operands):
-        return FloatLayer(forward)
-    return ArrayLayer(forward)
+    for x in operands:  # a loop, not all() of a generator: this runs for every op recorded
+        if not isinstance(x, (FloatOperators, float, int)):
+            return ArrayLayer(forward)
+    return FloatLayer(forward)
 
 
 def apply_array(prim: Primitive, *operands: object, **params: Any) -> ArrayLayer:
