@@ -41,7 +41,7 @@ def apply(prim: Primitive, *operands: object, **params: Any) -> FloatLayer | Arr
     """``prim`` applied to ``operands``: a ``FloatLayer`` if all are floats, else an ``ArrayLayer``."""
     forward = apply_primitive(prim, operands, params)
     for x in operands:  # a loop, not all() of a generator: this runs for every op recorded
-        if not isinstance(x, (FloatOperators, float, int)):
+        if not is_float_kind(x):
             return ArrayLayer(forward)
     return FloatLayer(forward)
 
