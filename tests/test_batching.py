@@ -10,6 +10,7 @@ The equality tests of work that must merge also assert that merging happened in 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,11 @@ import monadl as ml
 from examples.tree_lstm import TreeLstm
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.data.trees import Tree
+from monadl.do.do import Bind
 from monadl.dsl import fold
+from monadl.dsl import primitives as P
+from monadl.dsl.apply import _Build
+from monadl.dsl.batching import merged_params
 from monadl.dsl.layers import apply_array
 from monadl.dsl.primitives import ELEMENTWISE, Primitive
 from monadl.dsl.straight import program as straight_program
@@ -786,6 +791,75 @@ def test_a_wrong_label_in_a_merged_loss_fails_the_step() -> None:
     with pytest.raises(ValueError, match="label 6 is out of range for 3 classes"):
         ml.compute_gradients(loss, executor=executor)
     assert executor.last_stats.kinds == {"cross_entropy": 1} and executor.last_stats.merged == 3
+
+
+def _fails(check: Callable[[], object]) -> bool:
+    try:
+        check()
+    except (ValueError, ml.ShapeError):
+        return True
+    return False
+
+
+def _recorded_params(layer: ArrayLayer | FloatLayer) -> dict[str, Any]:
+    """The parameters recording gave an op's call."""
+    node = layer.forward
+    assert isinstance(node, Bind) and isinstance(node.f, _Build)
+    return node.f.params
+
+
+def _merged_check_agrees(prim: Primitive, first: tuple[Any, ...], calls: list[dict[str, Any]]) -> None:
+    """``prim``'s one check of merged calls fails exactly when one of the calls' own checks does."""
+    spec = prim.batch
+    assert spec is not None and spec.check_merged is not None and prim.check is not None
+    merged = merged_params(spec, calls, first[0])
+    check, together = prim.check, spec.check_merged
+    one_fails = any(_fails(functools.partial(check, *first, **call)) for call in calls)
+    assert _fails(functools.partial(together, first, merged, calls)) == one_fails
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(st.lists(st.integers(-2, 7), min_size=2, max_size=2) | st.integers(-2, 7), min_size=1),
+    table_rows=st.integers(1, 6),
+    empty=st.booleans(),
+)
+def test_one_check_of_merged_lookups_fails_exactly_when_a_calls_check_does(
+    rows: list[list[int] | int], table_rows: int, empty: bool
+) -> None:
+    shape_of_first = np.shape(rows[0])
+    rows = [r for r in rows if np.shape(r) == shape_of_first]  # a signature's indices: one shape
+    table = ArrayWeight(np.ones((table_rows, 2)))
+    indices = [np.zeros((0,), dtype=np.int64) if empty else np.asarray(r) for r in rows]
+    calls = [_recorded_params(ml.take_rows(table, i)) for i in indices]
+    _merged_check_agrees(P.take_rows, (table.data,), calls)
+
+
+@settings(max_examples=200, deadline=None)
+@given(classes=st.integers(1, 4), data=st.data())
+def test_one_check_of_merged_losses_fails_exactly_when_a_calls_check_does(
+    classes: int, data: st.DataObject
+) -> None:
+    label = st.integers(-1, classes)  # one out of range at either end
+    labels = data.draw(st.lists(st.lists(label, min_size=3, max_size=3), min_size=1, max_size=6))
+    logits = ArrayWeight(np.zeros((3, classes)))
+    calls = [_recorded_params(ml.cross_entropy(logits, np.asarray(t))) for t in labels]
+    _merged_check_agrees(P.cross_entropy, (logits.data,), calls)
+
+
+def test_a_wrong_label_in_a_planned_loss_names_its_call_and_changes_nothing() -> None:
+    # Twelve merged losses (planned: wide enough), one label out of range: the plan's one check of
+    # them fails, and the unplanned run's error is that call's own.
+    w = ArrayWeight(np.ones((3, 3)))
+    labels = [k % 3 for k in range(12)]
+    labels[7] = 5
+    loss = ml.add_n([ml.cross_entropy(ml.linear(np.ones(3), w, 0.0), np.array(k)) for k in labels])
+    assert fold._levels(loss.forward) is not None
+    before = w.data.copy()
+    result = loss.train_blocking(ml.SGD(0.1), executor=ml.Executor())
+    assert isinstance(result, Failure)
+    assert "cross_entropy: label 5 is out of range for 3 classes" in str(result.failure())
+    np.testing.assert_array_equal(w.data, before)
 
 
 def failing_step(table: ArrayWeight, w: ArrayWeight, bad_row: int) -> FloatLayer:

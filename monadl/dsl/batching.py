@@ -23,7 +23,7 @@ delta, summed over the calls, and every weight its row of the weights' stacked d
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -148,6 +148,33 @@ def _params_key(spec: Batching, params: dict[str, Any]) -> Hashable:
     return (fixed, *((type(v), v.shape, v.dtype) for v in (params[name] for name in rows)))
 
 
+def check_calls(
+    prim: Primitive,
+    first: tuple[Any, ...],
+    merged: dict[str, Any],
+    calls: list[dict[str, Any]],
+    each: Callable[[], object],
+) -> None:
+    """The own checks of merged calls of ``prim`` (their first one's inputs ``first``, their
+    ``merged`` parameters, each one's parameters ``calls``): one check of them all where the
+    primitive has one (``Batching.check_merged``, for stacked parameters such as labels); else,
+    or if it fails, ``each`` call's own check in turn, so that an error names that call's values.
+    Calls without stacked parameters differ in nothing a check reads: the first one's check
+    stands for all."""
+    spec = prim.batch
+    assert spec is not None and prim.check is not None
+    if not spec.rows:
+        prim.check(*first, **calls[0])
+        return
+    if spec.check_merged is not None:
+        try:
+            spec.check_merged(first, merged, calls)
+            return
+        except Exception:  # noqa: BLE001 - the calls' own checks say which one failed, and how
+            pass
+    each()
+
+
 def _cost(tapes: list[OpTape]) -> float:
     return sum(t.estimate_cost() for t in tapes)
 
@@ -201,11 +228,14 @@ def _forward(tapes: list[OpTape], fan: FanOut | None) -> list[OpTape]:
     spec = prim.batch
     assert spec is not None
     n = len(tapes)
-    for t in tapes:  # every call's own check, so an error names that call's shapes
+    for t in tapes:
         t.args = tuple([x.data for x in t.inputs])
-        if prim.check is not None:
-            prim.check(*t.args, **t.params)
     datas = first.args
+    calls = [t.params for t in tapes]
+    params = first.params if fan is not None else merged_params(spec, calls, datas[0])
+    check = prim.check
+    if check is not None:  # every call's own check, so an error names that call's shapes
+        check_calls(prim, datas, params, calls, lambda: [check(*t.args, **t.params) for t in tapes])
     arrays = [d for d in datas if type(d) is not float]
     xp = np if not arrays or type(arrays[0]) is np.ndarray else namespace(*arrays)
     float_dtype = next((d.dtype for d in arrays if xp.isdtype(d.dtype, "real floating")), xp.float64)
@@ -227,11 +257,10 @@ def _forward(tapes: list[OpTape], fan: FanOut | None) -> list[OpTape]:
             a = xp.reshape(a, (n,) + (1,) * (rank - a.ndim + 1) + tuple(a.shape[1:]))
         args.append(a)
     if fan is None:
-        params = merged_params(spec, [t.params for t in tapes], datas[0])
         forward = spec.forward or prim.forward
         vjps = spec.vjps or prim.vjps
     else:
-        params, forward, vjps = first.params, fan.forward, fan.vjps
+        forward, vjps = fan.forward, fan.vjps
     try:
         out = forward(xp, *args, **params)
     except ValueError as e:

@@ -44,7 +44,7 @@ from monadl.do.do import FLAT, MAP, Bind, Delay, Do, Pure
 from monadl.do.executor import Executor
 from monadl.dsl import primitives as P
 from monadl.dsl.apply import _Build, apply_primitive
-from monadl.dsl.batching import _is_shared, _scalar, merged_params, signature_start
+from monadl.dsl.batching import _is_shared, _scalar, check_calls, merged_params, signature_start
 from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.operation import _Call, _item
 from monadl.dsl.primitives import Primitive
@@ -357,13 +357,18 @@ class _Plan:
         spec = prim.batch
         assert spec is not None
         n = len(members)
-        if prim.check is not None:
-            # Every call's own check on its own rows. The members' rows have one shape and dtype
-            # (their signature), so a check of shapes gives every member the first one's verdict;
-            # stacked parameters (indices, labels) are values: those are checked call by call.
-            for node, ins in members if spec.rows else members[:1]:
-                prim.check(*[_data(v) for v in ins], **node.f.params)
         datas = [_data(v) for v in inputs]
+        calls = [node.f.params for node, _ in members]
+        params = merged_params(spec, calls, datas[0])
+        check = prim.check
+        if check is not None:  # every call's own check on its own rows
+            check_calls(
+                prim,
+                tuple(datas),
+                params,
+                calls,
+                lambda: [check(*[_data(v) for v in ins], **node.f.params) for node, ins in members],
+            )
         arrays = [d for d in datas if type(d) is not float]
         rank = max((len(d.shape) for d in arrays), default=0)
         layers: list[Any] = []
@@ -377,7 +382,6 @@ class _Plan:
                 shape = (n,) + (1,) * (rank - row_rank) + tuple(() if row_rank == 0 else datas[i].shape)
                 stacked = _apply(P.reshape, [stacked], {"shape": shape})
             layers.append(stacked)
-        params = merged_params(spec, [node.f.params for node, _ in members], datas[0])
         scalar = _scalar(spec, tuple(datas), first.f.params)
         do = apply_primitive(_batched(prim), layers, params)
         return do, functools.partial(self._rows, [node for node, _ in members], scalar)
