@@ -228,5 +228,7 @@ def apply_primitive(
     prim: Primitive, operands: Sequence[object], params: dict[str, Any]
 ) -> Do[Tape[Any, Any]]:
     """The forward computation of ``prim`` applied to ``operands`` (see the module's docstring)."""
-    sources = tuple([forward_of(x, prim.name) for x in operands])
-    return Bind(sources, _Build(prim, params), FLAT)
+    sources = []
+    for x in operands:  # a loop, not a comprehension (a call of its own in Python 3.11): every op
+        sources.append(forward_of(x, prim.name))
+    return Bind(tuple(sources), _Build(prim, params), FLAT)

@@ -142,10 +142,11 @@ def _params_key(spec: Batching, params: dict[str, Any]) -> Hashable:
     if not params:
         return None
     rows = spec.rows
-    fixed = spec.key(params) if spec.key is not None else tuple(i for i in params.items() if i[0] not in rows)
+    key = spec.key
+    fixed = key(params) if key is not None else tuple([i for i in params.items() if i[0] not in rows])
     if not rows:
         return fixed
-    return (fixed, *((type(v), v.shape, v.dtype) for v in (params[name] for name in rows)))
+    return (fixed, *[(type(v), v.shape, v.dtype) for v in map(params.__getitem__, rows)])
 
 
 def check_calls(

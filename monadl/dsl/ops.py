@@ -249,13 +249,13 @@ def cross_entropy(logits: AnyArray, targets: AnyNDArray) -> FloatLayer:
     ``targets`` are probabilities (one-hot or soft) of ``logits``' shape, or integer class labels of
     shape ``logits.shape[:-1]``. They are constants: no delta flows into them.
     """
-    if not is_array(targets):
+    if type(targets) is not np.ndarray and not is_array(targets):  # NumPy's arrays first: one per node
         raise TypeError(f"cross_entropy: expected an array of targets, got {type(targets).__name__}")
-    xp = namespace(targets)
     labels = None
     if _integral(targets):  # checked once here, not at every run
         if not targets.shape:  # one label (a node of a tree): no reduction needed
-            labels = (int(targets), int(targets))
+            label = int(targets)
+            labels = (label, label)
         else:
-            labels = _label_range(xp, targets) if math.prod(targets.shape) else (0, 0)
+            labels = _label_range(namespace(targets), targets) if math.prod(targets.shape) else (0, 0)
     return apply_float(P.cross_entropy, logits, targets=targets, labels=labels)
