@@ -146,6 +146,9 @@ def _params_key(spec: Batching, params: dict[str, Any]) -> Hashable:
     fixed = key(params) if key is not None else tuple([i for i in params.items() if i[0] not in rows])
     if not rows:
         return fixed
+    if len(rows) == 1:  # labels, indices: this runs for every such op of a batch
+        v = params[rows[0]]
+        return (fixed, (type(v), v.shape, v.dtype))
     return (fixed, *[(type(v), v.shape, v.dtype) for v in map(params.__getitem__, rows)])
 
 

@@ -419,8 +419,11 @@ class _Plan:
             _Group(r.node, r.data, kind is FloatLayer) for r, kind in zip(results, structure, strict=True)
         ]
         values = self.values
-        for k, node in enumerate(nodes):
-            values[node] = tuple([_Row(g, k) for g in groups])
+        for k, node in enumerate(nodes):  # a node's rows, by a loop (once per call of a batch)
+            rows = []
+            for g in groups:
+                rows.append(_Row(g, k))
+            values[node] = tuple(rows)
 
     def _alone(self, node: Any, inputs: list[Any]) -> Do[Any]:
         """A node that merges with nothing: the op on its own values (a row taken out of its
@@ -470,11 +473,12 @@ class _Plan:
         """The values as the rows of one layer (n, ...): a group itself when the values are exactly
         its rows, else one ``gather`` op taking rows of the groups (and stacking other values)."""
         first = values[0]
-        if type(first) is _Row:
+        if type(first) is _Row and first.group.data.shape[0] == len(values):
             group = first.group
-            if group.data.shape[0] == len(values) and all(
-                type(v) is _Row and v.group is group and v.k == k for k, v in enumerate(values)
-            ):
+            for k, v in enumerate(values):  # a loop: all() of a generator costs 2x, on every row
+                if type(v) is not _Row or v.group is not group or v.k != k:
+                    break
+            else:
                 return group.layer
         tables: list[Any] = []
         picks: dict[_Group, tuple[list[int], list[int]]] = {}  # group -> (positions, its rows)

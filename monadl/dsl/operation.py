@@ -105,7 +105,10 @@ class Operation(Generic[P, R]):
         if self.single:
             cls, item = projections[0]
             return cls(Bind((node,), item, MAP))
-        return tuple([cls(Bind((node,), item, MAP)) for cls, item in projections])
+        results = []
+        for cls, item in projections:  # a loop: a comprehension is a call of its own in Python 3.11
+            results.append(cls(Bind((node,), item, MAP)))
+        return tuple(results)
 
     def _learn(self, result: object) -> None:
         results = result if isinstance(result, tuple) else (result,)
