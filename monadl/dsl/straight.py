@@ -99,6 +99,7 @@ class Program:
         if found is not None:
             return found
         ops, inputs, weights, datas, wants = self.ops, self.inputs, self.weights, self.datas, self.wants
+        position = index.__getitem__
         stack: list[Any] = [root]  # nodes to walk, and (node,) once their inputs are walked
         while stack:
             item = stack.pop()
@@ -107,11 +108,16 @@ class Program:
                 node = item[0]
                 index[node] = len(ops)
                 ops.append(node.f)
-                ins = tuple(map(index.__getitem__, node.sources))
+                ins = tuple(map(position, node.sources))
                 inputs.append(ins)
                 weights.append(None)
                 datas.append(None)
-                wants.append(any(map(wants.__getitem__, ins)))
+                wanted = False  # whether an input wants a delta, by a loop: any() of a map costs more
+                for i in ins:
+                    if wants[i]:
+                        wanted = True
+                        break
+                wants.append(wanted)
                 continue
             if item in index:
                 continue
@@ -214,10 +220,11 @@ class Program:
         """Runs the ops in order (those from node ``start`` on); returns the last node's value."""
         inputs, datas, all_args, saved, xps = self.inputs, self.datas, self.args, self.saved, self.xps
         ops = self.ops
+        data_of = datas.__getitem__
         for k in range(start, len(ops)):  # the loop of every op: written out, no helpers
             build = ops[k]
             if build is not None:
-                args = all_args[k] = tuple([datas[i] for i in inputs[k]])
+                args = all_args[k] = tuple(map(data_of, inputs[k]))
                 prim = build.prim
                 xps[k], data, s = forward_data(prim, build.params, args)
                 datas[k] = data

@@ -159,9 +159,11 @@ def unbroadcast(xp: Any, delta: Any, like: Any) -> Any:
     if dshape == shape:
         return delta
     lead = len(dshape) - len(shape)
-    axes = tuple(range(lead)) + tuple(
-        lead + i for i, n in enumerate(shape) if n == 1 and dshape[lead + i] != 1
-    )
+    summed_axes = list(range(lead))  # the leading axes, and the 1s of ``like`` that were broadcast
+    for i, n in enumerate(shape):  # a loop: a generator costs more (this runs for every bias)
+        if n == 1 and dshape[lead + i] != 1:
+            summed_axes.append(lead + i)
+    axes = tuple(summed_axes)
     if xp is np and axes:  # the ufunc's reduction (np.sum adds microseconds of Python), and no
         # reshape where the sum has the shape already: a view would keep a gradient from owning
         # its memory (see ``training._handed_over``). Without leading axes, every summed axis is
