@@ -207,6 +207,11 @@ def _levels(root: Do[Any]) -> list[list[Entry]] | None:
         elif mode == FLAT and f_type is _Call:
             kind = _CALL
         elif mode == MAP and f_type is functools.partial and f.func is _item:
+            d = depth.get(item.sources[0], -1)
+            if d >= 0:  # a result of a call walked already (a cell's second result): placed at once
+                depth[item] = d
+                levels[d].append((item, _PROJECTION, item.sources))
+                continue
             kind = _PROJECTION
         else:
             return None
