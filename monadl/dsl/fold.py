@@ -375,14 +375,14 @@ class _Plan:
         spec = prim.batch
         assert spec is not None
         n = len(members)
-        datas = [_data(v) for v in inputs]
+        datas = tuple([_data(v) for v in inputs])
         calls = [node.f.params for node, _ in members]
         params = merged_params(spec, calls, datas[0])
         check = prim.check
         if check is not None:  # every call's own check on its own rows
             check_calls(
                 prim,
-                tuple(datas),
+                datas,
                 params,
                 calls,
                 lambda: [check(*[_data(v) for v in ins], **node.f.params) for node, ins in members],
@@ -400,7 +400,7 @@ class _Plan:
                 shape = (n,) + (1,) * (rank - row_rank) + tuple(() if row_rank == 0 else datas[i].shape)
                 stacked = _apply(P.reshape, [stacked], {"shape": shape})
             layers.append(stacked)
-        scalar = _scalar(spec, tuple(datas), first.f.params)
+        scalar = _scalar(spec, datas, first.f.params)
         do = apply_primitive(_batched(prim), layers, params)
         return do, functools.partial(self._rows, [node for node, _ in members], scalar)
 

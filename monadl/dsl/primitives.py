@@ -643,7 +643,7 @@ cross_entropy = Primitive(
         forward=_cross_entropy_rows,
         vjps=(lambda xp, d, saved, logits, targets, labels: saved * _as_rows(xp, d, saved),),
         rows=("targets",),
-        key=lambda params: params["labels"] is None,  # the label range was checked call by call
+        key=lambda params: params["labels"] is None,  # label ranges differ: checked, not in the signature
         check_merged=_check_cross_entropy_merged,
     ),
 )
