@@ -310,3 +310,64 @@ def test_linear_shape_mismatches_name_the_op_and_shapes() -> None:
     result = monadl.linear(x, np.ones((3, 5)), np.zeros(4)).predict_blocking()
     assert isinstance(result, Failure)
     assert "linear: bias of shape (4,) does not fit 5 outputs" in str(result.failure())
+
+
+# ------------------------------------------------------------------- static parameters of an op
+
+untyped: Any = monadl  # the ops called with arguments their annotations reject
+
+
+@pytest.mark.parametrize(
+    ("build", "expected"),
+    [
+        (lambda x: untyped.sum(x, axis="a"), "sum: axis must be an int or a tuple of ints, got str 'a'"),
+        (lambda x: untyped.sum(x, axis=1.0), "sum: axis must be an int or a tuple of ints, got float 1.0"),
+        (lambda x: untyped.sum(x, axis=[0]), "sum: axis must be an int or a tuple of ints, got list [0]"),
+        (
+            lambda x: untyped.sum(x, axis=(0, True)),
+            "sum: axis must be an int or a tuple of ints, got tuple (0, True)",
+        ),
+        (lambda x: untyped.sum(x, axis=0, keepdims=1), "sum: keepdims must be a bool, got int 1"),
+        (lambda x: untyped.mean(x, axis=True), "mean: axis must be an int or a tuple of ints, got bool True"),
+        (
+            lambda x: untyped.mean(x, axis=0, keepdims=None),
+            "mean: keepdims must be a bool, got NoneType None",
+        ),
+        (lambda x: untyped.softmax(x, axis="a"), "softmax: axis must be an int, got str 'a'"),
+        (lambda x: untyped.log_softmax(x, axis=0.5), "log_softmax: axis must be an int, got float 0.5"),
+        (lambda x: untyped.concatenate([x, x], axis="0"), "concatenate: axis must be an int, got str '0'"),
+        (lambda x: untyped.reshape(x, "ab"), "reshape: shape must be a sequence of ints, got str 'ab'"),
+        (
+            lambda x: untyped.reshape(x, (1.5, 8)),
+            "reshape: shape must be a sequence of ints, got tuple (1.5, 8)",
+        ),
+        (lambda x: untyped.reshape(x, 12), "reshape: shape must be a sequence of ints, got int 12"),
+        (
+            lambda x: untyped.transpose(x, (1, None)),
+            "transpose: axes must be a sequence of ints, got tuple (1, None)",
+        ),
+    ],
+)
+def test_a_wrong_static_parameter_is_reported_where_the_op_is_made(
+    build: Callable[[ArrayWeight], Any], expected: str
+) -> None:
+    # Raised by the call that made the op (a Python float 1.5 is not silently truncated to 1),
+    # before anything runs, whether or not its calls would later be merged.
+    with pytest.raises(TypeError) as raised:
+        build(_weight())
+    assert str(raised.value) == expected
+
+
+def test_numpy_integers_are_static_parameters_like_ints() -> None:
+    x = np.arange(12.0).reshape(3, 4)
+    # NumPy's integers are accepted at run time (the annotations say int) and become ints.
+    as_numpy = untyped.sum(
+        untyped.reshape(x, (np.int64(4), np.int32(3))), axis=(np.int64(0),), keepdims=np.bool_(True)
+    )
+    as_python = monadl.sum(monadl.reshape(x, (4, 3)), axis=(0,), keepdims=True)
+    np.testing.assert_array_equal(as_numpy.predict_blocking().unwrap(), as_python.predict_blocking().unwrap())
+    np.testing.assert_array_equal(
+        as_python.predict_blocking().unwrap(), x.reshape(4, 3).sum(axis=0, keepdims=True)
+    )
+    concatenated = untyped.concatenate([x, x], axis=np.int64(1)).predict_blocking().unwrap()
+    np.testing.assert_array_equal(concatenated, np.concatenate([x, x], axis=1))

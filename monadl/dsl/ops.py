@@ -7,6 +7,7 @@ Each accepts any mix of literal, weight and layer. Elementwise functions keep th
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any, overload
 
@@ -17,6 +18,55 @@ from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer, apply,
 from monadl.typeclasses.backend import AnyNDArray, Array, IndexArray, is_array, namespace
 
 Axis = int | tuple[int, ...] | None
+
+
+# The static parameters of an op (axes, shapes, flags) are checked when the op is made, so that a
+# wrong one is reported at the call that gave it, naming the op; NumPy would only report it when
+# the op runs, with an error that names neither the op nor the parameter.
+
+
+def _index(value: object) -> int:
+    """``value`` as an int: an int or NumPy integer, not a bool (TypeError otherwise)."""
+    if type(value) is int:  # the common case first: ops are made once per node of a batch
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError
+    return operator.index(value)  # type: ignore[arg-type]
+
+
+def _int(op: str, name: str, value: object) -> int:
+    """An int parameter."""
+    try:
+        return _index(value)
+    except TypeError:
+        raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__} {value!r}") from None
+
+
+def _ints(op: str, name: str, values: object) -> tuple[int, ...]:
+    """A sequence of ints (a shape, a permutation), as a tuple."""
+    if not isinstance(values, (str, bytes)) and isinstance(values, Sequence):
+        try:
+            return tuple([_index(v) for v in values])
+        except TypeError:
+            pass
+    raise TypeError(f"{op}: {name} must be a sequence of ints, got {type(values).__name__} {values!r}")
+
+
+def _axis(op: str, axis: object) -> int | tuple[int, ...]:
+    """An ``axis`` parameter: an int or a tuple of ints."""
+    try:
+        return tuple([_index(a) for a in axis]) if type(axis) is tuple else _index(axis)
+    except TypeError:
+        raise TypeError(
+            f"{op}: axis must be an int or a tuple of ints, got {type(axis).__name__} {axis!r}"
+        ) from None
+
+
+def _flag(op: str, name: str, value: object) -> bool:
+    """A boolean parameter (NumPy's bool included)."""
+    if type(value) is bool or type(value) is np.bool_:
+        return bool(value)
+    raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__} {value!r}")
 
 
 def lift(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
@@ -148,7 +198,7 @@ def sum(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLayer
     """Sum of all elements (a ``FloatLayer``), or along ``axis`` (an ``ArrayLayer``)."""
     if axis is None:
         return apply_float(P.sum_, x)
-    return apply_array(P.sum_, x, axis=axis, keepdims=keepdims)
+    return apply_array(P.sum_, x, axis=_axis("sum", axis), keepdims=_flag("sum", "keepdims", keepdims))
 
 
 @overload
@@ -173,24 +223,24 @@ def mean(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLaye
     """Mean of all elements (a ``FloatLayer``), or along ``axis`` (an ``ArrayLayer``)."""
     if axis is None:
         return apply_float(P.mean, x)
-    return apply_array(P.mean, x, axis=axis, keepdims=keepdims)
+    return apply_array(P.mean, x, axis=_axis("mean", axis), keepdims=_flag("mean", "keepdims", keepdims))
 
 
 def reshape(x: AnyArray, shape: Sequence[int]) -> ArrayLayer:
     """``x`` with a new shape of the same size (one dimension may be -1)."""
-    return apply_array(P.reshape, x, shape=tuple(int(n) for n in shape))
+    return apply_array(P.reshape, x, shape=_ints("reshape", "shape", shape))
 
 
 def transpose(x: AnyArray, axes: Sequence[int] | None = None) -> ArrayLayer:
     """``x`` with its axes permuted (reversed by default)."""
-    return apply_array(P.transpose, x, axes=None if axes is None else tuple(axes))
+    return apply_array(P.transpose, x, axes=None if axes is None else _ints("transpose", "axes", axes))
 
 
 def concatenate(xs: Sequence[AnyArray], axis: int = 0) -> ArrayLayer:
     """The arrays joined along an existing ``axis``."""
     if not xs:
         raise ValueError("concatenate: needs at least one array")
-    return apply_array(P.concatenate(len(xs)), *xs, axis=axis)
+    return apply_array(P.concatenate(len(xs)), *xs, axis=_int("concatenate", "axis", axis))
 
 
 def _integral(array: Any) -> bool:
@@ -227,12 +277,12 @@ def take_rows(table: AnyArray, indices: IndexArray | int | Sequence[int]) -> Arr
 
 def softmax(x: AnyArray, axis: int = -1) -> ArrayLayer:
     """Softmax along ``axis``, computed stably."""
-    return apply_array(P.softmax, x, axis=axis)
+    return apply_array(P.softmax, x, axis=_int("softmax", "axis", axis))
 
 
 def log_softmax(x: AnyArray, axis: int = -1) -> ArrayLayer:
     """Log of the softmax along ``axis``, computed stably."""
-    return apply_array(P.log_softmax, x, axis=axis)
+    return apply_array(P.log_softmax, x, axis=_int("log_softmax", "axis", axis))
 
 
 def _label_range(xp: Any, labels: Any) -> tuple[int, int]:
