@@ -33,6 +33,7 @@ from returns.result import Failure
 import monadl as ml
 from monadl import Array, ArrayLayer, ArrayWeight, FloatLayer
 from monadl.bench.columns_params import FINE_CLASSES, FINE_PARAMS, FINE_PER_COARSE, init_params
+from monadl.cli import non_negative_int, positive_float, positive_int
 from monadl.typeclasses.backend import IndexArray
 
 Variant = Literal["skip", "noskip"]
@@ -175,13 +176,13 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
     parser.add_argument(
         "--data", help="a cifar-100-binary folder, train.bin, or the .tar.gz (default: synthetic)"
     )
-    parser.add_argument("--columns", type=int, default=2)
+    parser.add_argument("--columns", type=positive_int, default=2)
     parser.add_argument("--variant", choices=["skip", "noskip"], default="skip")
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
-    parser.add_argument("--workers", type=int, default=1, help="executor workers (1: sequential)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=positive_int, default=300)
+    parser.add_argument("--batch", type=positive_int, default=16)
+    parser.add_argument("--learning-rate", type=positive_float, default=1e-4)
+    parser.add_argument("--workers", type=positive_int, default=1, help="executor workers (1: sequential)")
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     args = parser.parse_args(argv)
 
     data = cifar100.open_dataset(args.data, seed=args.seed)

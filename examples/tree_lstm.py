@@ -59,6 +59,7 @@ from returns.result import Failure, Result
 
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer
+from monadl.cli import non_negative_float, non_negative_int, positive_float, positive_int
 from monadl.data.trees import Tree
 
 WordId = Callable[[str], int]
@@ -277,14 +278,16 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--data", help="the SST folder of train.txt, dev.txt, test.txt (default: synthetic)")
-    parser.add_argument("--trees", type=int, default=400, help="synthetic training trees (dev: a quarter)")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=25)
-    parser.add_argument("--embedding", type=int, default=128)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--learning-rate", type=float, default=0.05)
-    parser.add_argument("--weight-decay", type=float, default=0.0, help="L2 (Tai et al.: 1e-4)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--trees", type=positive_int, default=400, help="synthetic training trees (dev: a quarter)"
+    )
+    parser.add_argument("--epochs", type=positive_int, default=3)
+    parser.add_argument("--batch", type=positive_int, default=25)
+    parser.add_argument("--embedding", type=positive_int, default=128)
+    parser.add_argument("--hidden", type=positive_int, default=128)
+    parser.add_argument("--learning-rate", type=positive_float, default=0.05)
+    parser.add_argument("--weight-decay", type=non_negative_float, default=0.0, help="L2 (Tai et al.: 1e-4)")
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--no-batching", action="store_true", help="run every kernel on its own")
     args = parser.parse_args(argv)
 

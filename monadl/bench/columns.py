@@ -41,6 +41,7 @@ from monadl.bench.columns_numpy import NumpyColumns
 from monadl.bench.columns_params import init_params
 from monadl.bench.columns_torch import TorchColumns
 from monadl.bench.common import cpus, interleaved, load_example, torch_available
+from monadl.cli import non_negative_int, positive_float, positive_int
 from monadl.data import cifar100
 from monadl.data.files import atomic_file, atomic_write_bytes
 
@@ -281,18 +282,20 @@ def plot(results: list[Measurement], args: argparse.Namespace, path: Path) -> No
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``columns`` subcommand's options."""
-    parser.add_argument("--columns", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--pools", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--columns", type=positive_int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--pools", type=positive_int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--variants", nargs="+", choices=["skip", "noskip"], default=["skip", "noskip"])
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--batch", type=positive_int, default=16)
+    parser.add_argument("--hidden", type=positive_int, default=64)
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
-    parser.add_argument("--steps", type=int, default=200, help="steps per timed segment")
-    parser.add_argument("--repeats", type=int, default=5, help="timed segments per configuration")
-    parser.add_argument("--warmup", type=int, default=30, help="untimed steps before the segments")
+    parser.add_argument("--learning-rate", type=positive_float, default=1e-4)
+    parser.add_argument("--steps", type=positive_int, default=200, help="steps per timed segment")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timed segments per configuration")
+    parser.add_argument(
+        "--warmup", type=non_negative_int, default=30, help="untimed steps before the segments"
+    )
     parser.add_argument("--data", help="a CIFAR-100 binary folder, train.bin or .tar.gz (default: synthetic)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--no-torch", action="store_true", help="skip PyTorch even when installed")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--plot", type=Path, help="write a PNG plot here")

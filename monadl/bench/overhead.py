@@ -63,6 +63,7 @@ from monadl import (
     predict_blocking,
     train_blocking,
 )
+from monadl.cli import positive_int
 from monadl.typeclasses.backend import Array
 
 LEARNING_RATE = 1e-8
@@ -799,19 +800,10 @@ def profile_case(key: str, chain: int, mode: str = "fwd+bwd", calls: int = 50, t
 # ------------------------------------------------------------------------------------------- CLI
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``overhead`` subcommand's options."""
-    parser.add_argument("--chain", type=_positive_int, default=200, metavar="N", help="ops per chain (200)")
-    parser.add_argument(
-        "--repeats", type=_positive_int, default=7, metavar="R", help="samples per figure (7)"
-    )
+    parser.add_argument("--chain", type=positive_int, default=200, metavar="N", help="ops per chain (200)")
+    parser.add_argument("--repeats", type=positive_int, default=7, metavar="R", help="samples per figure (7)")
     parser.add_argument(
         "--min-time", type=float, default=0.1, metavar="S", help="least seconds per sample (0.1)"
     )
@@ -827,8 +819,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="instead of timing, profile monadl on CASE with cProfile and print the top functions",
     )
     parser.add_argument("--profile-mode", choices=MODES, default="fwd+bwd", help="what to profile (fwd+bwd)")
-    parser.add_argument("--profile-calls", type=_positive_int, default=50, metavar="N", help="calls (50)")
-    parser.add_argument("--profile-top", type=_positive_int, default=25, metavar="N", help="functions (25)")
+    parser.add_argument("--profile-calls", type=positive_int, default=50, metavar="N", help="calls (50)")
+    parser.add_argument("--profile-top", type=positive_int, default=25, metavar="N", help="functions (25)")
 
 
 def run_cli(args: argparse.Namespace) -> int:

@@ -38,6 +38,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from monadl.bench.common import cpus, interleaved
+from monadl.cli import positive_int
 from monadl.data.files import atomic_write_bytes
 
 
@@ -231,19 +232,18 @@ def format_report(c: Ceiling) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command line of ``python -m monadl.bench threads``."""
-    parser.add_argument("--columns", type=int, default=4, help="columns (split over the two threads)")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=200, help="steps per timed segment")
-    parser.add_argument("--repeats", type=int, default=5, help="rounds of one segment each")
+    parser.add_argument(
+        "--columns", type=positive_int, default=4, help="columns (split over the two threads)"
+    )
+    parser.add_argument("--batch", type=positive_int, default=16)
+    parser.add_argument("--hidden", type=positive_int, default=64)
+    parser.add_argument("--steps", type=positive_int, default=200, help="steps per timed segment")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="rounds of one segment each")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
 
 
 def run_cli(args: argparse.Namespace) -> int:
     """Runs the measurement and prints it (and writes the JSON, if asked)."""
-    for name in ("columns", "batch", "hidden", "steps", "repeats"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name} must be at least 1, got {getattr(args, name)}")
     ceiling = measure(args.columns, args.batch, args.hidden, args.steps, args.repeats)
     print(format_report(ceiling))
     if args.json:

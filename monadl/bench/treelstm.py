@@ -60,6 +60,7 @@ from threadpoolctl import threadpool_limits
 
 from monadl.bench.common import cpus, interleaved, load_example, torch_available
 from monadl.bench.treelstm_torch import PARAMETERS, TorchTreeLstm
+from monadl.cli import non_negative_int, positive_int
 from monadl.data import sst
 from monadl.data.files import atomic_file, atomic_write_bytes
 from monadl.data.trees import Tree
@@ -717,27 +718,33 @@ def plot(results: Sequence[Measurement], args: argparse.Namespace, path: Path) -
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``treelstm`` subcommand's options."""
     parser.add_argument(
-        "--batches", type=int, nargs="+", default=[1, 16, 64, 256], help="batch sizes (trees)"
+        "--batches", type=positive_int, nargs="+", default=[1, 16, 64, 256], help="batch sizes (trees)"
     )
     parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
     parser.add_argument(
-        "--max-unbatched", type=int, default=64, help="monadl unbatched only up to this batch"
+        "--max-unbatched", type=non_negative_int, default=64, help="monadl unbatched only up to this batch"
     )
-    parser.add_argument("--trees", type=int, default=64, help="at least this many trees per timed segment")
-    parser.add_argument("--repeats", type=int, default=5, help="timed segments per configuration")
-    parser.add_argument("--warmup", type=int, default=16, help="trees' worth of untimed steps first")
-    parser.add_argument("--pool", type=int, default=1024, help="distinct trees the batches are drawn from")
-    parser.add_argument("--embedding", type=int, default=128)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--min-leaves", type=int, default=10, help="synthetic trees' fewest leaves")
-    parser.add_argument("--max-leaves", type=int, default=40, help="synthetic trees' most leaves")
+    parser.add_argument(
+        "--trees", type=positive_int, default=64, help="at least this many trees per timed segment"
+    )
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timed segments per configuration")
+    parser.add_argument(
+        "--warmup", type=non_negative_int, default=16, help="trees' worth of untimed steps first"
+    )
+    parser.add_argument(
+        "--pool", type=positive_int, default=1024, help="distinct trees the batches are drawn from"
+    )
+    parser.add_argument("--embedding", type=positive_int, default=128)
+    parser.add_argument("--hidden", type=positive_int, default=128)
+    parser.add_argument("--min-leaves", type=positive_int, default=10, help="synthetic trees' fewest leaves")
+    parser.add_argument("--max-leaves", type=positive_int, default=40, help="synthetic trees' most leaves")
     parser.add_argument(
         "--data", help="the SST folder (train.txt, ...): its train split (default: synthetic)"
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--no-torch", action="store_true", help="skip PyTorch even when installed")
     parser.add_argument("--no-dynet", action="store_true", help="skip DyNet even when installed")
-    parser.add_argument("--dynet-mem", type=int, default=1024, help="DyNet's memory pool, MiB")
+    parser.add_argument("--dynet-mem", type=positive_int, default=1024, help="DyNet's memory pool, MiB")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--plot", type=Path, help="write a PNG plot here")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
@@ -752,8 +759,8 @@ def run_cli(args: argparse.Namespace) -> int:
         args.min_leaves, args.max_leaves = 2, 6
         args.pool, args.trees, args.repeats, args.warmup = 16, 4, 3, 1
         args.dynet_mem = min(args.dynet_mem, 128)
-    if min(args.batches) < 1 or args.repeats < 1 or args.trees < 1:
-        raise SystemExit("treelstm: --batches, --repeats and --trees must be at least 1")
+    if args.min_leaves > args.max_leaves:
+        raise SystemExit(f"treelstm: --min-leaves {args.min_leaves} is above --max-leaves {args.max_leaves}")
     results, info = measure(args)
     print(table(results, args))
     print(f"peak RSS: {info['peak_rss_mib']:.0f} MiB; torch: {info['torch']}; dynet: {info['dynet']}")
