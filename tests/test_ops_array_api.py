@@ -193,3 +193,66 @@ def test_minus_zeros_are_negative_zeros_on_numpy_and_strict(shape: tuple[int, ..
         values = to_numpy(out)
         assert values.shape == shape and out.dtype == dtype
         assert np.all(values == 0.0) and np.all(np.signbit(values))
+
+
+# ------------------------------------------------------------ merged and planned graphs, strict
+
+
+def _tree_loss(asarray: Any) -> tuple[monadl.FloatLayer, list[monadl.ArrayWeight]]:
+    """A batch of complete binary trees of a ``@batchable`` cell over word lookups (Python int ids,
+    as a Tree-LSTM's leaves give them): wide enough to be planned, and merged when it is not."""
+    rng = np.random.default_rng(0)
+    w = monadl.ArrayWeight(asarray(rng.normal(size=(4, 4))))
+    b = monadl.ArrayWeight(asarray(rng.normal(size=(4,))))
+    table = monadl.ArrayWeight(asarray(rng.normal(size=(10, 4))))
+
+    @monadl.batchable
+    def cell(left: monadl.ArrayLayer, right: monadl.ArrayLayer) -> monadl.ArrayLayer:
+        return monadl.tanh(monadl.linear(left + right, w, b))
+
+    def tree(depth: int, i: int) -> monadl.ArrayLayer:
+        if depth == 0:
+            return monadl.take_rows(table, (7 * i) % 10)  # repeated words: their deltas add
+        return cell(tree(depth - 1, 2 * i), tree(depth - 1, 2 * i + 1))
+
+    roots = [tree(3, k) for k in range(6)]
+    return monadl.add_n([monadl.sum(r * r) for r in roots]), [w, b, table]
+
+
+MODES = {
+    "planned": {},
+    "merged as it runs": {"planning": False},
+    "straight, unmerged": {"batching": False},
+    "unmerged": {"batching": False, "planning": False},
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_batched_graphs_on_strict_arrays_match_numpy(mode: str) -> None:
+    # Merging stacks rows, gathers them and scatters deltas by index arrays, which the array API
+    # allows only in a few forms (no assignment to an index array; every axis indexed): this runs
+    # every such path under array-api-strict. Word ids are Python ints, kept as NumPy indices.
+    results = []
+    for backend in (NUMPY, STRICT):
+        executor = monadl.Executor(**MODES[mode])
+        loss, weights = _tree_loss(backend.asarray)
+        value, gradients = monadl.compute_gradients(loss, executor=executor)
+        stats = executor.stats  # over the forward and backward runs
+        results.append((value, [backend.to_numpy(_dense(gradients[w])) for w in weights], stats))
+    (expected, expected_grads, numpy_stats), (value, grads, stats) = results
+    assert value == pytest.approx(expected, rel=TOL)
+    for g, e in zip(grads, expected_grads, strict=True):
+        np.testing.assert_allclose(g, e, rtol=TOL, atol=TOL)
+    assert (stats.planned, stats.merged > 0) == (numpy_stats.planned, numpy_stats.merged > 0)
+    assert stats.planned == (mode == "planned")
+    assert (stats.merged > 0) == (mode in ("planned", "merged as it runs"))
+
+
+def _dense(gradient: Any) -> Any:
+    return gradient.to_dense() if hasattr(gradient, "to_dense") else gradient
+
+
+def test_a_sparse_delta_of_strict_rows_prints() -> None:
+    table = monadl.ArrayWeight(STRICT.asarray(np.ones((5, 2))))
+    _, gradients = monadl.compute_gradients(monadl.sum(monadl.take_rows(table, [1, 3, 1])))
+    assert repr(gradients[table]) == "SparseRows(rows=3, shape=(5, 2), dtype=array_api_strict.float64)"

@@ -51,7 +51,7 @@ from monadl.dsl.primitives import Primitive
 from monadl.dsl.straight import _WEIGHT_FORWARD, Program, run_backward
 from monadl.tape.batch import float_key, stack_values, value_key
 from monadl.tape.tape import Tape
-from monadl.typeclasses.backend import namespace
+from monadl.typeclasses.backend import indices_in, namespace
 from monadl.typeclasses.sparse import scatter_add
 
 _LEAF, _OP, _CALL, _PROJECTION = range(4)
@@ -533,7 +533,8 @@ _SPECIAL = ("add_n", "concatenate")
 def _data(v: Any) -> Any:
     """A value's data: its own (``_Own``), or its row of a group (a float for a float row)."""
     if type(v) is _Row:
-        row = v.group.data[v.k]
+        data = v.group.data
+        row = data[v.k] if type(data) is np.ndarray else data[v.k, ...]  # the array API: every axis
         return float(row) if v.group.scalar else row
     return v.data
 
@@ -560,16 +561,25 @@ def _apply(
 
 def _gather_forward(xp: Any, *tables: Any, positions: Any, rows: Any, unique: Any, size: int) -> Any:
     first = tables[0]
-    out = xp.empty((size, *first.shape[1:]), dtype=first.dtype)
-    for table, where, which in zip(tables, positions, rows, strict=True):
-        out[where] = xp.take(table, which, axis=0)
-    return out
+    if xp is np:
+        out = np.empty((size, *first.shape[1:]), dtype=first.dtype)
+        for table, where, which in zip(tables, positions, rows, strict=True):
+            out[where] = np.take(table, which, axis=0)
+        return out
+    # The array API assigns to no index array: the tables' rows one after another, then put in
+    # place by one take (the positions are a permutation of the result's rows).
+    parts = [xp.take(t, indices_in(xp, which), axis=0) for t, which in zip(tables, rows, strict=True)]
+    order = np.argsort(np.concatenate(positions), kind="stable")
+    return xp.take(xp.concat(parts, axis=0) if len(parts) > 1 else parts[0], xp.asarray(order), axis=0)
 
 
 def _gather_vjp(j: int) -> Any:
     def vjp(xp: Any, d: Any, o: Any, *tables: Any, positions: Any, rows: Any, unique: Any, size: int) -> Any:
         table = tables[j]
         g = xp.zeros(table.shape, dtype=d.dtype)
+        if xp is not np:  # the array API assigns to no index array
+            picked = xp.take(d, indices_in(xp, positions[j]), axis=0)
+            return scatter_add(xp, g, indices_in(xp, rows[j]), picked)
         if unique[j]:
             g[rows[j]] = d[positions[j]]
             return g

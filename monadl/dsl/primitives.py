@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from monadl.typeclasses.backend import FLOATS, ShapeError, minus_zeros, shape_of, unbroadcast
+from monadl.typeclasses.backend import FLOATS, ShapeError, indices_in, minus_zeros, shape_of, unbroadcast
 from monadl.typeclasses.sparse import SparseRows
 
 Rule = Callable[..., Any]
@@ -326,7 +326,7 @@ def _scatter_rows(xp: Any, table: Any, indices: Any, d: Any) -> SparseRows:
     """The delta of ``take(table, indices, axis=0)``: the rows of ``d`` at ``indices``, as a
     :class:`~monadl.typeclasses.sparse.SparseRows` (no dense table: repeated indices add when it
     is summed or densified)."""
-    flat = xp.reshape(indices, (-1,))
+    flat = xp.reshape(indices_in(xp, indices), (-1,))
     rows = xp.reshape(d, (flat.shape[0], *table.shape[1:]))
     return SparseRows(flat, rows, table.shape)
 
@@ -358,7 +358,8 @@ def _check_take_merged(inputs: tuple[Any, ...], merged: dict[str, Any], calls: l
 take_rows = Primitive(
     "take_rows",
     lambda xp, table, indices: xp.reshape(
-        xp.take(table, xp.reshape(indices, (-1,)), axis=0), tuple(indices.shape) + tuple(table.shape[1:])
+        xp.take(table, xp.reshape(indices_in(xp, indices), (-1,)), axis=0),
+        tuple(indices.shape) + tuple(table.shape[1:]),
     ),
     (lambda xp, d, o, table, indices: _scatter_rows(xp, table, indices, d),),
     cost=lambda table, indices: float(math.prod(indices.shape) * math.prod(table.shape[1:])),

@@ -118,7 +118,7 @@ def stack_arrays(xp: Any, arrays: Sequence[Any]) -> Any:
 def result_row(out: Any, k: int, scalar: bool) -> Any:
     """Row ``k`` of a merged result, as its call alone gives it: a float if ``scalar``, else an
     array (NumPy's rows of a vector are scalars: made 0-d arrays again)."""
-    row = out[k]
+    row = out[k] if type(out) is np.ndarray else out[k, ...]  # the array API indexes every axis
     if scalar:
         return float(row)
     return np.asarray(row) if isinstance(row, np.generic) else row
@@ -138,7 +138,7 @@ class RowOf(PrivateBind[Any]):
 
 def row_of(xp: Any, k: int, like: Any, rows: Any) -> Any:
     """Row ``k`` of ``rows``, shaped (and typed: a float or an array) like ``like``."""
-    r = rows[k]
+    r = rows[k] if type(rows) is np.ndarray else rows[k, ...]
     if type(like) is float:  # a float input's row; a padded one has shape (1, ...)
         return float(xp.reshape(r, ())) if getattr(r, "ndim", 0) else float(r)
     if tuple(r.shape) != tuple(like.shape):
@@ -182,11 +182,11 @@ def _gather(
     out = minus_zeros(xp, like.shape, like.dtype)  # a row given one delta is that delta (-0.0 too)
     for (members, rows), source in zip(indices, values[:n], strict=True):
         picked = xp.reshape(xp.take(source, xp.asarray(rows), axis=0), (len(rows), *like.shape[1:]))
-        if len(set(members)) == len(members):
-            index = xp.asarray(members)
+        if xp is np and len(set(members)) == len(members):
+            index = np.asarray(members)
             out[index] = out[index] + picked
-        else:
+        else:  # the array API has no assignment to an index array: a scatter
             out = scatter_add(xp, out, xp.asarray(members), picked)
     for k, d in zip(loose_owners, values[n:], strict=True):
-        out[k] += d.to_dense(xp) if type(d) is SparseRows else d
+        out[k, ...] += d.to_dense(xp) if type(d) is SparseRows else d
     return out

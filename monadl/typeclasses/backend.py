@@ -136,6 +136,15 @@ def device_of(x: object) -> object:
     return getattr(x, "device", "cpu")
 
 
+def indices_in(xp: Any, indices: Any) -> Any:
+    """Index array ``indices`` in namespace ``xp``: ops keep their indices on the host, as NumPy
+    arrays (to stack the indices of merged calls, and to check their range), and a table of
+    another namespace (a CuPy array on a GPU, array-api-strict) takes only its own arrays."""
+    if xp is np or type(indices) is not np.ndarray:
+        return indices
+    return xp.asarray(indices)
+
+
 def minus_zeros(xp: Any, shape: tuple[int, ...], dtype: Any) -> Any:
     """An array of -0.0, to sum deltas into: -0.0 is the exact identity of addition, where 0.0 is
     not (``0.0 + -0.0`` is ``0.0``), so an element given one delta holds that delta as it is, a

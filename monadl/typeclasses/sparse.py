@@ -147,7 +147,7 @@ class SparseRows:
         return dense if dtype is None else dense.astype(dtype)
 
     def __repr__(self) -> str:
-        return f"SparseRows(rows={len(self.indices)}, shape={self.shape}, dtype={self.dtype})"
+        return f"SparseRows(rows={self.indices.shape[0]}, shape={self.shape}, dtype={self.dtype})"
 
 
 def add(a: Any, b: Any) -> Any:
