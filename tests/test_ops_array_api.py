@@ -200,7 +200,8 @@ def test_minus_zeros_are_negative_zeros_on_numpy_and_strict(shape: tuple[int, ..
 
 def _tree_loss(asarray: Any) -> tuple[monadl.FloatLayer, list[monadl.ArrayWeight]]:
     """A batch of complete binary trees of a ``@batchable`` cell over word lookups (Python int ids,
-    as a Tree-LSTM's leaves give them): wide enough to be planned, and merged when it is not."""
+    as a Tree-LSTM's leaves give them), with losses of NumPy labels: wide enough to be planned,
+    and merged when it is not."""
     rng = np.random.default_rng(0)
     w = monadl.ArrayWeight(asarray(rng.normal(size=(4, 4))))
     b = monadl.ArrayWeight(asarray(rng.normal(size=(4,))))
@@ -216,7 +217,9 @@ def _tree_loss(asarray: Any) -> tuple[monadl.FloatLayer, list[monadl.ArrayWeight
         return cell(tree(depth - 1, 2 * i), tree(depth - 1, 2 * i + 1))
 
     roots = [tree(3, k) for k in range(6)]
-    return monadl.add_n([monadl.sum(r * r) for r in roots]), [w, b, table]
+    # a loss at every root, of NumPy labels (as a Tree-LSTM gives them) whatever the logits' namespace
+    losses = [monadl.sum(r * r) + monadl.cross_entropy(r, np.asarray(k % 4)) for k, r in enumerate(roots)]
+    return monadl.add_n(losses), [w, b, table]
 
 
 MODES = {

@@ -51,7 +51,7 @@ from monadl.dsl.primitives import Primitive
 from monadl.dsl.straight import _WEIGHT_FORWARD, Program, run_backward
 from monadl.tape.batch import float_key, stack_values, value_key
 from monadl.tape.tape import Tape
-from monadl.typeclasses.backend import indices_in, namespace
+from monadl.typeclasses.backend import host_in, namespace
 from monadl.typeclasses.sparse import scatter_add
 
 _LEAF, _OP, _CALL, _PROJECTION = range(4)
@@ -568,7 +568,7 @@ def _gather_forward(xp: Any, *tables: Any, positions: Any, rows: Any, unique: An
         return out
     # The array API assigns to no index array: the tables' rows one after another, then put in
     # place by one take (the positions are a permutation of the result's rows).
-    parts = [xp.take(t, indices_in(xp, which), axis=0) for t, which in zip(tables, rows, strict=True)]
+    parts = [xp.take(t, host_in(xp, which), axis=0) for t, which in zip(tables, rows, strict=True)]
     order = np.argsort(np.concatenate(positions), kind="stable")
     return xp.take(xp.concat(parts, axis=0) if len(parts) > 1 else parts[0], xp.asarray(order), axis=0)
 
@@ -578,8 +578,8 @@ def _gather_vjp(j: int) -> Any:
         table = tables[j]
         g = xp.zeros(table.shape, dtype=d.dtype)
         if xp is not np:  # the array API assigns to no index array
-            picked = xp.take(d, indices_in(xp, positions[j]), axis=0)
-            return scatter_add(xp, g, indices_in(xp, rows[j]), picked)
+            picked = xp.take(d, host_in(xp, positions[j]), axis=0)
+            return scatter_add(xp, g, host_in(xp, rows[j]), picked)
         if unique[j]:
             g[rows[j]] = d[positions[j]]
             return g

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from monadl.typeclasses.backend import FLOATS, ShapeError, indices_in, minus_zeros, shape_of, unbroadcast
+from monadl.typeclasses.backend import FLOATS, ShapeError, host_in, minus_zeros, shape_of, unbroadcast
 from monadl.typeclasses.sparse import SparseRows
 
 Rule = Callable[..., Any]
@@ -326,7 +326,7 @@ def _scatter_rows(xp: Any, table: Any, indices: Any, d: Any) -> SparseRows:
     """The delta of ``take(table, indices, axis=0)``: the rows of ``d`` at ``indices``, as a
     :class:`~monadl.typeclasses.sparse.SparseRows` (no dense table: repeated indices add when it
     is summed or densified)."""
-    flat = xp.reshape(indices_in(xp, indices), (-1,))
+    flat = xp.reshape(host_in(xp, indices), (-1,))
     rows = xp.reshape(d, (flat.shape[0], *table.shape[1:]))
     return SparseRows(flat, rows, table.shape)
 
@@ -358,7 +358,7 @@ def _check_take_merged(inputs: tuple[Any, ...], merged: dict[str, Any], calls: l
 take_rows = Primitive(
     "take_rows",
     lambda xp, table, indices: xp.reshape(
-        xp.take(table, xp.reshape(indices_in(xp, indices), (-1,)), axis=0),
+        xp.take(table, xp.reshape(host_in(xp, indices), (-1,)), axis=0),
         tuple(indices.shape) + tuple(table.shape[1:]),
     ),
     (lambda xp, d, o, table, indices: _scatter_rows(xp, table, indices, d),),
@@ -549,6 +549,7 @@ log_softmax = Primitive(
 
 def _targets(xp: Any, logits: Any, targets: Any, labels: tuple[int, int] | None) -> Any:
     """One-hot (or soft) targets of ``logits``' shape, from probabilities or integer labels."""
+    targets = host_in(xp, targets)  # labels made NumPy arrays, logits on a GPU
     if labels is not None:
         classes = xp.arange(logits.shape[-1])
         return xp.astype(xp.expand_dims(targets, axis=-1) == classes, logits.dtype)

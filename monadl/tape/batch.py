@@ -24,7 +24,7 @@ import numpy as np
 from monadl.do.do import KERNEL_MAP, MAP, UNIT, Bind, Do, PrivateBind
 from monadl.tape.shared import SharedTape
 from monadl.tape.tape import Tape
-from monadl.typeclasses.backend import minus_zeros
+from monadl.typeclasses.backend import host_in, minus_zeros
 from monadl.typeclasses.sparse import SparseRows, scatter_add
 
 GroupBackward = Callable[[list[list[Do[Any]] | None]], Do[None]]
@@ -175,6 +175,8 @@ def _gather(
 ) -> Any:
     n = len(indices)
     size = like.shape[0]
+    if xp is not np:  # the deltas of float rows (a loss per row) are NumPy: floats are the host's
+        values = tuple([host_in(xp, v) for v in values])
     if n == 1 and not loose_owners:
         members, rows = indices[0]
         if members == rows == list(range(size)) and values[0].shape[0] == size:  # all its rows, in order

@@ -136,13 +136,14 @@ def device_of(x: object) -> object:
     return getattr(x, "device", "cpu")
 
 
-def indices_in(xp: Any, indices: Any) -> Any:
-    """Index array ``indices`` in namespace ``xp``: ops keep their indices on the host, as NumPy
-    arrays (to stack the indices of merged calls, and to check their range), and a table of
-    another namespace (a CuPy array on a GPU, array-api-strict) takes only its own arrays."""
-    if xp is np or type(indices) is not np.ndarray:
-        return indices
-    return xp.asarray(indices)
+def host_in(xp: Any, a: Any) -> Any:
+    """``a``, an array an op keeps on the host (NumPy: a lookup's indices, a loss's labels), as an
+    array of namespace ``xp``. Ops keep them on the host to stack the ones of merged calls and to
+    check their range, and a table or logits of another namespace (a CuPy array on a GPU,
+    array-api-strict) take only arrays of their own."""
+    if xp is np or type(a) is not np.ndarray:
+        return a
+    return xp.asarray(a)
 
 
 def minus_zeros(xp: Any, shape: tuple[int, ...], dtype: Any) -> Any:
