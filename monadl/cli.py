@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 
-def _number(text: str, kind: type[int] | type[float]) -> int | float:
+def _parsed(text: str, kind: type[int] | type[float], fits: Callable[[float], bool], wanted: str) -> float:
+    """``text`` as a number of ``kind``, which must fit (else argparse's error saying what is wanted)."""
     try:
         value = kind(text)
     except ValueError:
@@ -19,36 +21,26 @@ def _number(text: str, kind: type[int] | type[float]) -> int | float:
         ) from None
     if kind is float and not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    if not fits(value):
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got {text}")
     return value
 
 
 def positive_int(text: str) -> int:
     """An integer of at least 1 (a count, a size)."""
-    value = int(_number(text, int))
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
+    return int(_parsed(text, int, lambda v: v >= 1, "a positive integer"))
 
 
 def non_negative_int(text: str) -> int:
     """An integer of at least 0 (a seed, warm-up steps)."""
-    value = int(_number(text, int))
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer of at least 0, got {text}")
-    return value
+    return int(_parsed(text, int, lambda v: v >= 0, "an integer of at least 0"))
 
 
 def positive_float(text: str) -> float:
     """A finite number above 0 (a learning rate)."""
-    value = float(_number(text, float))
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text}")
-    return value
+    return _parsed(text, float, lambda v: v > 0, "a number above 0")
 
 
 def non_negative_float(text: str) -> float:
     """A finite number of at least 0 (a weight decay)."""
-    value = float(_number(text, float))
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {text}")
-    return value
+    return _parsed(text, float, lambda v: v >= 0, "a number of at least 0")
