@@ -7,6 +7,7 @@ type is a ``TypeError`` as soon as the expression is built.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -371,3 +372,49 @@ def test_numpy_integers_are_static_parameters_like_ints() -> None:
     )
     concatenated = untyped.concatenate([x, x], axis=np.int64(1)).predict_blocking().unwrap()
     np.testing.assert_array_equal(concatenated, np.concatenate([x, x], axis=1))
+
+
+# ------------------------------------------------------------------ float arithmetic is IEEE's
+
+_FLOAT_CASES: list[tuple[str, Callable[[Any], Any], Callable[[Any], Any], float]] = [
+    # (name, the expression on a float layer, the same on a NumPy array, the float)
+    ("1 / 0", lambda s: 1.0 / s, lambda a: 1.0 / a, 0.0),
+    ("-1 / 0", lambda s: -1.0 / s, lambda a: -1.0 / a, 0.0),
+    ("0 / 0", lambda s: s / s, lambda a: a / a, 0.0),
+    ("negative ** 0.5", lambda s: s**0.5, lambda a: a**0.5, -2.0),
+    ("0 ** -1", lambda s: s**-1.0, lambda a: a**-1.0, 0.0),
+    ("overflow", lambda s: s**400.0, lambda a: a**400.0, 10.0),
+    ("exp overflow", monadl.exp, np.exp, 1000.0),
+    ("log 0", monadl.log, np.log, 0.0),
+    ("sqrt negative", monadl.sqrt, np.sqrt, -1.0),
+]
+
+
+@pytest.mark.parametrize(
+    ("expression", "build", "on_array", "at"), _FLOAT_CASES, ids=[c[0] for c in _FLOAT_CASES]
+)
+@pytest.mark.parametrize("batching", [False, True])
+def test_a_float_layer_computes_as_an_array_of_one_element(
+    expression: str, build: Callable[[Any], Any], on_array: Callable[[Any], Any], at: float, batching: bool
+) -> None:
+    # Python's floats raise ZeroDivisionError or OverflowError, or turn complex, where NumPy gives
+    # inf or nan: a FloatLayer gives what the array does, a float, whichever way it runs.
+    with np.errstate(all="ignore"):
+        expected = float(on_array(np.asarray([at]))[0])
+    assert not math.isfinite(expected)  # so that a sum of nine of them is the same
+    executor = monadl.Executor(batching=batching, planning=False)  # merged as it runs, or not at all
+    weight = FloatWeight(at)
+    layer = build(weight)
+    if batching:  # nine calls merged: the rows of one array (of nine values computed from the weight)
+        layer = monadl.add_n([build(weight * 1.0) for _ in range(9)])
+    with np.errstate(all="ignore"):  # merged, the rows are an array: NumPy's warnings
+        value = layer.predict_blocking(executor=executor).unwrap()
+    assert type(value) is float
+    np.testing.assert_equal(value, expected)
+    assert (executor.stats.merged > 0) == batching
+
+
+def test_the_gradient_of_a_float_at_a_pole_is_that_of_the_array() -> None:
+    weight = FloatWeight(0.0)
+    _, gradients = monadl.compute_gradients(monadl.sqrt(weight) + 1.0)  # d sqrt(x) / dx = 0.5 / sqrt(x)
+    assert type(gradients[weight]) is float and gradients[weight] == np.inf

@@ -4,6 +4,7 @@ class and the synthetic generator. Every file is small and written under pytest'
 
 from __future__ import annotations
 
+import gzip
 import io
 import itertools
 import os
@@ -349,3 +350,48 @@ def test_extracted_corrupt_member_is_named(tmp_path: Path) -> None:
     with pytest.raises(CifarFormatError) as e:
         open_cifar100(archive, cache_dir=tmp_path / "cache")
     assert str(tmp_path / "cache" / "cifar-100-binary" / "train.bin") in str(e.value)
+
+
+def _uncompressed_gzip_tar(path: Path, members: dict[str, bytes]) -> Path:
+    """A .tar.gz whose deflate blocks are stored (level 0), so a byte of a member's data is a byte
+    of the file: corrupting it leaves a readable tar with wrong data and a wrong CRC."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    path.write_bytes(gzip.compress(buffer.getvalue(), compresslevel=0))
+    return path
+
+
+def test_archive_with_corrupt_compressed_data_is_refused(tmp_path: Path, synth_dir: Path) -> None:
+    train = (synth_dir / "train.bin").read_bytes()
+    archive = _uncompressed_gzip_tar(tmp_path / "a.tar.gz", {"cifar-100-binary/train.bin": train})
+    data = bytearray(archive.read_bytes())
+    pixel = data.index(train[1000:1100]) + 50  # a pixel byte: the labels' check cannot see it
+    data[pixel] ^= 0xFF
+    archive.write_bytes(bytes(data))
+    with pytest.raises(CifarFormatError, match="CRC check failed") as e:
+        open_cifar100(archive, cache_dir=tmp_path / "cache")
+    assert str(archive) in str(e.value)
+    assert not list((tmp_path / "cache").rglob("*.bin"))  # nothing extracted
+
+
+def test_extraction_is_redone_for_another_archive_of_the_same_sizes(tmp_path: Path, synth_dir: Path) -> None:
+    train = (synth_dir / "train.bin").read_bytes()
+    other = bytearray(train)
+    other[2:RECORD_BYTES] = bytes(RECORD_BYTES - 2)  # the first record's pixels: black
+    archive = make_archive(tmp_path / "a.tar.gz", {"cifar-100-binary/train.bin": train})
+    cache = tmp_path / "cache"
+    first = extract_cifar100(archive, cache)["train.bin"]
+    assert first.read_bytes() == train
+    stamp = cache / ".a.tar.gz.extracted.json"
+    assert stamp.is_file()
+    modified = first.stat().st_mtime_ns
+    assert extract_cifar100(archive, cache)["train.bin"].stat().st_mtime_ns == modified  # reused
+    make_archive(archive, {"cifar-100-binary/train.bin": bytes(other)})  # replaced, same sizes
+    os.utime(archive, ns=(archive.stat().st_atime_ns, archive.stat().st_mtime_ns + 10**9))
+    assert extract_cifar100(archive, cache)["train.bin"].read_bytes() == bytes(other)
+    stamp.write_text("{not json")  # a stamp that cannot be read: extracted again, not an error
+    assert extract_cifar100(archive, cache)["train.bin"].read_bytes() == bytes(other)

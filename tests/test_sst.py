@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from monadl.data.sst import (
+    _TOKENS,
     SST_SPLIT_SIZES,
     SstFormatError,
     SyntheticLexicon,
@@ -446,3 +448,37 @@ def test_real_sst_words_and_vocabulary(sst: Treebank) -> None:
     assert 0.0 < v.unknown_rate(sst["dev"]) < 0.1
     e = encode(sst["dev"][0], v)
     assert e.label[e.root] == sst["dev"][0].label and e.height[e.root] == sst["dev"][0].height()
+
+
+# The leaf token as it was before it was made possessive (quadratic on a long unclosed leaf: a lazy
+# word rescanned the run of spaces after it at every character). The tokens must be the same.
+_LAZY_TOKENS = re.compile(
+    r"\([ \t]*([^ \t()]+)[ \t]+([^ \t()][^()]*?)[ \t]*\)[ \t]*"
+    r"|\([ \t]*([^ \t()]*)[ \t]*"
+    r"|\)[ \t]*|[ \t]+|[^()]+"
+)
+
+
+@settings(max_examples=500)
+@given(st.text(alphabet="()  \t\u00a02ab-", max_size=40))
+def test_the_tokens_are_those_of_the_lazy_leaf_pattern(text: str) -> None:
+    def tokens(pattern: re.Pattern[str]) -> list[tuple[object, ...]]:
+        return [(m.span(), m.lastindex, m.groups()) for m in pattern.finditer(text)]
+
+    assert tokens(_TOKENS) == tokens(_LAZY_TOKENS)
+
+
+def test_a_long_unclosed_leaf_is_an_error_naming_its_line() -> None:
+    with pytest.raises(SstFormatError, match="line 1"):
+        parse_tree("(2 a" + " " * 100_000 + "b")
+
+
+@pytest.mark.parametrize("label", [7, -1, 2.5, True, "x"])
+def test_a_label_sst_cannot_hold_is_refused_when_written(tmp_path: Path, label: object) -> None:
+    bad = Tree(label, left=Tree(2, word="a"), right=Tree(3, word="b"))  # type: ignore[arg-type]
+    path = tmp_path / "trees.txt"
+    path.write_text("(2 kept)\n")
+    with pytest.raises(ValueError, match=re.escape(f"the label {label!r} cannot be written")):
+        write_trees([Tree(1, word="fine"), bad], path)
+    assert path.read_text() == "(2 kept)\n"  # nothing of the failed write
+    assert format_tree(Tree(np.int64(4), word="ok")) == "(4 ok)"  # type: ignore[arg-type]

@@ -64,6 +64,7 @@ from monadl import (
     train_blocking,
 )
 from monadl.cli import positive_int
+from monadl.data.files import atomic_write_bytes
 from monadl.typeclasses.backend import Array
 
 LEARNING_RATE = 1e-8
@@ -838,6 +839,7 @@ def run_cli(args: argparse.Namespace) -> int:
     )
     print(format_table(report))
     if args.json is not None:
-        args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(args.json, (json.dumps(report.to_json(), indent=2) + "\n").encode())
         print(f"JSON written to {args.json}")
     return 0

@@ -18,6 +18,7 @@ synthetic data set. Every data set says which data it is with ``describe()`` (al
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import shutil
 import tarfile
@@ -344,9 +345,10 @@ def extract_cifar100(archive: StrPath, cache_dir: StrPath | None = None) -> dict
     """Extract the ``.bin`` members of a CIFAR-100 binary archive; return them by file name.
 
     They go under ``cache_dir`` (default: the archive's directory) with their paths in the archive, as
-    ``tar xzf`` would put them; files already there with the member's size are reused. Extraction uses
-    tarfile's 'data' filter, each file lands atomically, and an archive with a member that would escape
-    the directory (absolute path, '..', a link) is refused with ``CifarFormatError``.
+    ``tar xzf`` would put them; they are reused while the archive is the one they came from (its size
+    and modification time, in a stamp beside them). Extraction uses tarfile's 'data' filter, each file
+    lands atomically, and an archive with a member that would escape the directory (absolute path,
+    '..', a link), or whose compressed data fails its checksum, is refused with ``CifarFormatError``.
     """
     archive = Path(archive)
     dest = Path(cache_dir) if cache_dir is not None else archive.parent
@@ -355,6 +357,11 @@ def extract_cifar100(archive: StrPath, cache_dir: StrPath | None = None) -> dict
     try:
         with tarfile.open(archive, "r:*") as tar:
             members = tar.getmembers()
+            # gzip, bz2 and xz check their checksum only at the end of the stream, and tarfile stops
+            # reading at the tar's end-of-archive block: without this, a corrupt byte in a member's
+            # pixels would be extracted silently (only the labels are validated).
+            while tar.fileobj is not None and tar.fileobj.read(1 << 20):
+                pass
             for m in members:
                 _safe_member_name(archive, m.name)
             bins = [m for m in members if PurePosixPath(m.name).name.endswith(".bin")]
@@ -369,12 +376,19 @@ def extract_cifar100(archive: StrPath, cache_dir: StrPath | None = None) -> dict
                     )
                 seen[base] = m.name
             dest.mkdir(parents=True, exist_ok=True)
+            stamp_path = dest / f".{archive.name}.extracted.json"
+            stamp = _stamp(archive, bins)
+            fresh = _read_stamp(stamp_path) == stamp and all(
+                (dest / m.name).is_file() and (dest / m.name).stat().st_size == m.size for m in bins
+            )
             out: dict[str, Path] = {}
             for m in bins:
                 target = dest / m.name
-                if not (target.is_file() and target.stat().st_size == m.size):
+                if not fresh:
                     _extract_member(archive, tar, m, dest, target)
                 out[PurePosixPath(m.name).name] = target
+            if not fresh:
+                atomic_write_bytes(stamp_path, json.dumps(stamp).encode())
             return out
     except (
         tarfile.ReadError,
@@ -382,9 +396,33 @@ def extract_cifar100(archive: StrPath, cache_dir: StrPath | None = None) -> dict
         tarfile.HeaderError,
         EOFError,
         zlib.error,
+        lzma.LZMAError,
         BadGzipFile,
     ) as e:
         raise CifarFormatError(f"{archive}: not a readable tar archive ({type(e).__name__}: {e})") from e
+    except OSError as e:  # bz2's corrupt data ("Invalid data stream"), or the archive unreadable
+        if isinstance(e, FileNotFoundError | PermissionError):
+            raise
+        raise CifarFormatError(f"{archive}: not a readable tar archive ({type(e).__name__}: {e})") from e
+
+
+def _stamp(archive: Path, bins: list[tarfile.TarInfo]) -> dict[str, Any]:
+    """What identifies an extraction: the archive (its path, size and modification time) and its
+    members' sizes."""
+    st = archive.stat()
+    return {
+        "archive": str(archive.resolve()),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "members": {m.name: m.size for m in bins},
+    }
+
+
+def _read_stamp(path: Path) -> Any:
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):  # none, or unreadable: extract again
+        return None
 
 
 def _extract_member(

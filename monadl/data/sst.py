@@ -85,8 +85,11 @@ class SstFormatError(ValueError):
 # '(label' that opens an inner node; None, anything else, by its first character: ')', a run of
 # spaces, or stray text (everything up to the next parenthesis). A token swallows the spaces after it.
 # Only ASCII spaces and tabs separate tokens: SST has words with a non-breaking space inside (U+00A0).
+# A leaf's word is runs of other characters joined by spaces, matched possessively: a lazy word
+# followed by ``[ \t]*\)`` would rescan a run of spaces at every character, quadratic on a long
+# unclosed leaf.
 _TOKENS: Final = re.compile(
-    r"\([ \t]*([^ \t()]+)[ \t]+([^ \t()][^()]*?)[ \t]*\)[ \t]*"
+    r"\([ \t]*([^ \t()]+)[ \t]+([^ \t()]+(?:[ \t]+[^ \t()]+)*+)[ \t]*+\)[ \t]*"
     r"|\([ \t]*([^ \t()]*)[ \t]*"
     r"|\)[ \t]*|[ \t]+|[^()]+"
 )
@@ -241,7 +244,13 @@ def format_tree(tree: Tree) -> str:
         item = stack.pop()
         if isinstance(item, str):
             parts.append(item)
-        elif item.word is not None:
+            continue
+        label = item.label
+        if isinstance(label, bool) or not isinstance(label, int | np.integer) or not 0 <= label < NUM_LABELS:
+            raise ValueError(
+                f"the label {label!r} cannot be written: SST's labels are the integers 0..{NUM_LABELS - 1}"
+            )
+        if item.word is not None:
             if not _WORD.fullmatch(item.word):
                 raise ValueError(
                     f"the word {item.word!r} cannot be written in the bracketed format: it must be "

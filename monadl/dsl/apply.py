@@ -27,6 +27,7 @@ from monadl.tape.batch import BatchGroup, release_member
 from monadl.tape.shared import SharedTape, _current_step
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import (
+    FLOATS,
     ShapeError,
     check_float_array,
     device_of,
@@ -144,6 +145,12 @@ def forward_data(prim: Primitive, params: dict[str, Any], datas: tuple[Any, ...]
     except ValueError as e:
         shapes = " and ".join(str(shape_of(d)) for d in datas)
         raise ShapeError(f"{prim.name}: operands of shapes {shapes} do not fit: {e}") from e
+    except ArithmeticError:  # a float divided by zero, or overflowing: an array gives inf or nan
+        if xp is not FLOATS:
+            raise
+        out = _as_float_arrays(prim.forward, (), datas, params)
+    if type(out) is complex:  # a negative float to a fractional power: an array gives nan
+        out = _as_float_arrays(prim.forward, (), datas, params)
     saved = None
     if prim.saves:
         out, saved = out
@@ -166,12 +173,36 @@ def input_delta(
     deltas only (not a ``SparseRows``)."""
     if type(delta) is SparseRows:  # this op's output was looked up (take_rows): the rules want dense
         delta = delta.to_dense(xp)
-    g = prim.vjps[i](xp, delta, saved, *datas, **params)
+    try:
+        g = prim.vjps[i](xp, delta, saved, *datas, **params)
+    except ArithmeticError:  # as in forward_data: floats as arrays compute them
+        if xp is not FLOATS:
+            raise
+        g = _as_float_arrays(prim.vjps[i], (delta, saved), datas, params)
+    if type(g) is complex:
+        g = _as_float_arrays(prim.vjps[i], (delta, saved), datas, params)
     if prim.broadcasts:
         g = unbroadcast(xp, g, datas[i])
     elif type(g) is SparseRows and dense:
         g = g.to_dense(xp)
     return np.asarray(g) if isinstance(g, np.generic) else g
+
+
+def _as_float_arrays(
+    rule: Any, first: tuple[Any, ...], datas: tuple[Any, ...], params: dict[str, Any]
+) -> Any:
+    """``rule`` on Python floats computed as 0-d float64 arrays compute it (IEEE: ``1 / 0`` is inf,
+    ``(-1) ** 0.5`` nan, without a warning), where Python's own float arithmetic raises (division
+    by zero, overflow) or gives a complex number; so a ``FloatLayer`` gives what an array of one
+    element gives, and the op's result stays a float."""
+    as_array = [np.float64(v) if type(v) is float else v for v in (*first, *datas)]
+    with np.errstate(all="ignore"):
+        out = rule(np, *as_array, **params)
+    return tuple(_plain(o) for o in out) if type(out) is tuple else _plain(out)
+
+
+def _plain(value: Any) -> Any:
+    return float(value) if isinstance(value, np.generic | np.ndarray) and np.ndim(value) == 0 else value
 
 
 def _check_devices(name: str, datas: Sequence[Any]) -> None:
