@@ -335,6 +335,10 @@ untyped: Any = monadl  # the ops called with arguments their annotations reject
             "mean: keepdims must be a bool, got NoneType None",
         ),
         (lambda x: untyped.softmax(x, axis="a"), "softmax: axis must be an int, got str 'a'"),
+        (
+            lambda x: untyped.mean(x, keepdims=True),
+            "mean: keepdims=True needs an axis (over all axes, the mean is a float)",
+        ),
         (lambda x: untyped.log_softmax(x, axis=0.5), "log_softmax: axis must be an int, got float 0.5"),
         (lambda x: untyped.concatenate([x, x], axis="0"), "concatenate: axis must be an int, got str '0'"),
         (lambda x: untyped.reshape(x, "ab"), "reshape: shape must be a sequence of ints, got str 'ab'"),

@@ -945,3 +945,58 @@ def test_a_sums_delta_of_minus_zero_reaches_its_input_as_minus_zero(batching: bo
         gradients = ml.compute_gradients(loss, executor=ml.Executor(batching=batching, planning=planning))[1]
         for x in xs:
             assert np.all(np.signbit(gradients[x])), (planning, gradients[x])
+
+
+# ----------------------------------------- graphs that must not merge the way their rows suggest
+
+_EXECUTORS: dict[str, Callable[[], ml.Executor]] = {
+    "planned": ml.Executor,
+    "merged as it runs": lambda: ml.Executor(planning=False),
+    "unbatched": lambda: ml.Executor(batching=False, planning=False),
+}
+
+
+def _shared_operand_computed(
+    rng: np.random.Generator,
+) -> tuple[FloatLayer, list[Any], Callable[[float], float]]:
+    # matmul's b and take_rows' table must be one value for all merged calls: here each call's is
+    # its own row of a computed group (a weight times a matrix), so the calls must not merge.
+    a, x = rng.standard_normal((16, 3, 3)), rng.standard_normal((16, 3))
+    s = FloatWeight(0.5)
+    terms = [ml.sum(x[i] @ (ml.lift_array(a[i]) * s)) for i in range(16)]
+    terms += [ml.sum(ml.take_rows(ml.lift_array(a[i]) * s, [0, 2])) for i in range(16)]
+    value = lambda v: sum(float((x[i] @ (a[i] * v)).sum() + (a[i][[0, 2]] * v).sum()) for i in range(16))
+    return ml.add_n(terms), [s], value
+
+
+def _stacked_weight(rng: np.random.Generator) -> tuple[FloatLayer, list[Any], Callable[[float], float]]:
+    # a weight of three axes (a stack of matrices): rows stacked on a new first axis would meet its own
+    x = rng.standard_normal((16, 2, 4))
+    w = ArrayWeight(rng.standard_normal((16, 4, 5)))
+    scale = FloatWeight(1.0)
+    terms = [ml.sum(ml.tanh(x[i] @ w * scale)) for i in range(16)]
+    value = lambda v: sum(float(np.tanh(x[i] @ w.data * v).sum()) for i in range(16))
+    return ml.add_n(terms), [scale], value
+
+
+@pytest.mark.parametrize("graph", [_shared_operand_computed, _stacked_weight])
+@pytest.mark.parametrize("mode", _EXECUTORS)
+def test_every_mode_computes_what_numpy_does(
+    graph: Callable[[np.random.Generator], tuple[FloatLayer, list[Any], Callable[[float], float]]], mode: str
+) -> None:
+    loss, (weight,), value = graph(np.random.default_rng(0))
+    computed, gradients = ml.compute_gradients(loss, executor=_EXECUTORS[mode]())
+    assert computed == pytest.approx(value(weight.data), rel=1e-12)
+    step = 1e-6  # the float weight's gradient by central differences
+    numeric = (value(weight.data + step) - value(weight.data - step)) / (2 * step)
+    assert gradients[weight] == pytest.approx(numeric, rel=1e-6)
+
+
+@pytest.mark.parametrize("mode", _EXECUTORS)
+@pytest.mark.parametrize("op", [ml.sum, ml.mean])
+def test_an_out_of_range_axis_fails_in_every_mode(mode: str, op: Callable[..., ArrayLayer]) -> None:
+    w = ArrayWeight(np.ones((3, 2)))
+    loss = ml.add_n([ml.sum(op(w * float(i), axis=-3)) for i in range(40)])  # merged: a row axis
+    result = loss.predict_blocking(executor=_EXECUTORS[mode]())
+    assert isinstance(result, Failure)
+    assert str(result.failure()) == f"{op.__name__}: axis -3 is out of range for shape (3, 2)"

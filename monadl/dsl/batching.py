@@ -58,6 +58,8 @@ class OpBatcher:
         key = signature_start(prim, tape.params)
         if spec is None or key is None:
             return None
+        if spec.mergeable is not None and not spec.mergeable(*[t.data for t in tape.inputs]):
+            return None
         rows = bool(spec.rows)  # whether anything is stacked: calls of shared values only do not merge
         shared = spec.shared
         may_share = spec.elementwise

@@ -292,9 +292,13 @@ class _Plan:
         key = signature_start(prim, build.params)
         if spec is None or key is None or prim.name in _SPECIAL:
             return None
+        if spec.mergeable is not None and not spec.mergeable(*[_data(v) for v in inputs]):
+            return None
         stacked = bool(spec.rows)  # a call of shared values only runs on its own
         for i, v in enumerate(inputs):
             if type(v) is _Row:
+                if i in spec.shared:  # a row where one value must serve all calls (matmul's b)
+                    return None
                 key.append(v.group.row_key)
                 stacked = True
                 continue

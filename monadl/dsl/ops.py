@@ -197,6 +197,8 @@ def sum(x: AnyArray, axis: int | tuple[int, ...], *, keepdims: bool = False) -> 
 def sum(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLayer | ArrayLayer:
     """Sum of all elements (a ``FloatLayer``), or along ``axis`` (an ``ArrayLayer``)."""
     if axis is None:
+        if _flag("sum", "keepdims", keepdims):
+            raise TypeError("sum: keepdims=True needs an axis (over all axes, the sum is a float)")
         return apply_float(P.sum_, x)
     return apply_array(P.sum_, x, axis=_axis("sum", axis), keepdims=_flag("sum", "keepdims", keepdims))
 
@@ -222,6 +224,8 @@ def mean(x: AnyArray, axis: int | tuple[int, ...], *, keepdims: bool = False) ->
 def mean(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLayer | ArrayLayer:
     """Mean of all elements (a ``FloatLayer``), or along ``axis`` (an ``ArrayLayer``)."""
     if axis is None:
+        if _flag("mean", "keepdims", keepdims):
+            raise TypeError("mean: keepdims=True needs an axis (over all axes, the mean is a float)")
         return apply_float(P.mean, x)
     return apply_array(P.mean, x, axis=_axis("mean", axis), keepdims=_flag("mean", "keepdims", keepdims))
 

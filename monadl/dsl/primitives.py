@@ -84,6 +84,10 @@ class Batching:
     (default: all of them)."""
     fan: FanOut | None = None
     """How calls that merged with nothing else merge when they share an input (None: they do not)."""
+    mergeable: Callable[..., bool] | None = None
+    """Whether a call may merge, given its inputs' data (default: always), for an op whose
+    stacked rows would mean something else: ``matmul`` with a ``b`` of more than two axes, whose
+    own leading axes would meet the rows' axis."""
     check_merged: Callable[[tuple[Any, ...], dict[str, Any], list[dict[str, Any]]], None] | None = None
     """One check for merged calls of one signature, instead of each call's ``check`` (for ops with
     ``rows``, whose calls' values differ): given the first call's inputs, the merged parameters
@@ -225,12 +229,32 @@ relu = _elementwise("relu", lambda xp, x: xp.maximum(x, 0.0), (_relu_vjp,))
 
 # ------------------------------------------------------------------------------------ reductions
 
+
+def _check_axes(name: str) -> Callable[..., None]:
+    """A reduction's check: every axis within the operand's rank, none twice. (Merged calls shift
+    their axes past the rows' axis, where an out-of-range negative axis would be the rows'.)"""
+
+    def check(x: Any, axis: Any = None, keepdims: bool = False) -> None:
+        if axis is None:
+            return
+        rank = 0 if type(x) is float else x.ndim
+        axes = axis if type(axis) is tuple else (axis,)
+        for a in axes:
+            if not -rank <= a < rank:
+                raise ShapeError(f"{name}: axis {a} is out of range for shape {shape_of(x)}")
+        if len({a % rank for a in axes}) != len(axes):
+            raise ShapeError(f"{name}: axes {axis} repeat an axis of shape {shape_of(x)}")
+
+    return check
+
+
 sum_ = Primitive(
     "sum",
     lambda xp, x, axis=None, keepdims=False: _reduce(
         xp, xp.sum(x, axis=axis, keepdims=keepdims), axis, keepdims
     ),
     (lambda xp, d, o, x, axis=None, keepdims=False: _expand_to(xp, d, x, axis, keepdims),),
+    check=_check_axes("sum"),
     batch=Batching(axis=True, scalar="reduce"),
 )
 mean = Primitive(
@@ -239,6 +263,7 @@ mean = Primitive(
         xp, xp.sum(x, axis=axis, keepdims=keepdims) / _count(x, axis), axis, keepdims
     ),
     (lambda xp, d, o, x, axis=None, keepdims=False: _expand_to(xp, d / _count(x, axis), x, axis, keepdims),),
+    check=_check_axes("mean"),
     batch=Batching(axis=True, scalar="reduce"),
 )
 
@@ -421,7 +446,7 @@ matmul = Primitive(
     (_matmul_vjp_a, _matmul_vjp_b),
     cost=lambda a, b: float(math.prod(a.shape) * (b.shape[-1] if b.ndim > 1 else 1)),
     check=_check_matmul,
-    batch=Batching(shared=(1,)),
+    batch=Batching(shared=(1,), mergeable=lambda a, b: type(b) is float or b.ndim <= 2),
 )
 
 # ---------------------------------------------------------------------------------------- linear
