@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from batching_check import Gradients, assert_close, gradients_of
 from gradcheck import F64, check_gradients, probe
-from returns.result import Success
+from returns.result import Failure, Success
 
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
@@ -376,3 +376,49 @@ def test_gradients_of_merged_calls_equal_central_finite_differences(batching_exe
     runs = 1 + 2 * (4 * 3 + 3 * 3 + 1)
     assert kinds["plain_gates"] == kinds["plain_with_weight"] == kinds["plain_mix"] == runs, kinds
     assert batching_executor.stats.groups >= 3 * runs
+
+
+# ------------------------------------------------------------ calls that cannot merge as rows
+
+_MODES: dict[str, Callable[[], ml.Executor]] = {
+    "planned": ml.Executor,
+    "merged as it runs": lambda: ml.Executor(planning=False),
+    "unbatched": lambda: ml.Executor(batching=False),
+}
+
+
+@ml.batchable
+def _scaled(a: FloatLayer, x: ArrayLayer) -> ArrayLayer:
+    return x * a  # a float row against a vector row: they broadcast per call, not stacked
+
+
+@pytest.mark.parametrize("mode", _MODES)
+@pytest.mark.parametrize("calls", [4, 5])  # 4 calls of 4-vectors: stacked, they would broadcast wrongly
+def test_calls_whose_rows_differ_in_rank_give_their_own_results(mode: str, calls: int) -> None:
+    s = FloatWeight(1.0)
+    xs = [np.arange(4.0) + i for i in range(calls)]
+    loss = ml.add_n([ml.sum(_scaled(s * float(i), ml.lift_array(xs[i]))) for i in range(calls)])
+    value, gradients = ml.compute_gradients(loss, executor=_MODES[mode]())
+    expected = sum(float(i * xs[i].sum()) for i in range(calls))
+    assert value == pytest.approx(expected, rel=1e-12)
+    assert gradients[s] == pytest.approx(expected, rel=1e-12)  # linear in s, at s = 1
+
+
+@ml.batchable
+def _total(x: ArrayLayer) -> FloatLayer:
+    return ml.sum(ml.tanh(x))  # over every axis: on stacked rows, the rows' axis too
+
+
+@pytest.mark.parametrize("mode", ["planned", "merged as it runs"])
+def test_a_body_that_reduces_the_rows_away_is_named(mode: str) -> None:
+    _total(ml.lift_array(np.zeros(3)))  # its first call learns the result's structure: not a call node
+    loss = ml.add_n([_total(ml.lift_array(np.full(3, float(i)))) for i in range(6)])
+    result = loss.predict_blocking(executor=_MODES[mode]())
+    assert isinstance(result, Failure)
+    assert str(result.failure()) == (
+        "batchable _total: run once on the stacked rows of 6 calls, its body gave result 0 of shape "
+        "float, not 6 rows: the body must keep a leading axis of rows (reduce and concatenate along "
+        "axis=-1, not over every axis)"
+    )
+    unbatched = loss.predict_blocking(executor=_MODES["unbatched"]()).unwrap()  # each call alone: fine
+    assert unbatched == pytest.approx(sum(3 * np.tanh(float(i)) for i in range(6)), rel=1e-12)

@@ -303,3 +303,24 @@ def test_a_gradient_held_elsewhere_is_not_written_into() -> None:
     assert isinstance(ml.sum(apply_array(hold, w)).train_blocking(ml.SGD(0.1)), Success)
     np.testing.assert_array_equal(kept, np.full((2, 2), 0.5))
     np.testing.assert_array_equal(w.data, np.full((2, 2), 0.95))
+
+
+@pytest.mark.parametrize(
+    "optimizer", [ml.SGD(0.1), ml.Momentum(0.1), ml.Adagrad(0.1), ml.Adam(0.1)], ids=repr
+)
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_step_keeps_the_weights_dtype_whatever_the_inputs(optimizer: Any, sparse: bool) -> None:
+    # float64 inputs give a float32 weight a float64 gradient: the weight and its optimizer's
+    # state stay float32, and the update is the float32 weight's (the gradient rounded first).
+    weight = ml.ArrayWeight(np.ones((5, 2), dtype=np.float32))
+    used = ml.take_rows(weight, [1, 2]) if sparse else weight
+    inputs = np.full((2, 2) if sparse else (5, 2), 0.1)  # float64
+    loss = ml.sum(used * inputs)
+    for _ in range(2):  # the second step uses the state the first left
+        assert isinstance(loss.train_blocking(optimizer), Success)
+        assert weight.data.dtype == np.float32
+    assert weight.optimizer_state is not None
+    state = weight.optimizer_state[1]
+    for part in state if isinstance(state, tuple) else (state,):
+        if isinstance(part, np.ndarray):
+            assert part.dtype == np.float32

@@ -46,7 +46,7 @@ from monadl.dsl import primitives as P
 from monadl.dsl.apply import _Build, apply_primitive
 from monadl.dsl.batching import _is_shared, _scalar, check_calls, merged_params, signature_start
 from monadl.dsl.layers import ArrayLayer, FloatLayer
-from monadl.dsl.operation import _Call, _item
+from monadl.dsl.operation import _Call, _item, check_rows, mixed_ranks
 from monadl.dsl.primitives import Primitive
 from monadl.dsl.straight import _WEIGHT_FORWARD, Program, run_backward
 from monadl.tape.batch import float_key, stack_values, value_key
@@ -417,6 +417,8 @@ class _Plan:
     def _call_group(self, members: list[tuple[Any, list[Any]]]) -> tuple[list[Do[Any]], Any]:
         """A batchable operation's body, recorded once on the stacked rows of its calls."""
         first: _Call = members[0][0].f
+        if mixed_ranks([_row_key(v) for v in members[0][1]]):  # equal signatures: the first says for all
+            raise Unsupported("a batchable call whose row arguments differ in rank")
         columns = [self._gather([ins[j] for _, ins in members]) for j in range(len(first.rows))]
         dos = first.forwards(columns)
         structure = first.op.structure
@@ -424,6 +426,9 @@ class _Plan:
         return dos, functools.partial(self._outputs, [node for node, _ in members], structure)
 
     def _outputs(self, nodes: list[Any], structure: Sequence[type], results: list[_Own]) -> None:
+        op = nodes[0].f.op
+        for index, r in enumerate(results):
+            check_rows(op, len(nodes), index, r.data)
         groups = [
             _Group(r.node, r.data, kind is FloatLayer) for r, kind in zip(results, structure, strict=True)
         ]

@@ -44,7 +44,7 @@ from monadl.tape.batch import (
 )
 from monadl.tape.shared import SharedTape, _current_step
 from monadl.tape.tape import Tape
-from monadl.typeclasses.backend import is_array, namespace
+from monadl.typeclasses.backend import ShapeError, is_array, namespace, shape_of
 from monadl.typeclasses.deep_learning import DeepLearning
 from monadl.typeclasses.monoid import SUM
 
@@ -217,7 +217,8 @@ class OperationBatcher:
 
     def signature(self, node: Any) -> Hashable | None:
         call: _Call = node.args[0]
-        return (call.static, *[value_key(t.data) for t in call.tapes])
+        rows = [value_key(t.data) for t in call.tapes]
+        return None if mixed_ranks(rows) else (call.static, *rows)
 
     def name(self, node: Any) -> str:
         call: _Call = node.args[0]
@@ -237,7 +238,7 @@ class OperationBatcher:
         body = first.results([_layer(t) for t in stacked])
         structure = first.op.structure
         assert structure is not None  # learnt by the operation's first call
-        return Bind((body,), functools.partial(_scatter, len(calls), step, structure), MAP)
+        return Bind((body,), functools.partial(_scatter, first.op, len(calls), step, structure), MAP)
 
 
 OPERATION_BATCHER = OperationBatcher()
@@ -278,13 +279,37 @@ class StackTape(SharedTape[Any, Any]):
         return run_unit(parts, private=True)
 
 
+def mixed_ranks(rows: Sequence[Hashable]) -> bool:
+    """Whether a call's row arguments (their ``value_key``s) differ in rank: stacked on a new first
+    axis, a float row against an array row, or a vector against a matrix, would no longer
+    broadcast as they did in the call, so such calls do not merge."""
+    ranks = {0 if r is float else len(r[1]) for r in rows}  # type: ignore[index]
+    return len(ranks) > 1
+
+
+def check_rows(op: Operation[Any, Any], n: int, index: int, data: Any) -> None:
+    """Raises if result ``index`` of ``op``'s body, run on ``n`` calls' stacked rows, is not ``n``
+    rows (a body that reduces over the rows' axis, or reshapes it away)."""
+    if type(data) is float or not data.shape or data.shape[0] != n:
+        raise ShapeError(
+            f"batchable {op.f.__qualname__}: run once on the stacked rows of {n} calls, its body gave "
+            f"result {index} of shape {shape_of(data)}, not {n} rows: the body must keep a leading axis "
+            "of rows (reduce and concatenate along axis=-1, not over every axis)"
+        )
+
+
 def _scatter(
-    n: int, step: Any, structure: tuple[type[Layer], ...], results: tuple[Tape[Any, Any], ...]
+    op: Operation[Any, Any],
+    n: int,
+    step: Any,
+    structure: tuple[type[Layer], ...],
+    results: tuple[Tape[Any, Any], ...],
 ) -> list[tuple[Tape[Any, Any], ...]]:
     """Row k of each of the body's results, as call k's results."""
     columns: list[list[Tape[Any, Any]]] = []
-    for out, kind in zip(results, structure, strict=True):
+    for index, (out, kind) in enumerate(zip(results, structure, strict=True)):
         data = out.data
+        check_rows(op, n, index, data)
         scalar = kind is FloatLayer
         rows_of = [result_row(data, k, scalar) for k in range(n)]
         if not out.requires_delta:

@@ -175,6 +175,7 @@ def _apply(gradients: dict[FloatWeight | ArrayWeight, Any], default: Optimizer |
             state = held[1]
         else:
             state = optimizer.init(weight.data)
+        gradient = _in_dtype_of(gradient, weight.data)
         update_owned = getattr(optimizer, "update_owned", None)
         if update_owned is not None and _handed_over(gradient, weight.data):
             data, state = update_owned(weight.data, gradient, state)
@@ -184,6 +185,21 @@ def _apply(gradients: dict[FloatWeight | ArrayWeight, Any], default: Optimizer |
     for weight, data, state in updates:
         weight.data = freeze(data)
         weight.optimizer_state = state
+
+
+def _in_dtype_of(gradient: Any, data: Any) -> Any:
+    """``gradient`` in the float type of the weight's ``data`` (a float32 weight used with float64
+    inputs gets a float64 gradient), so that a step never changes a weight's dtype, nor that of
+    its optimizer's state."""
+    if type(data) is float:
+        return gradient
+    dtype = data.dtype
+    if getattr(gradient, "dtype", dtype) == dtype:  # the same; or a float (a 0-d weight's delta)
+        return gradient
+    if type(gradient) is SparseRows:
+        xp = namespace(gradient.values)
+        return SparseRows(gradient.indices, xp.astype(gradient.values, dtype), gradient.shape)
+    return namespace(gradient).astype(gradient, dtype)
 
 
 def _handed_over(gradient: Any, data: Any) -> bool:
