@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import io
 import itertools
+import json
 import os
 import tarfile
 from collections import Counter
@@ -395,3 +396,60 @@ def test_extraction_is_redone_for_another_archive_of_the_same_sizes(tmp_path: Pa
     assert extract_cifar100(archive, cache)["train.bin"].read_bytes() == bytes(other)
     stamp.write_text("{not json")  # a stamp that cannot be read: extracted again, not an error
     assert extract_cifar100(archive, cache)["train.bin"].read_bytes() == bytes(other)
+
+
+# --- rewriting synthetic data ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("seed", 1.9), ("seed", 1e400), ("seed", True), ("noise", "x"), ("noise", float("inf"))],
+)
+def test_a_description_of_the_wrong_types_is_malformed(tmp_path: Path, field: str, value: object) -> None:
+    write_synthetic_cifar100(tmp_path, per_fine_class=1, test_per_fine_class=0)
+    sidecar = tmp_path / "synthetic.json"
+    meta = json.loads(sidecar.read_text())
+    meta[field] = "VALUE"
+    # the value as JSON text: 1e400 as written (json.dumps would write Infinity)
+    sidecar.write_text(json.dumps(meta).replace('"VALUE"', "1e400" if value == 1e400 else json.dumps(value)))
+    with pytest.raises(CifarFormatError, match="malformed synthetic-data description"):
+        Cifar100(tmp_path / "train.bin")
+
+
+def test_a_rewrite_without_a_split_removes_it(tmp_path: Path) -> None:
+    write_synthetic_cifar100(tmp_path, per_fine_class=1, test_per_fine_class=2, seed=0)
+    assert (tmp_path / "test.bin").is_file()
+    write_synthetic_cifar100(tmp_path, per_fine_class=1, test_per_fine_class=0, seed=7)
+    assert not (tmp_path / "test.bin").exists()  # else seed 0's test split, taken for the real one
+    assert Cifar100(tmp_path / "train.bin").is_synthetic
+
+
+def test_data_not_written_by_the_generator_is_not_overwritten(tmp_path: Path) -> None:
+    written = write_records(tmp_path / "train.bin", *valid_labels(3))  # the user's own, no sidecar
+    with pytest.raises(FileExistsError, match=r"train\.bin was not written by monadl's synthetic generator"):
+        write_synthetic_cifar100(tmp_path, per_fine_class=1, test_per_fine_class=0)
+    assert (tmp_path / "train.bin").read_bytes() == written.tobytes()
+
+
+def test_an_interrupted_write_is_named_and_a_new_write_finishes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from monadl.data import cifar100
+
+    real = cifar100._write_split
+    written: list[str] = []
+
+    def interrupted(path: Path, *args: object) -> None:
+        if written:  # the second split: as if the process were killed here
+            raise KeyboardInterrupt
+        written.append(path.name)
+        real(path, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cifar100, "_write_split", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_synthetic_cifar100(tmp_path, per_fine_class=1, test_per_fine_class=1)
+    with pytest.raises(CifarFormatError, match="not finished being written"):
+        Cifar100(tmp_path / "train.bin")  # neither real nor finished synthetic data
+    monkeypatch.setattr(cifar100, "_write_split", real)
+    write_synthetic_cifar100(tmp_path, per_fine_class=1, test_per_fine_class=1)
+    assert Cifar100(tmp_path / "test.bin").is_synthetic and len(Cifar100(tmp_path / "test.bin")) == 100

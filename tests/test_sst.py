@@ -4,6 +4,7 @@ encoding, the synthetic treebank, and the real SST when ../shared/data/sst is th
 
 from __future__ import annotations
 
+import copy
 import pickle
 import random
 import re
@@ -482,3 +483,18 @@ def test_a_label_sst_cannot_hold_is_refused_when_written(tmp_path: Path, label: 
         write_trees([Tree(1, word="fine"), bad], path)
     assert path.read_text() == "(2 kept)\n"  # nothing of the failed write
     assert format_tree(Tree(np.int64(4), word="ok")) == "(4 ok)"  # type: ignore[arg-type]
+
+
+def test_a_tree_of_any_depth_compares_hashes_prints_and_pickles() -> None:
+    depth = 5000  # far beyond Python's recursion limit
+    tree = parse_tree("(2 " * depth + "(2 w)" + " (3 x))" * depth)
+    twin = parse_tree("(2 " * depth + "(2 w)" + " (3 x))" * depth)
+    other = parse_tree("(2 " * depth + "(2 w)" + " (3 y))" * depth)
+    assert tree == twin and hash(tree) == hash(twin)
+    assert tree != other and tree != tree.left
+    assert pickle.loads(pickle.dumps(tree)) == tree
+    assert copy.deepcopy(tree) == tree
+    assert repr(tree).startswith("Tree(label=2, left=Tree(label=2, left=")
+    small = Tree(1, left=Tree(0, word="a"), right=Tree(4, word="b"))
+    assert repr(small) == "Tree(label=1, left=Tree(label=0, word='a'), right=Tree(label=4, word='b'))"
+    assert len({small, Tree(1, left=Tree(0, word="a"), right=Tree(4, word="b"))}) == 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import math
 import os
 import shutil
 import tarfile
@@ -481,15 +482,41 @@ def write_synthetic_cifar100(
     }
     if _synthetic_up_to_date(out, meta, sizes):
         return out
+    old = _our_sidecar(out / _SIDECAR)
+    if old is None:  # never overwrite data that this generator did not write (the real set, say)
+        foreign = [name for name in ("train.bin", "test.bin") if (out / name).exists()]
+        if foreign:
+            raise FileExistsError(
+                f"{out}: {' and '.join(foreign)} {'were' if len(foreign) > 1 else 'was'} not written by "
+                f"monadl's synthetic generator (no "
+                f"{_SIDECAR} of its own): refusing to overwrite {'them' if len(foreign) > 1 else 'it'}; "
+                "choose another directory"
+            )
     means_rng, *split_rngs = np.random.default_rng(seed).spawn(3)
     coarse_means = means_rng.uniform(64.0, 192.0, size=(N_COARSE, IMAGE_BYTES))
     fine_offsets = means_rng.normal(0.0, 32.0, size=(N_FINE, IMAGE_BYTES))
     fine_means = (coarse_means[_FINE_TO_COARSE] + fine_offsets).astype(np.float32)
-    (out / _SIDECAR).unlink(missing_ok=True)  # the old files no longer match it
+    # Until every split is written, the description says so: files of an interrupted write are
+    # neither taken for the real set nor for the finished synthetic one.
+    atomic_write_bytes(out / _SIDECAR, (json.dumps({**meta, "complete": False}, indent=2) + "\n").encode())
+    listed = old.get("per_fine_class") if old is not None else None
+    for split in listed if isinstance(listed, dict) else ():
+        if split not in sizes and split in ("train", "test"):  # a split this set no longer has
+            (out / f"{split}.bin").unlink(missing_ok=True)
     for (split, per), rng in zip(sizes.items(), split_rngs, strict=False):
         _write_split(out / f"{split}.bin", fine_means, per, noise, rng)
     atomic_write_bytes(out / _SIDECAR, (json.dumps(meta, indent=2) + "\n").encode())
     return out
+
+
+def _our_sidecar(path: Path) -> dict[str, Any] | None:
+    """The synthetic-data description at ``path`` if it is one of ours (a JSON object of our
+    format), else None."""
+    try:
+        meta = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == _SIDECAR_FORMAT else None
 
 
 def _synthetic_dir(
@@ -505,7 +532,7 @@ def _synthetic_up_to_date(out: Path, meta: dict[str, Any], sizes: dict[str, int]
         return all(
             (out / f"{s}.bin").stat().st_size == per * N_FINE * RECORD_BYTES for s, per in sizes.items()
         )
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
 
 
@@ -536,15 +563,33 @@ def _read_sidecar(path: Path) -> _SyntheticInfo | None:
         meta = json.loads(sidecar.read_text())
         if not isinstance(meta, dict) or meta.get("format") != _SIDECAR_FORMAT:
             return None  # someone else's file of that name
+        if meta.get("complete", True) is not True:
+            raise CifarFormatError(
+                f"{sidecar}: the synthetic data here was not finished being written (interrupted?); "
+                "write it again (write_synthetic_cifar100) or delete the directory"
+            )
         sizes = meta["per_fine_class"]
         split = path.name.removesuffix(".bin")
         if path.suffix != ".bin" or split not in sizes:
             return None
+        noise = meta["noise"]
+        if not isinstance(noise, int | float) or isinstance(noise, bool) or not math.isfinite(noise):
+            raise ValueError(f"noise {noise!r} is not a finite number")
         return _SyntheticInfo(
-            seed=int(meta["seed"]), noise=float(meta["noise"]), per_fine_class=int(sizes[split])
+            seed=_json_int(meta["seed"], "seed"),
+            noise=float(noise),
+            per_fine_class=_json_int(sizes[split], split),
         )
-    except (ValueError, KeyError, TypeError) as e:
-        raise CifarFormatError(f"{sidecar}: malformed synthetic-data description ({e})") from e
+    except CifarFormatError:
+        raise
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        raise CifarFormatError(f"{sidecar}: malformed synthetic-data description ({e!r})") from e
+
+
+def _json_int(value: Any, name: str) -> int:
+    if type(value) is not int:
+        raise ValueError(f"{name} {value!r} is not an integer")
+    return value
 
 
 def synthetic_cifar100(

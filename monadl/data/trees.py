@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Tree:
-    """A labelled binary tree: a leaf (``word`` set, no children) or a node with two children."""
+    """A labelled binary tree: a leaf (``word`` set, no children) or a node with two children.
+
+    Equality, hashing, ``repr`` and pickling walk the tree with a loop, not recursion, so a tree
+    of any depth has them (a degenerate parse thousands of levels deep included)."""
 
     label: int
     word: str | None = None
@@ -68,3 +72,57 @@ class Tree:
     def __len__(self) -> int:
         """The number of leaves."""
         return sum(1 for _ in self.leaves())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Tree):
+            return NotImplemented
+        pairs: list[tuple[Tree, Tree]] = [(self, other)]
+        while pairs:
+            a, b = pairs.pop()
+            if a is b:
+                continue
+            if a.label != b.label or a.word != b.word:
+                return False
+            if a.left is not None and a.right is not None and b.left is not None and b.right is not None:
+                pairs.append((a.right, b.right))
+                pairs.append((a.left, b.left))
+        return True
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._post_order()))
+
+    def __repr__(self) -> str:
+        parts: list[str] = []
+        stack: list[Tree | str] = [self]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                parts.append(item)
+            elif item.word is not None:
+                parts.append(f"Tree(label={item.label!r}, word={item.word!r})")
+            else:
+                assert item.left is not None and item.right is not None
+                parts.append(f"Tree(label={item.label!r}, left=")
+                stack.extend((")", item.right, ", right=", item.left))
+        return "".join(parts)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_from_post_order, (self._post_order(),))
+
+    def _post_order(self) -> list[tuple[Any, str | None]]:
+        """Every node's label and word (None for an inner node), children before their parent."""
+        return [(node.label, node.word) for node in self.nodes()]
+
+
+def _from_post_order(nodes: list[tuple[Any, str | None]]) -> Tree:
+    """The tree of ``Tree._post_order``'s list (pickling's constructor)."""
+    stack: list[Tree] = []
+    for label, word in nodes:
+        if word is not None:
+            stack.append(Tree(label, word))
+        else:
+            right = stack.pop()
+            left = stack.pop()
+            stack.append(Tree(label, left=left, right=right))
+    (tree,) = stack
+    return tree
