@@ -238,30 +238,29 @@ def _label(label: str, at: int, text: str, fail: Callable[[int, str], SstFormatE
 
 def format_tree(tree: Tree) -> str:
     """The bracketed form of ``tree``, as in the SST files: ``(label word)`` or ``(label left right)``."""
-    parts: list[str] = []
-    stack: list[Tree | str] = [tree]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            parts.append(item)
-            continue
-        label = item.label
-        if isinstance(label, bool) or not isinstance(label, int | np.integer) or not 0 <= label < NUM_LABELS:
-            raise ValueError(
-                f"the label {label!r} cannot be written: SST's labels are the integers 0..{NUM_LABELS - 1}"
-            )
-        if item.word is not None:
-            if not _WORD.fullmatch(item.word):
-                raise ValueError(
-                    f"the word {item.word!r} cannot be written in the bracketed format: it must be "
-                    "non-empty, without parentheses or line breaks, and not start or end with a space"
-                )
-            parts.append(f"({item.label} {item.word})")
-        else:
-            assert item.left is not None and item.right is not None
-            parts.append(f"({item.label} ")
-            stack.extend((")", item.right, " ", item.left))
-    return "".join(parts)
+    return tree.render(
+        lambda leaf: f"({_writable_label(leaf)} {_writable_word(leaf)})",
+        lambda node: (f"({_writable_label(node)} ", " ", ")"),
+    )
+
+
+def _writable_label(tree: Tree) -> int:
+    label = tree.label
+    if isinstance(label, bool) or not isinstance(label, int | np.integer) or not 0 <= label < NUM_LABELS:
+        raise ValueError(
+            f"the label {label!r} cannot be written: SST's labels are the integers 0..{NUM_LABELS - 1}"
+        )
+    return label
+
+
+def _writable_word(leaf: Tree) -> str:
+    word = leaf.word
+    if word is None or not _WORD.fullmatch(word):
+        raise ValueError(
+            f"the word {word!r} cannot be written in the bracketed format: it must be "
+            "non-empty, without parentheses or line breaks, and not start or end with a space"
+        )
+    return word
 
 
 # ---------------------------------------------------------------------------------------------------

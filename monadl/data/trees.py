@@ -6,7 +6,7 @@ A leaf holds a word; an inner node holds exactly two children. Every node has a 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,18 +92,26 @@ class Tree:
         return hash(tuple(self._post_order()))
 
     def __repr__(self) -> str:
+        return self.render(
+            lambda leaf: f"Tree(label={leaf.label!r}, word={leaf.word!r})",
+            lambda node: (f"Tree(label={node.label!r}, left=", ", right=", ")"),
+        )
+
+    def render(self, leaf: Callable[[Tree], str], node: Callable[[Tree], tuple[str, str, str]]) -> str:
+        """The tree as text, by a loop: ``leaf(t)`` for a leaf, and for a node its children's texts
+        between the three parts of ``node(t)`` (before, between, after)."""
         parts: list[str] = []
         stack: list[Tree | str] = [self]
         while stack:
             item = stack.pop()
             if isinstance(item, str):
                 parts.append(item)
-            elif item.word is not None:
-                parts.append(f"Tree(label={item.label!r}, word={item.word!r})")
+            elif item.left is None or item.right is None:
+                parts.append(leaf(item))
             else:
-                assert item.left is not None and item.right is not None
-                parts.append(f"Tree(label={item.label!r}, left=")
-                stack.extend((")", item.right, ", right=", item.left))
+                before, between, after = node(item)
+                parts.append(before)
+                stack.extend((after, item.right, between, item.left))
         return "".join(parts)
 
     def __reduce__(self) -> tuple[Any, ...]:
