@@ -194,7 +194,8 @@ def _in_dtype_of(gradient: Any, data: Any) -> Any:
     if type(data) is float:
         return gradient
     dtype = data.dtype
-    if getattr(gradient, "dtype", dtype) == dtype:  # the same; or a float (a 0-d weight's delta)
+    theirs = getattr(gradient, "dtype", dtype)  # a float (a 0-d weight's delta) has none
+    if theirs is dtype or theirs == dtype:  # NumPy's dtypes are one object each: ``==`` is slower
         return gradient
     if type(gradient) is SparseRows:
         xp = namespace(gradient.values)
