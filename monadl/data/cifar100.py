@@ -379,7 +379,7 @@ def extract_cifar100(archive: StrPath, cache_dir: StrPath | None = None) -> dict
             dest.mkdir(parents=True, exist_ok=True)
             stamp_path = dest / f".{archive.name}.extracted.json"
             stamp = _stamp(archive, bins)
-            fresh = _read_stamp(stamp_path) == stamp and all(
+            fresh = _json_or_none(stamp_path) == stamp and all(
                 (dest / m.name).is_file() and (dest / m.name).stat().st_size == m.size for m in bins
             )
             out: dict[str, Path] = {}
@@ -419,10 +419,12 @@ def _stamp(archive: Path, bins: list[tarfile.TarInfo]) -> dict[str, Any]:
     }
 
 
-def _read_stamp(path: Path) -> Any:
+def _json_or_none(path: Path) -> Any:
+    """The JSON value in ``path``, or None if there is no such file or it cannot be read (a stamp or
+    a description to write anew, then)."""
     try:
         return json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError):  # none, or unreadable: extract again
+    except (OSError, ValueError, RecursionError):
         return None
 
 
@@ -480,9 +482,9 @@ def write_synthetic_cifar100(
         "noise": float(noise),
         "per_fine_class": sizes,
     }
-    if _synthetic_up_to_date(out, meta, sizes):
-        return out
     old = _our_sidecar(out / _SIDECAR)
+    if old == meta and _splits_written(out, sizes):  # reused
+        return out
     if old is None:  # never overwrite data that this generator did not write (the real set, say)
         foreign = [name for name in ("train.bin", "test.bin") if (out / name).exists()]
         if foreign:
@@ -512,10 +514,7 @@ def write_synthetic_cifar100(
 def _our_sidecar(path: Path) -> dict[str, Any] | None:
     """The synthetic-data description at ``path`` if it is one of ours (a JSON object of our
     format), else None."""
-    try:
-        meta = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError):
-        return None
+    meta = _json_or_none(path)
     return meta if isinstance(meta, dict) and meta.get("format") == _SIDECAR_FORMAT else None
 
 
@@ -525,14 +524,13 @@ def _synthetic_dir(
     return root / "synthetic" / f"seed{seed}-train{per_fine_class}-test{test_per_fine_class}-noise{noise:g}"
 
 
-def _synthetic_up_to_date(out: Path, meta: dict[str, Any], sizes: dict[str, int]) -> bool:
+def _splits_written(out: Path, sizes: dict[str, int]) -> bool:
+    """Whether every split's file is there with its size."""
     try:
-        if json.loads((out / _SIDECAR).read_text()) != meta:
-            return False
         return all(
             (out / f"{s}.bin").stat().st_size == per * N_FINE * RECORD_BYTES for s, per in sizes.items()
         )
-    except (OSError, ValueError, RecursionError):
+    except OSError:
         return False
 
 
