@@ -49,7 +49,7 @@ from monadl.dsl.layers import ArrayLayer, FloatLayer
 from monadl.dsl.operation import _Call, _item, check_rows, mixed_ranks
 from monadl.dsl.primitives import Primitive
 from monadl.dsl.straight import _WEIGHT_FORWARD, Program, run_backward
-from monadl.tape.batch import float_key, stack_values, value_key
+from monadl.tape.batch import float_key, row_at, stack_values, value_key
 from monadl.tape.tape import Tape
 from monadl.typeclasses.backend import host_in, namespace
 from monadl.typeclasses.sparse import scatter_add
@@ -542,8 +542,7 @@ _SPECIAL = ("add_n", "concatenate")
 def _data(v: Any) -> Any:
     """A value's data: its own (``_Own``), or its row of a group (a float for a float row)."""
     if type(v) is _Row:
-        data = v.group.data
-        row = data[v.k] if type(data) is np.ndarray else data[v.k, ...]  # the array API: every axis
+        row = row_at(v.group.data, v.k)
         return float(row) if v.group.scalar else row
     return v.data
 

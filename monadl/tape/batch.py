@@ -115,10 +115,15 @@ def stack_arrays(xp: Any, arrays: Sequence[Any]) -> Any:
     return xp.stack(arrays)
 
 
+def row_at(rows: Any, k: int) -> Any:
+    """Row ``k`` of stacked rows: ``rows[k]`` on NumPy; the array API indexes every axis."""
+    return rows[k] if type(rows) is np.ndarray else rows[k, ...]
+
+
 def result_row(out: Any, k: int, scalar: bool) -> Any:
     """Row ``k`` of a merged result, as its call alone gives it: a float if ``scalar``, else an
     array (NumPy's rows of a vector are scalars: made 0-d arrays again)."""
-    row = out[k] if type(out) is np.ndarray else out[k, ...]  # the array API indexes every axis
+    row = row_at(out, k)
     if scalar:
         return float(row)
     return np.asarray(row) if isinstance(row, np.generic) else row
@@ -138,7 +143,7 @@ class RowOf(PrivateBind[Any]):
 
 def row_of(xp: Any, k: int, like: Any, rows: Any) -> Any:
     """Row ``k`` of ``rows``, shaped (and typed: a float or an array) like ``like``."""
-    r = rows[k] if type(rows) is np.ndarray else rows[k, ...]
+    r = row_at(rows, k)
     if type(like) is float:  # a float input's row; a padded one has shape (1, ...)
         return float(xp.reshape(r, ())) if getattr(r, "ndim", 0) else float(r)
     if tuple(r.shape) != tuple(like.shape):
