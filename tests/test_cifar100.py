@@ -227,6 +227,46 @@ def test_batch_of_given_indices(synth: Cifar100) -> None:
     mixed = [int(np.flatnonzero(synth.coarse_labels == c)[0]) for c in (1, 2)]
     with pytest.raises(ValueError, match="share one coarse class"):
         synth.batch(mixed)
+    assert np.array_equal(synth.batch(np.asarray(ix, dtype=np.uint16)).x, b.x)  # any integer type
+    for wrong in ([float(ix[0])], [True], np.asarray(ix, dtype=np.float64)):
+        with pytest.raises(TypeError, match="record indices must be integers"):
+            synth.batch(wrong)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"batch_size": 16.5}, TypeError, "batch_size must be an integer, got 16.5"),
+        ({"batch_size": True}, TypeError, "batch_size must be an integer"),
+        (
+            {"batch_size": 16, "epochs": 1.5},
+            TypeError,
+            "epochs must be None .forever. or an integer, got 1.5",
+        ),
+        ({"batch_size": 16, "epochs": -1}, ValueError, "at least 0, got -1"),
+    ],
+)
+def test_counts_of_the_wrong_type_are_named(
+    synth: Cifar100, kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        synth.batches(**kwargs)  # type: ignore[arg-type]
+    eight, one = np.int64(8), np.int64(1)  # NumPy integers are counts too (typed int, accepted as such)
+    assert len(list(synth.batches(eight, epochs=one))) == 80  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("split", ["../escaped", "valid", ""])
+def test_a_split_other_than_train_or_test_is_refused(tmp_path: Path, split: str) -> None:
+    with pytest.raises(ValueError, match="split must be 'train' or 'test'"):
+        open_cifar100(None, split=split, cache_dir=tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="split must be 'train' or 'test'"):
+        synthetic_cifar100(tmp_path / "s", split=split)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+def test_a_directory_given_as_the_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError, match="a directory, not a CIFAR-100 binary file"):
+        Cifar100(tmp_path)
 
 
 # --- validation -----------------------------------------------------------------------------------------

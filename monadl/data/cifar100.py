@@ -140,6 +140,10 @@ class Cifar100:
     def __init__(self, path: StrPath, *, origin: StrPath | None = None) -> None:
         """Open and validate ``path``; ``origin`` is the archive it was extracted from, if any."""
         self.path = Path(path)
+        if self.path.is_dir():
+            raise IsADirectoryError(
+                f"{self.path}: a directory, not a CIFAR-100 binary file (open_dataset finds one in it)"
+            )
         size = self.path.stat().st_size
         if size == 0 or size % RECORD_BYTES != 0:
             raise CifarFormatError(
@@ -215,7 +219,10 @@ class Cifar100:
 
     def batch(self, indices: npt.ArrayLike, *, dtype: npt.DTypeLike = np.float32) -> Batch:
         """The batch of the given record indices, which must all share one coarse class."""
-        ix = np.asarray(indices, dtype=np.int64).reshape(-1)
+        given = np.asarray(indices)
+        if given.size and given.dtype.kind not in "iu":  # 1.7 or True would pick a record silently
+            raise TypeError(f"record indices must be integers, got an array of {given.dtype}")
+        ix = given.astype(np.int64).reshape(-1)
         if ix.size == 0:
             raise ValueError("a batch needs at least one record")
         if ix.min() < 0 or ix.max() >= len(self):
@@ -238,6 +245,8 @@ class Cifar100:
     ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
         """The plan of ``batches``: its coarse class and record indices, batch by batch, same arguments."""
         _check_batch_size(batch_size)
+        if epochs is not None and not _is_int(epochs):
+            raise TypeError(f"epochs must be None (forever) or an integer, got {epochs!r}")
         if epochs is not None and epochs < 0:
             raise ValueError(f"epochs must be None (forever) or at least 0, got {epochs}")
         if epochs is None and self.num_batches(batch_size, drop_last=drop_last) == 0:
@@ -281,9 +290,22 @@ class Cifar100:
         return (self._gather(ix, c, dt) for c, ix in plan)
 
 
+def _is_int(value: object) -> bool:
+    """A Python or NumPy integer, not a bool (a count, not a flag)."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
 def _check_batch_size(batch_size: int) -> None:
+    if not _is_int(batch_size):
+        raise TypeError(f"batch_size must be an integer, got {batch_size!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+
+
+def _check_split(split: str) -> None:
+    """A split's name is part of a file name: only the release's two are allowed."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
 
 
 def _float_dtype(dtype: npt.DTypeLike) -> np.dtype[Any]:
@@ -600,6 +622,7 @@ def synthetic_cifar100(
     noise: float = _NOISE,
 ) -> Cifar100:
     """Write (or reuse) the synthetic data set, see ``write_synthetic_cifar100``, and open ``split``."""
+    _check_split(split)
     if split == "test" and test_per_fine_class == 0:
         raise ValueError("split='test' needs test_per_fine_class > 0")
     out = write_synthetic_cifar100(
@@ -631,6 +654,7 @@ def open_dataset(
     no path, the synthetic data set of ``per_fine_class`` train samples per fine class and ``seed`` is
     written under ``cache_dir`` (default ``default_cache_dir()``) and opened.
     """
+    _check_split(split)
     if path is None:
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         directory = _synthetic_dir(root, seed, per_fine_class, _TEST_PER_FINE_CLASS, _NOISE)
