@@ -437,6 +437,15 @@ def test_take_rows_repeated_index_example() -> None:
     np.testing.assert_array_equal(g, [[7.0, 8.0], [9.0, 12.0], [0.0, 0.0]])
 
 
+@pytest.mark.parametrize("index", [np.int64(2), np.uint8(2), np.argmax(np.array([0.0, 1.0, 5.0]))])
+def test_take_rows_of_one_numpy_integer(index: np.integer[Any]) -> None:
+    """One NumPy integer (an argmax, an element of an id array) takes one row, as the int would."""
+    table = np.arange(6.0).reshape(3, 2)
+    (g,) = check_gradients(lambda w: monadl.sum(w[index] * np.array([3.0, 4.0])), table)
+    np.testing.assert_array_equal(g, [[0.0, 0.0], [0.0, 0.0], [3.0, 4.0]])
+    check_op(lambda w: monadl.take_rows(w, index), [table], table[2])
+
+
 # ------------------------------------------------------------------------------ softmax and loss
 
 

@@ -7,7 +7,6 @@ type follows the operands: float with float gives a ``FloatLayer``, anything wit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Self, TypeAlias, final, overload
 
 from returns.future import FutureResult
@@ -20,7 +19,7 @@ from monadl.dsl.apply import apply_primitive
 from monadl.dsl.base import Differentiable
 from monadl.dsl.primitives import Primitive
 from monadl.tape.tape import Tape
-from monadl.typeclasses.backend import Array, IndexArray
+from monadl.typeclasses.backend import Array, RowIndices
 
 if TYPE_CHECKING:
     from monadl.dsl.optimizers import Optimizer
@@ -185,7 +184,7 @@ class ArrayOperators(Differentiable[Array, Array]):
     def __pos__(self) -> Self:
         return self
 
-    def __getitem__(self, indices: IndexArray | int | Sequence[int]) -> ArrayLayer:
+    def __getitem__(self, indices: RowIndices) -> ArrayLayer:
         """Rows ``indices`` of this array (an embedding lookup): see :func:`monadl.take_rows`."""
         from monadl.dsl.ops import take_rows
 

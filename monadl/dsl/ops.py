@@ -15,7 +15,7 @@ import numpy as np
 
 from monadl.dsl import primitives as P
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer, apply, apply_array, apply_float
-from monadl.typeclasses.backend import AnyNDArray, Array, IndexArray, is_array, namespace
+from monadl.typeclasses.backend import AnyNDArray, Array, RowIndices, is_array, namespace
 
 Axis = int | tuple[int, ...] | None
 
@@ -255,7 +255,7 @@ def _integral(array: Any) -> bool:
     return bool(namespace(array).isdtype(array.dtype, "integral"))
 
 
-def _indices(indices: IndexArray | int | Sequence[int]) -> Array:
+def _indices(indices: RowIndices) -> Array:
     if type(indices) is int:  # one row (a word of a tree): once per leaf, so first
         one = np.asarray(indices)
         if one.dtype.kind in "iu":  # else too large for an integer dtype: the error below
@@ -273,7 +273,7 @@ def _indices(indices: IndexArray | int | Sequence[int]) -> Array:
     return array
 
 
-def take_rows(table: AnyArray, indices: IndexArray | int | Sequence[int]) -> ArrayLayer:
+def take_rows(table: AnyArray, indices: RowIndices) -> ArrayLayer:
     """Rows of ``table`` (an embedding lookup): shape ``indices.shape + table.shape[1:]``. The
     delta adds each row's delta into the rows used, repeated indices included."""
     return apply_array(P.take_rows, table, indices=_indices(indices))

@@ -9,6 +9,7 @@ few functions the ops use, built on :mod:`math`; so one op definition serves ``F
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -16,6 +17,8 @@ from numpy.typing import NDArray
 
 Array: TypeAlias = NDArray[np.floating[Any]]
 IndexArray: TypeAlias = NDArray[np.integer[Any]]
+RowIndices: TypeAlias = IndexArray | int | np.integer[Any] | Sequence[int]
+"""What ``take_rows`` (and ``w[...]``) takes: an integer array, one integer, or a list of them."""
 AnyNDArray: TypeAlias = NDArray[Any]
 """The static type of array data and deltas (NumPy's; CuPy and array-api-strict arrays at run time)."""
 

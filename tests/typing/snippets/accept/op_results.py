@@ -68,6 +68,8 @@ assert_type(monadl.take_rows(w, [0, 2]), ArrayLayer)
 assert_type(monadl.take_rows(x, np.array([3, 3])), ArrayLayer)
 assert_type(monadl.take_rows(w, np.arange(2)), ArrayLayer)
 assert_type(monadl.take_rows(w, 1), ArrayLayer)
+assert_type(monadl.take_rows(w, np.int64(1)), ArrayLayer)  # one NumPy integer (an argmax, a row of ids)
+assert_type(w[np.argmax(np.zeros(3))], ArrayLayer)
 
 # softmax and losses
 assert_type(monadl.softmax(logits), ArrayLayer)
