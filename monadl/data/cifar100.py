@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from monadl.data.files import atomic_file, atomic_write_bytes
+from monadl.typeclasses.backend import is_integer
 
 __all__ = [
     "COARSE_TO_FINE",
@@ -245,7 +246,7 @@ class Cifar100:
     ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
         """The plan of ``batches``: its coarse class and record indices, batch by batch, same arguments."""
         _check_batch_size(batch_size)
-        if epochs is not None and not _is_int(epochs):
+        if epochs is not None and not is_integer(epochs):
             raise TypeError(f"epochs must be None (forever) or an integer, got {epochs!r}")
         if epochs is not None and epochs < 0:
             raise ValueError(f"epochs must be None (forever) or at least 0, got {epochs}")
@@ -290,13 +291,8 @@ class Cifar100:
         return (self._gather(ix, c, dt) for c, ix in plan)
 
 
-def _is_int(value: object) -> bool:
-    """A Python or NumPy integer, not a bool (a count, not a flag)."""
-    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
-
-
 def _check_batch_size(batch_size: int) -> None:
-    if not _is_int(batch_size):
+    if not is_integer(batch_size):
         raise TypeError(f"batch_size must be an integer, got {batch_size!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")

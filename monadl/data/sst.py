@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from monadl.data.files import atomic_write_bytes
 from monadl.data.trees import Tree
+from monadl.typeclasses.backend import is_integer
 
 __all__ = [
     "NUM_LABELS",
@@ -246,7 +247,7 @@ def format_tree(tree: Tree) -> str:
 
 def _writable_label(tree: Tree) -> int:
     label = tree.label
-    if isinstance(label, bool) or not isinstance(label, int | np.integer) or not 0 <= label < NUM_LABELS:
+    if not is_integer(label) or not 0 <= label < NUM_LABELS:
         raise ValueError(
             f"the label {label!r} cannot be written: SST's labels are the integers 0..{NUM_LABELS - 1}"
         )

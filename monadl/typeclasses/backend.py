@@ -112,6 +112,11 @@ def is_array(x: object) -> bool:
     return hasattr(x, "__array_namespace__") and hasattr(x, "shape") and hasattr(x, "dtype")
 
 
+def is_integer(value: object) -> bool:
+    """True for a Python or NumPy integer that is not a bool (a count or a label, not a flag)."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
 def is_float_array(x: object) -> bool:
     """True for an array of a real floating-point dtype."""
     if isinstance(x, np.ndarray):
