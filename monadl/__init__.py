@@ -6,6 +6,7 @@ training step; independent sub-graphs run in parallel on the executor's thread p
 """
 
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
+from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.direct import direct, parallel
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer
 from monadl.dsl.operation import batchable
@@ -47,7 +48,6 @@ from monadl.dsl.training import (
 )
 from monadl.dsl.weights import ArrayWeight, FloatWeight
 from monadl.typeclasses.backend import Array, ShapeError
-from monadl.typeclasses.deep_learning import DeepLearning
 
 __version__ = "0.1.0"
 

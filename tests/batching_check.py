@@ -10,7 +10,7 @@ import numpy as np
 
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
-from monadl.do.batching import RunStats
+from monadl.do.stats import RunStats
 from monadl.typeclasses.sparse import SparseRows
 
 Weight = ArrayWeight | FloatWeight
@@ -45,8 +45,9 @@ class Gradients:
     """The executor's statistics over the forward and backward runs together."""
 
 
-def gradients_of(loss: Layer, batching: bool, planning: bool = True) -> Gradients:
-    """With ``batching``: planned (``monadl.dsl.fold``), or merged as it runs (``planning=False``)."""
-    executor = ml.Executor(batching=batching, planning=planning)
+def gradients_of(loss: Layer, batching: bool, replay: bool = True) -> Gradients:
+    """With ``batching`` (equal calls ready together merged) or not (every call on its own), on a
+    fresh executor (``replay``: one that keeps the programs of static graphs)."""
+    executor = ml.Executor(batching=batching, replay=replay)
     value, gradients = ml.compute_gradients(loss, executor=executor)
     return Gradients(value, {w: dense(g) for w, g in gradients.items()}, executor.stats)

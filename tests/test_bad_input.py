@@ -406,7 +406,7 @@ def test_a_float_layer_computes_as_an_array_of_one_element(
     with np.errstate(all="ignore"):
         expected = float(on_array(np.asarray([at]))[0])
     assert not math.isfinite(expected)  # so that a sum of nine of them is the same
-    executor = monadl.Executor(batching=batching, planning=False)  # merged as it runs, or not at all
+    executor = monadl.Executor(batching=batching)  # merged, or not at all
     weight = FloatWeight(at)
     layer = build(weight)
     if batching:  # nine calls merged: the rows of one array (of nine values computed from the weight)

@@ -1,8 +1,8 @@
-"""Dynamic batching of primitive ops (``monadl.dsl.batching``) and the executor's parking of batchable
-work (``monadl.do.executor``): results with batching on equal results with it off (to 1e-10 in
-float64) on random trees through the Tree-LSTM example and on random DAGs of ops; merged calls launch
-fewer kernels; a shared weight gets one delta per group; calls that must not merge do not; and a
-failure inside a merged group names the call that failed and leaves nothing behind.
+"""Dynamic batching of primitive ops (the scheduler's merging, ``monadl.do.scheduler``): results with
+batching on equal results with it off (to 1e-10 in float64) on random trees through the Tree-LSTM
+example and on random DAGs of ops, replayed or not; merged calls launch fewer kernels; a shared
+weight gets one delta per group; calls that must not merge do not; and a failure inside a merged
+group names the call that failed and leaves nothing behind.
 
 The equality tests of work that must merge also assert that merging happened in the batched run
 (``Executor.stats``), so they cannot pass vacuously by running everything alone.
@@ -28,15 +28,11 @@ import monadl as ml
 from examples.tree_lstm import TreeLstm
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.data.trees import Tree
-from monadl.do.do import Bind
-from monadl.dsl import fold
+from monadl.do.do import Apply
+from monadl.do.scheduler import merge_params
 from monadl.dsl import primitives as P
-from monadl.dsl.apply import _Build
-from monadl.dsl.batching import merged_params
 from monadl.dsl.layers import apply_array
 from monadl.dsl.primitives import ELEMENTWISE, Primitive
-from monadl.dsl.straight import program as straight_program
-from monadl.dsl.weights import WeightTape
 from monadl.typeclasses.sparse import SparseRows
 
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -45,23 +41,17 @@ SETTINGS = settings(max_examples=40, deadline=None)
 # ------------------------------------------------------------------------------------ helpers
 
 
-def assert_same_gradients(
-    loss: Layer, names: Mapping[str, Weight] | None = None, planned: bool | None = None
-) -> tuple[Gradients, Gradients]:
-    """Computes ``loss``'s gradients with batching off, on as it runs (the executor's merges), on
-    with a plan (``monadl.dsl.fold``), and off with planning on (a static graph then runs as a list
-    of ops, ``monadl.dsl.straight``), and asserts they are equal; returns the executor's and the
-    unbatched ones. ``planned``: whether the plan must (or must not) have run the forward pass."""
-    batched, alone = gradients_of(loss, True, planning=False), gradients_of(loss, False, planning=False)
-    with_plan, straight = gradients_of(loss, True), gradients_of(loss, False)
-    if planned is not None:
-        assert with_plan.stats.planned == int(planned), with_plan.stats
-    assert alone.stats.groups == alone.stats.merged == 0 and not alone.stats.kinds
-    assert not batched.stats.planned and not batched.stats.straight and not alone.stats.straight
-    # A graph of ops on weights and constants only is run straight; any other by the executor.
-    assert straight.stats.straight == int(straight_program(loss.forward) is not None), straight.stats
+def assert_same_gradients(loss: Layer, names: Mapping[str, Weight] | None = None) -> tuple[Gradients, Gradients]:
+    """Computes ``loss``'s gradients with batching off and on, and on again on an executor that
+    never replays (a static graph is replayed from its program the second time an executor meets
+    its structure: ``check_gradients`` compares those), and asserts they are equal; returns the
+    batched and the unbatched ones."""
+    batched, alone = gradients_of(loss, True), gradients_of(loss, False)
+    interpreted = gradients_of(loss, True, replay=False)
+    assert alone.stats.groups == alone.stats.merged == 0
+    assert not alone.stats.replayed and not batched.stats.replayed  # a first run of its structure
     label = {w: n for n, w in (names or {}).items()}
-    for other in (batched, with_plan, straight):
+    for other in (batched, interpreted):
         assert_close(other.value, alone.value, "loss")
         assert set(other.gradients) == set(alone.gradients)
         for w, g in alone.gradients.items():
@@ -110,8 +100,7 @@ def test_tree_lstm_gradients_are_equal_with_batching_on_and_off(batch: list[Tree
     note(f"heights {[t.height() for t in batch]}, leaves {[len(t) for t in batch]}")
     model = TreeLstm(5, embedding=3, hidden=4, seed=seed, dtype=np.float64)
     loss = model.loss(batch, word_id)
-    wide = fold._levels(loss.forward) is not None  # planned whenever wide: no fallback on trees
-    batched, alone = assert_same_gradients(loss, model.weights, planned=wide)
+    batched, alone = assert_same_gradients(loss, model.weights)
     inner = max(t.height() for t in batch) > 0
     taking_part = {w for n, w in model.weights.items() if inner or n.split(".")[0] not in INNER_GATES}
     assert set(alone.gradients) == taking_part
@@ -476,9 +465,6 @@ def test_a_float_layer_combined_with_arrays_in_merged_calls() -> None:
 
 # ----------------------------------------------------------------------------- kernel launches
 
-# These count the executor's own merges (dynamic batching as it runs): planning is off, and
-# tests/test_fold.py counts what a plan launches.
-
 
 def chains(count: int = 32, seed: int = 0) -> tuple[FloatLayer, ArrayWeight, ArrayWeight, list[np.ndarray]]:
     """``sum_k sum(tanh(linear(x_k, w, b)))`` over ``count`` independent rows ``x_k``."""
@@ -491,10 +477,11 @@ def chains(count: int = 32, seed: int = 0) -> tuple[FloatLayer, ArrayWeight, Arr
 def test_equal_independent_chains_launch_one_kernel_per_op() -> None:
     loss, w, b, xs = chains(32)
     expected = sum(float(np.sum(np.tanh(x @ w.data + b.data))) for x in xs)
-    on, off = ml.Executor(batching=True, planning=False), ml.Executor(batching=False)
+    on, off = ml.Executor(batching=True), ml.Executor(batching=False)
     assert value_of(loss, on) == pytest.approx(expected, rel=1e-12)
     assert on.last_stats.kinds == {"linear": 1, "tanh": 1, "sum": 1, "add_n": 1}
-    assert (on.last_stats.kernels, on.last_stats.groups, on.last_stats.merged) == (4, 3, 96)
+    # one gather of the 32 rows x_k, then linear, tanh and sum merged, and the sum of the sums' rows
+    assert (on.last_stats.kernels, on.last_stats.groups, on.last_stats.merged) == (5, 3, 96)
     assert value_of(loss, off) == pytest.approx(expected, rel=1e-12)
     assert (off.last_stats.kernels, off.last_stats.groups, off.last_stats.merged) == (97, 0, 0)
     # The backward is merged too: one stacking and one vjp kernel per input of each group, instead
@@ -507,21 +494,21 @@ def test_equal_independent_chains_launch_one_kernel_per_op() -> None:
 def test_batching_per_run_overrides_the_executors_default() -> None:
     loss, *_ = chains(8)
     forward = loss.forward
-    on, off = ml.Executor(batching=True, planning=False), ml.Executor(batching=False)
+    on, off = ml.Executor(batching=True), ml.Executor(batching=False)
     alone = on.run(forward, batching=False).data
     assert (on.last_stats.groups, on.last_stats.kernels) == (0, 25)
     merged = off.run(forward, batching=True).data
-    assert (off.last_stats.groups, off.last_stats.kernels) == (3, 4)
+    assert (off.last_stats.groups, off.last_stats.kernels) == (3, 5)  # a gather of the rows, 4 ops
     assert merged == pytest.approx(alone, rel=1e-12)
     on.run(forward)  # and each executor's default is back for the next run
     off.run(forward)
     assert on.last_stats.groups == 3 and off.last_stats.groups == 0
-    assert on.stats.groups == 0 + 3 and on.stats.kernels == 25 + 4  # stats sum the runs
+    assert on.stats.groups == 0 + 3 and on.stats.kernels == 25 + 5  # stats sum the runs
 
 
 def test_stats_count_a_call_that_merged_with_nobody_as_a_launch_not_a_group() -> None:
     x = ArrayWeight(np.ones(3))
-    executor = ml.Executor(batching=True, planning=False)
+    executor = ml.Executor(batching=True)
     assert value_of(ml.sum(ml.tanh(rows_of(x))), executor) == pytest.approx(3 * np.tanh(1.0))
     assert executor.last_stats.kinds == {"mul": 1, "tanh": 1, "sum": 1}
     assert executor.last_stats.groups == executor.last_stats.merged == 0
@@ -530,39 +517,15 @@ def test_stats_count_a_call_that_merged_with_nobody_as_a_launch_not_a_group() ->
 # --------------------------------------------------------------- shared weights: one delta a group
 
 
-@pytest.fixture
-def weight_deltas(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[int, str], int]:
-    """Counts, by (id(weight), "backward" | "release"), how its tapes were given deltas or released."""
-    counts: dict[tuple[int, str], int] = {}
-    backward, release = WeightTape.backward, WeightTape.release
-
-    def counted_backward(tape: WeightTape, delta: Any) -> Any:
-        key = (id(tape.weight), "backward")
-        counts[key] = counts.get(key, 0) + 1
-        return backward(tape, delta)
-
-    def counted_release(tape: WeightTape) -> Any:
-        key = (id(tape.weight), "release")
-        counts[key] = counts.get(key, 0) + 1
-        return release(tape)
-
-    monkeypatch.setattr(WeightTape, "backward", counted_backward)
-    monkeypatch.setattr(WeightTape, "release", counted_release)
-    return counts
-
-
-def test_a_shared_weight_gets_one_delta_per_group(weight_deltas: dict[tuple[int, str], int]) -> None:
+def test_a_shared_weight_gets_one_delta_per_group() -> None:
     loss, w, b, xs = chains(32)
-    on = gradients_of(loss, True, planning=False)
-    deltas_on = dict(weight_deltas)
-    weight_deltas.clear()
-    off = gradients_of(loss, False, planning=False)
+    on = gradients_of(loss, True)
+    off = gradients_of(loss, False)
+    # The group's one vjp gives w its delta, and one b (the rows x_k are constants: none for them);
+    # unmerged, every call's own vjps do. Either way each weight's summed delta is taken once.
+    assert on.stats.vjps["linear"] == 2 and off.stats.vjps["linear"] == 2 * 32
+    assert on.stats.backwards["weight"] == off.stats.backwards["weight"] == 2
     for weight in (w, b):
-        assert deltas_on.get((id(weight), "backward")) == 1, deltas_on  # the group's one delta
-        assert deltas_on.get((id(weight), "release")) == 31, deltas_on  # and the other calls release
-        assert (
-            weight_deltas.get((id(weight), "backward")) == 32 and (id(weight), "release") not in weight_deltas
-        )
         assert_close(on.gradients[weight], off.gradients[weight], repr(weight))
     # And the gradient is right: d/dw of sum_k sum(tanh(x_k w + b)).
     slopes = [1.0 - np.tanh(x @ w.data + b.data) ** 2 for x in xs]
@@ -570,15 +533,13 @@ def test_a_shared_weight_gets_one_delta_per_group(weight_deltas: dict[tuple[int,
     np.testing.assert_allclose(on.gradients[b], sum(slopes), rtol=1e-12)
 
 
-def test_an_embedding_table_gets_one_sparse_delta_per_group(
-    weight_deltas: dict[tuple[int, str], int],
-) -> None:
+def test_an_embedding_table_gets_one_sparse_delta_per_group() -> None:
     table = ArrayWeight(np.arange(12.0).reshape(6, 2))
     rows = [4, 1, 4, 0]
     loss = ml.add_n([ml.sum(ml.take_rows(table, r) * float(k + 1)) for k, r in enumerate(rows)])
-    executor = ml.Executor(batching=True, planning=False)
+    executor = ml.Executor(batching=True)
     value, gradients = ml.compute_gradients(loss, executor=executor)
-    assert weight_deltas[(id(table), "backward")] == 1 and weight_deltas[(id(table), "release")] == 3
+    assert executor.last_stats.vjps["take_rows"] == 1  # one delta for the four lookups
     gradient = gradients[table]
     assert isinstance(gradient, SparseRows)  # the rows looked up, not a dense table
     expected = np.zeros((6, 2))
@@ -594,13 +555,13 @@ def test_an_embedding_table_gets_one_sparse_delta_per_group(
 def rows_of(w: ArrayWeight) -> ArrayLayer:
     """``w`` as a layer whose data is stacked when its calls merge: an op's inputs that are all
     weights (or float constants) are shared, and calls of shared inputs only never merge (see
-    test_calls_of_weights_only_are_not_parked)."""
+    test_calls_of_weights_only_do_not_merge)."""
     return w * np.ones(w.data.shape, dtype=w.data.dtype)
 
 
 def launches(layer: Layer) -> tuple[dict[str, int], int]:
     """The launches by kind and the merged groups of ``layer``'s forward, with batching on."""
-    executor = ml.Executor(batching=True, planning=False)
+    executor = ml.Executor(batching=True)
     value_of(layer, executor)
     return executor.last_stats.kinds, executor.last_stats.groups
 
@@ -683,7 +644,7 @@ def test_a_shape_error_in_fanned_out_linears_names_the_call() -> None:
     w1, w2 = ArrayWeight(np.ones((4, 2))), ArrayWeight(np.ones((4, 2)))  # 3 != 4
     before = (w1.data.copy(), w2.data.copy())
     loss = ml.sum(ml.linear(ml.tanh(x), w1, 0.0)) + ml.sum(ml.linear(ml.tanh(x), w2, 0.0))
-    result = loss.train_blocking(ml.SGD(0.1), executor=ml.Executor(planning=False))
+    result = loss.train_blocking(ml.SGD(0.1), executor=ml.Executor())
     assert isinstance(result, Failure) and isinstance(result.failure(), ml.ShapeError)
     assert "linear" in str(result.failure()) and "(3,) and (4, 2)" in str(result.failure())
     np.testing.assert_array_equal(w1.data, before[0])
@@ -709,7 +670,7 @@ def test_calls_of_different_dtypes_do_not_merge() -> None:
     t32, t64 = ml.tanh(rows_of(x32)), ml.tanh(rows_of(x64))
     kinds, groups = launches(ml.sum(t32) + ml.sum(t64))
     assert kinds == {"mul": 2, "tanh": 2, "sum": 2, "add": 1} and groups == 0
-    executor = ml.Executor(batching=True, planning=False)
+    executor = ml.Executor(batching=True)
     value_32, value_64 = value_of(t32, executor), value_of(t64, executor)
     assert value_32.dtype == np.float32 and value_64.dtype == np.float64  # each kept its own
     _, gradients = ml.compute_gradients(ml.sum(t32) + ml.sum(t64), executor=executor)
@@ -718,13 +679,13 @@ def test_calls_of_different_dtypes_do_not_merge() -> None:
     np.testing.assert_allclose(gradients[x32], np.full(3, 1.0 - np.tanh(0.5) ** 2), rtol=1e-6)
 
 
-def test_calls_of_weights_only_are_not_parked() -> None:
+def test_calls_of_weights_only_do_not_merge() -> None:
     """An op whose inputs are all shared (weights, float constants) has nothing to stack: it runs
-    at once, with batching on or off."""
+    on its own, with batching on or off."""
     x, y = ArrayWeight(np.ones(3)), ArrayWeight(np.full(3, 2.0))
     loss = ml.sum(ml.tanh(x)) + ml.sum(ml.tanh(y))
     kinds, groups = launches(loss)
-    assert "tanh" not in kinds and kinds["sum"] == 1 and groups == 1  # the sums of layers merge
+    assert kinds["tanh"] == 2 and kinds["sum"] == 1 and groups == 1  # the sums of layers merge
     batched, _ = assert_same_gradients(loss)
     np.testing.assert_allclose(batched.gradients[y], np.full(3, 1.0 - np.tanh(2.0) ** 2), rtol=1e-14)
 
@@ -742,8 +703,8 @@ def test_calls_with_unhashable_parameters_run_alone() -> None:
     xs = [ArrayWeight(np.full(2, float(k + 1))) for k in range(3)]
     factors = [1.0, -2.0]
     loss = ml.add_n([ml.sum(apply_array(scale_by, x, factors=factors)) for x in xs])
-    kinds, _ = launches(loss)
-    assert kinds.get("scale_by", 0) == 0  # never parked: each ran as if batching were off
+    kinds, groups = launches(loss)
+    assert kinds["scale_by"] == 3 and groups == 1  # each on its own (the sums after them merge)
     batched, _ = assert_same_gradients(loss)
     assert batched.value == pytest.approx(sum(-(k + 1.0) for k in range(3)))
     for x in xs:
@@ -765,7 +726,7 @@ def test_probability_targets_and_integer_labels_do_not_merge() -> None:
 def test_an_out_of_range_row_in_a_merged_lookup_names_that_call() -> None:
     table = ArrayWeight(np.ones((6, 4)))
     loss = ml.add_n([ml.sum(ml.take_rows(table, r)) for r in (1, 2, 9, 3)])
-    executor = ml.Executor(batching=True, planning=False)
+    executor = ml.Executor(batching=True)
     with pytest.raises(ml.ShapeError, match=r"take_rows: row index 9 is out of range .* shape \(6, 4\)"):
         ml.compute_gradients(loss, executor=executor)
     assert executor.last_stats.kinds == {"take_rows": 1} and executor.last_stats.merged == 4
@@ -777,18 +738,18 @@ def test_a_shape_error_in_a_merged_group_names_the_calls_shapes_not_the_stacked_
     terms = [ml.sum(ml.tanh(ArrayWeight(np.ones(3))) + ml.tanh(ArrayWeight(np.ones(4)))) for _ in range(3)]
     loss = ml.add_n(terms)
     for batching in (True, False):
-        executor = ml.Executor(batching=batching, planning=False)
+        executor = ml.Executor(batching=batching)
         with pytest.raises(ml.ShapeError, match=r"^add: operands of shapes \(3,\) and \(4,\) do not fit"):
             ml.compute_gradients(loss, executor=executor)
-        assert executor.last_stats.kinds == ({"add": 1} if batching else {})  # the three adds merged
+        assert executor.last_stats.kinds["add"] == 1  # the three adds merged; or the first alone, failing
         assert executor.last_stats.merged == (3 if batching else 0)
 
 
 def test_a_wrong_label_in_a_merged_loss_fails_the_step() -> None:
     logits = [ArrayWeight(np.zeros(3)) for _ in range(3)]
-    loss = ml.add_n([ml.cross_entropy(x, np.array(k * 3)) for k, x in enumerate(logits)])  # 6 is wrong
-    executor = ml.Executor(batching=True, planning=False)
-    with pytest.raises(ValueError, match="label 6 is out of range for 3 classes"):
+    loss = ml.add_n([ml.cross_entropy(x, np.array(k * 3)) for k, x in enumerate(logits)])  # 3, 6 wrong
+    executor = ml.Executor(batching=True)
+    with pytest.raises(ValueError, match="label 3 is out of range for 3 classes"):  # the first call's
         ml.compute_gradients(loss, executor=executor)
     assert executor.last_stats.kinds == {"cross_entropy": 1} and executor.last_stats.merged == 3
 
@@ -804,16 +765,16 @@ def _fails(check: Callable[[], object]) -> bool:
 def _recorded_params(layer: ArrayLayer | FloatLayer) -> dict[str, Any]:
     """The parameters recording gave an op's call."""
     node = layer.forward
-    assert isinstance(node, Bind) and isinstance(node.f, _Build)
-    return node.f.params
+    assert isinstance(node, Apply)
+    return node.params
 
 
 def _merged_check_agrees(prim: Primitive, first: tuple[Any, ...], calls: list[dict[str, Any]]) -> None:
     """``prim``'s one check of merged calls fails exactly when one of the calls' own checks does."""
     spec = prim.batch
-    assert spec is not None and spec.check_merged is not None and prim.check is not None
-    merged = merged_params(spec, calls, first[0])
-    check, together = prim.check, spec.check_merged
+    assert spec is not None and spec.check_merged is not None and prim.check_values is not None
+    merged = merge_params(prim, calls, first[0])
+    check, together = prim.check_values, spec.check_merged
     one_fails = any(_fails(functools.partial(check, *first, **call)) for call in calls)
     assert _fails(functools.partial(together, first, merged, calls)) == one_fails
 
@@ -847,14 +808,13 @@ def test_one_check_of_merged_losses_fails_exactly_when_a_calls_check_does(
     _merged_check_agrees(P.cross_entropy, (logits.data,), calls)
 
 
-def test_a_wrong_label_in_a_planned_loss_names_its_call_and_changes_nothing() -> None:
-    # Twelve merged losses (planned: wide enough), one label out of range: the plan's one check of
-    # them fails, and the unplanned run's error is that call's own.
+def test_a_wrong_label_in_a_merged_loss_names_its_call_and_changes_nothing() -> None:
+    # Twelve merged losses, one label out of range: the group's one check of them fails, and then
+    # each call's own check, so that the error is that call's.
     w = ArrayWeight(np.ones((3, 3)))
     labels = [k % 3 for k in range(12)]
     labels[7] = 5
     loss = ml.add_n([ml.cross_entropy(ml.linear(np.ones(3), w, 0.0), np.array(k)) for k in labels])
-    assert fold._levels(loss.forward) is not None
     before = w.data.copy()
     result = loss.train_blocking(ml.SGD(0.1), executor=ml.Executor())
     assert isinstance(result, Failure)
@@ -871,7 +831,7 @@ def failing_step(table: ArrayWeight, w: ArrayWeight, bad_row: int) -> FloatLayer
 def test_a_failed_batched_step_changes_no_weight() -> None:
     rng = np.random.default_rng(0)
     table, w = ArrayWeight(rng.normal(size=(6, 4))), ArrayWeight(rng.normal(size=(4, 4)))
-    executor = ml.Executor(batching=True, planning=False)
+    executor = ml.Executor(batching=True)
     assert isinstance(failing_step(table, w, 2).train_blocking(ml.SGD(0.1), executor=executor), Success)
     before = {name: x.data.tobytes() for name, x in (("table", table), ("w", w))}
     result = failing_step(table, w, 6).train_blocking(ml.SGD(0.1), executor=executor)
@@ -885,7 +845,7 @@ def test_a_failed_batched_step_changes_no_weight() -> None:
 def garbage_after_a_failed_step(good: FloatLayer, bad: FloatLayer, batching: bool) -> list[str]:
     """The objects that only the cyclic garbage collector would free after a successful step of
     ``good`` and a failed step of ``bad`` (the pattern of test_training's reference-cycle test)."""
-    executor = ml.Executor(batching=batching, planning=False)
+    executor = ml.Executor(batching=batching)
     assert isinstance(good.train_blocking(ml.SGD(0.1), executor=executor), Success)
 
     def good_and_bad_steps() -> None:
@@ -911,29 +871,28 @@ def test_a_failure_in_a_first_operand_leaves_no_reference_cycles(batching: bool)
 
 
 @pytest.mark.parametrize("uses", [1, 2])
-@pytest.mark.parametrize("planning", [False, True], ids=["executor", "planned"])
-def test_zero_and_minus_zero_keep_their_signs_when_calls_merge(planning: bool, uses: int) -> None:
+@pytest.mark.parametrize("replay", [False, True])
+def test_zero_and_minus_zero_keep_their_signs_when_calls_merge(replay: bool, uses: int) -> None:
     # 0.0 == -0.0 in Python: keyed by value alone, the calls merged and every row got the first
     # call's zero, whose sign is wrong for half of them (forward and backward). And a merged
     # backward that summed a row's deltas from 0.0 gave 0.0 for 0.0 + -0.0 (an h used once, its
     # group's other rows 0.0) and for -0.0 + -0.0 (an h used twice).
-    signs = [k % 2 == 1 for k in range(16)]  # wide enough to be planned
+    signs = [k % 2 == 1 for k in range(16)]
     xs = [ArrayWeight(np.full(3, 1.0 + k)) for k in range(16)]
     hs = [ml.tanh(x * 1.0) for x in xs]
     outs = [h * (-0.0 if minus else 0.0) for _ in range(uses) for h, minus in zip(hs, signs, strict=True)]
-    executor = ml.Executor(batching=True, planning=planning)
-    forward = ml.concatenate(outs).predict_blocking(executor=executor).unwrap()
-    assert np.array_equal(np.signbit(forward), np.tile(np.repeat(signs, 3), uses))
-    if planning:
-        assert executor.last_stats.planned == 1
-    else:
-        assert executor.last_stats.kinds["mul"] == 2  # the calls merged: one group per zero
-    planned = executor.stats.planned
-    value, gradients = ml.compute_gradients(ml.sum(ml.concatenate(outs)), executor=executor)
-    assert value == 0.0
-    assert executor.stats.planned == planned + planning
-    for x, minus in zip(xs, signs, strict=True):
-        assert np.all(np.signbit(gradients[x]) == minus), (minus, gradients[x])
+    executor = ml.Executor(batching=True, replay=replay)
+    for run in range(2):  # the second run of the structure is replayed, where the executor replays
+        forward = ml.concatenate(outs).predict_blocking(executor=executor).unwrap()
+        assert np.array_equal(np.signbit(forward), np.tile(np.repeat(signs, 3), uses))
+        # the x * 1.0 on their own (one weight each), the calls by a zero merged: one group per zero
+        assert executor.last_stats.kinds["mul"] == 16 + 2
+        assert executor.last_stats.replayed == int(replay and run == 1)
+    for _ in range(2):
+        value, gradients = ml.compute_gradients(ml.sum(ml.concatenate(outs)), executor=executor)
+        assert value == 0.0
+        for x, minus in zip(xs, signs, strict=True):
+            assert np.all(np.signbit(gradients[x]) == minus), (minus, gradients[x])
 
 
 @pytest.mark.parametrize("batching", [False, True])
@@ -941,18 +900,19 @@ def test_a_sums_delta_of_minus_zero_reaches_its_input_as_minus_zero(batching: bo
     # The unmerged sum broadcast its float delta as zeros + delta: 0.0 + -0.0 is 0.0.
     xs = [ArrayWeight(np.full(3, 1.0 + k)) for k in range(10)]
     loss = ml.add_n([ml.sum(ml.tanh(x * 1.0)) * -0.0 for x in xs])
-    for planning in (False, True):
-        gradients = ml.compute_gradients(loss, executor=ml.Executor(batching=batching, planning=planning))[1]
+    executor = ml.Executor(batching=batching)
+    for run in range(2):  # interpreted, then replayed
+        gradients = ml.compute_gradients(loss, executor=executor)[1]
+        assert executor.last_stats.replayed == run
         for x in xs:
-            assert np.all(np.signbit(gradients[x])), (planning, gradients[x])
+            assert np.all(np.signbit(gradients[x])), (run, gradients[x])
 
 
 # ----------------------------------------- graphs that must not merge the way their rows suggest
 
 _EXECUTORS: dict[str, Callable[[], ml.Executor]] = {
-    "planned": ml.Executor,
-    "merged as it runs": lambda: ml.Executor(planning=False),
-    "unbatched": lambda: ml.Executor(batching=False, planning=False),
+    "merged": ml.Executor,
+    "unbatched": lambda: ml.Executor(batching=False),
 }
 
 

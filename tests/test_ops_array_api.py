@@ -16,7 +16,7 @@ from hypothesis.extra import numpy as hnp
 
 import monadl
 from monadl.dsl import primitives as P
-from monadl.tape.batch import stack_arrays
+from monadl.do.program import stack_column
 from monadl.typeclasses.backend import minus_zeros
 
 STRICT_ARRAY = type(xps.asarray(0.0))
@@ -176,12 +176,12 @@ def test_stacked_rows_equal_stack_on_numpy_and_strict(
     # Integer values for every dtype: stacking does not look at them, and drawing floats fails where
     # a package imported by other tests set flush-to-zero (no subnormals for hypothesis to draw).
     arrays = [data.draw(hnp.arrays(dtype, shape, elements=st.integers(-1000, 1000))) for _ in range(n)]
-    stacked = stack_arrays(np, arrays)  # np.array of the list, not np.stack: the same array
+    stacked = stack_column(arrays)  # np.array of the list, not np.stack: the same array
     expected = np.stack(arrays)
     assert type(stacked) is np.ndarray and stacked.dtype == expected.dtype and stacked.shape == expected.shape
     np.testing.assert_array_equal(stacked, expected)
     assert not any(np.shares_memory(stacked, a) for a in arrays)
-    strict = stack_arrays(xps, [xps.asarray(a) for a in arrays])
+    strict = stack_column([xps.asarray(a) for a in arrays])
     assert isinstance(strict, STRICT_ARRAY)
     np.testing.assert_array_equal(_strict_to_numpy(strict), expected)
 
@@ -195,13 +195,13 @@ def test_minus_zeros_are_negative_zeros_on_numpy_and_strict(shape: tuple[int, ..
         assert np.all(values == 0.0) and np.all(np.signbit(values))
 
 
-# ------------------------------------------------------------ merged and planned graphs, strict
+# ------------------------------------------------------------- merged and unmerged graphs, strict
 
 
 def _tree_loss(asarray: Any) -> tuple[monadl.FloatLayer, list[monadl.ArrayWeight]]:
     """A batch of complete binary trees of a ``@batchable`` cell over word lookups (Python int ids,
-    as a Tree-LSTM's leaves give them), with losses of NumPy labels: wide enough to be planned,
-    and merged when it is not."""
+    as a Tree-LSTM's leaves give them), with losses of NumPy labels: wide enough that every level
+    merges."""
     rng = np.random.default_rng(0)
     w = monadl.ArrayWeight(asarray(rng.normal(size=(4, 4))))
     b = monadl.ArrayWeight(asarray(rng.normal(size=(4,))))
@@ -223,10 +223,8 @@ def _tree_loss(asarray: Any) -> tuple[monadl.FloatLayer, list[monadl.ArrayWeight
 
 
 MODES = {
-    "planned": {},
-    "merged as it runs": {"planning": False},
-    "straight, unmerged": {"batching": False},
-    "unmerged": {"batching": False, "planning": False},
+    "merged": {},
+    "unmerged": {"batching": False},
 }
 
 
@@ -246,9 +244,7 @@ def test_batched_graphs_on_strict_arrays_match_numpy(mode: str) -> None:
     assert value == pytest.approx(expected, rel=TOL)
     for g, e in zip(grads, expected_grads, strict=True):
         np.testing.assert_allclose(g, e, rtol=TOL, atol=TOL)
-    assert (stats.planned, stats.merged > 0) == (numpy_stats.planned, numpy_stats.merged > 0)
-    assert stats.planned == (mode == "planned")
-    assert (stats.merged > 0) == (mode in ("planned", "merged as it runs"))
+    assert (stats.merged > 0) == (numpy_stats.merged > 0) == (mode == "merged")
 
 
 def _dense(gradient: Any) -> Any:

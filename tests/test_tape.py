@@ -1,9 +1,10 @@
-"""Reference counting: each node's backward runs exactly once per step, with the summed delta."""
+"""Reference counting: each node's backward runs exactly once per step, with the summed delta.
+
+The counts are the executor's statistics (``RunStats.backwards``: backward passes through a node,
+by op; ``RunStats.vjps``: vjp kernels, by op), on a step's forward and backward runs together."""
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -11,105 +12,65 @@ import pytest
 from peak_memory import assert_one_summed_delta
 
 import monadl as ml
-from monadl.dsl.apply import OpTape
-from monadl.dsl.weights import WeightTape
-from monadl.tape.shared import SharedTape
-from monadl.tape.tape import Tape
+from monadl.do.do import Do, Pure
+from monadl.do.values import Tape
+from monadl.dsl.layers import apply_array
 
 
-@pytest.fixture(autouse=True)
-def executor_path() -> Iterator[None]:
-    """These tests are about tapes: their steps run on the executor, where tapes are made (a static
-    graph would otherwise run as a list of ops, ``monadl.dsl.straight``: see tests/test_straight)."""
-    previous = ml.set_default_executor(ml.Executor(planning=False))
-    yield
-    ml.set_default_executor(previous)
-
-
-@pytest.fixture
-def backward_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
-    """Counts backward runs per op name (and 'weight'), by wrapping the tapes' ``_backward``."""
-    calls: Counter[str] = Counter()
-    op_backward = OpTape._backward
-    weight_backward = WeightTape._backward
-    op_vjp = OpTape.vjp
-
-    def counting_vjp(self: OpTape, i: int, delta: Any) -> Any:
-        calls[f"{self.prim.name} vjp"] += 1
-        return op_vjp(self, i, delta)
-
-    def counting_op(self: OpTape, delta: ml.Do[Any]) -> ml.Do[None]:
-        calls[self.prim.name] += 1
-        return op_backward(self, delta)
-
-    def counting_weight(self: WeightTape, delta: ml.Do[Any]) -> ml.Do[None]:
-        calls["weight"] += 1
-        return weight_backward(self, delta)
-
-    monkeypatch.setattr(OpTape, "_backward", counting_op)
-    monkeypatch.setattr(OpTape, "vjp", counting_vjp)
-    monkeypatch.setattr(WeightTape, "_backward", counting_weight)
-    yield calls
+def gradients(loss: ml.FloatLayer) -> tuple[Any, dict[Any, Any], ml.do.RunStats]:
+    executor = ml.Executor()
+    value, grads = ml.compute_gradients(loss, executor=executor)
+    return value, grads, executor.last_stats
 
 
 @pytest.mark.parametrize("depth", [1, 2, 5, 10, 20, 30])
-def test_multiplicative_diamond_chain(backward_calls: Counter[str], depth: int) -> None:
+def test_multiplicative_diamond_chain(depth: int) -> None:
     """y0 = x*w, y_{i+1} = y_i * y_i: 2^depth paths from the loss to w, depth+1 backward calls."""
     w = ml.FloatWeight(1.0)
     x = 1.0
     y = w * x
     for _ in range(depth):
         y = y * y
-    loss, gradients = ml.compute_gradients(y)
+    loss, grads, stats = gradients(y)
     assert loss == 1.0
     # y = (x*w)^(2^depth): dy/dw = 2^depth * x^(2^depth) * w^(2^depth - 1) = 2^depth at x = w = 1.
-    assert gradients[w] == 2.0**depth
-    assert backward_calls["mul"] == depth + 1
+    assert grads[w] == 2.0**depth
+    assert stats.backwards["mul"] == depth + 1
     # Each delta is computed once however many paths share it: one vjp kernel per (op, input).
-    assert backward_calls["mul vjp"] == 1 + 2 * depth
-    assert backward_calls["weight"] == 1
+    assert stats.vjps["mul"] == 1 + 2 * depth
+    assert stats.backwards["weight"] == 1
 
 
 @pytest.mark.parametrize("depth", [1, 10, 30])
-def test_additive_diamond_chain(backward_calls: Counter[str], depth: int) -> None:
+def test_additive_diamond_chain(depth: int) -> None:
     """y0 = x*w, y_{i+1} = y_i + y_i: y = 2^depth * x * w, so dy/dw = 2^depth * x."""
     w = ml.ArrayWeight(np.array([0.5, -1.5]))
     x = np.array([3.0, 2.0])
     y: ml.ArrayLayer = w * x
     for _ in range(depth):
         y = y + y
-    loss, gradients = ml.compute_gradients(ml.sum(y))
+    loss, grads, stats = gradients(ml.sum(y))
     assert loss == pytest.approx(2.0**depth * float(np.sum(x * w.data)))
-    np.testing.assert_array_equal(gradients[w], 2.0**depth * x)
-    assert backward_calls["add"] == depth
-    assert backward_calls["add vjp"] == 2 * depth
-    assert backward_calls["mul"] == 1
-    assert backward_calls["sum"] == 1
-    assert backward_calls["weight"] == 1
+    np.testing.assert_array_equal(grads[w], 2.0**depth * x)
+    assert stats.backwards["add"] == depth
+    assert stats.vjps["add"] == 2 * depth
+    assert stats.backwards["mul"] == 1
+    assert stats.backwards["sum"] == 1
+    assert stats.backwards["weight"] == 1
 
 
-def test_a_weight_used_k_times_fires_once_with_the_summed_delta(backward_calls: Counter[str]) -> None:
+def test_a_weight_used_k_times_fires_once_with_the_summed_delta() -> None:
     w = ml.FloatWeight(2.0)
     loss = w * 1.0 + w * 2.0 + w * 3.0 + w * w  # d/dw = 1 + 2 + 3 + 2w = 10
-    _, gradients = ml.compute_gradients(loss)
-    assert gradients[w] == 10.0
-    assert backward_calls["weight"] == 1
+    _, grads, stats = gradients(loss)
+    assert grads[w] == 10.0
+    assert stats.backwards["weight"] == 1
 
 
-def test_nodes_off_the_path_to_the_loss_still_release_their_inputs(
-    backward_calls: Counter[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A node computed but not used by the loss (a dangling consumer) must not block the backward
-    pass of the nodes it consumed: every tape fires exactly once, and only the tapes on the path to
-    the loss build vjps."""
-    fired: Counter[int] = Counter()
-    fire = SharedTape._fire
-
-    def counting_fire(self: SharedTape[Any, Any]) -> ml.Do[None]:
-        fired[id(self)] += 1
-        return fire(self)
-
-    monkeypatch.setattr(SharedTape, "_fire", counting_fire)
+def test_nodes_off_the_path_to_the_loss_give_no_delta() -> None:
+    """A node computed but not used by the loss (a dangling consumer) gives its inputs no delta, and
+    does not hold up the backward pass of the nodes it consumed: only the nodes on the path to the
+    loss run their vjps, each once."""
     w = ml.FloatWeight(3.0)
     shared = w * w
     unused = ml.exp(shared) * 2.0  # consumes `shared`, but the loss ignores it
@@ -119,12 +80,12 @@ def test_nodes_off_the_path_to_the_loss_still_release_their_inputs(
         await unused  # evaluated (for control flow, say), but not differentiated
         return shared + 1.0
 
-    _, gradients = ml.compute_gradients(loss_fn())
-    assert gradients[w] == 6.0  # d(w*w + 1)/dw
-    assert sorted(fired.values()) == [1] * 5  # w, shared, exp, unused, and the loss's add
-    assert backward_calls["mul"] == 1  # `shared`; the dangling `unused` received no delta
-    assert backward_calls["exp"] == 0  # no delta reached it: its vjp is never built
-    assert backward_calls["weight"] == 1
+    _, grads, stats = gradients(loss_fn())
+    assert grads[w] == 6.0  # d(w*w + 1)/dw
+    assert stats.kinds["exp"] == 1 and stats.kinds["mul"] == 2  # all of it ran forward
+    assert stats.backwards["mul"] == 1  # `shared`; the dangling `unused` received no delta
+    assert "exp" not in stats.backwards and "exp" not in stats.vjps  # its vjp is never built
+    assert stats.backwards["weight"] == 1
 
 
 def test_literal_deltas_are_never_computed() -> None:
@@ -135,29 +96,17 @@ def test_literal_deltas_are_never_computed() -> None:
     w = ml.ArrayWeight(np.ones(3))
     literal = np.full(3, 2.0)
 
-    def recording(i: int) -> Callable[..., Any]:
+    def recording(i: int) -> Any:
         def vjp(*args: Any) -> Any:
             computed.append(i)
             return original[i](*args)
 
         return vjp
 
-    prim = ml.dsl.primitives.Primitive(
-        "mul", ml.dsl.primitives.mul.forward, (recording(0), recording(1)), True
-    )
-    from monadl.dsl.layers import apply_array
-
-    _, gradients = ml.compute_gradients(ml.sum(apply_array(prim, w, literal)))
-    np.testing.assert_array_equal(gradients[w], literal)
+    prim = ml.dsl.primitives.Primitive("mul", ml.dsl.primitives.mul.forward, (recording(0), recording(1)), True)
+    _, grads = ml.compute_gradients(ml.sum(apply_array(prim, w, literal)))
+    np.testing.assert_array_equal(grads[w], literal)
     assert computed == [0]  # the weight's delta only; the literal's was never computed
-
-
-def test_a_tape_released_more_often_than_acquired_is_an_error() -> None:
-    tape = WeightTape(ml.FloatWeight(1.0), None)
-    tape.acquire()
-    tape.release()
-    with pytest.raises(RuntimeError, match="released more often than acquired"):
-        tape.release()
 
 
 def test_a_literal_tape_needs_no_delta() -> None:
@@ -166,7 +115,80 @@ def test_a_literal_tape_needs_no_delta() -> None:
     assert tape.backward(ml.pure(5.0)) is ml.do.UNIT
 
 
+class Doubled(Tape[Any, Any]):
+    """A tape of the user's own (DeepLearning.scala's plugin style): twice its input, whose tape it
+    acquires, and to which its backward gives twice its delta. It counts the protocol's calls."""
+
+    requires_delta = True
+
+    def __init__(self, source: Tape[Any, Any], log: list[str]) -> None:
+        super().__init__(source.data * 2.0)
+        self.source = source
+        self.log = log
+        source.acquire()
+
+    def acquire(self) -> None:
+        self.log.append("acquire")
+
+    def backward(self, delta: Do[Any]) -> Do[None]:
+        self.log.append("backward")
+        return self.source.backward(delta.map(lambda d: d * 2.0))
+
+    def release(self) -> Do[None]:
+        self.log.append("release")
+        return self.source.release()
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_a_tape_of_the_users_own_is_acquired_once_and_given_one_summed_delta(batching: bool) -> None:
+    w = ml.ArrayWeight(np.array([1.0, -2.0]))
+    log: list[str] = []
+    doubled = ml.ArrayLayer((w * 3.0).forward.map(lambda t: Doubled(t, log)))  # 6 w
+    loss = ml.sum(doubled * doubled) + ml.sum(doubled)  # d/dw = (2 * 6w + 1) * 6, read three times
+    _, grads = ml.compute_gradients(loss, executor=ml.Executor(batching=batching))
+    np.testing.assert_allclose(grads[w], (12.0 * w.data + 1.0) * 6.0)
+    assert log == ["acquire", "backward"]  # however many ops read it
+
+
+def test_a_tape_of_the_users_own_off_the_path_is_released() -> None:
+    w = ml.ArrayWeight(np.array([1.0, -2.0]))
+    log: list[str] = []
+    doubled = ml.ArrayLayer((w * 3.0).forward.map(lambda t: Doubled(t, log)))
+    unused = ml.sum(doubled)
+
+    @ml.direct
+    async def loss_fn() -> ml.FloatLayer:
+        await unused
+        return ml.sum(w * w)
+
+    _, grads = ml.compute_gradients(loss_fn())
+    np.testing.assert_allclose(grads[w], 2.0 * w.data)
+    assert log == ["acquire", "release"]
+
+
+def test_a_tape_of_a_run_given_back_by_user_code_is_its_node() -> None:
+    """A tape handed back by a map (the same object) stands for its node's value: the node runs
+    once, and its delta reaches the weight."""
+    w = ml.ArrayWeight(np.array([0.5, 2.0]))
+    seen: list[Any] = []
+
+    def look(t: Tape[Any, Any]) -> Tape[Any, Any]:
+        seen.append(t.data.copy())
+        return t
+
+    looked = ml.ArrayLayer((w * w).forward.map(look))
+    _, grads, stats = gradients(ml.sum(looked) + ml.sum(looked * 2.0))
+    np.testing.assert_allclose(grads[w], 3.0 * 2.0 * w.data)
+    assert len(seen) == 1 and stats.kinds["mul"] == 2  # w * w once; looked * 2.0 once
+
+
+def test_a_constant_root_has_no_gradients() -> None:
+    loss = ml.FloatLayer(Pure(Tape(2.5)))
+    value, grads = ml.compute_gradients(loss)
+    assert value == 2.5 and grads == {}
+
+
 def test_a_weight_used_many_times_does_not_hold_all_its_deltas_at_once() -> None:
-    """The deltas of a shared tape are summed as they are computed (a left fold), so memory stays
-    near one delta's size however many times the weight is used (it was uses x size)."""
-    assert_one_summed_delta()  # on the default executor: the executor's path (see executor_path)
+    """The deltas of a node are summed as they are computed, so memory stays near one delta's size
+    however many times the weight is used (it was uses x size)."""
+    assert_one_summed_delta()

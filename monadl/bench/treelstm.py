@@ -24,10 +24,9 @@ start from the same weights (monadl's initialisation).
 
 For monadl it also reports, on the first batch of each size: the kernel launches of a training step
 and of an inference (``Executor.stats.kernels`` over its runs: a merged group counts once), against
-the depth bound = op kinds x (max tree height + 1), where op kinds = the batchable kinds (op and
-operation names) of the model's batched inference, counted on a run merged as it runs
-(``planning=False``), so that the plan's own kinds (its gathers) are launches, not kinds of the
-model: a perfect batcher runs each kind once per tree level.
+the depth bound = op kinds x (max tree height + 1), where op kinds = the kinds (op and operation
+names) of the model's batched inference (the scheduler's gathers of rows are launches, not kinds of
+the model): a perfect batcher runs each kind once per tree level.
 (The distinct signatures, where one op on different weights counts once per weight, are reported too.) The
 ratio is launches / bound. And the recording cost: ``model.loss`` (graph recording only, nothing
 runs), in microseconds per cell call (one per tree node).
@@ -255,12 +254,8 @@ def monadl_contender(
         m.kernels, m.merged, m.kinds = stats.kernels, stats.merged, dict(stats.kinds)
         m.signatures = stats.signatures
         m.height = max(tree.height() for tree in batches[0])
-        if impl == "monadl" and phase == "infer":  # the bound's kinds (add_bounds): the model's own,
-            # merged as it runs, without the plan's gathers
-            planning, executor.planning, executor.stats = executor.planning, False, type(executor.stats)()
-            run(batches[0])
-            executor.planning = planning
-            m.model_kinds = sorted(executor.stats.kinds)
+        if impl == "monadl" and phase == "infer":  # the bound's kinds (add_bounds): the model's own
+            m.model_kinds = sorted(stats.kinds)
         if phase == "train":
             m.record_us = _record_us(model, batches, word_id, args.repeats)
 

@@ -1,4 +1,5 @@
-"""``Do[A]``, the lazy monadic computation, and the executor that runs it."""
+"""The program and its scheduler: ``Do[A]`` (a lazy computation whose differentiable part is ops as
+data), the one loop that runs it (merging equal calls), its record, and the executor."""
 
 from monadl.do.collector import gc_paused
 from monadl.do.coroutine import from_coroutine
@@ -16,19 +17,23 @@ from monadl.do.do import (
     pure,
 )
 from monadl.do.executor import Executor, default_executor, run, set_default_executor
+from monadl.do.stats import RunStats
+from monadl.do.values import Tape
 
 __all__ = [
     "UNIT",
     "Do",
     "Executor",
+    "RunStats",
+    "Tape",
     "default_executor",
     "defer",
     "delay",
     "flat_map_n",
     "from_coroutine",
-    "gc_paused",
     "gather",
     "gather_all",
+    "gc_paused",
     "kernel",
     "kernel_n",
     "map_n",

@@ -1,31 +1,43 @@
-"""``Do[A]``: an immutable, lazy description of a computation that yields an ``A``.
+"""``Do[A]``: an immutable, lazy description of a computation that yields an ``A``: the program.
 
-Nothing runs until an :class:`~monadl.do.executor.Executor` interprets it. There are six node kinds,
-each a small class with a ``tag`` the interpreter dispatches on:
+Nothing runs until an :class:`~monadl.do.executor.Executor` interprets it. A ``Do`` is a graph of
+nodes, each a small final class with a ``kind`` the scheduler dispatches on. Two families:
 
-========  ===============================================================================
-Pure      a value that is already known
-Delay     ``thunk()`` computes the value on the interpreter's thread (cheap bookkeeping)
-Defer     ``thunk()`` returns the ``Do`` to continue with (recursion, dynamic structure)
-Bind      waits for its ``sources`` (applicatively: independent, possibly concurrent), then
-          ``MAP``: ``f(*values)`` is the value; ``FLAT``: ``f(*values)`` is the next ``Do``;
-          ``KERNEL``: ``f(*values)`` is numeric work the executor may run on a pool thread
-Kernel    ``fn(*args)`` on plain values: numeric work for the pool (or inline, if too small)
-Batch     ``fn(*args)`` returns the ``Do`` to continue with, unless the executor merges the call
-          with others of equal signature (dynamic batching: ``monadl.do.batching``)
-========  ===============================================================================
+The monad's own nodes (user code runs inside them, so the graph behind them is only known once
+they ran: they are the program's *dynamic* part):
 
-``map``/``flat_map`` are sequential; :func:`gather` combines independent values. Within one run,
-a node reached through several paths is evaluated once (nodes are compared by identity).
+==========  =================================================================================
+Pure        a value that is already known
+Delay       ``thunk()`` computes the value on the scheduler's thread (cheap bookkeeping)
+Defer       ``thunk()`` returns the ``Do`` to continue with (recursion, dynamic structure)
+Bind        waits for its ``sources`` (applicatively: independent, possibly concurrent), then
+            ``MAP``: ``f(*values)`` is the value; ``FLAT``: ``f(*values)`` is the next ``Do``;
+            ``KERNEL``: ``f(*values)`` is numeric work the executor may run on a pool thread
+Kernel      ``fn(*args)``: numeric work for the pool (or inline, if too small)
+==========  =================================================================================
+
+The differentiable program's nodes, data the scheduler reads without running user code (its
+*static* part; their values are tapes, see ``values.py``):
+
+==========  =================================================================================
+Variable    a weight (its ``data`` read when a run reaches it)
+Apply       a primitive (``primitive.py``) applied to ``sources`` with static ``params``
+Call        a call of a batchable operation: its layer arguments and its signature's static part
+Project     result ``index`` of a ``Call`` (an operation may return several layers)
+==========  =================================================================================
+
+A constant is ``Pure(Tape(value))``. ``map``/``flat_map`` are sequential; :func:`gather` combines
+independent values. Within one run, a node reached through several paths is evaluated once (nodes
+are compared by identity).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final, overload
 
 if TYPE_CHECKING:
-    from monadl.do.batching import Batcher
+    from monadl.do.primitive import Operation, Primitive
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -33,24 +45,34 @@ C = TypeVar("C")
 D = TypeVar("D")
 A_co = TypeVar("A_co", covariant=True)
 
-# Node tags (ints, for a fast dispatch in the interpreter's loop). A node tagged PRIVATE is
-# referenced from one place only (made inside a flat_map or a tape's backward and handed on once), so
-# the executor evaluates it without a memo entry: sharing cannot arise for it.
-PURE, DELAY, DEFER, BIND, KERNEL, BATCH = 0, 1, 2, 3, 4, 5
-PRIVATE = 8
+# Node kinds (small ints, for the scheduler's dispatch).
+PURE: Final = 0
+DELAY: Final = 1
+DEFER: Final = 2
+BIND: Final = 3
+KERNEL: Final = 4
+VARIABLE: Final = 5
+APPLY: Final = 6
+CALL: Final = 7
+PROJECT: Final = 8
+
 # Bind modes.
-MAP, FLAT, KERNEL_MAP = 0, 1, 2
+MAP: Final = 0
+FLAT: Final = 1
+KERNEL_MAP: Final = 2
 
 
 class Do(Generic[A_co]):
     """A lazy computation yielding ``A``. Build with :func:`pure`, :func:`delay`, :func:`defer`,
     :func:`kernel`, :func:`gather`; combine with :meth:`map` and :meth:`flat_map`."""
 
-    __slots__ = ()
-    tag: int
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: int) -> None:
+        self.kind = kind
 
     def map(self, f: Callable[[A_co], B]) -> Do[B]:
-        """The value transformed by ``f``, on the interpreter's thread (keep ``f`` cheap)."""
+        """The value transformed by ``f``, on the scheduler's thread (keep ``f`` cheap)."""
         return Bind((self,), f, MAP)
 
     def flat_map(self, f: Callable[[A_co], Do[B]]) -> Do[B]:
@@ -75,36 +97,47 @@ def _tuple_of(*values: Any) -> tuple[Any, ...]:
     return values
 
 
+@final
 class Pure(Do[A_co]):
+    """A value that is already known (a constant's tape, for a layer)."""
+
     __slots__ = ("value",)
-    tag = PURE
 
     def __init__(self, value: A_co) -> None:
+        self.kind = PURE
         self.value = value
 
     def __repr__(self) -> str:
         return f"Pure({self.value!r})"
 
 
+@final
 class Delay(Do[A_co]):
+    """``thunk()``, called when a run reaches this node (once per run)."""
+
     __slots__ = ("thunk",)
-    tag = DELAY
 
     def __init__(self, thunk: Callable[[], A_co]) -> None:
+        self.kind = DELAY
         self.thunk = thunk
 
 
+@final
 class Defer(Do[A_co]):
+    """The ``Do`` that ``thunk()`` returns, built only when a run reaches this node."""
+
     __slots__ = ("thunk",)
-    tag = DEFER
 
     def __init__(self, thunk: Callable[[], Do[A_co]]) -> None:
+        self.kind = DEFER
         self.thunk = thunk
 
 
+@final
 class Bind(Do[A_co]):
+    """``f`` applied to the values of ``sources`` (see the module's table for ``mode``)."""
+
     __slots__ = ("cost", "f", "mode", "sources")
-    tag = BIND
 
     def __init__(
         self,
@@ -113,70 +146,98 @@ class Bind(Do[A_co]):
         mode: int,
         cost: float | Callable[[], float] = 0.0,
     ) -> None:
+        self.kind = BIND
         self.sources = sources
         self.f = f
         self.mode = mode
         self.cost = cost
 
 
+@final
 class Kernel(Do[A_co]):
     """Numeric work on plain values. ``cost`` (roughly, floating-point operations; or a function
-    that gives it) decides whether the pool is worth it; ``batch``, if given, may merge this kernel
-    with others of equal signature (dynamic batching)."""
+    that gives it) decides whether the pool is worth it."""
 
-    __slots__ = ("args", "batch", "cost", "fn")
-    tag = KERNEL
+    __slots__ = ("args", "cost", "fn")
 
     def __init__(
-        self,
-        fn: Callable[..., A_co],
-        args: tuple[Any, ...],
-        cost: float | Callable[[], float] = 0.0,
-        batch: Batcher | None = None,
+        self, fn: Callable[..., A_co], args: tuple[Any, ...], cost: float | Callable[[], float] = 0.0
     ) -> None:
+        self.kind = KERNEL
         self.fn = fn
         self.args = args
         self.cost = cost
-        self.batch = batch
 
 
-class Batch(Do[A_co]):
-    """``fn(*args)``, a ``Do`` to continue with; or, with dynamic batching, one row of
-    ``batch.run`` over the calls of equal ``batch.signature(*args)``. Referenced from one place only
-    (no memo entry): made by a ``flat_map`` and handed on once."""
+@final
+class Variable(Do[Any]):
+    """A trainable variable's node: its value in a run is a tape of ``weight.data`` at that time,
+    and its summed delta is that weight's gradient. A weight has one, made once, so every use of
+    the weight in a run is one node."""
 
-    __slots__ = ("args", "batch", "fn")
-    tag = BATCH | PRIVATE
+    __slots__ = ("weight",)
 
-    def __init__(self, fn: Callable[..., Do[A_co]], args: tuple[Any, ...], batch: Batcher) -> None:
-        self.fn = fn
+    def __init__(self, weight: Any) -> None:
+        self.kind = VARIABLE
+        self.weight = weight
+
+
+@final
+class Apply(Do[Any]):
+    """``prim`` applied to the values (tapes) of ``sources``, with static ``params``."""
+
+    __slots__ = ("params", "prim", "sources")
+
+    def __init__(self, prim: Primitive, sources: tuple[Do[Any], ...], params: dict[str, Any]) -> None:
+        self.kind = APPLY
+        self.prim = prim
+        self.sources = sources
+        self.params = params
+
+
+@final
+class Call(Do[Any]):
+    """A call of the batchable operation ``op``: ``sources`` are the forwards of its row (layer)
+    arguments; ``static`` is the part of its signature known when it is made (the operation, its
+    other arguments); ``args``/``kwargs`` are the arguments themselves, for running its body.
+    Its value is the tuple of its results' tapes; ``projections`` are the nodes of each."""
+
+    __slots__ = ("args", "kwargs", "op", "projections", "rows", "sources", "static")
+
+    def __init__(
+        self,
+        op: Operation,
+        sources: tuple[Do[Any], ...],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        rows: list[int],
+        static: Any,
+        results: int,
+    ) -> None:
+        self.kind = CALL
+        self.op = op
+        self.sources = sources
         self.args = args
-        self.batch = batch
+        self.kwargs = kwargs
+        self.rows = rows
+        self.static = static
+        self.projections: list[Project] = [Project(self, j) for j in range(results)]
 
 
-class PrivateDefer(Defer[A_co]):
-    """A ``Defer`` referenced from one place only (no memo entry)."""
+@final
+class Project(Do[Any]):
+    """Result ``index`` of ``call``."""
 
-    __slots__ = ()
-    tag = DEFER | PRIVATE
+    __slots__ = ("call", "index")
 
-
-class PrivateBind(Bind[A_co]):
-    """A ``Bind`` referenced from one place only (no memo entry)."""
-
-    __slots__ = ()
-    tag = BIND | PRIVATE
-
-
-class PrivateKernel(Kernel[A_co]):
-    """A ``Kernel`` referenced from one place only (no memo entry)."""
-
-    __slots__ = ()
-    tag = KERNEL | PRIVATE
+    def __init__(self, call: Call, index: int) -> None:
+        self.kind = PROJECT
+        self.call = call
+        self.index = index
 
 
 UNIT: Do[None] = Pure(None)
-"""The computation that does nothing; shared, since a ``Pure`` needs no memo."""
+"""The computation that does nothing."""
 
 
 def pure(value: A) -> Do[A]:
@@ -230,18 +291,3 @@ def flat_map_n(f: Callable[..., Do[B]], *dos: Do[Any]) -> Do[B]:
 def kernel_n(f: Callable[..., B], *dos: Do[Any], cost: float = 0.0) -> Do[B]:
     """Numeric work on the values of independent computations (gather + kernel)."""
     return Bind(dos, f, KERNEL_MAP, cost)
-
-
-def run_unit(dos: Iterable[Do[None]], *, private: bool = False) -> Do[None]:
-    """Runs independent side-effecting computations; ``UNIT`` if there are none. ``private``:
-    the result is referenced from one place only (no memo entry; see ``PRIVATE``)."""
-    parts = tuple(d for d in dos if d is not UNIT)
-    if not parts:
-        return UNIT
-    if len(parts) == 1:
-        return parts[0]
-    return (PrivateBind if private else Bind)(parts, _none, MAP)
-
-
-def _none(*_: Any) -> None:
-    return None

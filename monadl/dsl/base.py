@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, ClassVar, Generic, NoReturn, TypeVar
 
 from monadl.do.do import Do
-from monadl.tape.tape import Tape
+from monadl.do.values import Tape
 
 Data = TypeVar("Data")
 Delta = TypeVar("Delta")
+
+
+def _no_truth_value(self: Any) -> NoReturn:
+    raise TypeError(
+        f"the truth value of a {type(self).__name__} is its forward value, which is lazy: "
+        "await it in a @direct function, or predict() it, first"
+    )
 
 
 class Differentiable(Generic[Data, Delta]):
@@ -28,8 +35,7 @@ class Differentiable(Generic[Data, Delta]):
         tape: Tape[Data, Delta] = yield self.forward
         return tape.data
 
-    def __bool__(self) -> NoReturn:
-        raise TypeError(
-            f"the truth value of a {type(self).__name__} is its forward value, which is lazy: "
-            "await it in a @direct function, or predict() it, first"
-        )
+    # A class attribute, not a method: mypy reads its NoReturn (``if layer:`` is unreachable code,
+    # which --strict with warn_unreachable reports), and mypyc compiles only bool-returning methods.
+    __bool__: ClassVar[Callable[[Any], NoReturn]] = _no_truth_value
+

@@ -14,11 +14,13 @@ from returns.result import Result
 
 from monadl.do.do import Do
 from monadl.do.executor import Executor
+from monadl.do.primitive import Primitive
+from monadl.do.values import Tape
 from monadl.dsl import primitives as P
+from monadl.dsl import training
 from monadl.dsl.apply import apply_primitive
 from monadl.dsl.base import Differentiable
-from monadl.dsl.primitives import Primitive
-from monadl.tape.tape import Tape
+from monadl.dsl.indices import row_indices
 from monadl.typeclasses.backend import Array, RowIndices
 
 if TYPE_CHECKING:
@@ -186,9 +188,7 @@ class ArrayOperators(Differentiable[Array, Array]):
 
     def __getitem__(self, indices: RowIndices) -> ArrayLayer:
         """Rows ``indices`` of this array (an embedding lookup): see :func:`monadl.take_rows`."""
-        from monadl.dsl.ops import take_rows
-
-        return take_rows(self, indices)  # type: ignore[arg-type]  # self is a layer or a weight
+        return apply_array(P.take_rows, self, indices=row_indices(indices))
 
 
 @final
@@ -202,31 +202,23 @@ class FloatLayer(FloatOperators):
 
     def predict(self, *, executor: Executor | None = None) -> FutureResult[float, Exception]:
         """The forward value, as a ``FutureResult`` (computed when awaited)."""
-        from monadl.dsl.training import predict
-
-        return predict(self, executor=executor)
+        return training.predict(self, executor=executor)
 
     def train(
         self, optimizer: Optimizer | None = None, *, executor: Executor | None = None
     ) -> FutureResult[float, Exception]:
         """One training step on this loss, as a ``FutureResult`` (computed when awaited)."""
-        from monadl.dsl.training import train
-
-        return train(self, optimizer, executor=executor)
+        return training.train(self, optimizer, executor=executor)
 
     def predict_blocking(self, *, executor: Executor | None = None) -> Result[float, Exception]:
         """The forward value, computed now."""
-        from monadl.dsl.training import predict_blocking
-
-        return predict_blocking(self, executor=executor)
+        return training.predict_blocking(self, executor=executor)
 
     def train_blocking(
         self, optimizer: Optimizer | None = None, *, executor: Executor | None = None
     ) -> Result[float, Exception]:
         """One training step, now: the loss, or the failure (and then no weight changed)."""
-        from monadl.dsl.training import train_blocking
-
-        return train_blocking(self, optimizer, executor=executor)
+        return training.train_blocking(self, optimizer, executor=executor)
 
 
 @final
@@ -240,28 +232,20 @@ class ArrayLayer(ArrayOperators):
 
     def predict(self, *, executor: Executor | None = None) -> FutureResult[Array, Exception]:
         """The forward value, as a ``FutureResult`` (computed when awaited)."""
-        from monadl.dsl.training import predict
-
-        return predict(self, executor=executor)
+        return training.predict(self, executor=executor)
 
     def train(
         self, optimizer: Optimizer | None = None, *, executor: Executor | None = None
     ) -> FutureResult[Array, Exception]:
         """One training step on this loss, as a ``FutureResult`` (computed when awaited)."""
-        from monadl.dsl.training import train
-
-        return train(self, optimizer, executor=executor)
+        return training.train(self, optimizer, executor=executor)
 
     def predict_blocking(self, *, executor: Executor | None = None) -> Result[Array, Exception]:
         """The forward value, computed now."""
-        from monadl.dsl.training import predict_blocking
-
-        return predict_blocking(self, executor=executor)
+        return training.predict_blocking(self, executor=executor)
 
     def train_blocking(
         self, optimizer: Optimizer | None = None, *, executor: Executor | None = None
     ) -> Result[Array, Exception]:
         """One training step on the sum of this array (seeded with ones), now."""
-        from monadl.dsl.training import train_blocking
-
-        return train_blocking(self, optimizer, executor=executor)
+        return training.train_blocking(self, optimizer, executor=executor)

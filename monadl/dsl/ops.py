@@ -14,8 +14,19 @@ from typing import Any, overload
 import numpy as np
 
 from monadl.dsl import primitives as P
-from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer, apply, apply_array, apply_float
-from monadl.typeclasses.backend import AnyNDArray, Array, RowIndices, is_array, namespace
+from monadl.dsl.apply import forward_of
+from monadl.dsl.indices import integral, row_indices
+from monadl.dsl.layers import (
+    AnyArray,
+    AnyFloat,
+    ArrayLayer,
+    FloatLayer,
+    apply,
+    apply_array,
+    apply_float,
+    is_float_kind,
+)
+from monadl.typeclasses.backend import AnyNDArray, RowIndices, is_array, namespace
 
 Axis = int | tuple[int, ...] | None
 
@@ -72,9 +83,6 @@ def _flag(op: str, name: str, value: object) -> bool:
 def lift(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
     """``x`` as a layer. Use it on a raw-array operand where mypy cannot pick an operator of a
     union that includes ``ndarray`` (``ndarray * ndarray`` is an ndarray, not a layer)."""
-    from monadl.dsl.apply import forward_of
-    from monadl.dsl.layers import is_float_kind
-
     if isinstance(x, (FloatLayer, ArrayLayer)):
         return x
     forward = forward_of(x, "lift")
@@ -247,36 +255,10 @@ def concatenate(xs: Sequence[AnyArray], axis: int = 0) -> ArrayLayer:
     return apply_array(P.concatenate(len(xs)), *xs, axis=_int("concatenate", "axis", axis))
 
 
-def _integral(array: Any) -> bool:
-    """Whether an array holds integers (NumPy's own dtype test first: this runs once per op made,
-    and the array API's ``isdtype`` costs more than the rest of making a ``take_rows``)."""
-    if type(array) is np.ndarray:
-        return array.dtype.kind in "iu"
-    return bool(namespace(array).isdtype(array.dtype, "integral"))
-
-
-def _indices(indices: RowIndices) -> Array:
-    if type(indices) is int:  # one row (a word of a tree): once per leaf, so first
-        one = np.asarray(indices)
-        if one.dtype.kind in "iu":  # else too large for an integer dtype: the error below
-            return one
-    if is_array(indices):
-        array: Array = indices  # type: ignore[assignment]
-        if not _integral(array):
-            raise TypeError(f"take_rows: expected integer indices, got dtype {array.dtype}")
-        return array
-    if isinstance(indices, bool) or not isinstance(indices, (int, Sequence)):
-        raise TypeError(f"take_rows: expected integer indices, got {type(indices).__name__}")
-    array = np.asarray(indices)
-    if array.dtype.kind not in "iu":
-        raise TypeError(f"take_rows: expected integer indices, got {indices!r}")
-    return array
-
-
 def take_rows(table: AnyArray, indices: RowIndices) -> ArrayLayer:
     """Rows of ``table`` (an embedding lookup): shape ``indices.shape + table.shape[1:]``. The
     delta adds each row's delta into the rows used, repeated indices included."""
-    return apply_array(P.take_rows, table, indices=_indices(indices))
+    return apply_array(P.take_rows, table, indices=row_indices(indices))
 
 
 def softmax(x: AnyArray, axis: int = -1) -> ArrayLayer:
@@ -306,7 +288,7 @@ def cross_entropy(logits: AnyArray, targets: AnyNDArray) -> FloatLayer:
     if type(targets) is not np.ndarray and not is_array(targets):  # NumPy's arrays first: one per node
         raise TypeError(f"cross_entropy: expected an array of targets, got {type(targets).__name__}")
     labels = None
-    if _integral(targets):  # checked once here, not at every run
+    if integral(targets):  # checked once here, not at every run
         if not targets.shape:  # one label (a node of a tree): no reduction needed
             label = int(targets)
             labels = (label, label)

@@ -1,6 +1,7 @@
-"""The primitive ops, as data: a forward, one vector-Jacobian product per input, a cost, a check.
+"""The primitive ops, as data: a forward, one vector-Jacobian product per input, a cost, checks.
 
-Adding an op touches only this table (and, for a public name, ``ops.py``). Every rule is written
+The record types are the program's (``monadl.do.primitive``); this is the library's table. Adding
+an op touches only this table (and, for a public name, ``ops.py``). Every rule is written
 against an array namespace ``xp`` taken from the inputs, so it runs on NumPy, CuPy, array-api-strict
 and, for elementwise ops, on Python floats (:data:`~monadl.typeclasses.backend.FLOATS`).
 
@@ -14,111 +15,16 @@ than in computing (a batch's softmax): they are tested equal to the generic rule
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from monadl.do.primitive import ELEMENTWISE, Batching, FanOut, Primitive, Rule, elementwise_cost
 from monadl.typeclasses.backend import FLOATS, ShapeError, host_in, minus_zeros, shape_of, unbroadcast
 from monadl.typeclasses.sparse import SparseRows
 
-Rule = Callable[..., Any]
-
-
-def elementwise_cost(*inputs: Any, **_: Any) -> float:
-    """Cost of an elementwise op: the largest operand's number of elements."""
-    cost = 1
-    for x in inputs:
-        if type(x) is not float:
-            n = math.prod(x.shape)
-            if n > cost:
-                cost = n
-    return float(cost)
-
-
-@dataclass(frozen=True)
-class FanOut:
-    """How calls of a primitive that read one value with different others merge (``linear`` of one
-    input with several weights: the gates of an LSTM cell): the inputs ``shared`` are one value for
-    all the calls (the same tape), the other inputs are stacked, row k the k-th call's.
-
-    ``forward(xp, *inputs, **params)`` gets each stacked input as a tuple of the calls' values (not
-    copied into one array) and gives one result row per call; ``vjps`` give a shared input its delta
-    summed over the calls, a stacked one its rows' deltas as one array.
-    The calls' parameters are equal (their whole value is in the signature)."""
-
-    shared: tuple[int, ...]
-    forward: Rule
-    vjps: tuple[Rule, ...]
-
-
-@dataclass(frozen=True)
-class Batching:
-    """How calls of a primitive merge into one call on stacked rows (dynamic batching, see
-    ``monadl.dsl.batching``).
-
-    Each input of a merged call is either *stacked* (the calls' values become the rows of one array,
-    row k the k-th call's) or *shared* (one value for all the calls: a weight, or a float constant,
-    whose delta is then summed once per group instead of once per call)."""
-
-    shared: tuple[int, ...] = ()
-    """Inputs that must be shared (a weight or a float constant), such as ``linear``'s weight."""
-    rows: tuple[str, ...] = ()
-    """Parameters stacked like inputs (arrays of one shape per call), such as ``take_rows``' indices."""
-    elementwise: bool = False
-    """Any input may be shared. Stacked inputs are padded to a common rank (``(n, 1, ..., *shape)``),
-    so that each row broadcasts against the others as its call did."""
-    axis: bool = False
-    """The op has an ``axis`` parameter (default ``axis_default``), shifted past the row axis."""
-    axis_default: Any = None
-    scalar: str = "never"
-    """When a call's result is a Python float: ``"inputs"`` (when all inputs are floats),
-    ``"reduce"`` (a reduction over all axes without ``keepdims``), ``"always"`` or ``"never"``."""
-    forward: Rule | None = None
-    """A forward of its own on stacked rows, giving one result row per call (default: ``forward``)."""
-    vjps: tuple[Rule, ...] | None = None
-    """The vjps on stacked rows, if ``forward`` is its own."""
-    key: Callable[[dict[str, Any]], Hashable] | None = None
-    """The part of the parameters (other than ``rows``) that must be equal for calls to merge
-    (default: all of them)."""
-    fan: FanOut | None = None
-    """How calls that merged with nothing else merge when they share an input (None: they do not)."""
-    mergeable: Callable[..., bool] | None = None
-    """Whether a call may merge, given its inputs' data (default: always), for an op whose
-    stacked rows would mean something else: ``matmul`` with a ``b`` of more than two axes, whose
-    own leading axes would meet the rows' axis."""
-    check_merged: Callable[[tuple[Any, ...], dict[str, Any], list[dict[str, Any]]], None] | None = None
-    """One check for merged calls of one signature, instead of each call's ``check`` (for ops with
-    ``rows``, whose calls' values differ): given the first call's inputs, the merged parameters
-    (``rows`` stacked) and every call's parameters, it raises if any call's check would. It only
-    saves time: on an error the calls are checked one by one, so the error names its call."""
-
-
-ELEMENTWISE = Batching(elementwise=True, scalar="inputs")
-
-
-@dataclass(frozen=True, eq=False)
-class Primitive:
-    """One differentiable primitive: ``forward(xp, *inputs, **params)`` and its ``vjps``.
-
-    ``batch`` says how its calls merge under dynamic batching (None: they do not)."""
-
-    name: str
-    forward: Rule
-    vjps: tuple[Rule, ...]
-    broadcasts: bool = False
-    passes: bool = False
-    """Every vjp is the identity (a sum): a float input's delta is the output's, without a kernel."""
-    saves: bool = False
-    """If True, ``forward`` returns ``(output, saved)`` and the vjps get ``saved`` in place of
-    the output: work shared by forward and backward is done once (a softmax, say)."""
-    cost: Callable[..., float] = elementwise_cost
-    check: Callable[..., None] | None = None
-    batch: Batching | None = None
-
-    def __repr__(self) -> str:
-        return f"Primitive({self.name})"
+__all__ = ["ELEMENTWISE", "Batching", "FanOut", "Primitive", "Rule", "elementwise_cost"]
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -157,7 +63,7 @@ def _log(xp: Any, x: Any) -> Any:
 
 
 def _elementwise(name: str, forward: Rule, vjps: tuple[Rule, ...], broadcasts: bool = False) -> Primitive:
-    return Primitive(name, forward, vjps, broadcasts, batch=ELEMENTWISE)
+    return Primitive(name, forward, vjps, broadcasts, batch=ELEMENTWISE, fresh=True)
 
 
 add = Primitive(
@@ -167,6 +73,7 @@ add = Primitive(
     True,
     passes=True,
     batch=ELEMENTWISE,
+    fresh=True,
 )
 sub = _elementwise("sub", lambda xp, a, b: a - b, (lambda xp, d, o, a, b: d, lambda xp, d, o, a, b: -d), True)
 mul = _elementwise(
@@ -256,6 +163,7 @@ sum_ = Primitive(
     (lambda xp, d, o, x, axis=None, keepdims=False: _expand_to(xp, d, x, axis, keepdims),),
     check=_check_axes("sum"),
     batch=Batching(axis=True, scalar="reduce"),
+    fresh=True,
 )
 mean = Primitive(
     "mean",
@@ -265,6 +173,7 @@ mean = Primitive(
     (lambda xp, d, o, x, axis=None, keepdims=False: _expand_to(xp, d / _count(x, axis), x, axis, keepdims),),
     check=_check_axes("mean"),
     batch=Batching(axis=True, scalar="reduce"),
+    fresh=True,
 )
 
 # ----------------------------------------------------------------------------------------- shape
@@ -282,6 +191,7 @@ reshape = Primitive(
     lambda xp, x, shape: xp.reshape(x, shape),
     (lambda xp, d, o, x, shape: xp.reshape(d, x.shape),),
     check=_check_reshape,
+    fresh=True,
 )
 
 
@@ -306,6 +216,7 @@ transpose = Primitive(
     lambda xp, x, axes=None: xp.permute_dims(x, _axes(x, axes)),
     (lambda xp, d, o, x, axes=None: xp.permute_dims(d, _inverse(_axes(x, axes))),),
     check=_check_transpose,
+    fresh=True,
 )
 
 
@@ -341,7 +252,8 @@ def concatenate(n: int) -> Primitive:
             lambda xp, *xs, axis=0: xp.concat(xs, axis=axis),
             tuple(_concat_vjp(i) for i in range(n)),
             check=_check_concat,
-            batch=Batching(axis=True, axis_default=0),
+            batch=Batching(axis=True, axis_default=0, joins_rows=True),
+            fresh=True,
         )
         _concat_rules[n] = prim
     return prim
@@ -357,9 +269,12 @@ def _scatter_rows(xp: Any, table: Any, indices: Any, d: Any) -> SparseRows:
 
 
 def _check_take(table: Any, indices: Any) -> None:
-    n = table.shape[0] if table.ndim else 0
     if table.ndim == 0:
         raise ShapeError("take_rows: cannot index rows of a 0-d array")
+
+
+def _check_take_range(table: Any, indices: Any, **_: Any) -> None:
+    n = table.shape[0]
     if not indices.shape:  # one row (a word)
         lo = hi = int(indices)
     elif math.prod(indices.shape):
@@ -377,7 +292,7 @@ def _check_take(table: Any, indices: Any) -> None:
 def _check_take_merged(inputs: tuple[Any, ...], merged: dict[str, Any], calls: list[dict[str, Any]]) -> None:
     # The calls share the table and their indices have one shape: the stacked indices' range is
     # theirs together.
-    _check_take(inputs[0], merged["indices"])
+    _check_take_range(inputs[0], merged["indices"])
 
 
 take_rows = Primitive(
@@ -391,6 +306,9 @@ take_rows = Primitive(
     check=_check_take,
     # one table, the indices stacked: one sparse delta
     batch=Batching(shared=(0,), rows=("indices",), check_merged=_check_take_merged),
+    check_values=_check_take_range,
+    per_run=("indices",),
+    fresh=True,
 )
 
 # ---------------------------------------------------------------------------------------- matmul
@@ -447,6 +365,7 @@ matmul = Primitive(
     cost=lambda a, b: float(math.prod(a.shape) * (b.shape[-1] if b.ndim > 1 else 1)),
     check=_check_matmul,
     batch=Batching(shared=(1,), mergeable=lambda a, b: type(b) is float or b.ndim <= 2),
+    fresh=True,
 )
 
 # ---------------------------------------------------------------------------------------- linear
@@ -536,6 +455,7 @@ linear = Primitive(
     # x's rows stacked: the calls' x @ w become one matmul; or, for calls of one x with different
     # weights, one kernel (FanOut)
     batch=Batching(shared=(1, 2), fan=_FAN_LINEAR),
+    fresh=True,
 )
 
 # ------------------------------------------------------------------------------ softmax and loss
@@ -562,6 +482,7 @@ softmax = Primitive(
     (lambda xp, d, o, x, axis=-1: o * (d - xp.sum(d * o, axis=axis, keepdims=True)),),
     check=_check_has_axis,
     batch=Batching(axis=True, axis_default=-1),
+    fresh=True,
 )
 log_softmax = Primitive(
     "log_softmax",
@@ -569,6 +490,7 @@ log_softmax = Primitive(
     (lambda xp, d, o, x, axis=-1: d - xp.exp(o) * xp.sum(d, axis=axis, keepdims=True),),
     check=_check_has_axis,
     batch=Batching(axis=True, axis_default=-1),
+    fresh=True,
 )
 
 
@@ -595,6 +517,9 @@ def _check_cross_entropy(logits: Any, targets: Any, labels: tuple[int, int] | No
             f"{tuple(logits.shape)} (expected {wanted}: probabilities, or integer labels "
             f"of shape {tuple(logits.shape[:-1])})"
         )
+
+
+def _check_labels(logits: Any, labels: tuple[int, int] | None, **_: Any) -> None:
     if labels is not None:
         classes = logits.shape[-1]
         lo, hi = labels
@@ -604,17 +529,12 @@ def _check_cross_entropy(logits: Any, targets: Any, labels: tuple[int, int] | No
             )
 
 
-def _check_cross_entropy_merged(
-    inputs: tuple[Any, ...], merged: dict[str, Any], calls: list[dict[str, Any]]
-) -> None:
-    # The calls' logits have one shape, and so have their targets (the signature): the first
-    # call's shapes stand for all, and the labels' range is the union of theirs.
-    first = calls[0]
-    labels = first["labels"]
-    if labels is not None:  # then every call's is (``labels is None`` is in the signature)
-        ranges = [call["labels"] for call in calls]
-        labels = (min([r[0] for r in ranges]), max([r[1] for r in ranges]))
-    _check_cross_entropy(inputs[0], first["targets"], labels)
+def _check_labels_merged(inputs: tuple[Any, ...], merged: dict[str, Any], calls: list[dict[str, Any]]) -> None:
+    # The calls' logits have one shape (the signature): the first call's stand for all, and the
+    # labels' range is the union of theirs.
+    ranges = [call["labels"] for call in calls]
+    if ranges[0] is not None:
+        _check_labels(inputs[0], (min([r[0] for r in ranges]), max([r[1] for r in ranges])))
 
 
 def _cross_entropy(xp: Any, logits: Any, targets: Any, labels: tuple[int, int] | None) -> tuple[float, Any]:
@@ -670,9 +590,11 @@ cross_entropy = Primitive(
         forward=_cross_entropy_rows,
         vjps=(lambda xp, d, saved, logits, targets, labels: saved * _as_rows(xp, d, saved),),
         rows=("targets",),
-        key=lambda params: params["labels"] is None,  # label ranges differ: checked, not in the signature
-        check_merged=_check_cross_entropy_merged,
+        check_merged=_check_labels_merged,
     ),
+    check_values=_check_labels,
+    per_run=("targets", "labels"),
+    fresh=True,
 )
 
 
@@ -693,7 +615,13 @@ def add_n(n: int) -> Primitive:
     prim = _add_n_rules.get(n)
     if prim is None:
         prim = Primitive(
-            "add_n", _add_n_forward, (_add_n_vjp,) * n, broadcasts=True, passes=True, batch=ELEMENTWISE
+            "add_n",
+            _add_n_forward,
+            (_add_n_vjp,) * n,
+            broadcasts=True,
+            passes=True,
+            batch=Batching(elementwise=True, scalar="inputs", sums_rows=True),
+            fresh=True,
         )
         _add_n_rules[n] = prim
     return prim

@@ -2,15 +2,15 @@
 
 A training step is all-or-nothing:
 
-1. forward: one run of the loss's ``Do``; tapes are built, consumers acquired, every shared tape
-   registered with the step's :class:`~monadl.tape.shared.StepContext`;
+1. forward: one run of the loss's ``Do`` (replayed from a compiled program when the graph's
+   structure was seen before), every computation a step of the run's record;
 2. the loss must be finite, else the step fails with :class:`NonFiniteLossError` before backward;
-3. backward: one run seeded with dL/dL = 1, plus the release of dangling tapes; each tape fires
-   once, and each weight's tape records its summed delta;
+3. backward: the record read backwards from dL/dL = 1 (``monadl.tape``): each node's delta is the
+   sum of its consumers', its vjps run once, and each weight's summed delta is its gradient;
 4. update: every weight's new data and optimizer state are computed first, then all are committed
    together. An exception anywhere before the commit leaves every weight and state as it was.
    An optimizer with an ``update_owned`` (SGD) writes the new data into the step's own gradient
-   array where nothing else holds it (checked by reference count): no weight-sized allocation.
+   array where the backward pass says nothing else holds it: no weight-sized allocation.
 
 ``train``/``predict`` return ``returns``' ``FutureResult`` (the paper's typed asynchronous result);
 ``train_blocking``/``predict_blocking`` return a ``Result`` for scripts.
@@ -20,26 +20,25 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
 import threading
 from collections.abc import Callable, Generator
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 from returns.future import FutureResult
 from returns.result import Failure, Result, Success
 
-from monadl.do.do import Do, Pure, run_unit
 from monadl.do.executor import Executor, default_executor
-from monadl.dsl.fold import run_planned
-from monadl.dsl.layers import ArrayLayer, FloatLayer
+from monadl.do.stats import RunStats
+from monadl.do.values import Tape
 from monadl.dsl.optimizers import Optimizer
-from monadl.dsl.straight import Program, program, record_stats, run_backward, run_forward
-from monadl.dsl.weights import ArrayWeight, FloatWeight, freeze
-from monadl.tape.shared import StepContext, in_step
-from monadl.tape.tape import Tape
-from monadl.typeclasses.backend import Array, namespace
+from monadl.tape.backward import backward
+from monadl.typeclasses.backend import Array, freeze, namespace
 from monadl.typeclasses.sparse import SparseRows
+
+if TYPE_CHECKING:
+    from monadl.dsl.layers import ArrayLayer, FloatLayer
+    from monadl.dsl.weights import ArrayWeight, FloatWeight
 
 _commit_lock = threading.Lock()
 
@@ -65,9 +64,12 @@ def _seed(value: Any) -> Any:
     return namespace(value).ones_like(value)
 
 
+Gradients = dict["FloatWeight | ArrayWeight", Any]
+
+
 def compute_gradients(
     loss: FloatLayer | ArrayLayer, *, executor: Executor | None = None
-) -> tuple[Any, dict[FloatWeight | ArrayWeight, Any]]:
+) -> tuple[Any, Gradients]:
     """The loss and every weight's gradient, without updating anything.
 
     A gradient is what the weight received, summed: a float for a ``FloatWeight``, an array for an
@@ -78,65 +80,35 @@ def compute_gradients(
     Raises :class:`NonFiniteLossError` for a non-finite loss, or whatever the forward or backward
     pass raised.
     """
+    value, gradients, _ = _step(loss, executor)
+    return value, gradients
+
+
+def _step(loss: FloatLayer | ArrayLayer, executor: Executor | None) -> tuple[Any, Gradients, set[Any]]:
+    """A step's forward and backward passes: the loss, the gradients, and the weights whose
+    gradient is an array of the step's own (an optimizer may write into it). Its statistics (both
+    passes) are the executor's ``last_stats``."""
     ex = executor or default_executor()
-    if ex.batching and ex.planning:
-        try:
-            planned = run_planned(ex, loss.forward)
-            if planned is not None and _is_finite(planned.value):
-                return planned.value, _unaliased(planned.gradients(_seed(planned.value)))
-        except Exception:  # noqa: BLE001 - run again unplanned: its error names the call that failed
-            planned = None
-        if planned is not None:
-            raise NonFiniteLossError(f"the loss is not finite: {planned.value!r}; no weight was changed")
-    if ex.planning:  # a static graph runs as a list of ops (monadl.dsl.straight)
-        prog = program(loss.forward)
-        if prog is not None:
-            return _straight_gradients(ex, prog)
-    return _gradients(ex, loss)
-
-
-def _straight_gradients(ex: Executor, prog: Program) -> tuple[Any, dict[FloatWeight | ArrayWeight, Any]]:
-    """``compute_gradients`` of a static graph, run as a list of ops (``monadl.dsl.straight``)."""
+    stats = RunStats()
     try:
         with ex.paused():
-            value = run_forward(ex, prog)
+            evaluation = ex.evaluate(loss.forward, stats, own_root=True)
+            value = evaluation.value
             if not _is_finite(value):
                 raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
-            gradients = run_backward(ex, prog, _seed(value))
+            root = evaluation.root
+            assert root is not None  # own_root: the root's value has a slot of its own
+            run = evaluation.run
+            gradients, owned = backward(run, root.slot, _seed(value), run.dispatcher)
     finally:
-        record_stats(ex, prog)
-    return value, _unaliased(gradients)
+        ex.publish(stats)
+    return value, *_unaliased(gradients, owned)
 
 
-def _gradients(
-    ex: Executor, loss: FloatLayer | ArrayLayer
-) -> tuple[Any, dict[FloatWeight | ArrayWeight, Any]]:
-    """``compute_gradients`` run by the executor, in a step of its own."""
-    step = StepContext()
-
-    def body() -> Any:
-        forward: Do[Tape[Any, Any]] = loss.forward
-        root = ex.run(forward)
-        value = root.data
-        if not _is_finite(value):
-            raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
-        root.acquire()
-        ex.run(run_unit([root.backward(Pure(_seed(value))), step.release_dangling(root)]))
-        return value
-
-    try:
-        value = in_step(step, body)
-    finally:
-        # Weight tapes point back at the step: without this, every array of the step would live on
-        # in a reference cycle until the garbage collector ran, and memory would grow between steps.
-        step.tapes.clear()
-    return value, _unaliased(step.gradients)
-
-
-def _unaliased(gradients: dict[FloatWeight | ArrayWeight, Any]) -> dict[FloatWeight | ArrayWeight, Any]:
+def _unaliased(gradients: Gradients, owned: set[Any]) -> tuple[Gradients, set[Any]]:
     """The gradients, each with memory of its own: a delta passed through unchanged (by ``+``, say),
     or a view of one (by ``reshape``), can be the gradient of two weights at once, and changing one
-    in place must not change the other."""
+    in place must not change the other. A copy made here is the step's own."""
     seen: set[int] = set()
     for weight, gradient in gradients.items():
         if type(gradient) is float:
@@ -147,8 +119,9 @@ def _unaliased(gradients: dict[FloatWeight | ArrayWeight, Any]) -> dict[FloatWei
                 if type(gradient) is SparseRows
                 else namespace(gradient).asarray(gradient, copy=True)
             )
+            owned.add(weight)
         seen.add(_memory(gradient))
-    return gradients
+    return gradients, owned
 
 
 def _memory(gradient: Any) -> int:
@@ -160,7 +133,7 @@ def _memory(gradient: Any) -> int:
     return id(array)
 
 
-def _apply(gradients: dict[FloatWeight | ArrayWeight, Any], default: Optimizer | None) -> None:
+def _apply(gradients: Gradients, default: Optimizer | None, owned: set[Any]) -> None:
     """Computes every update, then commits them all (nothing is committed if one fails)."""
     updates = []
     for weight, gradient in gradients.items():
@@ -175,12 +148,12 @@ def _apply(gradients: dict[FloatWeight | ArrayWeight, Any], default: Optimizer |
             state = held[1]
         else:
             state = optimizer.init(weight.data)
-        gradient = _in_dtype_of(gradient, weight.data)
+        converted = _in_dtype_of(gradient, weight.data)
         update_owned = getattr(optimizer, "update_owned", None)
-        if update_owned is not None and _handed_over(gradient, weight.data):
-            data, state = update_owned(weight.data, gradient, state)
+        if update_owned is not None and (weight in owned or converted is not gradient) and _fits(converted, weight.data):
+            data, state = update_owned(weight.data, converted, state)
         else:
-            data, state = optimizer.update(weight.data, gradient, state)
+            data, state = optimizer.update(weight.data, converted, state)
         updates.append((weight, data, (optimizer, state)))
     for weight, data, state in updates:
         weight.data = freeze(data)
@@ -203,36 +176,17 @@ def _in_dtype_of(gradient: Any, data: Any) -> Any:
     return namespace(gradient).astype(gradient, dtype)
 
 
-def _handed_over(gradient: Any, data: Any) -> bool:
-    """Whether an optimizer may write ``data``'s update into ``gradient``'s memory: a writable NumPy
-    array of data's shape and dtype, owning its memory, and held by nothing but ``_apply``'s
-    gradients and loop (no view of it, no user or tape keeps it)."""
+def _fits(gradient: Any, data: Any) -> bool:
+    """Whether an optimizer may write ``data``'s update into ``gradient``'s memory (the step's
+    own): a writable NumPy array of data's shape and dtype, owning its memory."""
     return (
         type(gradient) is np.ndarray
         and type(data) is np.ndarray
         and gradient.shape == data.shape
         and gradient.dtype == data.dtype
-        and gradient.flags.owndata
+        and gradient.base is None
         and gradient.flags.writeable
-        and sys.getrefcount(gradient) <= _REFS_IN_APPLY
     )
-
-
-def _refs_in_apply() -> int:
-    """``sys.getrefcount`` of an array held only as ``_apply`` holds a gradient (in a dict, a loop
-    variable and ``_handed_over``'s argument), counted here on this interpreter, whose counts vary
-    by version."""
-    gradients = {0: np.zeros(1)}
-    for _, gradient in gradients.items():
-        return _count(gradient)
-    raise AssertionError("unreachable")
-
-
-def _count(gradient: Any) -> int:
-    return sys.getrefcount(gradient)
-
-
-_REFS_IN_APPLY = _refs_in_apply()
 
 
 @overload
@@ -254,9 +208,9 @@ def train_blocking(
     ``optimizer`` is the default for weights that have none of their own.
     """
     try:
-        value, gradients = compute_gradients(loss, executor=executor)
+        value, gradients, owned = _step(loss, executor)
         with _commit_lock:
-            _apply(gradients, optimizer)
+            _apply(gradients, optimizer, owned)
     except Exception as e:  # noqa: BLE001 - every failure is the caller's Failure, not a crash
         return Failure(e)
     return Success(value)
@@ -270,27 +224,18 @@ def predict_blocking(
     layer: FloatLayer | ArrayLayer, *, executor: Executor | None = None
 ) -> Result[Any, Exception]:
     """The forward value of ``layer``, now: ``Success(value)`` or ``Failure(exception)``."""
+    ex = executor or default_executor()
+    stats = RunStats()
     try:
-        forward: Do[Tape[Any, Any]] = layer.forward
-        ex = executor or default_executor()
-        if ex.batching and ex.planning:
-            try:
-                planned = run_planned(ex, forward)
-            except Exception:  # noqa: BLE001 - run again unplanned: its error names the failed call
-                planned = None
-            if planned is not None:
-                return Success(planned.value)
-        if ex.planning:
-            prog = program(forward)
-            if prog is not None:
-                try:
-                    with ex.paused():
-                        return Success(run_forward(ex, prog))
-                finally:
-                    record_stats(ex, prog)
-        return Success(ex.run(forward).data)
+        with ex.paused():
+            value = ex.evaluate(layer.forward, stats).value
+        if isinstance(value, Tape):  # a literal's or a user's own tape, the root of a dynamic graph
+            value = value.data
     except Exception as e:  # noqa: BLE001
         return Failure(e)
+    finally:
+        ex.publish(stats)
+    return Success(value)
 
 
 class _InThread:

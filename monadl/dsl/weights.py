@@ -1,9 +1,9 @@
 """``FloatWeight`` and ``ArrayWeight``: trainable variables.
 
-A weight's forward is one constant ``Delay`` node, so within a run every use of the weight shares one
-tape: its reference count is the number of uses, and its backward runs once per step with the summed
-delta, recording it in the step's gradients. The optimizer applies all gradients at the end of a
-successful step (``training.py``); nothing here changes ``data`` during the backward pass.
+A weight's forward is one ``Variable`` node, made once, so within a run every use of the weight is
+one node: its delta is the sum of every use's, computed once per step, and it is the weight's
+gradient. The optimizer applies all gradients at the end of a successful step (``training.py``);
+nothing here changes ``data`` during the backward pass.
 """
 
 from __future__ import annotations
@@ -13,45 +13,10 @@ from typing import Any, final
 
 import numpy as np
 
-from monadl.do.do import MAP, UNIT, Delay, Do, PrivateBind
+from monadl.do.do import Variable
 from monadl.dsl.layers import ArrayOperators, FloatOperators
 from monadl.dsl.optimizers import Optimizer
-from monadl.tape.shared import SharedTape, StepContext, current_step
-from monadl.typeclasses.backend import Array, check_float_array, namespace
-from monadl.typeclasses.monoid import SUM
-
-
-def freeze(data: Any) -> Any:
-    """``data``, made read-only where the array library allows it (NumPy). A weight's data is
-    replaced, never changed in place, by a training step; forward values and tapes may share it, so
-    an accidental in-place change of a prediction must not change the weight."""
-    if isinstance(data, np.ndarray):
-        data.flags.writeable = False
-    return data
-
-
-class WeightTape(SharedTape[Any, Any]):
-    """A weight's tape in one run: its backward records the summed delta as the gradient."""
-
-    __slots__ = ("step", "weight")
-    sparse_deltas = True
-    """It records a SparseRows delta (an embedding table's) as the gradient, as it is."""
-
-    def __init__(self, weight: FloatWeight | ArrayWeight, step: StepContext | None) -> None:
-        super().__init__(weight.data)
-        self.fanout = 1  # its backward reads its delta once: to record it
-        self.weight = weight
-        self.step = step
-
-    def _sum(self, deltas: Sequence[Do[Any]]) -> Do[Any]:
-        return SUM.sum_lazy(deltas, self.weight.size)
-
-    def _backward(self, delta: Do[Any]) -> Do[None]:
-        step = self.step
-        if step is None:  # a forward pass outside training: nothing to record
-            return UNIT
-        weight = self.weight
-        return PrivateBind((delta,), lambda d: step.record(weight, d), MAP)
+from monadl.typeclasses.backend import Array, check_float_array, freeze, namespace
 
 
 class _WeightState:
@@ -66,13 +31,6 @@ class _WeightState:
     @property
     def size(self) -> float:
         return 1.0 if type(self.data) is float else float(np.prod(self.data.shape))
-
-    def _tape(self) -> WeightTape:
-        step = current_step()
-        tape = WeightTape(self, step)  # type: ignore[arg-type]
-        if step is not None:
-            step.register(tape)
-        return tape
 
 
 @final
@@ -89,7 +47,7 @@ class FloatWeight(FloatOperators, _WeightState):
         self.optimizer = optimizer
         self.optimizer_state = None
         self.name = name
-        self.forward = Delay(self._tape)
+        self.forward = Variable(self)
 
     def __repr__(self) -> str:
         return f"FloatWeight({self.data!r}{', name=' + repr(self.name) if self.name else ''})"
@@ -108,7 +66,7 @@ class ArrayWeight(ArrayOperators, _WeightState):
         self.optimizer = optimizer
         self.optimizer_state = None
         self.name = name
-        self.forward = Delay(self._tape)
+        self.forward = Variable(self)
 
     @classmethod
     def normal(

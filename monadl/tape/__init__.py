@@ -1,6 +1,7 @@
-"""``Tape[Data, Delta]`` and reference-counted shared tapes."""
+"""``Tape[Data, Delta]`` and the backward pass: a run's record read backwards, each node's delta
+summed over its consumers before its vjps run once."""
 
-from monadl.tape.shared import SharedTape, StepContext, current_step
-from monadl.tape.tape import Tape
+from monadl.do.values import Tape
+from monadl.tape.backward import backward
 
-__all__ = ["SharedTape", "StepContext", "Tape", "current_step"]
+__all__ = ["Tape", "backward"]

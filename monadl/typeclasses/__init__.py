@@ -1,8 +1,2 @@
-"""Type classes: ``DeepLearning`` (Data, Delta, forward), delta monoids, the array backend."""
-
-from monadl.typeclasses.backend import Array, ShapeError, namespace
-from monadl.typeclasses.deep_learning import DeepLearning
-from monadl.typeclasses.monoid import SUM, Monoid
-from monadl.typeclasses.sparse import SparseRows
-
-__all__ = ["SUM", "Array", "DeepLearning", "Monoid", "ShapeError", "SparseRows", "namespace"]
+"""Type classes the library is written against, depending on nothing else of it: the array backend
+(namespaces, checks, broadcasting's vjp) and sparse deltas (an embedding table's rows)."""

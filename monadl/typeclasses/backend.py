@@ -194,6 +194,15 @@ def unbroadcast(xp: Any, delta: Any, like: Any) -> Any:
     return xp.reshape(summed, shape)
 
 
+def freeze(data: Any) -> Any:
+    """``data``, made read-only where the array library allows it (NumPy). A weight's data is
+    replaced, never changed in place, by a training step; forward values and tapes may share it, so
+    an accidental in-place change of a prediction must not change the weight."""
+    if isinstance(data, np.ndarray):
+        data.flags.writeable = False
+    return data
+
+
 def shape_of(x: object) -> tuple[int, ...] | str:
     """A printable shape: the array's shape, or ``"float"``."""
     if type(x) is float:

@@ -4,6 +4,8 @@ A differentiable value has a forward computation ``forward: Do[Tape[Data, Delta]
 weights are their own witnesses (they have ``forward``); plain floats and arrays are literals, lifted
 to a constant tape by ``monadl.lift``. Functions that accept "anything differentiable of array type"
 are typed on the unions ``AnyFloat`` / ``AnyArray`` of ``monadl.dsl``, which mypy checks.
+
+(Interpreted, not compiled: a ``runtime_checkable`` protocol is checked by ``isinstance``.)
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from typing import Protocol, TypeVar, runtime_checkable
 
 from monadl.do.do import Do
-from monadl.tape.tape import Tape
+from monadl.do.values import Tape
 
 Data = TypeVar("Data")
 Delta = TypeVar("Delta")

@@ -1,0 +1,314 @@
+"""What an op node applies: a :class:`Primitive` (ops as data) or a batchable :class:`Operation`.
+
+A primitive is a forward rule, one vector-Jacobian product per input, a cost, checks, and how its
+calls merge under dynamic batching (:class:`Batching`). The rules are written against an array
+namespace ``xp`` taken from the inputs, so they run on NumPy, CuPy, array-api-strict and, for
+elementwise ops, Python floats. The library's table of primitives is ``monadl.dsl.primitives``;
+the scheduler (``scheduler.py``) and the backward pass (``monadl.tape``) interpret these records.
+
+A vjp has the signature ``vjp(xp, delta, out, *inputs, **params)`` and returns the delta for its
+input. For primitives marked ``broadcasts``, it is summed back to the input's shape afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from monadl.typeclasses.backend import (
+    FLOATS,
+    ShapeError,
+    device_of,
+    namespace,
+    shape_of,
+    unbroadcast,
+)
+from monadl.typeclasses.sparse import SparseRows
+
+if TYPE_CHECKING:
+    from monadl.do.do import Call, Do
+    from monadl.do.values import Tape
+
+Rule = Callable[..., Any]
+
+
+def elementwise_cost(*inputs: Any, **_: Any) -> float:
+    """Cost of an elementwise op: the largest operand's number of elements."""
+    cost = 1
+    for x in inputs:
+        if type(x) is not float:
+            n = math.prod(x.shape)
+            if n > cost:
+                cost = n
+    return float(cost)
+
+
+@dataclass(frozen=True)
+class FanOut:
+    """How calls of a primitive that read one value with different others merge (``linear`` of one
+    input with several weights: the gates of an LSTM cell): the inputs ``shared`` are one value for
+    all the calls (the same node), the other inputs are each call's own.
+
+    ``forward(xp, *inputs, **params)`` gets each unshared input as a tuple of the calls' values (not
+    copied into one array) and gives one result row per call; ``vjps`` give a shared input its delta
+    summed over the calls, an unshared one its calls' deltas as the rows of one array. The calls'
+    parameters are equal (their whole value is in the signature)."""
+
+    shared: tuple[int, ...]
+    forward: Rule
+    vjps: tuple[Rule, ...]
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How calls of a primitive merge into one call on stacked rows (dynamic batching).
+
+    Each input of a merged call is either *stacked* (the calls' values become the rows of one array,
+    row k the k-th call's) or *shared* (one value for all the calls: a weight, or a float constant,
+    whose delta is then summed once per group instead of once per call)."""
+
+    shared: tuple[int, ...] = ()
+    """Inputs that must be shared (a weight or a float constant), such as ``linear``'s weight."""
+    rows: tuple[str, ...] = ()
+    """Parameters stacked like inputs (arrays of one shape per call), such as ``take_rows``' indices."""
+    elementwise: bool = False
+    """Any input may be shared. Stacked inputs are padded to a common rank (``(n, 1, ..., *shape)``),
+    so that each row broadcasts against the others as its call did."""
+    axis: bool = False
+    """The op has an ``axis`` parameter (default ``axis_default``), shifted past the row axis."""
+    axis_default: Any = None
+    scalar: str = "never"
+    """When a call's result is a Python float: ``"inputs"`` (when all inputs are floats),
+    ``"reduce"`` (a reduction over all axes without ``keepdims``), ``"always"`` or ``"never"``."""
+    forward: Rule | None = None
+    """A forward of its own on stacked rows, giving one result row per call (default: ``forward``)."""
+    vjps: tuple[Rule, ...] | None = None
+    """The vjps on stacked rows, if ``forward`` is its own."""
+    fan: FanOut | None = None
+    """How calls that merged with nothing else merge when they share an input (None: they do not)."""
+    mergeable: Callable[..., bool] | None = None
+    """Whether a call may merge, given its inputs' data (default: always), for an op whose
+    stacked rows would mean something else: ``matmul`` with a ``b`` of more than two axes, whose
+    own leading axes would meet the rows' axis."""
+    check_merged: Callable[[tuple[Any, ...], dict[str, Any], list[dict[str, Any]]], None] | None = None
+    """One check of the per-run parameters of merged calls, instead of each call's ``check_values``
+    (for ops with ``rows``, whose calls' values differ): given the first call's inputs, the merged
+    parameters (``rows`` stacked) and every call's parameters, it raises if any call's check would.
+    It only saves time: on an error the calls are checked one by one, so the error names its call."""
+    sums_rows: bool = False
+    """The op is an n-ary sum (``add_n``): rows of one group among its operands are summed as one
+    gathered array, not one by one."""
+    joins_rows: bool = False
+    """The op joins arrays along their first axis (``concatenate``): rows of groups among its
+    operands are gathered, not taken out one by one."""
+
+
+ELEMENTWISE = Batching(elementwise=True, scalar="inputs")
+
+
+class Primitive:
+    """One differentiable primitive: ``forward(xp, *inputs, **params)`` and its ``vjps``.
+
+    ``broadcasts``: the vjps' results are summed back to their inputs' shapes. ``passes``: every vjp
+    is the identity (a sum): a float input's delta is the output's, without a kernel. ``saves``:
+    ``forward`` returns ``(output, saved)`` and the vjps get ``saved`` in place of the output (work
+    shared by forward and backward is done once). ``check``: raises for inputs of shapes or types
+    the op cannot take (run once per structure); ``check_values``: the checks that read values (a
+    label's range), run at every run. ``per_run``: the parameters that are data rather than
+    structure (indices, labels): only their types and shapes are part of a program's structure.
+    ``batch`` says how calls merge under dynamic batching (None: they do not). ``fresh``: every vjp
+    gives a new array or a view (never another array it was given), so a gradient it gives may be
+    overwritten by an optimizer (the library's own primitives)."""
+
+    __slots__ = (
+        "batch",
+        "broadcasts",
+        "check",
+        "check_values",
+        "cost",
+        "forward",
+        "fresh",
+        "name",
+        "passes",
+        "per_run",
+        "saves",
+        "vjps",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        forward: Rule,
+        vjps: tuple[Rule, ...],
+        broadcasts: bool = False,
+        passes: bool = False,
+        saves: bool = False,
+        cost: Callable[..., float] = elementwise_cost,
+        check: Callable[..., None] | None = None,
+        batch: Batching | None = None,
+        *,
+        check_values: Callable[..., None] | None = None,
+        per_run: tuple[str, ...] = (),
+        fresh: bool = False,
+    ) -> None:
+        self.name = name
+        self.forward = forward
+        self.vjps = vjps
+        self.broadcasts = broadcasts
+        self.passes = passes
+        self.saves = saves
+        self.cost = cost
+        self.check = check
+        self.check_values = check_values
+        self.batch = batch
+        self.per_run = per_run
+        self.fresh = fresh
+
+    def __repr__(self) -> str:
+        return f"Primitive({self.name})"
+
+    def static_key(self, params: dict[str, Any]) -> Hashable | None:
+        """The part of ``params`` that must be equal for two applications to be interchangeable (to
+        merge, or to replay one's compiled program for the other): every parameter but the per-run
+        ones, which count by their type, shape and dtype. None if a parameter is unhashable (then
+        the application runs on its own and its program is not kept)."""
+        if not params:
+            return ()
+        per_run = self.per_run
+        items: list[Any] = []
+        for name, value in params.items():
+            items.append((name, value) if name not in per_run else (name, value_key(value)))
+        key = tuple(items)
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
+    def run(self, datas: tuple[Any, ...], params: dict[str, Any], checked: bool) -> tuple[Any, Any, Any]:
+        """This primitive applied to its inputs' data: the array namespace, the result, and what it
+        saves for its vjps (the result itself if it saves nothing). ``checked``: run ``check`` (a
+        program replayed for inputs of the same structure skips it; ``check_values`` always runs).
+        Errors name the op and the shapes."""
+        d0 = datas[0]
+        xp = np if type(d0) is np.ndarray else namespace(*datas)
+        if checked:
+            if xp is not np and len(datas) > 1:
+                check_devices(self.name, datas)
+            if self.check is not None:
+                self.check(*datas, **params)
+        if self.check_values is not None:
+            self.check_values(*datas, **params)
+        try:
+            out = self.forward(xp, *datas, **params)
+        except ValueError as e:
+            if isinstance(e, ShapeError):
+                raise
+            shapes = " and ".join(str(shape_of(d)) for d in datas)
+            raise ShapeError(f"{self.name}: operands of shapes {shapes} do not fit: {e}") from e
+        except ArithmeticError:  # a float divided by zero, or overflowing: an array gives inf or nan
+            if xp is not FLOATS:
+                raise
+            out = as_float_arrays(self.forward, (), datas, params)
+        if type(out) is complex:  # a negative float to a fractional power: an array gives nan
+            out = as_float_arrays(self.forward, (), datas, params)
+        saved: Any = None
+        if self.saves:
+            out, saved = out
+        # NumPy turns 0-d results into scalars (np.float64): keep array data an array.
+        if isinstance(out, np.generic):
+            out = np.asarray(out)
+        return xp, out, saved if self.saves else out
+
+    def delta(
+        self,
+        i: int,
+        xp: Any,
+        datas: tuple[Any, ...],
+        saved: Any,
+        delta: Any,
+        params: dict[str, Any],
+        dense: bool,
+    ) -> Any:
+        """The delta of input ``i`` of an application (inputs' data ``datas``; ``saved``: what it
+        saved, or its result), given the result's ``delta``. ``dense``: the input takes dense
+        deltas only (not a ``SparseRows``)."""
+        if type(delta) is SparseRows:  # the result was looked up (take_rows): the rules want dense
+            delta = delta.to_dense(xp)
+        rule = self.vjps[i]
+        try:
+            g = rule(xp, delta, saved, *datas, **params)
+        except ArithmeticError:  # as in run: floats as arrays compute them
+            if xp is not FLOATS:
+                raise
+            g = as_float_arrays(rule, (delta, saved), datas, params)
+        if type(g) is complex:
+            g = as_float_arrays(rule, (delta, saved), datas, params)
+        if self.broadcasts:
+            g = unbroadcast(xp, g, datas[i])
+        elif dense and type(g) is SparseRows:
+            g = g.to_dense(xp)
+        return np.asarray(g) if isinstance(g, np.generic) else g
+
+
+class Operation:
+    """A batchable operation: a function of layers whose calls merge (``@monadl.batchable``).
+
+    The scheduler groups calls of equal signature and asks :meth:`expand` for the forwards of the
+    body's results on the group's stacked rows (or, for a call on its own, on its own arguments).
+    ``scalars[j]`` says whether result ``j`` of a call is a float (a row of a vector)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.scalars: list[bool] = []
+
+    def expand(self, call: Call, tapes: list[Tape[Any, Any]]) -> list[Do[Any]]:
+        """The forwards of the body's results, the body run on ``tapes`` in place of ``call``'s
+        row arguments."""
+        raise NotImplementedError
+
+
+def value_key(value: Any) -> Hashable:
+    """A value's part of a signature or a program's structure: ``float`` for a Python float, else
+    its type, shape and dtype (for an array; its type alone for anything else)."""
+    kind = type(value)
+    if kind is float:
+        return float
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return (kind,)
+    return (kind, tuple(shape), value.dtype)
+
+
+def float_key(x: float) -> Hashable:
+    """A float's part of a signature, where calls merge only on equal floats (a shared constant, a
+    static argument): the float itself, but 0.0 and -0.0, equal in Python, kept apart
+    (``2.0 * -0.0`` is ``-0.0``, and NumPy's ``1 / -0.0`` is ``-inf``: merged, one call would get
+    the other's). A NaN keys as itself: calls given different NaN objects do not merge."""
+    return x if x else (x, math.copysign(1.0, x))
+
+
+def check_devices(name: str, datas: tuple[Any, ...]) -> None:
+    """Raises a ValueError naming the op if its operands live on different devices."""
+    devices = {str(device_of(d)) for d in datas if type(d) is not float}
+    if len(devices) > 1:
+        raise ValueError(f"{name}: operands live on different devices: {', '.join(sorted(devices))}")
+
+
+def as_float_arrays(rule: Rule, first: tuple[Any, ...], datas: tuple[Any, ...], params: dict[str, Any]) -> Any:
+    """``rule`` on Python floats computed as 0-d float64 arrays compute it (IEEE: ``1 / 0`` is inf,
+    ``(-1) ** 0.5`` nan, without a warning), where Python's own float arithmetic raises (division
+    by zero, overflow) or gives a complex number; so a ``FloatLayer`` gives what an array of one
+    element gives, and the op's result stays a float."""
+    as_array = [np.float64(v) if type(v) is float else v for v in (*first, *datas)]
+    with np.errstate(all="ignore"):
+        out = rule(np, *as_array, **params)
+    return tuple(_plain(o) for o in out) if type(out) is tuple else _plain(out)
+
+
+def _plain(value: Any) -> Any:
+    return float(value) if isinstance(value, np.generic | np.ndarray) and np.ndim(value) == 0 else value
