@@ -172,7 +172,9 @@ def check_gradients(
     _, interpreted = monadl_gradients(f, inputs, executor=monadl.Executor(replay=False))
     for i, (a, r, t) in enumerate(zip(analytic, replayed, interpreted, strict=True)):
         np.testing.assert_array_equal(a, r, err_msg=f"input {i}: replayed vs first run")
-        np.testing.assert_array_equal(a, t, err_msg=f"input {i}: an executor that replays vs one that does not")
+        np.testing.assert_array_equal(
+            a, t, err_msg=f"input {i}: an executor that replays vs one that does not"
+        )
     numeric = numerical_gradients(f, inputs, eps)
     for i, (a, n) in enumerate(zip(analytic, numeric, strict=True)):
         np.testing.assert_allclose(

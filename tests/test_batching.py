@@ -41,7 +41,9 @@ SETTINGS = settings(max_examples=40, deadline=None)
 # ------------------------------------------------------------------------------------ helpers
 
 
-def assert_same_gradients(loss: Layer, names: Mapping[str, Weight] | None = None) -> tuple[Gradients, Gradients]:
+def assert_same_gradients(
+    loss: Layer, names: Mapping[str, Weight] | None = None
+) -> tuple[Gradients, Gradients]:
     """Computes ``loss``'s gradients with batching off and on, and on again on an executor that
     never replays (a static graph is replayed from its program the second time an executor meets
     its structure: ``check_gradients`` compares those), and asserts they are equal; returns the

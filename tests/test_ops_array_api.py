@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import monadl
-from monadl.dsl import primitives as P
 from monadl.do.program import stack_column
+from monadl.dsl import primitives as P
 from monadl.typeclasses.backend import minus_zeros
 
 STRICT_ARRAY = type(xps.asarray(0.0))

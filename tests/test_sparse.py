@@ -18,9 +18,9 @@ from peak_memory import gradients_with_peak
 import monadl as ml
 from monadl import ArrayWeight, FloatLayer
 from monadl.dsl.optimizers import SGD, Adagrad, Adam, Momentum, Optimizer
+from monadl.typeclasses.sparse import SparseRows
 from monadl.typeclasses.sparse import add as _add
 from monadl.typeclasses.sparse import add_into as _add_into
-from monadl.typeclasses.sparse import SparseRows
 
 INDICES = np.array([[2, 0], [2, 4], [0, 2]])  # repeated: rows 0 and 2 are looked up several times
 

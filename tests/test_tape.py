@@ -103,7 +103,9 @@ def test_literal_deltas_are_never_computed() -> None:
 
         return vjp
 
-    prim = ml.dsl.primitives.Primitive("mul", ml.dsl.primitives.mul.forward, (recording(0), recording(1)), True)
+    prim = ml.dsl.primitives.Primitive(
+        "mul", ml.dsl.primitives.mul.forward, (recording(0), recording(1)), True
+    )
     _, grads = ml.compute_gradients(ml.sum(apply_array(prim, w, literal)))
     np.testing.assert_array_equal(grads[w], literal)
     assert computed == [0]  # the weight's delta only; the literal's was never computed
