@@ -33,7 +33,9 @@ class Dispatcher:
         self.users = 0  # kernels of the user's own in flight (never run by the caller)
         self.error: BaseException | None = None
 
-    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], token: Any, owner: Any, affinity: object) -> None:
+    def submit(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], token: Any, owner: Any, affinity: object
+    ) -> None:
         """Runs ``fn(*args)`` on the pool; :meth:`collect` gives back ``(token, owner, result)``.
         ``owner`` None marks a kernel of the user's own."""
         self.pool.submit(fn, args, affinity, self.done, (token, owner))

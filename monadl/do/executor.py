@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from monadl.do.collector import gc_paused
 from monadl.do.dispatch import Dispatcher
-from monadl.do.do import Do
+from monadl.do.do import Do, Variable
 from monadl.do.memory import tune_allocator
 from monadl.do.program import Program, Ref, Run, RunTape, Step
 from monadl.do.scheduler import Scheduler
@@ -46,6 +46,33 @@ class Evaluation:
         self.run = run
         self.root = root
         self.value = value
+
+
+class Seen:
+    """A root run before, whose structure has a program: its key and its bound nodes (the leaves
+    and per-run parameters a replay reads), with its weights' shapes and dtypes then. The same root
+    run again replays without a walk, if its weights still have those shapes and dtypes."""
+
+    def __init__(self, key: Any, nodes: list[Do[Any]]) -> None:
+        self.key = key
+        self.nodes = nodes
+        self.weights: list[Any] = []
+        self.kinds: list[Any] = []
+        for node in nodes:
+            if type(node) is Variable:
+                self.weights.append(node.weight)
+                self.kinds.append(_kind(node.weight.data))
+
+    def unchanged(self) -> bool:
+        """Whether every weight still has the shape and dtype it had."""
+        for weight, kind in zip(self.weights, self.kinds, strict=True):
+            if _kind(weight.data) != kind:
+                return False
+        return True
+
+
+def _kind(data: Any) -> Any:
+    return float if type(data) is float else (type(data), data.shape, data.dtype)
 
 
 class Executor(AbstractContextManager["Executor"]):
@@ -87,6 +114,7 @@ class Executor(AbstractContextManager["Executor"]):
         self.stats = RunStats()
         """The same, summed over every run since it was made (assign a fresh ``RunStats`` to reset)."""
         self._programs: OrderedDict[Any, Program] = OrderedDict()
+        self._seen: OrderedDict[Do[Any], Seen] = OrderedDict()  # roots run lately, by identity
         self._programs_lock = threading.Lock()
         self._pool = WorkerPool(workers) if workers > 1 else None
         self._blas_limit: Any = None
@@ -132,8 +160,14 @@ class Executor(AbstractContextManager["Executor"]):
         compiled program where one fits, else interpreted by the scheduler. ``own_root``: the
         root's value in a slot of its own (a backward pass is seeded there)."""
         dispatcher = self.dispatcher()
-        run = Run([], dispatcher, stats)
         batch = self.batching if batching is None else batching
+        seen = self._seen_again(do, batch, own_root)
+        if seen is not None:  # the same graph again: no walk
+            program = self._program(seen.key)
+            if program is not None:
+                replayed = replay(program, seen.nodes, dispatcher, stats)
+                return Evaluation(replayed, program.root, replayed.value(program.root))
+        run = Run([], dispatcher, stats)
         scheduler = Scheduler(run, batch, self.replay)
         try:
             scheduler.walk(do)
@@ -143,11 +177,12 @@ class Executor(AbstractContextManager["Executor"]):
                 program = self._program(key)
                 if program is not None:
                     replayed = replay(program, run.nodes, dispatcher, stats)
+                    self._remember(do, batch, own_root, Seen(key, run.nodes))
                     return Evaluation(replayed, program.root, replayed.value(program.root))
             scheduler.drain()
             if do not in scheduler.values:  # pragma: no cover - a scheduler bug, not a user's
                 raise RuntimeError("monadl: the computation did not complete (a node was never run)")
-            value = scheduler.values[do]
+            value = scheduler.value_of(do)
             root: Ref | None = None
             if type(value) is RunTape and value.run is run:  # a tape handed back by user code
                 value = value.ref
@@ -165,12 +200,30 @@ class Executor(AbstractContextManager["Executor"]):
         stats.signatures = len(scheduler.signatures)
         if key is not None and run.replayable and root is not None:
             self._keep(key, Program(run.steps, len(run.datas), root, _forward_stats(stats), []))
+            self._remember(do, batch, own_root, Seen(key, run.nodes))
         return Evaluation(run, root, value)
 
     def publish(self, stats: RunStats) -> None:
         """Makes ``stats`` the last run's and adds them to the executor's total."""
         self.last_stats = stats
         self.stats.add(stats)
+
+    SEEN = 8
+    """How many roots an executor remembers by identity (holding their graphs)."""
+
+    def _seen_again(self, do: Do[Any], batch: bool, own_root: bool) -> Seen | None:
+        with self._programs_lock:
+            seen = self._seen.get(do)
+        if seen is None or seen.key[0] != batch or seen.key[1] != own_root or not seen.unchanged():
+            return None
+        return seen
+
+    def _remember(self, do: Do[Any], batch: bool, own_root: bool, seen: Seen) -> None:
+        with self._programs_lock:
+            self._seen[do] = seen
+            self._seen.move_to_end(do)
+            while len(self._seen) > self.SEEN:
+                self._seen.popitem(last=False)
 
     def _program(self, key: Any) -> Program | None:
         with self._programs_lock:

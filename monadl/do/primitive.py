@@ -299,7 +299,9 @@ def check_devices(name: str, datas: tuple[Any, ...]) -> None:
         raise ValueError(f"{name}: operands live on different devices: {', '.join(sorted(devices))}")
 
 
-def as_float_arrays(rule: Rule, first: tuple[Any, ...], datas: tuple[Any, ...], params: dict[str, Any]) -> Any:
+def as_float_arrays(
+    rule: Rule, first: tuple[Any, ...], datas: tuple[Any, ...], params: dict[str, Any]
+) -> Any:
     """``rule`` on Python floats computed as 0-d float64 arrays compute it (IEEE: ``1 / 0`` is inf,
     ``(-1) ** 0.5`` nan, without a warning), where Python's own float arithmetic raises (division
     by zero, overflow) or gives a complex number; so a ``FloatLayer`` gives what an array of one

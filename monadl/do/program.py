@@ -77,6 +77,7 @@ class Run:
         self.xps: list[Any] = []
         self.wants: list[bool] = []
         self.weights: list[Any] = []  # a weight's slot: the weight; others None
+        self.leaves: list[Any] = []  # the weights the run read
         self.kinds: list[int] = []  # a slot's value kind (interned), -1 until asked for
         self.row_kinds: list[int] = []  # the kind of a stacked slot's rows, -1 until asked for
         self.scalar_rows: list[bool] = []  # a stacked slot's rows are floats (a call's result is)
@@ -262,6 +263,8 @@ class LeafStep(Step):
         run.datas[out] = data
         run.weights[out] = weight
         run.wants[out] = weight is not None
+        if weight is not None:
+            run.leaves.append(weight)
 
     def name(self) -> str:
         return "weight" if self.weight is not None else "constant"
@@ -273,7 +276,9 @@ class OpStep(Step):
     walked nodes, where a replay reads its per-run parameters (indices, labels); -1 for an op of a
     batchable body or of the scheduler's own (a sum of rows), whose parameters are ``params``."""
 
-    def __init__(self, prim: Primitive, ins: list[int], out: int, params: dict[str, Any], node: int, wants: bool) -> None:
+    def __init__(
+        self, prim: Primitive, ins: list[int], out: int, params: dict[str, Any], node: int, wants: bool
+    ) -> None:
         super().__init__(OP, out, wants)
         self.prim = prim
         self.ins = ins
@@ -313,7 +318,9 @@ class OpStep(Step):
         run.stats.kernels += 1
 
     def submit(self, run: Run, dispatcher: Dispatcher, checked: bool) -> None:
-        dispatcher.submit(self.prim.run, (self.args(run), self.params_in(run, checked), checked), self, run, self.affinity)
+        dispatcher.submit(
+            self.prim.run, (self.args(run), self.params_in(run, checked), checked), self, run, self.affinity
+        )
 
     def reads(self) -> list[int]:
         return self.ins
@@ -432,7 +439,9 @@ class MergedStep(Step):
         run.stats.kernels += 1
 
     def submit(self, run: Run, dispatcher: Dispatcher, checked: bool) -> None:
-        dispatcher.submit(self.compute, (self.args(run), self.params_in(run, checked)), self, run, self.affinity)
+        dispatcher.submit(
+            self.compute, (self.args(run), self.params_in(run, checked)), self, run, self.affinity
+        )
 
     def reads(self) -> list[int]:
         return self.ins
@@ -447,7 +456,14 @@ class FanStep(Step):
     different others (``ins[i]``: each call's slot), run as one kernel: call k's value is row k."""
 
     def __init__(
-        self, prim: Primitive, fan: FanOut, ins: list[list[int]], params: dict[str, Any], n: int, out: int, wants: bool
+        self,
+        prim: Primitive,
+        fan: FanOut,
+        ins: list[list[int]],
+        params: dict[str, Any],
+        n: int,
+        out: int,
+        wants: bool,
     ) -> None:
         super().__init__(FAN, out, wants)
         self.prim = prim
@@ -674,7 +690,9 @@ def stack_column(values: list[Any]) -> Any:
     return namespace(first).stack(values)
 
 
-def check_merged_values(prim: Primitive, args: list[Any], stacked: list[bool], params: dict[str, Any], n: int) -> None:
+def check_merged_values(
+    prim: Primitive, args: list[Any], stacked: list[bool], params: dict[str, Any], n: int
+) -> None:
     """The per-run checks of merged calls: one of them all where the primitive has one
     (``Batching.check_merged``); else, or if it fails, each call's in turn, so that an error names
     that call's values."""

@@ -53,7 +53,7 @@ from monadl.do.do import (
     Pure,
     Variable,
 )
-from monadl.do.primitive import Primitive, float_key, value_key
+from monadl.do.primitive import Primitive, float_key
 from monadl.do.program import (
     CallsStep,
     FanStep,
@@ -63,21 +63,21 @@ from monadl.do.program import (
     MergedStep,
     OpStep,
     Ref,
-    Run,
     RowStep,
+    Run,
     RunTape,
     Step,
-    kind_id,
     kind_rank,
     merged_params,
 )
 from monadl.do.values import Tape
-from monadl.typeclasses.backend import ShapeError, minus_zeros, shape_of
+from monadl.typeclasses.backend import ShapeError, shape_of
 
 VISITING: Final = -1  # on the walk's stack: its sources are being walked
 WAITING: Final = -2  # walked, but its depth is not known yet: it waits for a dynamic node
 
 _MARK: Final = object()  # on the walk's stack: the node below it has had its sources walked
+_LEAF: Final = object()  # a leaf's value before the run reads it (then: its slot's Ref)
 
 
 class Context:
@@ -178,7 +178,7 @@ class Scheduler:
             e = depth[call]
             if call in self.values:
                 depth[node] = e
-                self.resolve(node, self.values[call][node.index])
+                self.resolve(node, self.value_of(call)[node.index])
             else:
                 depth[node] = e if e >= 0 else WAITING  # resolved with its call
             self.dynamic()  # (only calls make projections: a run with a call is not replayed)
@@ -235,47 +235,58 @@ class Scheduler:
             self.run.nodes.append(node)
 
     def variable(self, node: Variable) -> None:
-        """A weight's node: a slot of its data in this run."""
-        run = self.run
-        weight = node.weight
-        slot = run.new_slot(True)
-        index = -1
-        if self.top:
-            index = len(run.nodes)
-            run.nodes.append(node)
-        step = LeafStep(slot, index, weight, None)
-        run.steps.append(step)
-        step.forward(run, True)
-        self.depth[node] = 0
-        self.resolve(node, Ref(slot, -1))
+        """A weight's node: a leaf (its slot made when the run first reads it)."""
+        self.leaf(node)
         key = self.key
         if key is not None:
             self.order[node] = len(key)
-            key.append(("v", run.kind(slot)))
+            key.append(("v", _kind(node.weight.data)))
 
     def pure(self, node: Pure[Any]) -> None:
-        """A known value: a constant's slot if it is a literal's tape."""
+        """A known value: a constant's leaf if it is a literal's tape."""
         value = node.value
-        self.depth[node] = 0
         if type(value) is not Tape:
+            self.depth[node] = 0
             self.dynamic()  # a Pure of something else is the monad's, not a constant of the program
             self.resolve(node, value)
             return
-        run = self.run
-        slot = run.new_slot(False)
-        index = -1
-        if self.top:
-            index = len(run.nodes)
-            run.nodes.append(node)
-        step = LeafStep(slot, index, None, value.data)
-        run.steps.append(step)
-        step.forward(run, True)
-        self.resolve(node, Ref(slot, -1))
+        self.leaf(node)
         key = self.key
         if key is not None:
             data = value.data
             self.order[node] = len(key)
-            key.append(("f", float_key(data)) if type(data) is float else ("c", run.kind(slot)))
+            key.append(("f", float_key(data)) if type(data) is float else ("c", _kind(data)))
+
+    def leaf(self, node: Do[Any]) -> None:
+        """A weight's or a constant's node: known, its slot made when the run first reads it (a
+        replayed run never does: its program's steps read the leaves)."""
+        self.depth[node] = 0
+        if self.top:
+            self.bound[node] = len(self.run.nodes)
+            self.run.nodes.append(node)
+        if node in self.waiting:
+            self.resolve(node, self.leaf_ref(node))
+        else:
+            self.values[node] = _LEAF
+
+    def leaf_ref(self, node: Any) -> Ref:
+        """The slot of a leaf, made now: its step reads the weight's data, or the constant."""
+        run = self.run
+        weight = node.weight if type(node) is Variable else None
+        slot = run.new_slot(weight is not None)
+        step = LeafStep(
+            slot, self.bound.get(node, -1), weight, None if weight is not None else node.value.data
+        )
+        run.steps.append(step)
+        step.forward(run, True)
+        ref = Ref(slot, -1)
+        self.values[node] = ref
+        return ref
+
+    def value_of(self, node: Do[Any]) -> Any:
+        """A resolved node's value (a leaf's slot made if it had none yet)."""
+        value = self.values[node]
+        return self.leaf_ref(node) if value is _LEAF else value
 
     def dynamic(self) -> None:
         """The run met a node whose graph is only known once it ran: it is not replayed."""
@@ -307,7 +318,7 @@ class Scheduler:
     def follow(self, node: Do[Any], then: Do[Any]) -> None:
         """``node``'s value is ``then``'s (a defer, a flat_map's result)."""
         if then in self.values:
-            self.resolve(node, self.values[then])
+            self.resolve(node, self.value_of(then))
         else:
             self.forwards[node] = then
             self.wait(then, node)
@@ -415,9 +426,8 @@ class Scheduler:
         elif mode == FLAT:
             then = bind.f(*args)
             if not isinstance(then, Do):
-                raise TypeError(
-                    f"flat_map: {getattr(bind.f, '__qualname__', bind.f)!r} returned {type(then).__name__}, not a Do"
-                )
+                name = getattr(bind.f, "__qualname__", bind.f)
+                raise TypeError(f"flat_map: {name!r} returned {type(then).__name__}, not a Do")
             self.follow(node, then)
             if then not in self.depth:
                 top, self.top = self.top, False
@@ -442,7 +452,7 @@ class Scheduler:
 
     def user_value(self, node: Do[Any]) -> Any:
         """A node's value as user code sees it: a tape for a node of the program."""
-        value = self.values[node]
+        value = self.value_of(node)
         if type(value) is Ref:
             return RunTape(self.run, value)
         return value
@@ -525,7 +535,12 @@ class Scheduler:
         refs = []
         for s in node.sources:
             v = values[s]
-            refs.append(v if type(v) is Ref else self.ref_of(s, v, node))
+            if type(v) is Ref:
+                refs.append(v)
+            elif v is _LEAF:
+                refs.append(self.leaf_ref(s))
+            else:
+                refs.append(self.ref_of(s, v, node))
         return refs
 
     def ref_of(self, source: Do[Any], value: Any, consumer: Any) -> Ref:
@@ -551,7 +566,9 @@ class Scheduler:
             step.forward(run, True)
             ref = Ref(slot, -1)
         else:
-            raise TypeError(f"{name_of(consumer)}: expected a layer's value (a tape), got {type(value).__name__}")
+            raise TypeError(
+                f"{name_of(consumer)}: expected a layer's value (a tape), got {type(value).__name__}"
+            )
         self.converted[source] = ref
         return ref
 
@@ -607,7 +624,10 @@ class Scheduler:
         if not stacked:
             return None
         dispatcher = self.dispatcher
-        if dispatcher is not None and cost_of(prim, [run.value(r) for r in refs], node.params) >= dispatcher.min_cost:
+        if (
+            dispatcher is not None
+            and cost_of(prim, [run.value(r) for r in refs], node.params) >= dispatcher.min_cost
+        ):
             return None  # worth the pool on its own: run beside the others, not merged with them
         return tuple(key)
 
@@ -659,7 +679,14 @@ class Scheduler:
         for i in range(0, len(resolutions), 2):
             self.resolve(resolutions[i], resolutions[i + 1])
 
-    def weigh(self, step: Step, prim: Primitive, args: list[Any] | tuple[Any, ...], params: dict[str, Any], ins: list[int]) -> None:
+    def weigh(
+        self,
+        step: Step,
+        prim: Primitive,
+        args: list[Any] | tuple[Any, ...],
+        params: dict[str, Any],
+        ins: list[int],
+    ) -> None:
         """Decides whether ``step`` goes to the pool (its cost), and the worker it prefers (its
         first weight's: a weight's kernels run on one core, where its data is in cache)."""
         dispatcher = self.dispatcher
@@ -874,7 +901,7 @@ class Scheduler:
                     f"batchable {name}: its body reads a layer computed outside it and not yet "
                     "computed here: pass that layer to it as an argument"
                 )
-            v = self.values[root]
+            v = self.value_of(root)
             refs.append(v if type(v) is Ref else self.ref_of(root, v, name))
         return refs
 
@@ -994,6 +1021,11 @@ class Scheduler:
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
+
+def _kind(data: Any) -> Hashable:
+    """A leaf's part of a structure's key: its value's type, shape and dtype."""
+    return float if type(data) is float else (type(data), data.shape, data.dtype)
 
 
 def static_key(node: Apply) -> Hashable | None:

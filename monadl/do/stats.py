@@ -36,6 +36,10 @@ class RunStats:
         self.groups += other.groups
         self.signatures = max(self.signatures, other.signatures)
         self.replayed += other.replayed
-        for mine, theirs in ((self.kinds, other.kinds), (self.backwards, other.backwards), (self.vjps, other.vjps)):
+        for mine, theirs in (
+            (self.kinds, other.kinds),
+            (self.backwards, other.backwards),
+            (self.vjps, other.vjps),
+        ):
             for name, count in theirs.items():
                 mine[name] = mine.get(name, 0) + count

@@ -44,7 +44,9 @@ def forward_of(x: object, where: str) -> Do[Tape[Any, Any]]:
     )
 
 
-def apply_primitive(prim: Primitive, operands: Sequence[object], params: dict[str, Any]) -> Do[Tape[Any, Any]]:
+def apply_primitive(
+    prim: Primitive, operands: Sequence[object], params: dict[str, Any]
+) -> Do[Tape[Any, Any]]:
     """The forward computation of ``prim`` applied to ``operands``: one ``Apply`` node."""
     sources = []
     for x in operands:  # a loop, not a comprehension (a call of its own in Python 3.11): every op

@@ -38,4 +38,3 @@ class Differentiable(Generic[Data, Delta]):
     # A class attribute, not a method: mypy reads its NoReturn (``if layer:`` is unreachable code,
     # which --strict with warn_unreachable reports), and mypyc compiles only bool-returning methods.
     __bool__: ClassVar[Callable[[Any], NoReturn]] = _no_truth_value
-

@@ -104,6 +104,27 @@ class SGD:
         np.add(data, gradient, out=gradient)
         return gradient, None
 
+    def folded_rate(self) -> float | None:
+        """The factor a training step may fold into its backward pass's seed, so that every gradient
+        comes out already multiplied by it and the update is one subtraction (:meth:`update_folded`):
+        the learning rate, where there is no weight decay (which is added to the gradient unscaled)."""
+        return None if self.weight_decay else self.learning_rate
+
+    def update_folded(self, data: Any, scaled: Any, state: None, owned: bool) -> tuple[Any, None]:
+        """``update`` of a gradient already multiplied by the learning rate (folded into the step's
+        seed): ``data - scaled``, written into ``scaled``'s memory when the step owns it (``owned``):
+        one pass over the weight where ``update_owned`` makes two."""
+        sparse = _coalesced(scaled, 0.0)
+        if sparse is not None:
+            xp, rows, g = sparse
+            new = xp.asarray(data, copy=True)
+            new[rows] = data[rows] - g
+            return new, None
+        if owned and type(scaled) is np.ndarray:
+            np.subtract(data, scaled, out=scaled)
+            return scaled, None
+        return data - dense(scaled), None
+
 
 @dataclass(frozen=True)
 class Momentum:

@@ -113,23 +113,16 @@ tanh = _elementwise("tanh", lambda xp, x: xp.tanh(x), (lambda xp, d, o, x: d * (
 sigmoid = _elementwise(
     "sigmoid", lambda xp, x: 0.5 * (xp.tanh(0.5 * x) + 1.0), (lambda xp, d, o, x: d * o * (1.0 - o),)
 )
-_UINT_OF_SIZE = {4: np.uint32, 8: np.uint64}
 
 
 def _relu_vjp(xp: Any, d: Any, o: Any, x: Any) -> Any:
-    arrays = xp is np and type(d) is np.ndarray and type(x) is np.ndarray and d.dtype.kind == "f"
-    uint = _UINT_OF_SIZE.get(d.dtype.itemsize) if arrays else None
-    if uint is not None and d.size >= 4096 and d.dtype == x.dtype and d.shape == x.shape:
-        # ``where(x > 0, d, 0)`` by its bits: each float anded with all ones (kept) or all zeros
-        # (+0.0), the same result bit for bit (a NaN delta of a unit that is off is 0, as with
-        # ``where``). NumPy's ``where`` on floats is scalar code: 44 us on 20,480 float32, against
-        # 19 us for the comparison, the mask and the and (below 4,096 the calls cost more).
-        mask = (x > 0.0).astype(uint)
-        np.negative(mask, out=mask)  # True -> all ones
-        out = np.empty(d.shape, dtype=d.dtype)
-        np.bitwise_and(np.ascontiguousarray(d).view(uint), mask, out=out.view(uint))
-        return out
-    return xp.where(x > 0.0, d, 0.0)
+    # d times the mask of the units that are on: one multiplication (``where`` is scalar code in
+    # NumPy: twice as slow at every size measured). A unit that is off gives d * 0: a zero (of d's
+    # sign), or NaN where d itself is not finite.
+    on = x > 0.0
+    if xp is np or xp is FLOATS:
+        return d * on
+    return d * xp.astype(on, d.dtype)  # the array API multiplies no floats by bools
 
 
 relu = _elementwise("relu", lambda xp, x: xp.maximum(x, 0.0), (_relu_vjp,))
@@ -436,10 +429,23 @@ _FAN_LINEAR = FanOut(
     ),
 )
 
+
 # x @ w + b in one op: every dense layer's forward, one kernel and one tape instead of two.
+def _linear(xp: Any, x: Any, w: Any, b: Any) -> Any:
+    """``x @ w + b``; on NumPy matrices, the bias added into the product's own array (one array
+    and one pass less), where that keeps the sum's dtype."""
+    if xp is np and x.ndim <= 2:
+        y = np.dot(x, w)
+        if type(b) is float or (type(b) is np.ndarray and b.dtype == y.dtype and b.ndim <= 1):
+            y += b
+            return y
+        return y + b
+    return xp.matmul(x, w) + b
+
+
 linear = Primitive(
     "linear",
-    lambda xp, x, w, b: xp.matmul(x, w) + b,
+    _linear,
     (
         lambda xp, d, o, x, w, b: xp.matmul(d, w.mT),
         lambda xp, d, o, x, w, b: (
@@ -529,7 +535,9 @@ def _check_labels(logits: Any, labels: tuple[int, int] | None, **_: Any) -> None
             )
 
 
-def _check_labels_merged(inputs: tuple[Any, ...], merged: dict[str, Any], calls: list[dict[str, Any]]) -> None:
+def _check_labels_merged(
+    inputs: tuple[Any, ...], merged: dict[str, Any], calls: list[dict[str, Any]]
+) -> None:
     # The calls' logits have one shape (the signature): the first call's stand for all, and the
     # labels' range is the union of theirs.
     ranges = [call["labels"] for call in calls]

@@ -58,10 +58,12 @@ def _is_finite(value: Any) -> bool:
     return bool(xp.all(xp.isfinite(value)))
 
 
-def _seed(value: Any) -> Any:
+def _seed(value: Any, rate: float = 1.0) -> Any:
+    """dL/dL, times ``rate`` (a learning rate folded into the backward pass)."""
     if type(value) is float:
-        return 1.0
-    return namespace(value).ones_like(value)
+        return rate
+    seed = namespace(value).ones_like(value)
+    return seed if rate == 1.0 else seed * rate
 
 
 Gradients = dict["FloatWeight | ArrayWeight", Any]
@@ -80,14 +82,18 @@ def compute_gradients(
     Raises :class:`NonFiniteLossError` for a non-finite loss, or whatever the forward or backward
     pass raised.
     """
-    value, gradients, _ = _step(loss, executor)
+    value, gradients, _, _ = _step(loss, executor, None)
     return value, gradients
 
 
-def _step(loss: FloatLayer | ArrayLayer, executor: Executor | None) -> tuple[Any, Gradients, set[Any]]:
-    """A step's forward and backward passes: the loss, the gradients, and the weights whose
-    gradient is an array of the step's own (an optimizer may write into it). Its statistics (both
-    passes) are the executor's ``last_stats``."""
+def _step(
+    loss: FloatLayer | ArrayLayer, executor: Executor | None, optimizer: Optimizer | bool | None
+) -> tuple[Any, Gradients, set[Any], float | None]:
+    """A step's forward and backward passes: the loss, the gradients, the weights whose gradient is
+    an array of the step's own (an optimizer may write into it), and the learning rate folded into
+    the gradients (None: they are the true ones). ``optimizer``: the default of a training step
+    (False: the gradients are wanted as they are). Its statistics (both passes) are the executor's
+    ``last_stats``."""
     ex = executor or default_executor()
     stats = RunStats()
     try:
@@ -99,10 +105,26 @@ def _step(loss: FloatLayer | ArrayLayer, executor: Executor | None) -> tuple[Any
             root = evaluation.root
             assert root is not None  # own_root: the root's value has a slot of its own
             run = evaluation.run
-            gradients, owned = backward(run, root.slot, _seed(value), run.dispatcher)
+            rate = None if optimizer is False else _folded_rate(run.leaves, optimizer)
+            seed = _seed(value) if rate is None else _seed(value, rate)
+            gradients, owned = backward(run, root.slot, seed, run.dispatcher)
     finally:
         ex.publish(stats)
-    return value, *_unaliased(gradients, owned)
+    return value, *_unaliased(gradients, owned), rate
+
+
+def _folded_rate(weights: list[Any], default: Any) -> float | None:
+    """The learning rate a step may fold into its backward pass's seed (``SGD.folded_rate``): the
+    one every weight's optimizer folds; None where one does not, or they differ."""
+    rate: float | None = None
+    for weight in weights:
+        optimizer = weight.optimizer or default
+        fold = getattr(optimizer, "folded_rate", None)
+        own = None if fold is None else fold()
+        if own is None or (rate is not None and own != rate):
+            return None
+        rate = own
+    return rate
 
 
 def _unaliased(gradients: Gradients, owned: set[Any]) -> tuple[Gradients, set[Any]]:
@@ -133,8 +155,9 @@ def _memory(gradient: Any) -> int:
     return id(array)
 
 
-def _apply(gradients: Gradients, default: Optimizer | None, owned: set[Any]) -> None:
-    """Computes every update, then commits them all (nothing is committed if one fails)."""
+def _apply(gradients: Gradients, default: Optimizer | None, owned: set[Any], rate: float | None) -> None:
+    """Computes every update, then commits them all (nothing is committed if one fails). ``rate``:
+    the learning rate already folded into the gradients (their optimizers' ``update_folded``)."""
     updates = []
     for weight, gradient in gradients.items():
         optimizer = weight.optimizer or default
@@ -149,11 +172,15 @@ def _apply(gradients: Gradients, default: Optimizer | None, owned: set[Any]) -> 
         else:
             state = optimizer.init(weight.data)
         converted = _in_dtype_of(gradient, weight.data)
-        update_owned = getattr(optimizer, "update_owned", None)
-        if update_owned is not None and (weight in owned or converted is not gradient) and _fits(converted, weight.data):
-            data, state = update_owned(weight.data, converted, state)
+        mine = (weight in owned or converted is not gradient) and _fits(converted, weight.data)
+        if rate is not None:
+            data, state = optimizer.update_folded(weight.data, converted, state, mine)  # type: ignore[attr-defined]
         else:
-            data, state = optimizer.update(weight.data, converted, state)
+            update_owned = getattr(optimizer, "update_owned", None)
+            if update_owned is not None and mine:
+                data, state = update_owned(weight.data, converted, state)
+            else:
+                data, state = optimizer.update(weight.data, converted, state)
         updates.append((weight, data, (optimizer, state)))
     for weight, data, state in updates:
         weight.data = freeze(data)
@@ -208,9 +235,9 @@ def train_blocking(
     ``optimizer`` is the default for weights that have none of their own.
     """
     try:
-        value, gradients, owned = _step(loss, executor)
+        value, gradients, owned, rate = _step(loss, executor, optimizer)
         with _commit_lock:
-            _apply(gradients, optimizer, owned)
+            _apply(gradients, optimizer, owned, rate)
     except Exception as e:  # noqa: BLE001 - every failure is the caller's Failure, not a crash
         return Failure(e)
     return Success(value)

@@ -42,8 +42,8 @@ from monadl.do.program import (
     LeafStep,
     MergedStep,
     OpStep,
-    Run,
     RowStep,
+    Run,
     row_value,
 )
 from monadl.do.scheduler import Scheduler
@@ -167,7 +167,9 @@ class Backward:
         present = self.rows[slot]
         self.give(slot, g, fresh)
         if rows is not ALL:
-            self.rows[slot] = rows.copy() if present is None else (present if present is ALL else present | rows)
+            self.rows[slot] = (
+                rows.copy() if present is None else (present if present is ALL else present | rows)
+            )
 
     def stacked(self, slot: int) -> Any:
         """Slot ``slot``'s delta as a dense array of the pass's own, to add rows into: -0.0 where no
@@ -388,7 +390,9 @@ class Backward:
         self.give_rows(slot, g, fresh and g is not d, rows)
 
 
-def backward(run: Run, root: int, seed: Any, dispatcher: Dispatcher | None) -> tuple[dict[Any, Any], set[Any]]:
+def backward(
+    run: Run, root: int, seed: Any, dispatcher: Dispatcher | None
+) -> tuple[dict[Any, Any], set[Any]]:
     """Backpropagates ``seed``, the delta of slot ``root`` of ``run``: every weight's gradient (its
     summed delta), and the weights whose gradient is an array of the pass's own (that nothing else
     holds: an optimizer may write into it)."""
