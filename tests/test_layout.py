@@ -1,0 +1,130 @@
+"""The package's layout: no import cycles inside ``monadl``, and dependencies that point one way.
+
+Read from the sources (not from what happens to be imported): every ``import`` and ``from ...
+import`` of a ``monadl`` module that runs, at module level or inside a function, is an edge; imports
+under ``if TYPE_CHECKING:`` are for the type checker only and are not.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "monadl"
+
+LAYERS = {
+    # package: the packages it may import (its own modules aside)
+    "monadl.typeclasses": set(),
+    "monadl.do": {"monadl.typeclasses"},
+    "monadl.tape": {"monadl.do", "monadl.typeclasses"},
+    "monadl.dsl": {"monadl.tape", "monadl.do", "monadl.typeclasses"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The ``monadl`` modules that ``path`` imports at run time."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("monadl"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("monadl"):
+            for alias in node.names:  # ``from monadl.dsl import primitives``: the submodule
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in known else node.module)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    known = set(found)
+    return {name: imports(path, known) - {name} for name, path in found.items()}
+
+
+def cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``edges`` (its modules in order, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    for start in sorted(edges):
+        if start in state:
+            continue
+        path = [start]
+        pending = [iter(sorted(edges.get(start, ())))]
+        state[start] = 1
+        while pending:
+            child = next(pending[-1], None)
+            if child is None:
+                state[path.pop()] = 2
+                pending.pop()
+                continue
+            if state.get(child) == 1:
+                return [*path[path.index(child) :], child]
+            if child not in state:
+                state[child] = 1
+                path.append(child)
+                pending.append(iter(sorted(edges.get(child, ()))))
+    return None
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_import_reader_reads_runtime_imports_only(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "import monadl.do.do\n"
+        "from monadl.dsl import ops\n"
+        "if TYPE_CHECKING:\n    from monadl.tape import backward\n"
+        "def f():\n    from monadl.typeclasses.sparse import add\n"
+    )
+    known = {"monadl.dsl.ops", "monadl.typeclasses.sparse", "monadl.do.do", "monadl.tape.backward"}
+    assert imports(source, known) == {"monadl.do.do", "monadl.dsl.ops", "monadl.typeclasses.sparse"}
+
+
+def test_monadl_has_no_import_cycles() -> None:
+    edges = graph()
+    # The package's __init__ modules re-export their modules: an edge from a module to its own
+    # package's __init__ would be a cycle by construction, and none imports one.
+    found = cycle(edges)
+    assert found is None, "import cycle: " + " -> ".join(found or [])
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_dependencies_point_one_way(package: str) -> None:
+    """``dsl -> tape -> do``, with ``typeclasses`` used by all and depending on nothing of monadl."""
+    allowed = LAYERS[package] | {package}
+    wrong = {
+        (name, target)
+        for name, targets in graph().items()
+        if name == package or name.startswith(package + ".")
+        for target in targets
+        if not any(target == p or target.startswith(p + ".") for p in allowed)
+    }
+    assert not wrong, f"{package} imports outside its layer: {sorted(wrong)}"
