@@ -5,6 +5,9 @@ with plain floats and arrays in operators and ops; ``loss.train(optimizer)`` run
 training step; independent sub-graphs run in parallel on the executor's thread pool.
 """
 
+# First: whether the engine runs compiled (mypyc) or from its .py files, decided before any other
+# module of the package is imported (see monadl/_compiled.py). ``monadl.compiled()`` tells which.
+from monadl._compiled import compiled as compiled
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
 from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.direct import direct, parallel

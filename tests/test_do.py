@@ -329,3 +329,40 @@ def test_executor_rejects_a_pool_of_zero() -> None:
 def test_bind_of_no_sources_and_many_sources(executor: Executor) -> None:
     assert executor.run(gather_all([])) == ()
     assert executor.run(Bind(tuple(pure(i) for i in range(50)), lambda *v: sum(v), 0)) == sum(range(50))
+
+
+def test_weak_references_to_nodes_tapes_and_layers_are_cleared() -> None:
+    """Compiled with mypyc, a class with a Generic base once left its weak references dangling:
+    dropping the object crashed the interpreter. Each kind here is referred to weakly where it can
+    be (run from source, a class with __slots__ cannot: a TypeError, as for any such class), with a
+    callback, and dropped: every reference is cleared and every callback runs."""
+    import gc
+    import weakref
+
+    import numpy as np
+
+    import monadl as ml
+    from monadl.do.values import Tape
+
+    called: list[int] = []
+
+    def objects() -> list[object]:
+        w = ml.ArrayWeight(np.ones(2))
+        layer = ml.tanh(w * 2.0)
+        return [pure(1), pure(1).map(lambda x: x), Tape(1.0), w, layer, layer.forward, ml.Executor()]
+
+    def callback(k: int) -> Callable[[weakref.ref[object]], None]:
+        return lambda _: called.append(k)
+
+    made = objects()
+    refs: list[weakref.ref[object]] = []
+    for k, o in enumerate(made):
+        try:
+            refs.append(weakref.ref(o, callback(k)))
+        except TypeError:
+            assert not hasattr(o, "__weakref__"), type(o)
+    assert refs, "no object took a weak reference"
+    del made, o
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)
+    assert len(called) == len(refs)

@@ -93,7 +93,7 @@ class Measurement:
     kinds: dict[str, int] | None = None  # monadl: batchable kernel kinds -> launches
     signatures: int | None = None  # monadl: distinct signatures of the batchable work launched
     height: int | None = None  # the max tree height of that batch
-    model_kinds: list[str] | None = None  # monadl batched: the model's kinds (unplanned run)
+    model_kinds: list[str] | None = None  # monadl batched: the model's kinds of op and operation
     bound: int | None = None  # the model's op kinds (model_kinds) x (height + 1)
     ratio: float | None = None  # kernels / bound
     record_us: float | None = None  # monadl train: model.loss recording, microseconds per cell call
@@ -655,12 +655,10 @@ def table(results: Sequence[Measurement], args: argparse.Namespace) -> str:
         if kinds:
             largest = max(kinds)
             infer = _find(results, "monadl", "infer", largest)
-            extra = sorted(set(infer.kinds or ()) - set(kinds[largest])) if infer else []
             lines.append(
                 f"op kinds of the model's batched inference at batch {largest}: {len(kinds[largest])} "
-                f"({', '.join(kinds[largest])}); the plan adds launches of {', '.join(extra) or 'none'}; "
-                f"{infer.signatures if infer else '?'} distinct signatures (one op on different weights "
-                "or shapes counts once for each)"
+                f"({', '.join(kinds[largest])}); {infer.signatures if infer else '?'} distinct signatures "
+                "(one op on different weights or shapes counts once for each)"
             )
     else:
         lines.append("kernel launches: this Executor has no last_stats (not reported)")

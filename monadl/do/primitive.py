@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from monadl.typeclasses.backend import (
     FLOATS,
@@ -255,6 +256,7 @@ class Primitive:
         return np.asarray(g) if isinstance(g, np.generic) else g
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Operation:
     """A batchable operation: a function of layers whose calls merge (``@monadl.batchable``).
 

@@ -326,14 +326,23 @@ class Scheduler:
     # ---------------------------------------------------------------------------------- resolve
 
     def resolve(self, node: Do[Any], value: Any) -> None:
-        """Records ``node``'s value and wakes what waited for it (iteratively: a chain of 100,000
-        flat_maps resolves in a loop)."""
+        """Records ``node``'s value and wakes what waited for it."""
+        self.values[node] = value
+        depth = self.depth
+        if depth[node] < 0:
+            depth[node] = self.ctx.level
+        if node.kind == CALL or node in self.waiting:
+            self.wake(node, value)
+
+    def wake(self, node: Do[Any], value: Any) -> None:
+        """Wakes what waited for ``node`` (and, for a call, its projections), iteratively: a chain
+        of 100,000 flat_maps resolves in a loop."""
         values, depth, waiting = self.values, self.depth, self.waiting
         work = self.work
-        node_: Any
         base = len(work)
         work.append(node)
         work.append(value)
+        node_: Any
         while len(work) > base:
             value = work.pop()
             node = node_ = work.pop()

@@ -15,9 +15,10 @@ kept when it costs no waiting. A worker posts ``(token, result, error)`` to the 
 A caller waiting for its kernels may take back the ones that no worker has started and run them
 itself (``run_own_jobs``): waking a thread costs ~50 us on this project's VMs (a queue round trip
 between two threads takes 100 us), as long as a kernel worth a worker, so a caller that only slept
-would leave a core idle. Only a caller whose kernels never wait for one another may do so (the
-straight-line runs of ``monadl.dsl.straight``: primitives' arithmetic). The executor's own runs do
-not: a user's kernel may wait for another one (a barrier, say) that only the caller can start.
+would leave a core idle. Only a caller whose kernels never wait for one another may do so: the
+dispatcher (``dispatch.py``) does it while only primitives' arithmetic is in flight, never while a
+kernel of the user's own is (it may wait for another one, a barrier say, that only the caller can
+start).
 """
 
 from __future__ import annotations

@@ -5,20 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import Any, ClassVar, Generic, NoReturn, TypeVar
 
+from mypy_extensions import mypyc_attr
+
 from monadl.do.do import Do
 from monadl.do.values import Tape
+from monadl.dsl.deep_learning import no_truth_value
 
 Data = TypeVar("Data")
 Delta = TypeVar("Delta")
 
 
-def _no_truth_value(self: Any) -> NoReturn:
-    raise TypeError(
-        f"the truth value of a {type(self).__name__} is its forward value, which is lazy: "
-        "await it in a @direct function, or predict() it, first"
-    )
-
-
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Differentiable(Generic[Data, Delta]):
     """A layer or a weight. It is its own ``DeepLearning`` witness: it has a ``forward``.
 
@@ -37,4 +34,4 @@ class Differentiable(Generic[Data, Delta]):
 
     # A class attribute, not a method: mypy reads its NoReturn (``if layer:`` is unreachable code,
     # which --strict with warn_unreachable reports), and mypyc compiles only bool-returning methods.
-    __bool__: ClassVar[Callable[[Any], NoReturn]] = _no_truth_value
+    __bool__: ClassVar[Callable[[Any], NoReturn]] = no_truth_value

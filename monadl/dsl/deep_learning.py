@@ -10,7 +10,7 @@ are typed on the unions ``AnyFloat`` / ``AnyArray`` of ``monadl.dsl``, which myp
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, NoReturn, Protocol, TypeVar, runtime_checkable
 
 from monadl.do.do import Do
 from monadl.do.values import Tape
@@ -27,3 +27,12 @@ class DeepLearning(Protocol[Data, Delta]):
     def forward(self) -> Do[Tape[Data, Delta]]:
         """The lazy forward pass: a tape of the value and of the way back to its weights."""
         ...
+
+
+def no_truth_value(self: Any) -> NoReturn:
+    """A layer's ``__bool__`` (here, interpreted: a compiled function is no method descriptor, so
+    as a class attribute of a compiled class it would not be bound to the layer)."""
+    raise TypeError(
+        f"the truth value of a {type(self).__name__} is its forward value, which is lazy: "
+        "await it in a @direct function, or predict() it, first"
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Self, TypeAlias, final, overload
 
+from mypy_extensions import mypyc_attr
 from returns.future import FutureResult
 from returns.result import Result
 
@@ -57,6 +58,7 @@ def apply_float(prim: Primitive, *operands: object, **params: Any) -> FloatLayer
     return FloatLayer(apply_primitive(prim, operands, params))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class FloatOperators(Differentiable[float, float]):
     """Operators of float-typed differentiable values (``FloatLayer``, ``FloatWeight``)."""
 
@@ -139,6 +141,7 @@ class FloatOperators(Differentiable[float, float]):
         return self
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ArrayOperators(Differentiable[Array, Array]):
     """Operators of array-typed differentiable values (``ArrayLayer``, ``ArrayWeight``)."""
 

@@ -500,7 +500,9 @@ log_softmax = Primitive(
 )
 
 
-def _targets(xp: Any, logits: Any, targets: Any, labels: tuple[int, int] | None) -> Any:
+def _targets(
+    xp: Any, logits: Any, targets: Any, labels: tuple[int, int] | list[tuple[int, int]] | None
+) -> Any:
     """One-hot (or soft) targets of ``logits``' shape, from probabilities or integer labels."""
     targets = host_in(xp, targets)  # labels made NumPy arrays, logits on a GPU
     if labels is not None:
@@ -569,7 +571,7 @@ def _cross_entropy(xp: Any, logits: Any, targets: Any, labels: tuple[int, int] |
 
 
 def _cross_entropy_rows(
-    xp: Any, logits: Any, targets: Any, labels: tuple[int, int] | None
+    xp: Any, logits: Any, targets: Any, labels: list[tuple[int, int]] | None
 ) -> tuple[Any, Any]:
     """``_cross_entropy`` of each row of stacked calls: one loss per row, as float64 (the unbatched
     loss is a Python float), and the saved gradients."""

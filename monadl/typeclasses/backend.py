@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 from numpy.typing import NDArray
 
 Array: TypeAlias = NDArray[np.floating[Any]]
@@ -23,6 +24,7 @@ AnyNDArray: TypeAlias = NDArray[Any]
 """The static type of array data and deltas (NumPy's; CuPy and array-api-strict arrays at run time)."""
 
 
+@mypyc_attr(native_class=False)  # a compiled subclass of a builtin exception is not a plain one
 class ShapeError(ValueError):
     """An op got operands whose shapes do not fit; the message names the op and the shapes."""
 

@@ -4,7 +4,7 @@ A lookup of ``k`` rows of an ``n x d`` table (``take_rows``) has a delta that is
 those ``k`` rows. Building it dense costs ``n x d`` per lookup; ``SparseRows`` keeps the ``k``
 indices and the ``k x d`` rows only. Repeated indices are allowed: their rows add.
 
-Sums (the ``SUM`` monoid's fold, a weight's recorded gradient):
+Sums (of a node's deltas in the backward pass, a weight's gradient):
 
 * sparse + sparse is sparse: the indices and rows are concatenated (lazily: a sum of many
   lookups concatenates once, when ``indices`` or ``values`` is first read);
@@ -17,7 +17,7 @@ The operands are never changed. ``to_dense`` gives the equivalent dense array.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class SparseRows:
     indices add. Immutable: sums make new objects and never change their operands."""
 
     __slots__ = ("_chunks", "_indices", "_values", "shape")
-    __array_ufunc__ = None  # ``ndarray + SparseRows`` calls our ``__radd__``, not a ufunc
+    __array_ufunc__: ClassVar[None] = None  # ``ndarray + SparseRows`` calls our ``__radd__``, not a ufunc
 
     def __init__(self, indices: Any, values: Any, shape: Sequence[int]) -> None:
         self.shape: tuple[int, ...] = tuple(int(n) for n in shape)
@@ -67,8 +67,7 @@ class SparseRows:
 
     @classmethod
     def _joined(cls, chunks: tuple[tuple[Any, Any], ...], shape: tuple[int, ...]) -> SparseRows:
-        new = cls.__new__(cls)
-        new.shape = shape
+        new = cls(*chunks[0], shape)  # mypyc cannot compile cls.__new__(cls)
         new._indices = new._values = None
         new._chunks = chunks
         return new
@@ -159,7 +158,7 @@ def add(a: Any, b: Any) -> Any:
 
 
 def add_into(total: Any, d: Any) -> Any:
-    """``total += d``, for the ``SUM`` fold: ``total`` is the fold's own value. A dense array total
+    """``total += d``, for a running sum of deltas: ``total`` is the sum's own value. A dense array total
     takes a SparseRows in place (a scatter-add where the namespace allows it); a SparseRows total
     (or a float) is rebound to a fresh sum, and so is a total of a narrower dtype than ``d`` (in
     place, ``+=`` would cast ``d`` down: the sum's type must not depend on the order of the terms)."""

@@ -1,0 +1,281 @@
+"""Builds monadl, compiling the engine's hot modules with mypyc where a C compiler is present.
+
+Everything else is in ``pyproject.toml``; this file holds what setuptools cannot declare there: the
+mypyc extensions. The same sources run interpreted where no extension was built (no C compiler, or
+mypyc could not compile them) and under ``MONADL_PURE=1`` (see ``monadl/_compiled.py``).
+
+``MONADL_BUILD`` picks the build: ``auto`` (default: compiled where possible, else pure with a
+warning), ``compiled`` (a failure to compile fails the install: CI) or ``pure`` (no extensions);
+``MONADL_OPT_LEVEL`` (3) and ``MONADL_MULTI_FILE`` (1) are mypyc's ``opt_level`` and ``multi_file``.
+
+The compiled modules form one mypyc group: one shared library, ``monadl/_engine__mypyc.*.so``, and
+one small shim extension per module, beside its ``.py``. Compiled modules call each other natively,
+so they are built, installed and run all together or not at all: a failed compile removes every
+extension of the build, and ``monadl/_engine.json``, written last, records the hash of each source
+as it was compiled (``monadl/_compiled.py`` runs the extensions only if the sources still match).
+mypyc runs when ``build_ext`` does, once per build (not for every hook pip calls).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from importlib.machinery import EXTENSION_SUFFIXES
+from typing import Any
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+# The one list of modules compiled with mypyc. Kept interpreted: monadl/dsl/deep_learning.py (a
+# runtime_checkable protocol), monadl/dsl/operation.py (functools.update_wrapper and __get__ on its
+# class), the public surface that validates its own arguments (monadl/dsl/ops.py, monadl/dsl/weights.py:
+# compiled, mypyc's argument checks pre-empt its messages, and FloatWeight(True) became 1.0), and
+# training, optimizers, direct, data/, bench/, cli (not hot).
+COMPILED_MODULES = [
+    "monadl/do/do.py",
+    "monadl/do/primitive.py",
+    "monadl/do/values.py",
+    "monadl/do/program.py",
+    "monadl/do/scheduler.py",
+    "monadl/do/dispatch.py",
+    "monadl/do/stats.py",
+    "monadl/do/executor.py",
+    "monadl/tape/backward.py",
+    "monadl/typeclasses/backend.py",
+    "monadl/typeclasses/sparse.py",
+    "monadl/dsl/apply.py",
+    "monadl/dsl/base.py",
+    "monadl/dsl/layers.py",
+    "monadl/dsl/indices.py",
+    "monadl/dsl/primitives.py",
+]
+
+# The group's shared library (``monadl/_engine__mypyc.<suffix>``: inside the package, so that an
+# editable install finds it) and the build's record, read by monadl/_compiled.py.
+GROUP = "monadl._engine"
+MANIFEST = "monadl/_engine.json"
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _mode() -> str:
+    mode = os.environ.get("MONADL_BUILD", "auto").strip().lower() or "auto"
+    if mode not in ("auto", "compiled", "pure"):
+        sys.exit(f"MONADL_BUILD={mode!r}: expected auto, compiled or pure")
+    return mode
+
+
+def _give_up(why: str) -> None:
+    if _mode() == "compiled":
+        sys.exit(f"monadl: MONADL_BUILD=compiled, but {why}")
+    print(f"WARNING: monadl: {why}; installing the pure-Python engine", file=sys.stderr)
+
+
+def _sha256(path: str) -> str:
+    with open(os.path.join(ROOT, path), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _has_c_compiler() -> bool:
+    """Whether the C compiler that would build the extensions compiles a trivial file (a second
+    where mypyc would spend ten before the compiler failed)."""
+    from setuptools._distutils.ccompiler import new_compiler
+    from setuptools._distutils.sysconfig import customize_compiler
+
+    compiler: Any = new_compiler()
+    customize_compiler(compiler)
+    with tempfile.TemporaryDirectory() as tmp:
+        source = os.path.join(tmp, "probe.c")
+        with open(source, "w") as f:
+            f.write("int monadl_probe(void) { return 0; }\n")
+        try:
+            compiler.compile([source], output_dir=tmp)
+        except Exception:  # noqa: BLE001 - no compiler, or a broken one: a pure install
+            return False
+    return True
+
+
+def _mypyc_extensions() -> tuple[list[Any], dict[str, str]]:
+    """The extensions and the hashes of the sources mypyc compiles into them; none, with a
+    warning, where they cannot be built."""
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        _give_up("mypyc is not installed")
+        return [], {}
+    if not _has_c_compiler():
+        _give_up("no working C compiler")
+        return [], {}
+    sources = {path: _sha256(path) for path in COMPILED_MODULES}  # what mypyc reads next
+    try:
+        extensions: list[Any] = mypycify(
+            COMPILED_MODULES,
+            group_name=GROUP,
+            opt_level=os.environ.get("MONADL_OPT_LEVEL", "3"),
+            # One C file per module, compiled in parallel (BuildEngine): 16 s, not 27, on 2 cores;
+            # the compiled code runs as fast.
+            multi_file=os.environ.get("MONADL_MULTI_FILE", "1") != "0",
+        )
+    except SystemExit as e:  # mypyc reports type or compile errors, then exits
+        _give_up(f"mypyc failed to compile the engine (exit status {e.code})")
+        return [], {}
+    if sys.version_info < (3, 12):
+        try:
+            for extension in extensions:
+                for source in extension.sources:
+                    _clear_weakrefs_in_dealloc(source)
+        except _Unpatched as e:
+            _give_up(f"a compiled class would leave weak references dangling ({e})")
+            return [], {}
+    for extension in extensions:
+        # mypyc writes a dotted group's headers under build/monadl/ but its multi_file sources, which
+        # include them, under build/ (mypy 2.4): let the compiler look there too.
+        extension.include_dirs.append(os.path.join("build", *GROUP.split(".")[:-1]))
+    return extensions, sources
+
+
+_METADATA = {"egg_info", "dist_info", "sdist"}
+_MYPYC: list[tuple[list[Any], dict[str, str]]] = []
+
+
+def _mypyc_once() -> tuple[list[Any], dict[str, str]]:
+    if not _MYPYC:
+        _MYPYC.append(_mypyc_extensions())
+    return _MYPYC[0]
+
+
+_WEAKLIST = re.compile(
+    r"^ *Py_(?:VISIT|CLEAR)\(\*\(\(PyObject \*\*\)\(\(char \*\)self"
+    r" \+ sizeof\(PyObject \*\) \+ sizeof\(\w+\)\)\)\);\n",
+    re.MULTILINE,
+)
+_DEALLOC = re.compile(r"^( *)(CPy_TRASHCAN_BEGIN\(self, (\w+_dealloc)\)\n)", re.MULTILINE)
+_CLEAR_WEAKREFS = "if (Py_TYPE(self)->tp_weaklistoffset != 0) PyObject_ClearWeakRefs((PyObject *)self);\n"
+_TYPE = re.compile(r"^static PyTypeObject \w+_template_ = \{\n(.*?)^\};", re.MULTILINE | re.DOTALL)
+_TYPE_DEALLOC = re.compile(r"\.tp_dealloc = \(destructor\)(\w+),")
+
+
+class _Unpatched(Exception):
+    """mypyc's C is not what :func:`_clear_weakrefs_in_dealloc` knows how to patch."""
+
+
+def _clear_weakrefs_in_dealloc(path: str) -> None:
+    """Works around mypyc issue 1102 on Python 3.11: a compiled class with a ``__dict__`` (every
+    class with a ``Generic`` base, every compiled closure) gets a ``__weakref__`` slot, but its
+    ``tp_traverse`` and ``tp_clear`` treat the slot as an owned reference (decref'ing the first weak
+    reference to the object) and its deallocator never clears the weak references: any weak
+    reference to a ``Do``, a tape or a layer crashed the interpreter (``weakref.ref(pure(1))``).
+    The weak-reference list is left to CPython, which clears it in the deallocator, as its own
+    ``subtype_dealloc`` does."""
+    with open(path, encoding="utf-8") as f:
+        code = f.read()
+    patched = _WEAKLIST.sub("", code.replace(_CLEAR_WEAKREFS, ""))  # idempotent
+    deallocs = {m[3] for m in _DEALLOC.finditer(patched)}
+    patched = _DEALLOC.sub(lambda m: m[1] + m[2] + m[1] + _CLEAR_WEAKREFS, patched)
+    # Every class with a weak-reference slot must have had its deallocator patched (a compiled
+    # subclass of a builtin exception has another kind: make it native_class=False).
+    for fields in _TYPE.findall(code):
+        if ".tp_weaklistoffset" in fields:
+            dealloc = _TYPE_DEALLOC.search(fields)
+            if dealloc is None or dealloc[1] not in deallocs:
+                name = dealloc[1] if dealloc else "a class without tp_dealloc"
+                raise _Unpatched(f"{path}: {name} leaves weak references dangling")
+    if patched != code:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(patched)
+
+
+class BuildEngine(build_ext):
+    """``build_ext`` for the mypyc group: mypyc run here, C files compiled in parallel, and all
+    extensions or none."""
+
+    def finalize_options(self) -> None:
+        self._sources: dict[str, str] = {}
+        self._failed: list[str] = []
+        # mypyc runs (once) for a build, not for the metadata hooks, whose egg_info lists our sources.
+        if self.distribution.ext_modules and not set(self.distribution.commands) <= _METADATA:
+            self.distribution.ext_modules, self._sources = _mypyc_once()
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = os.cpu_count() or 1
+
+    def run(self) -> None:
+        # Extensions of an earlier build (other modules, another group) must not linger in the tree.
+        if _in_tree(self):
+            _remove_built(ROOT)
+        super().run()
+        if not self.extensions:
+            return
+        if self._failed:
+            _remove_built(self.build_lib)
+            if _in_tree(self):
+                _remove_built(ROOT)
+            _give_up(f"the C compiler failed on {len(self._failed)} of {len(self.extensions)} extensions")
+            return
+        manifest = {"group": GROUP, "python": sys.implementation.cache_tag, "modules": self._sources}
+        for root in [self.build_lib] + ([ROOT] if _in_tree(self) else []):
+            with open(os.path.join(root, MANIFEST), "w") as f:
+                json.dump(manifest, f, indent=1)
+                f.write("\n")
+
+    def get_outputs(self) -> list[str]:
+        outputs: list[str] = super().get_outputs()
+        if self.extensions and not self._failed:
+            outputs.append(os.path.join(self.build_lib, MANIFEST))
+        return outputs
+
+    def build_extension(self, ext: Any) -> None:
+        try:
+            self._parallel_compile(ext)
+        except Exception as e:  # noqa: BLE001 - any compiler failure means a pure install
+            print(f"WARNING: monadl: building {ext.name} failed: {str(e)[:300]}", file=sys.stderr)
+            self._failed.append(ext.name)
+
+    def _parallel_compile(self, ext: Any) -> None:
+        # distutils compiles one extension's sources one after another; with multi_file the group's
+        # library has one C file per module: compile them on every core.
+        compiler: Any = self.compiler
+        original = compiler.compile
+        jobs = self.parallel if isinstance(self.parallel, int) else 1
+
+        def compile_all(sources: list[str], *args: Any, **kwargs: Any) -> list[str]:
+            if len(sources) < 2 or jobs < 2:
+                return list(original(sources, *args, **kwargs))
+            with ThreadPoolExecutor(jobs) as pool:
+                parts = pool.map(lambda source: original([source], *args, **kwargs), sources)
+                return [obj for part in parts for obj in part]
+
+        compiler.compile = compile_all
+        try:
+            super().build_extension(ext)
+        finally:
+            compiler.compile = original
+
+
+def _in_tree(command: build_ext) -> bool:
+    """Whether the extensions also go to the source tree (``--inplace``, an editable install)."""
+    return bool(command.inplace or getattr(command, "editable_mode", False))
+
+
+def _remove_built(root: str) -> None:
+    """Removes the engine's extensions and the build record under ``root``."""
+    package = os.path.join(root, "monadl")
+    for directory, _, files in os.walk(package):
+        for name in files:
+            if any(name.endswith(suffix) for suffix in EXTENSION_SUFFIXES):
+                os.remove(os.path.join(directory, name))
+    manifest = os.path.join(root, MANIFEST)
+    if os.path.exists(manifest):
+        os.remove(manifest)
+
+
+if _mode() == "pure":
+    _remove_built(ROOT)  # no build_ext runs: an earlier build's extensions must not stay in the tree
+# A placeholder, so that setuptools runs build_ext (and makes a platform wheel); BuildEngine puts
+# mypyc's extensions in its place.
+_PLACEHOLDER = [] if _mode() == "pure" else [Extension(GROUP + "__mypyc", sources=[])]
+setup(ext_modules=_PLACEHOLDER, cmdclass={"build_ext": BuildEngine})

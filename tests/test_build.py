@@ -1,0 +1,196 @@
+"""The compiled engine (setup.py, monadl/_compiled.py): it runs compiled exactly when its mypyc
+extensions are built, match their sources and ``MONADL_PURE`` is unset; otherwise every module runs
+from its ``.py``, never a mix. The tests that need extensions skip where none are built (no C
+compiler, ``MONADL_BUILD=pure``)."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import monadl
+from monadl import _compiled
+
+PACKAGE = Path(monadl.__file__).parent
+MANIFEST = PACKAGE / "_engine.json"
+SETUP = PACKAGE.parent / "setup.py"
+PURE_ENV = os.environ.get("MONADL_PURE", "") not in ("", "0")
+
+
+def _extensions(package: Path) -> list[Path]:
+    return sorted(p for p in package.rglob("*") if any(p.name.endswith(s) for s in EXTENSION_SUFFIXES))
+
+
+def _manifest() -> dict[str, Any]:
+    if not _extensions(PACKAGE) or not MANIFEST.exists():
+        pytest.skip("no mypyc extensions are built here (no C compiler, or MONADL_BUILD=pure)")
+    manifest: dict[str, Any] = json.loads(MANIFEST.read_text())
+    return manifest
+
+
+def _module_name(path: str) -> str:
+    return path.removesuffix(".py").replace("/", ".")
+
+
+def _is_extension(file: str | None) -> bool:
+    return file is not None and any(file.endswith(s) for s in EXTENSION_SUFFIXES)
+
+
+def _sources_match(manifest: Mapping[str, Any], root: Path) -> bool:
+    return all(
+        hashlib.sha256((root / path).read_bytes()).hexdigest() == digest
+        for path, digest in manifest["modules"].items()
+    )
+
+
+def _python(code: str, package_root: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a fresh interpreter, MONADL_PURE unset unless given, importing monadl from
+    ``package_root`` (default: where this process imports it from)."""
+    environ = {k: v for k, v in os.environ.items() if k != "MONADL_PURE"}
+    environ["PYTHONPATH"] = str(package_root or PACKAGE.parent)
+    environ.update(env)
+    return subprocess.run(
+        [sys.executable, "-W", "always", "-c", code],
+        env=environ,
+        cwd=package_root or PACKAGE.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+# Imports every compiled module, runs a small program, and prints where each module came from.
+REPORT = """
+import importlib, json, sys
+import monadl
+names = {names!r}
+files = {{name: importlib.import_module(name).__file__ for name in names}}
+files.update({{n: m.__file__ for n, m in list(sys.modules.items()) if n.startswith("monadl.")}})
+w = monadl.FloatWeight(3.0)
+loss, gradients = monadl.compute_gradients(w * w + 1.0)
+print(json.dumps({{"compiled": monadl.compiled(), "reason": monadl._compiled.reason(),
+                  "package": monadl.__file__, "files": files, "loss": loss, "gradient": gradients[w]}}))
+"""
+
+
+def _report(manifest: Mapping[str, Any], package_root: Path | None = None, **env: str) -> dict[str, Any]:
+    names = sorted(_module_name(path) for path in manifest["modules"])
+    done = _python(REPORT.format(names=names), package_root, **env)
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    report["stderr"] = done.stderr
+    assert report["loss"] == 10.0 and report["gradient"] == 6.0
+    return report
+
+
+def test_this_process_runs_compiled_iff_current_extensions_are_built_and_pure_mode_is_off() -> None:
+    built = bool(_extensions(PACKAGE)) and MANIFEST.exists()
+    current = built and _sources_match(json.loads(MANIFEST.read_text()), PACKAGE.parent)
+    assert monadl.compiled() == (current and not PURE_ENV), _compiled.reason()
+    # Never a mix: every monadl module loaded so far comes from an extension iff the engine is compiled.
+    loaded = {name: module.__file__ for name, module in sys.modules.items() if name.startswith("monadl.")}
+    compiled_here = {name for name, file in loaded.items() if _is_extension(file)}
+    if monadl.compiled():
+        assert "monadl.do.do" in compiled_here and "monadl.do.scheduler" in compiled_here
+        assert "monadl._compiled" not in compiled_here  # it decides, so it is never compiled
+    else:
+        assert compiled_here == set()
+
+
+def test_the_build_record_lists_exactly_the_modules_setup_py_compiles() -> None:
+    manifest = _manifest()
+    tree = ast.parse(SETUP.read_text())
+    listed = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "COMPILED_MODULES" for t in node.targets)
+    )
+    assert sorted(manifest["modules"]) == sorted(listed)
+    # One extension per compiled module beside its .py, plus the group's shared library.
+    stems = {str(p.relative_to(PACKAGE.parent)).split(".")[0] for p in _extensions(PACKAGE)}
+    group = manifest["group"].replace(".", "/") + "__mypyc"
+    assert stems == {p.removesuffix(".py") for p in listed} | {group}
+
+
+def test_compiled_mode_loads_every_listed_module_from_its_extension() -> None:
+    manifest = _manifest()
+    if not _sources_match(manifest, PACKAGE.parent):
+        pytest.skip("the build is stale here (sources edited since it was built)")
+    report = _report(manifest)
+    assert report["compiled"], report["reason"]
+    for name in manifest["modules"]:
+        assert _is_extension(report["files"][_module_name(name)]), name
+    assert "StaleBuildWarning" not in report["stderr"]
+
+
+def test_monadl_pure_imports_every_module_from_its_source() -> None:
+    manifest = _manifest()
+    report = _report(manifest, MONADL_PURE="1")
+    assert not report["compiled"]
+    assert report["reason"] == "MONADL_PURE is set"
+    assert all(file.endswith(".py") for file in report["files"].values()), report["files"]
+    assert "StaleBuildWarning" not in report["stderr"]  # pure on purpose: nothing to warn about
+
+
+@pytest.fixture
+def package_copy(tmp_path: Path) -> Path:
+    """A copy of the installed package, extensions and build record included, to break safely."""
+    _manifest()
+    shutil.copytree(PACKAGE, tmp_path / "monadl", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def test_an_edited_compiled_module_makes_the_whole_engine_pure_with_one_warning(package_copy: Path) -> None:
+    manifest = json.loads((package_copy / "monadl" / "_engine.json").read_text())
+    if _sources_match(manifest, package_copy):
+        untouched = _report(manifest, package_copy)
+        assert untouched["compiled"] and untouched["package"].startswith(str(package_copy))
+    edited = package_copy / "monadl" / "do" / "stats.py"  # compiled, and imported by the scheduler
+    edited.write_text(edited.read_text() + "\n# edited after the build\n")
+    report = _report(manifest, package_copy)
+    assert report["package"].startswith(str(package_copy))
+    assert not report["compiled"]
+    assert report["reason"] == "stale build: monadl/do/stats.py changed since it was compiled"
+    assert all(file.endswith(".py") for file in report["files"].values()), report["files"]
+    assert report["stderr"].count("StaleBuildWarning") == 1, report["stderr"]
+    assert "monadl/do/stats.py changed since it was compiled" in report["stderr"]
+
+
+def test_extensions_without_their_build_record_are_not_run(package_copy: Path) -> None:
+    manifest = json.loads((package_copy / "monadl" / "_engine.json").read_text())
+    (package_copy / "monadl" / "_engine.json").unlink()
+    report = _report(manifest, package_copy)
+    assert not report["compiled"] and report["reason"].startswith("stale build: extension modules without")
+    assert all(file.endswith(".py") for file in report["files"].values())
+    assert report["stderr"].count("StaleBuildWarning") == 1
+
+
+def test_a_missing_extension_makes_the_whole_engine_pure(package_copy: Path) -> None:
+    manifest = json.loads((package_copy / "monadl" / "_engine.json").read_text())
+    for extension in _extensions(package_copy / "monadl"):
+        if extension.name.startswith("stats."):
+            extension.unlink()
+    report = _report(manifest, package_copy)
+    assert not report["compiled"] and "incomplete build: monadl/do/stats" in report["reason"]
+    assert all(file.endswith(".py") for file in report["files"].values())
+
+
+def test_the_source_finder_finds_only_sources() -> None:
+    finder = _compiled.SourceFinder()
+    spec = finder.find_spec("monadl.do.do", [str(PACKAGE / "do")])
+    assert spec is not None and spec.origin == str(PACKAGE / "do" / "do.py")
+    assert finder.find_spec("monadl._engine__mypyc", [str(PACKAGE)]) is None  # no source: not ours
+    assert finder.find_spec("json", None) is None  # not monadl's
