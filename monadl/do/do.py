@@ -200,9 +200,11 @@ class Call(Do[Any]):
     """A call of the batchable operation ``op``: ``sources`` are the forwards of its row (layer)
     arguments; ``static`` is the part of its signature known when it is made (the operation, its
     other arguments); ``args``/``kwargs`` are the arguments themselves, for running its body.
-    Its value is the tuple of its results' tapes; ``projections`` are the nodes of each."""
+    Its value is the tuple of its results' tapes; a ``Project`` of it is the node of one. (It holds
+    no projection of its own: a call and its projections would be a reference cycle, and a batch's
+    whole graph would wait for the garbage collector.)"""
 
-    __slots__ = ("args", "kwargs", "op", "projections", "rows", "sources", "static")
+    __slots__ = ("args", "kwargs", "op", "rows", "sources", "static")
 
     def __init__(
         self,
@@ -212,7 +214,6 @@ class Call(Do[Any]):
         kwargs: dict[str, Any],
         rows: list[int],
         static: Any,
-        results: int,
     ) -> None:
         self.kind = CALL
         self.op = op
@@ -221,7 +222,6 @@ class Call(Do[Any]):
         self.kwargs = kwargs
         self.rows = rows
         self.static = static
-        self.projections: list[Project] = [Project(self, j) for j in range(results)]
 
 
 @final

@@ -103,6 +103,7 @@ class Scheduler:
         self.missing: dict[Do[Any], int] = {}  # blocked node -> its sources still unresolved
         self.homes: dict[Do[Any], Context] = {}  # blocked node -> the loop that walked it
         self.forwards: dict[Do[Any], Do[Any]] = {}  # a node whose value is another's (defer, flat_map)
+        self.projected: dict[Do[Any], list[Any]] = {}  # a call not yet run -> its projections walked
         self.converted: dict[Do[Any], Ref] = {}  # a dynamic node's tape, as a slot
         self.taken: dict[tuple[int, int], int] = {}  # (stacked slot, row) -> a slot of that row
         self.after: dict[Step, list[Any]] = {}  # a step on the pool -> (node, value) to resolve then
@@ -181,6 +182,11 @@ class Scheduler:
                 self.resolve(node, self.value_of(call)[node.index])
             else:
                 depth[node] = e if e >= 0 else WAITING  # resolved with its call
+                projected = self.projected.get(call)
+                if projected is None:
+                    self.projected[call] = [node]
+                else:
+                    projected.append(node)
             self.dynamic()  # (only calls make projections: a run with a call is not replayed)
             return
         sources = node.sources
@@ -331,7 +337,7 @@ class Scheduler:
         depth = self.depth
         if depth[node] < 0:
             depth[node] = self.ctx.level
-        if node.kind == CALL or node in self.waiting:
+        if node in self.projected or node in self.waiting:
             self.wake(node, value)
 
     def wake(self, node: Do[Any], value: Any) -> None:
@@ -342,18 +348,17 @@ class Scheduler:
         base = len(work)
         work.append(node)
         work.append(value)
-        node_: Any
         while len(work) > base:
             value = work.pop()
-            node = node_ = work.pop()
+            node = work.pop()
             values[node] = value
             if depth[node] < 0:
                 depth[node] = self.ctx.level
-            if node.kind == CALL:
-                for p in node_.projections:
-                    if p in depth and p not in values:
-                        work.append(p)
-                        work.append(value[p.index])
+            projected = self.projected.pop(node, None)
+            if projected is not None:  # a call: its projections' values are its results
+                for p in projected:
+                    work.append(p)
+                    work.append(value[p.index])
             waiters = waiting.pop(node, None)
             if waiters is None:
                 continue

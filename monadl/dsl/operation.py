@@ -25,7 +25,7 @@ import types
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, ParamSpec, TypeVar, cast
 
-from monadl.do.do import Call, Do, Pure
+from monadl.do.do import Call, Do, Project, Pure
 from monadl.do.primitive import Operation, float_key
 from monadl.do.values import Tape
 from monadl.dsl.apply import forward_of
@@ -87,13 +87,12 @@ class BatchableOperation(Operation, Generic[P, R]):
             else:
                 statics.append(_static_key(a))
         kwkey = tuple([(name, _static_key(v)) for name, v in kwargs.items()]) if kwargs else ()
-        call = Call(self, tuple(sources), args, kwargs, rows, (self, tuple(statics), kwkey), len(structure))
-        projections = call.projections
+        call = Call(self, tuple(sources), args, kwargs, rows, (self, tuple(statics), kwkey))
         if self.single:
-            return structure[0](projections[0])
+            return structure[0](Project(call, 0))
         results = []
         for j, cls in enumerate(structure):  # a loop: a comprehension is a call of its own in 3.11
-            results.append(cls(projections[j]))
+            results.append(cls(Project(call, j)))
         return tuple(results)
 
     def _learn(self, result: object) -> None:
