@@ -32,10 +32,10 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 # The one list of modules compiled with mypyc. Kept interpreted: monadl/dsl/deep_learning.py (a
-# runtime_checkable protocol), monadl/dsl/operation.py (functools.update_wrapper and __get__ on its
-# class), the public surface that validates its own arguments (monadl/dsl/ops.py, monadl/dsl/weights.py:
-# compiled, mypyc's argument checks pre-empt its messages, and FloatWeight(True) became 1.0), and
-# training, optimizers, direct, data/, bench/, cli (not hot).
+# runtime_checkable protocol), the public surface that validates its own arguments
+# (monadl/dsl/ops.py, monadl/dsl/weights.py: compiled, mypyc's argument checks pre-empt its
+# messages, and FloatWeight(True) became 1.0), and training, optimizers, direct, data/, bench/,
+# cli (not hot).
 COMPILED_MODULES = [
     "monadl/do/do.py",
     "monadl/do/primitive.py",
@@ -53,6 +53,7 @@ COMPILED_MODULES = [
     "monadl/dsl/layers.py",
     "monadl/dsl/indices.py",
     "monadl/dsl/primitives.py",
+    "monadl/dsl/operation.py",
 ]
 
 # The group's shared library (``monadl/_engine__mypyc.<suffix>``: inside the package, so that an

@@ -66,10 +66,15 @@ class Do(Generic[A_co]):
     """A lazy computation yielding ``A``. Build with :func:`pure`, :func:`delay`, :func:`defer`,
     :func:`kernel`, :func:`gather`; combine with :meth:`map` and :meth:`flat_map`."""
 
-    __slots__ = ("kind",)
+    __slots__ = ("kind", "sources")
+    kind: int
+    sources: tuple[Do[Any], ...]
+    """The nodes whose values this one reads (empty for a leaf or a node of the monad's own that
+    reads none): declared here, so that the scheduler reads them without knowing the node's kind."""
 
     def __init__(self, kind: int) -> None:
         self.kind = kind
+        self.sources = ()
 
     def map(self, f: Callable[[A_co], B]) -> Do[B]:
         """The value transformed by ``f``, on the scheduler's thread (keep ``f`` cheap)."""
@@ -105,6 +110,7 @@ class Pure(Do[A_co]):
 
     def __init__(self, value: A_co) -> None:
         self.kind = PURE
+        self.sources = ()
         self.value = value
 
     def __repr__(self) -> str:
@@ -119,6 +125,7 @@ class Delay(Do[A_co]):
 
     def __init__(self, thunk: Callable[[], A_co]) -> None:
         self.kind = DELAY
+        self.sources = ()
         self.thunk = thunk
 
 
@@ -130,6 +137,7 @@ class Defer(Do[A_co]):
 
     def __init__(self, thunk: Callable[[], Do[A_co]]) -> None:
         self.kind = DEFER
+        self.sources = ()
         self.thunk = thunk
 
 
@@ -137,7 +145,7 @@ class Defer(Do[A_co]):
 class Bind(Do[A_co]):
     """``f`` applied to the values of ``sources`` (see the module's table for ``mode``)."""
 
-    __slots__ = ("cost", "f", "mode", "sources")
+    __slots__ = ("cost", "f", "mode")
 
     def __init__(
         self,
@@ -164,6 +172,7 @@ class Kernel(Do[A_co]):
         self, fn: Callable[..., A_co], args: tuple[Any, ...], cost: float | Callable[[], float] = 0.0
     ) -> None:
         self.kind = KERNEL
+        self.sources = ()
         self.fn = fn
         self.args = args
         self.cost = cost
@@ -179,6 +188,7 @@ class Variable(Do[Any]):
 
     def __init__(self, weight: Any) -> None:
         self.kind = VARIABLE
+        self.sources = ()
         self.weight = weight
 
 
@@ -186,7 +196,7 @@ class Variable(Do[Any]):
 class Apply(Do[Any]):
     """``prim`` applied to the values (tapes) of ``sources``, with static ``params``."""
 
-    __slots__ = ("params", "prim", "sources")
+    __slots__ = ("params", "prim")
 
     def __init__(self, prim: Primitive, sources: tuple[Do[Any], ...], params: dict[str, Any]) -> None:
         self.kind = APPLY
@@ -204,7 +214,7 @@ class Call(Do[Any]):
     no projection of its own: a call and its projections would be a reference cycle, and a batch's
     whole graph would wait for the garbage collector.)"""
 
-    __slots__ = ("args", "kwargs", "op", "rows", "sources", "static")
+    __slots__ = ("args", "kwargs", "op", "rows", "static")
 
     def __init__(
         self,
@@ -232,6 +242,7 @@ class Project(Do[Any]):
 
     def __init__(self, call: Call, index: int) -> None:
         self.kind = PROJECT
+        self.sources = (call,)
         self.call = call
         self.index = index
 

@@ -256,7 +256,7 @@ class Primitive:
         return np.asarray(g) if isinstance(g, np.generic) else g
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
+@mypyc_attr(native_class=False)  # subclassed by dsl's BatchableOperation, a Python class
 class Operation:
     """A batchable operation: a function of layers whose calls merge (``@monadl.batchable``).
 

@@ -47,6 +47,8 @@ from monadl.do.do import (
     Apply,
     Bind,
     Call,
+    Defer,
+    Delay,
     Do,
     Kernel,
     Project,
@@ -76,7 +78,7 @@ from monadl.typeclasses.backend import ShapeError, shape_of
 VISITING: Final = -1  # on the walk's stack: its sources are being walked
 WAITING: Final = -2  # walked, but its depth is not known yet: it waits for a dynamic node
 
-_MARK: Final = object()  # on the walk's stack: the node below it has had its sources walked
+_MARK: Final[Do[Any]] = Pure(None)  # on the walk's stack: the node below it has had its sources walked
 _LEAF: Final = object()  # a leaf's value before the run reads it (then: its slot's Ref)
 
 
@@ -89,6 +91,34 @@ class Context:
         self.ready: list[Do[Any]] = []  # dynamic nodes whose sources are known
 
 
+class Group:
+    """Calls of one signature in a level: their nodes, and the places of each one's inputs."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Do[Any]] = []
+        self.refs: list[list[Ref]] = []
+
+    def add(self, node: Do[Any], refs: list[Ref]) -> None:
+        self.nodes.append(node)
+        self.refs.append(refs)
+
+
+def _join(groups: dict[Hashable, Group], key: Hashable, node: Do[Any], refs: list[Ref]) -> None:
+    group = groups.get(key)
+    if group is None:
+        group = groups[key] = Group()
+    group.add(node, refs)
+
+
+def _rows_of(nodes: list[Do[Any]], slot: int) -> list[Any]:
+    """The resolutions of merged calls: call k is row k of ``slot``."""
+    resolutions: list[Any] = []
+    for k, node in enumerate(nodes):
+        resolutions.append(node)
+        resolutions.append(Ref(slot, k))
+    return resolutions
+
+
 class Scheduler:
     """One run's interpretation of a ``Do`` (see the module). ``keyed``: compute the structure's
     key while walking (a program is replayed for runs of equal keys)."""
@@ -99,11 +129,11 @@ class Scheduler:
         self.dispatcher: Dispatcher | None = run.dispatcher
         self.values: dict[Do[Any], Any] = {}  # resolved nodes: a Ref (a node of the program) or a value
         self.depth: dict[Do[Any], int] = {}  # every walked node: its depth, or VISITING, WAITING
-        self.waiting: dict[Do[Any], list[Any]] = {}  # unresolved node -> nodes waiting for it
+        self.waiting: dict[Do[Any], list[Do[Any]]] = {}  # unresolved node -> nodes waiting for it
         self.missing: dict[Do[Any], int] = {}  # blocked node -> its sources still unresolved
         self.homes: dict[Do[Any], Context] = {}  # blocked node -> the loop that walked it
         self.forwards: dict[Do[Any], Do[Any]] = {}  # a node whose value is another's (defer, flat_map)
-        self.projected: dict[Do[Any], list[Any]] = {}  # a call not yet run -> its projections walked
+        self.projected: dict[Do[Any], list[Project]] = {}  # a call not yet run -> its projections walked
         self.converted: dict[Do[Any], Ref] = {}  # a dynamic node's tape, as a slot
         self.taken: dict[tuple[int, int], int] = {}  # (stacked slot, row) -> a slot of that row
         self.after: dict[Step, list[Any]] = {}  # a step on the pool -> (node, value) to resolve then
@@ -121,7 +151,7 @@ class Scheduler:
         """Walks the nodes of ``root``'s graph not walked yet: leaves are resolved, ops and calls
         placed at their depth, dynamic nodes made ready (or left waiting for their sources)."""
         depth = self.depth
-        stack: list[Any] = [root]
+        stack: list[Do[Any]] = [root]
         while stack:
             node = stack.pop()
             if node is _MARK:
@@ -130,7 +160,7 @@ class Scheduler:
             if node in depth:
                 continue
             kind = node.kind
-            if kind == APPLY or kind == BIND or kind == CALL:
+            if kind == APPLY or kind == BIND or kind == CALL or kind == PROJECT:
                 depth[node] = VISITING
                 stack.append(node)
                 stack.append(_MARK)
@@ -139,25 +169,18 @@ class Scheduler:
                     s = sources[i]
                     if s not in depth:
                         stack.append(s)
-            elif kind == PROJECT:
-                depth[node] = VISITING
-                stack.append(node)
-                stack.append(_MARK)
-                call = node.call
-                if call not in depth:
-                    stack.append(call)
             elif kind == VARIABLE:
-                self.variable(node)
+                self.variable(cast(Variable, node))
             elif kind == PURE:
-                self.pure(node)
+                self.pure(cast(Pure[Any], node))
             elif kind == DELAY:
                 self.dynamic()
                 depth[node] = WAITING
-                self.resolve(node, node.thunk())
+                self.resolve(node, cast(Delay[Any], node).thunk())
             elif kind == DEFER:
                 self.dynamic()
                 depth[node] = WAITING
-                then = node.thunk()
+                then = cast(Defer[Any], node).thunk()
                 if not isinstance(then, Do):
                     raise TypeError(f"defer: the thunk returned {type(then).__name__}, not a Do")
                 self.follow(node, then)
@@ -170,23 +193,24 @@ class Scheduler:
             else:  # pragma: no cover - every node class has a kind above
                 raise TypeError(f"monadl: not a Do node: {node!r}")
 
-    def post(self, node: Any) -> None:
+    def post(self, node: Do[Any]) -> None:
         """A node whose sources have been walked: placed, made ready, or left waiting."""
         depth = self.depth
         kind = node.kind
         if kind == PROJECT:
-            call = node.call
+            project = cast(Project, node)
+            call = project.call
             e = depth[call]
             if call in self.values:
                 depth[node] = e
-                self.resolve(node, self.value_of(call)[node.index])
+                self.resolve(node, self.value_of(call)[project.index])
             else:
                 depth[node] = e if e >= 0 else WAITING  # resolved with its call
                 projected = self.projected.get(call)
                 if projected is None:
-                    self.projected[call] = [node]
+                    self.projected[call] = [project]
                 else:
-                    projected.append(node)
+                    projected.append(project)
             self.dynamic()  # (only calls make projections: a run with a call is not replayed)
             return
         sources = node.sources
@@ -215,7 +239,7 @@ class Scheduler:
         if kind == CALL:
             self.dynamic()
         elif self.key is not None:
-            self.keyed(node)
+            self.keyed(cast(Apply, node))
         if blocked:
             self.block(node, blocked)
         else:
@@ -337,7 +361,8 @@ class Scheduler:
         depth = self.depth
         if depth[node] < 0:
             depth[node] = self.ctx.level
-        if node in self.projected or node in self.waiting:
+        # Waiters are rare (dynamic nodes waiting for this one); a call has its projections.
+        if (node.kind == CALL and node in self.projected) or (self.waiting and node in self.waiting):
             self.wake(node, value)
 
     def wake(self, node: Do[Any], value: Any) -> None:
@@ -475,75 +500,57 @@ class Scheduler:
 
     def run_level(self, nodes: list[Do[Any]]) -> None:
         """Runs the nodes of one depth: calls of equal signature as one group each."""
-        groups: dict[Hashable, list[Any]] = {}
-        fans: dict[Hashable, list[Any]] = {}
-        alone: list[Any] = []
+        groups: dict[Hashable, Group] = {}
+        fans: dict[Hashable, Group] = {}
+        alone = Group()
         batching = self.batching
         for node in nodes:
             refs = self.refs_of(node)
-            key = None
+            key: Hashable | None = None
             if batching:
-                key = (
-                    self.signature(cast(Apply, node), refs)
-                    if node.kind == APPLY
-                    else self.call_signature(cast(Call, node), refs)
-                )
+                if node.kind == APPLY:
+                    key = self.signature(cast(Apply, node), refs)
+                    if key is None:  # it may still fan out with others
+                        fan_key = self.fan_signature(cast(Apply, node), refs)
+                        if fan_key is not None:
+                            _join(fans, fan_key, node, refs)
+                            continue
+                else:
+                    key = self.call_signature(cast(Call, node), refs)
             if key is None:
-                if batching and node.kind == APPLY:  # it may still fan out with others
-                    fan_key = self.fan_signature(cast(Apply, node), refs)
-                    if fan_key is not None:
-                        same = fans.get(fan_key)
-                        if same is None:
-                            fans[fan_key] = [node, refs]
-                        else:
-                            same.append(node)
-                            same.append(refs)
-                        continue
-                alone.append(node)
-                alone.append(refs)
-                continue
-            group = groups.get(key)
-            if group is None:
-                groups[key] = [node, refs]
+                alone.add(node, refs)
             else:
-                group.append(node)
-                group.append(refs)
+                _join(groups, key, node, refs)
         for key, group in groups.items():
-            if len(group) > 2:
+            if len(group.nodes) > 1:
                 self.signatures.add(hash(key))
-                if group[0].kind == APPLY:
+                if group.nodes[0].kind == APPLY:
                     self.run_merged(group)
                 else:
                     self.run_call(group)
                 continue
-            node = group[0]
-            fan_key = self.fan_signature(node, group[1]) if node.kind == APPLY else None
+            node = group.nodes[0]
+            fan_key = self.fan_signature(cast(Apply, node), group.refs[0]) if node.kind == APPLY else None
             if fan_key is None:
                 self.signatures.add(hash(key))
-                alone.append(node)
-                alone.append(group[1])
-                continue
-            same = fans.get(fan_key)
-            if same is None:
-                fans[fan_key] = [node, group[1]]
+                alone.add(node, group.refs[0])
             else:
-                same.append(node)
-                same.append(group[1])
+                _join(fans, fan_key, node, group.refs[0])
         for key, group in fans.items():
             self.signatures.add(hash(key))
-            if len(group) > 2:
+            if len(group.nodes) > 1:
                 self.run_fan(group)
             else:
-                alone.append(group[0])
-                alone.append(group[1])
-        for i in range(0, len(alone), 2):
-            node = alone[i]
+                alone.add(group.nodes[0], group.refs[0])
+        for i, node in enumerate(alone.nodes):
             if node.kind == APPLY:
-                self.run_alone(node, alone[i + 1])
+                self.run_alone(cast(Apply, node), alone.refs[i])
             else:
-                self.run_call(alone[i : i + 2])
+                one = Group()
+                one.add(node, alone.refs[i])
+                self.run_call(one)
 
-    def refs_of(self, node: Any) -> list[Ref]:
+    def refs_of(self, node: Do[Any]) -> list[Ref]:
         """Where the values of a node's sources are (a dynamic node's tape made a slot)."""
         values = self.values
         refs = []
@@ -747,12 +754,12 @@ class Scheduler:
         self.count(prim.name)
         self.launch(step, [node, Ref(out, -1)])
 
-    def run_merged(self, group: list[Any]) -> None:
+    def run_merged(self, group: Group) -> None:
         """Calls of one primitive with equal signatures, as one call on their stacked rows."""
         run = self.run
-        first: Apply = group[0]
-        refs0: list[Ref] = group[1]
-        n = len(group) // 2
+        first = cast(Apply, group.nodes[0])
+        refs0 = group.refs[0]
+        n = len(group.nodes)
         prim = first.prim
         spec = prim.batch
         assert spec is not None
@@ -761,8 +768,8 @@ class Scheduler:
             prim.check(*datas0, **first.params)
         calls = []
         members = []
-        for k in range(n):
-            node: Apply = group[2 * k]
+        for member in group.nodes:
+            node = cast(Apply, member)
             calls.append(node.params)
             members.append(self.bound.get(node, -1))
         params = merge_params(prim, calls, datas0[0])
@@ -780,7 +787,7 @@ class Scheduler:
                 stacked.append(False)
                 pads.append(None)
             else:
-                column = [group[2 * k + 1][i] for k in range(n)]
+                column = [refs[i] for refs in group.refs]
                 slot = self.gather(column)
                 stacked.append(True)
                 d = datas0[i]
@@ -800,42 +807,37 @@ class Scheduler:
         step.row_shapes = [() if type(d) is float else tuple(d.shape) for d in datas0]
         if self.dispatcher is not None:
             self.weigh(step, prim, step.args(run), params, ins)
-        resolutions: list[Any] = []
-        for k in range(n):
-            resolutions.append(group[2 * k])
-            resolutions.append(Ref(out, k))
         stats = run.stats
         stats.groups += 1
         stats.merged += n
         self.count(prim.name)
-        self.launch(step, resolutions)
+        self.launch(step, _rows_of(group.nodes, out))
 
     def is_shared(self, slot: int) -> bool:
         """Whether a slot may be one value for merged calls: a weight, or a float constant."""
         run = self.run
         return run.weights[slot] is not None or (type(run.datas[slot]) is float and not run.wants[slot])
 
-    def run_fan(self, group: list[Any]) -> None:
+    def run_fan(self, group: Group) -> None:
         """Calls of one primitive reading one value with different others, as one kernel."""
         run = self.run
-        first: Apply = group[0]
+        first = cast(Apply, group.nodes[0])
         prim = first.prim
         spec = prim.batch
         assert spec is not None and spec.fan is not None
         fan = spec.fan
-        n = len(group) // 2
-        refs0: list[Ref] = group[1]
+        n = len(group.nodes)
+        refs0 = group.refs[0]
         if prim.check is not None:  # every call's own check, so that an error names its shapes
             for k in range(n):
-                refs: list[Ref] = group[2 * k + 1]
-                prim.check(*[run.value(r) for r in refs], **group[2 * k].params)
+                prim.check(*[run.value(r) for r in group.refs[k]], **cast(Apply, group.nodes[k]).params)
         ins: list[list[int]] = []
         wants = False
         for i in range(len(refs0)):
             if i in fan.shared:
                 slots = [self.own(refs0[i])]
             else:
-                slots = [self.own(group[2 * k + 1][i]) for k in range(n)]
+                slots = [self.own(refs[i]) for refs in group.refs]
             for s in slots:
                 if run.wants[s]:
                     wants = True
@@ -844,28 +846,23 @@ class Scheduler:
         step = FanStep(prim, fan, ins, first.params, n, out, wants)
         if self.dispatcher is not None:
             total = 0.0
-            for k in range(n):
-                refs = group[2 * k + 1]
+            for refs in group.refs:
                 total += cost_of(prim, [run.value(r) for r in refs], first.params)
             step.heavy = total >= self.dispatcher.min_cost
-        resolutions: list[Any] = []
-        for k in range(n):
-            resolutions.append(group[2 * k])
-            resolutions.append(Ref(out, k))
         stats = run.stats
         stats.groups += 1
         stats.merged += n
         self.count(prim.name)
-        self.launch(step, resolutions)
+        self.launch(step, _rows_of(group.nodes, out))
 
-    def run_call(self, group: list[Any]) -> None:
+    def run_call(self, group: Group) -> None:
         """Calls of a batchable operation: its body run once on their stacked rows (or, for a call
         on its own, on its own arguments, as the plain function)."""
         run = self.run
-        first: Call = group[0]
+        first = cast(Call, group.nodes[0])
         op = first.op
-        n = len(group) // 2
-        refs0: list[Ref] = group[1]
+        n = len(group.nodes)
+        refs0 = group.refs[0]
         self.dynamic()  # the body is user code, recorded now: a run with calls is not replayed
         tapes: list[Tape[Any, Any]] = []
         inputs: list[int] = []
@@ -874,7 +871,7 @@ class Scheduler:
                 tapes.append(RunTape(run, r))
         else:
             for j in range(len(refs0)):
-                slot = self.gather([group[2 * k + 1][j] for k in range(n)])
+                slot = self.gather([refs[j] for refs in group.refs])
                 inputs.append(slot)
                 tapes.append(RunTape(run, Ref(slot, -1)))
         self.count(op.name)
@@ -892,8 +889,8 @@ class Scheduler:
             run.scalar_rows[slot] = op.scalars[j]
             slots.append(slot)
         run.steps.append(CallsStep(inputs, slots, n, -1))
-        for k in range(n):
-            self.resolve(group[2 * k], tuple([Ref(s, k) for s in slots]))
+        for k, node in enumerate(group.nodes):
+            self.resolve(node, tuple([Ref(s, k) for s in slots]))
 
     def nested(self, roots: list[Do[Any]], name: str) -> list[Ref]:
         """The values of ``roots`` (a batchable body's results), computed by a nested loop."""

@@ -25,6 +25,8 @@ import types
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, ParamSpec, TypeVar, cast
 
+from mypy_extensions import mypyc_attr
+
 from monadl.do.do import Call, Do, Project, Pure
 from monadl.do.primitive import Operation, float_key
 from monadl.do.values import Tape
@@ -47,6 +49,7 @@ def batchable(f: Callable[P, R]) -> Callable[P, R]:
     return cast("Callable[P, R]", BatchableOperation(f))
 
 
+@mypyc_attr(native_class=False)  # a Python class (a method descriptor, wrapped), compiled methods
 class BatchableOperation(Operation, Generic[P, R]):
     """A batchable operation: ``f`` and the structure of its results (learnt on the first call)."""
 
