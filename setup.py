@@ -34,14 +34,15 @@ from setuptools.command.build_ext import build_ext
 # The one list of modules compiled with mypyc. Kept interpreted: monadl/dsl/deep_learning.py (a
 # runtime_checkable protocol), the public surface that validates its own arguments
 # (monadl/dsl/ops.py, monadl/dsl/weights.py: compiled, mypyc's argument checks pre-empt its
-# messages, and FloatWeight(True) became 1.0), and training, optimizers, direct, data/, bench/,
-# cli (not hot).
+# messages, and FloatWeight(True) became 1.0), and optimizers (values users may subclass and
+# tests spy on), direct, data/, bench/, cli (not hot).
 COMPILED_MODULES = [
     "monadl/do/do.py",
     "monadl/do/primitive.py",
     "monadl/do/values.py",
     "monadl/do/program.py",
     "monadl/do/scheduler.py",
+    "monadl/do/structure.py",
     "monadl/do/dispatch.py",
     "monadl/do/stats.py",
     "monadl/do/executor.py",
@@ -54,6 +55,7 @@ COMPILED_MODULES = [
     "monadl/dsl/indices.py",
     "monadl/dsl/primitives.py",
     "monadl/dsl/operation.py",
+    "monadl/dsl/training.py",
 ]
 
 # The group's shared library (``monadl/_engine__mypyc.<suffix>``: inside the package, so that an

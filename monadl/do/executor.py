@@ -33,6 +33,7 @@ from monadl.do.memory import tune_allocator
 from monadl.do.program import Program, Ref, Run, RunTape, Step
 from monadl.do.scheduler import Scheduler
 from monadl.do.stats import RunStats
+from monadl.do.structure import structure_of
 from monadl.do.workers import WorkerPool
 
 A = TypeVar("A")
@@ -167,18 +168,19 @@ class Executor(AbstractContextManager["Executor"]):
             if program is not None:
                 replayed = replay(program, seen.nodes, dispatcher, stats)
                 return Evaluation(replayed, program.root, replayed.value(program.root))
-        run = Run([], dispatcher, stats)
-        scheduler = Scheduler(run, batch, self.replay)
+        structure = structure_of(do) if self.replay else None
+        key: Any = None
+        if structure is not None:
+            key = (batch, own_root, structure.key)
+            program = self._program(key)
+            if program is not None:
+                replayed = replay(program, structure.nodes, dispatcher, stats)
+                self._remember(do, batch, own_root, Seen(key, structure.nodes))
+                return Evaluation(replayed, program.root, replayed.value(program.root))
+        run = Run([] if structure is None else structure.nodes, dispatcher, stats)
+        scheduler = Scheduler(run, batch, {} if structure is None else structure.index)
         try:
             scheduler.walk(do)
-            key: Any = None
-            if scheduler.key is not None:
-                key = (batch, own_root, tuple(scheduler.key))
-                program = self._program(key)
-                if program is not None:
-                    replayed = replay(program, run.nodes, dispatcher, stats)
-                    self._remember(do, batch, own_root, Seen(key, run.nodes))
-                    return Evaluation(replayed, program.root, replayed.value(program.root))
             scheduler.drain()
             if do not in scheduler.values:  # pragma: no cover - a scheduler bug, not a user's
                 raise RuntimeError("monadl: the computation did not complete (a node was never run)")

@@ -360,7 +360,7 @@ class MergedStep(Step):
         self.stacked = stacked
         self.pads = pads
         self.params = params
-        self.members = members if prim.per_run and min(members) >= 0 else []
+        self.members = members if prim.per_run and members and min(members) >= 0 else []
         self.n = n
         self.scalar = scalar
         self.calls: list[dict[str, Any]] = []  # the calls' own parameters (for their own errors)

@@ -120,10 +120,11 @@ def _rows_of(nodes: list[Do[Any]], slot: int) -> list[Any]:
 
 
 class Scheduler:
-    """One run's interpretation of a ``Do`` (see the module). ``keyed``: compute the structure's
-    key while walking (a program is replayed for runs of equal keys)."""
+    """One run's interpretation of a ``Do`` (see the module). ``bound``: the positions of a static
+    graph's bound nodes (``structure.py``: its weights, constants and ops with per-run parameters),
+    which its steps name so that a replay reads its own; empty for a graph that is not static."""
 
-    def __init__(self, run: Run, batching: bool, keyed: bool) -> None:
+    def __init__(self, run: Run, batching: bool, bound: dict[Do[Any], int]) -> None:
         self.run = run
         self.batching = batching
         self.dispatcher: Dispatcher | None = run.dispatcher
@@ -138,10 +139,7 @@ class Scheduler:
         self.taken: dict[tuple[int, int], int] = {}  # (stacked slot, row) -> a slot of that row
         self.after: dict[Step, list[Any]] = {}  # a step on the pool -> (node, value) to resolve then
         self.ctx = Context()
-        self.top = True  # walking the root's graph (not a flat_map's result or a body)
-        self.key: list[Any] | None = [] if keyed else None
-        self.order: dict[Do[Any], int] = {}  # keyed: a node's position in the key
-        self.bound: dict[Do[Any], int] = {}  # an Apply node's place among the run's nodes
+        self.bound = bound
         self.signatures: set[int] = set()
         self.work: list[Any] = []
 
@@ -162,15 +160,19 @@ class Scheduler:
             kind = node.kind
             if kind == APPLY or kind == BIND or kind == CALL or kind == PROJECT:
                 depth[node] = VISITING
-                stack.append(node)
-                stack.append(_MARK)
                 sources = node.sources
+                base = len(stack)
                 for i in range(len(sources) - 1, -1, -1):  # walked in order
                     s = sources[i]
                     if s not in depth:
                         stack.append(s)
+                if len(stack) == base:  # its sources were all walked: placed at once
+                    self.post(node)
+                else:
+                    stack.insert(base, node)  # below its sources, with the mark: posted after them
+                    stack.insert(base + 1, _MARK)
             elif kind == VARIABLE:
-                self.variable(cast(Variable, node))
+                self.leaf(node)
             elif kind == PURE:
                 self.pure(cast(Pure[Any], node))
             elif kind == DELAY:
@@ -238,62 +240,24 @@ class Scheduler:
                 deepest = e
         if kind == CALL:
             self.dynamic()
-        elif self.key is not None:
-            self.keyed(cast(Apply, node))
         if blocked:
             self.block(node, blocked)
         else:
             self.place(node, deepest + 1, self.ctx)
 
-    def keyed(self, node: Apply) -> None:
-        """Appends an op to the structure's key (its primitive, parameters and inputs' places), and
-        binds it to the run's nodes if a replay reads its per-run parameters."""
-        key = self.key
-        assert key is not None
-        pkey = static_key(node)
-        if pkey is None:
-            self.key = None
-            return
-        order = self.order
-        places = []
-        for s in node.sources:
-            places.append(order[s])
-        order[node] = len(key)
-        key.append((node.prim, pkey, tuple(places)))
-        if node.prim.per_run:
-            self.bound[node] = len(self.run.nodes)
-            self.run.nodes.append(node)
-
-    def variable(self, node: Variable) -> None:
-        """A weight's node: a leaf (its slot made when the run first reads it)."""
-        self.leaf(node)
-        key = self.key
-        if key is not None:
-            self.order[node] = len(key)
-            key.append(("v", _kind(node.weight.data)))
-
     def pure(self, node: Pure[Any]) -> None:
         """A known value: a constant's leaf if it is a literal's tape."""
         value = node.value
-        if type(value) is not Tape:
-            self.depth[node] = 0
-            self.dynamic()  # a Pure of something else is the monad's, not a constant of the program
-            self.resolve(node, value)
+        if type(value) is Tape:
+            self.leaf(node)
             return
-        self.leaf(node)
-        key = self.key
-        if key is not None:
-            data = value.data
-            self.order[node] = len(key)
-            key.append(("f", float_key(data)) if type(data) is float else ("c", _kind(data)))
+        self.depth[node] = 0
+        self.dynamic()  # a Pure of something else is the monad's, not a constant of the program
+        self.resolve(node, value)
 
     def leaf(self, node: Do[Any]) -> None:
-        """A weight's or a constant's node: known, its slot made when the run first reads it (a
-        replayed run never does: its program's steps read the leaves)."""
+        """A weight's or a constant's node: known, its slot made when the run first reads it."""
         self.depth[node] = 0
-        if self.top:
-            self.bound[node] = len(self.run.nodes)
-            self.run.nodes.append(node)
         if node in self.waiting:
             self.resolve(node, self.leaf_ref(node))
         else:
@@ -320,7 +284,6 @@ class Scheduler:
 
     def dynamic(self) -> None:
         """The run met a node whose graph is only known once it ran: it is not replayed."""
-        self.key = None
         self.run.replayable = False
 
     def place(self, node: Do[Any], d: int, ctx: Context) -> None:
@@ -469,11 +432,7 @@ class Scheduler:
                 raise TypeError(f"flat_map: {name!r} returned {type(then).__name__}, not a Do")
             self.follow(node, then)
             if then not in self.depth:
-                top, self.top = self.top, False
-                try:
-                    self.walk(then)
-                finally:
-                    self.top = top
+                self.walk(then)
         else:
             self.kernel(node, bind.f, tuple(args), bind.cost)
 
@@ -768,10 +727,12 @@ class Scheduler:
             prim.check(*datas0, **first.params)
         calls = []
         members = []
+        bound = self.bound  # (empty unless the run may be replayed: then its per-run parameters)
         for member in group.nodes:
             node = cast(Apply, member)
             calls.append(node.params)
-            members.append(self.bound.get(node, -1))
+            if bound:
+                members.append(bound.get(node, -1))
         params = merge_params(prim, calls, datas0[0])
         rank = 0
         for d in datas0:
@@ -895,16 +856,13 @@ class Scheduler:
     def nested(self, roots: list[Do[Any]], name: str) -> list[Ref]:
         """The values of ``roots`` (a batchable body's results), computed by a nested loop."""
         outer = self.ctx
-        top = self.top
         self.ctx = Context()
-        self.top = False
         try:
             for root in roots:
                 self.walk(root)
             self.drain()
         finally:
             self.ctx = outer
-            self.top = top
         refs = []
         for root in roots:
             if root not in self.values:
@@ -1032,11 +990,6 @@ class Scheduler:
 
 
 # ------------------------------------------------------------------------------------------ helpers
-
-
-def _kind(data: Any) -> Hashable:
-    """A leaf's part of a structure's key: its value's type, shape and dtype."""
-    return float if type(data) is float else (type(data), data.shape, data.dtype)
 
 
 def static_key(node: Apply) -> Hashable | None:

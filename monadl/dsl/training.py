@@ -25,6 +25,7 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 from returns.future import FutureResult
 from returns.result import Failure, Result, Success
 
@@ -43,10 +44,12 @@ if TYPE_CHECKING:
 _commit_lock = threading.Lock()
 
 
+@mypyc_attr(native_class=False)  # a compiled subclass of a builtin exception is not a plain one
 class NonFiniteLossError(ArithmeticError):
     """The loss of a training step was NaN or infinite; no weight was changed."""
 
 
+@mypyc_attr(native_class=False)
 class NoOptimizerError(ValueError):
     """A weight received a gradient but neither it nor the step has an optimizer."""
 

@@ -369,7 +369,7 @@ class Backward:
 
     def run_do(self, do: Do[Any]) -> None:
         """Runs a ``Do`` of a user's tape's backward (it may give deltas to this run's tapes)."""
-        scheduler = Scheduler(Run([], self.dispatcher, self.stats), False, False)
+        scheduler = Scheduler(Run([], self.dispatcher, self.stats), False, {})
         scheduler.walk(do)
         scheduler.drain()
 
