@@ -33,7 +33,7 @@ from monadl.do.memory import tune_allocator
 from monadl.do.program import Program, Ref, Run, RunTape, Step
 from monadl.do.scheduler import Scheduler
 from monadl.do.stats import RunStats
-from monadl.do.structure import structure_of
+from monadl.do.structure import structure_of, value_kind
 from monadl.do.workers import WorkerPool
 
 A = TypeVar("A")
@@ -51,29 +51,27 @@ class Evaluation:
 
 class Seen:
     """A root run before, whose structure has a program: its key and its bound nodes (the leaves
-    and per-run parameters a replay reads), with its weights' shapes and dtypes then. The same root
-    run again replays without a walk, if its weights still have those shapes and dtypes."""
+    and per-run parameters a replay reads). The same root run again replays without a walk, if its
+    weights still have the shapes and dtypes the key holds."""
 
     def __init__(self, key: Any, nodes: list[Do[Any]]) -> None:
         self.key = key
         self.nodes = nodes
-        self.weights: list[Any] = []
-        self.kinds: list[Any] = []
-        for node in nodes:
-            if type(node) is Variable:
-                self.weights.append(node.weight)
-                self.kinds.append(_kind(node.weight.data))
 
     def unchanged(self) -> bool:
-        """Whether every weight still has the shape and dtype it had."""
-        for weight, kind in zip(self.weights, self.kinds, strict=True):
-            if _kind(weight.data) != kind:
-                return False
+        """Whether every weight still has the shape and dtype it had. (Read from the key, not kept
+        apart: most roots are never run again, and this costs nothing until one is.) The key's
+        weight entries, ``("v", kind)``, are in the order of the weights among the bound nodes."""
+        entries = self.key[2]
+        i = 0
+        for node in self.nodes:
+            if type(node) is Variable:
+                while entries[i][0] != "v":
+                    i += 1
+                if value_kind(node.weight.data) != entries[i][1]:
+                    return False
+                i += 1
         return True
-
-
-def _kind(data: Any) -> Any:
-    return float if type(data) is float else (type(data), data.shape, data.dtype)
 
 
 class Executor(AbstractContextManager["Executor"]):

@@ -95,11 +95,12 @@ class Batching:
     """Whether a call may merge, given its inputs' data (default: always), for an op whose
     stacked rows would mean something else: ``matmul`` with a ``b`` of more than two axes, whose
     own leading axes would meet the rows' axis."""
-    check_merged: Callable[[tuple[Any, ...], dict[str, Any], list[dict[str, Any]]], None] | None = None
+    check_merged: Callable[[tuple[Any, ...], dict[str, Any]], None] | None = None
     """One check of the per-run parameters of merged calls, instead of each call's ``check_values``
-    (for ops with ``rows``, whose calls' values differ): given the first call's inputs, the merged
-    parameters (``rows`` stacked) and every call's parameters, it raises if any call's check would.
-    It only saves time: on an error the calls are checked one by one, so the error names its call."""
+    (for ops with ``rows``, whose calls' values differ): given the first call's inputs and the
+    merged parameters (``rows`` stacked, the other per-run ones listed by call), it raises if any
+    call's check would. It only saves time: on an error the calls are checked one by one, so the
+    error names its call."""
     sums_rows: bool = False
     """The op is an n-ary sum (``add_n``): rows of one group among its operands are summed as one
     gathered array, not one by one."""
@@ -280,6 +281,10 @@ def value_key(value: Any) -> Hashable:
     kind = type(value)
     if kind is float:
         return float
+    if kind is np.ndarray:
+        return (kind, value.shape, value.dtype)
+    if kind is tuple or kind is int or kind is str or value is None:  # (no failed attribute lookup)
+        return (kind,)
     shape = getattr(value, "shape", None)
     if shape is None:
         return (kind,)

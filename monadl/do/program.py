@@ -699,14 +699,13 @@ def check_merged_values(
     spec = prim.batch
     check = prim.check_values
     assert spec is not None and check is not None
-    calls = call_params(prim, params, n)
-    first = member_args(args, stacked, 0)
     if spec.check_merged is not None:
         try:
-            spec.check_merged(first, params, calls)
+            spec.check_merged(member_args(args, stacked, 0), params)
             return
         except Exception:  # noqa: BLE001 - the calls' own checks say which one failed, and how
             pass
+    calls = call_params(prim, params, n)
     for k in range(n):
         check(*member_args(args, stacked, k), **calls[k])
 

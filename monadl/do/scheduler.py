@@ -342,33 +342,40 @@ class Scheduler:
             values[node] = value
             if depth[node] < 0:
                 depth[node] = self.ctx.level
-            projected = self.projected.pop(node, None)
+            # (``get`` and ``del``, not ``pop``: compiled, ``dict.pop`` is a generic method call)
+            projected = self.projected.get(node)
             if projected is not None:  # a call: its projections' values are its results
+                del self.projected[node]
                 for p in projected:
                     work.append(p)
                     work.append(value[p.index])
-            waiters = waiting.pop(node, None)
+            waiters = waiting.get(node)
             if waiters is None:
                 continue
+            del waiting[node]
+            forwards, missing, homes = self.forwards, self.missing, self.homes
             for w in waiters:
-                if self.forwards.pop(w, None) is not None:
+                if forwards and w in forwards:
+                    del forwards[w]
                     work.append(w)
                     work.append(value)
                     continue
-                left = self.missing[w] - 1
+                left = missing[w] - 1
                 if left:
-                    self.missing[w] = left
+                    missing[w] = left
                     continue
-                del self.missing[w]
+                del missing[w]
+                home = homes[w]
+                del homes[w]
                 if w.kind == BIND:
-                    self.homes.pop(w).ready.append(w)
+                    home.ready.append(w)
                 else:
                     deepest = 0
                     for s in w.sources:
                         e = depth[s]
                         if e > deepest:
                             deepest = e
-                    self.place(w, deepest + 1, self.homes.pop(w))
+                    self.place(w, deepest + 1, home)
 
     # ------------------------------------------------------------------------------------- loop
 
@@ -409,7 +416,8 @@ class Scheduler:
             return
         step: Step = token
         step.store(self.run, result)
-        resolutions = self.after.pop(step)
+        resolutions = self.after[step]
+        del self.after[step]
         for i in range(0, len(resolutions), 2):
             self.resolve(resolutions[i], resolutions[i + 1])
 

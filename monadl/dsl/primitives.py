@@ -282,7 +282,7 @@ def _check_take_range(table: Any, indices: Any, **_: Any) -> None:
         )
 
 
-def _check_take_merged(inputs: tuple[Any, ...], merged: dict[str, Any], calls: list[dict[str, Any]]) -> None:
+def _check_take_merged(inputs: tuple[Any, ...], merged: dict[str, Any]) -> None:
     # The calls share the table and their indices have one shape: the stacked indices' range is
     # theirs together.
     _check_take_range(inputs[0], merged["indices"])
@@ -443,19 +443,24 @@ def _linear(xp: Any, x: Any, w: Any, b: Any) -> Any:
     return xp.matmul(x, w) + b
 
 
+def _linear_vjp_x(xp: Any, d: Any, o: Any, x: Any, w: Any, b: Any) -> Any:
+    if xp is np and d.ndim == 2:  # np.dot: less dispatch than matmul on small matrices
+        return np.dot(d, w.T)
+    return xp.matmul(d, w.mT)
+
+
+def _linear_vjp_w(xp: Any, d: Any, o: Any, x: Any, w: Any, b: Any) -> Any:
+    if x.ndim == 1:  # one row: an outer product, which a broadcast multiplication does faster than matmul
+        return xp.reshape(x, (-1, 1)) * xp.reshape(d, (1, -1))
+    if xp is np and x.ndim == 2:
+        return np.dot(x.T, d)
+    return xp.matmul(_rows(xp, x).mT, _rows(xp, d))
+
+
 linear = Primitive(
     "linear",
     _linear,
-    (
-        lambda xp, d, o, x, w, b: xp.matmul(d, w.mT),
-        lambda xp, d, o, x, w, b: (
-            # one row: an outer product, which a broadcast multiplication does faster than matmul
-            xp.reshape(x, (-1, 1)) * xp.reshape(d, (1, -1))
-            if x.ndim == 1
-            else xp.matmul(_rows(xp, x).mT, _rows(xp, d))
-        ),
-        lambda xp, d, o, x, w, b: unbroadcast(xp, d, b),
-    ),
+    (_linear_vjp_x, _linear_vjp_w, lambda xp, d, o, x, w, b: unbroadcast(xp, d, b)),
     cost=lambda x, w, b: float(math.prod(x.shape) * w.shape[1]),
     check=_check_linear,
     # x's rows stacked: the calls' x @ w become one matmul; or, for calls of one x with different
@@ -537,14 +542,18 @@ def _check_labels(logits: Any, labels: tuple[int, int] | None, **_: Any) -> None
             )
 
 
-def _check_labels_merged(
-    inputs: tuple[Any, ...], merged: dict[str, Any], calls: list[dict[str, Any]]
-) -> None:
+def _check_labels_merged(inputs: tuple[Any, ...], merged: dict[str, Any]) -> None:
     # The calls' logits have one shape (the signature): the first call's stand for all, and the
-    # labels' range is the union of theirs.
-    ranges = [call["labels"] for call in calls]
-    if ranges[0] is not None:
-        _check_labels(inputs[0], (min([r[0] for r in ranges]), max([r[1] for r in ranges])))
+    # labels' range is the union of theirs (None: every call's targets are probabilities).
+    ranges: list[tuple[int, int]] | None = merged["labels"]
+    if ranges is not None:
+        lo, hi = ranges[0]
+        for r in ranges:
+            if r[0] < lo:
+                lo = r[0]
+            if r[1] > hi:
+                hi = r[1]
+        _check_labels(inputs[0], (lo, hi))
 
 
 def _cross_entropy(xp: Any, logits: Any, targets: Any, labels: tuple[int, int] | None) -> tuple[float, Any]:
