@@ -13,15 +13,16 @@ input. For primitives marked ``broadcasts``, it is summed back to the input's sh
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 from mypy_extensions import mypyc_attr
 
 from monadl.typeclasses.backend import (
     FLOATS,
+    NDARRAY,
     ShapeError,
     device_of,
     namespace,
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from monadl.do.values import Tape
 
 Rule = Callable[..., Any]
+
+_GENERIC: Final = np.generic
 
 
 def elementwise_cost(*inputs: Any, **_: Any) -> float:
@@ -197,7 +200,7 @@ class Primitive:
         program replayed for inputs of the same structure skips it; ``check_values`` always runs).
         Errors name the op and the shapes."""
         d0 = datas[0]
-        xp = np if type(d0) is np.ndarray else namespace(*datas)
+        xp = np if type(d0) is NDARRAY else namespace(*datas)
         if checked:
             if xp is not np and len(datas) > 1:
                 check_devices(self.name, datas)
@@ -206,7 +209,7 @@ class Primitive:
         if self.check_values is not None:
             self.check_values(*datas, **params)
         try:
-            out = self.forward(xp, *datas, **params)
+            out = call_forward(self.forward, xp, datas, params)
         except ValueError as e:
             if isinstance(e, ShapeError):
                 raise
@@ -216,14 +219,17 @@ class Primitive:
             if xp is not FLOATS:
                 raise
             out = as_float_arrays(self.forward, (), datas, params)
-        if type(out) is complex:  # a negative float to a fractional power: an array gives nan
-            out = as_float_arrays(self.forward, (), datas, params)
         saved: Any = None
         if self.saves:
             out, saved = out
-        # NumPy turns 0-d results into scalars (np.float64): keep array data an array.
-        if isinstance(out, np.generic):
-            out = np.asarray(out)
+        if type(out) is not NDARRAY:  # (the common case first: compiled, ``complex`` is looked up)
+            if type(out) is complex:  # a negative float to a fractional power: an array gives nan
+                out = as_float_arrays(self.forward, (), datas, params)
+                if self.saves:
+                    out, saved = out
+            # NumPy turns 0-d results into scalars (np.float64): keep array data an array.
+            elif isinstance(out, _GENERIC):
+                out = np.asarray(out)
         return xp, out, saved if self.saves else out
 
     def delta(
@@ -235,26 +241,28 @@ class Primitive:
         delta: Any,
         params: dict[str, Any],
         dense: bool,
+        exact: bool = False,
     ) -> Any:
         """The delta of input ``i`` of an application (inputs' data ``datas``; ``saved``: what it
         saved, or its result), given the result's ``delta``. ``dense``: the input takes dense
-        deltas only (not a ``SparseRows``)."""
+        deltas only (not a ``SparseRows``). ``exact``: the input is a NumPy array of the result's
+        shape, so a broadcasting op's delta for it needs no sum (known from an earlier run)."""
         if type(delta) is SparseRows:  # the result was looked up (take_rows): the rules want dense
             delta = delta.to_dense(xp)
         rule = self.vjps[i]
         try:
-            g = rule(xp, delta, saved, *datas, **params)
+            g = call_vjp(rule, xp, delta, saved, datas, params)
         except ArithmeticError:  # as in run: floats as arrays compute them
             if xp is not FLOATS:
                 raise
             g = as_float_arrays(rule, (delta, saved), datas, params)
-        if type(g) is complex:
+        if type(g) is not NDARRAY and type(g) is complex:
             g = as_float_arrays(rule, (delta, saved), datas, params)
-        if self.broadcasts:
+        if self.broadcasts and not exact:
             g = unbroadcast(xp, g, datas[i])
         elif dense and type(g) is SparseRows:
             g = g.to_dense(xp)
-        return np.asarray(g) if isinstance(g, np.generic) else g
+        return np.asarray(g) if type(g) is not NDARRAY and isinstance(g, _GENERIC) else g
 
 
 @mypyc_attr(native_class=False)  # subclassed by dsl's BatchableOperation, a Python class
@@ -275,13 +283,42 @@ class Operation:
         raise NotImplementedError
 
 
+def call_forward(rule: Rule, xp: Any, inputs: Sequence[Any], params: dict[str, Any]) -> Any:
+    """``rule(xp, *inputs, **params)``. Written out for up to three inputs and no parameters (most
+    ops): compiled, the general call builds a list, a tuple and a dict on every kernel."""
+    if not params:
+        n = len(inputs)
+        if n == 1:
+            return rule(xp, inputs[0])
+        if n == 2:
+            return rule(xp, inputs[0], inputs[1])
+        if n == 3:
+            return rule(xp, inputs[0], inputs[1], inputs[2])
+    return rule(xp, *inputs, **params)
+
+
+def call_vjp(
+    rule: Rule, xp: Any, delta: Any, saved: Any, inputs: Sequence[Any], params: dict[str, Any]
+) -> Any:
+    """``rule(xp, delta, saved, *inputs, **params)``, written out as ``call_forward``."""
+    if not params:
+        n = len(inputs)
+        if n == 1:
+            return rule(xp, delta, saved, inputs[0])
+        if n == 2:
+            return rule(xp, delta, saved, inputs[0], inputs[1])
+        if n == 3:
+            return rule(xp, delta, saved, inputs[0], inputs[1], inputs[2])
+    return rule(xp, delta, saved, *inputs, **params)
+
+
 def value_key(value: Any) -> Hashable:
     """A value's part of a signature or a program's structure: ``float`` for a Python float, else
     its type, shape and dtype (for an array; its type alone for anything else)."""
     kind = type(value)
     if kind is float:
         return float
-    if kind is np.ndarray:
+    if kind is NDARRAY:
         return (kind, value.shape, value.dtype)
     if kind is tuple or kind is int or kind is str or value is None:  # (no failed attribute lookup)
         return (kind,)

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any, Final, final
 import numpy as np
 
 from monadl.do.do import MAP, Apply, Bind, Do, Pure, Variable
-from monadl.do.primitive import FanOut, Primitive, Rule, value_key
+from monadl.do.primitive import FanOut, Primitive, Rule, call_forward, value_key
 from monadl.do.stats import RunStats
 from monadl.do.values import Tape
-from monadl.typeclasses.backend import ShapeError, host_in, namespace, shape_of
+from monadl.typeclasses.backend import NDARRAY, ShapeError, host_in, namespace, shape_of
 
 if TYPE_CHECKING:
     from monadl.do.dispatch import Dispatcher
@@ -284,6 +284,10 @@ class OpStep(Step):
         self.ins = ins
         self.params = params
         self.node = node if prim.per_run else -1
+        self.exact: list[bool] | None = None
+        """Per input, whether it is a NumPy array of the result's shape (set by the first backward
+        pass through the step: runs replaying it have the same shapes), so that a broadcasting op's
+        delta for it needs no sum."""
 
     def params_in(self, run: Run, checked: bool) -> dict[str, Any]:
         """The parameters of this run: a replay's own per-run parameters (indices, labels), read
@@ -302,8 +306,14 @@ class OpStep(Step):
 
     def args(self, run: Run) -> tuple[Any, ...]:
         datas = run.datas
+        ins = self.ins
+        n = len(ins)
+        if n == 2:  # most ops: the tuple made at once (compiled, no list first)
+            return (datas[ins[0]], datas[ins[1]])
+        if n == 1:
+            return (datas[ins[0]],)
         args = []
-        for i in self.ins:
+        for i in ins:
             args.append(datas[i])
         return tuple(args)
 
@@ -405,9 +415,9 @@ class MergedStep(Step):
         if prim.check_values is not None:
             check_merged_values(prim, args, self.stacked, params, self.n)
         arrays = [a for a in args if type(a) is not float]
-        xp = np if not arrays or type(arrays[0]) is np.ndarray else namespace(*arrays)
+        xp = np if not arrays or type(arrays[0]) is NDARRAY else namespace(*arrays)
         try:
-            out = self.rule(xp, *args, **params)
+            out = call_forward(self.rule, xp, args, params)
         except ValueError as e:
             self.each(args)  # the call that does not fit raises its own error
             raise ShapeError(f"{prim.name}: merged calls do not fit: {e}") from e
@@ -425,7 +435,7 @@ class MergedStep(Step):
                 if not self.stacked[i]:
                     own.append(a)
                     continue
-                row = row_value(a, k, not self.row_shapes[i] and type(a[0]) is not np.ndarray)
+                row = row_value(a, k, not self.row_shapes[i] and type(a[0]) is not NDARRAY)
                 if type(row) is not float and tuple(row.shape) != self.row_shapes[i]:
                     row = namespace(row).reshape(row, self.row_shapes[i])
                 own.append(row)
@@ -549,7 +559,7 @@ class GatherStep(Step):
         else:
             row_shape = tuple(first.shape[1:]) if self.rows[0] is not None else tuple(first.shape)
             dtype = first.dtype
-            xp = np if type(first) is np.ndarray else namespace(first)
+            xp = np if type(first) is NDARRAY else namespace(first)
         if xp is np:
             out = np.empty((self.n, *row_shape), dtype=dtype)
             for j, source in enumerate(sources):
@@ -654,7 +664,7 @@ class CallsStep(Step):
 def row_value(data: Any, k: int, scalar: bool) -> Any:
     """Row ``k`` of stacked rows, as its call alone gives it: a float if ``scalar``, else an array
     (NumPy's rows of a vector are scalars: made 0-d arrays again)."""
-    row = data[k] if type(data) is np.ndarray else data[k, ...]
+    row = data[k] if type(data) is NDARRAY else data[k, ...]
     if scalar:
         return float(row)
     return np.asarray(row) if isinstance(row, np.generic) else row
@@ -685,7 +695,7 @@ def stack_column(values: list[Any]) -> Any:
     """Values of one per-row parameter, stacked as rows (NumPy's ``array`` of the list: ``stack``
     spends about a microsecond of Python on each array)."""
     first = values[0]
-    if type(first) is np.ndarray:
+    if type(first) is NDARRAY:
         return np.array(values)
     return namespace(first).stack(values)
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from monadl.do.do import Apply, Do, Pure
 from monadl.do.primitive import Primitive
 from monadl.do.values import Tape
 from monadl.dsl.base import Differentiable
 from monadl.dsl.deep_learning import DeepLearning
-from monadl.typeclasses.backend import check_float_array, is_array
+from monadl.typeclasses.backend import NDARRAY, check_float_array, is_array
 
 
 def forward_of(x: object, where: str) -> Do[Tape[Any, Any]]:
@@ -29,7 +27,7 @@ def forward_of(x: object, where: str) -> Do[Tape[Any, Any]]:
     """
     if isinstance(x, Differentiable):
         return x.forward
-    if type(x) is np.ndarray and x.dtype.kind == "f":  # the common constant, without the general checks
+    if type(x) is NDARRAY and x.dtype.kind == "f":  # the common constant, without the general checks
         return Pure(Tape(x))
     if isinstance(x, (float, int)) and not isinstance(x, bool):
         return Pure(Tape(float(x)))

@@ -7,13 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from monadl.typeclasses.backend import Array, RowIndices, is_array, namespace
+from monadl.typeclasses.backend import NDARRAY, Array, RowIndices, is_array, namespace
 
 
 def integral(array: Any) -> bool:
     """Whether an array holds integers (NumPy's own dtype test first: this runs once per op made,
     and the array API's ``isdtype`` costs more than the rest of making a ``take_rows``)."""
-    if type(array) is np.ndarray:
+    if type(array) is NDARRAY:
         return bool(array.dtype.kind in "iu")
     return bool(namespace(array).isdtype(array.dtype, "integral"))
 

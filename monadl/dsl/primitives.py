@@ -21,7 +21,15 @@ from typing import Any
 import numpy as np
 
 from monadl.do.primitive import ELEMENTWISE, Batching, FanOut, Primitive, Rule, elementwise_cost
-from monadl.typeclasses.backend import FLOATS, ShapeError, host_in, minus_zeros, shape_of, unbroadcast
+from monadl.typeclasses.backend import (
+    FLOATS,
+    NDARRAY,
+    ShapeError,
+    host_in,
+    minus_zeros,
+    shape_of,
+    unbroadcast,
+)
 from monadl.typeclasses.sparse import SparseRows
 
 __all__ = ["ELEMENTWISE", "Batching", "FanOut", "Primitive", "Rule", "elementwise_cost"]
@@ -436,7 +444,7 @@ def _linear(xp: Any, x: Any, w: Any, b: Any) -> Any:
     and one pass less), where that keeps the sum's dtype."""
     if xp is np and x.ndim <= 2:
         y = np.dot(x, w)
-        if type(b) is float or (type(b) is np.ndarray and b.dtype == y.dtype and b.ndim <= 1):
+        if type(b) is float or (type(b) is NDARRAY and b.dtype == y.dtype and b.ndim <= 1):
             y += b
             return y
         return y + b

@@ -24,7 +24,6 @@ import threading
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, overload
 
-import numpy as np
 from mypy_extensions import mypyc_attr
 from returns.future import FutureResult
 from returns.result import Failure, Result, Success
@@ -34,7 +33,7 @@ from monadl.do.stats import RunStats
 from monadl.do.values import Tape
 from monadl.dsl.optimizers import Optimizer
 from monadl.tape.backward import backward
-from monadl.typeclasses.backend import Array, freeze, namespace
+from monadl.typeclasses.backend import NDARRAY, Array, freeze, namespace
 from monadl.typeclasses.sparse import SparseRows
 
 if TYPE_CHECKING:
@@ -210,8 +209,8 @@ def _fits(gradient: Any, data: Any) -> bool:
     """Whether an optimizer may write ``data``'s update into ``gradient``'s memory (the step's
     own): a writable NumPy array of data's shape and dtype, owning its memory."""
     return (
-        type(gradient) is np.ndarray
-        and type(data) is np.ndarray
+        type(gradient) is NDARRAY
+        and type(data) is NDARRAY
         and gradient.shape == data.shape
         and gradient.dtype == data.dtype
         and gradient.base is None

@@ -26,6 +26,7 @@ import numpy as np
 
 from monadl.do.dispatch import Dispatcher
 from monadl.do.do import Do, Pure
+from monadl.do.primitive import call_vjp
 from monadl.do.program import (
     CALLS,
     FAN,
@@ -48,7 +49,7 @@ from monadl.do.program import (
 )
 from monadl.do.scheduler import Scheduler
 from monadl.do.stats import RunStats
-from monadl.typeclasses.backend import minus_zeros, namespace, unbroadcast
+from monadl.typeclasses.backend import NDARRAY, minus_zeros, namespace, unbroadcast
 from monadl.typeclasses.sparse import SparseRows, add, add_into, scatter_add
 
 ALL = True
@@ -194,7 +195,7 @@ class Backward:
         held = self.stacked(slot)
         if type(g) is SparseRows:
             g = g.to_dense(namespace(held))
-        if type(held) is np.ndarray:
+        if type(held) is NDARRAY:
             held[row] += g
         else:  # the array API assigns to no index: a scatter
             xp = namespace(held)
@@ -230,6 +231,9 @@ class Backward:
         stats = self.stats
         _count(stats.backwards, prim.name)
         heavy = step.heavy and self.dispatcher is not None
+        exact = step.exact
+        if exact is None and prim.broadcasts:
+            exact = step.exact = _exact(args, run.datas[out])
         for j, slot in enumerate(step.ins):
             if not wants[slot]:
                 continue
@@ -238,10 +242,11 @@ class Backward:
                 continue
             stats.kernels += 1
             _count(stats.vjps, prim.name)
+            same = exact is not None and exact[j]
             if heavy:
-                self.submit(prim.delta, (j, xp, args, saved, d, params, False), slot, d, prim.fresh)
+                self.submit(prim.delta, (j, xp, args, saved, d, params, False, same), slot, d, prim.fresh)
                 continue
-            g = prim.delta(j, xp, args, saved, d, params, False)
+            g = prim.delta(j, xp, args, saved, d, params, False, same)
             self.give(slot, g, prim.fresh and g is not d)
 
     def merged(self, step: MergedStep, d: Any) -> None:
@@ -414,7 +419,7 @@ def _merged_vjp(
 ) -> Any:
     """Input ``i``'s delta of a merged call (worker-safe): the rule on the stacked delta, summed
     back to the input's (padded) shape, and unpadded."""
-    g = rule(xp, d, saved, *args, **params)
+    g = call_vjp(rule, xp, d, saved, args, params)
     if broadcasts:
         g = unbroadcast(xp, g, args[i])
     if shape is not None:
@@ -438,9 +443,18 @@ def _row_like(g: Any, k: int, like: Any) -> Any:
     return row
 
 
+def _exact(args: tuple[Any, ...], out: Any) -> list[bool]:
+    """Per input, whether it is a NumPy array of ``out``'s shape."""
+    exact = []
+    shape = out.shape if type(out) is NDARRAY else None
+    for a in args:
+        exact.append(shape is not None and type(a) is NDARRAY and a.shape == shape)
+    return exact
+
+
 def _writable(g: Any) -> bool:
     """Whether a delta is a NumPy array of its own (not a view), that may be added into."""
-    return type(g) is np.ndarray and g.base is None and g.flags.writeable
+    return type(g) is NDARRAY and g.base is None and g.flags.writeable
 
 
 def _count(counts: dict[str, int], name: str) -> None:

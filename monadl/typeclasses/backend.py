@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import numpy as np
 from mypy_extensions import mypyc_attr
@@ -84,6 +84,10 @@ class FloatNamespace:
 
 FLOATS = FloatNamespace()
 
+NDARRAY: Final = np.ndarray
+"""NumPy's array type, bound once: compiled, ``np.ndarray`` is a lookup in NumPy's module at every
+use, and the engine tests a value's type on every kernel."""
+
 _namespaces: dict[type, Any] = {}
 
 
@@ -151,7 +155,7 @@ def host_in(xp: Any, a: Any) -> Any:
     array of namespace ``xp``. Ops keep them on the host to stack the ones of merged calls and to
     check their range, and a table or logits of another namespace (a CuPy array on a GPU,
     array-api-strict) take only arrays of their own."""
-    if xp is np or type(a) is not np.ndarray:
+    if xp is np or type(a) is not NDARRAY:
         return a
     return xp.asarray(a)
 
@@ -191,7 +195,7 @@ def unbroadcast(xp: Any, delta: Any, like: Any) -> Any:
         summed = (
             np.add.reduce(delta, axis=axes, keepdims=True) if lead == 0 else np.add.reduce(delta, axis=axes)
         )
-        return summed if type(summed) is np.ndarray and summed.shape == shape else np.reshape(summed, shape)
+        return summed if type(summed) is NDARRAY and summed.shape == shape else np.reshape(summed, shape)
     summed = xp.sum(delta, axis=axes) if axes else delta
     return xp.reshape(summed, shape)
 
