@@ -332,6 +332,16 @@ class Scheduler:
         """Wakes what waited for ``node`` (and, for a call, its projections), iteratively: a chain
         of 100,000 flat_maps resolves in a loop."""
         values, depth, waiting = self.values, self.depth, self.waiting
+        if not waiting:  # the common case: a call's projections, and nothing waits for them
+            projected = self.projected.get(node)
+            if projected is not None:
+                del self.projected[node]
+                level = self.ctx.level
+                for p in projected:
+                    values[p] = value[p.index]
+                    if depth[p] < 0:
+                        depth[p] = level
+            return
         work = self.work
         base = len(work)
         work.append(node)
