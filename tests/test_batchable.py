@@ -313,6 +313,26 @@ def test_calls_given_different_weights_do_not_merge() -> None:
     )
 
 
+def test_calls_with_their_rows_at_other_places_do_not_merge() -> None:
+    # minus(x, W) and minus(W, x) have equal statics and rows: merged, the second would compute
+    # the first's function of its arguments.
+    @ml.batchable
+    def minus(a: ArrayLayer | ArrayWeight | F64, b: ArrayLayer | ArrayWeight) -> ArrayLayer:
+        return a - b
+
+    minus(np.ones((3, 3)), W)  # its first call
+    xs = [ml.take_rows(table(4), [k, k, k]) for k in range(4)]  # (3, 3) rows that want a delta
+    calls = [minus(x, W) if k % 2 else minus(W, x) for k, x in enumerate(xs)]
+    plain = [x - W if k % 2 else W - x for k, x in enumerate(xs)]
+
+    def loss(values: list[ArrayLayer]) -> FloatLayer:
+        return ml.add_n([ml.sum(v * probe((3, 3), k)) for k, v in enumerate(values)])
+
+    merged = gradients_of(loss(calls), batching=True)
+    assert merged.stats.kinds[minus.__qualname__] == 2  # one merged call of each order
+    assert_same(merged, gradients_of(loss(plain), batching=False))
+
+
 def test_weights_given_as_arguments_are_shared_not_stacked() -> None:
     xs = rows(8)
     loss = ml.add_n([ml.sum(with_weight(x, W)) for x in xs])

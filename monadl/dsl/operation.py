@@ -89,8 +89,13 @@ class BatchableOperation(Operation, Generic[P, R]):
                 sources.append(forward_of(a, self.name))
             else:
                 statics.append(_static_key(a))
-        kwkey = tuple([(name, _static_key(v)) for name, v in kwargs.items()]) if kwargs else ()
-        call = Call(self, tuple(sources), args, kwargs, rows, (self, tuple(statics), kwkey))
+        if kwargs:
+            statics.append(tuple([(name, _static_key(v)) for name, v in kwargs.items()]))
+        else:
+            kwargs = _NO_KWARGS  # (the call's own empty dict is freed now, not with the graph)
+        statics.append(tuple(rows))  # which arguments are rows: f(x, w) and f(w, x) do not merge
+        statics.append(self)
+        call = Call(self, tuple(sources), args, kwargs, rows, tuple(statics))
         if self.single:
             return structure[0](Project(call, 0))
         results = []
@@ -150,6 +155,7 @@ def _row_kind(a: object) -> int:
 
 
 _row_kinds: dict[type, int] = {}
+_NO_KWARGS: dict[str, Any] = {}  # shared by the calls without keyword arguments: never changed
 
 
 def _static_key(a: object) -> Hashable:
