@@ -11,16 +11,17 @@ one Adagrad step on the batch; ``infer``: ``predict_roots``, one forward over th
                      batches: skipped above --max-unbatched, 64 by default)
   torch              the same model in PyTorch eager, node by node (when torch is installed)
   dynet autobatch    the same model in DyNet with autobatching, and ``dynet`` without it (when
-                     ``dynet`` imports: pip install dynet38; each runs in a subprocess of its own,
-                     as DyNet fixes autobatching once per process)
+                     ``dynet`` imports: pip install dynet38; each in a worker process of its own,
+                     as DyNet fixes autobatching once per process, told step by step what to run)
 
 Each figure is the median over --repeats timed segments of at least --trees trees (a segment is
 ceil(trees / batch) steps over distinct batches of a shuffled pool), after --warmup trees, with the
-min and the max. The segments of one (phase, batch) are interleaved: monadl batched, unbatched and
-torch one segment each, then again, so that the machine's drift in speed touches them alike and
-their ratios hold (DyNet runs afterwards, in processes of its own). One thread throughout: BLAS
-capped by threadpoolctl, torch.set_num_threads(1), DyNet on one CPU thread. All implementations
-start from the same weights (monadl's initialisation).
+min and the max. The segments of one (phase, batch) are interleaved: every implementation one
+segment, then again, so that the machine's drift in speed touches them alike and their ratios hold.
+A DyNet step is timed here, around a request to its worker and the answer (a pipe's round trip,
+tens of microseconds against milliseconds a step). One thread throughout: BLAS capped by
+threadpoolctl, torch.set_num_threads(1), DyNet on one CPU thread. All implementations start from
+the same weights (monadl's initialisation).
 
 For monadl it also reports, on the first batch of each size: the kernel launches of a training step
 and of an inference (``Executor.stats.kernels`` over its runs: a merged group counts once), against
@@ -277,12 +278,16 @@ def measure_together(
     batches: list[list[Tree]],
     params: Mapping[str, np.ndarray],
     args: argparse.Namespace,
+    peers: Sequence[DynetPeer] = (),
 ) -> list[Measurement]:
-    """Trees/s of ``impls`` (monadl batched or unbatched, torch) in one phase, their segments timed
-    in turn (``interleaved_trees``), and monadl's kernel counts; ``params``: torch's initial weights."""
+    """Trees/s of ``impls`` (monadl batched or unbatched, torch) and of the DyNet ``peers`` in one
+    phase, their segments timed in turn (``interleaved_trees``), and monadl's kernel counts;
+    ``params``: torch's initial weights."""
     with contextlib.ExitStack() as stack:
         contenders = []
         for impl in impls:
+            if impl.startswith("dynet"):
+                continue
             if impl == "torch":
                 model = TorchTreeLstm(params)
                 run = _with_words(model.step if phase == "train" else model.predict_roots, word_id)
@@ -292,6 +297,8 @@ def measure_together(
                 contenders.append(
                     monadl_contender(example, vocabulary_size, word_id, impl, phase, batches, args, executor)
                 )
+        for peer in peers:
+            contenders.append(_Contender(peer.implementation, peer.runner(phase, batches)))
         rates = interleaved_trees([c.run for c in contenders], batches, args.warmup, args.repeats)
         measured = []
         for contender, samples in zip(contenders, rates, strict=True):
@@ -423,8 +430,9 @@ class DynetTreeLstm:
 
 
 def dynet_worker(folder: str) -> None:
-    """The DyNet worker's main: runs the jobs written to ``folder`` (``task.json``, the trees in
-    SST's format and the weights as ``.npz``, read without pickle), one result line each on stdout."""
+    """The DyNet worker's main: reads ``folder`` (``task.json``, the trees in SST's format and the
+    weights as ``.npz``, read without pickle), then runs one step per request line on stdin
+    (``phase batch k``: batch ``k`` of that configuration's segment), answering each on stdout."""
     task = json.loads((Path(folder) / "task.json").read_text())
     pool = sst.read_trees(Path(folder) / "trees.txt")
     with np.load(Path(folder) / "params.npz", allow_pickle=False) as saved:
@@ -435,73 +443,116 @@ def dynet_worker(folder: str) -> None:
     import dynet as dy  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
     word_id = sst.Vocabulary.from_trees(pool).index  # the parent's, built from the same pool
-    for phase, batch in task["jobs"]:
-        model = DynetTreeLstm(dy, params)
-        batches = segment(pool, batch, task["trees"])
-        run = _with_words(model.step if phase == "train" else model.predict_roots, word_id)
-        rates = trees_per_second(run, batches, task["warmup"], task["repeats"])
-        line = {"phase": phase, "batch": batch, "trees": sum(map(len, batches)), "rates": rates}
-        print(_DYNET_MARK + json.dumps(line), flush=True)
+    models: dict[tuple[str, int], Callable[[Sequence[Tree]], object]] = {}
+    segments: dict[int, list[list[Tree]]] = {}
+    print(_DYNET_MARK + "ready", flush=True)
+    for line in sys.stdin:
+        phase, batch, k = line.split()
+        key = (phase, int(batch))
+        run = models.get(key)
+        if run is None:  # a model of its own per configuration, as monadl's
+            model = DynetTreeLstm(dy, params)
+            run = models[key] = _with_words(model.step if phase == "train" else model.predict_roots, word_id)
+        if key[1] not in segments:
+            segments[key[1]] = segment(pool, key[1], task["trees"])
+        run(segments[key[1]][int(k)])
+        print(_DYNET_MARK + "done", flush=True)
 
 
-def measure_dynet(
-    autobatch: bool,
-    jobs: list[tuple[str, int]],
-    pool: list[Tree],
-    params: dict[str, np.ndarray],
-    args: argparse.Namespace,
-    progress: _Progress,
-) -> tuple[list[Measurement], str | None]:
-    """Runs ``jobs`` (phase, batch) in a DyNet worker process; returns the measurements and, if the
-    worker failed, why."""
-    impl = "dynet-autobatch" if autobatch else "dynet"
-    task = {
-        "autobatch": autobatch,
-        "jobs": jobs,
-        "trees": args.trees,
-        "warmup": args.warmup,
-        "repeats": args.repeats,
-        "seed": args.seed,
-        "mem": str(args.dynet_mem),
-    }
-    root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    results: list[Measurement] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "task.json").write_text(json.dumps(task))
-        sst.write_trees(pool, Path(tmp) / "trees.txt")
+class DynetPeer:
+    """A DyNet worker process (autobatching on or off), run step by step from here, so that its
+    segments are timed in turn with the others (``dynet_worker``). A context manager."""
+
+    def __init__(
+        self, autobatch: bool, pool: list[Tree], params: dict[str, np.ndarray], args: argparse.Namespace
+    ) -> None:
+        self.implementation = "dynet-autobatch" if autobatch else "dynet"
+        self.pool = pool
+        self.trees = args.trees
+        task = {"autobatch": autobatch, "trees": args.trees, "seed": args.seed, "mem": str(args.dynet_mem)}
+        self._folder = tempfile.TemporaryDirectory()
+        folder = Path(self._folder.name)
+        (folder / "task.json").write_text(json.dumps(task))
+        sst.write_trees(pool, folder / "trees.txt")
         arrays: dict[str, Any] = dict(params)
-        np.savez(Path(tmp) / "params.npz", allow_pickle=False, **arrays)
+        np.savez(folder / "params.npz", allow_pickle=False, **arrays)
+        root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         code = "import sys; from monadl.bench.treelstm import dynet_worker; dynet_worker(sys.argv[1])"
-        with (
-            open(Path(tmp) / "stderr", "w+") as stderr,
-            subprocess.Popen(
-                [sys.executable, "-c", code, tmp],
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-                env=env,
-            ) as worker,
-        ):
-            assert worker.stdout is not None
-            progress.start(f"{LABELS[impl]} {jobs[0][0]} batch {jobs[0][1]}")
-            for line in worker.stdout:
-                if not line.startswith(_DYNET_MARK):
-                    continue
-                r = json.loads(line[len(_DYNET_MARK) :])
-                batches = segment(pool, r["batch"], args.trees)
-                results.append(_measurement(impl, r["phase"], batches, r["rates"]))
-                done = len(results)
-                progress.advance(
-                    f"{LABELS[impl]} {jobs[done][0]} batch {jobs[done][1]}" if done < len(jobs) else ""
-                )
-            status = worker.wait()
-            stderr.seek(0)
-            tail = stderr.read().strip().splitlines()[-3:]
-    if status != 0 or len(results) < len(jobs):
-        return results, f"{LABELS[impl]}: the worker failed (exit {status}): " + " | ".join(tail)
-    return results, None
+        self._stderr = open(folder / "stderr", "w+")  # closed in close()
+        self._worker = subprocess.Popen(
+            [sys.executable, "-c", code, str(folder)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env=env,
+        )
+        try:
+            self._answer()  # "ready": DyNet imported and the data read
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> DynetPeer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def runner(self, phase: str, batches: list[list[Tree]]) -> Callable[[Sequence[Tree]], object]:
+        """A step of this peer on one of ``batches`` (a segment's, found by identity)."""
+        index = {id(b): k for k, b in enumerate(batches)}
+        batch = len(batches[0])
+
+        def run(trees: Sequence[Tree]) -> None:
+            assert self._worker.stdin is not None
+            self._worker.stdin.write(f"{phase} {batch} {index[id(trees)]}\n")
+            self._worker.stdin.flush()
+            self._answer()
+
+        return run
+
+    def _answer(self) -> None:
+        assert self._worker.stdout is not None
+        for line in self._worker.stdout:
+            if line.startswith(_DYNET_MARK):
+                return
+        self._stderr.seek(0)
+        tail = " | ".join(self._stderr.read().strip().splitlines()[-3:])
+        raise RuntimeError(
+            f"{LABELS[self.implementation]}: the worker failed (exit {self._worker.wait()}): {tail}"
+        )
+
+    def close(self) -> None:
+        """Ends the worker (its stdin closed) and removes its files."""
+        if self._worker.poll() is None:
+            assert self._worker.stdin is not None
+            self._worker.stdin.close()
+            try:
+                self._worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._worker.kill()
+                self._worker.wait()
+        for stream in (self._worker.stdout, self._stderr):
+            if stream is not None:
+                stream.close()
+        self._folder.cleanup()
+
+
+def start_dynet(
+    pool: list[Tree], params: dict[str, np.ndarray], args: argparse.Namespace, stack: contextlib.ExitStack
+) -> tuple[list[DynetPeer], list[str]]:
+    """The two DyNet peers (autobatching on, off) that start, and why any did not."""
+    peers: list[DynetPeer] = []
+    notes: list[str] = []
+    for autobatch in (True, False):
+        try:
+            peers.append(stack.enter_context(DynetPeer(autobatch, pool, params, args)))
+        except RuntimeError as e:
+            notes.append(str(e))
+    return peers, notes
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -543,8 +594,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
             if have_torch:
                 impls.append("torch")
             configs.append((batch, phase, impls))
-    dynet_jobs = [(phase, batch) for batch in args.batches for phase in args.phases] if have_dynet else []
-    progress = _Progress(len(configs) + 2 * len(dynet_jobs), args.progress)
+    progress = _Progress(len(configs), args.progress)
 
     results: list[Measurement] = []
     params = initial_params(example, len(vocabulary), args)
@@ -566,23 +616,23 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
         "dynet": _version("dynet") if have_dynet else "skipped",
     }
     try:
-        with threadpool_limits(limits=1):
+        with threadpool_limits(limits=1), contextlib.ExitStack() as stack:
             if have_torch:
                 import torch  # type: ignore[import-not-found, unused-ignore]
 
                 torch.set_num_threads(1)
+            peers: list[DynetPeer] = []
+            if have_dynet:
+                peers, failures = start_dynet(pool, params, args, stack)
+                notes += failures
             for batch, phase, impls in configs:
-                progress.start(f"{' / '.join(LABELS[i] for i in impls)} {phase} batch {batch}")
+                names = impls + [peer.implementation for peer in peers]
+                progress.start(f"{' / '.join(LABELS[i] for i in names)} {phase} batch {batch}")
                 batches = segment(pool, batch, args.trees)
                 results += measure_together(
-                    example, len(vocabulary), word_id, impls, phase, batches, params, args
+                    example, len(vocabulary), word_id, impls, phase, batches, params, args, peers
                 )
                 progress.advance()
-            for autobatch in (True, False) if dynet_jobs else ():
-                found, failure = measure_dynet(autobatch, dynet_jobs, pool, params, args, progress)
-                results.extend(found)
-                if failure:
-                    notes.append(failure)
     finally:
         progress.close()
     add_bounds(results)
@@ -632,6 +682,7 @@ def table(results: Sequence[Measurement], args: argparse.Namespace) -> str:
                 m = _find(results, impl, phase, b)
                 cells.append(f"{m.median:7.1f} [{m.low:.1f}-{m.high:.1f}]" if m else "-")
             lines.append(f"{LABELS[impl]:<17} {phase:<5} | " + " ".join(f"{c:>{width}}" for c in cells))
+    lines += _ratio_lines(results, args, head, width)
     counted = [m for m in results if m.kernels is not None]
     if counted:
         lines += ["", "kernel launches per batch / depth bound (op kinds x (max height + 1)) = ratio"]
@@ -671,6 +722,44 @@ def table(results: Sequence[Measurement], args: argparse.Namespace) -> str:
             f"(median over batch sizes; {min(records):.1f}-{max(records):.1f})"
         )
     return "\n".join(lines)
+
+
+def paired_ratio(a: Measurement, b: Measurement) -> tuple[float, float, float] | None:
+    """``a``'s rate over ``b``'s, round by round (their segments ran in turn), as the median, min
+    and max over the rounds: the drift of the machine's speed between rounds cancels out."""
+    if not a.samples or len(a.samples) != len(b.samples):
+        return None
+    ratios = [x / y for x, y in zip(a.samples, b.samples, strict=True)]
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def _ratio_lines(
+    results: Sequence[Measurement], args: argparse.Namespace, head: str, width: int
+) -> list[str]:
+    """monadl batched against each other implementation: the median of the per-round ratios."""
+    lines: list[str] = []
+    for phase in args.phases:
+        for other in LABELS:
+            if other == "monadl":
+                continue
+            cells = []
+            for b in args.batches:
+                mine, theirs = _find(results, "monadl", phase, b), _find(results, other, phase, b)
+                r = paired_ratio(mine, theirs) if mine and theirs else None
+                cells.append(f"{r[0]:.2f} [{r[1]:.2f}-{r[2]:.2f}]" if r else "-")
+            if any(c != "-" for c in cells):
+                lines.append(
+                    f"/ {LABELS[other]:<15} {phase:<5} | " + " ".join(f"{c:>{width}}" for c in cells)
+                )
+    if not lines:
+        return []
+    return [
+        "",
+        "monadl batched / each other, per round: median [min-max] of the rounds' ratios",
+        head,
+        "-" * len(head),
+        *lines,
+    ]
 
 
 def plot(results: Sequence[Measurement], args: argparse.Namespace, path: Path) -> None:
