@@ -266,7 +266,8 @@ def plot(results: list[Measurement], args: argparse.Namespace, path: Path) -> No
             torch_m = _find(results, "torch", columns, variant, None)
             if torch_m:
                 ax.axhline(torch_m.median, color=line[0].get_color(), linestyle=":", linewidth=1)
-        ax.set_title(f"{variant}  (dashed: hand-written NumPy, dotted: PyTorch)")
+        torch_note = ", dotted: PyTorch" if any(m.implementation == "torch" for m in results) else ""
+        ax.set_title(f"{variant}  (dashed: hand-written NumPy{torch_note})")
         ax.set_xlabel("pool size (executor workers)")
         ax.set_ylabel("training steps / s")
         ax.set_xticks(list(args.pools))
