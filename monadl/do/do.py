@@ -70,7 +70,8 @@ class Do(Generic[A_co]):
     kind: int
     sources: tuple[Do[Any], ...]
     """The nodes whose values this one reads (empty for a leaf or a node of the monad's own that
-    reads none): declared here, so that the scheduler reads them without knowing the node's kind."""
+    reads none; a ``Project`` reads its ``call``, and keeps no tuple of it): declared here, so that
+    the scheduler reads them without knowing the node's kind."""
 
     def __init__(self, kind: int) -> None:
         self.kind = kind
@@ -242,7 +243,7 @@ class Project(Do[Any]):
 
     def __init__(self, call: Call, index: int) -> None:
         self.kind = PROJECT
-        self.sources = (call,)
+        self.sources = ()  # its source is ``call`` (a tuple of it would be made for every result)
         self.call = call
         self.index = index
 

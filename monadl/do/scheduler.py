@@ -158,7 +158,16 @@ class Scheduler:
             if node in depth:
                 continue
             kind = node.kind
-            if kind == APPLY or kind == BIND or kind == CALL or kind == PROJECT:
+            if kind == PROJECT:  # its one source is its call (it keeps no tuple of it)
+                depth[node] = VISITING
+                call = cast(Project, node).call
+                if call in depth:
+                    self.post(node)
+                else:
+                    stack.append(node)
+                    stack.append(_MARK)
+                    stack.append(call)
+            elif kind == APPLY or kind == BIND or kind == CALL:
                 depth[node] = VISITING
                 sources = node.sources
                 base = len(stack)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import types
 from collections.abc import Callable, Hashable
-from typing import Any, Generic, ParamSpec, TypeVar, cast
+from typing import Any, Final, Generic, ParamSpec, TypeVar, cast
 
 from mypy_extensions import mypyc_attr
 
@@ -81,19 +81,22 @@ class BatchableOperation(Operation, Generic[P, R]):
             row = _row_kinds.get(kind)
             if row is None:
                 row = _row_kind(a)
+            # The signature's static part has an entry per argument, a row's a marker: f(x, w) and
+            # f(w, x) (a layer and a weight swapped) do not merge.
             if row == _LAYER_ROW:
                 rows.append(i)
                 sources.append(a.forward)
+                statics.append(_ROW)
             elif row == _VALUE_ROW:
                 rows.append(i)
                 sources.append(forward_of(a, self.name))
+                statics.append(_ROW)
             else:
                 statics.append(_static_key(a))
         if kwargs:
             statics.append(tuple([(name, _static_key(v)) for name, v in kwargs.items()]))
         else:
             kwargs = _NO_KWARGS  # (the call's own empty dict is freed now, not with the graph)
-        statics.append(tuple(rows))  # which arguments are rows: f(x, w) and f(w, x) do not merge
         statics.append(self)
         call = Call(self, tuple(sources), args, kwargs, rows, tuple(statics))
         if self.single:
@@ -156,6 +159,7 @@ def _row_kind(a: object) -> int:
 
 _row_kinds: dict[type, int] = {}
 _NO_KWARGS: dict[str, Any] = {}  # shared by the calls without keyword arguments: never changed
+_ROW: Final = "row"  # a row argument's entry in a call's static key (a static's is a tuple or an int)
 
 
 def _static_key(a: object) -> Hashable:

@@ -279,6 +279,9 @@ def _label_range(xp: Any, labels: Any) -> tuple[int, int]:
     return int(xp.min(labels)), int(xp.max(labels))
 
 
+_LABEL_RANGES = [(label, label) for label in range(256)]  # one label's range, made once (one per tree node)
+
+
 def cross_entropy(logits: AnyArray, targets: AnyNDArray) -> FloatLayer:
     """Mean over the batch of ``-sum(targets * log_softmax(logits))`` over the last axis.
 
@@ -291,7 +294,7 @@ def cross_entropy(logits: AnyArray, targets: AnyNDArray) -> FloatLayer:
     if integral(targets):  # checked once here, not at every run
         if not targets.shape:  # one label (a node of a tree): no reduction needed
             label = int(targets)
-            labels = (label, label)
+            labels = _LABEL_RANGES[label] if 0 <= label < len(_LABEL_RANGES) else (label, label)
         else:
             labels = _label_range(namespace(targets), targets) if math.prod(targets.shape) else (0, 0)
     return apply_float(P.cross_entropy, logits, targets=targets, labels=labels)
