@@ -6,6 +6,7 @@ import asyncio
 import os
 import pickle
 import sys
+import traceback
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ from returns.io import IOSuccess
 from returns.result import Failure, Success
 
 import monadl as ml
+from monadl.do.primitive import Batching
 from monadl.dsl.layers import apply_array
 from monadl.dsl.primitives import Primitive
 
@@ -359,3 +361,39 @@ def test_a_step_keeps_the_weights_dtype_whatever_the_inputs(optimizer: Any, spar
     for part in state if isinstance(state, tuple) else (state,):
         if isinstance(part, np.ndarray):
             assert part.dtype == np.float32
+
+
+class UsersOwnError(ValueError):
+    """A user's exception, of a type the library also catches (ValueError)."""
+
+
+@pytest.mark.parametrize("batching", [True, False])
+def test_a_users_value_error_in_a_forward_reaches_the_caller_as_itself(batching: bool) -> None:
+    # The library reports NumPy's ValueErrors about its own ops' operands as ShapeErrors naming the
+    # op; a primitive of the user's own raises what it raises, its traceback included.
+    def picky(xp: Any, x: Any) -> Any:
+        if np.any(x > 1.0):
+            raise UsersOwnError("picky: values above 1 are not accepted here")
+        return x * 1.0
+
+    prim = Primitive("picky", picky, (lambda xp, d, o, x: d,), batch=Batching(elementwise=True))
+    w = ml.ArrayWeight(np.full((2, 2), 2.0))
+    before = w.data.copy()
+    loss = ml.add_n([ml.sum(apply_array(prim, w * float(k))) for k in range(1, 4)])  # merged calls
+    result = loss.train_blocking(ml.SGD(0.1), executor=ml.Executor(batching=batching))
+    assert isinstance(result, Failure)
+    error = result.failure()
+    assert type(error) is UsersOwnError and not isinstance(error, ml.ShapeError)
+    assert str(error) == "picky: values above 1 are not accepted here"
+    assert error.__traceback__ is not None
+    frames = [frame.f_code.co_name for frame, _ in traceback.walk_tb(error.__traceback__)]
+    assert frames[-1] == "picky"
+    np.testing.assert_array_equal(w.data, before)
+
+
+def test_the_librarys_own_ops_still_name_themselves_when_operands_do_not_fit() -> None:
+    a = ml.ArrayWeight(np.ones((2, 3)))
+    result = (a + np.ones((4, 5))).predict_blocking(executor=ml.Executor())
+    assert isinstance(result, Failure)
+    assert isinstance(result.failure(), ml.ShapeError)
+    assert str(result.failure()).startswith("add:")

@@ -127,7 +127,10 @@ class Primitive:
     structure (indices, labels): only their types and shapes are part of a program's structure.
     ``batch`` says how calls merge under dynamic batching (None: they do not). ``fresh``: every vjp
     gives a new array or a view (never another array it was given), so a gradient it gives may be
-    overwritten by an optimizer (the library's own primitives)."""
+    overwritten by an optimizer (the library's own primitives). ``own``: one of the library's own
+    primitives, whose forward raises ``ValueError`` only where NumPy finds the operands' shapes do
+    not fit: that is reported as a ``ShapeError`` naming the op and the shapes. Another
+    primitive's exceptions (a user's) reach the caller as they are."""
 
     __slots__ = (
         "batch",
@@ -138,6 +141,7 @@ class Primitive:
         "forward",
         "fresh",
         "name",
+        "own",
         "passes",
         "per_run",
         "saves",
@@ -159,6 +163,7 @@ class Primitive:
         check_values: Callable[..., None] | None = None,
         per_run: tuple[str, ...] = (),
         fresh: bool = False,
+        own: bool = False,
     ) -> None:
         self.name = name
         self.forward = forward
@@ -172,6 +177,7 @@ class Primitive:
         self.batch = batch
         self.per_run = per_run
         self.fresh = fresh
+        self.own = own
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"
@@ -211,7 +217,7 @@ class Primitive:
         try:
             out = call_forward(self.forward, xp, datas, params)
         except ValueError as e:
-            if isinstance(e, ShapeError):
+            if isinstance(e, ShapeError) or not self.own:
                 raise
             shapes = " and ".join(str(shape_of(d)) for d in datas)
             raise ShapeError(f"{self.name}: operands of shapes {shapes} do not fit: {e}") from e

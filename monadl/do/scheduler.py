@@ -1108,7 +1108,7 @@ def _sum_rows_vjp(xp: Any, d: Any, o: Any, x: Any, scalar: bool) -> Any:
     return xp.broadcast_to(xp.asarray(d, dtype=x.dtype), x.shape)
 
 
-ROWS_SUM = Primitive("sum_rows", _sum_rows_forward, (_sum_rows_vjp,), fresh=True)
+ROWS_SUM = Primitive("sum_rows", _sum_rows_forward, (_sum_rows_vjp,), fresh=True, own=True)
 """The scheduler's own op: the sum of a gathered array's rows (a float for a vector of floats)."""
 
 
@@ -1130,7 +1130,9 @@ def sum_n(n: int) -> Primitive:
     """The scheduler's own n-ary sum (of a sum's parts, rows of groups summed first)."""
     prim = _sums.get(n)
     if prim is None:
-        prim = _sums[n] = Primitive("sum", _sum_forward, (_identity_vjp,) * n, broadcasts=True, passes=True)
+        prim = _sums[n] = Primitive(
+            "sum", _sum_forward, (_identity_vjp,) * n, broadcasts=True, passes=True, own=True
+        )
     return prim
 
 

@@ -71,7 +71,7 @@ def _log(xp: Any, x: Any) -> Any:
 
 
 def _elementwise(name: str, forward: Rule, vjps: tuple[Rule, ...], broadcasts: bool = False) -> Primitive:
-    return Primitive(name, forward, vjps, broadcasts, batch=ELEMENTWISE, fresh=True)
+    return Primitive(name, forward, vjps, broadcasts, batch=ELEMENTWISE, fresh=True, own=True)
 
 
 add = Primitive(
@@ -82,6 +82,7 @@ add = Primitive(
     passes=True,
     batch=ELEMENTWISE,
     fresh=True,
+    own=True,
 )
 sub = _elementwise("sub", lambda xp, a, b: a - b, (lambda xp, d, o, a, b: d, lambda xp, d, o, a, b: -d), True)
 mul = _elementwise(
@@ -165,6 +166,7 @@ sum_ = Primitive(
     check=_check_axes("sum"),
     batch=Batching(axis=True, scalar="reduce"),
     fresh=True,
+    own=True,
 )
 mean = Primitive(
     "mean",
@@ -175,6 +177,7 @@ mean = Primitive(
     check=_check_axes("mean"),
     batch=Batching(axis=True, scalar="reduce"),
     fresh=True,
+    own=True,
 )
 
 # ----------------------------------------------------------------------------------------- shape
@@ -193,6 +196,7 @@ reshape = Primitive(
     (lambda xp, d, o, x, shape: xp.reshape(d, x.shape),),
     check=_check_reshape,
     fresh=True,
+    own=True,
 )
 
 
@@ -218,6 +222,7 @@ transpose = Primitive(
     (lambda xp, d, o, x, axes=None: xp.permute_dims(d, _inverse(_axes(x, axes))),),
     check=_check_transpose,
     fresh=True,
+    own=True,
 )
 
 
@@ -255,6 +260,7 @@ def concatenate(n: int) -> Primitive:
             check=_check_concat,
             batch=Batching(axis=True, axis_default=0, joins_rows=True),
             fresh=True,
+            own=True,
         )
         _concat_rules[n] = prim
     return prim
@@ -310,6 +316,7 @@ take_rows = Primitive(
     check_values=_check_take_range,
     per_run=("indices",),
     fresh=True,
+    own=True,
 )
 
 # ---------------------------------------------------------------------------------------- matmul
@@ -367,6 +374,7 @@ matmul = Primitive(
     check=_check_matmul,
     batch=Batching(shared=(1,), mergeable=lambda a, b: type(b) is float or b.ndim <= 2),
     fresh=True,
+    own=True,
 )
 
 # ---------------------------------------------------------------------------------------- linear
@@ -475,6 +483,7 @@ linear = Primitive(
     # weights, one kernel (FanOut)
     batch=Batching(shared=(1, 2), fan=_FAN_LINEAR),
     fresh=True,
+    own=True,
 )
 
 # ------------------------------------------------------------------------------ softmax and loss
@@ -502,6 +511,7 @@ softmax = Primitive(
     check=_check_has_axis,
     batch=Batching(axis=True, axis_default=-1),
     fresh=True,
+    own=True,
 )
 log_softmax = Primitive(
     "log_softmax",
@@ -510,6 +520,7 @@ log_softmax = Primitive(
     check=_check_has_axis,
     batch=Batching(axis=True, axis_default=-1),
     fresh=True,
+    own=True,
 )
 
 
@@ -622,6 +633,7 @@ cross_entropy = Primitive(
     check_values=_check_labels,
     per_run=("targets", "labels"),
     fresh=True,
+    own=True,
 )
 
 
@@ -649,6 +661,7 @@ def add_n(n: int) -> Primitive:
             passes=True,
             batch=Batching(elementwise=True, scalar="inputs", sums_rows=True),
             fresh=True,
+            own=True,
         )
         _add_n_rules[n] = prim
     return prim
