@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import monadl
-from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
+from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight, ShapeError
 from monadl.dsl.layers import apply_array, apply_float
 from monadl.dsl.primitives import Primitive, relu
 
@@ -557,12 +557,12 @@ def test_zero_dim_results_are_arrays() -> None:
 # ------------------------------------------------------------------ the checker catches bad vjps
 
 
-def _square(vjp_factor: float, transpose_grad: bool = False) -> Primitive:
+def _square(vjp_factor: float, transpose_grad: bool = False, own: bool = False) -> Primitive:
     def vjp(xp: Any, d: Any, o: Any, x: Any) -> Any:
         g = d * 2.0 * x * vjp_factor
         return xp.permute_dims(g, (1, 0)) if transpose_grad else g
 
-    return Primitive("square", lambda xp, x: x * x, (vjp,))
+    return Primitive("square", lambda xp, x: x * x, (vjp,), own=own)
 
 
 X = np.random.default_rng(2).uniform(0.5, 1.5, (3, 2))
@@ -587,9 +587,14 @@ def test_checker_fails_on_a_vjp_off_by_a_tenth_of_a_percent() -> None:
 
 
 def test_checker_fails_on_a_gradient_of_the_wrong_shape() -> None:
-    transposed = _square(1.0, transpose_grad=True)
+    # A user's vjp of the wrong shape is stopped by the engine; one of the library's own (whose
+    # results the engine does not check: the tests do, with this checker) by the checker.
+    transposed = _square(1.0, transpose_grad=True, own=True)
     with pytest.raises(AssertionError, match="the gradient has shape"):
         check_gradients(lambda w: monadl.sum(apply_array(transposed, w) * P), X)
+    users = _square(1.0, transpose_grad=True)
+    with pytest.raises(ShapeError, match=r"square: the vjp of input 0 gave an array of shape \(2, 3\)"):
+        check_gradients(lambda w: monadl.sum(apply_array(users, w) * P), X)
 
 
 def test_checker_fails_on_a_wrong_float_gradient() -> None:

@@ -397,3 +397,49 @@ def test_the_librarys_own_ops_still_name_themselves_when_operands_do_not_fit() -
     assert isinstance(result, Failure)
     assert isinstance(result.failure(), ml.ShapeError)
     assert str(result.failure()).startswith("add:")
+
+
+def _scaled_rows(w_vjp: Any) -> Primitive:
+    """``x * w`` of a (4, 4) ``x`` and a (4, 1) ``w``, with ``w``'s vjp given (a user's primitive)."""
+    return Primitive(
+        "scaled_rows",
+        lambda xp, x, w: x * w,
+        (lambda xp, d, o, x, w: d * w, w_vjp),
+        batch=Batching(elementwise=True),
+    )
+
+
+@pytest.mark.parametrize("batching", [True, False])
+@pytest.mark.parametrize(
+    ("w_vjp", "gave"),
+    [
+        (lambda xp, d, o, x, w: d * x, "an array of shape"),  # forgot to sum over the columns
+        (lambda xp, d, o, x, w: None, "None"),
+        (lambda xp, d, o, x, w: (d * x).sum(axis=-1, keepdims=True).astype(np.int64), "dtype int64"),
+    ],
+)
+def test_a_users_vjp_of_the_wrong_shape_or_kind_is_a_shape_error_and_changes_nothing(
+    batching: bool, w_vjp: Any, gave: str
+) -> None:
+    prim = _scaled_rows(w_vjp)
+    w = ml.ArrayWeight(np.ones((4, 1)))
+    before = w.data.copy()
+    x = np.arange(16.0).reshape(4, 4)
+    loss = ml.add_n([ml.sum(apply_array(prim, x * float(k), w)) for k in range(1, 4)])
+    result = loss.train_blocking(ml.SGD(0.1), executor=ml.Executor(batching=batching))
+    assert isinstance(result, Failure)
+    error = result.failure()
+    assert isinstance(error, ml.ShapeError), error
+    assert str(error).startswith("scaled_rows: the vjp of input 1 gave ") and gave in str(error)
+    assert "(4, 1)" in str(error)
+    np.testing.assert_array_equal(w.data, before)
+
+
+@pytest.mark.parametrize("batching", [True, False])
+def test_a_users_vjp_of_the_right_shape_trains(batching: bool) -> None:
+    prim = _scaled_rows(lambda xp, d, o, x, w: (d * x).sum(axis=-1, keepdims=True))
+    w = ml.ArrayWeight(np.ones((4, 1)))
+    x = np.arange(16.0).reshape(4, 4)
+    loss = ml.add_n([ml.sum(apply_array(prim, x * float(k), w)) for k in range(1, 4)])
+    assert isinstance(loss.train_blocking(ml.SGD(0.01), executor=ml.Executor(batching=batching)), Success)
+    np.testing.assert_allclose(w.data, 1.0 - 0.01 * 6.0 * x.sum(axis=1, keepdims=True), rtol=1e-12)

@@ -25,6 +25,7 @@ from monadl.typeclasses.backend import (
     NDARRAY,
     ShapeError,
     device_of,
+    is_float_array,
     namespace,
     shape_of,
     unbroadcast,
@@ -264,6 +265,8 @@ class Primitive:
             g = as_float_arrays(rule, (delta, saved), datas, params)
         if type(g) is not NDARRAY and type(g) is complex:
             g = as_float_arrays(rule, (delta, saved), datas, params)
+        if not self.own:  # a user's vjp: its result checked before anything adds it up
+            check_delta(self.name, i, g, datas[i], self.broadcasts)
         if self.broadcasts and not exact:
             g = unbroadcast(xp, g, datas[i])
         elif dense and type(g) is SparseRows:
@@ -316,6 +319,43 @@ def call_vjp(
         if n == 3:
             return rule(xp, delta, saved, inputs[0], inputs[1], inputs[2])
     return rule(xp, delta, saved, *inputs, **params)
+
+
+def check_delta(name: str, i: int, delta: Any, like: Any, broadcasts: bool, rows: int = 0) -> None:
+    """Raises a ShapeError naming op ``name`` and its input ``i`` unless ``delta`` (a vjp's result)
+    can be that input's delta: a float for a float input; for an array, a floating-point array (or
+    sparse rows) of the input's shape, or, for an op that ``broadcasts`` (its deltas are summed
+    back), one that broadcasts to it; ``rows``: a shared input of merged calls, whose delta may also
+    have a leading axis of that many rows. The library's own vjps are checked against finite
+    differences by its tests instead."""
+    what = _delta_problem(delta, like, broadcasts, rows)
+    if what is not None:
+        raise ShapeError(f"{name}: the vjp of input {i} gave {what}, not a delta of {shape_of(like)}")
+
+
+def _delta_problem(delta: Any, like: Any, broadcasts: bool, rows: int) -> str | None:
+    if delta is None:
+        return "None"
+    if type(like) is float:
+        if type(delta) is float or (getattr(delta, "shape", None) == () and is_float_array(delta)):
+            return None
+        if broadcasts and is_float_array(delta):
+            return None  # summed to a float
+        return f"a {type(delta).__name__} of shape {shape_of(delta)}"
+    if type(delta) is float:
+        return None if broadcasts else "a float"
+    if type(delta) is SparseRows:
+        return None if tuple(delta.shape) == tuple(like.shape) else f"sparse rows of shape {delta.shape}"
+    if not is_float_array(delta):
+        dtype = getattr(delta, "dtype", None)
+        return f"a {type(delta).__name__}" + ("" if dtype is None else f" of dtype {dtype}")
+    shape, wanted = tuple(delta.shape), tuple(like.shape)
+    if shape == wanted or (rows and shape == (rows, *wanted)):
+        return None
+    lead = len(shape) - len(wanted)
+    if broadcasts and lead >= 0 and all(w in (1, s) for w, s in zip(wanted, shape[lead:], strict=True)):
+        return None
+    return f"an array of shape {shape}"
 
 
 def value_key(value: Any) -> Hashable:

@@ -366,6 +366,9 @@ class MergedStep(Step):
         self.prim = prim
         self.rule: Rule = spec.forward or prim.forward
         self.vjps: tuple[Rule, ...] = spec.vjps or prim.vjps
+        self.elementwise = spec.elementwise and spec.vjps is None
+        """The op's own vjps on the group's rows, which broadcast over the shared inputs: theirs are
+        summed back over the rows (an op of its own rows' vjps sums them itself)."""
         self.ins = ins
         self.stacked = stacked
         self.pads = pads

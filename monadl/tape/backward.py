@@ -26,7 +26,7 @@ import numpy as np
 
 from monadl.do.dispatch import Dispatcher
 from monadl.do.do import Do, Pure
-from monadl.do.primitive import call_vjp
+from monadl.do.primitive import Primitive, call_vjp, check_delta
 from monadl.do.program import (
     CALLS,
     FAN,
@@ -268,7 +268,10 @@ class Backward:
             stats.kernels += 1
             _count(stats.vjps, prim.name)
             shape = run.datas[slot].shape if step.pads[i] is not None else None
-            vjp_args = (step.vjps[i], prim.broadcasts, i, shape, xp, d, saved, args, params)
+            # A shared input of an elementwise group was broadcast over the rows: its delta is
+            # summed over them (an op that broadcasts sums every broadcast axis anyway).
+            over = step.n if not step.stacked[i] and step.elementwise and not prim.broadcasts else 0
+            vjp_args = (step.vjps[i], prim, over, i, shape, xp, d, saved, args, params)
             if heavy:
                 self.submit(_merged_vjp, vjp_args, slot, d, prim.fresh, rows if step.stacked[i] else ALL)
                 continue
@@ -408,7 +411,8 @@ def backward(
 
 def _merged_vjp(
     rule: Any,
-    broadcasts: bool,
+    prim: Primitive,
+    rows: int,
     i: int,
     shape: Any,
     xp: Any,
@@ -418,10 +422,15 @@ def _merged_vjp(
     params: dict[str, Any],
 ) -> Any:
     """Input ``i``'s delta of a merged call (worker-safe): the rule on the stacked delta, summed
-    back to the input's (padded) shape, and unpadded."""
+    back to the input's (padded) shape (a shared input's over the group's ``rows``, where the op
+    does not broadcast), and unpadded (a user's rule's result checked first)."""
     g = call_vjp(rule, xp, d, saved, args, params)
-    if broadcasts:
+    if not prim.own:
+        check_delta(prim.name, i, g, args[i], prim.broadcasts, rows)
+    if prim.broadcasts:
         g = unbroadcast(xp, g, args[i])
+    elif rows and type(g) is not float and len(g.shape) > len(args[i].shape):
+        g = xp.sum(g, axis=0)
     if shape is not None:
         g = xp.reshape(g, shape)
     return g
