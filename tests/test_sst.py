@@ -498,3 +498,15 @@ def test_a_tree_of_any_depth_compares_hashes_prints_and_pickles() -> None:
     small = Tree(1, left=Tree(0, word="a"), right=Tree(4, word="b"))
     assert repr(small) == "Tree(label=1, left=Tree(label=0, word='a'), right=Tree(label=4, word='b'))"
     assert len({small, Tree(1, left=Tree(0, word="a"), right=Tree(4, word="b"))}) == 1
+
+
+@pytest.mark.parametrize("digits", [4, 4301, 100_000])
+def test_a_label_of_many_digits_is_a_format_error_naming_its_place(digits: int) -> None:
+    # Python's int() refuses strings of more than 4,300 digits with a plain ValueError (no line,
+    # no column); a label that long is out of range, and says so where it is.
+    label = "9" * digits
+    with pytest.raises(
+        SstFormatError, match=r"line 1, column 2: label 9+(\.\.\.9+ \(\d+ characters\))? is outside 0\.\.4"
+    ):
+        parse_tree(f"({label} a)")
+    assert parse_tree("(0003 a)").label == 3  # leading zeros are digits too, not size
