@@ -443,3 +443,23 @@ def test_a_users_vjp_of_the_right_shape_trains(batching: bool) -> None:
     loss = ml.add_n([ml.sum(apply_array(prim, x * float(k), w)) for k in range(1, 4)])
     assert isinstance(loss.train_blocking(ml.SGD(0.01), executor=ml.Executor(batching=batching)), Success)
     np.testing.assert_allclose(w.data, 1.0 - 0.01 * 6.0 * x.sum(axis=1, keepdims=True), rtol=1e-12)
+
+
+@pytest.mark.parametrize("replay", [True, False])
+def test_a_users_broadcasting_vjp_is_summed_back_on_every_run(replay: bool) -> None:
+    # An op that ``broadcasts`` has its vjps' results summed back to the inputs' shapes, whatever
+    # shape they come in; a weight of the result's shape included, on the first run and on replays.
+    prim = Primitive(
+        "spread",
+        lambda xp, x, w: x * w,
+        (lambda xp, d, o, x, w: d * w, lambda xp, d, o, x, w: xp.broadcast_to(d * x, (2, *d.shape)) * 0.5),
+        True,
+    )
+    w = ml.ArrayWeight(np.ones((2, 3)))
+    x = np.arange(6.0).reshape(2, 3)
+    executor = ml.Executor(replay=replay)
+    for step in range(3):
+        loss = ml.sum(apply_array(prim, x, w))
+        assert isinstance(loss.train_blocking(ml.SGD(0.1), executor=executor), Success)
+        assert w.data.shape == (2, 3)
+        np.testing.assert_allclose(w.data, 1.0 - 0.1 * (step + 1) * x, rtol=1e-12)

@@ -286,8 +286,8 @@ class OpStep(Step):
         self.node = node if prim.per_run else -1
         self.exact: list[bool] | None = None
         """Per input, whether it is a NumPy array of the result's shape (set by the first backward
-        pass through the step: runs replaying it have the same shapes), so that a broadcasting op's
-        delta for it needs no sum."""
+        pass through the step: runs replaying it have the same shapes), so that a delta for it from
+        one of the library's broadcasting ops (of the result's shape) needs no sum."""
 
     def params_in(self, run: Run, checked: bool) -> dict[str, Any]:
         """The parameters of this run: a replay's own per-run parameters (indices, labels), read

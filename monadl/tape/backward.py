@@ -232,7 +232,7 @@ class Backward:
         _count(stats.backwards, prim.name)
         heavy = step.heavy and self.dispatcher is not None
         exact = step.exact
-        if exact is None and prim.broadcasts:
+        if exact is None and prim.broadcasts and prim.own:  # (a user's vjp may give any broadcast shape)
             exact = step.exact = _exact(args, run.datas[out])
         for j, slot in enumerate(step.ins):
             if not wants[slot]:
