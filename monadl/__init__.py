@@ -41,6 +41,7 @@ from monadl.dsl.ops import (
 )
 from monadl.dsl.optimizers import SGD, Adagrad, Adam, Momentum, Optimizer
 from monadl.dsl.training import (
+    NonFiniteGradientError,
     NonFiniteLossError,
     NoOptimizerError,
     compute_gradients,
@@ -73,6 +74,7 @@ __all__ = [
     "FloatWeight",
     "Momentum",
     "NoOptimizerError",
+    "NonFiniteGradientError",
     "NonFiniteLossError",
     "Optimizer",
     "ShapeError",

@@ -144,18 +144,54 @@ def test_a_call_that_merges_with_nobody_runs_alone_as_the_plain_function() -> No
     assert_identical(alone, gradients_of(ml.sum(plain_dense(x)), batching=False))
 
 
-def test_the_first_call_ever_runs_the_body_directly() -> None:
+def test_the_first_call_ever_is_recorded_as_every_call_is() -> None:
+    # The first call learns the result's structure, and is an operation's call like the second:
+    # a process's first run launches (and rounds) as every later one does (issue 22, item 8).
     def plain(x: ArrayLayer) -> ArrayLayer:
         return ml.tanh(x) * 2.0
 
     fresh = ml.batchable(plain)
-    first, second = fresh(W * 1.0), fresh(W * 1.0)  # the first learns; the second is an operation
+    first, second = fresh(W * 1.0), fresh(W * 1.0)
     executor = ml.Executor(batching=True)
-    for layer, launches in ((first, 0), (second, 1)):
+    for layer in (first, second):
         result = layer.predict_blocking(executor=executor)
         assert isinstance(result, Success)
         np.testing.assert_array_equal(result.unwrap(), np.tanh(W.data) * 2.0)
-        assert executor.last_stats.kinds.get(plain.__qualname__, 0) == launches
+        assert executor.last_stats.kinds.get(plain.__qualname__, 0) == 1
+
+
+@pytest.mark.parametrize("executor", ["default", "unbatched", "unreplayed", "pool"])
+def test_a_first_run_gives_the_bits_of_every_later_run(executor: str) -> None:
+    # A fresh operation (its first call ever in this process) in a graph of calls that merge:
+    # the first step's loss and gradients equal, bit for bit, those of the steps after it.
+    weight = ArrayWeight(np.random.default_rng(3).normal(size=(3, 3)))
+
+    def plain(x: ArrayLayer | F64) -> ArrayLayer:
+        return ml.tanh(ml.linear(x, weight, B))
+
+    fresh = ml.batchable(plain)
+    ex = {
+        "default": ml.Executor(),
+        "unbatched": ml.Executor(batching=False),
+        "unreplayed": ml.Executor(replay=False),
+        "pool": ml.Executor(2, min_pool_cost=0),
+    }[executor]
+    xs = rows(8, seed=4)
+
+    def step() -> tuple[float, F64, F64]:
+        loss = ml.add_n([ml.sum(fresh(fresh(x)) * fresh(x)) for x in xs])
+        value, gradients = ml.compute_gradients(loss, executor=ex)
+        return value, np.asarray(gradients[weight]), np.asarray(gradients[B])
+
+    try:
+        first = step()
+        for _ in range(3):
+            later = step()
+            assert later[0] == first[0]
+            np.testing.assert_array_equal(later[1], first[1])
+            np.testing.assert_array_equal(later[2], first[2])
+    finally:
+        ex.close()
 
 
 def test_tuple_results_equal_the_plain_function_even_with_an_output_unused() -> None:

@@ -463,3 +463,46 @@ def test_a_users_broadcasting_vjp_is_summed_back_on_every_run(replay: bool) -> N
         assert isinstance(loss.train_blocking(ml.SGD(0.1), executor=executor), Success)
         assert w.data.shape == (2, 3)
         np.testing.assert_allclose(w.data, 1.0 - 0.1 * (step + 1) * x, rtol=1e-12)
+
+
+# A finite loss with a gradient of NaN or infinity fails and changes nothing (issue 22, item 4).
+
+
+@pytest.mark.parametrize("optimizer", [ml.SGD(0.1), ml.Adam(0.1), ml.Momentum(0.1, 0.9), ml.Adagrad(0.1)])
+def test_a_non_finite_gradient_fails_the_step_and_names_the_weight(optimizer: ml.Optimizer) -> None:
+    w = ml.ArrayWeight(np.zeros(3), name="w")
+    v = ml.ArrayWeight(np.ones(2), name="v")
+    loss = ml.sum(ml.sqrt(w)) + ml.sum(v * v)  # the loss is 2.0; d sqrt(w) / dw at 0 is infinite
+    before = (w.data, w.optimizer_state, v.data, v.optimizer_state)
+    result = loss.train_blocking(optimizer)
+    assert isinstance(result, Failure)
+    error = result.failure()
+    assert isinstance(error, ml.NonFiniteGradientError) and isinstance(error, ArithmeticError)
+    assert "name='w'" in str(error) and "(3,)" in str(error) and "gradient is not finite" in str(error)
+    assert (w.data, w.optimizer_state, v.data, v.optimizer_state) == before  # v untouched too
+
+
+def test_a_non_finite_float_weight_and_table_rows_fail_the_step() -> None:
+    s = ml.FloatWeight(0.0, name="s")
+    result = ml.sqrt(s * 1.0).train_blocking(ml.SGD(0.1))
+    assert isinstance(result, Failure) and isinstance(result.failure(), ml.NonFiniteGradientError)
+    assert s.data == 0.0 and "name='s'" in str(result.failure())
+    table = ml.ArrayWeight(np.zeros((5, 2)), name="table")
+    rows = ml.take_rows(table, np.array([1, 3]))
+    result = ml.sum(ml.sqrt(rows)).train_blocking(ml.SGD(0.1))  # a sparse gradient, its rows infinite
+    assert isinstance(result, Failure) and isinstance(result.failure(), ml.NonFiniteGradientError)
+    np.testing.assert_array_equal(table.data, np.zeros((5, 2)))
+
+
+def test_a_finite_update_of_huge_values_passes_the_check() -> None:
+    # The check's dot product overflows for values near the float64 limit: it then looks at each.
+    w = ml.ArrayWeight(np.full(4, 1e200))
+    assert isinstance(ml.sum(w * 1.0).train_blocking(ml.SGD(1.0)), Success)
+    np.testing.assert_array_equal(w.data, np.full(4, 1e200) - 1.0)
+
+
+def test_check_finite_off_applies_a_non_finite_step() -> None:
+    w = ml.ArrayWeight(np.zeros(3))
+    result = ml.sum(ml.sqrt(w)).train_blocking(ml.SGD(0.1), executor=ml.Executor(check_finite=False))
+    assert isinstance(result, Success)
+    assert np.all(np.isneginf(w.data))

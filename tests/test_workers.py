@@ -97,7 +97,7 @@ def test_stealing_does_not_depend_on_when_the_owner_wakes() -> None:
         with pool._lock:  # the workers cannot take anything until both are queued
             pool._queues[0].append((released.wait, (5,), done, "blocked"))
             pool._queues[0].append((released.set, (), done, "releaser"))
-            pool._lock.notify_all()
+            pool._wake_all()
         try:
             assert _collect(done, 2) == {"blocked": True, "releaser": None}
         finally:

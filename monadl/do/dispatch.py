@@ -4,6 +4,9 @@ The scheduler and the backward pass keep all bookkeeping on the calling thread; 
 kernel and posts ``(token, result, error)``. :meth:`Dispatcher.collect` hands the caller one result
 at a time. The first error stops nothing that already runs: :meth:`Dispatcher.drain` waits for
 every kernel in flight before the error is raised, so nothing of a failed run runs on after it.
+An interrupt (``KeyboardInterrupt``, or any exception that is not an ``Exception``) does not wait:
+control goes back to the caller at once, and what is in flight finishes on the workers unseen (a
+kernel only computes its result: it changes nothing the caller holds).
 
 While it waits, a caller takes back the kernels no worker has started and runs them itself
 (``WorkerPool.run_own_jobs``): waking a thread costs about as much as a small kernel on this
@@ -53,7 +56,8 @@ class Dispatcher:
         if owner is None:
             self.users -= 1
         if error is not None:
-            self.drain()
+            if isinstance(error, Exception):
+                self.drain()
             try:
                 raise error  # the kernel's own exception, with its traceback
             finally:  # which holds this frame: a local naming it would be a cycle

@@ -34,6 +34,7 @@ from monadl.do.program import Program, Ref, Run, RunTape, Step
 from monadl.do.scheduler import Scheduler
 from monadl.do.stats import RunStats
 from monadl.do.structure import structure_of, value_kind
+from monadl.do.versions import Snapshot, snapshot
 from monadl.do.workers import WorkerPool
 
 A = TypeVar("A")
@@ -86,6 +87,9 @@ class Executor(AbstractContextManager["Executor"]):
     ``replay``: keep the programs of static graphs and replay them for runs of equal structure.
     ``pause_gc``: pause Python's cyclic garbage collector during a run (``collector.py``: a run
     makes no reference cycles, and the collector's passes cost up to a third of a large batch's time).
+    ``check_finite``: a training step whose new weight values are not all finite (a gradient of
+    NaN or infinity) fails and changes nothing; off, it is applied (one pass over each updated
+    weight saved).
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class Executor(AbstractContextManager["Executor"]):
         batching: bool = True,
         replay: bool = True,
         pause_gc: bool = True,
+        check_finite: bool = True,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int):
             raise TypeError(f"Executor: workers must be an int, got {type(workers).__name__}")
@@ -108,6 +113,7 @@ class Executor(AbstractContextManager["Executor"]):
         self.batching = batching
         self.replay = replay
         self.pause_gc = pause_gc
+        self.check_finite = check_finite
         self.last_stats = RunStats()
         """What the last run did (a training step: its forward and backward passes together)."""
         self.stats = RunStats()
@@ -159,12 +165,13 @@ class Executor(AbstractContextManager["Executor"]):
         compiled program where one fits, else interpreted by the scheduler. ``own_root``: the
         root's value in a slot of its own (a backward pass is seeded there)."""
         dispatcher = self.dispatcher()
+        taken = snapshot()  # every weight as of the newest commit, for the whole run
         batch = self.batching if batching is None else batching
         seen = self._seen_again(do, batch, own_root)
         if seen is not None:  # the same graph again: no walk
             program = self._program(seen.key)
             if program is not None:
-                replayed = replay(program, seen.nodes, dispatcher, stats)
+                replayed = replay(program, seen.nodes, dispatcher, stats, taken)
                 return Evaluation(replayed, program.root, replayed.value(program.root))
         structure = structure_of(do) if self.replay else None
         key: Any = None
@@ -172,10 +179,10 @@ class Executor(AbstractContextManager["Executor"]):
             key = (batch, own_root, structure.key)
             program = self._program(key)
             if program is not None:
-                replayed = replay(program, structure.nodes, dispatcher, stats)
+                replayed = replay(program, structure.nodes, dispatcher, stats, taken)
                 self._remember(do, batch, own_root, Seen(key, structure.nodes))
                 return Evaluation(replayed, program.root, replayed.value(program.root))
-        run = Run([] if structure is None else structure.nodes, dispatcher, stats)
+        run = Run([] if structure is None else structure.nodes, dispatcher, stats, taken)
         scheduler = Scheduler(run, batch, {} if structure is None else structure.index)
         try:
             scheduler.walk(do)
@@ -193,7 +200,7 @@ class Executor(AbstractContextManager["Executor"]):
                 if own_root and root.row >= 0:
                     root = Ref(scheduler.own(root), -1)
                 value = run.value(root)
-        except BaseException:
+        except Exception:  # (an interrupt returns at once: dispatch.py)
             if dispatcher is not None:
                 dispatcher.drain()
             raise
@@ -259,11 +266,13 @@ def _forward_stats(stats: RunStats) -> RunStats:
     )
 
 
-def replay(program: Program, nodes: list[Do[Any]], dispatcher: Dispatcher | None, stats: RunStats) -> Run:
+def replay(
+    program: Program, nodes: list[Do[Any]], dispatcher: Dispatcher | None, stats: RunStats, taken: Snapshot
+) -> Run:
     """Runs ``program``'s steps on the leaves and per-run parameters of ``nodes`` (a new run of
     its structure): no walk, no grouping, no shape checks. With a pool, a heavy step goes to it
     and a step waits only for the slots it reads."""
-    run = Run(nodes, dispatcher, stats)
+    run = Run(nodes, dispatcher, stats, taken)
     run.reserve(program.slots)
     run.steps = program.steps
     stats.add(program.stats)  # its launches, as they are attempted (a failed replay counts them too)
@@ -285,7 +294,7 @@ def replay(program: Program, nodes: list[Do[Any]], dispatcher: Dispatcher | None
                     step.forward(run, False)
             while pending:
                 _arrived(run, dispatcher, pending)
-        except BaseException:
+        except Exception:  # (an interrupt returns at once: dispatch.py)
             dispatcher.drain()
             raise
     return run

@@ -33,6 +33,7 @@ from monadl.do.do import MAP, Apply, Bind, Do, Pure, Variable
 from monadl.do.primitive import FanOut, Primitive, Rule, call_forward, value_key
 from monadl.do.stats import RunStats
 from monadl.do.values import Tape
+from monadl.do.versions import Snapshot
 from monadl.typeclasses.backend import NDARRAY, ShapeError, host_in, namespace, shape_of
 
 if TYPE_CHECKING:
@@ -68,7 +69,9 @@ class Run:
     """One run of a program: every slot's value, what its step saved for the vjps, its array
     namespace, whether it depends on a weight (``wants``: it takes a delta), and the steps."""
 
-    def __init__(self, nodes: list[Do[Any]], dispatcher: Dispatcher | None, stats: RunStats) -> None:
+    def __init__(
+        self, nodes: list[Do[Any]], dispatcher: Dispatcher | None, stats: RunStats, snapshot: Snapshot
+    ) -> None:
         self.nodes = nodes
         """The nodes the scheduler walked, in its order: a replayed step reads its leaves and
         per-run parameters from the node at its position."""
@@ -85,6 +88,8 @@ class Run:
         self.steps: list[Step] = []
         self.dispatcher = dispatcher
         self.stats = stats
+        self.snapshot = snapshot
+        """The commit the run reads every weight as of (``monadl.do.versions``)."""
         self.replayable = True
         """False once a step read what only this run has (then its program is not kept)."""
         self.deltas: list[Any] = []  # set by the backward pass
@@ -251,12 +256,12 @@ class LeafStep(Step):
             node = run.nodes[self.node]
             if type(node) is Variable:
                 weight = node.weight
-                data = weight.data
+                data = weight.at(run.snapshot)
             else:
                 assert type(node) is Pure
                 data = node.value.data
         elif weight is not None:
-            data = weight.data
+            data = weight.at(run.snapshot)
         else:
             data = self.data
         out = self.out

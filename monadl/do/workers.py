@@ -19,6 +19,12 @@ would leave a core idle. Only a caller whose kernels never wait for one another 
 dispatcher (``dispatch.py``) does it while only primitives' arithmetic is in flight, never while a
 kernel of the user's own is (it may wait for another one, a barrier say, that only the caller can
 start).
+
+The caller's side takes only C-level locks (``threading.Lock``), never a ``Condition``: an
+asynchronous exception (Ctrl-C, a signal handler's) is raised in the caller between bytecodes, and
+one raised inside a Python-level ``Condition.__exit__`` leaves its lock held, every worker blocked
+on it for ever. A ``Lock``'s ``with`` has no such window. A worker sleeps on a lock of its own
+(``_wakes``: released to wake it, a binary semaphore), so waking one is a C call too.
 """
 
 from __future__ import annotations
@@ -39,7 +45,10 @@ class WorkerPool:
 
     def __init__(self, size: int, name: str = "monadl") -> None:
         self.size = size
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()  # the queues and flags below
+        self._wakes = [threading.Lock() for _ in range(size)]  # held while its worker has no news
+        for wake in self._wakes:
+            wake.acquire()
         self._queues: list[deque[Any]] = [deque() for _ in range(size)]
         self._busy = [False] * size
         self._closed = False
@@ -70,7 +79,7 @@ class WorkerPool:
                     index = self._homes[affinity] = self._next_home
                     self._next_home = (index + 1) % self.size
             self._queues[index].append((fn, args, done, token))
-            self._lock.notify_all()
+            self._wake_all()
 
     def steal(self, done: Done) -> tuple[Callable[..., Any], tuple[Any, ...], Done, Any] | None:
         """A job posted to ``done`` that no worker has started, taken back for the caller to run
@@ -95,40 +104,49 @@ class WorkerPool:
                 return
             _run(job)
 
+    def _wake_all(self) -> None:
+        """Wakes every sleeping worker (one already woken stays so). Called with the lock held."""
+        for wake in self._wakes:
+            if wake.locked():  # (only holders of the lock release a wake; its worker only takes it)
+                wake.release()
+
     def _take(self, me: int) -> Any:
-        """The next job for worker ``me``: its own, else one queued for a busy worker; None when
-        the pool is closed and nothing is left. Called with the lock held."""
-        while True:
-            if self._queues[me]:
-                return self._queues[me].popleft()
-            for other, jobs in enumerate(self._queues):
-                if jobs and self._busy[other]:  # its owner is busy: take it rather than wait
-                    return jobs.popleft()
-            if self._closed and not any(self._queues):
-                return None
-            self._lock.wait()
+        """The next job for worker ``me``: its own, else one queued for a busy worker; None if
+        there is none. Called with the lock held."""
+        if self._queues[me]:
+            return self._queues[me].popleft()
+        for other, jobs in enumerate(self._queues):
+            if jobs and self._busy[other]:  # its owner is busy: take it rather than wait
+                return jobs.popleft()
+        return None
 
     def _work(self, me: int) -> None:
+        wake = self._wakes[me]
         while True:
             with self._lock:
                 job = self._take(me)
                 if job is None:
-                    return
-                self._busy[me] = True
-                if self._queues[me]:  # what is left behind may now be taken by an idle worker
-                    self._lock.notify_all()
+                    if self._closed and not any(self._queues):
+                        return
+                else:
+                    self._busy[me] = True
+                    if self._queues[me]:  # what is left behind may now be taken by an idle worker
+                        self._wake_all()
+            if job is None:
+                wake.acquire()  # until a submit, or a worker that leaves jobs behind, releases it
+                continue
             _run(job)
             del job  # hold nothing between jobs
             with self._lock:
                 self._busy[me] = False
                 if any(self._queues):  # others may be waiting for this worker's queue
-                    self._lock.notify_all()
+                    self._wake_all()
 
     def shutdown(self) -> None:
         """Lets the queued kernels finish, then stops the threads."""
         with self._lock:
             self._closed = True
-            self._lock.notify_all()
+            self._wake_all()
         for t in self._threads:
             t.join()
 

@@ -13,9 +13,11 @@ merged too: it is the body's backward, on the stacked rows.
 The body must treat a leading axis as the rows' axis: ``linear``, elementwise ops and
 ``concatenate(..., axis=-1)`` do. A call that merges with no other (and every call when batching is
 off) runs the body on its own arguments, exactly as the undecorated function would. The first call
-of an operation runs the body directly too, to learn its result's structure (a layer, or a tuple of
-layers), which must be the same for every call. The body must read only its arguments (and
-weights): a layer it reads from elsewhere is an error when it runs merged.
+of an operation also builds the body's graph once, and drops it, to learn its result's structure (a
+layer, or a tuple of layers), which must be the same for every call; it is then recorded as every
+call is, so that a process's first run computes (and rounds) as every later one does. The body must
+read only its arguments (and weights): a layer it reads from elsewhere is an error when it runs
+merged.
 """
 
 from __future__ import annotations
@@ -69,9 +71,9 @@ class BatchableOperation(Operation, Generic[P, R]):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         structure = self.structure
         if structure is None:
-            result = self.f(*args, **kwargs)
-            self._learn(result)
-            return result
+            # Building the graph computes nothing: the body's result is only looked at, and the
+            # call is recorded below like any other (run directly, it would round differently).
+            structure = self._learn(self.f(*args, **kwargs))
         # Recording one call: this runs once per node of every tree, so it is written out.
         rows: list[int] = []
         statics: list[Hashable] = []
@@ -106,7 +108,7 @@ class BatchableOperation(Operation, Generic[P, R]):
             results.append(cls(Project(call, j)))
         return tuple(results)
 
-    def _learn(self, result: object) -> None:
+    def _learn(self, result: object) -> tuple[type[Layer], ...]:
         results = result if isinstance(result, tuple) else (result,)
         if not results or not all(isinstance(r, (ArrayLayer, FloatLayer)) for r in results):
             raise TypeError(
@@ -114,8 +116,9 @@ class BatchableOperation(Operation, Generic[P, R]):
                 f"got {type(result).__name__}"
             )
         self.single = not isinstance(result, tuple)
-        self.structure = tuple(type(r) for r in results)
-        self.scalars = [cls is FloatLayer for cls in self.structure]
+        structure = self.structure = tuple(type(r) for r in results)
+        self.scalars = [cls is FloatLayer for cls in structure]
+        return structure
 
     def expand(self, call: Call, tapes: list[Tape[Any, Any]]) -> list[Do[Any]]:
         """The forwards of the body's results, the body run on ``tapes`` (a call's own values, or

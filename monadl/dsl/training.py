@@ -5,10 +5,17 @@ A training step is all-or-nothing:
 1. forward: one run of the loss's ``Do`` (replayed from a compiled program when the graph's
    structure was seen before), every computation a step of the run's record;
 2. the loss must be finite, else the step fails with :class:`NonFiniteLossError` before backward;
+   and every weight's new value must be finite, else it fails with :class:`NonFiniteGradientError`
+   before the commit (``Executor(check_finite=False)`` skips this check);
 3. backward: the record read backwards from dL/dL = 1 (``monadl.tape``): each node's delta is the
    sum of its consumers', its vjps run once, and each weight's summed delta is its gradient;
 4. update: every weight's new data and optimizer state are computed first, then all are committed
-   together. An exception anywhere before the commit leaves every weight and state as it was.
+   together (``monadl.do.versions``: one store makes them visible). An exception anywhere before
+   the commit, or an interrupt (Ctrl-C) at any moment, leaves every weight and state as it was or
+   every one updated, never some.
+
+Every run reads the weights as of one commit (a snapshot): a prediction beside a training thread
+sees one step's weights, never a mix of two.
    An optimizer with an ``update_owned`` (SGD) writes the new data into the step's own gradient
    array where the backward pass says nothing else holds it: no weight-sized allocation.
 
@@ -20,10 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, overload
 
+import numpy as np
 from mypy_extensions import mypyc_attr
 from returns.future import FutureResult
 from returns.result import Failure, Result, Success
@@ -31,6 +38,7 @@ from returns.result import Failure, Result, Success
 from monadl.do.executor import Executor, default_executor
 from monadl.do.stats import RunStats
 from monadl.do.values import Tape
+from monadl.do.versions import COMMIT_LOCK, publish
 from monadl.dsl.optimizers import Optimizer
 from monadl.tape.backward import backward
 from monadl.typeclasses.backend import NDARRAY, Array, freeze, namespace
@@ -40,12 +48,15 @@ if TYPE_CHECKING:
     from monadl.dsl.layers import ArrayLayer, FloatLayer
     from monadl.dsl.weights import ArrayWeight, FloatWeight
 
-_commit_lock = threading.Lock()
-
 
 @mypyc_attr(native_class=False)  # a compiled subclass of a builtin exception is not a plain one
 class NonFiniteLossError(ArithmeticError):
     """The loss of a training step was NaN or infinite; no weight was changed."""
+
+
+@mypyc_attr(native_class=False)
+class NonFiniteGradientError(ArithmeticError):
+    """A weight's gradient, or its new value, was NaN or infinite; no weight was changed."""
 
 
 @mypyc_attr(native_class=False)
@@ -58,6 +69,35 @@ def _is_finite(value: Any) -> bool:
         return math.isfinite(value)
     xp = namespace(value)
     return bool(xp.all(xp.isfinite(value)))
+
+
+def _all_finite(x: Any) -> bool:
+    """Whether every element of ``x`` is finite, in one pass for a NumPy array: a dot product with
+    itself is NaN or infinite if an element is (and finite otherwise, unless the squares overflow:
+    then the elements are checked one by one)."""
+    if type(x) is float:
+        return math.isfinite(x)
+    if type(x) is NDARRAY and x.dtype.kind == "f":
+        flat = x.reshape(-1)
+        if math.isfinite(float(np.dot(flat, flat))):
+            return True
+        return bool(np.isfinite(x).all())
+    xp = namespace(x)
+    return bool(xp.all(xp.isfinite(x)))
+
+
+def _non_finite(weight: Any, gradient: Any, data: Any) -> NonFiniteGradientError:
+    """The error of a weight whose new value ``data`` is not finite: its name and shape, and
+    whether its gradient already was not."""
+    rows = gradient.values if type(gradient) is SparseRows else gradient
+    cause = "its gradient is not finite" if not _all_finite(rows) else "its gradient is, its update is not"
+    if type(data) is float:
+        what = f"{weight!r}: its new value {data!r} is not finite"
+    else:
+        xp = namespace(data)
+        bad = int(xp.sum(~xp.isfinite(data)))
+        what = f"{weight!r}: {bad} of {int(np.prod(data.shape))} entries of its new value are not finite"
+    return NonFiniteGradientError(f"{what} ({cause}); no weight was changed")
 
 
 def _seed(value: Any, rate: float = 1.0) -> Any:
@@ -157,9 +197,12 @@ def _memory(gradient: Any) -> int:
     return id(array)
 
 
-def _apply(gradients: Gradients, default: Optimizer | None, owned: set[Any], rate: float | None) -> None:
+def _apply(
+    gradients: Gradients, default: Optimizer | None, owned: set[Any], rate: float | None, check: bool
+) -> None:
     """Computes every update, then commits them all (nothing is committed if one fails). ``rate``:
-    the learning rate already folded into the gradients (their optimizers' ``update_folded``)."""
+    the learning rate already folded into the gradients (their optimizers' ``update_folded``).
+    ``check``: fail if a new value is not finite. The caller holds ``COMMIT_LOCK``."""
     updates = []
     for weight, gradient in gradients.items():
         optimizer = weight.optimizer or default
@@ -183,10 +226,11 @@ def _apply(gradients: Gradients, default: Optimizer | None, owned: set[Any], rat
                 data, state = update_owned(weight.data, converted, state)
             else:
                 data, state = optimizer.update(weight.data, converted, state)
-        updates.append((weight, data, (optimizer, state)))
-    for weight, data, state in updates:
-        weight.data = freeze(data)
-        weight.optimizer_state = state
+        # A table's sparse gradient changes only its rows: their values are what to check.
+        if check and not _all_finite(gradient.values if type(gradient) is SparseRows else data):
+            raise _non_finite(weight, gradient, data)
+        updates.append((weight, freeze(data), (optimizer, state)))
+    publish(updates)
 
 
 def _in_dtype_of(gradient: Any, data: Any) -> Any:
@@ -237,9 +281,10 @@ def train_blocking(
     ``optimizer`` is the default for weights that have none of their own.
     """
     try:
-        value, gradients, owned, rate = _step(loss, executor, optimizer)
-        with _commit_lock:
-            _apply(gradients, optimizer, owned, rate)
+        ex = executor or default_executor()
+        value, gradients, owned, rate = _step(loss, ex, optimizer)
+        with COMMIT_LOCK:
+            _apply(gradients, optimizer, owned, rate, ex.check_finite)
     except Exception as e:  # noqa: BLE001 - every failure is the caller's Failure, not a crash
         return Failure(e)
     return Success(value)

@@ -4,6 +4,10 @@ A weight's forward is one ``Variable`` node, made once, so within a run every us
 one node: its delta is the sum of every use's, computed once per step, and it is the weight's
 gradient. The optimizer applies all gradients at the end of a successful step (``training.py``);
 nothing here changes ``data`` during the backward pass.
+
+A weight's data and optimizer state are versioned (``monadl.do.versions``): a run reads them as of
+the commit it began after, and a step's commit makes all of its weights' new values visible at
+once. ``weight.data`` is the newest committed data; assigning it is a commit of its own.
 """
 
 from __future__ import annotations
@@ -14,40 +18,63 @@ from typing import Any, final
 import numpy as np
 
 from monadl.do.do import Variable
+from monadl.do.versions import COMMIT_LOCK, Snapshot, Version, publish, read
 from monadl.dsl.layers import ArrayOperators, FloatOperators
 from monadl.dsl.optimizers import Optimizer
 from monadl.typeclasses.backend import Array, check_float_array, freeze, namespace
 
 
 class _WeightState:
-    """What every weight holds: its data, an optional optimizer of its own, and that state."""
+    """What every weight holds: its versions (data and optimizer state), an optional optimizer of
+    its own, and a name."""
 
     __slots__ = ()
-    data: Any
+    head: Version
     optimizer: Optimizer | None
-    optimizer_state: tuple[Optimizer, Any] | None
     name: str
 
     @property
+    def optimizer_state(self) -> tuple[Optimizer, Any] | None:
+        """The optimizer that last updated the weight and its state (None before the first step)."""
+        state: tuple[Optimizer, Any] | None = read(self.head, None).state
+        return state
+
+    def at(self, snapshot: Snapshot | None) -> Any:
+        """The data as of ``snapshot``'s commit (None: the newest)."""
+        return read(self.head, snapshot).data
+
+    def _assign(self, data: Any) -> None:
+        """Commits ``data``, keeping the optimizer state."""
+        with COMMIT_LOCK:
+            publish([(self, data, read(self.head, None).state)])
+
+    @property
     def size(self) -> float:
-        return 1.0 if type(self.data) is float else float(np.prod(self.data.shape))
+        data = read(self.head, None).data
+        return 1.0 if type(data) is float else float(np.prod(data.shape))
 
 
 @final
 class FloatWeight(FloatOperators, _WeightState):
     """A trainable float. ``optimizer`` overrides the model's default for this weight."""
 
-    __slots__ = ("data", "name", "optimizer", "optimizer_state")
-    data: float
+    __slots__ = ("head", "name", "optimizer")
 
     def __init__(self, data: float, *, optimizer: Optimizer | None = None, name: str = "") -> None:
-        if isinstance(data, bool) or not isinstance(data, (float, int)):
-            raise TypeError(f"FloatWeight: expected a float, got {type(data).__name__}")
-        self.data = float(data)
+        self.head = Version(0, _checked_float(data), None, None)
         self.optimizer = optimizer
-        self.optimizer_state = None
         self.name = name
         self.forward = Variable(self)
+
+    @property
+    def data(self) -> float:
+        """The newest committed value."""
+        value: float = read(self.head, None).data
+        return value
+
+    @data.setter
+    def data(self, value: float) -> None:
+        self._assign(_checked_float(value))
 
     def __repr__(self) -> str:
         return f"FloatWeight({self.data!r}{', name=' + repr(self.name) if self.name else ''})"
@@ -57,16 +84,25 @@ class FloatWeight(FloatOperators, _WeightState):
 class ArrayWeight(ArrayOperators, _WeightState):
     """A trainable array (copied on construction). ``optimizer`` overrides the model's default."""
 
-    __slots__ = ("data", "name", "optimizer", "optimizer_state")
-    data: Array
+    __slots__ = ("head", "name", "optimizer")
 
     def __init__(self, data: Array, *, optimizer: Optimizer | None = None, name: str = "") -> None:
         check_float_array(data, "ArrayWeight")
-        self.data = freeze(namespace(data).asarray(data, copy=True))
+        self.head = Version(0, freeze(namespace(data).asarray(data, copy=True)), None, None)
         self.optimizer = optimizer
-        self.optimizer_state = None
         self.name = name
         self.forward = Variable(self)
+
+    @property
+    def data(self) -> Array:
+        """The newest committed value (read-only: assign a new array to change it)."""
+        value: Array = read(self.head, None).data
+        return value
+
+    @data.setter
+    def data(self, value: Array) -> None:
+        check_float_array(value, "ArrayWeight.data")
+        self._assign(freeze(namespace(value).asarray(value, copy=True)))
 
     @classmethod
     def normal(
@@ -103,6 +139,12 @@ class ArrayWeight(ArrayOperators, _WeightState):
     def __repr__(self) -> str:
         named = f", name={self.name!r}" if self.name else ""
         return f"ArrayWeight(shape={tuple(self.data.shape)}, dtype={self.data.dtype}{named})"
+
+
+def _checked_float(data: object) -> float:
+    if isinstance(data, bool) or not isinstance(data, (float, int)):
+        raise TypeError(f"FloatWeight: expected a float, got {type(data).__name__}")
+    return float(data)
 
 
 Weight = FloatWeight | ArrayWeight

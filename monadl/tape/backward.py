@@ -20,6 +20,7 @@ no delta is -0.0 there, the identity of addition, and the presence of each row i
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -68,7 +69,8 @@ class Backward:
         run.owned = [False] * n
         self.rows: list[Any] = [None] * n  # presence: None, ALL, or the rows that got a delta
         self.limits: dict[int, Any] = {}  # a calls group's stacked input -> the calls that got one
-        self.coming = [0] * n  # deltas of a slot still on the pool
+        self.coming = [0] * n  # deltas of a slot computed on the pool and not yet added
+        self.issued: dict[int, deque[list[Any]]] = {}  # those, in the order they were issued
         self.gradients: dict[Any, Any] = {}
         self.owned_gradients: set[Any] = set()
 
@@ -140,7 +142,7 @@ class Backward:
             if dispatcher is not None:
                 while dispatcher.pending:
                     self.arrived()
-        except BaseException:
+        except Exception:  # (an interrupt returns at once: dispatch.py)
             if dispatcher is not None:
                 dispatcher.drain()
             raise
@@ -150,6 +152,12 @@ class Backward:
     def give(self, slot: int, g: Any, fresh: bool) -> None:
         """Adds ``g`` to slot ``slot``'s delta. ``fresh``: ``g`` is a new array nothing else holds,
         which later deltas may be added into in place."""
+        if self.coming[slot]:
+            self.settle(slot)
+        self.add(slot, g, fresh)
+
+    def add(self, slot: int, g: Any, fresh: bool) -> None:
+        """Adds ``g`` to slot ``slot``'s delta now (the deltas issued before it are added)."""
         run = self.run
         held = run.deltas[slot]
         if held is None:
@@ -165,8 +173,14 @@ class Backward:
     def give_rows(self, slot: int, g: Any, fresh: bool, rows: Any) -> None:
         """Adds ``g``, a stacked delta of which the rows ``rows`` are given (ALL, or a mask), to
         stacked slot ``slot``'s delta."""
+        if self.coming[slot]:
+            self.settle(slot)
+        self.add_rows(slot, g, fresh, rows)
+
+    def add_rows(self, slot: int, g: Any, fresh: bool, rows: Any) -> None:
+        """``give_rows`` now (the deltas issued before it are added)."""
         present = self.rows[slot]
-        self.give(slot, g, fresh)
+        self.add(slot, g, fresh)
         if rows is not ALL:
             self.rows[slot] = (
                 rows.copy() if present is None else (present if present is ALL else present | rows)
@@ -177,6 +191,8 @@ class Backward:
         row was given one yet (-0.0 is the exact identity of addition: a row given one delta holds
         it as it is, a -0.0 included)."""
         run = self.run
+        if self.coming[slot]:
+            self.settle(slot)
         held = run.deltas[slot]
         data = run.datas[slot]
         if held is None:
@@ -377,25 +393,46 @@ class Backward:
 
     def run_do(self, do: Do[Any]) -> None:
         """Runs a ``Do`` of a user's tape's backward (it may give deltas to this run's tapes)."""
-        scheduler = Scheduler(Run([], self.dispatcher, self.stats), False, {})
+        scheduler = Scheduler(Run([], self.dispatcher, self.stats, self.run.snapshot), False, {})
         scheduler.walk(do)
         scheduler.drain()
 
     # ------------------------------------------------------------------------------------- pool
 
+    # A slot's deltas are added in the order they were issued, as a pass without a pool adds them,
+    # whichever kernel finishes first: floating-point addition is not associative, and a step's
+    # gradients must be the same bits on every run (and with or without a pool).
+
     def submit(self, fn: Any, args: tuple[Any, ...], slot: int, d: Any, fresh: bool, rows: Any = ALL) -> None:
         dispatcher = self.dispatcher
         assert dispatcher is not None
         self.coming[slot] += 1
-        dispatcher.submit(fn, args, (slot, d, fresh, rows), self.run, None)
+        entry: list[Any] = [False, None, d, fresh, rows]  # arrived, result, and how to add it
+        issued = self.issued.get(slot)
+        if issued is None:
+            issued = self.issued[slot] = deque()
+        issued.append(entry)
+        dispatcher.submit(fn, args, (slot, entry), self.run, None)
 
     def arrived(self) -> None:
+        """Takes one result from the pool; adds its slot's results that are next in issue order."""
         dispatcher = self.dispatcher
         assert dispatcher is not None
         token, _, g = dispatcher.collect()
-        slot, d, fresh, rows = token
-        self.coming[slot] -= 1
-        self.give_rows(slot, g, fresh and g is not d, rows)
+        slot, entry = token
+        entry[0] = True
+        entry[1] = g
+        issued = self.issued[slot]
+        while issued and issued[0][0]:
+            _, g, d, fresh, rows = issued.popleft()
+            self.coming[slot] -= 1
+            self.add_rows(slot, g, fresh and g is not d, rows)
+
+    def settle(self, slot: int) -> None:
+        """Waits for slot ``slot``'s deltas on the pool and adds them (a delta given now comes after
+        them)."""
+        while self.coming[slot]:
+            self.arrived()
 
 
 def backward(
