@@ -94,7 +94,7 @@ def test_synthetic_round_trip(synth_dir: Path, synth: Cifar100) -> None:
     assert np.array_equal(np.asarray(FINE_TO_COARSE)[synth.fine_labels], synth.coarse_labels)
     raw = np.frombuffer((synth_dir / "train.bin").read_bytes(), dtype=np.uint8).reshape(-1, RECORD_BYTES)
     assert np.array_equal(synth.pixels, raw[:, 2:])
-    assert isinstance(synth.records, np.memmap)
+    assert np.array_equal(synth.records, raw) and not isinstance(synth.records, np.memmap)  # a copy, read
     test = Cifar100(synth_dir / "test.bin")
     assert len(test) == 200
     assert "synthetic CIFAR-100 train.bin (700 records, seed 0" in synth.describe()

@@ -1,10 +1,11 @@
 """Data sets for monadl's examples and benchmarks.
 
 ``cifar100``: the official binary CIFAR-100 release (``train.bin``, ``test.bin`` or the
-``cifar-100-binary.tar.gz`` archive), memory-mapped and validated, batched by coarse class for the
-column model; and a learnable synthetic stand-in written in the same format, used when no data path
-is given. ``open_cifar100(path)`` (``cifar100.open_dataset``) opens either; ``describe()`` says which
-one a run used.
+``cifar-100-binary.tar.gz`` archive), validated and read a batch at a time, batched by coarse class
+for the column model; and a learnable synthetic stand-in written in the same format, used when no data
+path is given. ``open_cifar100(path)`` (``cifar100.open_dataset``) opens either; ``describe()`` says
+which one a run used. A path that is neither a regular file nor a directory (a FIFO, a device) is
+refused with ``NotARegularFileError``, by what it is.
 """
 
 from monadl.data.cifar100 import (
@@ -29,6 +30,7 @@ from monadl.data.cifar100 import (
 from monadl.data.cifar100 import (
     open_dataset as open_cifar100,
 )
+from monadl.data.files import NotARegularFileError
 
 __all__ = [
     "COARSE_TO_FINE",
@@ -42,6 +44,7 @@ __all__ = [
     "Batch",
     "Cifar100",
     "CifarFormatError",
+    "NotARegularFileError",
     "Split",
     "StrPath",
     "default_cache_dir",

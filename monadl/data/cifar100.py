@@ -1,11 +1,13 @@
-"""CIFAR-100 in the official binary format: a validated, memory-mapped reader, batching by coarse class,
-and a synthetic stand-in written in exactly the same format.
+"""CIFAR-100 in the official binary format: a validated reader, batching by coarse class, and a synthetic
+stand-in written in exactly the same format.
 
 A file is a sequence of 3,074-byte records: one coarse-label byte (0..19), one fine-label byte (0..99),
 then 3,072 pixel bytes, channel-major (3 x 32 x 32: all red, all green, all blue). The official
 release ships them as ``train.bin`` (50,000 records) and ``test.bin`` (10,000 records), inside
-``cifar-100-binary.tar.gz``. Files are memory-mapped, never read into Python objects, and checked when
-opened: size, label ranges and every fine label against its coarse class.
+``cifar-100-binary.tar.gz``. Files are checked when opened (size, label ranges and every fine label
+against its coarse class) and kept open; a batch's records are read then, with positional reads into
+a NumPy buffer, never into Python objects. Not memory-mapped: a mapped file truncated by another process
+kills the reader with SIGBUS, where a short read is a ``CifarFormatError`` naming the file.
 
 Batches hold samples of one coarse class, in the form the column model expects: ``x`` (B, 3072) of
 pixels / 256, the coarse class ``c`` and ``fine_local`` (B,), the rank 0..4 of each sample's fine class
@@ -17,13 +19,14 @@ synthetic data set. Every data set says which data it is with ``describe()`` (al
 
 from __future__ import annotations
 
+import itertools
 import json
 import lzma
-import math
 import os
-import shutil
+import stat
+import sys
 import tarfile
-import tempfile
+import weakref
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,7 +37,16 @@ from typing import Any, Final, Literal, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from monadl.data.files import atomic_file, atomic_write_bytes
+from monadl.data.files import (
+    atomic_file,
+    atomic_write_bytes,
+    check_path,
+    open_regular_file,
+    read_regular_file,
+    sync_directory,
+    sync_file,
+    temporary_directory,
+)
 from monadl.typeclasses.backend import is_integer
 
 __all__ = [
@@ -97,6 +109,7 @@ _SYNTHETIC_VERSION: Final = 1
 _ARCHIVE_NAME: Final = "cifar-100-binary.tar.gz"
 _TEST_PER_FINE_CLASS: Final = 10  # synthetic defaults
 _NOISE: Final = 48.0
+_HAS_PREADV: Final = hasattr(os, "preadv")
 
 
 class CifarFormatError(ValueError):
@@ -129,40 +142,63 @@ class _SyntheticInfo:
 
 
 class Cifar100:
-    """One CIFAR-100 binary file (``train.bin`` or ``test.bin``), memory-mapped and validated on open.
+    """One CIFAR-100 binary file (``train.bin`` or ``test.bin``), validated on open and kept open.
 
-    Raises ``CifarFormatError`` naming the file (and the first bad record) when the file is malformed.
+    Raises ``CifarFormatError`` naming the file (and the first bad record) when the file is malformed,
+    and when it changes while open: a batch whose records are no longer there (the file truncated) or
+    whose labels are not those validated (the file rewritten in place).
     """
 
     path: Path
     source: str
-    records: np.memmap[tuple[int, int], np.dtype[np.uint8]]
 
     def __init__(self, path: StrPath, *, origin: StrPath | None = None) -> None:
         """Open and validate ``path``; ``origin`` is the archive it was extracted from, if any."""
         self.path = Path(path)
+        self._origin = origin
         if self.path.is_dir():
             raise IsADirectoryError(
                 f"{self.path}: a directory, not a CIFAR-100 binary file (open_dataset finds one in it)"
             )
-        size = self.path.stat().st_size
-        if size == 0 or size % RECORD_BYTES != 0:
-            raise CifarFormatError(
-                f"{self.path}: size {size:,} bytes is not a positive multiple of the record size "
-                f"{RECORD_BYTES} (1 coarse byte, 1 fine byte, {IMAGE_BYTES} pixel bytes); truncated or "
-                "not a CIFAR-100 binary file"
-            )
-        n = size // RECORD_BYTES
-        self.records = np.memmap(self.path, dtype=np.uint8, mode="r", shape=(n, RECORD_BYTES))
-        # Copies of the two label columns: n bytes each, used for validation and for batching.
-        self._coarse: npt.NDArray[np.uint8] = np.array(self.records[:, 0])
-        self._fine: npt.NDArray[np.uint8] = np.array(self.records[:, 1])
-        _validate_labels(self.path, self._coarse, self._fine)
-        self._coarse.setflags(write=False)
-        self._fine.setflags(write=False)
-        self._class_indices = [np.flatnonzero(self._coarse == c) for c in range(N_COARSE)]
-        self._synthetic = _read_sidecar(self.path)
+        # The descriptor, not the path, is read from then on: the file validated here, even if another
+        # takes its name. Closed when this object is collected.
+        self._fd = open_regular_file(self.path)
+        self._close = weakref.finalize(self, os.close, self._fd)
+        try:
+            size = os.fstat(self._fd).st_size
+            if size == 0 or size % RECORD_BYTES != 0:
+                raise CifarFormatError(
+                    f"{self.path}: size {size:,} bytes is not a positive multiple of the record size "
+                    f"{RECORD_BYTES} (1 coarse byte, 1 fine byte, {IMAGE_BYTES} pixel bytes); truncated "
+                    "or not a CIFAR-100 binary file"
+                )
+            self._n = size // RECORD_BYTES
+            # Copies of the two label columns: n bytes each, used for validation and for batching.
+            self._coarse, self._fine = self._read_labels()
+            _validate_labels(self.path, self._coarse, self._fine)
+            self._coarse.setflags(write=False)
+            self._fine.setflags(write=False)
+            self._class_indices = [np.flatnonzero(self._coarse == c) for c in range(N_COARSE)]
+            self._synthetic = _read_sidecar(self.path, self._n)
+        except BaseException:
+            self._close()
+            raise
         self.source = self._describe(origin)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its path: unpickling opens (and validates) the file again."""
+        return (_reopen, (self.path, self._origin))
+
+    def _read_labels(self) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+        """The coarse and fine label of every record, read a chunk of records at a time."""
+        coarse = np.empty(self._n, dtype=np.uint8)
+        fine = np.empty(self._n, dtype=np.uint8)
+        chunk = 1024  # 3 MB
+        for start in range(0, self._n, chunk):
+            rec = self._read_run(start, min(chunk, self._n - start))
+            coarse[start : start + len(rec)] = rec[:, 0]
+            fine[start : start + len(rec)] = rec[:, 1]
+        return coarse, fine
 
     def _describe(self, origin: StrPath | None) -> str:
         counts = f"{len(self):,} records"
@@ -190,7 +226,7 @@ class Cifar100:
         return self._synthetic is not None
 
     def __len__(self) -> int:
-        return int(self.records.shape[0])
+        return self._n
 
     @property
     def coarse_labels(self) -> npt.NDArray[np.uint8]:
@@ -203,8 +239,14 @@ class Cifar100:
         return self._fine
 
     @property
+    def records(self) -> npt.NDArray[np.uint8]:
+        """Every record's bytes, (n, 3074) uint8: a copy read from the file now, n x 3,074 bytes in memory
+        (``batches`` and ``batch`` read only their own records)."""
+        return self._read_run(0, self._n)
+
+    @property
     def pixels(self) -> npt.NDArray[np.uint8]:
-        """The raw pixel bytes, an (n, 3072) view of the memory map (channel-major 3 x 32 x 32)."""
+        """The raw pixel bytes, (n, 3072) (channel-major 3 x 32 x 32): a view of ``records``, read now."""
         return self.records[:, 2:]
 
     def class_counts(self) -> npt.NDArray[np.int64]:
@@ -236,10 +278,64 @@ class Cifar100:
         return self._gather(ix, int(coarse[0]), _float_dtype(dtype))
 
     def _gather(self, ix: npt.NDArray[np.int64], coarse: int, dtype: np.dtype[Any]) -> Batch:
-        # One vectorized gather from the memory map, then an exact scaling (1/256 is a power of two).
-        x = self.records[ix, 2:].astype(dtype)
+        rec = self._read_records(ix)
+        fine = self._fine[ix]
+        if (rec[:, 0] != coarse).any() or (rec[:, 1] != fine).any():  # the labels validated on open
+            raise self._changed(ix, rec)
+        # An exact scaling: 1/256 is a power of two.
+        x = rec[:, 2:].astype(dtype)
         x *= dtype.type(1.0 / 256.0)
-        return Batch(x, coarse, _FINE_TO_LOCAL[self._fine[ix]])
+        return Batch(x, coarse, _FINE_TO_LOCAL[fine])
+
+    def _read_records(self, ix: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]:
+        """The records ``ix`` in that order, (len(ix), 3074): one positional read per run of consecutive
+        indices, straight into the array (a system call per record of a shuffled batch, so the loop is
+        kept lean)."""
+        out = np.empty((len(ix), RECORD_BYTES), dtype=np.uint8)
+        view = out.data.cast("B")
+        cuts = [0, *(np.flatnonzero(np.diff(ix) != 1) + 1).tolist(), len(ix)]
+        runs = [view[a * RECORD_BYTES : b * RECORD_BYTES] for a, b in itertools.pairwise(cuts)]
+        offsets = (ix[cuts[:-1]] * RECORD_BYTES).tolist()
+        if _HAS_PREADV:
+            got = sum(map(os.preadv, itertools.repeat(self._fd), ([r] for r in runs), offsets))
+        else:
+            got = 0
+        if got != len(view):  # the end of the file (or no preadv): run by run, to say where
+            for run, offset in zip(runs, offsets, strict=True):
+                self._read_into(run, offset)
+        return out
+
+    def _read_run(self, start: int, count: int) -> npt.NDArray[np.uint8]:
+        """``count`` records from record ``start`` on, (count, 3074)."""
+        out = np.empty((count, RECORD_BYTES), dtype=np.uint8)
+        self._read_into(out.data.cast("B"), start * RECORD_BYTES)
+        return out
+
+    def _read_into(self, view: memoryview, offset: int) -> None:
+        """Fill ``view`` from byte ``offset``; a ``CifarFormatError`` if the file ends first."""
+        done = 0
+        while done < len(view):
+            got = _pread_into(self._fd, view[done:], offset + done)
+            if got == 0:
+                raise self._truncated(offset + len(view))
+            done += got
+
+    def _truncated(self, needed: int) -> CifarFormatError:
+        now = os.fstat(self._fd).st_size
+        return CifarFormatError(
+            f"{self.path}: the file changed after it was opened: {now:,} bytes now, "
+            f"{self._n * RECORD_BYTES:,} expected ({self._n:,} records) and {needed:,} needed by this "
+            "read; truncated or rewritten while open? Open it again"
+        )
+
+    def _changed(self, ix: npt.NDArray[np.int64], rec: npt.NDArray[np.uint8]) -> CifarFormatError:
+        k = int(np.argmax((rec[:, 0] != self._coarse[ix]) | (rec[:, 1] != self._fine[ix])))
+        i = int(ix[k])
+        return CifarFormatError(
+            f"{self.path}: the file changed after it was opened: record {i} has the labels "
+            f"{rec[k, 0]}/{rec[k, 1]} (coarse/fine) now, {self._coarse[i]}/{self._fine[i]} when validated; "
+            "rewritten while open? Open it again"
+        )
 
     def batch_indices(
         self, batch_size: int, *, seed: int | None = 0, drop_last: bool = True, epochs: int | None = 1
@@ -289,6 +385,20 @@ class Cifar100:
         dt = _float_dtype(dtype)
         plan = self.batch_indices(batch_size, seed=seed, drop_last=drop_last, epochs=epochs)
         return (self._gather(ix, c, dt) for c, ix in plan)
+
+
+def _reopen(path: Path, origin: StrPath | None) -> Cifar100:
+    return Cifar100(path, origin=origin)
+
+
+def _pread_into(fd: int, view: memoryview, offset: int) -> int:
+    """Read into ``view`` from byte ``offset`` of ``fd``, not moving its position (batches may be read
+    from several threads); the number of bytes read, short only at the end of the file."""
+    if _HAS_PREADV:
+        return os.preadv(fd, [view], offset)
+    data = os.pread(fd, len(view), offset)  # macOS before 11: a copy more
+    view[: len(data)] = data
+    return len(data)
 
 
 def _check_batch_size(batch_size: int) -> None:
@@ -371,8 +481,7 @@ def extract_cifar100(archive: StrPath, cache_dir: StrPath | None = None) -> dict
     """
     archive = Path(archive)
     dest = Path(cache_dir) if cache_dir is not None else archive.parent
-    if not archive.is_file():
-        raise FileNotFoundError(f"{archive}: no such archive")
+    check_path(archive)  # a FIFO or a device is refused by name, not opened
     try:
         with tarfile.open(archive, "r:*") as tar:
             members = tar.getmembers()
@@ -441,7 +550,7 @@ def _json_or_none(path: Path) -> Any:
     """The JSON value in ``path``, or None if there is no such file or it cannot be read (a stamp or
     a description to write anew, then)."""
     try:
-        return json.loads(path.read_bytes())
+        return json.loads(read_regular_file(path))
     except (OSError, ValueError, RecursionError):
         return None
 
@@ -449,16 +558,17 @@ def _json_or_none(path: Path) -> Any:
 def _extract_member(
     archive: Path, tar: tarfile.TarFile, m: tarfile.TarInfo, dest: Path, target: Path
 ) -> None:
-    tmp = Path(tempfile.mkdtemp(dir=dest, prefix=".extract-"))
-    try:
+    # Named as a temporary of this process, so that the next extraction removes it if this one is
+    # killed (it would hold a copy of the member: 150 MB for train.bin).
+    with temporary_directory(dest, "extract") as tmp:
         try:
             tar.extract(m, tmp, filter="data")
         except tarfile.FilterError as e:
             raise CifarFormatError(f"{archive}: member {m.name!r} refused by the 'data' filter: {e}") from e
+        sync_file(tmp / m.name)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp / m.name, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        sync_directory(target.parent)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -570,42 +680,88 @@ def _write_split(
             f.write(rec.tobytes())
 
 
-def _read_sidecar(path: Path) -> _SyntheticInfo | None:
-    """The synthetic-data description of ``path``, from a ``synthetic.json`` beside it, if there is one."""
+def _read_sidecar(path: Path, records: int) -> _SyntheticInfo | None:
+    """The synthetic-data description of ``path`` (of ``records`` records), from a ``synthetic.json``
+    beside it, if there is one of ours.
+
+    A description of ours is checked whole, and against the files it describes: malformed, of
+    another version, unfinished or not matching a file's record count, it is a ``CifarFormatError``
+    naming it and the field, so that synthetic data is never described as the real set, nor with
+    wrong counts. A file of that name in another format is someone else's, and ignored."""
     sidecar = path.parent / _SIDECAR
-    if not sidecar.is_file():
+    if not os.path.lexists(sidecar):
         return None
     try:
-        meta = json.loads(sidecar.read_text())
-        if not isinstance(meta, dict) or meta.get("format") != _SIDECAR_FORMAT:
-            return None  # someone else's file of that name
-        if meta.get("complete", True) is not True:
-            raise CifarFormatError(
-                f"{sidecar}: the synthetic data here was not finished being written (interrupted?); "
-                "write it again (write_synthetic_cifar100) or delete the directory"
-            )
-        sizes = meta["per_fine_class"]
-        split = path.name.removesuffix(".bin")
-        if path.suffix != ".bin" or split not in sizes:
-            return None
-        noise = meta["noise"]
-        if not isinstance(noise, int | float) or isinstance(noise, bool) or not math.isfinite(noise):
-            raise ValueError(f"noise {noise!r} is not a finite number")
-        return _SyntheticInfo(
-            seed=_json_int(meta["seed"], "seed"),
-            noise=float(noise),
-            per_fine_class=_json_int(sizes[split], split),
-        )
-    except CifarFormatError:
-        raise
-    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        meta = json.loads(read_regular_file(sidecar))
+    except (ValueError, RecursionError) as e:
         raise CifarFormatError(f"{sidecar}: malformed synthetic-data description ({e!r})") from e
+    if not isinstance(meta, dict) or meta.get("format") != _SIDECAR_FORMAT:
+        return None  # someone else's file of that name
+    seed, noise, sizes = _sidecar_fields(sidecar, meta)
+    if path.name not in ("train.bin", "test.bin"):
+        return None  # a file it does not describe
+    split = path.name.removesuffix(".bin")
+    if split not in sizes:
+        raise CifarFormatError(
+            f"{sidecar}: the synthetic-data description does not match the files: per_fine_class has "
+            f"no {split!r}, yet {path.name} is here (not written by the generator that wrote it)"
+        )
+    for s, per in sizes.items():
+        _check_split_size(sidecar, path.parent / f"{s}.bin", s, per, records if s == split else None)
+    return _SyntheticInfo(seed=seed, noise=noise, per_fine_class=sizes[split])
 
 
-def _json_int(value: Any, name: str) -> int:
-    if type(value) is not int:
-        raise ValueError(f"{name} {value!r} is not an integer")
-    return value
+def _sidecar_fields(sidecar: Path, meta: dict[str, Any]) -> tuple[int, float, dict[str, int]]:
+    """The seed, noise and counts of a description of our format, each checked (``complete`` first:
+    an interrupted write is named as such)."""
+
+    def bad(field: str, problem: str) -> CifarFormatError:
+        return CifarFormatError(f"{sidecar}: malformed synthetic-data description: {field} {problem}")
+
+    complete = meta.get("complete", True)
+    if type(complete) is not bool:
+        raise bad("complete", f"{complete!r} is not true or false")
+    if not complete:
+        raise CifarFormatError(
+            f"{sidecar}: the synthetic data here was not finished being written (interrupted?); "
+            "write it again (write_synthetic_cifar100) or delete the directory"
+        )
+    for field in ("version", "seed", "noise", "per_fine_class"):
+        if field not in meta:
+            raise bad(field, "is missing")
+    version, seed, noise, sizes = meta["version"], meta["seed"], meta["noise"], meta["per_fine_class"]
+    if type(version) is not int or version != _SYNTHETIC_VERSION:
+        raise bad("version", f"{version!r} is not {_SYNTHETIC_VERSION}, the only version this monadl reads")
+    if type(seed) is not int or seed < 0:  # np.random.default_rng takes no other
+        raise bad("seed", f"{seed!r} is not a non-negative integer")
+    if type(noise) not in (int, float) or not 0 <= noise <= sys.float_info.max:  # NaN, inf, 10**400: not
+        raise bad("noise", f"{noise!r} is not a finite non-negative number")
+    if not isinstance(sizes, dict) or "train" not in sizes:
+        raise bad("per_fine_class", f"{sizes!r} is not an object with a count for 'train' (and 'test')")
+    for split, per in sizes.items():
+        if split not in ("train", "test"):
+            raise bad("per_fine_class", f"has the split {split!r}; there are only 'train' and 'test'")
+        if type(per) is not int or per < 1:
+            raise bad(f"per_fine_class.{split}", f"{per!r} is not a positive integer")
+    return seed, float(noise), sizes
+
+
+def _check_split_size(sidecar: Path, file: Path, split: str, per: int, records: int | None) -> None:
+    """A ``CifarFormatError`` unless ``file`` (of ``records`` records, or as big as it is; a split
+    missing is not checked) holds the ``N_FINE * per`` records the description says."""
+    if records is None:
+        if not file.is_file():
+            return
+        size = file.stat().st_size
+        records = size // RECORD_BYTES if size % RECORD_BYTES == 0 else -1
+        held = f"{records:,} records" if records >= 0 else f"{size:,} bytes, not a whole number of records"
+    else:
+        held = f"{records:,} records"
+    if records != N_FINE * per:
+        raise CifarFormatError(
+            f"{sidecar}: the synthetic-data description does not match the files: per_fine_class.{split} "
+            f"is {per} ({N_FINE * per:,} records, {per} per fine class), but {file.name} holds {held}"
+        )
 
 
 def synthetic_cifar100(
@@ -656,19 +812,9 @@ def open_dataset(
         directory = _synthetic_dir(root, seed, per_fine_class, _TEST_PER_FINE_CLASS, _NOISE)
         return synthetic_cifar100(directory, split=split, per_fine_class=per_fine_class, seed=seed)
     p = Path(path)
-    if p.is_dir():
-        name = f"{split}.bin"
-        for candidate in (p / name, p / "cifar-100-binary" / name):
-            if candidate.is_file():
-                return Cifar100(candidate)
-        if (p / _ARCHIVE_NAME).is_file():
-            p = p / _ARCHIVE_NAME
-        else:
-            raise FileNotFoundError(
-                f"{p}: found neither {name}, cifar-100-binary/{name} nor {_ARCHIVE_NAME} in this directory"
-            )
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such file or directory")
+    # By stat alone: a FIFO, a device or a broken link is named as such (and a FIFO is not opened).
+    if stat.S_ISDIR(check_path(p, directory_ok=True).st_mode):
+        p = _find_in_directory(p, split)
     if p.suffix == ".bin":
         return Cifar100(p)
     files = extract_cifar100(p, cache_dir)
@@ -677,3 +823,16 @@ def open_dataset(
         found = ", ".join(sorted(files)) or "none"
         raise CifarFormatError(f"{p}: the archive has no member named {name} (its .bin members: {found})")
     return Cifar100(files[name], origin=p)
+
+
+def _find_in_directory(directory: Path, split: Split) -> Path:
+    """The first of ``{split}.bin``, ``cifar-100-binary/{split}.bin`` and the archive in ``directory``
+    that is there: anything of that name, so that one that cannot be read (a FIFO, a broken link, a
+    directory) is refused by what it is rather than taken for missing."""
+    name = f"{split}.bin"
+    for candidate in (directory / name, directory / "cifar-100-binary" / name, directory / _ARCHIVE_NAME):
+        if os.path.lexists(candidate):
+            return candidate
+    raise FileNotFoundError(
+        f"{directory}: found neither {name}, cifar-100-binary/{name} nor {_ARCHIVE_NAME} in this directory"
+    )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import stat
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Any, ClassVar, Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from monadl.data.files import atomic_write_bytes
+from monadl.data.files import atomic_write_bytes, check_path, read_regular_file
 from monadl.data.trees import Tree
 from monadl.typeclasses.backend import is_integer
 
@@ -272,9 +273,11 @@ def _writable_word(leaf: Tree) -> str:
 
 
 def read_trees(path: StrPath) -> list[Tree]:
-    """The trees of a UTF-8 file, one per line, blank lines skipped; errors name the file and line."""
+    """The trees of a UTF-8 file, one per line, blank lines skipped; errors name the file and line.
+
+    Only a regular file is read: a FIFO or a device is refused by what it is, not opened."""
     p = Path(path)
-    data = p.read_bytes()
+    data = read_regular_file(p)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -327,9 +330,17 @@ def load_sst(directory: StrPath) -> Treebank:
     ``FileNotFoundError`` naming the missing files, ``SstFormatError`` naming a malformed line.
     """
     root = Path(directory)
-    if not (root / "train.txt").is_file() and (root / "trees" / "train.txt").is_file():
+    # A FIFO, a device or a broken link is named as such (by stat: a FIFO is not opened).
+    if not stat.S_ISDIR(check_path(root, directory_ok=True).st_mode):
+        raise NotADirectoryError(
+            f"{root}: a regular file, not a directory (SST is read from a directory of train.txt, dev.txt "
+            "and test.txt)"
+        )
+    # Whatever has a split's name counts as there: read_trees refuses one that is not a regular file
+    # by what it is, where is_file would call it missing.
+    if not os.path.lexists(root / "train.txt") and os.path.lexists(root / "trees" / "train.txt"):
         root = root / "trees"  # the layout of the official trainDevTestTrees_PTB.zip
-    missing = [f"{s}.txt" for s in SPLITS if not (root / f"{s}.txt").is_file()]
+    missing = [f"{s}.txt" for s in SPLITS if not os.path.lexists(root / f"{s}.txt")]
     if missing:
         raise FileNotFoundError(
             f"{root}: no {', '.join(missing)} here (expected train.txt, dev.txt, test.txt)"
