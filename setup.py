@@ -40,6 +40,7 @@ COMPILED_MODULES = [
     "monadl/do/do.py",
     "monadl/do/primitive.py",
     "monadl/do/values.py",
+    "monadl/do/versions.py",
     "monadl/do/program.py",
     "monadl/do/scheduler.py",
     "monadl/do/structure.py",

@@ -34,7 +34,7 @@ from monadl.do.program import Program, Ref, Run, RunTape, Step
 from monadl.do.scheduler import Scheduler
 from monadl.do.stats import RunStats
 from monadl.do.structure import structure_of, value_kind
-from monadl.do.versions import Snapshot, snapshot
+from monadl.do.versions import Snapshot, data_of, snapshot
 from monadl.do.workers import WorkerPool
 
 A = TypeVar("A")
@@ -69,7 +69,7 @@ class Seen:
             if type(node) is Variable:
                 while entries[i][0] != "v":
                     i += 1
-                if value_kind(node.weight.data) != entries[i][1]:
+                if value_kind(data_of(node.weight, None)) != entries[i][1]:
                     return False
                 i += 1
         return True

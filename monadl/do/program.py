@@ -33,7 +33,7 @@ from monadl.do.do import MAP, Apply, Bind, Do, Pure, Variable
 from monadl.do.primitive import FanOut, Primitive, Rule, call_forward, value_key
 from monadl.do.stats import RunStats
 from monadl.do.values import Tape
-from monadl.do.versions import Snapshot
+from monadl.do.versions import Snapshot, data_of
 from monadl.typeclasses.backend import NDARRAY, ShapeError, host_in, namespace, shape_of
 
 if TYPE_CHECKING:
@@ -256,12 +256,12 @@ class LeafStep(Step):
             node = run.nodes[self.node]
             if type(node) is Variable:
                 weight = node.weight
-                data = weight.at(run.snapshot)
+                data = data_of(weight, run.snapshot)
             else:
                 assert type(node) is Pure
                 data = node.value.data
         elif weight is not None:
-            data = weight.at(run.snapshot)
+            data = data_of(weight, run.snapshot)
         else:
             data = self.data
         out = self.out

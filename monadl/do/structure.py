@@ -20,6 +20,7 @@ from typing import Any, Final, cast
 from monadl.do.do import APPLY, PURE, VARIABLE, Apply, Do, Pure, Variable
 from monadl.do.primitive import float_key
 from monadl.do.values import Tape
+from monadl.do.versions import data_of
 
 _MARK: Final[Do[Any]] = Pure(None)  # on the walk's stack: the node below it has had its sources walked
 
@@ -70,7 +71,7 @@ def structure_of(root: Do[Any]) -> Structure | None:
                     stack.append(s)
         elif kind == VARIABLE:
             order[node] = len(key)
-            key.append(("v", value_kind(cast(Variable, node).weight.data)))
+            key.append(("v", value_kind(data_of(cast(Variable, node).weight, None))))
             index[node] = len(nodes)
             nodes.append(node)
         elif kind == PURE:

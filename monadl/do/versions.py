@@ -24,9 +24,11 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
-__all__ = ["COMMIT_LOCK", "Snapshot", "Version", "Versioned", "publish", "read", "snapshot"]
+from mypy_extensions import mypyc_attr
+
+__all__ = ["COMMIT_LOCK", "Snapshot", "Version", "data_of", "publish", "read", "snapshot"]
 
 
 class Version:
@@ -41,12 +43,7 @@ class Version:
         self.older = older
 
 
-class Versioned(Protocol):
-    """What holds a chain of versions (a weight)."""
-
-    head: Version
-
-
+@mypyc_attr(native_class=False)  # (weakly referenced: a compiled class cannot be)
 class Snapshot:
     """The commit a run reads the weights as of."""
 
@@ -60,7 +57,7 @@ class _Clock:
     def __init__(self) -> None:
         self.visible = 0
         """The newest commit whose versions are visible: the one store that commits."""
-        self.written: list[Versioned] | None = None
+        self.written: list[Any] | None = None
         """The weights a commit was writing, until it is visible: if it never is (an interrupt),
         the next commit removes their invisible versions first."""
         self.live: list[weakref.ref[Snapshot]] = []  # every snapshot taken that may be alive
@@ -106,7 +103,19 @@ def read(head: Version, taken: Snapshot | None) -> Version:
     return head
 
 
-def publish(writes: Sequence[tuple[Versioned, Any, Any]]) -> None:
+def data_of(weight: Any, taken: Snapshot | None) -> Any:
+    """``weight``'s data as ``taken`` sees it (None: the newest visible): the engine's read of a
+    weight, once per weight and run."""
+    head: Version = weight.head
+    limit = _clock.visible if taken is None else taken.number
+    while head.number > limit:
+        older = head.older
+        assert older is not None
+        head = older
+    return head.data
+
+
+def publish(writes: Sequence[tuple[Any, Any, Any]]) -> None:
     """Commits ``(weight, data, optimizer state)`` for every weight of ``writes``: all become
     visible at once, or (interrupted before its last store) none does. The caller holds
     :data:`COMMIT_LOCK`."""
@@ -137,7 +146,7 @@ def _repair() -> None:
     _clock.written = None
 
 
-def _prune(writes: Sequence[tuple[Versioned, Any, Any]], number: int) -> None:
+def _prune(writes: Sequence[tuple[Any, Any, Any]], number: int) -> None:
     """Drops the versions of the written weights that no live snapshot can read: each chain is cut
     after its newest version at or before the oldest live snapshot."""
     with _clock.lock:

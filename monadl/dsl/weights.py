@@ -18,7 +18,7 @@ from typing import Any, final
 import numpy as np
 
 from monadl.do.do import Variable
-from monadl.do.versions import COMMIT_LOCK, Snapshot, Version, publish, read
+from monadl.do.versions import COMMIT_LOCK, Version, publish, read
 from monadl.dsl.layers import ArrayOperators, FloatOperators
 from monadl.dsl.optimizers import Optimizer
 from monadl.typeclasses.backend import Array, check_float_array, freeze, namespace
@@ -34,14 +34,15 @@ class _WeightState:
     name: str
 
     @property
+    def data(self) -> Any:
+        """The newest committed value."""
+        return read(self.head, None).data
+
+    @property
     def optimizer_state(self) -> tuple[Optimizer, Any] | None:
         """The optimizer that last updated the weight and its state (None before the first step)."""
         state: tuple[Optimizer, Any] | None = read(self.head, None).state
         return state
-
-    def at(self, snapshot: Snapshot | None) -> Any:
-        """The data as of ``snapshot``'s commit (None: the newest)."""
-        return read(self.head, snapshot).data
 
     def _assign(self, data: Any) -> None:
         """Commits ``data``, keeping the optimizer state."""
