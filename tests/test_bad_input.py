@@ -47,19 +47,21 @@ def _names_shapes(message: str, *shapes: tuple[int, ...]) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("build", "shapes"),
+    ("name", "build", "shapes"),
     [
-        (lambda: _weight((3, 4)) @ np.ones((5, 2)), ((3, 4), (5, 2))),
-        (lambda: monadl.matmul(np.ones((2, 3)), _weight((4, 2))), ((2, 3), (4, 2))),
-        (lambda: monadl.dot(_weight((3,)), np.ones((4,))), ((3,), (4,))),
-        (lambda: monadl.matmul(_weight((2, 3, 4)), _weight((2, 3, 4))), ((2, 3, 4), (2, 3, 4))),
+        ("matmul", lambda: _weight((3, 4)) @ np.ones((5, 2)), ((3, 4), (5, 2))),
+        ("matmul", lambda: monadl.matmul(np.ones((2, 3)), _weight((4, 2))), ((2, 3), (4, 2))),
+        ("dot", lambda: monadl.dot(_weight((3,)), np.ones((4,))), ((3,), (4,))),  # the name called
+        ("matmul", lambda: monadl.matmul(_weight((2, 3, 4)), _weight((2, 3, 4))), ((2, 3, 4), (2, 3, 4))),
     ],
 )
-def test_matmul_shape_mismatch(build: Callable[[], ArrayLayer], shapes: tuple[tuple[int, ...], ...]) -> None:
+def test_matmul_shape_mismatch(
+    name: str, build: Callable[[], ArrayLayer], shapes: tuple[tuple[int, ...], ...]
+) -> None:
     error = evaluation_error(build)
     assert isinstance(error, ShapeError) and isinstance(error, ValueError)
     message = str(error)
-    assert message.startswith("matmul"), message
+    assert message.startswith(f"{name}:"), message
     assert _names_shapes(message, *shapes), message
 
 
@@ -125,6 +127,7 @@ def test_wrong_dtype(build: Callable[[], Any], expected: str) -> None:
 
 
 ANY_OPERAND = "expected a float, a floating-point array, a weight or a layer, got"
+AN_ARRAY = "expected an array layer, array weight or floating-point array"
 
 
 @pytest.mark.parametrize(
@@ -139,8 +142,10 @@ ANY_OPERAND = "expected a float, a floating-point array, a weight or a layer, go
         (lambda: _weight() + _bad(True), f"add: {ANY_OPERAND} bool"),
         (lambda: monadl.exp(_bad("abc")), f"exp: {ANY_OPERAND} str"),
         (lambda: monadl.tanh(_bad([0.5])), f"tanh: {ANY_OPERAND} list"),
-        (lambda: monadl.matmul(_weight(), _bad(None)), f"matmul: {ANY_OPERAND} NoneType"),
-        (lambda: monadl.sum(_bad([1.0, 2.0])), f"sum: {ANY_OPERAND} list"),
+        (lambda: monadl.matmul(_weight(), _bad(None)), f"matmul: {AN_ARRAY} for b, got NoneType None"),
+        (lambda: monadl.sum(_bad([1.0, 2.0])), f"sum: {AN_ARRAY}, got list [1.0, 2.0]"),
+        (lambda: monadl.lift_array(_bad("abc")), f"lift_array: {ANY_OPERAND} str"),
+        (lambda: monadl.add_n([_weight(), _bad("abc")]), f"add_n: {ANY_OPERAND} str"),
         (lambda: ArrayWeight(_bad("abc")), "ArrayWeight: expected a floating-point array, got str"),
         (lambda: ArrayWeight(_bad([1.0, 2.0])), "ArrayWeight: expected a floating-point array, got list"),
         (lambda: ArrayWeight(_bad(None)), "ArrayWeight: expected a floating-point array, got NoneType"),
@@ -153,6 +158,107 @@ ANY_OPERAND = "expected a float, a floating-point array, a weight or a layer, go
 def test_non_array_input(build: Callable[[], Any], expected: str) -> None:
     with pytest.raises(TypeError, match=re.escape(expected)):
         build()  # raised at once, not when evaluated
+
+
+# ------------------------------------------------------------------- operands of the wrong kind
+
+# The ops that read an array's axes, shape or rows, each on its array operand ``x`` (and what the
+# error calls that operand, for an op of several).
+_ARRAY_OPS: list[tuple[str, str, Callable[[Any], Any]]] = [
+    ("reshape", "", lambda x: monadl.reshape(x, (1,))),
+    ("transpose", "", lambda x: monadl.transpose(x)),
+    ("concatenate", " for xs[0]", lambda x: monadl.concatenate([x])),
+    ("concatenate", " for xs[1]", lambda x: monadl.concatenate([np.ones(1), x])),
+    ("take_rows", "", lambda x: monadl.take_rows(x, [0])),
+    ("sum", "", lambda x: monadl.sum(x)),
+    ("sum", "", lambda x: monadl.sum(x, axis=0)),
+    ("mean", "", lambda x: monadl.mean(x)),
+    ("softmax", "", lambda x: monadl.softmax(x)),
+    ("log_softmax", "", lambda x: monadl.log_softmax(x, axis=0)),
+    ("matmul", " for a", lambda x: monadl.matmul(x, np.ones(1))),
+    ("dot", " for b", lambda x: monadl.dot(np.ones(1), x)),
+    ("linear", " for x", lambda x: monadl.linear(x, np.ones((1, 2)), 0.0)),
+    ("linear", " for w", lambda x: monadl.linear(np.ones(1), x, 0.0)),
+    ("cross_entropy", "", lambda x: monadl.cross_entropy(x, np.zeros((), dtype=np.int64))),
+]
+_FLOATS: list[tuple[Callable[[], Any], str]] = [
+    (lambda: 0.5, "float 0.5"),
+    (lambda: FloatWeight(0.5), "FloatWeight(0.5)"),
+    (lambda: FloatWeight(0.5) * 2.0, "FloatLayer"),
+    (lambda: 3, "int 3"),
+    (lambda: True, "bool True"),
+    (lambda: np.float64(0.5), "float64 np.float64(0.5)"),  # a float (NumPy's subclass of it)
+]
+
+
+@pytest.mark.parametrize(("name", "operand", "op"), _ARRAY_OPS, ids=[f"{n}{o}" for n, o, _ in _ARRAY_OPS])
+@pytest.mark.parametrize(("x", "described"), _FLOATS, ids=[d for _, d in _FLOATS])
+def test_a_float_where_an_op_needs_an_array_is_reported_where_the_op_is_made(
+    name: str, operand: str, op: Callable[[Any], Any], x: Callable[[], Any], described: str
+) -> None:
+    # Before, the op was made and failed when it ran, in its rule's code: an AttributeError of a
+    # float without a shape, a TypeError of FloatNamespace.sum, or a softmax error for log_softmax.
+    with pytest.raises(TypeError) as raised:
+        op(x())
+    assert str(raised.value) == f"{name}: {AN_ARRAY}{operand}, got {described}"
+
+
+@pytest.mark.parametrize(
+    ("build", "expected"),
+    [
+        (lambda: untyped.concatenate(np.ones(3)), "concatenate: expected a list or a tuple of operands, got"),
+        (lambda: untyped.concatenate(_weight()), "concatenate: expected a list or a tuple of operands, got"),
+        (lambda: untyped.add_n(np.ones((2, 2))), "add_n: expected a list or a tuple of operands, got"),
+        (lambda: untyped.add_n(FloatWeight(1.0)), "add_n: expected a list or a tuple of operands, got"),
+        (lambda: untyped.add_n(None), "add_n: expected a list or a tuple of operands, got NoneType None"),
+    ],
+)
+def test_a_single_operand_where_an_op_needs_a_list(build: Callable[[], Any], expected: str) -> None:
+    # Before: NumPy's "truth value of an array is ambiguous", a layer's truth value, or len() of a
+    # float; add_n(None) said it needs at least one operand.
+    with pytest.raises(TypeError) as raised:
+        build()
+    assert str(raised.value).startswith(expected), str(raised.value)
+
+
+class _Witness:
+    """A user's own differentiable value (a ``DeepLearning``): its data's kind shows when it runs."""
+
+    def __init__(self, weight: FloatWeight) -> None:
+        self.forward = weight.forward
+
+
+@pytest.mark.parametrize(
+    ("name", "op"),
+    [
+        ("reshape", lambda x: monadl.reshape(x, (1,))),
+        ("transpose", lambda x: monadl.transpose(x)),
+        ("concatenate", lambda x: monadl.concatenate([x, x])),
+        ("take_rows", lambda x: monadl.take_rows(x, [0])),
+        ("sum", lambda x: monadl.sum(x)),
+        ("mean", lambda x: monadl.mean(x, axis=0)),
+    ],
+)
+def test_a_float_found_when_the_op_runs_is_a_shape_error_naming_it(
+    name: str, op: Callable[[Any], Any]
+) -> None:
+    error = evaluation_error(lambda: op(_Witness(FloatWeight(0.5))))
+    assert isinstance(error, ShapeError)
+    assert str(error) == f"{name}: expected an array, got a float"
+
+
+@pytest.mark.parametrize("indices", [0.5, FloatWeight(0.5)])
+def test_indexing_with_a_float_names_take_rows(indices: Any) -> None:
+    expected = f"take_rows: expected integer indices, got {type(indices).__name__}"
+    with pytest.raises(TypeError, match=re.escape(expected)):
+        _ = _weight((3, 4))[indices]
+
+
+def test_indexing_a_float_weight_is_python_s_type_error() -> None:
+    # Floats have no rows: mypy rejects ``FloatWeight(...)[0]`` (tests/typing: float_layer_indexed),
+    # so float weights and layers have no ``__getitem__`` to report it themselves.
+    with pytest.raises(TypeError, match="'FloatWeight' object is not subscriptable"):
+        _bad(FloatWeight(0.5))[0]
 
 
 # ------------------------------------------------------------------------------------ take_rows
@@ -259,7 +365,8 @@ def test_cross_entropy_label_out_of_range(labels: list[int]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("shape", "target"), [((3, 4), (5, 2)), ((3, 4), (5, -1)), ((3, 4), (-1, -1)), ((2, 3), (7,))]
+    ("shape", "target"),
+    [((3, 4), (5, 2)), ((3, 4), (5, -1)), ((2, 3), (7,)), ((0, 3), (-1, 0)), ((0, 3), (0, -1, 0))],
 )
 def test_reshape_to_an_incompatible_size(shape: tuple[int, ...], target: tuple[int, ...]) -> None:
     error = evaluation_error(lambda: monadl.reshape(_weight(shape), target))
@@ -361,6 +468,60 @@ def test_a_wrong_static_parameter_is_reported_where_the_op_is_made(
     with pytest.raises(TypeError) as raised:
         build(_weight())
     assert str(raised.value) == expected
+
+
+@pytest.mark.parametrize(
+    ("shape", "expected"),
+    [
+        ((-1, -1), "reshape: shape (-1, -1) has more than one -1 (an unknown dimension)"),
+        ((2, -1, 3, -1), "reshape: shape (2, -1, 3, -1) has more than one -1 (an unknown dimension)"),
+        ((-2, -6), "reshape: shape (-2, -6) has a negative dimension (only -1 may be)"),
+        ((12, -3), "reshape: shape (12, -3) has a negative dimension (only -1 may be)"),
+    ],
+)
+def test_a_shape_that_is_no_shape_is_reported_where_reshape_is_made(
+    shape: tuple[int, ...], expected: str
+) -> None:
+    # No array has these shapes, whatever its size: a ValueError at the call, not when it runs.
+    # (Before, (-2, -6) passed reshape's check for a (3, 4) array, 12 elements, and NumPy's
+    # own error about it came back named by the op's shapes.)
+    with pytest.raises(ValueError) as raised:
+        monadl.reshape(_weight(), shape)
+    assert str(raised.value) == expected
+
+
+@pytest.mark.parametrize("axes", [(0, 3), (3, 0), (2, 0), (-3, 1), (0, 0)])
+def test_transpose_axes_out_of_range_name_the_op(axes: tuple[int, ...]) -> None:
+    # (0, 3) and (3, 0) are a permutation of (0, 1) modulo 2: they passed the check, and NumPy's
+    # AxisError came back, named by the op's shapes only.
+    error = evaluation_error(lambda: monadl.transpose(_weight((3, 4)), axes))
+    assert isinstance(error, ShapeError)
+    assert str(error) == f"transpose: axes {axes} do not fit an array of shape (3, 4)"
+
+
+@pytest.mark.parametrize(
+    ("x", "w"),
+    [
+        ((2, 3, 4), (4, 0)),  # no outputs: a delta of rows of nothing
+        ((2, 3, 0), (0, 2)),  # no inputs
+        ((2, 0, 3), (3, 2)),  # no rows
+    ],
+)
+@pytest.mark.parametrize("fan", [False, True])
+def test_linear_of_arrays_without_elements_has_gradients(
+    x: tuple[int, ...], w: tuple[int, ...], fan: bool
+) -> None:
+    # The vjps made x and the delta matrices of rows by a reshape to (-1, n), which NumPy refuses
+    # for an array without elements (-1 could be anything): a raw ValueError, naming nothing.
+    # ``fan``: one x with two weights, merged into one call (the fan-out of an LSTM's gates).
+    xw, ws = ArrayWeight(np.ones(x)), [ArrayWeight(np.ones(w)) for _ in range(2 if fan else 1)]
+    outputs = [monadl.linear(xw, wj, 0.5) for wj in ws]
+    loss = monadl.add_n([monadl.sum(o) for o in outputs]) + monadl.sum(xw)
+    _, gradients = monadl.compute_gradients(loss)
+    for weight in (xw, *ws):
+        gradient = np.asarray(gradients[weight])
+        assert gradient.shape == weight.data.shape
+    np.testing.assert_array_equal(np.asarray(gradients[xw]), np.ones(x))  # nothing flows back but sum's
 
 
 def test_numpy_integers_are_static_parameters_like_ints() -> None:

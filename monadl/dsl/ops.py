@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
+import reprlib
 from collections.abc import Sequence
 from typing import Any, overload
 
@@ -15,18 +16,47 @@ import numpy as np
 
 from monadl.dsl import primitives as P
 from monadl.dsl.apply import forward_of
+from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.indices import integral, row_indices
 from monadl.dsl.layers import (
     AnyArray,
     AnyFloat,
     ArrayLayer,
+    ArrayOperators,
     FloatLayer,
     apply,
     apply_array,
     apply_float,
     is_float_kind,
 )
-from monadl.typeclasses.backend import AnyNDArray, RowIndices, is_array, namespace
+from monadl.typeclasses.backend import NDARRAY, AnyNDArray, RowIndices, is_array, namespace
+
+__all__ = [
+    "abs",
+    "add_n",
+    "concatenate",
+    "cross_entropy",
+    "dot",
+    "exp",
+    "lift",
+    "lift_array",
+    "linear",
+    "log",
+    "log_softmax",
+    "matmul",
+    "maximum",
+    "mean",
+    "minimum",
+    "relu",
+    "reshape",
+    "sigmoid",
+    "softmax",
+    "sqrt",
+    "sum",
+    "take_rows",
+    "tanh",
+    "transpose",
+]
 
 Axis = int | tuple[int, ...] | None
 
@@ -80,12 +110,54 @@ def _flag(op: str, name: str, value: object) -> bool:
     raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__} {value!r}")
 
 
+# The operands of an op that only arrays have (it reads an axis, a shape or rows) are checked when
+# the op is made too: a float or a FloatWeight there would otherwise fail only when the op runs, in
+# the rule's own code (a float has no ``shape``), with an error that names neither the op nor the
+# operand. An operand of a user's own differentiable type (``DeepLearning``) may be of either kind
+# until it runs: the op's run-time checks report a float there.
+
+
+def _described(x: object) -> str:
+    """``x`` for an error message: its type and a short repr (a weight's repr names its type; a
+    layer's would be an address, so its type alone)."""
+    if type(x).__repr__ is object.__repr__:
+        return type(x).__name__
+    shown = reprlib.repr(x)
+    return shown if shown.startswith(type(x).__name__) else f"{type(x).__name__} {shown}"
+
+
+def _array(op: str, x: object, name: str = "") -> None:
+    """Raises a TypeError naming ``op`` (and the operand's ``name``, for an op of several) unless
+    ``x`` may be an array operand: an array layer or weight, an array (its dtype is checked with
+    the other operands'), or a user's own differentiable value."""
+    if type(x) is NDARRAY or isinstance(x, ArrayOperators):  # the common cases first
+        return
+    if not is_float_kind(x) and (is_array(x) or isinstance(x, DeepLearning)):
+        return
+    operand = f" for {name}" if name else ""
+    raise TypeError(
+        f"{op}: expected an array layer, array weight or floating-point array{operand}, got {_described(x)}"
+    )
+
+
+def _operands(op: str, xs: object) -> Sequence[object]:
+    """The operands of an op of a sequence of them (a list or a tuple: a single array, which is
+    no sequence of operands, is not taken for one)."""
+    if isinstance(xs, (list, tuple)):
+        return xs
+    raise TypeError(f"{op}: expected a list or a tuple of operands, got {_described(xs)}")
+
+
 def lift(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
     """``x`` as a layer. Use it on a raw-array operand where mypy cannot pick an operator of a
     union that includes ``ndarray`` (``ndarray * ndarray`` is an ndarray, not a layer)."""
+    return _lift(x, "lift")
+
+
+def _lift(x: object, op: str) -> FloatLayer | ArrayLayer:
     if isinstance(x, (FloatLayer, ArrayLayer)):
         return x
-    forward = forward_of(x, "lift")
+    forward = forward_of(x, op)
     return FloatLayer(forward) if is_float_kind(x) else ArrayLayer(forward)
 
 
@@ -95,7 +167,7 @@ def lift_array(x: AnyArray) -> ArrayLayer: ...
 def lift_array(x: AnyFloat) -> FloatLayer: ...
 def lift_array(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
     """:func:`lift` with a precise type: an array-like gives an ``ArrayLayer``."""
-    return lift(x)
+    return _lift(x, "lift_array")
 
 
 @overload
@@ -185,17 +257,23 @@ def minimum(a: AnyFloat | AnyArray, b: AnyFloat | AnyArray) -> FloatLayer | Arra
 
 def matmul(a: AnyArray, b: AnyArray) -> ArrayLayer:
     """Matrix product (``a @ b``), with NumPy's rules for 1-d and stacked operands."""
+    _array("matmul", a, "a")
+    _array("matmul", b, "b")
     return apply_array(P.matmul, a, b)
 
 
 def linear(x: AnyArray, w: AnyArray, b: AnyFloat | AnyArray) -> ArrayLayer:
     """``x @ w + b`` as one op (a dense layer): ``x`` of shape (..., k), ``w`` (k, n), ``b`` (n,)."""
+    _array("linear", x, "x")
+    _array("linear", w, "w")
     return apply_array(P.linear, x, w, b)
 
 
 def dot(a: AnyArray, b: AnyArray) -> ArrayLayer:
     """Same as :func:`matmul`; for two vectors, a 0-d array (``sum`` it for a FloatLayer)."""
-    return apply_array(P.matmul, a, b)
+    _array("dot", a, "a")
+    _array("dot", b, "b")
+    return apply_array(P.dot, a, b)
 
 
 @overload
@@ -204,6 +282,7 @@ def sum(x: AnyArray, axis: None = None) -> FloatLayer: ...
 def sum(x: AnyArray, axis: int | tuple[int, ...], *, keepdims: bool = False) -> ArrayLayer: ...
 def sum(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLayer | ArrayLayer:
     """Sum of all elements (a ``FloatLayer``), or along ``axis`` (an ``ArrayLayer``)."""
+    _array("sum", x)
     if axis is None:
         if _flag("sum", "keepdims", keepdims):
             raise TypeError("sum: keepdims=True needs an axis (over all axes, the sum is a float)")
@@ -218,11 +297,12 @@ def add_n(xs: Sequence[AnyArray]) -> ArrayLayer: ...
 def add_n(xs: Sequence[AnyFloat] | Sequence[AnyArray]) -> FloatLayer | ArrayLayer:
     """The sum of ``xs`` as one op (DyNet's ``esum``): a loss summed over many terms is one kernel,
     not a chain of additions that must run one after another."""
-    if not xs:
+    operands = _operands("add_n", xs)
+    if not operands:
         raise ValueError("add_n: needs at least one operand")
-    if len(xs) == 1:
-        return lift(xs[0])
-    return apply(P.add_n(len(xs)), *xs)
+    if len(operands) == 1:
+        return _lift(operands[0], "add_n")
+    return apply(P.add_n(len(operands)), *operands)
 
 
 @overload
@@ -231,6 +311,7 @@ def mean(x: AnyArray, axis: None = None) -> FloatLayer: ...
 def mean(x: AnyArray, axis: int | tuple[int, ...], *, keepdims: bool = False) -> ArrayLayer: ...
 def mean(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLayer | ArrayLayer:
     """Mean of all elements (a ``FloatLayer``), or along ``axis`` (an ``ArrayLayer``)."""
+    _array("mean", x)
     if axis is None:
         if _flag("mean", "keepdims", keepdims):
             raise TypeError("mean: keepdims=True needs an axis (over all axes, the mean is a float)")
@@ -240,34 +321,48 @@ def mean(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLaye
 
 def reshape(x: AnyArray, shape: Sequence[int]) -> ArrayLayer:
     """``x`` with a new shape of the same size (one dimension may be -1)."""
-    return apply_array(P.reshape, x, shape=_ints("reshape", "shape", shape))
+    _array("reshape", x)
+    dims = _ints("reshape", "shape", shape)
+    # Whether the shape is one at all is known now; whether it fits x's size, when x has run.
+    if dims.count(-1) > 1:
+        raise ValueError(f"reshape: shape {dims} has more than one -1 (an unknown dimension)")
+    if any(n < -1 for n in dims):
+        raise ValueError(f"reshape: shape {dims} has a negative dimension (only -1 may be)")
+    return apply_array(P.reshape, x, shape=dims)
 
 
 def transpose(x: AnyArray, axes: Sequence[int] | None = None) -> ArrayLayer:
     """``x`` with its axes permuted (reversed by default)."""
+    _array("transpose", x)
     return apply_array(P.transpose, x, axes=None if axes is None else _ints("transpose", "axes", axes))
 
 
 def concatenate(xs: Sequence[AnyArray], axis: int = 0) -> ArrayLayer:
     """The arrays joined along an existing ``axis``."""
-    if not xs:
+    operands = _operands("concatenate", xs)
+    if not operands:
         raise ValueError("concatenate: needs at least one array")
-    return apply_array(P.concatenate(len(xs)), *xs, axis=_int("concatenate", "axis", axis))
+    for i, x in enumerate(operands):
+        _array("concatenate", x, f"xs[{i}]")
+    return apply_array(P.concatenate(len(operands)), *operands, axis=_int("concatenate", "axis", axis))
 
 
 def take_rows(table: AnyArray, indices: RowIndices) -> ArrayLayer:
     """Rows of ``table`` (an embedding lookup): shape ``indices.shape + table.shape[1:]``. The
     delta adds each row's delta into the rows used, repeated indices included."""
+    _array("take_rows", table)
     return apply_array(P.take_rows, table, indices=row_indices(indices))
 
 
 def softmax(x: AnyArray, axis: int = -1) -> ArrayLayer:
     """Softmax along ``axis``, computed stably."""
+    _array("softmax", x)
     return apply_array(P.softmax, x, axis=_int("softmax", "axis", axis))
 
 
 def log_softmax(x: AnyArray, axis: int = -1) -> ArrayLayer:
     """Log of the softmax along ``axis``, computed stably."""
+    _array("log_softmax", x)
     return apply_array(P.log_softmax, x, axis=_int("log_softmax", "axis", axis))
 
 
@@ -288,6 +383,7 @@ def cross_entropy(logits: AnyArray, targets: AnyNDArray) -> FloatLayer:
     ``targets`` are probabilities (one-hot or soft) of ``logits``' shape, or integer class labels of
     shape ``logits.shape[:-1]``. They are constants: no delta flows into them.
     """
+    _array("cross_entropy", logits)
     if type(targets) is not np.ndarray and not is_array(targets):  # NumPy's arrays first: one per node
         raise TypeError(f"cross_entropy: expected an array of targets, got {type(targets).__name__}")
     labels = None

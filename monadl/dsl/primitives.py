@@ -67,6 +67,14 @@ def _log(xp: Any, x: Any) -> Any:
     return FLOATS.log(x) if type(x) is float else xp.log(x)
 
 
+def _not_a_float(name: str, x: Any) -> None:
+    """Raises a ShapeError naming op ``name`` for a float operand where it needs an array. The op
+    itself rejects floats when it is made; a user's own differentiable value (a ``DeepLearning``)
+    shows its kind only when it runs."""
+    if type(x) is float:
+        raise ShapeError(f"{name}: expected an array, got a float")
+
+
 # ----------------------------------------------------------------------------------- elementwise
 
 
@@ -144,9 +152,10 @@ def _check_axes(name: str) -> Callable[..., None]:
     their axes past the rows' axis, where an out-of-range negative axis would be the rows'.)"""
 
     def check(x: Any, axis: Any = None, keepdims: bool = False) -> None:
+        _not_a_float(name, x)
         if axis is None:
             return
-        rank = 0 if type(x) is float else x.ndim
+        rank = x.ndim
         axes = axis if type(axis) is tuple else (axis,)
         for a in axes:
             if not -rank <= a < rank:
@@ -184,9 +193,12 @@ mean = Primitive(
 
 
 def _check_reshape(x: Any, shape: tuple[int, ...]) -> None:
+    _not_a_float("reshape", x)
     known = math.prod(n for n in shape if n != -1)
     total = math.prod(x.shape)
-    if shape.count(-1) > 1 or (-1 not in shape and known != total) or (known and total % known):
+    # (A -1 among sides of no elements could be any side: NumPy refuses it.)
+    unknown = -1 in shape
+    if shape.count(-1) > 1 or (not unknown and known != total) or (unknown and (not known or total % known)):
         raise ShapeError(f"reshape: cannot reshape an array of shape {tuple(x.shape)} to {shape}")
 
 
@@ -212,7 +224,11 @@ def _inverse(axes: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _check_transpose(x: Any, axes: tuple[int, ...] | None) -> None:
-    if axes is not None and sorted(a % max(x.ndim, 1) for a in axes) != list(range(x.ndim)):
+    _not_a_float("transpose", x)
+    n = x.ndim
+    if axes is not None and (
+        any(not -n <= a < n for a in axes) or sorted(a % n for a in axes) != list(range(n))
+    ):
         raise ShapeError(f"transpose: axes {axes} do not fit an array of shape {tuple(x.shape)}")
 
 
@@ -237,6 +253,8 @@ def _concat_vjp(i: int) -> Rule:
 
 
 def _check_concat(*xs: Any, axis: int = 0) -> None:
+    for x in xs:
+        _not_a_float("concatenate", x)
     shapes = [tuple(x.shape) for x in xs]
     ndim = len(shapes[0])
     if any(len(s) != ndim for s in shapes) or not -ndim <= axis < ndim:
@@ -276,6 +294,7 @@ def _scatter_rows(xp: Any, table: Any, indices: Any, d: Any) -> SparseRows:
 
 
 def _check_take(table: Any, indices: Any) -> None:
+    _not_a_float("take_rows", table)
     if table.ndim == 0:
         raise ShapeError("take_rows: cannot index rows of a 0-d array")
 
@@ -322,16 +341,23 @@ take_rows = Primitive(
 # ---------------------------------------------------------------------------------------- matmul
 
 
-def _check_matmul(a: Any, b: Any) -> None:
-    if type(a) is float or type(b) is float or a.ndim == 0 or b.ndim == 0:
-        raise ShapeError(
-            f"matmul: operands must be arrays of at least 1 dimension, got {shape_of(a)} and {shape_of(b)}"
-        )
-    k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
-    if a.shape[-1] != k_b:
-        raise ShapeError(
-            f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} are not aligned ({a.shape[-1]} != {k_b})"
-        )
+def _check_matmul(name: str) -> Callable[..., None]:
+    """The check of ``matmul`` or ``dot`` (named ``name``): operands of at least one axis, aligned."""
+
+    def check(a: Any, b: Any) -> None:
+        if type(a) is float or type(b) is float or a.ndim == 0 or b.ndim == 0:
+            raise ShapeError(
+                f"{name}: operands must be arrays of at least 1 dimension, "
+                f"got {shape_of(a)} and {shape_of(b)}"
+            )
+        k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
+        if a.shape[-1] != k_b:
+            raise ShapeError(
+                f"{name}: shapes {tuple(a.shape)} and {tuple(b.shape)} are not aligned "
+                f"({a.shape[-1]} != {k_b})"
+            )
+
+    return check
 
 
 def _as_matrices(xp: Any, d: Any, a: Any, b: Any) -> tuple[Any, Any, Any]:
@@ -366,16 +392,23 @@ def _shaped(xp: Any, g: Any, shape: tuple[int, ...]) -> Any:
     return g if tuple(g.shape) == tuple(shape) else xp.reshape(g, shape)
 
 
-matmul = Primitive(
-    "matmul",
-    lambda xp, a, b: xp.matmul(a, b),
-    (_matmul_vjp_a, _matmul_vjp_b),
-    cost=lambda a, b: float(math.prod(a.shape) * (b.shape[-1] if b.ndim > 1 else 1)),
-    check=_check_matmul,
-    batch=Batching(shared=(1,), mergeable=lambda a, b: type(b) is float or b.ndim <= 2),
-    fresh=True,
-    own=True,
-)
+def _matmul(name: str) -> Primitive:
+    return Primitive(
+        name,
+        lambda xp, a, b: xp.matmul(a, b),
+        (_matmul_vjp_a, _matmul_vjp_b),
+        cost=lambda a, b: float(math.prod(a.shape) * (b.shape[-1] if b.ndim > 1 else 1)),
+        check=_check_matmul(name),
+        batch=Batching(shared=(1,), mergeable=lambda a, b: type(b) is float or b.ndim <= 2),
+        fresh=True,
+        own=True,
+    )
+
+
+matmul = _matmul("matmul")
+# ``dot`` is matmul under the name its caller used, so that its errors name it. (Its calls and
+# matmul's do not merge with each other: a model uses one spelling or the other.)
+dot = _matmul("dot")
 
 # ---------------------------------------------------------------------------------------- linear
 
@@ -395,8 +428,9 @@ def _check_linear(x: Any, w: Any, b: Any) -> None:
 
 
 def _rows(xp: Any, a: Any) -> Any:
-    """``a`` as a matrix of rows (its last axis kept)."""
-    return a if a.ndim == 2 else xp.reshape(a, (-1, a.shape[-1]))
+    """``a`` as a matrix of rows (its last axis kept). The rows are counted, not left to a -1:
+    an array with no elements has any number of rows of none (NumPy refuses the -1 there)."""
+    return a if a.ndim == 2 else xp.reshape(a, (math.prod(a.shape[:-1]), a.shape[-1]))
 
 
 def _fan_linear(xp: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
@@ -418,8 +452,8 @@ def _fan_linear(xp: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
 
 
 def _fan_linear_rows(xp: Any, d: Any, w: tuple[Any, ...]) -> Any:
-    """The stacked delta as (k, rows, outputs)."""
-    return xp.reshape(d, (len(w), -1, w[0].shape[1]))
+    """The stacked delta as (k, rows, outputs) (the rows counted, as in ``_rows``)."""
+    return xp.reshape(d, (len(w), math.prod(d.shape[1:-1]), w[0].shape[1]))
 
 
 def _fan_linear_vjp_x(xp: Any, d: Any, o: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
@@ -499,16 +533,21 @@ def _log_softmax(xp: Any, x: Any, axis: int) -> Any:
     return shifted - xp.log(xp.sum(xp.exp(shifted), axis=axis, keepdims=True))
 
 
-def _check_has_axis(x: Any, axis: int = -1) -> None:
-    if type(x) is float or not -x.ndim <= axis < x.ndim:
-        raise ShapeError(f"softmax: axis {axis} is out of range for shape {shape_of(x)}")
+def _check_has_axis(name: str) -> Callable[..., None]:
+    """The check of ``softmax`` or ``log_softmax`` (named ``name``): ``axis`` within the operand's rank."""
+
+    def check(x: Any, axis: int = -1) -> None:
+        if type(x) is float or not -x.ndim <= axis < x.ndim:
+            raise ShapeError(f"{name}: axis {axis} is out of range for shape {shape_of(x)}")
+
+    return check
 
 
 softmax = Primitive(
     "softmax",
     lambda xp, x, axis=-1: xp.exp(_log_softmax(xp, x, axis)),
     (lambda xp, d, o, x, axis=-1: o * (d - xp.sum(d * o, axis=axis, keepdims=True)),),
-    check=_check_has_axis,
+    check=_check_has_axis("softmax"),
     batch=Batching(axis=True, axis_default=-1),
     fresh=True,
     own=True,
@@ -517,7 +556,7 @@ log_softmax = Primitive(
     "log_softmax",
     lambda xp, x, axis=-1: _log_softmax(xp, x, axis),
     (lambda xp, d, o, x, axis=-1: d - xp.exp(o) * xp.sum(d, axis=axis, keepdims=True),),
-    check=_check_has_axis,
+    check=_check_has_axis("log_softmax"),
     batch=Batching(axis=True, axis_default=-1),
     fresh=True,
     own=True,
