@@ -479,6 +479,10 @@ def test_a_non_finite_gradient_fails_the_step_and_names_the_weight(optimizer: ml
     error = result.failure()
     assert isinstance(error, ml.NonFiniteGradientError) and isinstance(error, ArithmeticError)
     assert "name='w'" in str(error) and "(3,)" in str(error) and "gradient is not finite" in str(error)
+    assert (
+        error.origin == "the vjp of sqrt"
+        and "the first non-finite delta came from the vjp of sqrt" in str(error)
+    )
     assert (w.data, w.optimizer_state, v.data, v.optimizer_state) == before  # v untouched too
 
 

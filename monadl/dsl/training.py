@@ -40,7 +40,7 @@ from monadl.do.stats import RunStats
 from monadl.do.values import Tape
 from monadl.do.versions import COMMIT_LOCK, publish
 from monadl.dsl.optimizers import Optimizer
-from monadl.tape.backward import backward
+from monadl.tape.backward import NonFiniteDelta, backward
 from monadl.typeclasses.backend import NDARRAY, Array, freeze, namespace
 from monadl.typeclasses.sparse import SparseRows
 
@@ -56,7 +56,11 @@ class NonFiniteLossError(ArithmeticError):
 
 @mypyc_attr(native_class=False)
 class NonFiniteGradientError(ArithmeticError):
-    """A weight's gradient, or its new value, was NaN or infinite; no weight was changed."""
+    """A weight's gradient, or its new value, was NaN or infinite; no weight was changed. Its
+    message names the weight and, where the step could be run again to find it, the op whose vjp
+    gave the first delta of NaN or infinity (``origin``; None where unknown)."""
+
+    origin: str | None = None
 
 
 @mypyc_attr(native_class=False)
@@ -129,13 +133,16 @@ def compute_gradients(
 
 
 def _step(
-    loss: FloatLayer | ArrayLayer, executor: Executor | None, optimizer: Optimizer | bool | None
+    loss: FloatLayer | ArrayLayer,
+    executor: Executor | None,
+    optimizer: Optimizer | bool | None,
+    diagnose: bool = False,
 ) -> tuple[Any, Gradients, set[Any], float | None]:
     """A step's forward and backward passes: the loss, the gradients, the weights whose gradient is
     an array of the step's own (an optimizer may write into it), and the learning rate folded into
     the gradients (None: they are the true ones). ``optimizer``: the default of a training step
     (False: the gradients are wanted as they are). Its statistics (both passes) are the executor's
-    ``last_stats``."""
+    ``last_stats``. ``diagnose``: the backward pass checks every delta (``Backward``)."""
     ex = executor or default_executor()
     stats = RunStats()
     try:
@@ -149,7 +156,7 @@ def _step(
             run = evaluation.run
             rate = None if optimizer is False else _folded_rate(run.leaves, optimizer)
             seed = _seed(value) if rate is None else _seed(value, rate)
-            gradients, owned = backward(run, root.slot, seed, run.dispatcher)
+            gradients, owned = backward(run, root.slot, seed, run.dispatcher, diagnose)
     finally:
         ex.publish(stats)
     return value, *_unaliased(gradients, owned), rate
@@ -285,9 +292,27 @@ def train_blocking(
         value, gradients, owned, rate = _step(loss, ex, optimizer)
         with COMMIT_LOCK:
             _apply(gradients, optimizer, owned, rate, ex.check_finite)
+    except NonFiniteGradientError as e:
+        return Failure(_located(e, loss, ex, optimizer))
     except Exception as e:  # noqa: BLE001 - every failure is the caller's Failure, not a crash
         return Failure(e)
     return Success(value)
+
+
+def _located(
+    error: NonFiniteGradientError, loss: FloatLayer | ArrayLayer, ex: Executor, optimizer: Optimizer | None
+) -> NonFiniteGradientError:
+    """``error``, with the op whose vjp gave the first non-finite delta where a second run of the
+    step, checking every delta, finds it (only a failed step pays for it)."""
+    try:
+        _step(loss, ex, optimizer, diagnose=True)
+    except NonFiniteDelta as found:
+        located = NonFiniteGradientError(f"{error}; {found}")
+        located.origin = found.origin
+        return located
+    except Exception:  # noqa: BLE001 - the step's own error stands, unlocated
+        return error
+    return error
 
 
 @overload

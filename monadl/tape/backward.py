@@ -20,10 +20,12 @@ no delta is -0.0 there, the identity of addition, and the presence of each row i
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from monadl.do.dispatch import Dispatcher
 from monadl.do.do import Do, Pure
@@ -57,11 +59,24 @@ ALL = True
 """A slot's presence when its whole value got a delta (else a bool array of its rows that did)."""
 
 
-class Backward:
-    """One backward pass over ``run`` (see the module)."""
+@mypyc_attr(native_class=False)  # a compiled subclass of a builtin exception is not a plain one
+class NonFiniteDelta(ArithmeticError):
+    """A diagnosing pass's first delta of NaN or infinity: ``origin`` names the step that gave it."""
 
-    def __init__(self, run: Run, dispatcher: Dispatcher | None) -> None:
+    def __init__(self, origin: str) -> None:
+        super().__init__(f"the first non-finite delta came from {origin}")
+        self.origin = origin
+
+
+class Backward:
+    """One backward pass over ``run`` (see the module). ``diagnose``: every delta is checked as it
+    is added, and the first that is not finite raises :class:`NonFiniteDelta` naming the step that
+    gave it (a training step whose gradient was not finite runs its step again so, to say where)."""
+
+    def __init__(self, run: Run, dispatcher: Dispatcher | None, diagnose: bool = False) -> None:
         n = len(run.datas)
+        self.diagnose = diagnose
+        self.current = "the seed"  # (diagnosing) the step whose deltas are being given
         self.run = run
         self.stats: RunStats = run.stats
         self.dispatcher = dispatcher
@@ -102,6 +117,8 @@ class Backward:
             for i in range(len(steps) - 1, -1, -1):
                 step = steps[i]
                 kind = step.kind
+                if self.diagnose:
+                    self.current = f"the vjp of {step.name()}" if kind != LEAF else "a weight's uses"
                 if kind == CALLS:
                     assert isinstance(step, CallsStep)
                     self.calls(step)
@@ -158,6 +175,8 @@ class Backward:
 
     def add(self, slot: int, g: Any, fresh: bool) -> None:
         """Adds ``g`` to slot ``slot``'s delta now (the deltas issued before it are added)."""
+        if self.diagnose and not _finite(g):
+            raise NonFiniteDelta(self.current)
         run = self.run
         held = run.deltas[slot]
         if held is None:
@@ -436,14 +455,23 @@ class Backward:
 
 
 def backward(
-    run: Run, root: int, seed: Any, dispatcher: Dispatcher | None
+    run: Run, root: int, seed: Any, dispatcher: Dispatcher | None, diagnose: bool = False
 ) -> tuple[dict[Any, Any], set[Any]]:
     """Backpropagates ``seed``, the delta of slot ``root`` of ``run``: every weight's gradient (its
     summed delta), and the weights whose gradient is an array of the pass's own (that nothing else
-    holds: an optimizer may write into it)."""
-    pass_ = Backward(run, dispatcher)
+    holds: an optimizer may write into it). ``diagnose``: see :class:`Backward`."""
+    pass_ = Backward(run, None if diagnose else dispatcher, diagnose)
     pass_.run_from(root, seed)
     return pass_.gradients, pass_.owned_gradients
+
+
+def _finite(g: Any) -> bool:
+    """Whether every element of a delta is finite (a diagnosing pass's check)."""
+    if type(g) is float:
+        return math.isfinite(g)
+    values = g.values if type(g) is SparseRows else g
+    xp = namespace(values)
+    return bool(xp.all(xp.isfinite(values)))
 
 
 def _merged_vjp(
