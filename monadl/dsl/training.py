@@ -292,8 +292,8 @@ def train_blocking(
         value, gradients, owned, rate = _step(loss, ex, optimizer)
         with COMMIT_LOCK:
             _apply(gradients, optimizer, owned, rate, ex.check_finite)
-    except NonFiniteGradientError as e:
-        return Failure(_located(e, loss, ex, optimizer))
+    except NonFiniteGradientError as non_finite:  # (its own name: mypyc types a name once)
+        return Failure(_located(non_finite, loss, ex, optimizer))
     except Exception as e:  # noqa: BLE001 - every failure is the caller's Failure, not a crash
         return Failure(e)
     return Success(value)
