@@ -124,6 +124,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
         "steps": args.steps,
         "repeats": args.repeats,
         "warmup": args.warmup,
+        "check_finite": args.check_finite,
         "machine": f"{platform.machine()}, {platform.processor() or '?'}, {cpus()} CPUs",
         "python": platform.python_version(),
         "numpy": np.__version__,
@@ -156,7 +157,9 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
                     model = TorchColumns(params, variant, args.learning_rate)
                     contenders.append(("torch", None, _stepper(model, batches)))
                 for pool in args.pools:
-                    executor = executors.enter_context(ml.Executor(pool, limit_blas=False))
+                    executor = executors.enter_context(
+                        ml.Executor(pool, limit_blas=False, check_finite=args.check_finite)
+                    )
                     net = example.ColumnNetwork(params, variant, args.learning_rate, executor)
                     contenders.append(("monadl", pool, _stepper(net, batches)))
                 all_rates = _steps_per_second(
@@ -298,6 +301,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", help="a CIFAR-100 binary folder, train.bin or .tar.gz (default: synthetic)")
     parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--no-torch", action="store_true", help="skip PyTorch even when installed")
+    parser.add_argument(
+        "--no-check-finite",
+        dest="check_finite",
+        action="store_false",
+        help="monadl's steps skip the check that new weight values are finite (Executor(check_finite=False))",
+    )
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--plot", type=Path, help="write a PNG plot here")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
