@@ -8,6 +8,7 @@ training step; independent sub-graphs run in parallel on the executor's thread p
 # First: whether the engine runs compiled (mypyc) or from its .py files, decided before any other
 # module of the package is imported (see monadl/_compiled.py). ``monadl.compiled()`` tells which.
 from monadl._compiled import compiled as compiled
+from monadl.checkpoint import CheckpointError, load, save
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
 from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.direct import direct, parallel
@@ -51,6 +52,7 @@ from monadl.dsl.training import (
     train_blocking,
 )
 from monadl.dsl.weights import ArrayWeight, FloatWeight
+from monadl.nn.module import Module, weights_of
 from monadl.typeclasses.backend import Array, ShapeError
 
 __version__ = "0.1.0"
@@ -67,11 +69,13 @@ __all__ = [
     "Array",
     "ArrayLayer",
     "ArrayWeight",
+    "CheckpointError",
     "DeepLearning",
     "Do",
     "Executor",
     "FloatLayer",
     "FloatWeight",
+    "Module",
     "Momentum",
     "NoOptimizerError",
     "NonFiniteGradientError",
@@ -90,6 +94,7 @@ __all__ = [
     "lift",
     "lift_array",
     "linear",
+    "load",
     "log",
     "log_softmax",
     "matmul",
@@ -102,6 +107,7 @@ __all__ = [
     "pure",
     "relu",
     "reshape",
+    "save",
     "set_default_executor",
     "sigmoid",
     "softmax",
@@ -112,4 +118,5 @@ __all__ = [
     "train",
     "train_blocking",
     "transpose",
+    "weights_of",
 ]

@@ -496,10 +496,10 @@ def test_with_a_pool_a_bad_operand_is_a_shape_error_not_a_crash_of_the_cost(min_
         assert pool.stats.replayed == 0
 
 
-def test_the_same_graph_run_again_is_replayed_unless_a_weight_changed_shape() -> None:
+def test_the_same_graph_run_again_is_replayed_and_a_weight_keeps_its_shape() -> None:
     """A graph run again (the same object, as a training loop over a fixed loss runs it) replays
-    without being walked; a weight given data of another shape between runs makes it another
-    structure: interpreted again, with the new shape's results, never the old program's."""
+    without being walked; a weight cannot be given data of another shape or dtype (a ShapeError
+    naming the weight, and nothing changes), so a replay never meets one."""
     w = ArrayWeight(np.ones((4, 3)))
     loss = ml.sum(ml.tanh(X @ w))
     executor = ml.Executor()
@@ -507,9 +507,13 @@ def test_the_same_graph_run_again_is_replayed_unless_a_weight_changed_shape() ->
     again = on(executor, loss)
     assert executor.last_stats.replayed == 1
     assert_identical(first, again)
-    w.data = np.ones((4, 2))  # the same weight, another shape: (5, 4) @ (4, 2)
-    value, gradients = on(executor, loss)
-    assert executor.last_stats.replayed == 0
-    assert gradients[w].shape == (4, 2) and value == pytest.approx(float(np.sum(np.tanh(X @ w.data))))
-    on(executor, loss)
-    assert executor.last_stats.replayed == 1  # and that structure is replayed from then on
+    for wrong in (np.ones((4, 2)), np.ones((4, 3), dtype=np.float32)):
+        with pytest.raises(
+            ShapeError, match=r"ArrayWeight\(shape=\(4, 3\).*the weight holds float64 \(4, 3\)"
+        ):
+            w.data = wrong
+    np.testing.assert_array_equal(w.data, np.ones((4, 3)))
+    w.data = np.full((4, 3), 2.0)
+    value, _ = on(executor, loss)
+    assert executor.last_stats.replayed == 1
+    assert value == pytest.approx(float(np.sum(np.tanh(X @ w.data))))

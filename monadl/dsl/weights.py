@@ -21,7 +21,7 @@ from monadl.do.do import Variable
 from monadl.do.versions import COMMIT_LOCK, Version, publish, read
 from monadl.dsl.layers import ArrayOperators, FloatOperators
 from monadl.dsl.optimizers import Optimizer
-from monadl.typeclasses.backend import Array, check_float_array, freeze, namespace
+from monadl.typeclasses.backend import Array, ShapeError, check_float_array, freeze, namespace
 
 
 class _WeightState:
@@ -102,7 +102,14 @@ class ArrayWeight(ArrayOperators, _WeightState):
 
     @data.setter
     def data(self, value: Array) -> None:
+        """Commits a copy of ``value``, which must have the weight's shape and dtype."""
         check_float_array(value, "ArrayWeight.data")
+        have = read(self.head, None).data
+        if tuple(value.shape) != tuple(have.shape) or value.dtype != have.dtype:
+            raise ShapeError(
+                f"{self!r}.data = {value.dtype} array of shape {tuple(value.shape)}: "
+                f"the weight holds {have.dtype} {tuple(have.shape)}"
+            )
         self._assign(freeze(namespace(value).asarray(value, copy=True)))
 
     @classmethod
