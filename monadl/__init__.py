@@ -10,6 +10,7 @@ training step; independent sub-graphs run in parallel on the executor's thread p
 from monadl._compiled import compiled as compiled
 from monadl.checkpoint import CheckpointError, load, save
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
+from monadl.dsl.custom import CustomOp, custom_op
 from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.direct import direct, parallel
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer
@@ -52,6 +53,7 @@ from monadl.dsl.training import (
     train_blocking,
 )
 from monadl.dsl.weights import ArrayWeight, FloatWeight
+from monadl.gradcheck import GradientMismatch, check_gradients
 from monadl.nn.module import Module, weights_of
 from monadl.typeclasses.backend import Array, ShapeError
 
@@ -70,11 +72,13 @@ __all__ = [
     "ArrayLayer",
     "ArrayWeight",
     "CheckpointError",
+    "CustomOp",
     "DeepLearning",
     "Do",
     "Executor",
     "FloatLayer",
     "FloatWeight",
+    "GradientMismatch",
     "Module",
     "Momentum",
     "NoOptimizerError",
@@ -83,7 +87,9 @@ __all__ = [
     "Optimizer",
     "ShapeError",
     "abs",
+    "check_gradients",
     "compute_gradients",
+    "custom_op",
     "concatenate",
     "cross_entropy",
     "default_executor",

@@ -30,6 +30,7 @@ from returns.result import Result
 
 import monadl
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
+from monadl.gradcheck import ATOL, EPS, RTOL, make_weights, numerical_gradients
 from monadl.typeclasses.sparse import SparseRows
 
 F64 = NDArray[np.float64]
@@ -41,30 +42,12 @@ Loss = Callable[..., FloatLayer]
 """``f(*weights)``: a scalar loss built from the weights."""
 Op = Callable[..., FloatLayer | ArrayLayer]
 
-EPS = 1e-6
-RTOL = 1e-5
-ATOL = 1e-7
-
 
 def _identity(x: Any) -> Any:
     return x
 
 
 # ------------------------------------------------------------------------------------ the checker
-
-
-def make_weights(inputs: Sequence[Input], asarray: Callable[[Any], Any] = _identity) -> list[Weight]:
-    """A fresh weight per input: ``FloatWeight`` for a float, ``ArrayWeight(asarray(x))`` for an array."""
-    weights: list[Weight] = []
-    for i, x in enumerate(inputs):
-        if isinstance(x, float):
-            weights.append(FloatWeight(float(x)))
-        else:
-            assert isinstance(x, np.ndarray) and x.dtype == np.float64, (
-                f"input {i}: the checker needs float64 NumPy arrays or floats, got {x!r}"
-            )
-            weights.append(ArrayWeight(asarray(x)))
-    return weights
 
 
 def value_of(result: Result[Any, Exception]) -> Any:
@@ -121,40 +104,6 @@ def monadl_gradients(
             assert array.dtype == np.float64, f"input {i}: the gradient has dtype {array.dtype}"
             out.append(array)
     return loss, out
-
-
-def numerical_gradients(f: Loss, inputs: Sequence[Input], eps: float = EPS) -> list[Grad]:
-    """Central finite differences of ``f``'s forward value, one input element at a time."""
-
-    def loss_at(xs: Sequence[Input]) -> float:
-        value = predict(f(*make_weights(xs)))
-        assert type(value) is float, f"f must return a FloatLayer, its value is a {type(value).__name__}"
-        return value
-
-    def derivative(replace: Callable[[float], list[Input]], x: float) -> float:
-        up, down = x + eps, x - eps
-        return (loss_at(replace(up)) - loss_at(replace(down))) / (up - down)  # the step actually taken
-
-    out: list[Grad] = []
-    for i, x in enumerate(inputs):
-        if isinstance(x, float):
-
-            def with_float(v: float, i: int = i) -> list[Input]:
-                return [*inputs[:i], v, *inputs[i + 1 :]]
-
-            out.append(derivative(with_float, x))
-            continue
-        grad = np.empty_like(x)
-        for index in np.ndindex(x.shape):
-
-            def with_element(v: float, i: int = i, x: F64 = x, index: tuple[int, ...] = index) -> list[Input]:
-                moved = x.copy()
-                moved[index] = v
-                return [*inputs[:i], moved, *inputs[i + 1 :]]
-
-            grad[index] = derivative(with_element, float(x[index]))
-        out.append(grad)
-    return out
 
 
 def check_gradients(
