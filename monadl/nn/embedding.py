@@ -1,0 +1,51 @@
+"""An embedding table: :class:`Embedding`, a row of trainable vectors per id."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from monadl.dsl.layers import ArrayLayer
+from monadl.dsl.ops import take_rows
+from monadl.dsl.optimizers import Optimizer
+from monadl.dsl.weights import ArrayWeight
+from monadl.nn.linear import Seed
+from monadl.nn.module import Module
+from monadl.typeclasses.backend import RowIndices
+
+
+@dataclass(frozen=True, eq=False)
+class Embedding(Module):
+    """``table[ids]``: ``table`` of shape (count, dim); ``ids`` an int (one row, shape (dim,)) or an
+    array of ints (shape ``ids.shape + (dim,)``). The table's gradient is sparse: the rows used."""
+
+    table: ArrayWeight
+
+    @classmethod
+    def new(
+        cls,
+        count: int,
+        dim: int,
+        *,
+        seed: Seed = 0,
+        dtype: type[np.floating[Any]] = np.float64,
+        std: float | None = None,
+        optimizer: Optimizer | None = None,
+    ) -> Embedding:
+        """Normal rows of ``std`` (default ``1 / sqrt(dim)``); ``optimizer`` overrides the model's for
+        the table (embeddings often learn at a rate of their own)."""
+        std = dim**-0.5 if std is None else std
+        return cls(ArrayWeight.normal((count, dim), std=std, seed=seed, dtype=dtype, optimizer=optimizer))
+
+    @property
+    def count(self) -> int:
+        return int(self.table.data.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.table.data.shape[1])
+
+    def __call__(self, ids: RowIndices) -> ArrayLayer:
+        return take_rows(self.table, ids)

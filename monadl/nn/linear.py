@@ -1,0 +1,113 @@
+"""Dense layers: :class:`Linear` (``x @ w + b``) and :class:`MLP` (a stack of them).
+
+Every builder of ``monadl.nn`` is a frozen dataclass whose fields are its weights and sub-modules,
+so ``module.weights()`` names them by path (``"layers.0.w"``), and a ``new`` class method that draws
+its initial weights. ``seed`` is an int or a ``numpy.random.Generator``: a module of several weights
+draws them all from one generator, in the order of its fields, so the same generator gives the same
+weights. Modules compare and hash by identity, as weights do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+
+from monadl.dsl.layers import AnyArray, ArrayLayer
+from monadl.dsl.ops import linear, matmul, relu
+from monadl.dsl.weights import ArrayWeight
+from monadl.nn.module import Module
+
+Seed = int | np.random.Generator
+"""Where initial weights come from: a seed, or a generator that the draws advance."""
+
+Activation = Callable[[ArrayLayer], ArrayLayer]
+"""An elementwise function between layers (``ml.relu``, ``ml.tanh``)."""
+
+
+def generator(seed: Seed) -> np.random.Generator:
+    """``seed`` itself if a generator, else a new generator seeded with it."""
+    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+
+
+@dataclass(frozen=True, eq=False)
+class Linear(Module):
+    """``x @ w + b``: ``w`` of shape (inputs, outputs), ``b`` of shape (outputs,), or no bias
+    (``b`` None: ``x @ w``). ``x`` has shape (..., inputs): a row, or rows."""
+
+    w: ArrayWeight
+    b: ArrayWeight | None = None
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.w.data.shape)
+        if len(shape) != 2:
+            raise ValueError(f"Linear: w must have 2 dimensions (inputs, outputs), got shape {shape}")
+        if self.b is not None and tuple(self.b.data.shape) != shape[1:]:
+            raise ValueError(f"Linear: b must have shape {shape[1:]}, got {tuple(self.b.data.shape)}")
+
+    @classmethod
+    def new(
+        cls,
+        inputs: int,
+        outputs: int,
+        *,
+        seed: Seed = 0,
+        dtype: type[np.floating[Any]] = np.float64,
+        bias: bool = True,
+        std: float | None = None,
+    ) -> Linear:
+        """Normal weights of ``std`` (default ``1 / sqrt(inputs)``, LeCun's initialisation, as
+        ``examples/tree_lstm.py``'s), a zero bias (none if not ``bias``)."""
+        w = ArrayWeight.normal(
+            (inputs, outputs), std=inputs**-0.5 if std is None else std, seed=seed, dtype=dtype
+        )
+        return cls(w, ArrayWeight.zeros((outputs,), dtype=dtype) if bias else None)
+
+    @property
+    def inputs(self) -> int:
+        return int(self.w.data.shape[0])
+
+    @property
+    def outputs(self) -> int:
+        return int(self.w.data.shape[1])
+
+    def __call__(self, x: AnyArray) -> ArrayLayer:
+        return matmul(x, self.w) if self.b is None else linear(x, self.w, self.b)
+
+
+@dataclass(frozen=True, eq=False)
+class MLP(Module):
+    """Linear layers with ``activation`` between them and none after the last (the output is the
+    last layer's, for a loss to read). ``activation`` is not a weight: ``weights()`` skips it."""
+
+    layers: list[Linear]
+    activation: Activation
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ValueError("MLP: needs at least one layer")
+
+    @classmethod
+    def new(
+        cls,
+        sizes: Sequence[int],
+        *,
+        activation: Activation = relu,
+        seed: Seed = 0,
+        dtype: type[np.floating[Any]] = np.float64,
+    ) -> MLP:
+        """Layers of ``sizes[k] -> sizes[k + 1]`` (``[4, 16, 3]``: two layers), drawn in order from
+        one generator (see :meth:`Linear.new`)."""
+        if len(sizes) < 2:
+            raise ValueError(f"MLP.new: sizes needs an input and an output size at least, got {list(sizes)}")
+        rng = generator(seed)
+        return cls([Linear.new(n, m, seed=rng, dtype=dtype) for n, m in pairwise(sizes)], activation)
+
+    def __call__(self, x: AnyArray) -> ArrayLayer:
+        *hidden, last = self.layers
+        for layer in hidden:
+            x = self.activation(layer(x))
+        return last(x)
