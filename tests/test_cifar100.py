@@ -311,8 +311,9 @@ def test_malformed_synthetic_description_is_named(tmp_path: Path) -> None:
     with pytest.raises(CifarFormatError, match="malformed") as e:
         Cifar100(tmp_path / "train.bin")
     assert str(sidecar) in str(e.value)
-    sidecar.write_text('{"format": "something else"}')  # not ours: ignored
-    assert not Cifar100(tmp_path / "train.bin").is_synthetic
+    sidecar.write_text('{"format": "something else"}')  # not ours: refused, never taken for the real set
+    with pytest.raises(CifarFormatError, match="not a description of monadl's synthetic data"):
+        Cifar100(tmp_path / "train.bin")
 
 
 # --- archives -------------------------------------------------------------------------------------------

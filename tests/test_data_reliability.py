@@ -368,3 +368,34 @@ def test_a_killed_extractions_temporary_directory_is_removed(
     assert len(open_cifar100(archive, split="test", cache_dir=cache)) == 100
     assert not stale.exists()
     assert sorted(p.name for p in cache.iterdir()) == [".a.tar.gz.extracted.json", "cifar-100-binary"]
+
+
+# --- found by the audit's second campaign -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", ["null", "[]", '{"format": "monadl synthetic CIFAR-10"}', "{}"])
+def test_a_sidecar_of_another_format_is_refused_not_ignored(content: str, tmp_path: Path) -> None:
+    # Ignored, a damaged description let synthetic data pass as "CIFAR-100 train.bin (100 records)".
+    directory = write_synthetic_cifar100(tmp_path / "synthetic", per_fine_class=1, test_per_fine_class=0)
+    (directory / "synthetic.json").write_text(content)
+    with pytest.raises(CifarFormatError, match=r"synthetic\.json: not a description of monadl's synthetic"):
+        open_cifar100(directory)
+
+
+def test_a_symbolic_link_loop_is_named(tmp_path: Path) -> None:
+    loop = tmp_path / "train.bin"
+    loop.symlink_to(loop)
+    with pytest.raises(NotARegularFileError, match=r"train\.bin"):
+        open_cifar100(loop)
+    with pytest.raises(NotARegularFileError, match=r"train\.bin"):
+        sst.read_trees(loop)
+
+
+@pytest.mark.parametrize("label", ["0" * 4300 + "1", "0" * 5000, "-" + "0" * 4400 + "7"])
+def test_a_zero_padded_label_past_int_limit_is_read_or_named(label: str) -> None:
+    text = f"({label} a)"
+    if label.lstrip("-").lstrip("0") in ("", "1"):
+        assert sst.parse_tree(text).label == int(label.lstrip("-").lstrip("0") or "0")
+    else:
+        with pytest.raises(sst.SstFormatError, match=r"outside 0\.\.4"):
+            sst.parse_tree(text)

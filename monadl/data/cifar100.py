@@ -687,7 +687,8 @@ def _read_sidecar(path: Path, records: int) -> _SyntheticInfo | None:
     A description of ours is checked whole, and against the files it describes: malformed, of
     another version, unfinished or not matching a file's record count, it is a ``CifarFormatError``
     naming it and the field, so that synthetic data is never described as the real set, nor with
-    wrong counts. A file of that name in another format is someone else's, and ignored."""
+    wrong counts. A file of that name in another format is refused too: ignored, it would let
+    synthetic data whose description was damaged pass as the real set."""
     sidecar = path.parent / _SIDECAR
     if not os.path.lexists(sidecar):
         return None
@@ -696,7 +697,12 @@ def _read_sidecar(path: Path, records: int) -> _SyntheticInfo | None:
     except (ValueError, RecursionError) as e:
         raise CifarFormatError(f"{sidecar}: malformed synthetic-data description ({e!r})") from e
     if not isinstance(meta, dict) or meta.get("format") != _SIDECAR_FORMAT:
-        return None  # someone else's file of that name
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise CifarFormatError(
+            f"{sidecar}: not a description of monadl's synthetic data (format {found!r}, not "
+            f"{_SIDECAR_FORMAT!r}): refused rather than taking the data beside it for the real "
+            "CIFAR-100 (remove the file if it is)"
+        )
     seed, noise, sizes = _sidecar_fields(sidecar, meta)
     if path.name not in ("train.bin", "test.bin"):
         return None  # a file it does not describe

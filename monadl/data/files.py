@@ -52,6 +52,12 @@ def check_path(path: Path, *, directory_ok: bool = False) -> os.stat_result:
         if os.path.islink(path):
             raise FileNotFoundError(f"{path}: {kind_of(path)}") from None
         raise FileNotFoundError(f"{path}: no such file or directory") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # links that lead back to themselves
+            raise NotARegularFileError(f"{path}: {kind_of(path)}, not a regular file: refused") from None
+        if e.errno == errno.ENOTDIR:
+            raise FileNotFoundError(f"{path}: no such file (a part of the path is not a directory)") from None
+        raise
     if stat.S_ISREG(st.st_mode) or (directory_ok and stat.S_ISDIR(st.st_mode)):
         return st
     if stat.S_ISDIR(st.st_mode):

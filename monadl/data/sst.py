@@ -232,10 +232,11 @@ def _label(label: str, at: int, text: str, fail: Callable[[int, str], SstFormatE
         raise fail(at, f"a missing label: expected an integer 0..4 after '(', found {_excerpt(text, at)}")
     if not _INTEGER.fullmatch(label):
         raise fail(at, f"expected an integer label 0..4, found {label!r}")
-    if len(label.lstrip("+-").lstrip("0")) > 3:  # far out of range (and int() refuses > 4,300 digits)
+    digits = label.lstrip("+-").lstrip("0")
+    if len(digits) > 3:  # far out of range (and int() refuses > 4,300 digits)
         shown = label if len(label) <= 20 else f"{label[:10]}...{label[-5:]} ({len(label)} characters)"
         raise fail(at, f"label {shown} is outside 0..{NUM_LABELS - 1}")
-    value = int(label)
+    value = -int(digits or "0") if label.startswith("-") else int(digits or "0")  # (zeros: any number)
     if not 0 <= value < NUM_LABELS:
         raise fail(at, f"label {value} is outside 0..{NUM_LABELS - 1}")
     return value
