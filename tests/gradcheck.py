@@ -30,7 +30,11 @@ from returns.result import Result
 
 import monadl
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
-from monadl.gradcheck import ATOL, EPS, RTOL, make_weights, numerical_gradients
+from monadl.gradcheck import ATOL as ATOL
+from monadl.gradcheck import EPS as EPS
+from monadl.gradcheck import RTOL as RTOL
+from monadl.gradcheck import make_weights as make_weights
+from monadl.gradcheck import numerical_gradients as numerical_gradients
 from monadl.typeclasses.sparse import SparseRows
 
 F64 = NDArray[np.float64]
