@@ -408,6 +408,50 @@ def _take_rows(data: st.DataObject) -> Case:
     return _call("take_rows", monadl.take_rows, table, data.draw(_indices(shape[0] if shape else 1, fit)))
 
 
+def _sections(length: int, fit: bool) -> st.SearchStrategy[Any]:
+    """``sections_or_indices`` of ``split`` for an axis of ``length``: a number of sections that
+    divides it, or indices (unsorted, negative, past the end); or anything, sections that do not
+    divide it and no sections at all included."""
+    divisors = [k for k in range(1, max(length, 1) + 1) if length % k == 0]
+    indices = st.lists(st.integers(-length - 1, length + 1), max_size=3)
+    if fit:
+        return st.one_of(st.sampled_from(divisors), indices, indices.map(tuple))
+    return st.one_of(
+        st.integers(-1, 4),
+        indices,
+        st.sampled_from([1.5, None, "2", True, (1.0,), [True], np.int64(2), np.array([1, 2]), np.ones(2)]),
+    )
+
+
+def _split(data: st.DataObject) -> Case:
+    fit = data.draw(st.booleans())
+    x, shape = data.draw(operands(fit=fit, shapes=ROWS if fit else SHAPES))
+    axis = data.draw(_axes(len(shape), fit))
+    length = shape[axis] if type(axis) is int and -len(shape) <= axis < len(shape) else 2
+    sections = data.draw(_sections(length, fit))
+    piece = data.draw(st.integers(0, 3))  # the piece returned (the last, if there are fewer)
+
+    def build() -> ArrayLayer:
+        pieces = monadl.split(x, sections, axis=axis)
+        return pieces[min(piece, len(pieces) - 1)]
+
+    return Case("split", build, isinstance(x, Witness))
+
+
+def _stack(data: st.DataObject) -> Case:
+    fit = data.draw(st.booleans())
+    if not fit and data.draw(st.integers(0, 7)) == 0:  # one operand where the list should be
+        return _call("stack", monadl.stack, data.draw(operands())[0])
+    first, shape = data.draw(operands(fit=fit))
+    xs = [first]
+    for _ in range(data.draw(st.integers(0 if fit else -1, 3))):
+        xs.append(data.draw(operands(like=shape, fit=fit))[0])
+    if len(xs) == 1 and not fit and data.draw(st.booleans()):
+        xs = []
+    axis = data.draw(_axes(len(shape) + 1, fit))
+    return _call("stack", monadl.stack, tuple(xs) if data.draw(st.booleans()) else xs, axis=axis)
+
+
 def _cross_entropy(data: st.DataObject) -> Case:
     fit = data.draw(st.booleans())
     logits, shape = data.draw(operands(fit=fit, shapes=ROWS if fit else SHAPES))
@@ -435,7 +479,9 @@ OPS: dict[str, Draw] = {
     "reshape": _reshape,
     "sigmoid": _unary("sigmoid"),
     "softmax": _softmax("softmax"),
+    "split": _split,
     "sqrt": _unary("sqrt"),
+    "stack": _stack,
     "sum": _reduction("sum"),
     "take_rows": _take_rows,
     "tanh": _unary("tanh"),
@@ -472,12 +518,50 @@ def _matmul_operator(data: st.DataObject) -> Case:
     return _call("matmul", operator.matmul, a, b)
 
 
+def _basic_index(shape: tuple[int, ...], fit: bool) -> st.SearchStrategy[Any]:
+    """A key of basic indexing (``x[:, 1:3]``, ``x[..., -1]``, ``x[None]``): ints in range or
+    not, slices of any bounds and steps, None, one ``...`` or two; ``fit``: one that fits ``shape``
+    (ints in range, no more than its axes, steps not 0)."""
+    bound = st.one_of(st.none(), st.integers(-5, 5))
+    step = st.sampled_from([None, 1, 2, -1, -2] if fit else [None, 1, -1, 3, 0, 1.5, np.int64(2)])
+    slices = st.builds(slice, bound, bound, step)
+    if fit:
+        entries = [st.one_of(slices, st.integers(-n, n - 1) if n else slices, st.none()) for n in shape]
+        key = st.tuples(*entries).flatmap(
+            lambda es: st.integers(0, len(es)).map(lambda k: (*es[:k], Ellipsis, *es[k:])) | st.just(es)
+        )
+        return st.one_of(key, slices, st.just(Ellipsis))
+    bad = st.sampled_from([1.5, "a", True, [0], np.array([0]), np.float64(1.0)])
+    entry = st.one_of(st.integers(-4, 4), slices, st.none(), st.just(Ellipsis), bad)
+    return st.one_of(
+        st.one_of(slices, st.just(Ellipsis)),
+        st.lists(entry, max_size=5).map(tuple),
+        st.tuples(st.lists(entry, max_size=3), bad).map(
+            lambda entries_bad: (*entries_bad[0], entries_bad[1])
+        ),
+    )
+
+
+def _index_name(key: Any) -> str:
+    """The op ``layer[key]`` is: ``take_rows`` (rows: an int of 0 or more, a list, an array; and
+    anything else, None alone included), or ``getitem`` (basic indexing: a tuple, a slice, ...,
+    a negative int)."""
+    if isinstance(key, (tuple, slice)) or key is Ellipsis:
+        return "getitem"
+    integer = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+    return "getitem" if integer and key < 0 else "take_rows"
+
+
 def _indexing(data: st.DataObject) -> Case:
     # Only array layers and weights can be indexed: mypy rejects ``float_layer[0]`` (the typing
     # snippet float_layer_indexed), and Python reports it as "not subscriptable".
     fit = data.draw(st.booleans())
     table, shape = data.draw(operands(kinds=("array weight", "array layer"), shapes=ROWS if fit else SHAPES))
-    return _call("take_rows", operator.getitem, table, data.draw(_indices(shape[0] if shape else 1, fit)))
+    if data.draw(st.booleans()):
+        key = data.draw(_basic_index(shape, fit))
+    else:
+        key = data.draw(_indices(shape[0] if shape else 1, fit))
+    return _call(_index_name(key), operator.getitem, table, key)
 
 
 # The operators of layers and weights, named by their ops.

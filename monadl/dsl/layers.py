@@ -7,8 +7,10 @@ type follows the operands: float with float gives a ``FloatLayer``, anything wit
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Self, TypeAlias, final, overload
+from types import EllipsisType
+from typing import TYPE_CHECKING, Any, Self, TypeAlias, cast, final, overload
 
+import numpy as np
 from mypy_extensions import mypyc_attr
 from returns.future import FutureResult
 from returns.result import Result
@@ -32,6 +34,10 @@ AnyFloat: TypeAlias = "float | FloatWeight | FloatLayer"
 """Anything usable where a differentiable float is expected."""
 AnyArray: TypeAlias = "Array | ArrayWeight | ArrayLayer"
 """Anything usable where a differentiable array is expected."""
+BasicIndex: TypeAlias = "int | np.integer[Any] | slice | EllipsisType | None"
+"""An entry of a basic index (``layer[:, 1:3]``, ``layer[..., 0]``)."""
+Index: TypeAlias = "RowIndices | slice | EllipsisType | tuple[BasicIndex, ...]"
+"""What indexes an array layer or weight: rows (an embedding lookup), or a basic index."""
 
 
 def is_float_kind(x: object) -> bool:
@@ -189,9 +195,22 @@ class ArrayOperators(Differentiable[Array, Array]):
     def __pos__(self) -> Self:
         return self
 
-    def __getitem__(self, indices: RowIndices) -> ArrayLayer:
-        """Rows ``indices`` of this array (an embedding lookup): see :func:`monadl.take_rows`."""
-        return apply_array(P.take_rows, self, indices=row_indices(indices))
+    def __getitem__(self, key: Index) -> ArrayLayer:
+        """``self[key]``. Rows of this array for an int (0 or more), a list or an integer array of
+        them (an embedding lookup, its delta sparse rows: see :func:`monadl.take_rows`); else
+        NumPy's basic indexing, whose delta is the result's in zeros of this array's shape: slices
+        (``x[:, a:b]``, ``x[::-1]``), ints that drop their axis (``x[..., 3]``, ``x[-1]``), ``None``
+        (a new axis: ``x[None, :]``, not ``x[None]`` alone) and one ``...``, in a tuple."""
+        kind = type(key)
+        if kind is int:  # one row (a word of a tree), or one from the end
+            basic = cast(int, key) < 0
+        elif kind is tuple or kind is slice or key is Ellipsis:
+            basic = True  # (None alone is no index, as before: ``x[None, ...]`` adds an axis)
+        else:
+            basic = isinstance(key, np.integer) and int(key) < 0
+        if basic:
+            return apply_array(P.getitem, self, index=P.basic_index(key), axis=0)
+        return apply_array(P.take_rows, self, indices=row_indices(cast(RowIndices, key)))
 
 
 @final

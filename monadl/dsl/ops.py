@@ -29,7 +29,7 @@ from monadl.dsl.layers import (
     apply_float,
     is_float_kind,
 )
-from monadl.typeclasses.backend import NDARRAY, AnyNDArray, RowIndices, is_array, namespace
+from monadl.typeclasses.backend import NDARRAY, AnyNDArray, IndexArray, RowIndices, is_array, namespace
 
 __all__ = [
     "abs",
@@ -51,7 +51,9 @@ __all__ = [
     "reshape",
     "sigmoid",
     "softmax",
+    "split",
     "sqrt",
+    "stack",
     "sum",
     "take_rows",
     "tanh",
@@ -345,6 +347,50 @@ def concatenate(xs: Sequence[AnyArray], axis: int = 0) -> ArrayLayer:
     for i, x in enumerate(operands):
         _array("concatenate", x, f"xs[{i}]")
     return apply_array(P.concatenate(len(operands)), *operands, axis=_int("concatenate", "axis", axis))
+
+
+def split(
+    x: AnyArray, sections_or_indices: int | Sequence[int] | IndexArray, axis: int = 0
+) -> tuple[ArrayLayer, ...]:
+    """``x`` cut along ``axis`` into pieces, as ``numpy.split``: an int ``n`` gives ``n`` pieces of
+    equal length (``n`` must divide the axis' length), a sequence of indices the pieces between
+    them (``[2, 5]``: ``[:2]``, ``[2:5]``, ``[5:]``). Each piece is an op of its own (a slice,
+    whose delta is its own in zeros of ``x``'s shape): ``i, f, o, u = split(z, 4, axis=-1)``
+    cuts one fused gate matrix of an LSTM into its four gates (in a ``@batchable`` body, whose
+    arrays have a leading axis of rows, an axis counted from the end is the same for every call)."""
+    _array("split", x)
+    ax = _int("split", "axis", axis)
+    sections: int | tuple[int, ...]
+    try:
+        sections = _index(sections_or_indices)
+    except TypeError:
+        indices: object = sections_or_indices
+        if isinstance(indices, np.ndarray) and indices.ndim == 1 and integral(indices):
+            indices = indices.tolist()  # the indices as NumPy computes them (a cumsum)
+        if isinstance(indices, (str, bytes)) or not isinstance(indices, Sequence):
+            raise TypeError(
+                "split: sections_or_indices must be an int or a sequence of ints, "
+                f"got {type(indices).__name__} {indices!r}"
+            ) from None
+        sections = _ints("split", "sections_or_indices", indices)
+        pieces = len(sections) + 1
+    else:
+        if sections < 1:
+            raise ValueError(f"split: the number of sections must be positive, got {sections}")
+        pieces = sections
+    layer = _lift(x, "split")  # one node, read by every piece
+    return tuple([apply_array(P.split, layer, sections=sections, piece=j, axis=ax) for j in range(pieces)])
+
+
+def stack(xs: Sequence[AnyArray], axis: int = 0) -> ArrayLayer:
+    """The arrays, all of one shape, joined along a new ``axis`` of the result (as ``numpy.stack``:
+    ``stack([a, b], axis=-1)`` has shape ``a.shape + (2,)``)."""
+    operands = _operands("stack", xs)
+    if not operands:
+        raise ValueError("stack: needs at least one array")
+    for i, x in enumerate(operands):
+        _array("stack", x, f"xs[{i}]")
+    return apply_array(P.stack(len(operands)), *operands, axis=_int("stack", "axis", axis))
 
 
 def take_rows(table: AnyArray, indices: RowIndices) -> ArrayLayer:

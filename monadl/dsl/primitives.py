@@ -338,6 +338,238 @@ take_rows = Primitive(
     own=True,
 )
 
+# --------------------------------------------------------------------------------------- slicing
+
+# An index of ``getitem`` (NumPy's basic indexing: ``x[:, 1:3]``, ``x[..., 0]``, ``x[None]``) is a
+# tuple of entries: an int, None, the Ellipsis (one, always: put last when the key has none, as the
+# array API wants it) and slices as ``(start, stop, step)`` tuples (a slice is no dictionary key
+# before Python 3.12, and a primitive's parameters are hashed to merge and replay its calls). The
+# parameter ``axis`` is the first axis the index applies to: the axes before it are taken whole.
+# It is 0 for a call, and 1 for merged calls (``Batching(axis=True)`` shifts it past the rows).
+
+_WHOLE = slice(None)
+
+
+def _index_int(value: object) -> int | None:
+    """``value`` as an int if it is an int or a NumPy integer (not a bool), else None."""
+    if type(value) is int:
+        return value
+    if isinstance(value, np.integer):
+        return int(value)
+    return None
+
+
+def _slice_bound(s: slice, value: object) -> int | None:
+    if value is None:
+        return None
+    i = _index_int(value)
+    if i is None:
+        raise TypeError(f"getitem: slice bounds must be ints or None, got {s!r}")
+    return i
+
+
+def basic_index(key: object) -> tuple[Any, ...]:
+    """``key`` (``layer[key]``: a slice, the Ellipsis, or a tuple of ints, slices, None and ...) as the
+    ``index`` parameter of :data:`getitem`; a TypeError or ValueError naming ``getitem`` for
+    anything else."""
+    entries = key if type(key) is tuple else (key,)
+    index: list[Any] = []
+    ellipsis = False
+    for e in entries:
+        if e is None:
+            index.append(None)
+        elif e is Ellipsis:
+            if ellipsis:
+                raise ValueError("getitem: an index can have only one ellipsis (...)")
+            ellipsis = True
+            index.append(Ellipsis)
+        elif type(e) is slice:
+            step = _slice_bound(e, e.step)
+            if step == 0:
+                raise ValueError(f"getitem: slice step cannot be zero, got {e!r}")
+            index.append((_slice_bound(e, e.start), _slice_bound(e, e.stop), step))
+        else:
+            i = _index_int(e)
+            if i is None:
+                what = type(e).__name__
+                raise TypeError(
+                    f"getitem: expected ints, slices, None or ... in an index, got {what} {e!r} (rows "
+                    "by an integer array or list are an index of their own: layer[rows], take_rows)"
+                )
+            index.append(i)
+    if not ellipsis:
+        index.append(Ellipsis)
+    return tuple(index)
+
+
+def _index_key(index: tuple[Any, ...], axis: int) -> tuple[Any, ...]:
+    """``index`` as NumPy takes it: its slices made, ``axis`` whole axes before it."""
+    key: list[Any] = [_WHOLE] * axis
+    for e in index:
+        key.append(slice(e[0], e[1], e[2]) if type(e) is tuple else e)
+    return tuple(key)
+
+
+def _standard_slice(s: slice, n: int) -> slice:
+    """``s`` on an axis of length ``n``, with bounds within the axis: the array API specifies no
+    others (NumPy clips them)."""
+    r = range(*s.indices(n))
+    if not r:
+        return slice(0, 0, 1)
+    last = r[-1]
+    if r.step > 0:
+        return slice(r.start, last + 1, r.step)
+    return slice(r.start, last - 1 if last > 0 else None, r.step)
+
+
+def _standard_key(key: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[Any, ...]:
+    """``key`` (of one Ellipsis) with the bounds of its slices within their axes."""
+    indexed = 0
+    for e in key:
+        if e is not None and e is not Ellipsis:
+            indexed += 1
+    out: list[Any] = []
+    dim = 0
+    for e in key:
+        if e is Ellipsis:
+            dim += len(shape) - indexed
+        elif e is not None:
+            if type(e) is slice:
+                e = _standard_slice(e, shape[dim])
+            dim += 1
+        out.append(e)
+    return tuple(out)
+
+
+def _key_for(xp: Any, key: tuple[Any, ...], x: Any) -> tuple[Any, ...]:
+    """``key`` as namespace ``xp`` takes it: NumPy's (and CuPy's) as it is, the array API's with
+    the bounds of its slices within their axes."""
+    return key if xp is np else _standard_key(key, tuple(x.shape))
+
+
+def _scatter(xp: Any, x: Any, key: tuple[Any, ...], d: Any) -> Any:
+    """The delta of ``x[key]``: ``d`` in zeros of ``x``'s shape (``key`` of no repeated element:
+    a basic index)."""
+    if None in key:  # new axes of one element: the delta without them
+        key = tuple([e for e in key if e is not None])
+        d = xp.reshape(d, tuple(x[key].shape))
+    g = xp.zeros_like(x, dtype=d.dtype)
+    g[key] = d
+    return g
+
+
+def _check_getitem(x: Any, index: tuple[Any, ...], axis: int = 0) -> None:
+    _not_a_float("getitem", x)
+    shape = tuple(x.shape)
+    indexed = 0
+    for e in index:
+        if e is not None and e is not Ellipsis:
+            indexed += 1
+    if indexed > len(shape) - axis:
+        raise ShapeError(f"getitem: {indexed} indices are too many for an array of shape {shape}")
+    dim = axis
+    for e in index:
+        if e is Ellipsis:
+            dim += len(shape) - axis - indexed
+        elif e is not None:
+            if type(e) is int and not -shape[dim] <= e < shape[dim]:
+                raise ShapeError(f"getitem: index {e} is out of range for axis {dim} of shape {shape}")
+            dim += 1
+
+
+getitem = Primitive(
+    "getitem",
+    lambda xp, x, index, axis=0: x[_key_for(xp, _index_key(index, axis), x)],
+    (lambda xp, d, o, x, index, axis=0: _scatter(xp, x, _key_for(xp, _index_key(index, axis), x), d),),
+    check=_check_getitem,
+    # the index applies past the rows' axis: ``axis``, shifted (the rows are taken whole)
+    batch=Batching(axis=True, axis_default=0),
+    fresh=True,
+    own=True,
+)
+
+
+def _split_key(x: Any, sections: int | tuple[int, ...], piece: int, axis: int) -> tuple[Any, ...]:
+    """The index of piece ``piece`` of ``x`` split along ``axis`` (as ``numpy.split``)."""
+    n = x.shape[axis]
+    if isinstance(sections, int):
+        size = n // sections
+        part = slice(piece * size, (piece + 1) * size)
+    else:
+        bounds = (0, *sections, n)
+        part = slice(bounds[piece], bounds[piece + 1])
+    if axis >= 0:
+        return (*(_WHOLE,) * axis, part, Ellipsis)
+    return (Ellipsis, part, *(_WHOLE,) * (-axis - 1))
+
+
+def _check_split(x: Any, sections: int | tuple[int, ...], piece: int, axis: int = 0) -> None:
+    _not_a_float("split", x)
+    if not -x.ndim <= axis < x.ndim:
+        raise ShapeError(f"split: axis {axis} is out of range for shape {shape_of(x)}")
+    n = x.shape[axis]
+    if isinstance(sections, int) and n % sections:
+        raise ShapeError(f"split: {sections} sections do not divide axis {axis} of length {n}")
+
+
+# One piece of ``split``: ``sections`` (their number, or the indices they start at) and the piece
+# are parameters, so the four gates of an LSTM are four ops, each merged over the cells.
+split = Primitive(
+    "split",
+    lambda xp, x, sections, piece, axis=0: x[_key_for(xp, _split_key(x, sections, piece, axis), x)],
+    (
+        lambda xp, d, o, x, sections, piece, axis=0: _scatter(
+            xp, x, _key_for(xp, _split_key(x, sections, piece, axis), x), d
+        ),
+    ),
+    check=_check_split,
+    batch=Batching(axis=True, axis_default=0),
+    fresh=True,
+    own=True,
+)
+
+
+def _stack_vjp(i: int) -> Rule:
+    def vjp(xp: Any, d: Any, o: Any, *xs: Any, axis: int = 0) -> Any:
+        return d[(*(_WHOLE,) * (axis % d.ndim), i, Ellipsis)]
+
+    return vjp
+
+
+def _check_stack(*xs: Any, axis: int = 0) -> None:
+    for x in xs:
+        _not_a_float("stack", x)
+    shapes = [tuple(x.shape) for x in xs]
+    for s in shapes:
+        if s != shapes[0]:
+            raise ShapeError(f"stack: arrays of shapes {shapes} differ (stacked arrays need one shape)")
+    ndim = len(shapes[0]) + 1
+    if not -ndim <= axis < ndim:
+        raise ShapeError(f"stack: axis {axis} is out of range for stacking arrays of shape {shapes[0]}")
+
+
+_stack_rules: dict[int, Primitive] = {}
+
+
+def stack(n: int) -> Primitive:
+    """``n`` arrays of one shape stacked along a new ``axis`` (one primitive per arity, as
+    :func:`concatenate`)."""
+    prim = _stack_rules.get(n)
+    if prim is None:
+        prim = Primitive(
+            "stack",
+            lambda xp, *xs, axis=0: xp.stack(xs, axis=axis),
+            tuple(_stack_vjp(i) for i in range(n)),
+            check=_check_stack,
+            # the new axis counts past the rows' axis (a negative one, from the end, is the same)
+            batch=Batching(axis=True, axis_default=0),
+            fresh=True,
+            own=True,
+        )
+        _stack_rules[n] = prim
+    return prim
+
+
 # ---------------------------------------------------------------------------------------- matmul
 
 
