@@ -43,12 +43,26 @@ from monadl.dsl.ops import (
     tanh,
     transpose,
 )
-from monadl.dsl.optimizers import SGD, Adagrad, Adam, Momentum, Optimizer
+from monadl.dsl.optimizers import (
+    SGD,
+    Adagrad,
+    Adam,
+    Chain,
+    GradientTransform,
+    Momentum,
+    Optimizer,
+    chain,
+    clip_by_global_norm,
+    clip_by_value,
+    global_norm,
+)
+from monadl.dsl.schedules import Constant, CosineDecay, LearningRate, LinearWarmup, Schedule, StepDecay
 from monadl.dsl.training import (
     NonFiniteGradientError,
     NonFiniteLossError,
     NoOptimizerError,
     compute_gradients,
+    is_training,
     predict,
     predict_blocking,
     train,
@@ -56,6 +70,7 @@ from monadl.dsl.training import (
 )
 from monadl.dsl.weights import ArrayWeight, FloatWeight
 from monadl.gradcheck import GradientMismatch, check_gradients
+from monadl.nn.dropout import Dropout
 from monadl.nn.module import Module, weights_of
 from monadl.typeclasses.backend import Array, ShapeError
 
@@ -128,5 +143,19 @@ __all__ = [
     "train",
     "train_blocking",
     "transpose",
+    "Chain",
+    "Constant",
+    "CosineDecay",
+    "Dropout",
+    "GradientTransform",
+    "LearningRate",
+    "LinearWarmup",
+    "Schedule",
+    "StepDecay",
+    "chain",
+    "clip_by_global_norm",
+    "clip_by_value",
+    "global_norm",
+    "is_training",
     "weights_of",
 ]

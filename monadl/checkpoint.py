@@ -33,6 +33,7 @@ import numpy as np
 from monadl.data.files import atomic_write_bytes, read_regular_file
 from monadl.do.versions import COMMIT_LOCK, publish, read
 from monadl.dsl import optimizers as _optimizers
+from monadl.dsl import schedules as _schedules
 from monadl.dsl.weights import FloatWeight
 from monadl.nn.module import Weight, weights_of
 
@@ -83,18 +84,22 @@ def save(path: str | Path, model: object, *, metadata: Mapping[str, JSON] | None
 
 
 def _describe_optimizer(optimizer: Any, weight: str) -> dict[str, Any]:
-    cls = type(optimizer)
-    if not dataclasses.is_dataclass(cls):
-        raise TypeError(f"save: the optimizer of {weight!r} ({cls.__name__}) is not a dataclass")
-    return {"class": cls.__name__, "fields": _plain(dataclasses.asdict(optimizer), weight)}
+    """An optimizer as JSON: its class and settings, nested ones (a chain's transformations, a
+    learning-rate schedule) described the same way."""
+    described = _plain(optimizer, weight)
+    if not isinstance(described, dict) or "class" not in described:
+        raise TypeError(f"save: the optimizer of {weight!r} ({type(optimizer).__name__}) is not a dataclass")
+    return described
 
 
 def _plain(value: Any, weight: str) -> Any:
-    """An optimizer's settings as JSON values."""
-    if isinstance(value, dict):
-        return {k: _plain(v, weight) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v, weight) for v in value]
+    """A setting as JSON: a dataclass as ``{"class", "fields"}``, a tuple as ``{"tuple"}``."""
+    cls = type(value)
+    if dataclasses.is_dataclass(cls):
+        fields = {f.name: _plain(getattr(value, f.name), weight) for f in dataclasses.fields(cls)}
+        return {"class": cls.__name__, "fields": fields}
+    if isinstance(value, tuple):
+        return {"tuple": [_plain(v, weight) for v in value]}
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float) and math.isfinite(value):
@@ -244,23 +249,29 @@ def _frozen(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 _OPTIMIZERS: dict[str, type] = {
     cls.__name__: cls
-    for cls in vars(_optimizers).values()
-    if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == _optimizers.__name__
+    for module in (_optimizers, _schedules)
+    for cls in vars(module).values()
+    if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == module.__name__
 }
+"""The classes a checkpoint may name: monadl's optimizers, transformations and schedules (a file
+names no code of its own to run)."""
 
 
 def _rebuild_optimizer(described: Any, bad: Any) -> Any:
-    """The optimizer a checkpoint names, made from its settings: only monadl's own optimizers (a
-    file names no code to run)."""
-    if not isinstance(described, dict) or not isinstance(described.get("fields"), dict):
+    """The optimizer a checkpoint describes, made from its settings."""
+    if isinstance(described, dict) and set(described) == {"tuple"} and isinstance(described["tuple"], list):
+        return tuple(_rebuild_optimizer(item, bad) for item in described["tuple"])
+    if not isinstance(described, dict) or set(described) != {"class", "fields"}:
+        if described is None or isinstance(described, (bool, int, float, str)):
+            return described
         raise bad("its optimizer's description is malformed")
-    cls = _OPTIMIZERS.get(str(described.get("class")))
-    if cls is None:
-        raise bad(
-            f"its optimizer {described.get('class')!r} is not one of monadl's ({', '.join(_OPTIMIZERS)})"
-        )
+    fields = described["fields"]
+    cls = _OPTIMIZERS.get(str(described["class"]))
+    if cls is None or not isinstance(fields, dict):
+        known = ", ".join(_OPTIMIZERS)
+        raise bad(f"its optimizer names {described['class']!r}, not one of monadl's ({known})")
     try:
-        return cls(**described["fields"])
+        return cls(**{name: _rebuild_optimizer(value, bad) for name, value in fields.items()})
     except (TypeError, ValueError) as e:
         raise bad(f"its optimizer's settings do not make a {cls.__name__}: {e}") from None
 

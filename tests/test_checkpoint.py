@@ -49,7 +49,14 @@ def model(seed: int = 0, dtype: type[np.floating[Any]] = np.float64) -> Model:
     )
 
 
-OPTIMIZERS = [ml.SGD(0.1), ml.Momentum(0.05, 0.9), ml.Adam(0.01), ml.Adagrad(0.1)]
+OPTIMIZERS = [
+    ml.SGD(0.1),
+    ml.Momentum(0.05, 0.9),
+    ml.Adam(0.01),
+    ml.Adagrad(0.1),
+    ml.chain(ml.clip_by_global_norm(0.5), ml.Adam(ml.CosineDecay(0.02, steps=40))),
+    ml.Momentum(ml.LinearWarmup(0.05, steps=10), 0.9, lazy=True),
+]
 
 
 def train(m: Model, optimizer: ml.Optimizer, steps: range) -> None:
@@ -63,7 +70,7 @@ def same(a: Model, b: Model) -> None:
         assert repr(x.optimizer_state) == repr(y.optimizer_state), name
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: type(o).__name__)
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: repr(o)[:48])
 def test_a_resumed_run_equals_the_uninterrupted_one_bit_for_bit(
     optimizer: ml.Optimizer, tmp_path: Path
 ) -> None:

@@ -6,24 +6,49 @@ old ones, so a training step can compute every weight's update first and commit 
 arrays of any array-API library alike. ``weight_decay`` adds L2 regularisation:
 ``gradient + weight_decay * data``. All optimizers are deterministic (no randomness).
 
+**Hyper-parameters and state are apart.** An optimizer is a value holding hyper-parameters only; a
+weight's state (moments, sums, velocities, and the number of updates so far: the *step*) is kept
+beside the weight's data. A training step keeps a weight's state as long as its optimizer is of the
+same kind (:func:`state_kind`: its class, or the class of a :class:`Chain`'s optimizer): a new
+``Adam`` with another learning rate goes on with the old one's moments and step count. A learning
+rate may be a schedule of the step (``monadl.dsl.schedules``); the step a rate is asked for is the
+number of updates before this one (0 for a weight's first), counted in the weight's state (SGD's
+state is that count: ``None``, from earlier versions, counts as 0).
+
 An optimizer may add ``update_owned``: the same rule, allowed to write into the gradient's memory.
 A training step calls it for gradients that nothing else holds (SGD's saves two weight-sized arrays).
+
+**Gradient transformations** (:func:`clip_by_global_norm`, :func:`clip_by_value`) go before an
+optimizer in a :func:`chain`, which is an optimizer itself: ``chain(clip_by_global_norm(1.0),
+Adam(1e-3))``. A training step first hands a chain's ``transform_gradients`` the gradients of every
+weight of the step that the chain updates (all of them, where it is the step's default and no
+weight has its own optimizer), then updates each weight with its transformed gradient; so the
+global norm is over all those weights, inside the all-or-nothing step.
 
 A gradient may be a :class:`~monadl.typeclasses.sparse.SparseRows` (an embedding table's). SGD and
 Adagrad without weight decay then update the touched rows only (NumPy and CuPy; elsewhere they
 densify): the untouched rows have a zero gradient, so the dense rule leaves them (and Adagrad's sum)
 exactly as they are, and the touched rows are computed by the dense rule's own operations on the
 summed rows, so the result is bit for bit the dense one. Momentum and Adam decay their moments on
-every row, and weight decay touches every row: they densify the gradient first.
+every row, and weight decay touches every row: by default they densify the gradient first, so a
+sparse gradient gives bit for bit what its dense equivalent (``gradient.to_dense()``) gives.
+``lazy=True`` (Momentum, Adam) updates the touched rows only, as PyTorch's ``SparseAdam``: an
+untouched row keeps its data and its moments (they are not decayed), a touched row gets the dense
+rule's result for that row (its weight decay included), and the step count goes up on every update.
+On a dense gradient, and where the namespace has no scatter (array-API), lazy is the dense rule.
+Clipping a sparse gradient reads its summed rows (repeated indices added first).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 import numpy as np
 
+from monadl.dsl.schedules import LearningRate
 from monadl.typeclasses.backend import namespace
 from monadl.typeclasses.sparse import SparseRows, dense
 
@@ -40,11 +65,25 @@ class Optimizer(Protocol):
         ...
 
 
-def _check(learning_rate: float, weight_decay: float) -> None:
-    if not learning_rate > 0.0:
-        raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
+class GradientTransform(Protocol):
+    """A change of the gradients of all the weights that one optimizer updates in a step, seen
+    together (a global norm needs them all). Used in a :func:`chain`."""
+
+    def transform(self, gradients: list[Any]) -> list[Any]:
+        """The new gradients, in order; the given ones unchanged."""
+        ...
+
+
+def _check(learning_rate: LearningRate, weight_decay: float) -> None:
+    if not callable(learning_rate) and not learning_rate > 0.0:
+        raise ValueError(f"learning_rate must be > 0 or a schedule, got {learning_rate}")
     if weight_decay < 0.0:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+
+
+def _rate(learning_rate: LearningRate, step: int) -> float:
+    """The learning rate at ``step`` (a Python float: a NumPy scalar would promote float32 data)."""
+    return float(learning_rate(step)) if callable(learning_rate) else learning_rate
 
 
 def _decayed(gradient: Any, data: Any, weight_decay: float) -> Any:
@@ -52,11 +91,11 @@ def _decayed(gradient: Any, data: Any, weight_decay: float) -> Any:
     return gradient + weight_decay * data if weight_decay else gradient
 
 
-def _coalesced(gradient: Any, weight_decay: float) -> tuple[Any, Any, Any] | None:
-    """For a sparse gradient that may update the touched rows only: the namespace, the distinct
-    row indices and their summed rows (summed in the order ``to_dense`` sums them, so each equals
-    the dense gradient's row bit for bit). None where the dense rule must run."""
-    if type(gradient) is not SparseRows or weight_decay:
+def _summed_rows(gradient: Any) -> tuple[Any, Any, Any] | None:
+    """For a sparse gradient: the namespace, the distinct row indices and their summed rows (summed
+    in the order ``to_dense`` sums them, so each equals the dense gradient's row bit for bit).
+    None for a dense gradient, or where the namespace has no scatter (the array API)."""
+    if type(gradient) is not SparseRows:
         return None
     values = gradient.values
     xp = namespace(values)
@@ -69,29 +108,45 @@ def _coalesced(gradient: Any, weight_decay: float) -> tuple[Any, Any, Any] | Non
     return xp, rows, summed
 
 
+def _lazy_rows(gradient: Any, data: Any, weight_decay: float) -> tuple[Any, Any, Any] | None:
+    """``_summed_rows`` with weight decay added to the touched rows (a lazy update's gradient)."""
+    sparse = _summed_rows(gradient)
+    if sparse is None or not weight_decay:
+        return sparse
+    xp, rows, g = sparse
+    return xp, rows, g + weight_decay * data[rows]
+
+
+def _with_rows(xp: Any, array: Any, rows: Any, values: Any) -> Any:
+    """A copy of ``array`` with ``rows`` set to ``values``."""
+    new = xp.asarray(array, copy=True)
+    new[rows] = values
+    return new
+
+
 @dataclass(frozen=True)
 class SGD:
-    """Plain gradient descent: ``data - learning_rate * gradient``."""
+    """Plain gradient descent: ``data - learning_rate * gradient``. State: the step count."""
 
-    learning_rate: float = 0.01
+    learning_rate: LearningRate = 0.01
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.learning_rate, self.weight_decay)
 
-    def init(self, data: Any) -> None:
-        return None
+    def init(self, data: Any) -> int:
+        return 0
 
-    def update(self, data: Any, gradient: Any, state: None) -> tuple[Any, None]:
-        sparse = _coalesced(gradient, self.weight_decay)
+    def update(self, data: Any, gradient: Any, state: int | None) -> tuple[Any, Any]:
+        step = state or 0
+        rate = _rate(self.learning_rate, step)
+        sparse = None if self.weight_decay else _summed_rows(gradient)
         if sparse is not None:  # the touched rows only: the rest keep ``data - lr * 0 == data``
             xp, rows, g = sparse
-            new = xp.asarray(data, copy=True)
-            new[rows] = data[rows] - self.learning_rate * g
-            return new, None
-        return data - self.learning_rate * _decayed(gradient, data, self.weight_decay), None
+            return _with_rows(xp, data, rows, data[rows] - rate * g), step + 1
+        return data - rate * _decayed(gradient, data, self.weight_decay), step + 1
 
-    def update_owned(self, data: Any, gradient: Any, state: None) -> tuple[Any, None]:
+    def update_owned(self, data: Any, gradient: Any, state: int | None) -> tuple[Any, Any]:
         """``update`` for a gradient whose memory the caller hands over (a training step's own NumPy
         array, which nothing else holds): the new data is written into that memory, bit for bit
         ``update``'s result. It saves ``update``'s two fresh arrays as large as the weight; for a
@@ -99,63 +154,79 @@ class SGD:
         times the arithmetic (1 ms against 50 µs for a 3072 x 64 float32 weight)."""
         if self.weight_decay or type(gradient) is not np.ndarray:
             return self.update(data, gradient, state)
+        step = state or 0
         # -(lr * g) + data rounds exactly as data - lr * g: negation is exact.
-        np.multiply(gradient, -self.learning_rate, out=gradient)
+        np.multiply(gradient, -_rate(self.learning_rate, step), out=gradient)
         np.add(data, gradient, out=gradient)
-        return gradient, None
+        return gradient, step + 1
 
     def folded_rate(self) -> float | None:
         """The factor a training step may fold into its backward pass's seed, so that every gradient
         comes out already multiplied by it and the update is one subtraction (:meth:`update_folded`):
-        the learning rate, where there is no weight decay (which is added to the gradient unscaled)."""
-        return None if self.weight_decay else self.learning_rate
+        the learning rate, where it is a constant and there is no weight decay (which is added to
+        the gradient unscaled)."""
+        rate = self.learning_rate
+        return None if self.weight_decay or callable(rate) else rate
 
-    def update_folded(self, data: Any, scaled: Any, state: None, owned: bool) -> tuple[Any, None]:
+    def update_folded(self, data: Any, scaled: Any, state: int | None, owned: bool) -> tuple[Any, Any]:
         """``update`` of a gradient already multiplied by the learning rate (folded into the step's
         seed): ``data - scaled``, written into ``scaled``'s memory when the step owns it (``owned``):
         one pass over the weight where ``update_owned`` makes two."""
-        sparse = _coalesced(scaled, 0.0)
+        step = (state or 0) + 1
+        sparse = _summed_rows(scaled)
         if sparse is not None:
             xp, rows, g = sparse
-            new = xp.asarray(data, copy=True)
-            new[rows] = data[rows] - g
-            return new, None
+            return _with_rows(xp, data, rows, data[rows] - g), step
         if owned and type(scaled) is np.ndarray:
             np.subtract(data, scaled, out=scaled)
-            return scaled, None
-        return data - dense(scaled), None
+            return scaled, step
+        return data - dense(scaled), step
 
 
 @dataclass(frozen=True)
 class Momentum:
-    """Gradient descent with (heavy-ball) momentum: ``v = momentum * v + g; data -= lr * v``."""
+    """Gradient descent with (heavy-ball) momentum: ``v = momentum * v + g; data -= lr * v``.
+    State: the velocity and the step count. ``lazy``: a sparse gradient updates its rows only."""
 
-    learning_rate: float = 0.01
+    learning_rate: LearningRate = 0.01
     momentum: float = 0.9
     weight_decay: float = 0.0
+    lazy: bool = False
 
     def __post_init__(self) -> None:
         _check(self.learning_rate, self.weight_decay)
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
 
-    def init(self, data: Any) -> Any:
-        return data * 0.0
+    def init(self, data: Any) -> tuple[Any, int]:
+        return data * 0.0, 0
 
-    def update(self, data: Any, gradient: Any, state: Any) -> tuple[Any, Any]:
-        velocity = self.momentum * state + _decayed(gradient, data, self.weight_decay)
-        return data - self.learning_rate * velocity, velocity
+    def update(self, data: Any, gradient: Any, state: tuple[Any, int]) -> tuple[Any, tuple[Any, int]]:
+        velocity, step = state
+        rate = _rate(self.learning_rate, step)
+        sparse = _lazy_rows(gradient, data, self.weight_decay) if self.lazy else None
+        if sparse is not None:
+            xp, rows, g = sparse
+            new_velocity = _with_rows(xp, velocity, rows, self.momentum * velocity[rows] + g)
+            return _with_rows(xp, data, rows, data[rows] - rate * new_velocity[rows]), (
+                new_velocity,
+                step + 1,
+            )
+        velocity = self.momentum * velocity + _decayed(gradient, data, self.weight_decay)
+        return data - rate * velocity, (velocity, step + 1)
 
 
 @dataclass(frozen=True)
 class Adam:
-    """Adam (Kingma and Ba 2015), with bias correction."""
+    """Adam (Kingma and Ba 2015), with bias correction. State: the first and second moments and
+    the step count. ``lazy``: a sparse gradient updates its rows only (as PyTorch's SparseAdam)."""
 
-    learning_rate: float = 0.001
+    learning_rate: LearningRate = 0.001
     beta1: float = 0.9
     beta2: float = 0.999
     epsilon: float = 1e-8
     weight_decay: float = 0.0
+    lazy: bool = False
 
     def __post_init__(self) -> None:
         _check(self.learning_rate, self.weight_decay)
@@ -165,40 +236,201 @@ class Adam:
     def init(self, data: Any) -> tuple[Any, Any, int]:
         return data * 0.0, data * 0.0, 0
 
-    def update(self, data: Any, gradient: Any, state: tuple[Any, Any, int]) -> tuple[Any, Any]:
+    def update(
+        self, data: Any, gradient: Any, state: tuple[Any, Any, int]
+    ) -> tuple[Any, tuple[Any, Any, int]]:
         m, v, t = state
-        g = _decayed(gradient, data, self.weight_decay)
+        rate = _rate(self.learning_rate, t)
         t += 1
-        m = self.beta1 * m + (1.0 - self.beta1) * g
-        v = self.beta2 * v + (1.0 - self.beta2) * (g * g)
-        m_hat = m / (1.0 - self.beta1**t)
-        v_hat = v / (1.0 - self.beta2**t)
-        return data - self.learning_rate * m_hat / (v_hat**0.5 + self.epsilon), (m, v, t)
+        b1, b2 = self.beta1, self.beta2
+        sparse = _lazy_rows(gradient, data, self.weight_decay) if self.lazy else None
+        if sparse is not None:
+            xp, rows, g = sparse
+            m = _with_rows(xp, m, rows, b1 * m[rows] + (1.0 - b1) * g)
+            v = _with_rows(xp, v, rows, b2 * v[rows] + (1.0 - b2) * (g * g))
+            m_hat = m[rows] / (1.0 - b1**t)
+            v_hat = v[rows] / (1.0 - b2**t)
+            step = rate * m_hat / (v_hat**0.5 + self.epsilon)
+            return _with_rows(xp, data, rows, data[rows] - step), (m, v, t)
+        g = _decayed(gradient, data, self.weight_decay)
+        m = b1 * m + (1.0 - b1) * g
+        v = b2 * v + (1.0 - b2) * (g * g)
+        m_hat = m / (1.0 - b1**t)
+        v_hat = v / (1.0 - b2**t)
+        return data - rate * m_hat / (v_hat**0.5 + self.epsilon), (m, v, t)
 
 
 @dataclass(frozen=True)
 class Adagrad:
-    """Adagrad (Duchi et al. 2011): per-coordinate rates from the sum of squared gradients."""
+    """Adagrad (Duchi et al. 2011): per-coordinate rates from the sum of squared gradients.
+    State: that sum and the step count."""
 
-    learning_rate: float = 0.01
+    learning_rate: LearningRate = 0.01
     epsilon: float = 1e-8
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.learning_rate, self.weight_decay)
 
-    def init(self, data: Any) -> Any:
-        return data * 0.0
+    def init(self, data: Any) -> tuple[Any, int]:
+        return data * 0.0, 0
 
-    def update(self, data: Any, gradient: Any, state: Any) -> tuple[Any, Any]:
-        sparse = _coalesced(gradient, self.weight_decay) if self.epsilon > 0.0 else None
+    def update(self, data: Any, gradient: Any, state: tuple[Any, int]) -> tuple[Any, tuple[Any, int]]:
+        total, step = state
+        rate = _rate(self.learning_rate, step)
+        sparse = None if self.weight_decay or not self.epsilon > 0.0 else _summed_rows(gradient)
         if sparse is not None:  # the touched rows only: the rest keep their data and their sum
             xp, rows, g = sparse
-            total = xp.asarray(state, copy=True)
-            total[rows] = state[rows] + g * g
-            new = xp.asarray(data, copy=True)
-            new[rows] = data[rows] - self.learning_rate * g / (total[rows] ** 0.5 + self.epsilon)
-            return new, total
+            total = _with_rows(xp, total, rows, total[rows] + g * g)
+            new = _with_rows(xp, data, rows, data[rows] - rate * g / (total[rows] ** 0.5 + self.epsilon))
+            return new, (total, step + 1)
         g = _decayed(gradient, data, self.weight_decay)
-        total = state + g * g
-        return data - self.learning_rate * g / (total**0.5 + self.epsilon), total
+        total = total + g * g
+        return data - rate * g / (total**0.5 + self.epsilon), (total, step + 1)
+
+
+# --------------------------------------------------------------------------- gradient transforms
+
+
+def _sum_of_squares(gradient: Any) -> float:
+    """The sum of the squares of a gradient's entries (a sparse one's summed rows)."""
+    if type(gradient) is float:
+        return gradient * gradient
+    if type(gradient) is SparseRows:
+        sparse = _summed_rows(gradient)
+        gradient = gradient.to_dense() if sparse is None else sparse[2]
+    if type(gradient) is np.ndarray:
+        return float(np.vdot(gradient, gradient))  # BLAS: one pass, no temporary array
+    return float(namespace(gradient).sum(gradient * gradient))
+
+
+def global_norm(gradients: Sequence[Any]) -> float:
+    """The Euclidean norm of all the gradients together, as one vector (a sparse gradient counts
+    as its dense equivalent: the squares of its summed rows)."""
+    total = 0.0
+    for gradient in gradients:
+        total += _sum_of_squares(gradient)
+    return math.sqrt(total)
+
+
+def _scaled(gradient: Any, factor: float) -> Any:
+    if type(gradient) is SparseRows:
+        return SparseRows(gradient.indices, gradient.values * factor, gradient.shape)
+    return gradient * factor
+
+
+def _clipped(gradient: Any, limit: float) -> Any:
+    if type(gradient) is float:  # NaN stays NaN (min and max would turn it into a limit)
+        return limit if gradient > limit else -limit if gradient < -limit else gradient
+    if type(gradient) is SparseRows:
+        sparse = _summed_rows(gradient)
+        if sparse is None:
+            gradient = gradient.to_dense()
+        else:
+            xp, rows, summed = sparse
+            return SparseRows(rows, xp.clip(summed, -limit, limit), gradient.shape)
+    return namespace(gradient).clip(gradient, -limit, limit)
+
+
+@dataclass(frozen=True)
+class ClipByGlobalNorm:
+    """Scales all the gradients by ``max_norm / norm`` where their :func:`global_norm` exceeds
+    ``max_norm`` (as optax's ``clip_by_global_norm``); leaves them as they are otherwise. A
+    non-finite norm gives non-finite gradients, and the step fails (``NonFiniteGradientError``)."""
+
+    max_norm: float
+
+    def __post_init__(self) -> None:
+        if not self.max_norm > 0.0:
+            raise ValueError(f"clip_by_global_norm: max_norm must be > 0, got {self.max_norm}")
+
+    def transform(self, gradients: list[Any]) -> list[Any]:
+        norm = global_norm(gradients)
+        if norm <= self.max_norm:
+            return list(gradients)
+        factor = self.max_norm / norm
+        return [_scaled(g, factor) for g in gradients]
+
+
+@dataclass(frozen=True)
+class ClipByValue:
+    """Clips every entry of every gradient to ``[-limit, limit]`` (a sparse gradient's summed
+    rows: repeated indices are added first)."""
+
+    limit: float
+
+    def __post_init__(self) -> None:
+        if not self.limit > 0.0:
+            raise ValueError(f"clip_by_value: limit must be > 0, got {self.limit}")
+
+    def transform(self, gradients: list[Any]) -> list[Any]:
+        return [_clipped(g, self.limit) for g in gradients]
+
+
+def clip_by_global_norm(max_norm: float) -> ClipByGlobalNorm:
+    """Clipping by the global norm of all the gradients a :func:`chain` updates in a step."""
+    return ClipByGlobalNorm(max_norm)
+
+
+def clip_by_value(limit: float) -> ClipByValue:
+    """Clipping of every gradient entry to ``[-limit, limit]``."""
+    return ClipByValue(limit)
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Gradient transformations, then an optimizer: an optimizer itself (:func:`chain`).
+
+    Its state is its optimizer's (a chain and its optimizer are of the same kind: adding clipping
+    to a weight's Adam keeps the moments). A training step calls :meth:`transform_gradients` with
+    the gradients of all the weights it updates with this chain, then :meth:`update` for each:
+    ``update`` is the optimizer's alone, on a gradient already transformed."""
+
+    transforms: tuple[GradientTransform, ...]
+    optimizer: Optimizer
+
+    def __post_init__(self) -> None:
+        for t in self.transforms:
+            if not callable(getattr(t, "transform", None)):
+                raise TypeError(f"chain: {t!r} is not a gradient transformation")
+        if not callable(getattr(self.optimizer, "update", None)):
+            raise TypeError(f"chain: {self.optimizer!r} is not an optimizer")
+
+    def init(self, data: Any) -> Any:
+        return self.optimizer.init(data)
+
+    def update(self, data: Any, gradient: Any, state: Any) -> tuple[Any, Any]:
+        return self.optimizer.update(data, gradient, state)
+
+    def transform_gradients(self, gradients: list[Any]) -> list[Any]:
+        """The gradients of every weight of a step that this chain updates, transformed in turn
+        (an inner chain's transformations last)."""
+        for t in self.transforms:
+            gradients = t.transform(gradients)
+        inner = getattr(self.optimizer, "transform_gradients", None)
+        return gradients if inner is None else list(inner(gradients))
+
+
+@overload
+def chain(t1: GradientTransform, optimizer: Optimizer, /) -> Chain: ...
+@overload
+def chain(t1: GradientTransform, t2: GradientTransform, optimizer: Optimizer, /) -> Chain: ...
+@overload
+def chain(
+    t1: GradientTransform, t2: GradientTransform, t3: GradientTransform, optimizer: Optimizer, /
+) -> Chain: ...
+def chain(*parts: GradientTransform | Optimizer) -> Chain:
+    """Gradient transformations applied in order, then the optimizer (last), as one optimizer:
+    ``chain(clip_by_global_norm(1.0), Adam(1e-3))``, usable wherever an optimizer is."""
+    if len(parts) < 2:
+        raise TypeError("chain: expected one or more gradient transformations, then an optimizer")
+    *transforms, optimizer = parts
+    return Chain(tuple(transforms), optimizer)  # type: ignore[arg-type]
+
+
+def state_kind(optimizer: Optimizer) -> type:
+    """The class whose state an optimizer keeps: its own, or a chain's optimizer's. A training step
+    keeps a weight's state while its optimizers are of one kind, and starts afresh otherwise."""
+    while type(optimizer) is Chain:
+        optimizer = optimizer.optimizer
+    return type(optimizer)

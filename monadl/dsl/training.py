@@ -12,7 +12,13 @@ A training step is all-or-nothing:
 4. update: every weight's new data and optimizer state are computed first, then all are committed
    together (``monadl.do.versions``: one store makes them visible). An exception anywhere before
    the commit, or an interrupt (Ctrl-C) at any moment, leaves every weight and state as it was or
-   every one updated, never some.
+   every one updated, never some. A chain's gradient transformations (clipping) run first, on the
+   gradients of all the weights the chain updates. A weight's state is kept while its optimizer is
+   of the same kind (``optimizers.state_kind``), whatever its hyper-parameters. A frozen weight
+   (``trainable = False``) is skipped: no update, no optimizer state, though deltas flow through it.
+
+A step's forward pass runs in training mode (:func:`is_training`, a context variable of the calling
+thread), which ops such as dropout read; a prediction's runs in evaluation mode.
 
 Every run reads the weights as of one commit (a snapshot): a prediction beside a training thread
 sees one step's weights, never a mix of two.
@@ -28,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable, Generator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
@@ -39,7 +46,7 @@ from monadl.do.executor import Executor, default_executor
 from monadl.do.stats import RunStats
 from monadl.do.values import Tape
 from monadl.do.versions import COMMIT_LOCK, publish
-from monadl.dsl.optimizers import Optimizer
+from monadl.dsl.optimizers import Optimizer, state_kind
 from monadl.tape.backward import NonFiniteDelta, backward
 from monadl.typeclasses.backend import NDARRAY, Array, freeze, namespace
 from monadl.typeclasses.sparse import SparseRows
@@ -66,6 +73,16 @@ class NonFiniteGradientError(ArithmeticError):
 @mypyc_attr(native_class=False)
 class NoOptimizerError(ValueError):
     """A weight received a gradient but neither it nor the step has an optimizer."""
+
+
+_TRAINING: ContextVar[bool] = ContextVar("monadl_training", default=False)
+
+
+def is_training() -> bool:
+    """Whether the calling thread is running the forward pass of a training step (``train``,
+    ``train_blocking``, ``compute_gradients``); False in a prediction and outside any run. Ops that
+    behave differently in training (dropout) read it in their forward."""
+    return _TRAINING.get()
 
 
 def _is_finite(value: Any) -> bool:
@@ -124,6 +141,8 @@ def compute_gradients(
     ``ArrayWeight`` used densely, and a :class:`~monadl.typeclasses.sparse.SparseRows` for a table
     used only through ``take_rows`` (an embedding table: the looked-up rows, not a dense table).
     ``gradient.to_dense()`` (or ``np.asarray(gradient)`` for NumPy) gives the dense array to compare.
+    The gradients are the raw ones (no chain's clipping), and a frozen weight's is reported too.
+    The forward pass runs in training mode (dropout drops).
 
     Raises :class:`NonFiniteLossError` for a non-finite loss, or whatever the forward or backward
     pass raised.
@@ -147,7 +166,11 @@ def _step(
     stats = RunStats()
     try:
         with ex.paused():
-            evaluation = ex.evaluate(loss.forward, stats, own_root=True)
+            mode = _TRAINING.set(True)
+            try:
+                evaluation = ex.evaluate(loss.forward, stats, own_root=True)
+            finally:
+                _TRAINING.reset(mode)
             value = evaluation.value
             if not _is_finite(value):
                 raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
@@ -164,9 +187,11 @@ def _step(
 
 def _folded_rate(weights: list[Any], default: Any) -> float | None:
     """The learning rate a step may fold into its backward pass's seed (``SGD.folded_rate``): the
-    one every weight's optimizer folds; None where one does not, or they differ."""
+    one every trained weight's optimizer folds; None where one does not, or they differ."""
     rate: float | None = None
     for weight in weights:
+        if not weight.trainable:
+            continue
         optimizer = weight.optimizer or default
         fold = getattr(optimizer, "folded_rate", None)
         own = None if fold is None else fold()
@@ -209,35 +234,71 @@ def _apply(
 ) -> None:
     """Computes every update, then commits them all (nothing is committed if one fails). ``rate``:
     the learning rate already folded into the gradients (their optimizers' ``update_folded``).
-    ``check``: fail if a new value is not finite. The caller holds ``COMMIT_LOCK``."""
-    updates = []
+    ``check``: fail if a new value is not finite. The caller holds ``COMMIT_LOCK``.
+
+    A frozen weight is skipped. An optimizer with ``transform_gradients`` (a chain: clipping) gets
+    the gradients of all the weights it updates at once, before any of them is updated."""
+    updates: list[tuple[Any, Any, Any]] = []
+    chains: list[Any] = []  # the optimizers that transform gradients, and for each, its weights
+    members: list[list[Any]] = []
     for weight, gradient in gradients.items():
+        if not weight.trainable:
+            continue  # frozen: deltas flowed through it; its data and state stay as they are
         optimizer = weight.optimizer or default
         if optimizer is None:
             raise NoOptimizerError(
                 f"{weight!r} has a gradient but no optimizer: pass one to train() or to the weight"
             )
-        held = weight.optimizer_state
-        # The same optimizer object first: a dataclass's == is Python code, run once per weight.
-        if held is not None and (held[0] is optimizer or held[0] == optimizer):
-            state = held[1]
-        else:
-            state = optimizer.init(weight.data)
-        converted = _in_dtype_of(gradient, weight.data)
-        mine = (weight in owned or converted is not gradient) and _fits(converted, weight.data)
-        if rate is not None:
-            data, state = optimizer.update_folded(weight.data, converted, state, mine)  # type: ignore[attr-defined]
-        else:
-            update_owned = getattr(optimizer, "update_owned", None)
-            if update_owned is not None and mine:
-                data, state = update_owned(weight.data, converted, state)
-            else:
-                data, state = optimizer.update(weight.data, converted, state)
-        # A table's sparse gradient changes only its rows: their values are what to check.
-        if check and not _all_finite(gradient.values if type(gradient) is SparseRows else data):
-            raise _non_finite(weight, gradient, data)
-        updates.append((weight, freeze(data), (optimizer, state)))
+        if getattr(optimizer, "transform_gradients", None) is None:
+            updates.append(_updated(weight, gradient, optimizer, owned, rate, check))
+            continue
+        k = 0
+        while k < len(chains) and not (chains[k] is optimizer or chains[k] == optimizer):
+            k += 1
+        if k == len(chains):
+            chains.append(optimizer)
+            members.append([])
+        members[k].append(weight)
+    for k in range(len(chains)):
+        optimizer = chains[k]
+        weights = members[k]
+        given = [_in_dtype_of(gradients[weight], weight.data) for weight in weights]
+        transformed = optimizer.transform_gradients(given)
+        if len(transformed) != len(weights):
+            raise ValueError(
+                f"{optimizer!r}: transform_gradients gave {len(transformed)} gradients for {len(weights)}"
+            )
+        # (No rate folded here: a chain has no folded_rate, so the gradients are the true ones.)
+        for weight, gradient in zip(weights, transformed, strict=True):
+            updates.append(_updated(weight, gradient, optimizer, set(), None, check))
     publish(updates)
+
+
+def _updated(
+    weight: Any, gradient: Any, optimizer: Any, owned: set[Any], rate: float | None, check: bool
+) -> tuple[Any, Any, Any]:
+    """A weight's update: ``(weight, new data, (optimizer, new state))``, computed, not committed.
+    The state is the weight's own while its optimizers are of one kind, else a fresh one."""
+    held = weight.optimizer_state
+    # The same optimizer object first: no call for a loop over one optimizer.
+    if held is not None and (held[0] is optimizer or state_kind(held[0]) is state_kind(optimizer)):
+        state = held[1]
+    else:
+        state = optimizer.init(weight.data)
+    converted = _in_dtype_of(gradient, weight.data)
+    mine = (weight in owned or converted is not gradient) and _fits(converted, weight.data)
+    if rate is not None:
+        data, state = optimizer.update_folded(weight.data, converted, state, mine)
+    else:
+        update_owned = getattr(optimizer, "update_owned", None)
+        if update_owned is not None and mine:
+            data, state = update_owned(weight.data, converted, state)
+        else:
+            data, state = optimizer.update(weight.data, converted, state)
+    # A table's sparse gradient changes only its rows: their values are what to check.
+    if check and not _all_finite(gradient.values if type(gradient) is SparseRows else data):
+        raise _non_finite(weight, gradient, data)
+    return weight, freeze(data), (optimizer, state)
 
 
 def _in_dtype_of(gradient: Any, data: Any) -> Any:
@@ -285,7 +346,9 @@ def train_blocking(
 ) -> Result[Any, Exception]:
     """One training step, now: ``Success(loss)``, or ``Failure(exception)`` with no weight changed.
 
-    ``optimizer`` is the default for weights that have none of their own.
+    ``optimizer`` is the default for weights that have none of their own (a chain with clipping
+    too). Frozen weights (``trainable = False``) are not updated. The forward pass runs in training
+    mode (dropout drops).
     """
     try:
         ex = executor or default_executor()
@@ -322,12 +385,17 @@ def predict_blocking(layer: ArrayLayer, *, executor: Executor | None = None) -> 
 def predict_blocking(
     layer: FloatLayer | ArrayLayer, *, executor: Executor | None = None
 ) -> Result[Any, Exception]:
-    """The forward value of ``layer``, now: ``Success(value)`` or ``Failure(exception)``."""
+    """The forward value of ``layer``, now: ``Success(value)`` or ``Failure(exception)``. The
+    forward pass runs in evaluation mode (dropout passes its input on)."""
     ex = executor or default_executor()
     stats = RunStats()
     try:
         with ex.paused():
-            value = ex.evaluate(layer.forward, stats).value
+            mode = _TRAINING.set(False)  # (evaluation mode even where called inside a training step)
+            try:
+                value = ex.evaluate(layer.forward, stats).value
+            finally:
+                _TRAINING.reset(mode)
         if isinstance(value, Tape):  # a literal's or a user's own tape, the root of a dynamic graph
             value = value.data
     except Exception as e:  # noqa: BLE001

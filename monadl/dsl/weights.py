@@ -32,6 +32,10 @@ class _WeightState:
     head: Version
     optimizer: Optimizer | None
     name: str
+    trainable: bool
+    """False: a frozen weight. A training step neither updates it nor gives it optimizer state,
+    though deltas flow through it to the weights it is combined with; ``compute_gradients`` still
+    reports its gradient. Assign it between steps to freeze or unfreeze."""
 
     @property
     def data(self) -> Any:
@@ -59,11 +63,14 @@ class _WeightState:
 class FloatWeight(FloatOperators, _WeightState):
     """A trainable float. ``optimizer`` overrides the model's default for this weight."""
 
-    __slots__ = ("head", "name", "optimizer")
+    __slots__ = ("head", "name", "optimizer", "trainable")
 
-    def __init__(self, data: float, *, optimizer: Optimizer | None = None, name: str = "") -> None:
+    def __init__(
+        self, data: float, *, optimizer: Optimizer | None = None, name: str = "", trainable: bool = True
+    ) -> None:
         self.head = Version(0, _checked_float(data), None, None)
         self.optimizer = optimizer
+        self.trainable = trainable
         self.name = name
         self.forward = Variable(self)
 
@@ -85,12 +92,15 @@ class FloatWeight(FloatOperators, _WeightState):
 class ArrayWeight(ArrayOperators, _WeightState):
     """A trainable array (copied on construction). ``optimizer`` overrides the model's default."""
 
-    __slots__ = ("head", "name", "optimizer")
+    __slots__ = ("head", "name", "optimizer", "trainable")
 
-    def __init__(self, data: Array, *, optimizer: Optimizer | None = None, name: str = "") -> None:
+    def __init__(
+        self, data: Array, *, optimizer: Optimizer | None = None, name: str = "", trainable: bool = True
+    ) -> None:
         check_float_array(data, "ArrayWeight")
         self.head = Version(0, freeze(namespace(data).asarray(data, copy=True)), None, None)
         self.optimizer = optimizer
+        self.trainable = trainable
         self.name = name
         self.forward = Variable(self)
 

@@ -1,0 +1,94 @@
+"""Dropout: units zeroed at random while training, with a seeded random source of its own.
+
+``drop = ml.Dropout(0.5, seed=0)`` is a layer applied to an array-like: ``drop(h)``. In a training
+step's forward pass (``train``, ``train_blocking``, ``compute_gradients``: see
+:func:`monadl.dsl.training.is_training`) each entry is kept with probability ``1 - p`` and scaled by
+``1 / (1 - p)`` (inverted dropout: the expected value is unchanged, so a prediction needs no
+rescaling); the mask is saved for the backward pass, whose delta is ``delta * mask``. A prediction
+(``predict``, ``predict_blocking``, and any run outside a training step) never drops: the input
+passes through unchanged.
+
+The masks come from the layer's own NumPy generator, drawn when the op runs: every run draws a fresh
+mask from the generator's state at that moment, a replayed program's (``Executor(replay=True)``) and
+a graph run again included, never one fixed when the graph was built. Two layers made with the same
+seed, used by the same program, give the same masks step after step. A layer used several times in
+one graph draws for each use, in the order the run computes them (fixed for a program and executor
+settings). A step that fails has drawn its masks all the same, and a failed step's second run (to
+name the op of a non-finite delta) draws again. Masks are drawn on the host and copied to the
+array's device (CuPy, array-api-strict).
+
+Its op reads the mode of the calling thread, so its kernel always runs there, never on the
+executor's pool (its cost is below any threshold); it never merges with other calls under dynamic
+batching (each call's mask is its own draw).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from monadl.do.primitive import Primitive
+from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array, is_float_kind
+from monadl.dsl.training import is_training
+
+__all__ = ["Dropout"]
+
+
+class Dropout:
+    """Inverted dropout with probability ``p`` of dropping each entry, drawing its masks from a
+    generator seeded by ``seed`` (or the ``np.random.Generator`` given). Equal only to itself: a
+    program keeps the layer, whose generator its replays draw from."""
+
+    __slots__ = ("generator", "p")
+
+    def __init__(self, p: float = 0.5, *, seed: int | np.random.Generator = 0) -> None:
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+            raise ValueError(f"Dropout: p must be a float in [0, 1), got {p!r}")
+        self.p = float(p)
+        self.generator = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        """The source of the masks: each training run's draws advance it."""
+
+    def __call__(self, x: AnyArray) -> ArrayLayer:
+        """``x`` with dropout: dropped and scaled in a training step, unchanged in a prediction."""
+        if is_float_kind(x):
+            raise TypeError(
+                f"Dropout: expected an array, an ArrayWeight or an ArrayLayer, got {type(x).__name__}"
+            )
+        return apply_array(DROPOUT, x, dropout=self)
+
+    def mask(self, xp: Any, x: Any) -> Any:
+        """A fresh mask for ``x``: ``1 / (1 - p)`` where an entry is kept, 0 where it is dropped, in
+        ``x``'s dtype and namespace (``xp``)."""
+        scale = 1.0 / (1.0 - self.p)
+        if type(x) is float:
+            return scale if float(self.generator.random()) >= self.p else 0.0
+        keep = self.generator.random(tuple(x.shape)) >= self.p
+        if xp is np:
+            return np.multiply(keep, scale, dtype=x.dtype)
+        return xp.astype(xp.asarray(keep), x.dtype) * scale
+
+    def __repr__(self) -> str:
+        return f"Dropout(p={self.p})"
+
+
+def _forward(xp: Any, x: Any, dropout: Dropout) -> tuple[Any, Any]:
+    """The output and the mask it saves (None: nothing dropped, the input itself passed on)."""
+    if dropout.p == 0.0 or not is_training():
+        return x, None
+    mask = dropout.mask(xp, x)
+    return x * mask, mask
+
+
+def _vjp(xp: Any, delta: Any, mask: Any, x: Any, dropout: Dropout) -> Any:
+    return delta if mask is None else delta * mask
+
+
+def _inline(*_: Any, **__: Any) -> float:
+    """Below any pool threshold: the op reads the calling thread's mode (``is_training``)."""
+    return -math.inf
+
+
+DROPOUT = Primitive("dropout", _forward, (_vjp,), saves=True, cost=_inline, own=True)
+"""The dropout op: ``dropout`` (a :class:`Dropout`) is a static parameter, kept by identity."""
