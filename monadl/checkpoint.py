@@ -80,7 +80,8 @@ def save(path: str | Path, model: object, *, metadata: Mapping[str, JSON] | None
         text = json.dumps(header, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise TypeError(f"save: metadata must be JSON values (finite numbers): {e}") from None
-    atomic_write_bytes(Path(path), encode(tensors, metadata={_KEY: text}))
+    encoded: bytes = encode(tensors, metadata={_KEY: text})
+    atomic_write_bytes(Path(path), encoded)
 
 
 def _describe_optimizer(optimizer: Any, weight: str) -> dict[str, Any]:
@@ -156,12 +157,11 @@ def load(path: str | Path, model: object, *, partial: bool = False) -> dict[str,
 
 def _read(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
     """The checkpoint's header and arrays, validated as a whole."""
-    from safetensors import safe_open  # noqa: F401 - (the package's presence, for a clear error)
     from safetensors.numpy import load as decode
 
     raw = read_regular_file(path)
     try:
-        tensors = decode(raw)
+        tensors: dict[str, np.ndarray[Any, Any]] = decode(raw)
         text = _metadata_of(raw).get(_KEY)
     except Exception as e:  # noqa: BLE001 - safetensors' own errors, a torn header's JSON, ...
         raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
