@@ -34,6 +34,7 @@ are compared by identity).
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
+from types import CodeType
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final, overload
 
 if TYPE_CHECKING:
@@ -195,15 +196,36 @@ class Variable(Do[Any]):
 
 @final
 class Apply(Do[Any]):
-    """``prim`` applied to the values (tapes) of ``sources``, with static ``params``."""
+    """``prim`` applied to the values (tapes) of ``sources``, with static ``params``; ``code`` and
+    ``instruction``: where the user's code made it (None where unknown), named by its errors
+    (:meth:`made_at`)."""
 
-    __slots__ = ("params", "prim")
+    __slots__ = ("code", "instruction", "params", "prim")
 
-    def __init__(self, prim: Primitive, sources: tuple[Do[Any], ...], params: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        prim: Primitive,
+        sources: tuple[Do[Any], ...],
+        params: dict[str, Any],
+        code: CodeType | None = None,
+        instruction: int = 0,
+    ) -> None:
         self.kind = APPLY
         self.prim = prim
         self.sources = sources
         self.params = params
+        self.code = code
+        self.instruction = instruction
+
+    def made_at(self) -> str | None:
+        """``file:line`` of the user's code that made the op (None if unknown)."""
+        code = self.code
+        if code is None:
+            return None
+        for start, end, line in code.co_lines():
+            if start <= self.instruction < end and line is not None:
+                return f"{code.co_filename}:{line}"
+        return code.co_filename
 
 
 @final

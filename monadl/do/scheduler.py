@@ -511,7 +511,11 @@ class Scheduler:
             if len(group.nodes) > 1:
                 self.signatures.add(hash(key))
                 if group.nodes[0].kind == APPLY:
-                    self.run_merged(group)
+                    try:
+                        self.run_merged(group)
+                    except Exception as error:
+                        _note_where(error, group.nodes[0])
+                        raise
                 else:
                     self.run_call(group)
                 continue
@@ -525,12 +529,20 @@ class Scheduler:
         for key, group in fans.items():
             self.signatures.add(hash(key))
             if len(group.nodes) > 1:
-                self.run_fan(group)
+                try:
+                    self.run_fan(group)
+                except Exception as error:
+                    _note_where(error, group.nodes[0])
+                    raise
             else:
                 alone.add(group.nodes[0], group.refs[0])
         for i, node in enumerate(alone.nodes):
             if node.kind == APPLY:
-                self.run_alone(cast(Apply, node), alone.refs[i])
+                try:
+                    self.run_alone(cast(Apply, node), alone.refs[i])
+                except Exception as error:
+                    _note_where(error, node)
+                    raise
             else:
                 one = Group()
                 one.add(node, alone.refs[i])
@@ -1137,3 +1149,13 @@ def sum_n(n: int) -> Primitive:
 
 
 __all__ = ["Context", "Kernel", "Project", "Scheduler"]
+
+
+def _note_where(error: Exception, node: Do[Any]) -> None:
+    """Adds to ``error`` where the user's code made the op that raised it (the first such note
+    stands: an error passing through a nested run keeps the innermost op's)."""
+    if type(node) is not Apply or getattr(error, "__notes__", None):
+        return
+    where = node.made_at()
+    if where is not None:
+        error.add_note(f"{node.prim.name} was made at {where}")

@@ -4,12 +4,19 @@ Nothing runs here: ``apply_primitive`` turns each operand into its forward compu
 or a weight's own, or a literal's constant tape) and makes one node of the primitive, its inputs
 and its static parameters. The scheduler (``monadl.do.scheduler``) runs it, merged with the ops of
 equal signature that are ready with it.
+
+The node records where it was made: the file and line of the nearest caller outside monadl (the
+user's line, through ``ops.py`` and ``monadl.nn``), so that an error found when it runs names
+that line (a note on the exception: ``e.__notes__``, printed with its traceback).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
-from typing import Any
+from types import CodeType, FrameType
+from typing import Any, Final
 
 from monadl.do.do import Apply, Do, Pure
 from monadl.do.primitive import Primitive
@@ -49,4 +56,33 @@ def apply_primitive(
     sources = []
     for x in operands:  # a loop, not a comprehension (a call of its own in Python 3.11): every op
         sources.append(forward_of(x, prim.name))
-    return Apply(prim, tuple(sources), params)
+    frame = _users_frame()
+    if frame is None:
+        return Apply(prim, tuple(sources), params)
+    # The code and the instruction, not the line: the line is looked up only if an error needs it.
+    return Apply(prim, tuple(sources), params, frame.f_code, frame.f_lasti)
+
+
+# The package's folder (from its __init__, which is never compiled: a compiled module's own
+# ``__file__`` names its extension, elsewhere).
+_LIBRARY: Final = os.path.dirname(os.path.abspath(str(sys.modules["monadl"].__file__))) + os.sep
+_getframe: Final = sys._getframe
+_CLIENTS: Final = _LIBRARY + "bench" + os.sep  # monadl's benchmarks use it as a user does
+_inside: dict[CodeType, bool] = {}  # code object -> whether it is monadl's own (asked once each)
+
+
+def _users_frame() -> FrameType | None:
+    """The nearest frame of code outside monadl (compiled functions have no frames: from one, the
+    first frame is its interpreted caller's)."""
+    frame: FrameType | None = _getframe(0)
+    inside = _inside
+    while frame is not None:
+        code = frame.f_code
+        mine = inside.get(code)
+        if mine is None:
+            name = code.co_filename
+            mine = inside[code] = name.startswith(_LIBRARY) and not name.startswith(_CLIENTS)
+        if not mine:
+            return frame
+        frame = frame.f_back
+    return None

@@ -1,0 +1,48 @@
+"""An op's error names the line of the user's code that made it (a note on the exception)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+from returns.result import Failure
+
+import monadl as ml
+from monadl.nn import Linear
+
+
+def _line_of(marker: str, source: Any) -> int:
+    lines, start = inspect.getsourcelines(source)
+    return start + next(i for i, line in enumerate(lines) if marker in line)
+
+
+def test_a_shape_error_names_the_users_line() -> None:
+    w = ml.ArrayWeight(np.ones((3, 4)))
+    bad = ml.matmul(np.ones((5, 2)), w)  # made here
+    result = ml.sum(bad).predict_blocking()
+    assert isinstance(result, Failure)
+    error = result.failure()
+    assert isinstance(error, ml.ShapeError)
+    line = _line_of("# made here", test_a_shape_error_names_the_users_line)
+    assert error.__notes__ == [f"matmul was made at {__file__}:{line}"]
+
+
+def test_through_a_library_builder_the_users_call_is_named() -> None:
+    layer = Linear.new(3, 2, seed=0)
+
+    def model() -> ml.FloatLayer:
+        return ml.sum(layer(np.ones((4, 5))))  # the builder's call
+
+    result = model().train_blocking(ml.SGD(0.1))
+    assert isinstance(result, Failure)
+    notes = getattr(result.failure(), "__notes__", [])
+    assert notes == [f"linear was made at {__file__}:{_line_of('# the builder', model)}"]
+
+
+def test_merged_calls_name_one_of_their_lines() -> None:
+    w = ml.ArrayWeight(np.ones((3, 4)))
+    terms = [ml.sum(ml.matmul(np.ones((2, 5)), w)) for _ in range(3)]  # three calls, one group
+    result = ml.add_n(terms).predict_blocking()
+    assert isinstance(result, Failure)
+    assert getattr(result.failure(), "__notes__", [""])[0].startswith(f"matmul was made at {__file__}:")
