@@ -19,6 +19,8 @@ matmuls, worth the pool) run in parallel, forward and backward.
 
 Run it: ``python examples/cifar_columns.py`` (synthetic data in the CIFAR-100 binary format, made on
 first use), or ``python examples/cifar_columns.py --data path/to/cifar-100-binary`` for the real set.
+On a terminal a progress bar shows the images/s and the loss (with tqdm installed; ``--no-progress``
+hides it); ``--plot curves.png`` draws the loss per step and per 50 steps (with matplotlib).
 """
 
 from __future__ import annotations
@@ -33,11 +35,21 @@ from returns.result import Failure
 import monadl as ml
 from monadl import Array, ArrayLayer, ArrayWeight, FloatLayer
 from monadl.bench.columns_params import FINE_CLASSES, FINE_PARAMS, FINE_PER_COARSE, init_params
-from monadl.cli import non_negative_int, positive_float, positive_int
+from monadl.cli import (
+    Progress,
+    add_output_arguments,
+    check_plot,
+    non_negative_int,
+    plot_curves,
+    positive_float,
+    positive_int,
+)
 from monadl.typeclasses.backend import IndexArray
 
 Variant = Literal["skip", "noskip"]
 COARSE_CLASSES = 20
+SEGMENT = 50
+"""Steps per printed (and plotted) mean of the loss."""
 
 
 def dense_relu(x: ml.AnyArray, w: ArrayWeight, b: ArrayWeight) -> ArrayLayer:
@@ -183,23 +195,40 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
     parser.add_argument("--learning-rate", type=positive_float, default=1e-4)
     parser.add_argument("--workers", type=positive_int, default=1, help="executor workers (1: sequential)")
     parser.add_argument("--seed", type=non_negative_int, default=0)
+    add_output_arguments(parser, plot=f"loss per step and per segment of {SEGMENT} steps")
     args = parser.parse_args(argv)
+    check_plot(parser, args.plot)
 
     data = cifar100.open_dataset(args.data, seed=args.seed)
     print(f"data: {data.describe()}")
     params = init_params(args.columns, seed=args.seed)
     losses: list[float] = []
-    with ml.Executor(args.workers) as executor:
+    segments: list[tuple[int, float]] = []  # (last step, mean loss of the segment's steps)
+    bar = Progress(args.steps * args.batch, desc="training", unit="images", enabled=not args.no_progress)
+    with ml.Executor(args.workers) as executor, bar:
         network = ColumnNetwork(params, args.variant, args.learning_rate, executor)
         batches = data.batches(args.batch, seed=args.seed, epochs=None)
         for step in range(args.steps):
             x, coarse, fine_local = next(batches)
             losses.append(network.step(x, coarse, fine_local))
-            if step % 50 == 0 or step == args.steps - 1:
-                recent = losses[-50:]
-                print(
-                    f"step {step:4d}: loss {sum(recent) / len(recent):.5f} (mean of the last {len(recent)})"
-                )
+            recent = losses[-SEGMENT:]
+            bar.update(len(x), loss=sum(recent) / len(recent))
+            if step % SEGMENT == 0 or step == args.steps - 1:
+                segments.append((step, sum(recent) / len(recent)))
+                bar.write(f"step {step:4d}: loss {segments[-1][1]:.5f} (mean of the last {len(recent)})")
+    if args.plot:
+        plot_curves(
+            args.plot,
+            f"CIFAR-100 columns: {args.columns} column(s), {args.variant}, batch {args.batch}",
+            "step",
+            {
+                "training loss": {
+                    "per step": (range(len(losses)), losses),
+                    f"mean of the last {SEGMENT} steps": ([s for s, _ in segments], [m for _, m in segments]),
+                }
+            },
+        )
+        print(f"plot: {args.plot}")
     return losses
 
 

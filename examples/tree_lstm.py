@@ -33,16 +33,22 @@ Accuracy is measured at the roots, as in the SST papers: fine-grained (5 classes
 neutral roots are dropped and a prediction is positive when the two positive classes are more
 probable together than the two negative ones.
 
-The network is plain Python over the tree, one node at a time, with no manual batching. The two
-node functions are ``@ml.batchable`` operations: a call records one node, and the executor's dynamic
-batching merges the calls of every node of one height, across all the trees of a batch, into one
-run of the cell on stacked rows (``--no-batching`` turns that off; the results are the same). The
-word lookups and the per-node classifier are merged the same way, op by op. The tree is walked in
-post-order with a loop, not recursion, and the executor runs the graph iteratively, so a degenerate
-tree thousands of levels deep is fine.
+The cell is ``monadl.nn.TreeLSTMCell`` (these equations), the classifier a ``monadl.nn.Linear``, and
+the model an ``ml.Module``: ``model.weights()`` names its weights, and ``ml.save`` / ``ml.load``
+checkpoint it.
+
+The network is plain Python over the tree, one node at a time, with no manual batching. The cell's
+two node functions (``leaf`` and ``compose``) are batchable operations: a call records one node, and
+the executor's dynamic batching merges the calls of every node of one height, across all the trees
+of a batch, into one run of the cell on stacked rows (``--no-batching`` turns that off; the results
+are the same). The word lookups and the per-node classifier are merged the same way, op by op. The
+tree is walked in post-order with a loop, not recursion, and the executor runs the graph
+iteratively, so a degenerate tree thousands of levels deep is fine.
 
 Run it: ``python examples/tree_lstm.py`` (synthetic trees from ``monadl.data.sst``), or
-``python examples/tree_lstm.py --data path/to/trainDevTestTrees_PTB`` for the real treebank.
+``python examples/tree_lstm.py --data path/to/trainDevTestTrees_PTB`` for the real treebank. On a
+terminal a progress bar shows each epoch's trees/s and loss (with tqdm installed; ``--no-progress``
+hides it); ``--plot curves.png`` draws the loss and the dev accuracy per epoch (with matplotlib).
 """
 
 from __future__ import annotations
@@ -51,36 +57,29 @@ import argparse
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 import numpy as np
 from returns.result import Failure, Result
 
 import monadl as ml
-from monadl import ArrayLayer, ArrayWeight, FloatLayer
-from monadl.cli import non_negative_float, non_negative_int, positive_float, positive_int
+from monadl import ArrayLayer, ArrayWeight, FloatLayer, nn
+from monadl.cli import (
+    Progress,
+    add_output_arguments,
+    check_plot,
+    non_negative_float,
+    non_negative_int,
+    plot_curves,
+    positive_float,
+    positive_int,
+)
 from monadl.data.trees import Tree
+from monadl.nn.linear import Seed
+from monadl.nn.module import Weight
 
 WordId = Callable[[str], int]
 """A word's row in the embedding table (0 for an unknown word, by convention)."""
-
-
-@dataclass(frozen=True)
-class Affine:
-    """``x @ w + b``: the weights of one gate (or of the classifier)."""
-
-    w: ArrayWeight
-    b: ArrayWeight
-
-    @staticmethod
-    def new(inputs: int, outputs: int, rng: np.random.Generator, dtype: type[np.floating[Any]]) -> Affine:
-        """Weights with std ``1 / sqrt(inputs)`` (the variance of Torch's default), zero bias."""
-        w = ArrayWeight.normal((inputs, outputs), std=inputs**-0.5, seed=rng, dtype=dtype)
-        return Affine(w, ArrayWeight.zeros((outputs,), dtype=dtype))
-
-    def __call__(self, x: ml.AnyArray) -> ArrayLayer:
-        return ml.linear(x, self.w, self.b)
 
 
 class State(NamedTuple):
@@ -91,53 +90,30 @@ class State(NamedTuple):
     c: ArrayLayer
 
 
-@dataclass(frozen=True)
-class Cell:
-    """The Tree-LSTM's weights and its two node functions."""
+class Cell(nn.TreeLSTMCell):
+    """The example's own cell of old, now :class:`monadl.nn.TreeLSTMCell`, under its old API (``new``
+    with a positional generator, ``leaf_cell``, ``inner_cell``) for code that still uses it
+    (tests/test_nn.py compares the two). The model below uses ``TreeLSTMCell`` itself."""
 
-    leaf_c: Affine  # leaves: (embedding, hidden)
-    leaf_o: Affine
-    i: Affine  # inner nodes: (2 hidden, hidden), the left child's rows first
-    f_left: Affine
-    f_right: Affine
-    o: Affine
-    u: Affine
+    leaf_cell = nn.TreeLSTMCell.leaf
+    inner_cell = nn.TreeLSTMCell.compose
 
-    @staticmethod
-    def new(embedding: int, hidden: int, rng: np.random.Generator, dtype: type[np.floating[Any]]) -> Cell:
-        leaf = [Affine.new(embedding, hidden, rng, dtype) for _ in range(2)]
-        inner = [Affine.new(2 * hidden, hidden, rng, dtype) for _ in range(5)]
-        return Cell(*leaf, *inner)
+    @classmethod
+    def new(
+        cls, embedding: int, hidden: int, seed: Seed = 0, dtype: type[np.floating[Any]] = np.float64
+    ) -> Cell:
+        cell = super().new(embedding, hidden, seed=seed, dtype=dtype)
+        assert isinstance(cell, Cell)
+        return cell
 
-    def leaf(self, x: ArrayLayer) -> State:
-        """A leaf, from its word's embedding ``x``."""
-        return State(*self.leaf_cell(x))
 
-    def compose(self, left: State, right: State) -> State:
-        """An inner node, from its children's states."""
-        return State(*self.inner_cell(left.h, left.c, right.h, right.c))
+class ArrayWeights(dict[str, ArrayWeight]):
+    """A model's weights by name, every one an array; called, the same as a plain dict (the
+    :meth:`monadl.Module.weights` API). ``model.weights`` is then both ``weights()`` and the mapping
+    that code written before the model was a module reads (the benchmark's peers)."""
 
-    # The node functions proper, on layers: batchable operations, so the calls of many nodes merge
-    # (their arguments then have a leading axis of rows: hence ``axis=-1``).
-
-    @ml.batchable
-    def leaf_cell(self, x: ArrayLayer) -> tuple[ArrayLayer, ArrayLayer]:
-        """``(h, c)`` of a leaf."""
-        c = self.leaf_c(x)
-        return ml.sigmoid(self.leaf_o(x)) * ml.tanh(c), c
-
-    @ml.batchable
-    def inner_cell(
-        self, h_left: ArrayLayer, c_left: ArrayLayer, h_right: ArrayLayer, c_right: ArrayLayer
-    ) -> tuple[ArrayLayer, ArrayLayer]:
-        """``(h, c)`` of an inner node."""
-        children = ml.concatenate([h_left, h_right], axis=-1)  # [h_l; h_r], shared by the five gates
-        i, f_left, f_right, o = (
-            ml.sigmoid(gate(children)) for gate in (self.i, self.f_left, self.f_right, self.o)
-        )
-        u = ml.tanh(self.u(children))
-        c = i * u + f_left * c_left + f_right * c_right
-        return o * ml.tanh(c), c
+    def __call__(self) -> dict[str, Weight]:
+        return dict[str, Weight](self)
 
 
 def _raised(result: Result[Any, Exception]) -> Any:
@@ -147,9 +123,11 @@ def _raised(result: Result[Any, Exception]) -> Any:
     return result.unwrap()
 
 
-class TreeLstm:
+class TreeLstm(ml.Module):
     """A constituency Tree-LSTM sentiment classifier: embeddings, cell, classifier, optimizer.
 
+    A module: ``weights()`` names every weight (``embeddings``, ``leaf_c.w``, ``leaf_c.b``, ...,
+    ``u.b``, ``classifier.w``, ``classifier.b``), and ``ml.save`` / ``ml.load`` take the model.
     ``dtype``: the weights' float type (``np.float64`` for gradient checks). ``weight_decay``: L2 on
     every weight but the embeddings (Tai et al. use 1e-4)."""
 
@@ -167,7 +145,7 @@ class TreeLstm:
         dtype: type[np.floating[Any]] = np.float32,
         executor: ml.Executor | None = None,
     ) -> None:
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(seed)  # the weights are drawn from it in the order below
         self.classes = classes
         self.embeddings = ArrayWeight.normal(
             (vocabulary_size, embedding),
@@ -177,20 +155,25 @@ class TreeLstm:
             optimizer=ml.Adagrad(embedding_learning_rate),
             name="embeddings",
         )
-        self.cell = Cell.new(embedding, hidden, rng, dtype)
-        self.classifier = Affine.new(hidden, classes, rng, dtype)
+        cell = nn.TreeLSTMCell.new(embedding, hidden, seed=rng, dtype=dtype)
+        # The cell's gates are the model's own fields too, before the cell: weights() names a weight
+        # by the first path to it, so they are "leaf_c.w", ..., "u.b" (not "cell.leaf_c.w"), the
+        # names the benchmark's peers (PyTorch, DyNet) read.
+        self.leaf_c, self.leaf_o = cell.leaf_c, cell.leaf_o
+        self.i, self.f_left, self.f_right, self.o, self.u = cell.i, cell.f_left, cell.f_right, cell.o, cell.u
+        self.classifier = nn.Linear.new(hidden, classes, seed=rng, dtype=dtype)
+        self.cell = cell
         self.optimizer = ml.Adagrad(learning_rate, weight_decay=weight_decay)
         self.executor = executor
 
     @property
-    def weights(self) -> dict[str, ArrayWeight]:
-        """Every weight, by name (``embeddings``, ``i.w``, ``i.b``, ..., ``classifier.b``)."""
-        affines = {field.name: getattr(self.cell, field.name) for field in fields(self.cell)}
-        affines["classifier"] = self.classifier
-        named = {"embeddings": self.embeddings}
-        for name, affine in affines.items():
-            named[f"{name}.w"], named[f"{name}.b"] = affine.w, affine.b
-        return named
+    def weights(self) -> ArrayWeights:
+        """Every weight, by name: ``model.weights()`` as for any module, and ``model.weights`` the
+        same as a mapping (see :class:`ArrayWeights`)."""
+        found = ml.weights_of(self)
+        arrays = ArrayWeights({name: w for name, w in found.items() if isinstance(w, ArrayWeight)})
+        assert len(arrays) == len(found), "every weight of the model is an array"
+        return arrays
 
     def states(self, tree: Tree, word_id: WordId) -> list[tuple[Tree, State]]:
         """Every node of ``tree`` with its state, children before parents (the root last)."""
@@ -200,9 +183,10 @@ class TreeLstm:
             if node.left is None or node.right is None:
                 # One lookup per leaf: batching merges them (one sparse delta of the rows used).
                 word = word_id(node.word) if node.word is not None else 0
-                states[id(node)] = self.cell.leaf(ml.take_rows(self.embeddings, word))
+                states[id(node)] = State(*self.cell.leaf(ml.take_rows(self.embeddings, word)))
             else:
-                states[id(node)] = self.cell.compose(states[id(node.left)], states[id(node.right)])
+                left, right = states[id(node.left)], states[id(node.right)]
+                states[id(node)] = State(*self.cell.compose(left.h, left.c, right.h, right.c))
         return [(node, states[id(node)]) for node in nodes]
 
     def node_losses(self, tree: Tree, word_id: WordId) -> list[FloatLayer]:
@@ -289,7 +273,9 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
     parser.add_argument("--weight-decay", type=non_negative_float, default=0.0, help="L2 (Tai et al.: 1e-4)")
     parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--no-batching", action="store_true", help="run every kernel on its own")
+    add_output_arguments(parser, plot="loss and dev accuracy per epoch")
     args = parser.parse_args(argv)
+    check_plot(parser, args.plot)
 
     sizes = {"train": args.trees, "dev": max(args.trees // 4, 1)}
     data = sst.open_dataset(args.data, seed=args.seed, sizes=sizes)
@@ -307,15 +293,22 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
     )
     rng = np.random.default_rng(args.seed)
     losses: list[float] = []
+    accuracies: list[tuple[float, float]] = []  # dev: fine-grained, binary
     best: tuple[float, int, dict[str, Any]] | None = None  # dev accuracy, epoch, the weights' data
     for epoch in range(args.epochs):
         order = rng.permutation(len(train))
         batches = [[train[k] for k in order[i : i + args.batch]] for i in range(0, len(train), args.batch)]
         start = time.perf_counter()
-        total = sum(model.step(batch, vocabulary.index) * len(batch) for batch in batches)
+        total, seen = 0.0, 0
+        with Progress(len(train), desc=f"epoch {epoch}", unit="trees", enabled=not args.no_progress) as bar:
+            for batch in batches:
+                total += model.step(batch, vocabulary.index) * len(batch)
+                seen += len(batch)
+                bar.update(len(batch), loss=total / seen)
         seconds = time.perf_counter() - start
         losses.append(total / len(train))
         fine, binary = model.accuracy(dev, vocabulary.index)
+        accuracies.append((fine, binary))
         print(
             f"epoch {epoch}: loss {losses[-1]:.3f} per tree ({len(train) / seconds:.1f} trees/s); "
             f"dev root accuracy {fine:.3f} fine-grained, {binary:.3f} binary",
@@ -323,15 +316,30 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
         )
         if best is None or fine > best[0]:
             # A step replaces a weight's data and never changes it in place: keeping the arrays is a copy.
-            best = fine, epoch, {name: w.data for name, w in model.weights.items()}
+            best = fine, epoch, {name: w.data for name, w in model.weights().items()}
     if best is not None and "test" in data:
-        for name, w in model.weights.items():  # the epoch selected on dev
+        for name, w in model.weights().items():  # the epoch selected on dev
             w.data = best[2][name]
         fine, binary = model.accuracy(data["test"], vocabulary.index)
         print(
             f"test root accuracy, weights of epoch {best[1]} (best on dev, {best[0]:.3f}): {fine:.3f} "
             f"fine-grained, {binary:.3f} binary (Tai et al. 2015, with GloVe vectors: 0.510, 0.880)"
         )
+    if args.plot:
+        epochs = list(range(1, args.epochs + 1))
+        plot_curves(
+            args.plot,
+            f"Tree-LSTM sentiment: {len(train)} training trees, {len(dev)} dev trees",
+            "epoch",
+            {
+                "training loss per tree": {"train": (epochs, losses)},
+                "dev root accuracy": {
+                    "fine-grained": (epochs, [a[0] for a in accuracies]),
+                    "binary": (epochs, [a[1] for a in accuracies]),
+                },
+            },
+        )
+        print(f"plot: {args.plot}")
     return losses
 
 

@@ -109,8 +109,8 @@ def test_tree_lstm_gradients_are_equal_with_batching_on_and_off(batch: list[Tree
     # The agenda merges every node of one height across the trees: all the leaves in one launch of
     # the leaf cell (and one lookup), and one launch of the inner cell per height.
     kinds = batched.stats.kinds
-    assert kinds["take_rows"] == 1 and kinds["Cell.leaf_cell"] == 1, kinds
-    assert kinds.get("Cell.inner_cell", 0) == max(t.height() for t in batch), kinds
+    assert kinds["take_rows"] == 1 and kinds["TreeLSTMCell.leaf"] == 1, kinds
+    assert kinds.get("TreeLSTMCell.compose", 0) == max(t.height() for t in batch), kinds
     assert batched.stats.groups > 0 and batched.stats.merged >= sum(len(t) for t in batch)
     assert batched.stats.kernels < alone.stats.kernels
 

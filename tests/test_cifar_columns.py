@@ -146,3 +146,14 @@ def test_the_example_runs_as_a_script(capsys: pytest.CaptureFixture[str]) -> Non
     losses = main(["--steps", "5", "--columns", "1", "--learning-rate", "0.01"])
     assert len(losses) == 5 and all(math.isfinite(v) for v in losses)
     assert "data: synthetic CIFAR-100" in capsys.readouterr().out
+
+
+def test_the_example_plots_its_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    from examples.cifar_columns import main
+
+    path = tmp_path / "curves.png"
+    main(["--steps", "60", "--columns", "1", "--batch", "4", "--plot", str(path), "--no-progress"])
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = capsys.readouterr().out
+    assert "step   50: loss" in out and "step   59: loss" in out and f"plot: {path}" in out

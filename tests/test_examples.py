@@ -4,12 +4,19 @@
 * ``gated_network``: its four versions compute the same function and all learn; the dynamic ones
   evaluate each gate once per training step, the eager one more often; the applicative version's two
   gates run concurrently on a pool of two (they meet at a two-party barrier), the monadic one's do not.
+* The long-running ones (``tree_lstm``, ``cifar_columns``, ``char_lstm``) show a progress bar on a
+  terminal (not with ``--no-progress``, not without tqdm), and ``--plot`` without matplotlib is an
+  argparse error (exit status 2) before anything runs.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
+import sys
 import threading
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,7 +26,7 @@ from returns.result import Failure, Result, Success
 import monadl
 from examples import gated_network as gn
 from examples import guess_next_number
-from monadl import ArrayWeight, FloatLayer, FloatWeight
+from monadl import ArrayWeight, FloatLayer, FloatWeight, cli
 from monadl.tape import Tape
 
 DYNAMIC = ["monadic", "applicative", "direct"]  # the versions that choose inside the computation
@@ -177,3 +184,105 @@ def test_gates_in_sequence_never_meet(name: str, workers: int) -> None:
         strict=True,
     ):
         np.testing.assert_array_equal(after.data, before.data)
+
+
+# ------------------------------------------------------------ progress bars and plots (monadl.cli)
+
+LONG_EXAMPLES = {
+    "tree_lstm": ["--trees", "4", "--epochs", "1", "--batch", "2", "--hidden", "4", "--embedding", "4"],
+    "cifar_columns": ["--steps", "2", "--columns", "1", "--batch", "4"],
+    "char_lstm": ["--epochs", "1", "--hidden", "8", "--embedding", "4", "--sample", "0"],
+}
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Synthetic data sets go to a temporary folder, never to the user's cache."""
+    monkeypatch.setenv("MONADL_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def example_main(name: str) -> Callable[[list[str]], list[float]]:
+    main: Callable[[list[str]], list[float]] = importlib.import_module(f"examples.{name}").main
+    return main
+
+
+def test_no_progress_bar_off_a_terminal() -> None:
+    assert not cli.on_terminal()  # pytest captures stdout and stderr
+    assert cli.Progress(10, desc="training", unit="trees").bar is None
+
+
+def test_a_progress_bar_shows_the_rate_and_the_loss(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("tqdm")
+    monkeypatch.setattr(cli, "on_terminal", lambda: True)
+    assert cli.Progress(10, desc="training", unit="trees", enabled=False).bar is None  # --no-progress
+    with cli.Progress(10, desc="training", unit="trees") as progress:
+        progress.update(4, loss=0.25)
+        shown = str(progress.bar)
+        progress.write("a line past the bar")
+    assert shown.startswith("training:  40%") and "4/10" in shown
+    assert "trees/s" in shown and "loss 0.25" in shown
+    captured = capsys.readouterr()
+    assert captured.out == "a line past the bar\n" and "training:" in captured.err
+
+
+def test_without_tqdm_there_is_no_bar_and_no_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "on_terminal", lambda: True)
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm raises ImportError
+    with cli.Progress(10, desc="training", unit="trees") as progress:
+        assert progress.bar is None
+        progress.update(4, loss=0.25)
+        progress.write("a line")
+    assert capsys.readouterr() == ("a line\n", "")
+
+
+@pytest.mark.usefixtures("cache_dir")
+@pytest.mark.parametrize("name", list(LONG_EXAMPLES))
+def test_the_long_examples_show_a_bar_on_a_terminal_unless_told_not_to(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("tqdm")
+    monkeypatch.setattr(cli, "on_terminal", lambda: True)
+    unit = {"tree_lstm": "trees/s", "cifar_columns": "images/s", "char_lstm": "chars/s"}[name]
+    example_main(name)(LONG_EXAMPLES[name])
+    assert unit in capsys.readouterr().err
+    example_main(name)([*LONG_EXAMPLES[name], "--no-progress"])
+    assert unit not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", list(LONG_EXAMPLES))
+def test_plot_without_matplotlib_is_an_error_before_anything_runs(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    with pytest.raises(SystemExit) as exited:
+        example_main(name)([*LONG_EXAMPLES[name], "--plot", str(tmp_path / "curves.png")])
+    assert exited.value.code == 2
+    captured = capsys.readouterr()
+    assert "argument --plot: needs matplotlib, which is not installed" in captured.err
+    assert captured.out == ""  # no data made, nothing trained
+    assert not (tmp_path / "curves.png").exists()
+
+
+def test_plot_into_a_missing_folder_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    with pytest.raises(SystemExit) as exited:
+        example_main("char_lstm")([*LONG_EXAMPLES["char_lstm"], "--plot", str(tmp_path / "no" / "c.png")])
+    assert exited.value.code == 2
+    assert "argument --plot: the folder" in capsys.readouterr().err
+
+
+def test_plot_curves_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "curves.png"
+    steps = list(range(100))
+    cli.plot_curves(
+        path,
+        "a title",
+        "step",
+        {"loss": {"per step": (steps, [1.0 / (1 + s) for s in steps]), "mean": ([0, 99], [1.0, 0.1])}},
+    )
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -83,8 +83,9 @@ def test_a_tree_lstm_batch_runs_with_one_cell_launch_per_level() -> None:
     # Leaves are one level; an inner node's level is set by its deepest child: one launch of the
     # inner cell per level of the tallest tree, however many trees.
     kinds = merged.stats.kinds
-    assert kinds["Cell.leaf_cell"] == 1 and kinds["take_rows"] == 1
-    assert kinds["Cell.inner_cell"] == max(t.height() for t in trees) < alone.stats.kinds["Cell.inner_cell"]
+    assert kinds["TreeLSTMCell.leaf"] == 1 and kinds["take_rows"] == 1
+    height = max(t.height() for t in trees)
+    assert kinds["TreeLSTMCell.compose"] == height < alone.stats.kinds["TreeLSTMCell.compose"]
     assert merged.stats.kernels < alone.stats.kernels / 5
 
 
@@ -158,7 +159,7 @@ def test_tree_lstm_root_scores_merge_and_equal_unbatched() -> None:
     )
     merged = merged_model.predict_roots(trees, vocabulary.index)
     assert merged_model.executor is not None
-    assert merged_model.executor.last_stats.kinds["Cell.inner_cell"] == max(t.height() for t in trees)
+    assert merged_model.executor.last_stats.kinds["TreeLSTMCell.compose"] == max(t.height() for t in trees)
     assert_close(merged, alone_model.predict_roots(trees, vocabulary.index), "root scores")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,7 +52,7 @@ def tiny_model(seed: int = 0) -> TreeLstm:
 def reference_loss(model: TreeLstm, tree: Tree, word_id: WordId) -> float:
     """Tai et al.'s constituency Tree-LSTM and its loss at every node, in plain NumPy (recursive:
     the tree is small)."""
-    p = {name: weight.data for name, weight in model.weights.items()}
+    p = {name: np.asarray(weight.data) for name, weight in model.weights().items()}
 
     def sigmoid(x: np.ndarray) -> np.ndarray:
         return np.asarray(1.0 / (1.0 + np.exp(-x)))
@@ -136,7 +137,7 @@ def test_a_degenerate_tree_2000_levels_deep_runs_without_recursion_error() -> No
     model = TreeLstm(4, embedding=2, hidden=2, dtype=np.float64)
     value, gradients = ml.compute_gradients(model.loss([tree], word_id))  # forward and backward
     assert math.isfinite(value) and value > 0.0
-    assert set(gradients) == set(model.weights.values())
+    assert set(gradients) == set(model.weights().values())
     assert 0 <= model.predict(tree, word_id) < 5
 
 
@@ -203,8 +204,8 @@ def test_accuracy_is_fine_grained_and_binary_without_neutral_roots() -> None:
 def test_a_failed_step_changes_no_weight_and_no_optimizer_state() -> None:
     model = tiny_model()
     model.step([TINY], word_id)  # every weight now has optimizer state
-    weights = model.weights
-    data = {name: w.data.copy() for name, w in weights.items()}
+    weights = model.weights()
+    data = {name: np.array(w.data, copy=True) for name, w in weights.items()}
     states = {name: w.optimizer_state for name, w in weights.items()}
 
     def out_of_range(word: str) -> int:
@@ -234,6 +235,44 @@ def test_main_trains_on_synthetic_trees(capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     assert out.startswith("data: synthetic")
     assert "epoch 1: loss" in out and "dev root accuracy" in out
+
+
+def test_main_plots_the_learning_curves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("monadl.data.sst")
+    pytest.importorskip("matplotlib")
+    from examples import tree_lstm
+
+    path = tmp_path / "curves.png"
+    tree_lstm.main(["--trees", "8", "--epochs", "2", "--batch", "4", "--hidden", "4", "--plot", str(path)])
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"plot: {path}" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------ the module
+
+
+def test_the_model_is_a_module_of_monadl_nn_parts_with_the_weights_names_of_old() -> None:
+    model = tiny_model()
+    assert isinstance(model, ml.Module) and isinstance(model.cell, ml.nn.TreeLSTMCell)
+    assert isinstance(model.classifier, ml.nn.Linear)
+    gates = ["leaf_c", "leaf_o", "i", "f_left", "f_right", "o", "u", "classifier"]
+    names = ["embeddings", *(f"{gate}.{p}" for gate in gates for p in "wb")]
+    assert list(model.weights()) == list(ml.weights_of(model)) == names
+    assert model.weights() == dict(model.weights)  # the mapping of old, for the benchmark's peers
+    assert model.weights()["leaf_c.w"] is model.cell.leaf_c.w
+
+
+def test_a_checkpoint_resumes_training_bit_for_bit(tmp_path: Path) -> None:
+    trees = sentiment_trees()
+    straight, resumed = tiny_model(seed=2), tiny_model(seed=2)
+    for model in (straight, resumed):
+        model.step(trees[:4], word_id)
+    ml.save(tmp_path / "model.safetensors", resumed, metadata={"steps": 1})
+    resumed = tiny_model(seed=5)  # other weights, no optimizer state: the checkpoint restores both
+    assert ml.load(tmp_path / "model.safetensors", resumed) == {"steps": 1}
+    assert straight.step(trees[4:], word_id) == resumed.step(trees[4:], word_id)
+    for name, weight in straight.weights().items():
+        np.testing.assert_array_equal(np.asarray(weight.data), np.asarray(resumed.weights()[name].data))
 
 
 @pytest.mark.parametrize("batching", [True, False])

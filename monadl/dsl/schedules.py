@@ -25,7 +25,7 @@ class Schedule(Protocol):
     def __call__(self, step: int) -> float: ...
 
 
-LearningRate: TypeAlias = "float | Schedule"
+LearningRate: TypeAlias = float | Schedule
 """What an optimizer takes as its learning rate: a constant, or a schedule of the step."""
 
 
