@@ -13,7 +13,15 @@ from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, s
 from monadl.dsl.custom import CustomOp, custom_op
 from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.direct import direct, parallel
-from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer
+from monadl.dsl.layers import (
+    AnyArray,
+    AnyFloat,
+    AnyLayer,
+    ArrayLayer,
+    ArrayOperators,
+    FloatLayer,
+    FloatOperators,
+)
 from monadl.dsl.operation import batchable
 from monadl.dsl.ops import (
     abs,
@@ -24,6 +32,7 @@ from monadl.dsl.ops import (
     exp,
     lift,
     lift_array,
+    lift_float,
     linear,
     log,
     log_softmax,
@@ -116,6 +125,10 @@ __all__ = [
     "gather",
     "lift",
     "lift_array",
+    "lift_float",
+    "AnyLayer",
+    "ArrayOperators",
+    "FloatOperators",
     "linear",
     "load",
     "log",

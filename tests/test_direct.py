@@ -117,7 +117,7 @@ def test_awaiting_a_foreign_awaitable_is_a_clear_error() -> None:
     @ml.direct
     async def f() -> ml.FloatLayer:
         await asyncio.sleep(0)
-        return ml.lift(1.0)  # type: ignore[return-value]
+        return ml.lift(1.0)
 
     result = f().predict_blocking()
     assert isinstance(result, Failure)
@@ -127,7 +127,7 @@ def test_awaiting_a_foreign_awaitable_is_a_clear_error() -> None:
 
 def test_a_plain_function_under_direct_is_rejected() -> None:
     def plain() -> ml.FloatLayer:
-        return ml.lift(1.0)  # type: ignore[return-value]
+        return ml.lift(1.0)
 
     with pytest.raises(TypeError, match="must be an 'async def' function"):
         ml.direct(plain)  # type: ignore[arg-type]

@@ -468,6 +468,7 @@ OPS: dict[str, Draw] = {
     "exp": _unary("exp"),
     "lift": _unary("lift"),
     "lift_array": _unary("lift_array"),
+    "lift_float": _unary("lift_float"),
     "linear": _linear,
     "log": _unary("log"),
     "log_softmax": _softmax("log_softmax"),

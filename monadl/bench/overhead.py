@@ -59,6 +59,7 @@ from monadl import (
     FloatLayer,
     FloatWeight,
     compute_gradients,
+    lift,
     lift_array,
     predict_blocking,
     train_blocking,
@@ -261,7 +262,7 @@ def _build_elementwise(x0: Any, weights: Sequence[Weight]) -> Callable[[], Float
     muls = [i % 2 == 0 for i in range(len(weights))]
 
     def build() -> FloatLayer | ArrayLayer:
-        x: Any = lift_array(x0)
+        x: Any = lift(x0)
         for mul, w in zip(muls, weights, strict=True):
             x = x * w if mul else x + w
         result: FloatLayer | ArrayLayer = x

@@ -8,7 +8,7 @@ type follows the operands: float with float gives a ``FloatLayer``, anything wit
 from __future__ import annotations
 
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, Self, TypeAlias, cast, final, overload
+from typing import TYPE_CHECKING, Any, Self, TypeAlias, TypeVar, cast, final, overload
 
 import numpy as np
 from mypy_extensions import mypyc_attr
@@ -30,10 +30,12 @@ if TYPE_CHECKING:
     from monadl.dsl.optimizers import Optimizer
     from monadl.dsl.weights import ArrayWeight, FloatWeight
 
-AnyFloat: TypeAlias = "float | FloatWeight | FloatLayer"
-"""Anything usable where a differentiable float is expected."""
-AnyArray: TypeAlias = "Array | ArrayWeight | ArrayLayer"
-"""Anything usable where a differentiable array is expected."""
+AnyFloat: TypeAlias = "float | FloatWeight | FloatLayer | FloatOperators"
+"""Anything usable where a differentiable float is expected. (``FloatOperators``, the base of
+``FloatWeight`` and ``FloatLayer``, is what :data:`AnyLayer` gives for a float weight.)"""
+AnyArray: TypeAlias = "Array | ArrayWeight | ArrayLayer | ArrayOperators"
+"""Anything usable where a differentiable array is expected. (``ArrayOperators``, the base of
+``ArrayWeight`` and ``ArrayLayer``, is what :data:`AnyLayer` gives for an array weight.)"""
 BasicIndex: TypeAlias = "int | np.integer[Any] | slice | EllipsisType | None"
 """An entry of a basic index (``layer[:, 1:3]``, ``layer[..., 0]``)."""
 Index: TypeAlias = "RowIndices | slice | EllipsisType | tuple[BasicIndex, ...]"
@@ -223,13 +225,15 @@ class FloatLayer(FloatOperators):
         self.forward = forward
 
     def predict(self, *, executor: Executor | None = None) -> FutureResult[float, Exception]:
-        """The forward value, as a ``FutureResult`` (computed when awaited)."""
+        """The forward value, as a ``FutureResult`` (computed when awaited): awaited, an
+        ``IOResult[float, Exception]`` (see :func:`monadl.predict`)."""
         return training.predict(self, executor=executor)
 
     def train(
         self, optimizer: Optimizer | None = None, *, executor: Executor | None = None
     ) -> FutureResult[float, Exception]:
-        """One training step on this loss, as a ``FutureResult`` (computed when awaited)."""
+        """One training step on this loss, as a ``FutureResult`` (computed when awaited): awaited,
+        an ``IOResult[float, Exception]`` (see :func:`monadl.train`)."""
         return training.train(self, optimizer, executor=executor)
 
     def predict_blocking(self, *, executor: Executor | None = None) -> Result[float, Exception]:
@@ -253,13 +257,15 @@ class ArrayLayer(ArrayOperators):
         self.forward = forward
 
     def predict(self, *, executor: Executor | None = None) -> FutureResult[Array, Exception]:
-        """The forward value, as a ``FutureResult`` (computed when awaited)."""
+        """The forward value, as a ``FutureResult`` (computed when awaited): awaited, an
+        ``IOResult[Array, Exception]`` (see :func:`monadl.predict`)."""
         return training.predict(self, executor=executor)
 
     def train(
         self, optimizer: Optimizer | None = None, *, executor: Executor | None = None
     ) -> FutureResult[Array, Exception]:
-        """One training step on this loss, as a ``FutureResult`` (computed when awaited)."""
+        """One training step on this loss, as a ``FutureResult`` (computed when awaited): awaited,
+        an ``IOResult[Array, Exception]`` (see :func:`monadl.train`)."""
         return training.train(self, optimizer, executor=executor)
 
     def predict_blocking(self, *, executor: Executor | None = None) -> Result[Array, Exception]:
@@ -271,3 +277,17 @@ class ArrayLayer(ArrayOperators):
     ) -> Result[Array, Exception]:
         """One training step on the sum of this array (seeded with ones), now."""
         return training.train_blocking(self, optimizer, executor=executor)
+
+
+AnyLayer = TypeVar("AnyLayer", FloatLayer, ArrayLayer, FloatOperators, ArrayOperators)
+"""The type variable of a function polymorphic over the kind of its operands, as ``AnyStr`` is
+over ``str`` and ``bytes``: ``def swish(x: AnyLayer) -> AnyLayer: return x * sigmoid(x)`` takes
+layers and weights of either kind, as they are. A ``FloatLayer`` gives a ``FloatLayer`` and an
+``ArrayLayer`` an ``ArrayLayer``; a weight, or weights and layers of one kind together, give that
+kind's base, ``FloatOperators`` or ``ArrayOperators``, which every op and operator takes (and
+:func:`~monadl.lift` makes a layer again, for ``predict`` and ``train``). Operands of two kinds
+are rejected, and so are plain floats and arrays (``lift`` them: ``ndarray * ndarray`` is no layer).
+
+A weight cannot give its layer type here: ``FloatWeight`` is no ``FloatLayer`` (it has no
+``predict`` or ``train``), and a type variable's value for an argument is a type that the
+argument's type is a subtype of. ``TypeVar("L", FloatLayer, ArrayLayer)`` rejects weights."""

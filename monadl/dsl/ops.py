@@ -10,7 +10,7 @@ import math
 import operator
 import reprlib
 from collections.abc import Sequence
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import numpy as np
 
@@ -40,6 +40,7 @@ __all__ = [
     "exp",
     "lift",
     "lift_array",
+    "lift_float",
     "linear",
     "log",
     "log_softmax",
@@ -150,9 +151,17 @@ def _operands(op: str, xs: object) -> Sequence[object]:
     raise TypeError(f"{op}: expected a list or a tuple of operands, got {_described(xs)}")
 
 
+@overload
+def lift(x: AnyFloat) -> FloatLayer: ...
+@overload
+def lift(x: AnyArray) -> ArrayLayer: ...
 def lift(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
-    """``x`` as a layer. Use it on a raw-array operand where mypy cannot pick an operator of a
-    union that includes ``ndarray`` (``ndarray * ndarray`` is an ndarray, not a layer)."""
+    """``x`` as a layer of its kind: a float-like (a float, a ``FloatWeight``, a ``FloatLayer``)
+    gives a ``FloatLayer``, an array-like an ``ArrayLayer`` (a layer is returned as it is). Use it
+    on a raw-array operand where mypy cannot pick an operator of a union that includes ``ndarray``
+    (``ndarray * ndarray`` is an ndarray, not a layer), and on what :data:`~monadl.AnyLayer` gives
+    for a weight, for ``predict`` and ``train``. :func:`lift_float` and :func:`lift_array` take
+    one kind only."""
     return _lift(x, "lift")
 
 
@@ -163,13 +172,24 @@ def _lift(x: object, op: str) -> FloatLayer | ArrayLayer:
     return FloatLayer(forward) if is_float_kind(x) else ArrayLayer(forward)
 
 
-@overload
-def lift_array(x: AnyArray) -> ArrayLayer: ...
-@overload
-def lift_array(x: AnyFloat) -> FloatLayer: ...
-def lift_array(x: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
-    """:func:`lift` with a precise type: an array-like gives an ``ArrayLayer``."""
-    return _lift(x, "lift_array")
+def lift_float(x: AnyFloat) -> FloatLayer:
+    """``x``, a float, a ``FloatWeight`` or a ``FloatLayer``, as a ``FloatLayer``. Anything else is
+    a TypeError (an array-like; a user's own ``DeepLearning`` value, whose kind is known only when
+    it runs: :func:`lift` takes it)."""
+    if type(x) is FloatLayer:
+        return x
+    if not is_float_kind(x):  # an array; or a user's own value, whose kind is known when it runs
+        raise TypeError(f"lift_float: expected a float, float weight or float layer, got {_described(x)}")
+    return FloatLayer(forward_of(x, "lift_float"))
+
+
+def lift_array(x: AnyArray) -> ArrayLayer:
+    """``x``, an array, an ``ArrayWeight`` or an ``ArrayLayer``, as an ``ArrayLayer``: its type
+    takes array-likes only (:func:`lift_float` lifts a float-like, :func:`lift` either kind). At run
+    time a float-like still gives a ``FloatLayer``, as ``lift_array`` did before ``lift_float``,
+    for code written then."""
+    # (cast: the FloatLayer of a float-like, which the type rules out, is kept for old callers)
+    return cast(ArrayLayer, _lift(x, "lift_array"))
 
 
 @overload

@@ -26,7 +26,14 @@ sees one step's weights, never a mix of two.
    array where the backward pass says nothing else holds it: no weight-sized allocation.
 
 ``train``/``predict`` return ``returns``' ``FutureResult`` (the paper's typed asynchronous result);
-``train_blocking``/``predict_blocking`` return a ``Result`` for scripts.
+``train_blocking``/``predict_blocking`` return a ``Result`` for scripts. Awaiting a
+``FutureResult[float, Exception]`` (``await loss.train(optimizer)``, in a coroutine that an asyncio
+loop runs: the step runs in a worker thread) gives what ``returns`` gives for every
+``FutureResult``: an ``IOResult[float, Exception]``, ``IOSuccess(loss)`` or ``IOFailure(exception)``,
+the blocking form's ``Result`` marked as the outcome of a side effect. ``.map``, ``.bind`` and
+``.value_or`` work on the ``IOResult`` itself (``value_or`` and ``unwrap`` give an ``IO``); returns'
+escape from ``IO``, ``unsafe_perform_io(IO.from_ioresult(io_result))``, gives the ``Result``
+(``unsafe_perform_io(io_result)`` gives it too, but is typed for an ``IO`` only).
 """
 
 from __future__ import annotations
@@ -432,7 +439,11 @@ def train(
     *,
     executor: Executor | None = None,
 ) -> FutureResult[Any, Exception]:
-    """One training step as a ``FutureResult``: it runs (in a worker thread) when awaited."""
+    """One training step as a ``FutureResult``: it runs, once, in a worker thread when first
+    awaited (in an asyncio loop). Awaiting it (or its ``awaitable()``) gives an ``IOResult``:
+    ``IOSuccess(loss)``, or ``IOFailure(exception)`` with no weight changed, where
+    :func:`train_blocking` returns ``Success(loss)`` or ``Failure(exception)``
+    (``unsafe_perform_io(IO.from_ioresult(io_result))`` is that ``Result``)."""
     return FutureResult(_InThread(lambda: train_blocking(loss, optimizer, executor=executor)))
 
 
@@ -443,5 +454,8 @@ def predict(layer: ArrayLayer, *, executor: Executor | None = None) -> FutureRes
 def predict(
     layer: FloatLayer | ArrayLayer, *, executor: Executor | None = None
 ) -> FutureResult[Any, Exception]:
-    """The forward value as a ``FutureResult``: it runs (in a worker thread) when awaited."""
+    """The forward value as a ``FutureResult``: it runs, once, in a worker thread when first
+    awaited (in an asyncio loop). Awaiting it (or its ``awaitable()``) gives an ``IOResult``:
+    ``IOSuccess(value)`` or ``IOFailure(exception)``, where :func:`predict_blocking` returns
+    ``Success(value)`` or ``Failure(exception)``."""
     return FutureResult(_InThread(lambda: predict_blocking(layer, executor=executor)))

@@ -1,0 +1,161 @@
+"""The README's editable install (``pip install -e .``) must be one that mypy sees: a user's own
+file, outside the repository, type-checks against monadl with ``mypy --strict``.
+
+setuptools installs a flat layout in editable mode as an import hook (a ``MetaPathFinder`` in a
+``.pth`` file) that Python runs and mypy cannot see ("Cannot find implementation or library stub
+for module named monadl"); ``package-dir = {"" = "."}`` in ``pyproject.toml`` makes it a plain path
+entry instead. This test installs a copy of the package, editable, into a new virtual environment
+and runs mypy there, as a user would.
+
+Offline and in about ten seconds: the new environment sees this one's packages (pip, setuptools,
+mypy, numpy, returns) through a ``.pth`` entry rather than downloading them, pip builds without
+isolation (``--no-build-isolation --no-index``), and ``MONADL_BUILD=pure`` compiles nothing. A copy,
+not this checkout: an install writes into the tree it installs (``build/``, ``*.egg-info``, and a
+pure build removes the compiled engine's extensions).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SETUPTOOLS = (68,)  # pyproject.toml's [build-system] requires setuptools>=68 (PEP 660 editable wheels)
+
+USER_FILE = """\
+from typing import TypeVar, assert_type
+
+import numpy as np
+
+import monadl as ml
+from monadl._packaging_probe import PROBE
+
+L = TypeVar("L", ml.FloatLayer, ml.ArrayLayer)
+
+
+def swish(x: L) -> L:
+    return x * ml.sigmoid(x)
+
+
+w = ml.ArrayWeight.normal((3, 1), seed=0)
+b = ml.FloatWeight(0.0)
+x = np.ones((4, 3))
+loss = ml.mean((x @ w + b) ** 2.0)
+assert_type(loss, ml.FloatLayer)
+assert_type(swish(x @ w), ml.ArrayLayer)
+assert_type(loss.train_blocking(ml.SGD(0.1)).unwrap(), float)
+assert_type(PROBE, int)  # this module is in the copy only: mypy found monadl there
+"""
+
+
+def _setuptools_version() -> tuple[int, ...]:
+    """The version of the setuptools installed here, as a tuple of ints; () where there is none."""
+    try:
+        version = importlib.metadata.version("setuptools")
+    except importlib.metadata.PackageNotFoundError:
+        return ()
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+
+
+def _run(args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def _copy_of_the_package(destination: Path) -> Path:
+    """What pip builds monadl from (its sources, no build outputs), with a probe module."""
+    destination.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(ROOT / name, destination / name)
+    ignored = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd", "_engine.json", "*.egg-info")
+    shutil.copytree(ROOT / "monadl", destination / "monadl", ignore=ignored)
+    (destination / "monadl" / "_packaging_probe.py").write_text("PROBE: int = 1\n")
+    return destination
+
+
+def test_mypy_finds_an_editable_install_from_a_users_own_directory(tmp_path: Path) -> None:
+    if _setuptools_version() < SETUPTOOLS:
+        pytest.skip(
+            f"setuptools>={'.'.join(map(str, SETUPTOOLS))} is not installed (pip install -e '.[dev]')"
+        )
+    pytest.importorskip("pip")
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MYPYPATH", "PYTHONHOME")}
+    env |= {
+        "MONADL_BUILD": "pure",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PIP_NO_INPUT": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    env.pop("MONADL_PURE", None)
+
+    source = _copy_of_the_package(tmp_path / "monadl-source")
+    venv = tmp_path / "venv"
+    made = _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, env, 60)
+    assert made.returncode == 0, made.stderr
+    python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    # The new environment's own site-packages, then this one's (pip, setuptools, mypy, the
+    # dependencies): a path in a .pth file, read by Python at start-up and by mypy alike.
+    found = _run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path, env, 60
+    )
+    site_packages = Path(found.stdout.strip())
+    ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    (site_packages / "zz_monadl_test_packages.pth").write_text("\n".join(ours) + "\n")
+
+    installed = _run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-e",
+            str(source),
+        ],
+        tmp_path,
+        env,
+        120,
+    )
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    pth = [p.read_text() for p in site_packages.glob("__editable__*monadl*.pth")]
+    assert pth, sorted(p.name for p in site_packages.iterdir())
+
+    # At run time, monadl is the copy's.
+    imported = _run([str(python), "-c", "import monadl; print(monadl.__file__)"], tmp_path, env, 60)
+    assert imported.returncode == 0, imported.stderr
+    assert Path(imported.stdout.strip()).parent == source / "monadl", (imported.stdout, pth)
+
+    # And mypy, run as a user runs it in a directory of their own, finds it there.
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "mypy.ini").write_text("[mypy]\n")
+    (user / "train_model.py").write_text(USER_FILE)
+    checked = _run(
+        [
+            str(python),
+            "-m",
+            "mypy",
+            "--strict",
+            "--cache-dir",
+            str(tmp_path / "mypy-cache"),
+            "train_model.py",
+        ],
+        user,
+        env,
+        120,
+    )
+    report = textwrap.indent(checked.stdout + checked.stderr, "    ")
+    assert checked.returncode == 0, f"mypy --strict failed on a user's file (editable .pth: {pth}):\n{report}"
