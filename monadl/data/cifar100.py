@@ -26,6 +26,7 @@ import os
 import stat
 import sys
 import tarfile
+import typing
 import weakref
 import zlib
 from collections.abc import Iterator
@@ -132,6 +133,11 @@ class Batch(NamedTuple):
         """The fine labels 0..99, (B,)."""
         fine: npt.NDArray[np.int64] = _COARSE_TO_FINE[self.coarse, self.fine_local]
         return fine
+
+
+# NamedTuple makes the constructor in a namespace of its own, where these string annotations name
+# nothing: resolved once, for tools that read the constructor's annotations (the API reference).
+Batch.__new__.__annotations__.update(typing.get_type_hints(Batch))
 
 
 @dataclass(frozen=True)

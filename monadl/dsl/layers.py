@@ -28,14 +28,7 @@ from monadl.typeclasses.backend import Array, RowIndices
 
 if TYPE_CHECKING:
     from monadl.dsl.optimizers import Optimizer
-    from monadl.dsl.weights import ArrayWeight, FloatWeight
 
-AnyFloat: TypeAlias = "float | FloatWeight | FloatLayer | FloatOperators"
-"""Anything usable where a differentiable float is expected. (``FloatOperators``, the base of
-``FloatWeight`` and ``FloatLayer``, is what :data:`AnyLayer` gives for a float weight.)"""
-AnyArray: TypeAlias = "Array | ArrayWeight | ArrayLayer | ArrayOperators"
-"""Anything usable where a differentiable array is expected. (``ArrayOperators``, the base of
-``ArrayWeight`` and ``ArrayLayer``, is what :data:`AnyLayer` gives for an array weight.)"""
 BasicIndex: TypeAlias = "int | np.integer[Any] | slice | EllipsisType | None"
 """An entry of a basic index (``layer[:, 1:3]``, ``layer[..., 0]``)."""
 Index: TypeAlias = "RowIndices | slice | EllipsisType | tuple[BasicIndex, ...]"
@@ -278,6 +271,16 @@ class ArrayLayer(ArrayOperators):
         """One training step on the sum of this array (seeded with ones), now."""
         return training.train_blocking(self, optimizer, executor=executor)
 
+
+# The operand types, as values (not strings), so that tools that read annotations at run time
+# (documentation) resolve them wherever they are used. ``FloatOperators`` is the base of
+# ``FloatWeight`` and ``FloatLayer``, ``ArrayOperators`` that of ``ArrayWeight`` and ``ArrayLayer``.
+AnyFloat: TypeAlias = float | FloatLayer | FloatOperators
+"""Anything usable where a differentiable float is expected: a float, a float layer or weight (or
+what :data:`AnyLayer` gives for a float weight)."""
+AnyArray: TypeAlias = Array | ArrayLayer | ArrayOperators
+"""Anything usable where a differentiable array is expected: an array, an array layer or weight (or
+what :data:`AnyLayer` gives for an array weight)."""
 
 AnyLayer = TypeVar("AnyLayer", FloatLayer, ArrayLayer, FloatOperators, ArrayOperators)
 """The type variable of a function polymorphic over the kind of its operands, as ``AnyStr`` is
