@@ -93,9 +93,8 @@ def _compact() -> list[Snapshot]:
     return alive
 
 
-def read(head: Version, taken: Snapshot | None) -> Version:
-    """The version of the chain at ``head`` that ``taken`` sees (None: the newest visible one)."""
-    limit = _clock.visible if taken is None else taken.number
+def _at(head: Version, limit: int) -> Version:
+    """The newest version of the chain at ``head`` written by commit ``limit`` or before."""
     while head.number > limit:
         older = head.older
         assert older is not None  # the first version (number 0) and those live snapshots need stay
@@ -103,16 +102,16 @@ def read(head: Version, taken: Snapshot | None) -> Version:
     return head
 
 
+def read(head: Version, taken: Snapshot | None) -> Version:
+    """The version of the chain at ``head`` that ``taken`` sees (None: the newest visible one)."""
+    return _at(head, _clock.visible if taken is None else taken.number)
+
+
 def data_of(weight: Any, taken: Snapshot | None) -> Any:
     """``weight``'s data as ``taken`` sees it (None: the newest visible): the engine's read of a
     weight, once per weight and run."""
     head: Version = weight.head
-    limit = _clock.visible if taken is None else taken.number
-    while head.number > limit:
-        older = head.older
-        assert older is not None
-        head = older
-    return head.data
+    return _at(head, _clock.visible if taken is None else taken.number).data
 
 
 def publish(writes: Sequence[tuple[Any, Any, Any]]) -> None:
@@ -137,12 +136,7 @@ def _repair() -> None:
         return
     visible = _clock.visible
     for weight in written:
-        head = weight.head
-        while head.number > visible:
-            older = head.older
-            assert older is not None
-            head = older
-        weight.head = head
+        weight.head = _at(weight.head, visible)
     _clock.written = None
 
 
@@ -152,9 +146,4 @@ def _prune(writes: Sequence[tuple[Any, Any, Any]], number: int) -> None:
     with _clock.lock:
         oldest = min((taken.number for taken in _compact()), default=number)
     for weight, _, _ in writes:
-        version = weight.head
-        while version.number > oldest:
-            older = version.older
-            assert older is not None
-            version = older
-        version.older = None
+        _at(weight.head, oldest).older = None
