@@ -32,8 +32,7 @@ import numpy as np
 
 from monadl.data.files import atomic_write_bytes, read_regular_file
 from monadl.do.versions import COMMIT_LOCK, publish, read
-from monadl.dsl import optimizers as _optimizers
-from monadl.dsl import schedules as _schedules
+from monadl.dsl import optimizers, schedules
 from monadl.dsl.weights import FloatWeight
 from monadl.nn.module import Weight, weights_of
 
@@ -249,7 +248,7 @@ def _frozen(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 _OPTIMIZERS: dict[str, type] = {
     cls.__name__: cls
-    for module in (_optimizers, _schedules)
+    for module in (optimizers, schedules)
     for cls in vars(module).values()
     if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == module.__name__
 }
