@@ -151,6 +151,16 @@ def _operands(op: str, xs: object) -> Sequence[object]:
     raise TypeError(f"{op}: expected a list or a tuple of operands, got {_described(xs)}")
 
 
+def _arrays(op: str, xs: object) -> Sequence[object]:
+    """The operands of an op of a non-empty sequence of arrays, each checked to be one."""
+    operands = _operands(op, xs)
+    if not operands:
+        raise ValueError(f"{op}: needs at least one array")
+    for i, x in enumerate(operands):
+        _array(op, x, f"xs[{i}]")
+    return operands
+
+
 @overload
 def lift(x: AnyFloat) -> FloatLayer: ...
 @overload
@@ -361,11 +371,7 @@ def transpose(x: AnyArray, axes: Sequence[int] | None = None) -> ArrayLayer:
 
 def concatenate(xs: Sequence[AnyArray], axis: int = 0) -> ArrayLayer:
     """The arrays joined along an existing ``axis``."""
-    operands = _operands("concatenate", xs)
-    if not operands:
-        raise ValueError("concatenate: needs at least one array")
-    for i, x in enumerate(operands):
-        _array("concatenate", x, f"xs[{i}]")
+    operands = _arrays("concatenate", xs)
     return apply_array(P.concatenate(len(operands)), *operands, axis=_int("concatenate", "axis", axis))
 
 
@@ -405,11 +411,7 @@ def split(
 def stack(xs: Sequence[AnyArray], axis: int = 0) -> ArrayLayer:
     """The arrays, all of one shape, joined along a new ``axis`` of the result (as ``numpy.stack``:
     ``stack([a, b], axis=-1)`` has shape ``a.shape + (2,)``)."""
-    operands = _operands("stack", xs)
-    if not operands:
-        raise ValueError("stack: needs at least one array")
-    for i, x in enumerate(operands):
-        _array("stack", x, f"xs[{i}]")
+    operands = _arrays("stack", xs)
     return apply_array(P.stack(len(operands)), *operands, axis=_int("stack", "axis", axis))
 
 
