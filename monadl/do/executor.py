@@ -30,10 +30,11 @@ from monadl.do.collector import gc_paused
 from monadl.do.dispatch import Dispatcher
 from monadl.do.do import Do, Variable
 from monadl.do.memory import tune_allocator
+from monadl.do.primitive import value_key
 from monadl.do.program import Program, Ref, Run, RunTape, Step
 from monadl.do.scheduler import Scheduler
 from monadl.do.stats import RunStats
-from monadl.do.structure import structure_of, value_kind
+from monadl.do.structure import structure_of
 from monadl.do.versions import Snapshot, data_of, snapshot
 from monadl.do.workers import WorkerPool
 
@@ -69,7 +70,7 @@ class Seen:
             if type(node) is Variable:
                 while entries[i][0] != "v":
                     i += 1
-                if value_kind(data_of(node.weight, None)) != entries[i][1]:
+                if value_key(data_of(node.weight, None)) != entries[i][1]:
                     return False
                 i += 1
         return True
@@ -206,7 +207,7 @@ class Executor(AbstractContextManager["Executor"]):
             raise
         stats.signatures = len(scheduler.signatures)
         if key is not None and run.replayable and root is not None:
-            self._keep(key, Program(run.steps, len(run.datas), root, _forward_stats(stats), []))
+            self._keep(key, Program(run.steps, len(run.datas), root, _forward_stats(stats)))
             self._remember(do, batch, own_root, Seen(key, run.nodes))
         return Evaluation(run, root, value)
 

@@ -34,7 +34,7 @@ from monadl.do.primitive import FanOut, Primitive, Rule, call_forward, value_key
 from monadl.do.stats import RunStats
 from monadl.do.values import Tape
 from monadl.do.versions import Snapshot, data_of
-from monadl.typeclasses.backend import NDARRAY, ShapeError, host_in, namespace, shape_of
+from monadl.typeclasses.backend import NDARRAY, ShapeError, host_in, namespace
 
 if TYPE_CHECKING:
     from monadl.do.dispatch import Dispatcher
@@ -123,20 +123,6 @@ class Run:
         self.row_kinds = [-1] * slots
         self.scalar_rows = [False] * slots
         self.params = [None] * slots
-
-    def add(self, step: Step, checked: bool) -> None:
-        """Appends ``step`` and runs it (on the pool when it is worth it)."""
-        self.steps.append(step)
-        self.perform(step, checked)
-
-    def perform(self, step: Step, checked: bool) -> None:
-        """Runs ``step``'s forward: inline, or on the pool if it is heavy (its result is stored
-        when it arrives; :meth:`wait` waits for the slots a step reads)."""
-        dispatcher = self.dispatcher
-        if step.heavy and dispatcher is not None:
-            step.submit(self, dispatcher, checked)
-        else:
-            step.forward(self, checked)
 
     def value(self, ref: Ref) -> Any:
         """The value at ``ref``: a slot's, or its row (a float for a row of floats)."""
@@ -776,18 +762,12 @@ def kind_rank(k: int) -> int:
     return _ranks[k]
 
 
-def describe(data: Any) -> str:
-    """A value's shape for messages."""
-    return str(shape_of(data))
-
-
 class Program:
     """A run's steps, kept to be replayed by runs of the same structure: the number of slots, the
     root's place, and the statistics of its forward pass (a replay counts them again)."""
 
-    def __init__(self, steps: list[Step], slots: int, root: Ref, stats: RunStats, keep: list[object]) -> None:
+    def __init__(self, steps: list[Step], slots: int, root: Ref, stats: RunStats) -> None:
         self.steps = steps
         self.slots = slots
         self.root = root
         self.stats = stats
-        self.keep = keep  # objects whose identity is part of the structure's key (kept alive)

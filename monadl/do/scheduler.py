@@ -73,6 +73,7 @@ from monadl.do.program import (
     merged_params,
 )
 from monadl.do.values import Tape
+from monadl.do.workers import affinity_of
 from monadl.typeclasses.backend import ShapeError, shape_of
 
 VISITING: Final = -1  # on the walk's stack: its sources are being walked
@@ -1092,13 +1093,6 @@ def cost_of(prim: Primitive, args: list[Any] | tuple[Any, ...], params: dict[str
         return float(prim.cost(*args, **params))
     except Exception:  # noqa: BLE001 - inputs the op rejects: its own check reports them
         return 0.0
-
-
-def affinity_of(fn: Any) -> object:
-    """The affinity a kernel function declares: ``fn.affinity``, or that of the object a bound
-    method belongs to; None if it has none."""
-    owner = getattr(fn, "__self__", None)
-    return getattr(owner if owner is not None else fn, "affinity", None)
 
 
 def name_of(consumer: Any) -> str:

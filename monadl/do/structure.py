@@ -14,11 +14,10 @@ or not); the scheduler uses the bindings' positions when it interprets the graph
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any, Final, cast
 
 from monadl.do.do import APPLY, PURE, VARIABLE, Apply, Do, Pure, Variable
-from monadl.do.primitive import float_key
+from monadl.do.primitive import float_key, value_key
 from monadl.do.values import Tape
 from monadl.do.versions import data_of
 
@@ -71,7 +70,7 @@ def structure_of(root: Do[Any]) -> Structure | None:
                     stack.append(s)
         elif kind == VARIABLE:
             order[node] = len(key)
-            key.append(("v", value_kind(data_of(cast(Variable, node).weight, None))))
+            key.append(("v", value_key(data_of(cast(Variable, node).weight, None))))
             index[node] = len(nodes)
             nodes.append(node)
         elif kind == PURE:
@@ -80,14 +79,9 @@ def structure_of(root: Do[Any]) -> Structure | None:
                 return None
             data = value.data
             order[node] = len(key)
-            key.append(("f", float_key(data)) if type(data) is float else ("c", value_kind(data)))
+            key.append(("f", float_key(data)) if type(data) is float else ("c", value_key(data)))
             index[node] = len(nodes)
             nodes.append(node)
         else:
             return None
     return Structure(tuple(key), nodes, index)
-
-
-def value_kind(data: Any) -> Hashable:
-    """A leaf's part of a key: its value's type, shape and dtype."""
-    return float if type(data) is float else (type(data), data.shape, data.dtype)
