@@ -36,7 +36,7 @@ from monadl.dsl import optimizers, schedules
 from monadl.dsl.weights import FloatWeight
 from monadl.nn.module import Weight, weights_of
 
-__all__ = ["CheckpointError", "load", "save"]
+__all__ = ["CheckpointError", "from_bytes", "load", "save", "to_bytes"]
 
 FORMAT = 1
 _KEY = "monadl"
@@ -54,6 +54,11 @@ class CheckpointError(ValueError):
 def save(path: str | Path, model: object, *, metadata: Mapping[str, JSON] | None = None) -> None:
     """Writes ``model``'s weights, their optimizer state and ``metadata`` (JSON values: a step, an
     epoch) to ``path``, atomically. The weights are read as one committed state."""
+    atomic_write_bytes(Path(path), to_bytes(model, metadata=metadata))
+
+
+def to_bytes(model: object, *, metadata: Mapping[str, JSON] | None = None) -> bytes:
+    """The checkpoint :func:`save` writes, as bytes (to send to another process, say)."""
     from safetensors.numpy import save as encode
 
     weights = weights_of(model)
@@ -80,7 +85,7 @@ def save(path: str | Path, model: object, *, metadata: Mapping[str, JSON] | None
     except (TypeError, ValueError) as e:
         raise TypeError(f"save: metadata must be JSON values (finite numbers): {e}") from None
     encoded: bytes = encode(tensors, metadata={_KEY: text})
-    atomic_write_bytes(Path(path), encoded)
+    return encoded
 
 
 def _describe_optimizer(optimizer: Any, weight: str) -> dict[str, Any]:
@@ -133,8 +138,17 @@ def load(path: str | Path, model: object, *, partial: bool = False) -> dict[str,
     returns its metadata. ``partial``: load the weights the file and the model have in common
     (else a missing or unexpected name is an error). Nothing changes unless everything fits."""
     path = Path(path)
+    return _load(read_regular_file(path), str(path), model, partial)
+
+
+def from_bytes(data: bytes, model: object, *, partial: bool = False) -> dict[str, JSON]:
+    """:func:`load` from the bytes of a checkpoint (as :func:`to_bytes` gives them)."""
+    return _load(data, "<checkpoint bytes>", model, partial)
+
+
+def _load(raw: bytes, path: str, model: object, partial: bool) -> dict[str, JSON]:
     weights = weights_of(model)
-    header, tensors = _read(path)
+    header, tensors = _read(raw, path)
     saved = header["weights"]
     missing = [name for name in weights if name not in saved]
     unexpected = [name for name in saved if name not in weights]
@@ -154,11 +168,10 @@ def load(path: str | Path, model: object, *, partial: bool = False) -> dict[str,
     return metadata
 
 
-def _read(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
-    """The checkpoint's header and arrays, validated as a whole."""
+def _read(raw: bytes, path: str) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
+    """The checkpoint's header and arrays, validated as a whole (``path`` names it in errors)."""
     from safetensors.numpy import load as decode
 
-    raw = read_regular_file(path)
     try:
         tensors: dict[str, np.ndarray[Any, Any]] = decode(raw)
         text = _metadata_of(raw).get(_KEY)
@@ -195,7 +208,7 @@ def _metadata_of(raw: bytes) -> dict[str, str]:
 
 
 def _restore(
-    path: Path, name: str, weight: Weight, entry: Any, tensors: dict[str, np.ndarray[Any, Any]]
+    path: str, name: str, weight: Weight, entry: Any, tensors: dict[str, np.ndarray[Any, Any]]
 ) -> tuple[Any, Any]:
     """The data and optimizer state the checkpoint holds for ``weight``, checked against it."""
 

@@ -239,13 +239,46 @@ def _memory(gradient: Any) -> int:
 def _apply(
     gradients: Gradients, default: Optimizer | None, owned: set[Any], rate: float | None, check: bool
 ) -> None:
-    """Computes every update, then commits them all (nothing is committed if one fails). ``rate``:
-    the learning rate already folded into the gradients (their optimizers' ``update_folded``).
-    ``check``: fail if a new value is not finite. The caller holds ``COMMIT_LOCK``.
+    """Computes every update, then commits them all (nothing is committed if one fails). The caller
+    holds ``COMMIT_LOCK``."""
+    publish(_updates(gradients, default, owned, rate, check))
+
+
+Update = tuple[Any, Any, Any]
+"""A weight's update, computed and not yet committed: ``(weight, new data, (optimizer, state))``."""
+
+
+def staged_updates(
+    gradients: Gradients, optimizer: Optimizer | None = None, *, check_finite: bool = True
+) -> list[Update]:
+    """The updates a training step would make from ``gradients`` (true gradients, as
+    :func:`compute_gradients` gives them, or a sum of such), computed but not committed: nothing
+    changes until :func:`commit_updates`. ``optimizer``: the default of weights without their own.
+    Raises as a step would (:class:`NonFiniteGradientError`, :class:`NoOptimizerError`).
+
+    The two halves of a step let a caller commit only when others agree (data-parallel replicas:
+    ``monadl.distributed``). The updates are computed from the weights' current values: commit them
+    before another step changes the weights."""
+    with COMMIT_LOCK:
+        return _updates(gradients, optimizer, set(), None, check_finite)
+
+
+def commit_updates(updates: list[Update]) -> None:
+    """Commits updates from :func:`staged_updates`: every weight and optimizer state at once."""
+    with COMMIT_LOCK:
+        publish(updates)
+
+
+def _updates(
+    gradients: Gradients, default: Optimizer | None, owned: set[Any], rate: float | None, check: bool
+) -> list[Update]:
+    """Every weight's update, computed, not committed (nothing is, if one fails). ``rate``: the
+    learning rate already folded into the gradients (their optimizers' ``update_folded``).
+    ``check``: fail if a new value is not finite.
 
     A frozen weight is skipped. An optimizer with ``transform_gradients`` (a chain: clipping) gets
     the gradients of all the weights it updates at once, before any of them is updated."""
-    updates: list[tuple[Any, Any, Any]] = []
+    updates: list[Update] = []
     chains: list[Any] = []  # the optimizers that transform gradients, and for each, its weights
     members: list[list[Any]] = []
     for weight, gradient in gradients.items():
@@ -278,12 +311,12 @@ def _apply(
         # (No rate folded here: a chain has no folded_rate, so the gradients are the true ones.)
         for weight, gradient in zip(weights, transformed, strict=True):
             updates.append(_updated(weight, gradient, optimizer, set(), None, check))
-    publish(updates)
+    return updates
 
 
 def _updated(
     weight: Any, gradient: Any, optimizer: Any, owned: set[Any], rate: float | None, check: bool
-) -> tuple[Any, Any, Any]:
+) -> Update:
     """A weight's update: ``(weight, new data, (optimizer, new state))``, computed, not committed.
     The state is the weight's own while its optimizers are of one kind, else a fresh one."""
     held = weight.optimizer_state

@@ -1,0 +1,732 @@
+"""Data-parallel training on Ray: one replica of the model per worker, one update for all.
+
+::
+
+    import ray
+    from monadl.distributed import DataParallel
+
+    ray.init()  # or ray.init(address="head:6379") on a cluster
+    with DataParallel(build, loss, ml.Adam(1e-3), workers=4) as trainer:
+        for batch in batches:
+            result = trainer.step(batch)  # Success(mean loss) or Failure(WorkerError)
+
+``build()`` makes the model (a :class:`~monadl.nn.Module`, or anything
+:func:`~monadl.nn.weights_of` takes); ``loss(model, shard)`` returns a ``FloatLayer``, **the sum** of
+the shard's per-example losses. Each worker is a Ray actor (``num_cpus=1``) holding one replica. A
+step splits the global batch into one shard per worker (:func:`shard_batch`), every worker computes
+its shard's gradients of ``sum / n`` (``n``: the examples in the global batch) with monadl's engine,
+the gradients are summed, and every replica applies the same update: the trainer minimises the mean
+loss over the global batch, the same objective as one process on the whole batch (the same result
+but for rounding: the terms of a sum are added in another order).
+
+**Exactness.** The sum has a fixed order, whatever finishes first: ``reduction="tree"`` (the default)
+adds worker ``i + d``'s partial sum into worker ``i``'s for ``d = 1, 2, 4, ...`` (a binary tree of
+actors: the gradients go from worker to worker through Ray's object store, never through the driver,
+and each worker sends and receives at most one partial sum per level); ``reduction="driver"`` fetches
+every shard's gradients to the driver, adds them in worker order and sends the sum back. Every
+replica applies the one sum, so the replicas stay bit-identical (:meth:`DataParallel.digests`).
+
+**All or nothing.** A step is a two-phase commit. Every worker computes its gradients and *stages*
+its replica's update (:func:`monadl.dsl.training.staged_updates`: the new weights and optimizer
+state, computed, not committed); only when every worker has succeeded does the driver tell them all
+to commit. A step that fails anywhere (an exception in ``loss``, a non-finite loss, gradient or new
+weight, a worker's process dying) is aborted everywhere: no replica and no optimizer state changes,
+and the step returns ``Failure(WorkerError)`` naming the worker, with the original exception as its
+``cause``.
+
+**Faults.** A worker whose process dies is restarted by Ray (``max_restarts``; once those are spent,
+the trainer starts a new actor) and restored from a surviving replica's committed state, sent in the
+checkpoint format (:func:`monadl.checkpoint.to_bytes`); where no worker survives, from the last
+checkpoint the trainer saved or loaded. The failed step comes back as a ``Failure`` whose error has
+``lost = True``; :meth:`DataParallel.train` runs such a step again, so the final weights are those
+of a run without the fault. Ctrl-C on the driver aborts the step in flight (or completes its commit,
+if every worker had already agreed) and raises ``KeyboardInterrupt``: the replicas hold the last
+committed state, which :meth:`DataParallel.save` writes; leaving the ``with`` block stops the
+workers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from time import perf_counter
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+import numpy as np
+from returns.result import Failure, Result, Success
+
+from monadl import checkpoint
+from monadl.data.files import atomic_write_bytes, read_regular_file
+from monadl.dsl.training import (
+    NonFiniteGradientError,
+    Update,
+    commit_updates,
+    compute_gradients,
+    staged_updates,
+)
+from monadl.nn.module import weights_of
+from monadl.typeclasses.sparse import SparseRows
+
+if TYPE_CHECKING:
+    from monadl.dsl.layers import FloatLayer
+    from monadl.dsl.optimizers import Optimizer
+
+__all__ = ["DataParallel", "StepStats", "WorkerError", "batch_size", "shard_batch"]
+
+M = TypeVar("M")
+B = TypeVar("B")
+
+
+def _ray() -> Any:
+    """The ``ray`` module (an optional dependency: ``pip install 'monadl[distributed]'``)."""
+    try:
+        return importlib.import_module("ray")
+    except ImportError:
+        raise ImportError(
+            "monadl.distributed needs Ray: pip install 'monadl[distributed]' (or pip install ray)"
+        ) from None
+
+
+# ----------------------------------------------------------------------------------------- errors
+
+
+class WorkerError(RuntimeError):
+    """A data-parallel step failed on a worker; no replica and no optimizer state changed.
+
+    ``worker``: the worker's rank (0-based); ``step``: the step that failed (1-based);
+    ``cause``: the original exception (also ``__cause__``); ``lost``: the worker's process died (the
+    step can be run again: :meth:`DataParallel.train` does)."""
+
+    def __init__(self, worker: int, workers: int, step: int, cause: BaseException, lost: bool) -> None:
+        what = "was lost" if lost else "failed"
+        super().__init__(
+            f"step {step}: worker {worker} of {workers} {what}: {type(cause).__name__}: {cause}; "
+            "no replica was changed"
+        )
+        self.worker = worker
+        self.step = step
+        self.cause = cause
+        self.lost = lost
+        self.__cause__ = cause
+
+
+class WorkersLostError(RuntimeError):
+    """Every worker was lost at once and no checkpoint is there to restore them from."""
+
+
+# ----------------------------------------------------------------------------------------- batches
+
+
+def shard_batch(batch: Any, n: int) -> list[Any]:
+    """``batch`` split into ``n`` contiguous shards whose sizes differ by at most one (the first
+    ``len % n`` shards get one more example, as ``numpy.array_split``'s).
+
+    A NumPy array is split along its first axis; a list (or another sequence that is not a tuple) is
+    a sequence of examples; a tuple (a named tuple too) or a dict is a batch of columns, each split
+    alike (``(images, labels)``): its columns must be equally long."""
+    if n < 1:
+        raise ValueError(f"shard_batch: n must be at least 1, got {n}")
+    if isinstance(batch, np.ndarray):
+        if batch.ndim == 0:
+            raise TypeError("shard_batch: a 0-d array is not a batch")
+        return list(np.array_split(batch, n))
+    if isinstance(batch, tuple):
+        batch_size(batch)  # the columns' lengths agree
+        columns = [shard_batch(column, n) for column in batch]
+        make = getattr(type(batch), "_make", None)  # a named tuple keeps its type
+        return [tuple(parts) if make is None else make(parts) for parts in zip(*columns, strict=True)]
+    if isinstance(batch, Mapping):
+        batch_size(batch)
+        split = {key: shard_batch(column, n) for key, column in batch.items()}
+        return [{key: split[key][k] for key in split} for k in range(n)]
+    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
+        size, extra = divmod(len(batch), n)
+        shards, start = [], 0
+        for k in range(n):
+            stop = start + size + (1 if k < extra else 0)
+            shards.append(batch[start:stop])
+            start = stop
+        return shards
+    raise TypeError(
+        f"shard_batch: cannot split a {type(batch).__name__}: pass an array, a list of examples, a "
+        "tuple or dict of columns, or DataParallel(split=...)"
+    )
+
+
+def batch_size(batch: Any) -> int:
+    """The number of examples in a batch, as :func:`shard_batch` sees it."""
+    if isinstance(batch, np.ndarray):
+        return int(batch.shape[0]) if batch.ndim else 1
+    if isinstance(batch, (tuple, Mapping)):
+        columns = list(batch.values()) if isinstance(batch, Mapping) else list(batch)
+        if not columns:
+            raise ValueError("a batch of columns has no column")
+        sizes = [batch_size(column) for column in columns]
+        if len(set(sizes)) > 1:
+            raise ValueError(f"a batch's columns differ in length: {sizes}")
+        return sizes[0]
+    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
+        return len(batch)
+    raise TypeError(f"not a batch: a {type(batch).__name__}")
+
+
+# ----------------------------------------------------------------------------------------- gradients
+
+# Gradients travel as a list in the order of the model's weight names, an entry per weight: None
+# (the shard did not reach it), a float, an array, or a table's rows as ("rows", indices, values,
+# shape) (a compiled SparseRows is not pickled).
+Packed = list[Any]
+
+
+def _pack(gradient: Any) -> Any:
+    if type(gradient) is SparseRows:
+        return ("rows", gradient.indices, gradient.values, tuple(gradient.shape))
+    return gradient
+
+
+def _unpack(packed: Any) -> Any:
+    if type(packed) is tuple:
+        _, indices, values, shape = packed
+        return SparseRows(indices, values, shape)
+    return packed
+
+
+def _add(a: Packed, b: Packed) -> Packed:
+    """``a + b``, weight by weight, ``a``'s terms first."""
+    total: Packed = []
+    for x, y in zip(a, b, strict=True):
+        if x is None or y is None:
+            total.append(y if x is None else x)
+        else:
+            total.append(_pack(_unpack(x) + _unpack(y)))
+    return total
+
+
+def _finite(gradient: Any) -> bool:
+    values = gradient.values if type(gradient) is SparseRows else gradient
+    return bool(np.isfinite(values).all())
+
+
+# ----------------------------------------------------------------------------------------- worker
+
+
+def _portable(error: BaseException, rank: int) -> BaseException:
+    """``error`` as it can travel to the driver: with its traceback as a note, or, where it cannot be
+    pickled, a ``RuntimeError`` that names it."""
+    cloudpickle = _ray().cloudpickle
+    note = f"on worker {rank}:\n" + "".join(traceback.format_exception(error)).rstrip()
+    try:
+        error.add_note(note)
+        cloudpickle.loads(cloudpickle.dumps(error))
+    except Exception:  # noqa: BLE001 - any error of pickling: send a description instead
+        stand_in = RuntimeError(f"{type(error).__name__}: {error}")
+        stand_in.add_note(note)
+        return stand_in
+    return error
+
+
+Outcome = tuple[Any, ...]
+"""A worker's answer: ``("ok", ...)``, ``("error", exception)`` or ``("skipped",)`` (an earlier
+phase failed elsewhere)."""
+
+
+class _Replica:
+    """A worker: one replica of the model and the step it is in (a Ray actor runs it)."""
+
+    def __init__(
+        self,
+        rank: int,
+        build: Callable[[], Any],
+        loss: Callable[[Any, Any], Any],
+        optimizer: Any,
+        check_finite: bool,
+    ) -> None:
+        self._rank = rank
+        self._model = build()
+        self._weights = list(weights_of(self._model).items())
+        if not self._weights:
+            raise ValueError("DataParallel: build() made a model without weights")
+        self._loss = loss
+        self._optimizer = optimizer
+        self._check = check_finite
+        self._incarnation = os.urandom(8).hex()  # a new one each time the process starts
+        self._committed = 0
+        self._clear(0)
+
+    def _clear(self, step: int) -> None:
+        self._step = step  # the step in progress (0: none)
+        self._pending: Packed | None = None  # its gradients: this shard's, then partial sums
+        self._staged: list[Update] | None = None  # its update, computed, not committed
+
+    def hello(self) -> tuple[str, int, int]:
+        """Who this is: the process's incarnation, the last committed step, the process id."""
+        return self._incarnation, self._committed, os.getpid()
+
+    def compute(self, step: int, shard: Any, scale: float) -> Outcome:
+        """The shard's loss times ``scale`` and its gradients, kept for the reduction."""
+        self._clear(step)
+        started = perf_counter()
+        try:
+            value, packed = self._gradients(shard, scale)
+        except Exception as e:  # noqa: BLE001 - every failure goes back to the driver
+            return ("error", _portable(e, self._rank))
+        self._pending = packed
+        return ("ok", value, perf_counter() - started)
+
+    def _gradients(self, shard: Any, scale: float) -> tuple[float, Packed]:
+        if batch_size(shard) == 0:
+            return 0.0, [None] * len(self._weights)
+        from monadl.dsl.layers import FloatLayer
+
+        layer = self._loss(self._model, shard)
+        if not isinstance(layer, FloatLayer):
+            raise TypeError(
+                f"DataParallel: loss(model, shard) must return a FloatLayer (the sum of the shard's "
+                f"losses), got {type(layer).__name__}"
+            )
+        value, gradients = compute_gradients(layer * scale)
+        packed: Packed = []
+        for name, weight in self._weights:
+            gradient = gradients.get(weight)
+            if gradient is not None and self._check and not _finite(gradient):
+                raise NonFiniteGradientError(
+                    f"the gradient of {name!r} on worker {self._rank}'s shard is not finite; "
+                    "no weight was changed"
+                )
+            packed.append(None if gradient is None else _pack(gradient))
+        return float(value), packed
+
+    def partial(self) -> Packed | None:
+        """This worker's gradients, or the partial sum it holds (None: it failed)."""
+        return self._pending
+
+    def absorb(self, other: Packed | None) -> bool:
+        """Adds another worker's partial sum after this one's."""
+        if self._pending is None or other is None:
+            self._pending = None
+            return False
+        self._pending = _add(self._pending, other)
+        return True
+
+    def prepare(self, step: int, own: bool, total: Packed | None) -> Outcome:
+        """Stages the update of the summed gradients: ``total``, or this worker's own sum."""
+        summed = self._pending if own else total
+        if step != self._step or summed is None:
+            return ("skipped",)
+        started = perf_counter()
+        try:
+            gradients = {
+                weight: _unpack(g)
+                for (_, weight), g in zip(self._weights, summed, strict=True)
+                if g is not None
+            }
+            self._staged = staged_updates(gradients, self._optimizer, check_finite=self._check)
+        except Exception as e:  # noqa: BLE001
+            return ("error", _portable(e, self._rank))
+        return ("ok", perf_counter() - started)
+
+    def commit(self, step: int) -> int:
+        """Commits the staged update of ``step`` (again: nothing)."""
+        if step == self._step and self._staged is not None:
+            commit_updates(self._staged)
+            self._committed = step
+            self._clear(0)
+        return self._committed
+
+    def abort(self, step: int) -> None:
+        """Drops whatever ``step`` computed or staged."""
+        if step == self._step:
+            self._clear(0)
+
+    def state(self, metadata: dict[str, Any] | None = None) -> bytes:
+        """The replica's committed state as a checkpoint (the step in its metadata)."""
+        return checkpoint.to_bytes(self._model, metadata={**(metadata or {}), "step": self._committed})
+
+    def restore(self, data: bytes) -> Outcome:
+        """Loads a checkpoint's state; its metadata's ``step`` becomes the last committed step."""
+        try:
+            metadata = checkpoint.from_bytes(data, self._model)
+        except Exception as e:  # noqa: BLE001
+            return ("error", _portable(e, self._rank))
+        step = metadata.get("step", 0)
+        self._committed = step if isinstance(step, int) else 0
+        self._clear(0)
+        return ("ok", self._committed)
+
+    def digest(self) -> str:
+        """A hash of the replica's weights and optimizer state."""
+        return hashlib.sha256(self.state()).hexdigest()
+
+    def weights(self) -> dict[str, Any]:
+        """The replica's weights' data by name."""
+        return {name: weight.data for name, weight in self._weights}
+
+
+# ----------------------------------------------------------------------------------------- driver
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Where a step's time went, as the driver saw it.
+
+    ``overhead_seconds`` is the rest of the step: Ray's scatter of the shards, the reduction of the
+    gradients, the broadcast of their sum and the commit (and waiting on the slowest worker)."""
+
+    seconds: float
+    """The step's wall-clock time at the driver."""
+    compute_seconds: float
+    """The slowest worker's forward and backward pass."""
+    apply_seconds: float
+    """The slowest replica's update (computed, then committed)."""
+    overhead_seconds: float
+    driver_bytes: int | None
+    """The bytes the driver sent and received (shards, and gradients where it reduces them), as
+    Ray serializes them; None unless ``count_bytes=True``."""
+
+
+class DataParallel(Generic[M, B]):
+    """Data-parallel training of the model ``build()`` makes, on ``workers`` Ray actors (see the
+    module's documentation).
+
+    ``loss(model, shard)``: the **sum** of the shard's per-example losses (a ``FloatLayer``); the
+    trainer minimises their mean over the global batch. ``optimizer``: the default of weights
+    without their own (as ``train_blocking``'s). ``split(batch, n)``: the shards (default
+    :func:`shard_batch`); each shard's size is :func:`batch_size`'s. ``reduction``: ``"tree"`` or
+    ``"driver"``. ``check_finite``: a non-finite gradient or new weight fails the step.
+    ``max_restarts``: Ray's restarts of a worker's actor. ``count_bytes``: measure the driver's
+    bytes per step (:class:`StepStats`; it serializes the shards once more).
+
+    ``build``, ``loss`` and the batches are pickled to the workers (Ray's cloudpickle): a function
+    defined in an importable module is sent by name, so that module must be importable where the
+    workers run. ``build()`` should make the same model everywhere; the replicas start from worker
+    0's, sent to the others. Ray is started with ``ray.init()`` unless it is already running.
+    """
+
+    def __init__(
+        self,
+        build: Callable[[], M],
+        loss: Callable[[M, B], FloatLayer],
+        optimizer: Optimizer | None,
+        workers: int,
+        *,
+        split: Callable[[B, int], Sequence[B]] | None = None,
+        reduction: Literal["tree", "driver"] = "tree",
+        check_finite: bool = True,
+        max_restarts: int = 3,
+        restart_timeout_s: float = 120.0,
+        count_bytes: bool = False,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"DataParallel: workers must be at least 1, got {workers}")
+        if reduction not in ("tree", "driver"):
+            raise ValueError(f"DataParallel: reduction must be 'tree' or 'driver', got {reduction!r}")
+        self._ray = ray = _ray()
+        if not ray.is_initialized():
+            ray.init()
+        self.workers = workers
+        self.reduction = reduction
+        self._split = split or shard_batch
+        self._args = (build, loss, optimizer, check_finite)
+        self._max_restarts = max_restarts
+        self._restart_timeout = restart_timeout_s
+        self._count_bytes = count_bytes
+        self._committed = 0
+        self._decided = False  # whether the step in flight is to be committed everywhere
+        self._checkpoint: Path | None = None
+        self.last_stats: StepStats | None = None
+        """Where the last successful step's time went."""
+        self._actors: list[Any] = []
+        self._incarnations: list[str] = []
+        try:
+            self._actors = [self._spawn(rank) for rank in range(workers)]
+            self._incarnations = [self._hello(rank)[0] for rank in range(workers)]
+            # Every replica starts from worker 0's model, as it stands after build().
+            self._restore(list(range(1, workers)), self._actors[0].state.remote())
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # -- workers
+
+    def _spawn(self, rank: int) -> Any:
+        options = {"num_cpus": 1, "max_restarts": self._max_restarts, "max_task_retries": 0}
+        return self._ray.remote(**options)(_Replica).remote(rank, *self._args)
+
+    def _hello(self, rank: int) -> tuple[str, int, int]:
+        ray = self._ray
+        try:
+            hello: tuple[str, int, int] = ray.get(
+                self._actors[rank].hello.remote(), timeout=self._restart_timeout
+            )
+        except ray.exceptions.RayActorError as e:
+            raise RuntimeError(f"DataParallel: worker {rank} could not start: {e}") from e
+        return hello
+
+    def _restore(self, ranks: list[int], state: Any) -> int:
+        """Loads ``state`` (a checkpoint's bytes, or a reference to them) into the given workers;
+        returns its step."""
+        outcomes = self._ray.get([self._actors[rank].restore.remote(state) for rank in ranks])
+        for outcome in outcomes:
+            if outcome[0] != "ok":
+                raise outcome[1]  # (the same error on each: a checkpoint that does not fit the model)
+        step: int = outcomes[0][1] if outcomes else self._committed
+        return step
+
+    @property
+    def steps(self) -> int:
+        """The number of steps committed (a checkpoint's ``step`` after :meth:`load`)."""
+        return self._committed
+
+    # -- a step
+
+    def step(self, batch: B) -> Result[float, WorkerError]:
+        """One step on a global batch: ``Success(mean loss)``, or ``Failure(WorkerError)`` with no
+        replica changed (a lost worker is restored before this returns)."""
+        shards = list(self._split(batch, self.workers))
+        if len(shards) != self.workers:
+            raise ValueError(f"DataParallel: split gave {len(shards)} shards for {self.workers} workers")
+        count = sum(batch_size(shard) for shard in shards)
+        if count == 0:
+            raise ValueError("DataParallel.step: the batch is empty")
+        step = self._committed + 1
+        self._decided = False
+        started = perf_counter()
+        try:
+            failure, times, sent = self._run(step, shards, 1.0 / count)
+        except KeyboardInterrupt:
+            # Settle the step everywhere before the interrupt goes on: commit it if every worker
+            # had agreed (some may have committed already), else abort it.
+            for actor in self._actors:
+                (actor.commit if self._decided else actor.abort).remote(step)
+            if self._decided:
+                self._committed = step
+            raise
+        if self._decided:
+            self._committed = step
+        if failure is not None or times is None:
+            self._recover()  # a worker lost, now or unseen (another's failure came first): restore it
+        if failure is not None:
+            return Failure(failure)
+        assert times is not None
+        loss, compute, apply = times
+        seconds = perf_counter() - started
+        self.last_stats = StepStats(seconds, compute, apply, seconds - compute - apply, sent)
+        return Success(loss)
+
+    def _run(
+        self, step: int, shards: list[Any], scale: float
+    ) -> tuple[WorkerError | None, tuple[float, float, float] | None, int | None]:
+        """The step's two phases: the failure (None: committed), (the loss, the slowest compute, the
+        slowest apply; None where a worker was lost after the commit was decided), the driver's
+        bytes. ``self._decided`` turns True when every worker has staged its update."""
+        ray = self._ray
+        actors = self._actors
+        ranks = list(range(self.workers))
+        sent = sum(self._bytes(shard) for shard in shards) if self._count_bytes else None
+        computes = [
+            actor.compute.remote(step, shard, scale) for actor, shard in zip(actors, shards, strict=True)
+        ]
+        links: list[tuple[int, Any]] = []  # (worker, the reference to await) of each reduction's task
+        prepares: list[Any] = []
+        if self.reduction == "tree":
+            distance = 1
+            while distance < self.workers:
+                for i in range(0, self.workers - distance, 2 * distance):
+                    part = actors[i + distance].partial.remote()
+                    links += [(i + distance, part), (i, actors[i].absorb.remote(part))]
+                distance *= 2
+            total = actors[0].partial.remote()
+            prepares = [actors[0].prepare.remote(step, True, None)]
+            prepares += [actor.prepare.remote(step, False, total) for actor in actors[1:]]
+        else:
+            refs = [actor.partial.remote() for actor in actors]
+            links = list(zip(ranks, refs, strict=True))
+            parts = self._gather(refs)
+            if all(type(part) is list for part in parts):
+                summed = parts[0]
+                for part in parts[1:]:
+                    summed = _add(summed, part)
+                total = ray.put(summed)
+                if sent is not None:
+                    sent += sum(self._bytes(part) for part in parts) + self._bytes(summed)
+                prepares = [actor.prepare.remote(step, False, total) for actor in actors]
+        outcomes = self._gather(computes)
+        linked = list(zip([rank for rank, _ in links], self._gather([ref for _, ref in links]), strict=True))
+        prepared = self._gather(prepares)
+        failure = self._failure(step, outcomes, linked, prepared)
+        if failure is not None:
+            for actor in actors:
+                actor.abort.remote(step)
+            return failure, None, sent
+        # Every worker has staged the same update: commit it everywhere. From here on, the step
+        # stands: a worker lost now is restored from one that committed.
+        self._decided = True
+        acks = self._gather([actor.commit.remote(step) for actor in actors])
+        if any(isinstance(ack, BaseException) for ack in acks):
+            return None, None, sent
+        loss = 0.0
+        for outcome in outcomes:  # in worker order: the loss is deterministic too
+            loss += outcome[1]
+        times = (loss, max(outcome[2] for outcome in outcomes), max(outcome[1] for outcome in prepared))
+        return None, times, sent
+
+    def _gather(self, refs: list[Any]) -> list[Any]:
+        """Each reference's value, or the Ray error that stands for it (a lost worker's)."""
+        ray = self._ray
+        values: list[Any] = []
+        for ref in refs:
+            try:
+                values.append(ray.get(ref))
+            except ray.exceptions.RayError as e:
+                values.append(e)
+        return values
+
+    def _failure(
+        self, step: int, outcomes: list[Any], linked: list[tuple[int, Any]], prepared: list[Any]
+    ) -> WorkerError | None:
+        """The step's failure: the first worker whose own computation failed, else the first one
+        lost, else the first whose update failed (None: every worker staged its update)."""
+        for k, outcome in enumerate(outcomes):
+            if isinstance(outcome, tuple) and outcome[0] == "error":
+                return WorkerError(k, self.workers, step, outcome[1], lost=False)
+        lost = [(k, value) for k, value in enumerate(outcomes) if isinstance(value, BaseException)]
+        lost += [(k, value) for k, value in linked if isinstance(value, BaseException)]
+        lost += [(k, value) for k, value in enumerate(prepared) if isinstance(value, BaseException)]
+        if lost:
+            k, error = min(lost, key=lambda found: found[0])
+            return WorkerError(k, self.workers, step, error, lost=True)
+        for k, outcome in enumerate(prepared):
+            if outcome[0] == "error":
+                return WorkerError(k, self.workers, step, outcome[1], lost=False)
+        if len(prepared) != self.workers or any(outcome[0] != "ok" for outcome in prepared):
+            raise AssertionError(f"DataParallel: step {step} neither failed nor was staged everywhere")
+        return None
+
+    def _bytes(self, value: Any) -> int:
+        """``value``'s size as Ray serializes it (pickle 5, arrays out of band)."""
+        size = 0
+
+        def out_of_band(buffer: Any) -> bool:
+            nonlocal size
+            size += memoryview(buffer).nbytes
+            return False
+
+        size += len(self._ray.cloudpickle.dumps(value, protocol=5, buffer_callback=out_of_band))
+        return size
+
+    # -- recovery
+
+    def _recover(self) -> None:
+        """Restarts the workers that were lost and restores them to the last committed state: from
+        a surviving replica, or, where none survived, from the last checkpoint."""
+        ray = self._ray
+        stale: list[int] = []  # restarted, or (a worker that missed a commit) behind
+        survivors: list[int] = []
+        for rank in range(self.workers):
+            try:
+                incarnation, committed, _ = ray.get(
+                    self._actors[rank].hello.remote(), timeout=self._restart_timeout
+                )
+            except ray.exceptions.RayError:
+                # Ray's restarts are spent (or it did not come back in time): a new actor.
+                ray.kill(self._actors[rank], no_restart=True)
+                self._actors[rank] = self._spawn(rank)
+                incarnation, committed, _ = self._hello(rank)
+            if incarnation == self._incarnations[rank] and committed == self._committed:
+                survivors.append(rank)
+            else:
+                stale.append(rank)
+            self._incarnations[rank] = incarnation
+        if not stale:
+            return
+        if survivors:
+            self._restore(stale, self._actors[survivors[0]].state.remote())
+            return
+        if self._checkpoint is None:
+            raise WorkersLostError(
+                f"DataParallel: every worker was lost after step {self._committed}, and no checkpoint "
+                "was saved to restore them from (DataParallel.save)"
+            )
+        self._load_everywhere(read_regular_file(self._checkpoint))
+
+    def _load_everywhere(self, data: bytes) -> None:
+        """Loads a checkpoint's bytes into every replica; its step becomes the last committed."""
+        self._committed = self._restore(list(range(self.workers)), self._ray.put(data))
+
+    # -- training
+
+    def train(
+        self, batches: Iterable[B], *, retries: int = 3, on_step: Callable[[int, float], None] | None = None
+    ) -> Result[list[float], WorkerError]:
+        """Steps over ``batches``: ``Success(losses)``, or the first step's ``Failure`` that is not a
+        lost worker (one that is, is run again, up to ``retries`` times). ``on_step(step, loss)`` is
+        called after each committed step."""
+        losses: list[float] = []
+        for batch in batches:
+            for attempt in range(retries + 1):
+                result = self.step(batch)
+                if isinstance(result, Success):
+                    loss = result.unwrap()
+                    losses.append(loss)
+                    if on_step is not None:
+                        on_step(self._committed, loss)
+                    break
+                error = result.failure()
+                if not error.lost or attempt == retries:
+                    return Failure(error)
+        return Success(losses)
+
+    # -- state
+
+    def save(self, path: str | Path, *, metadata: Mapping[str, Any] | None = None) -> None:
+        """Writes the last committed state (weights and optimizer state) to a checkpoint, atomically
+        (``monadl.checkpoint``'s format; its metadata's ``step`` is :attr:`steps`). Where every worker
+        is lost later, the trainer restores them from this file."""
+        data = self._ray.get(self._actors[0].state.remote(dict(metadata or {})))
+        atomic_write_bytes(Path(path), data)
+        self._checkpoint = Path(path)
+
+    def load(self, path: str | Path) -> None:
+        """Loads a checkpoint into every replica (validated first: a mismatch changes nothing)."""
+        data = read_regular_file(Path(path))
+        self._load_everywhere(data)
+        self._checkpoint = Path(path)
+
+    def copy_to(self, model: object) -> None:
+        """Copies the last committed state into a local ``model`` of the same structure (to evaluate
+        it in the driver)."""
+        checkpoint.from_bytes(self._ray.get(self._actors[0].state.remote()), model)
+
+    def weights(self) -> dict[str, Any]:
+        """Worker 0's weights' data by dotted name."""
+        weights: dict[str, Any] = self._ray.get(self._actors[0].weights.remote())
+        return weights
+
+    def digests(self) -> list[str]:
+        """Each replica's hash of its weights and optimizer state: equal while they are identical."""
+        digests: list[str] = self._ray.get([actor.digest.remote() for actor in self._actors])
+        return digests
+
+    def pids(self) -> list[int]:
+        """The workers' process ids (to watch them, or to test faults)."""
+        return [hello[2] for hello in self._ray.get([actor.hello.remote() for actor in self._actors])]
+
+    def shutdown(self) -> None:
+        """Stops the workers (their replicas go with them: :meth:`save` first)."""
+        for actor in self._actors:
+            self._ray.kill(actor, no_restart=True)
+        self._actors = []
+
+    def __enter__(self) -> DataParallel[M, B]:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.shutdown()
