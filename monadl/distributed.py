@@ -510,7 +510,10 @@ class DataParallel(Generic[M, B]):
         if self._decided:
             self._committed = step
         if failure is not None or times is None:
-            self._recover()  # a worker lost, now or unseen (another's failure came first): restore it
+            # A worker lost, now or unseen (another's failure came first): restore it.
+            restarted = self._recover()
+            if failure is not None and failure.lost and restarted and failure.worker not in restarted:
+                failure = WorkerError(restarted[0], self.workers, step, failure.cause, lost=True)
         if failure is not None:
             return Failure(failure)
         assert times is not None
@@ -599,7 +602,10 @@ class DataParallel(Generic[M, B]):
         lost += [(k, value) for k, value in linked if isinstance(value, BaseException)]
         lost += [(k, value) for k, value in enumerate(prepared) if isinstance(value, BaseException)]
         if lost:
-            k, error = min(lost, key=lambda found: found[0])
+            # The worker whose own task found it gone, before one whose task's argument (another
+            # worker's partial sum) was lost with it.
+            exceptions = self._ray.exceptions
+            k, error = min(lost, key=lambda found: (isinstance(found[1], exceptions.RayTaskError), found[0]))
             return WorkerError(k, self.workers, step, error, lost=True)
         for k, outcome in enumerate(prepared):
             if outcome[0] == "error":
@@ -617,16 +623,18 @@ class DataParallel(Generic[M, B]):
             size += memoryview(buffer).nbytes
             return False
 
-        size += len(self._ray.cloudpickle.dumps(value, protocol=5, buffer_callback=out_of_band))
-        return size
+        in_band = len(self._ray.cloudpickle.dumps(value, protocol=5, buffer_callback=out_of_band))
+        return in_band + size  # (after the dump: it adds the out-of-band buffers to size)
 
     # -- recovery
 
-    def _recover(self) -> None:
+    def _recover(self) -> list[int]:
         """Restarts the workers that were lost and restores them to the last committed state: from
-        a surviving replica, or, where none survived, from the last checkpoint."""
+        a surviving replica, or, where none survived, from the last checkpoint. Returns the ranks
+        of the workers that had been restarted."""
         ray = self._ray
         stale: list[int] = []  # restarted, or (a worker that missed a commit) behind
+        restarted: list[int] = []
         survivors: list[int] = []
         for rank in range(self.workers):
             try:
@@ -638,22 +646,25 @@ class DataParallel(Generic[M, B]):
                 ray.kill(self._actors[rank], no_restart=True)
                 self._actors[rank] = self._spawn(rank)
                 incarnation, committed, _ = self._hello(rank)
+            if incarnation != self._incarnations[rank]:
+                restarted.append(rank)
             if incarnation == self._incarnations[rank] and committed == self._committed:
                 survivors.append(rank)
             else:
                 stale.append(rank)
             self._incarnations[rank] = incarnation
         if not stale:
-            return
+            return restarted
         if survivors:
             self._restore(stale, self._actors[survivors[0]].state.remote())
-            return
+            return restarted
         if self._checkpoint is None:
             raise WorkersLostError(
                 f"DataParallel: every worker was lost after step {self._committed}, and no checkpoint "
                 "was saved to restore them from (DataParallel.save)"
             )
         self._load_everywhere(read_regular_file(self._checkpoint))
+        return restarted
 
     def _load_everywhere(self, data: bytes) -> None:
         """Loads a checkpoint's bytes into every replica; its step becomes the last committed."""
