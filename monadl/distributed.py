@@ -302,28 +302,39 @@ class _Replica:
             packed.append(None if gradient is None else _pack(gradient))
         return float(value), packed
 
-    def partial(self) -> Packed | None:
-        """This worker's gradients, or the partial sum it holds (None: it failed)."""
+    def compute_and_send(self, step: int, shard: Any, scale: float) -> tuple[Outcome, Packed | None]:
+        """:meth:`compute`, and the gradients to send on (two objects: the driver fetches only the
+        first)."""
+        outcome = self.compute(step, shard, scale)
+        return outcome, self._pending
+
+    def reduce(self, step: int, *children: Packed | None) -> Packed | None:
+        """This worker's gradients plus its children's partial sums, in their order (None: one
+        failed)."""
+        if step != self._step:
+            self._pending = None
+        for child in children:
+            if self._pending is None or child is None:
+                self._pending = None
+                break
+            self._pending = _add(self._pending, child)
         return self._pending
 
-    def absorb(self, other: Packed | None) -> bool:
-        """Adds another worker's partial sum after this one's."""
-        if self._pending is None or other is None:
-            self._pending = None
-            return False
-        self._pending = _add(self._pending, other)
-        return True
+    def reduce_and_prepare(self, step: int, *children: Packed | None) -> tuple[Outcome, Packed | None]:
+        """The root of the tree: :meth:`reduce`, then :meth:`prepare` with the total, which it sends
+        on to the other workers."""
+        total = self.reduce(step, *children)
+        return self.prepare(step, total), total
 
-    def prepare(self, step: int, own: bool, total: Packed | None) -> Outcome:
-        """Stages the update of the summed gradients: ``total``, or this worker's own sum."""
-        summed = self._pending if own else total
-        if step != self._step or summed is None:
+    def prepare(self, step: int, total: Packed | None) -> Outcome:
+        """Stages the update of the summed gradients ``total`` (None: a worker failed)."""
+        if step != self._step or total is None:
             return ("skipped",)
         started = perf_counter()
         try:
             gradients = {
                 weight: _unpack(g)
-                for (_, weight), g in zip(self._weights, summed, strict=True)
+                for (_, weight), g in zip(self._weights, total, strict=True)
                 if g is not None
             }
             self._staged = staged_updates(gradients, self._optimizer, check_finite=self._check)
@@ -526,31 +537,50 @@ class DataParallel(Generic[M, B]):
         self, step: int, shards: list[Any], scale: float
     ) -> tuple[WorkerError | None, tuple[float, float, float] | None, int | None]:
         """The step's two phases: the failure (None: committed), (the loss, the slowest compute, the
-        slowest apply; None where a worker was lost after the commit was decided), the driver's
-        bytes. ``self._decided`` turns True when every worker has staged its update."""
+        slowest apply), the driver's bytes. ``self._decided`` turns True when every worker has
+        staged its update.
+
+        A worker's tasks run in the order they were submitted, each when its arguments are ready:
+        the whole step is submitted at once, and the driver waits only for the workers' small
+        answers (never for the gradients, in a tree)."""
         ray = self._ray
         actors = self._actors
-        ranks = list(range(self.workers))
+        n = self.workers
         sent = sum(self._bytes(shard) for shard in shards) if self._count_bytes else None
-        computes = [
-            actor.compute.remote(step, shard, scale) for actor, shard in zip(actors, shards, strict=True)
-        ]
-        links: list[tuple[int, Any]] = []  # (worker, the reference to await) of each reduction's task
+        outcomes: list[Any] = [None] * n  # each worker's compute's answer
+        sums: list[Any] = [None] * n  # the reference to each worker's gradients, then partial sum
+        linked: list[tuple[int, Any]] = []  # (worker, its gradients) where the driver fetched them
         prepares: list[Any] = []
         if self.reduction == "tree":
+            # Worker i adds worker i + d's partial sum to its own, for d = 1, 2, 4, ... while i is a
+            # multiple of 2d: a worker's children, in that order. A leaf sends its gradients as it
+            # computes them; worker 0, the root, stages the update of the total and sends it on.
+            children: list[list[int]] = [[] for _ in range(n)]
             distance = 1
-            while distance < self.workers:
-                for i in range(0, self.workers - distance, 2 * distance):
-                    part = actors[i + distance].partial.remote()
-                    links += [(i + distance, part), (i, actors[i].absorb.remote(part))]
+            while distance < n:
+                for i in range(0, n - distance, 2 * distance):
+                    children[i].append(i + distance)
                 distance *= 2
-            total = actors[0].partial.remote()
-            prepares = [actors[0].prepare.remote(step, True, None)]
-            prepares += [actor.prepare.remote(step, False, total) for actor in actors[1:]]
+            for i in range(n):
+                if children[i] or i == 0:
+                    outcomes[i] = actors[i].compute.remote(step, shards[i], scale)
+                else:
+                    send = actors[i].compute_and_send.options(num_returns=2)
+                    outcomes[i], sums[i] = send.remote(step, shards[i], scale)
+            # (The partial sums are not awaited here: a failure among them fails the root's task,
+            # and the workers lost are found by the recovery.)
+            for i in reversed(range(1, n)):  # children (greater ranks) before their parents
+                if children[i]:
+                    sums[i] = actors[i].reduce.remote(step, *[sums[c] for c in children[i]])
+            root = actors[0].reduce_and_prepare.options(num_returns=2)
+            prepared_at_root, total = root.remote(step, *[sums[c] for c in children[0]])
+            prepares = [prepared_at_root] + [actor.prepare.remote(step, total) for actor in actors[1:]]
         else:
-            refs = [actor.partial.remote() for actor in actors]
-            links = list(zip(ranks, refs, strict=True))
-            parts = self._gather(refs)
+            for i in range(n):
+                send = actors[i].compute_and_send.options(num_returns=2)
+                outcomes[i], sums[i] = send.remote(step, shards[i], scale)
+            parts = self._gather(sums)
+            linked = list(enumerate(parts))
             if all(type(part) is list for part in parts):
                 summed = parts[0]
                 for part in parts[1:]:
@@ -558,31 +588,34 @@ class DataParallel(Generic[M, B]):
                 total = ray.put(summed)
                 if sent is not None:
                     sent += sum(self._bytes(part) for part in parts) + self._bytes(summed)
-                prepares = [actor.prepare.remote(step, False, total) for actor in actors]
-        outcomes = self._gather(computes)
-        linked = list(zip([rank for rank, _ in links], self._gather([ref for _, ref in links]), strict=True))
-        prepared = self._gather(prepares)
-        failure = self._failure(step, outcomes, linked, prepared)
+                prepares = [actor.prepare.remote(step, total) for actor in actors]
+        answers = self._gather(outcomes + prepares)
+        computed, prepared = answers[:n], answers[n:]
+        failure = self._failure(step, computed, linked, prepared)
         if failure is not None:
             for actor in actors:
                 actor.abort.remote(step)
             return failure, None, sent
         # Every worker has staged the same update: commit it everywhere. From here on, the step
-        # stands: a worker lost now is restored from one that committed.
+        # stands (a worker lost now is restored from one that committed). The commits are not
+        # awaited: a worker runs its tasks in order, so whatever is asked of it next sees the step.
         self._decided = True
-        acks = self._gather([actor.commit.remote(step) for actor in actors])
-        if any(isinstance(ack, BaseException) for ack in acks):
-            return None, None, sent
+        for actor in actors:
+            actor.commit.remote(step)
         loss = 0.0
-        for outcome in outcomes:  # in worker order: the loss is deterministic too
+        for outcome in computed:  # in worker order: the loss is deterministic too
             loss += outcome[1]
-        times = (loss, max(outcome[2] for outcome in outcomes), max(outcome[1] for outcome in prepared))
+        times = (loss, max(outcome[2] for outcome in computed), max(outcome[1] for outcome in prepared))
         return None, times, sent
 
     def _gather(self, refs: list[Any]) -> list[Any]:
         """Each reference's value, or the Ray error that stands for it (a lost worker's)."""
         ray = self._ray
-        values: list[Any] = []
+        try:
+            values: list[Any] = ray.get(refs)  # all at once: the common case
+            return values
+        except ray.exceptions.RayError:
+            values = []
         for ref in refs:
             try:
                 values.append(ray.get(ref))
