@@ -416,7 +416,8 @@ class DataParallel(Generic[M, B]):
     ``build``, ``loss`` and the batches are pickled to the workers (Ray's cloudpickle): a function
     defined in an importable module is sent by name, so that module must be importable where the
     workers run. ``build()`` should make the same model everywhere; the replicas start from worker
-    0's, sent to the others. Ray is started with ``ray.init()`` unless it is already running.
+    0's, sent to the others. Ray is started with ``ray.init()`` unless it is already running (with
+    at least ``workers`` CPUs declared); a cluster with fewer CPUs than workers is an error.
     """
 
     def __init__(
@@ -439,7 +440,15 @@ class DataParallel(Generic[M, B]):
             raise ValueError(f"DataParallel: reduction must be 'tree' or 'driver', got {reduction!r}")
         self._ray = ray = _ray()
         if not ray.is_initialized():
-            ray.init()
+            # A worker asks for one CPU: declare enough even where the machine has fewer cores.
+            ray.init(num_cpus=max(workers, os.cpu_count() or 1))
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if cpus < workers:
+            raise ValueError(
+                f"DataParallel: {workers} workers need {workers} CPUs (one each), and the Ray cluster "
+                f"has {cpus:g}: start it with more (ray.init(num_cpus={workers}), ray start --num-cpus) "
+                "or use fewer workers"
+            )
         self.workers = workers
         self.reduction = reduction
         self._split = split or shard_batch
@@ -475,6 +484,11 @@ class DataParallel(Generic[M, B]):
             hello: tuple[str, int, int] = ray.get(
                 self._actors[rank].hello.remote(), timeout=self._restart_timeout
             )
+        except ray.exceptions.GetTimeoutError as e:
+            raise RuntimeError(
+                f"DataParallel: worker {rank} did not start within {self._restart_timeout:g} s "
+                "(is the cluster short of CPUs or memory?)"
+            ) from e
         except ray.exceptions.RayActorError as e:
             raise RuntimeError(f"DataParallel: worker {rank} could not start: {e}") from e
         return hello
@@ -511,15 +525,8 @@ class DataParallel(Generic[M, B]):
         try:
             failure, times, sent = self._run(step, shards, 1.0 / count)
         except KeyboardInterrupt:
-            # Settle the step everywhere before the interrupt goes on: commit it if every worker
-            # had agreed (some may have committed already), else abort it.
-            for actor in self._actors:
-                (actor.commit if self._decided else actor.abort).remote(step)
-            if self._decided:
-                self._committed = step
+            self._settle(step)
             raise
-        if self._decided:
-            self._committed = step
         if failure is not None or times is None:
             # A worker lost, now or unseen (another's failure came first): restore it.
             restarted = self._recover()
@@ -600,6 +607,7 @@ class DataParallel(Generic[M, B]):
         # stands (a worker lost now is restored from one that committed). The commits are not
         # awaited: a worker runs its tasks in order, so whatever is asked of it next sees the step.
         self._decided = True
+        self._committed = step
         for actor in actors:
             actor.commit.remote(step)
         loss = 0.0
@@ -607,6 +615,22 @@ class DataParallel(Generic[M, B]):
             loss += outcome[1]
         times = (loss, max(outcome[2] for outcome in computed), max(outcome[1] for outcome in prepared))
         return None, times, sent
+
+    def _settle(self, step: int) -> None:
+        """Settles an interrupted step everywhere before the interrupt goes on: commits it if every
+        worker had agreed (some may have committed already: a commit is idempotent), else aborts
+        it. Another Ctrl-C meanwhile does not cut this short (it takes a message per worker)."""
+        if self._decided:
+            self._committed = step
+        settled = 0
+        while settled < len(self._actors):
+            try:
+                while settled < len(self._actors):
+                    actor = self._actors[settled]
+                    (actor.commit if self._decided else actor.abort).remote(step)
+                    settled += 1
+            except KeyboardInterrupt:
+                continue
 
     def _gather(self, refs: list[Any]) -> list[Any]:
         """Each reference's value, or the Ray error that stands for it (a lost worker's)."""

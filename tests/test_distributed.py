@@ -272,6 +272,8 @@ def test_bad_settings_are_refused(ray_session: Any) -> None:
         DataParallel(build, loss, ml.SGD(0.1), 0)
     with pytest.raises(ValueError, match="reduction must be"):
         DataParallel(build, loss, ml.SGD(0.1), 1, reduction="ring")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"5 workers need 5 CPUs \(one each\), and the Ray cluster has 4"):
+        DataParallel(build, loss, ml.SGD(0.1), 5)
 
 
 # ----------------------------------------------------------------------------------------- faults
