@@ -98,3 +98,41 @@ def test_overhead_profile_prints_the_top_functions(capsys: pytest.CaptureFixture
     out = capsys.readouterr().out
     assert "cProfile: monadl fwd+bwd of elementwise-16x64" in out
     assert "tottime" in out
+
+
+def test_distributed_quick_run_reports_every_figure(
+    ray_session: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path, png = tmp_path / "distributed.json", tmp_path / "distributed.png"
+    argv = ["distributed", "--quick", "--no-progress", "--json", str(path), "--plot", str(png)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for words in ["plain process", "ray, 1 worker", "ray, 2 workers", "speedup", "overhead", "driver bytes"]:
+        assert words in out
+    assert png.stat().st_size > 0
+
+    data = json.loads(path.read_text())
+    assert data["benchmark"] == "distributed"
+    assert data["run"]["plain_step_ms"] > 0 and data["run"]["batch_size"] == 8
+    rows = data["throughput"]["rows"]
+    assert [r["workers"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        for key in ["steps_per_s", "low", "high", "samples_per_s", "step_ms", "speedup", "efficiency"]:
+            assert r[key] > 0
+        assert r["samples_per_s"] == pytest.approx(r["steps_per_s"] * 8)
+        assert len(r["samples"]) == 2 and all(s > 0 for s in r["samples"])
+        if r["workers"]:
+            assert r["compute_ms"] > 0 and r["apply_ms"] > 0 and r["overhead_ms"] > 0
+            assert r["efficiency"] == pytest.approx(r["speedup"] / r["workers"])
+    assert data["overhead"]["gradient_bytes"] == 2**20 and data["overhead"]["target_ms"] == 5.0
+    overhead = data["overhead"]["rows"]
+    assert [(o["workers"], o["reduction"]) for o in overhead] == [
+        (w, r) for w in (1, 2) for r in ("tree", "driver")
+    ]
+    for o in overhead:
+        assert o["overhead_ms"] > 0 and o["step_ms"] > 0 and o["steps"] == 6
+    sent = data["driver_bytes"]["rows"]
+    assert [(b["workers"], b["reduction"]) for b in sent] == [
+        (w, r) for w in (2, 4) for r in ("tree", "driver")
+    ]
+    assert all(b["driver_bytes"] > 0 for b in sent)

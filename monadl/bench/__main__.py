@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
-from monadl.bench import columns, overhead, threads, treelstm
+from monadl.bench import columns, distributed, overhead, threads, treelstm
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("columns", columns, "the CIFAR-100 column benchmark of the DeepLearning.scala 2 paper"),
         ("treelstm", treelstm, "Tree-LSTM trees/s, dynamic batching on and off, against PyTorch and DyNet"),
         ("threads", threads, "whether a pool of two can pay here: the column kernels on one and two threads"),
+        ("distributed", distributed, "data-parallel Tree-LSTM on Ray: steps/s by workers, Ray's overhead"),
     ]
     for name, module, summary in benchmarks:
         sub = commands.add_parser(
