@@ -268,8 +268,11 @@ class _Replica:
         """Who this is: the process's incarnation, the last committed step, the process id."""
         return self._incarnation, self._committed, os.getpid()
 
-    def compute(self, step: int, shard: Any, scale: float) -> Outcome:
-        """The shard's loss times ``scale`` and its gradients, kept for the reduction."""
+    def compute(self, step: int, shard: Any, scale: float, commit: int = 0) -> Outcome:
+        """The shard's loss times ``scale`` and its gradients, kept for the reduction. ``commit``:
+        the previous step, to commit first (the driver's decision rides on the next step)."""
+        if commit:
+            self.commit(commit)
         self._clear(step)
         started = perf_counter()
         try:
@@ -302,10 +305,12 @@ class _Replica:
             packed.append(None if gradient is None else _pack(gradient))
         return float(value), packed
 
-    def compute_and_send(self, step: int, shard: Any, scale: float) -> tuple[Outcome, Packed | None]:
+    def compute_and_send(
+        self, step: int, shard: Any, scale: float, commit: int = 0
+    ) -> tuple[Outcome, Packed | None]:
         """:meth:`compute`, and the gradients to send on (two objects: the driver fetches only the
         first)."""
-        outcome = self.compute(step, shard, scale)
+        outcome = self.compute(step, shard, scale, commit)
         return outcome, self._pending
 
     def reduce(self, step: int, *children: Packed | None) -> Packed | None:
@@ -320,11 +325,15 @@ class _Replica:
             self._pending = _add(self._pending, child)
         return self._pending
 
-    def reduce_and_prepare(self, step: int, *children: Packed | None) -> tuple[Outcome, Packed | None]:
-        """The root of the tree: :meth:`reduce`, then :meth:`prepare` with the total, which it sends
-        on to the other workers."""
-        total = self.reduce(step, *children)
-        return self.prepare(step, total), total
+    def reduce_and_prepare(self, step: int, *children: Packed | None) -> Outcome:
+        """The root of the tree when it is alone: :meth:`reduce`, then :meth:`prepare`."""
+        return self.prepare(step, self.reduce(step, *children))
+
+    def reduce_prepare_and_send(self, step: int, *children: Packed | None) -> tuple[Outcome, Packed | None]:
+        """The root of the tree: :meth:`reduce_and_prepare`, and the total, which it sends on to
+        the other workers."""
+        outcome = self.reduce_and_prepare(step, *children)
+        return outcome, self._pending
 
     def prepare(self, step: int, total: Packed | None) -> Outcome:
         """Stages the update of the summed gradients ``total`` (None: a worker failed)."""
@@ -458,6 +467,7 @@ class DataParallel(Generic[M, B]):
         self._count_bytes = count_bytes
         self._committed = 0
         self._decided = False  # whether the step in flight is to be committed everywhere
+        self._unsent = False  # whether the last step's commit is still to be sent
         self._checkpoint: Path | None = None
         self.last_stats: StepStats | None = None
         """Where the last successful step's time went."""
@@ -554,6 +564,8 @@ class DataParallel(Generic[M, B]):
         actors = self._actors
         n = self.workers
         sent = sum(self._bytes(shard) for shard in shards) if self._count_bytes else None
+        commit = self._committed if self._unsent else 0  # the last step's commit rides on this one
+        self._unsent = False
         outcomes: list[Any] = [None] * n  # each worker's compute's answer
         sums: list[Any] = [None] * n  # the reference to each worker's gradients, then partial sum
         linked: list[tuple[int, Any]] = []  # (worker, its gradients) where the driver fetched them
@@ -570,22 +582,25 @@ class DataParallel(Generic[M, B]):
                 distance *= 2
             for i in range(n):
                 if children[i] or i == 0:
-                    outcomes[i] = actors[i].compute.remote(step, shards[i], scale)
+                    outcomes[i] = actors[i].compute.remote(step, shards[i], scale, commit)
                 else:
                     send = actors[i].compute_and_send.options(num_returns=2)
-                    outcomes[i], sums[i] = send.remote(step, shards[i], scale)
+                    outcomes[i], sums[i] = send.remote(step, shards[i], scale, commit)
             # (The partial sums are not awaited here: a failure among them fails the root's task,
             # and the workers lost are found by the recovery.)
             for i in reversed(range(1, n)):  # children (greater ranks) before their parents
                 if children[i]:
                     sums[i] = actors[i].reduce.remote(step, *[sums[c] for c in children[i]])
-            root = actors[0].reduce_and_prepare.options(num_returns=2)
-            prepared_at_root, total = root.remote(step, *[sums[c] for c in children[0]])
-            prepares = [prepared_at_root] + [actor.prepare.remote(step, total) for actor in actors[1:]]
+            if n == 1:
+                prepares = [actors[0].reduce_and_prepare.remote(step)]
+            else:
+                root = actors[0].reduce_prepare_and_send.options(num_returns=2)
+                prepared_at_root, total = root.remote(step, *[sums[c] for c in children[0]])
+                prepares = [prepared_at_root] + [actor.prepare.remote(step, total) for actor in actors[1:]]
         else:
             for i in range(n):
                 send = actors[i].compute_and_send.options(num_returns=2)
-                outcomes[i], sums[i] = send.remote(step, shards[i], scale)
+                outcomes[i], sums[i] = send.remote(step, shards[i], scale, commit)
             parts = self._gather(sums)
             linked = list(enumerate(parts))
             if all(type(part) is list for part in parts):
@@ -603,13 +618,13 @@ class DataParallel(Generic[M, B]):
             for actor in actors:
                 actor.abort.remote(step)
             return failure, None, sent
-        # Every worker has staged the same update: commit it everywhere. From here on, the step
-        # stands (a worker lost now is restored from one that committed). The commits are not
-        # awaited: a worker runs its tasks in order, so whatever is asked of it next sees the step.
+        # Every worker has staged the same update: the step stands, to be committed everywhere (a
+        # worker lost from now on is restored from one that committed). The commit rides on the
+        # next step's first task, or is sent before anything else is asked of the workers
+        # (_flush): a worker runs its tasks in order, so whatever it is asked next sees the step.
         self._decided = True
         self._committed = step
-        for actor in actors:
-            actor.commit.remote(step)
+        self._unsent = True
         loss = 0.0
         for outcome in computed:  # in worker order: the loss is deterministic too
             loss += outcome[1]
@@ -619,18 +634,29 @@ class DataParallel(Generic[M, B]):
     def _settle(self, step: int) -> None:
         """Settles an interrupted step everywhere before the interrupt goes on: commits it if every
         worker had agreed (some may have committed already: a commit is idempotent), else aborts
-        it. Another Ctrl-C meanwhile does not cut this short (it takes a message per worker)."""
+        it, after committing the step before (whose commit may not have been sent). Another Ctrl-C
+        meanwhile does not cut this short (it takes a message or two per worker)."""
         if self._decided:
             self._committed = step
+        self._unsent = False
         settled = 0
         while settled < len(self._actors):
             try:
                 while settled < len(self._actors):
                     actor = self._actors[settled]
-                    (actor.commit if self._decided else actor.abort).remote(step)
+                    actor.commit.remote(self._committed)
+                    if not self._decided:
+                        actor.abort.remote(step)
                     settled += 1
             except KeyboardInterrupt:
                 continue
+
+    def _flush(self) -> None:
+        """Sends the last step's commit, where it has not ridden on a step yet."""
+        if self._unsent:
+            for actor in self._actors:
+                actor.commit.remote(self._committed)
+            self._unsent = False
 
     def _gather(self, refs: list[Any]) -> list[Any]:
         """Each reference's value, or the Ray error that stands for it (a lost worker's)."""
@@ -690,6 +716,7 @@ class DataParallel(Generic[M, B]):
         a surviving replica, or, where none survived, from the last checkpoint. Returns the ranks
         of the workers that had been restarted."""
         ray = self._ray
+        self._flush()
         stale: list[int] = []  # restarted, or (a worker that missed a commit) behind
         restarted: list[int] = []
         survivors: list[int] = []
@@ -756,6 +783,7 @@ class DataParallel(Generic[M, B]):
         """Writes the last committed state (weights and optimizer state) to a checkpoint, atomically
         (``monadl.checkpoint``'s format; its metadata's ``step`` is :attr:`steps`). Where every worker
         is lost later, the trainer restores them from this file."""
+        self._flush()
         data = self._ray.get(self._actors[0].state.remote(dict(metadata or {})))
         atomic_write_bytes(Path(path), data)
         self._checkpoint = Path(path)
@@ -763,26 +791,31 @@ class DataParallel(Generic[M, B]):
     def load(self, path: str | Path) -> None:
         """Loads a checkpoint into every replica (validated first: a mismatch changes nothing)."""
         data = read_regular_file(Path(path))
+        self._flush()
         self._load_everywhere(data)
         self._checkpoint = Path(path)
 
     def copy_to(self, model: object) -> None:
         """Copies the last committed state into a local ``model`` of the same structure (to evaluate
         it in the driver)."""
+        self._flush()
         checkpoint.from_bytes(self._ray.get(self._actors[0].state.remote()), model)
 
     def weights(self) -> dict[str, Any]:
         """Worker 0's weights' data by dotted name."""
+        self._flush()
         weights: dict[str, Any] = self._ray.get(self._actors[0].weights.remote())
         return weights
 
     def digests(self) -> list[str]:
         """Each replica's hash of its weights and optimizer state: equal while they are identical."""
+        self._flush()
         digests: list[str] = self._ray.get([actor.digest.remote() for actor in self._actors])
         return digests
 
     def pids(self) -> list[int]:
         """The workers' process ids (to watch them, or to test faults)."""
+        self._flush()
         return [hello[2] for hello in self._ray.get([actor.hello.remote() for actor in self._actors])]
 
     def shutdown(self) -> None:
