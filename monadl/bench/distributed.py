@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -61,9 +62,10 @@ from monadl.distributed import DataParallel, StepStats
 ROOT = Path(__file__).resolve().parents[2]
 """The checkout's root, where ``examples`` is: on the workers' ``PYTHONPATH``."""
 
-DEFAULT_BATCH = 32
-"""The global batch (trees): one plain step of it took 40-50 ms on the project's 2-core VM (16 trees
-took about 20 ms, too close to Ray's few milliseconds a step to say what the workers gain)."""
+DEFAULT_BATCH = 128
+"""The global batch (trees): a plain step of well over 20 ms, so that Ray's cost per step (the shards
+sent, the gradients reduced: milliseconds, growing with the batch) is set against enough work
+(docs/benchmarks.md has the figures; ``--batch-size 32`` shows a small step)."""
 MIN_PLAIN_STEP_MS = 20.0
 LEARNING_RATE = 0.05  # examples/tree_lstm.py's Adagrad (its embeddings have their own, 0.1)
 
@@ -349,6 +351,47 @@ def measure_throughput(args: argparse.Namespace, info: dict[str, Any]) -> list[T
     return results
 
 
+def plain_alone(args: argparse.Namespace) -> list[float]:
+    """The plain process's steps/s per round, in this process, without Ray: what a user's own
+    single-process run gets (``--plain-alone``: ``measure`` runs it as a subprocess of its own).
+    The driver's plain steps run slower than this: a Ray driver is a busier process."""
+    trees = sst.synthetic_trees(
+        args.batch_size * args.steps, seed=args.seed, min_leaves=args.min_leaves, max_leaves=args.max_leaves
+    )
+    vocabulary = sst.Vocabulary.from_trees(trees)
+    batches = [trees[i : i + args.batch_size] for i in range(0, len(trees), args.batch_size)]
+    build = TreeLstmBuild(len(vocabulary), args.embedding, args.hidden, args.seed)
+    loss = TreeLoss(vocabulary)
+    model = build.model()
+    optimizer = ml.Adagrad(LEARNING_RATE)
+
+    def run(count: int) -> int:
+        for i in range(count):
+            batch = batches[i % len(batches)]
+            _unwrap(ml.train_blocking(loss(model, batch) * (1.0 / len(batch)), optimizer))
+        return count
+
+    with threadpool_limits(limits=1):
+        run(args.warmup)
+        return interleaved([functools.partial(run, args.steps)], args.repeats)[0]
+
+
+def measure_plain_alone(args: argparse.Namespace) -> list[float]:
+    """:func:`plain_alone` in a process of its own (no Ray in it), with the same arguments."""
+    command = [
+        sys.executable, "-m", "monadl.bench", "distributed", "--plain-alone",
+        "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--repeats", str(args.repeats),
+        "--warmup", str(args.warmup), "--embedding", str(args.embedding), "--hidden", str(args.hidden),
+        "--min-leaves", str(args.min_leaves), "--max-leaves", str(args.max_leaves), "--seed", str(args.seed),
+    ]  # fmt: skip
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"distributed: the plain process alone failed:\n{done.stderr[-2000:]}")
+    rates: list[float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return rates
+
+
 def measure_overhead(args: argparse.Namespace) -> list[Overhead]:
     """StepStats of the 1 MiB model on each of OVERHEAD_WORKERS, both reductions taking turns."""
     batch = np.ones(8)
@@ -434,6 +477,9 @@ def measure(args: argparse.Namespace) -> Report:
         "warmup": args.warmup,
         "overhead_steps": args.overhead_steps,
     }
+    alone = measure_plain_alone(args)  # first: no Ray running beside it
+    info["plain_alone_steps_per_s"] = alone
+    info["plain_alone_step_ms"] = 1e3 / statistics.median(alone)
     with ray_cluster(ray, workers_held(args)) as cluster, threadpool_limits(limits=1):
         info.update(cluster)
         throughput = measure_throughput(args, info)
@@ -494,6 +540,16 @@ def format_report(report: Report) -> str:
         )
     drift = max(abs(t.final_loss - plain.final_loss) / abs(plain.final_loss) for t in report.throughput)
     lines.append(f"(the last step's loss, every configuration against the plain process: within {drift:.1e})")
+    alone_ms = run.get("plain_alone_step_ms")
+    if alone_ms is not None:
+        against = ", ".join(
+            f"{t.workers} worker{'s' if t.workers != 1 else ''} {alone_ms / t.step_ms:.2f}x"
+            for t in report.throughput[1:]
+        )
+        lines.append(
+            f"a plain process of its own (no Ray in it, measured first): one step {alone_ms:.1f} ms "
+            f"(the driver's: {plain.step_ms:.1f} ms); the speedup against it: {against}"
+        )
 
     shape = " x ".join(map(str, OVERHEAD_SHAPE))
     lines += [
@@ -637,6 +693,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="a seconds-long run (the smoke test): tiny sizes"
     )
     parser.add_argument("--json", type=Path, help="write every figure as JSON here")
+    parser.add_argument("--plain-alone", action="store_true", help=argparse.SUPPRESS)  # (see plain_alone)
     add_output_arguments(parser, plot="steps/s against workers and the overhead per step")
     # check_plot reports a bad --plot through this subcommand's parser, before Ray starts.
     parser.set_defaults(parser=parser)
@@ -662,6 +719,9 @@ def run_cli(args: argparse.Namespace) -> int:
             f"distributed: --batch-size {args.batch_size} is below {max(args.workers)} workers: "
             "every worker needs a tree"
         )
+    if args.plain_alone:
+        print(json.dumps(plain_alone(args)))
+        return 0
     report = measure(args)
     print(format_report(report))
     if args.json:
