@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from monadl.dsl.layers import FloatLayer
     from monadl.dsl.optimizers import Optimizer
 
-__all__ = ["DataParallel", "StepStats", "WorkerError", "batch_size", "shard_batch"]
+__all__ = ["DataParallel", "StepStats", "WorkerError", "WorkersLostError", "batch_size", "shard_batch"]
 
 M = TypeVar("M")
 B = TypeVar("B")

@@ -51,7 +51,6 @@ from returns.result import Failure, Result
 from threadpoolctl import threadpool_limits
 
 import monadl as ml
-from monadl import _compiled
 from monadl.bench.common import cpus, interleaved
 from monadl.cli import Progress, add_output_arguments, check_plot, non_negative_int, positive_int
 from monadl.data import sst
@@ -468,7 +467,7 @@ def measure(args: argparse.Namespace) -> Report:
         "cpus": cpus(),
         "python": platform.python_version(),
         "numpy": np.__version__,
-        "engine": f"{'compiled' if _compiled.compiled() else 'from source'} ({_compiled.reason()})",
+        "engine": "compiled (mypyc)" if ml.compiled() else "from source",
         "blas": "1 thread in the plain process and in each Ray worker (threadpoolctl)",
         "batch_size": args.batch_size,
         "workers": list(args.workers),
