@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
-from monadl.bench import columns, distributed, overhead, threads, treelstm
+from monadl.bench import columns, distributed, overhead, suite, threads, treelstm
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("treelstm", treelstm, "Tree-LSTM trees/s, dynamic batching on and off, against PyTorch and DyNet"),
         ("threads", threads, "whether a pool of two can pay here: the column kernels on one and two threads"),
         ("distributed", distributed, "data-parallel Tree-LSTM on Ray: steps/s by workers, Ray's overhead"),
+        ("suite", suite, "the DyNet benchmark suite's four tasks against DyNet and PyTorch"),
     ]
     for name, module, summary in benchmarks:
         sub = commands.add_parser(
