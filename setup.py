@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -39,11 +38,11 @@ from setuptools.command.build_ext import build_ext
 COMPILED_MODULES = [
     "monadl/do/do.py",
     "monadl/do/primitive.py",
-    "monadl/do/values.py",
     "monadl/do/versions.py",
-    "monadl/do/program.py",
+    "monadl/do/record.py",
+    "monadl/do/steps.py",
+    "monadl/do/batching.py",
     "monadl/do/scheduler.py",
-    "monadl/do/structure.py",
     "monadl/do/dispatch.py",
     "monadl/do/stats.py",
     "monadl/do/executor.py",
@@ -127,14 +126,6 @@ def _mypyc_extensions() -> tuple[list[Any], dict[str, str]]:
     except SystemExit as e:  # mypyc reports type or compile errors, then exits
         _give_up(f"mypyc failed to compile the engine (exit status {e.code})")
         return [], {}
-    if sys.version_info < (3, 12):
-        try:
-            for extension in extensions:
-                for source in extension.sources:
-                    _clear_weakrefs_in_dealloc(source)
-        except _Unpatched as e:
-            _give_up(f"a compiled class would leave weak references dangling ({e})")
-            return [], {}
     for extension in extensions:
         # mypyc writes a dotted group's headers under build/monadl/ but its multi_file sources, which
         # include them, under build/ (mypy 2.4): let the compiler look there too.
@@ -150,47 +141,6 @@ def _mypyc_once() -> tuple[list[Any], dict[str, str]]:
     if not _MYPYC:
         _MYPYC.append(_mypyc_extensions())
     return _MYPYC[0]
-
-
-_WEAKLIST = re.compile(
-    r"^ *Py_(?:VISIT|CLEAR)\(\*\(\(PyObject \*\*\)\(\(char \*\)self"
-    r" \+ sizeof\(PyObject \*\) \+ sizeof\(\w+\)\)\)\);\n",
-    re.MULTILINE,
-)
-_DEALLOC = re.compile(r"^( *)(CPy_TRASHCAN_BEGIN\(self, (\w+_dealloc)\)\n)", re.MULTILINE)
-_CLEAR_WEAKREFS = "if (Py_TYPE(self)->tp_weaklistoffset != 0) PyObject_ClearWeakRefs((PyObject *)self);\n"
-_TYPE = re.compile(r"^static PyTypeObject \w+_template_ = \{\n(.*?)^\};", re.MULTILINE | re.DOTALL)
-_TYPE_DEALLOC = re.compile(r"\.tp_dealloc = \(destructor\)(\w+),")
-
-
-class _Unpatched(Exception):
-    """mypyc's C is not what :func:`_clear_weakrefs_in_dealloc` knows how to patch."""
-
-
-def _clear_weakrefs_in_dealloc(path: str) -> None:
-    """Works around mypyc issue 1102 on Python 3.11: a compiled class with a ``__dict__`` (every
-    class with a ``Generic`` base, every compiled closure) gets a ``__weakref__`` slot, but its
-    ``tp_traverse`` and ``tp_clear`` treat the slot as an owned reference (decref'ing the first weak
-    reference to the object) and its deallocator never clears the weak references: any weak
-    reference to a ``Do``, a tape or a layer crashed the interpreter (``weakref.ref(pure(1))``).
-    The weak-reference list is left to CPython, which clears it in the deallocator, as its own
-    ``subtype_dealloc`` does."""
-    with open(path, encoding="utf-8") as f:
-        code = f.read()
-    patched = _WEAKLIST.sub("", code.replace(_CLEAR_WEAKREFS, ""))  # idempotent
-    deallocs = {m[3] for m in _DEALLOC.finditer(patched)}
-    patched = _DEALLOC.sub(lambda m: m[1] + m[2] + m[1] + _CLEAR_WEAKREFS, patched)
-    # Every class with a weak-reference slot must have had its deallocator patched (a compiled
-    # subclass of a builtin exception has another kind: make it native_class=False).
-    for fields in _TYPE.findall(code):
-        if ".tp_weaklistoffset" in fields:
-            dealloc = _TYPE_DEALLOC.search(fields)
-            if dealloc is None or dealloc[1] not in deallocs:
-                name = dealloc[1] if dealloc else "a class without tp_dealloc"
-                raise _Unpatched(f"{path}: {name} leaves weak references dangling")
-    if patched != code:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(patched)
 
 
 class BuildEngine(build_ext):

@@ -28,8 +28,8 @@ import monadl as ml
 from examples.tree_lstm import TreeLstm
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.data.trees import Tree
+from monadl.do.batching import merge_params
 from monadl.do.do import Apply
-from monadl.do.scheduler import merge_params
 from monadl.dsl import primitives as P
 from monadl.dsl.layers import apply_array
 from monadl.dsl.primitives import ELEMENTWISE, Primitive

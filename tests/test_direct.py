@@ -12,7 +12,7 @@ from returns.result import Failure, Success
 
 import monadl as ml
 from monadl.do.do import Kernel
-from monadl.tape.tape import Tape
+from monadl.tape import Tape
 
 
 def _counted(layer: ml.ArrayLayer, counter: list[int]) -> ml.ArrayLayer:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import monadl
-from monadl.do.program import stack_column
+from monadl.do.steps import stack_column
 from monadl.dsl import primitives as P
 from monadl.typeclasses.backend import minus_zeros
 
@@ -222,7 +222,7 @@ def _tree_loss(asarray: Any) -> tuple[monadl.FloatLayer, list[monadl.ArrayWeight
     return monadl.add_n(losses), [w, b, table]
 
 
-MODES = {
+MODES: dict[str, dict[str, Any]] = {
     "merged": {},
     "unmerged": {"batching": False},
 }

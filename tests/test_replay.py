@@ -27,7 +27,7 @@ from returns.result import Failure, Success
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.do import delay
-from monadl.do.values import Tape
+from monadl.do.tape import Tape
 from monadl.dsl.layers import apply_array
 from monadl.dsl.primitives import Primitive
 from monadl.typeclasses.backend import ShapeError

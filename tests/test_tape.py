@@ -13,7 +13,7 @@ from peak_memory import assert_one_summed_delta
 
 import monadl as ml
 from monadl.do.do import Do, Pure
-from monadl.do.values import Tape
+from monadl.do.tape import Tape
 from monadl.dsl.layers import apply_array
 
 

@@ -3,22 +3,10 @@ data), the one loop that runs it (merging equal calls), its record, and the exec
 
 from monadl.do.collector import gc_paused
 from monadl.do.coroutine import from_coroutine
-from monadl.do.do import (
-    UNIT,
-    Do,
-    defer,
-    delay,
-    flat_map_n,
-    gather,
-    gather_all,
-    kernel,
-    kernel_n,
-    map_n,
-    pure,
-)
+from monadl.do.do import UNIT, Do, defer, delay, flat_map_n, gather, gather_all, kernel, kernel_n, map_n, pure
 from monadl.do.executor import Executor, default_executor, run, set_default_executor
 from monadl.do.stats import RunStats
-from monadl.do.values import Tape
+from monadl.do.tape import Tape
 
 __all__ = [
     "UNIT",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from monadl.do.do import Defer, Do, Pure
+from monadl.do.do import Defer, Do, Node, Pure
 
 A = TypeVar("A")
 
@@ -24,7 +24,7 @@ def from_coroutine(coroutine: Coroutine[Any, Any, A], name: str = "") -> Do[A]:
             request = coroutine.send(value)
         except StopIteration as stop:
             return Pure(stop.value)
-        if not isinstance(request, Do):
+        if not isinstance(request, Node):
             coroutine.close()
             raise TypeError(
                 f"{where}: awaited an object that yielded {type(request).__name__}; a monadl "

@@ -1,44 +1,45 @@
-"""``Do[A]``: an immutable, lazy description of a computation that yields an ``A``: the program.
+"""``Do[A]``: an immutable, lazy description of a computation that yields an ``A``.
 
 Nothing runs until an :class:`~monadl.do.executor.Executor` interprets it. A ``Do`` is a graph of
-nodes, each a small final class with a ``kind`` the scheduler dispatches on. Two families:
+nodes, each a small final class with a ``kind`` that the scheduler dispatches on. Two families:
 
-The monad's own nodes (user code runs inside them, so the graph behind them is only known once
-they ran: they are the program's *dynamic* part):
+The monad's own nodes, whose graph is known only once they ran (user code runs inside them):
 
 ==========  =================================================================================
-Pure        a value that is already known
-Delay       ``thunk()`` computes the value on the scheduler's thread (cheap bookkeeping)
+Pure        a value that is already known (``Pure(Tape(x))``: a constant of the program)
+Delay       ``thunk()`` computes the value when a run reaches the node
 Defer       ``thunk()`` returns the ``Do`` to continue with (recursion, dynamic structure)
-Bind        waits for its ``sources`` (applicatively: independent, possibly concurrent), then
-            ``MAP``: ``f(*values)`` is the value; ``FLAT``: ``f(*values)`` is the next ``Do``;
-            ``KERNEL``: ``f(*values)`` is numeric work the executor may run on a pool thread
+Bind        waits for its ``sources`` (independent, possibly concurrent), then ``MAP``:
+            ``f(*values)`` is the value; ``FLAT``: it is the next ``Do``; ``KERNEL_MAP``: it is
+            numeric work the executor may run on its pool
 Kernel      ``fn(*args)``: numeric work for the pool (or inline, if too small)
 ==========  =================================================================================
 
-The differentiable program's nodes, data the scheduler reads without running user code (its
-*static* part; their values are tapes, see ``values.py``):
+The differentiable program's nodes, which the scheduler reads as data (their values are slots of
+the run's record, see ``record.py``):
 
 ==========  =================================================================================
-Variable    a weight (its ``data`` read when a run reaches it)
+Variable    a weight, read as of the run's snapshot
 Apply       a primitive (``primitive.py``) applied to ``sources`` with static ``params``
-Call        a call of a batchable operation: its layer arguments and its signature's static part
-Project     result ``index`` of a ``Call`` (an operation may return several layers)
+Call        a call of a batchable operation; its value is its first result
+Result      result ``index`` (1 or more) of a ``Call``
 ==========  =================================================================================
 
-A constant is ``Pure(Tape(value))``. ``map``/``flat_map`` are sequential; :func:`gather` combines
-independent values. Within one run, a node reached through several paths is evaluated once (nodes
-are compared by identity).
+Within one run, a node reached through several paths is evaluated once (nodes are compared by
+identity). ``Do`` itself is a protocol, for the type checker: the nodes are plain classes, so that
+compiled they need no instance dictionary.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
 from types import CodeType
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final, overload
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, final, overload
+
+from mypy_extensions import mypyc_attr
 
 if TYPE_CHECKING:
-    from monadl.do.primitive import Operation, Primitive
+    from monadl.do.primitive import Primitive
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -46,7 +47,7 @@ C = TypeVar("C")
 D = TypeVar("D")
 A_co = TypeVar("A_co", covariant=True)
 
-# Node kinds (small ints, for the scheduler's dispatch).
+# Node kinds, for the scheduler's dispatch.
 PURE: Final = 0
 DELAY: Final = 1
 DEFER: Final = 2
@@ -55,7 +56,7 @@ KERNEL: Final = 4
 VARIABLE: Final = 5
 APPLY: Final = 6
 CALL: Final = 7
-PROJECT: Final = 8
+RESULT: Final = 8
 
 # Bind modes.
 MAP: Final = 0
@@ -63,54 +64,70 @@ FLAT: Final = 1
 KERNEL_MAP: Final = 2
 
 
-class Do(Generic[A_co]):
+class Do(Protocol[A_co]):
     """A lazy computation yielding ``A``. Build with :func:`pure`, :func:`delay`, :func:`defer`,
     :func:`kernel`, :func:`gather`; combine with :meth:`map` and :meth:`flat_map`."""
 
-    __slots__ = ("kind", "sources")
-    kind: int
-    sources: tuple[Do[Any], ...]
-    """The nodes whose values this one reads (empty for a leaf or a node of the monad's own that
-    reads none; a ``Project`` reads its ``call``, and keeps no tuple of it): declared here, so that
-    the scheduler reads them without knowing the node's kind."""
-
-    def __init__(self, kind: int) -> None:
-        self.kind = kind
-        self.sources = ()
-
     def map(self, f: Callable[[A_co], B]) -> Do[B]:
         """The value transformed by ``f``, on the scheduler's thread (keep ``f`` cheap)."""
-        return Bind((self,), f, MAP)
+        ...
 
     def flat_map(self, f: Callable[[A_co], Do[B]]) -> Do[B]:
         """Run ``self``, then the ``Do`` that ``f`` makes of its value: a sequencing point."""
-        return Bind((self,), f, FLAT)
+        ...
 
     def map_kernel(self, f: Callable[[A_co], B], cost: float = 0.0) -> Do[B]:
         """Like :meth:`map`, but ``f`` is numeric work that the executor may run on its pool."""
-        return Bind((self,), f, KERNEL_MAP, cost)
+        ...
 
     def zip(self, other: Do[B]) -> Do[tuple[A_co, B]]:
         """Both values, evaluated independently (possibly concurrently)."""
-        return Bind((self, other), _tuple_of, MAP)
+        ...
 
-    def __await__(self) -> Generator[Do[Any], Any, A_co]:
+    def __await__(self) -> Generator[Node, Any, A_co]:
         """In a coroutine run by :func:`~monadl.do.coroutine.from_coroutine`: this value."""
-        value: A_co = yield self
+        ...
+
+
+class Node:
+    """A node of a ``Do`` graph: its ``kind`` and the nodes whose values it reads."""
+
+    kind: int
+    sources: tuple[Node, ...]
+
+    def map(self, f: Callable[[Any], Any]) -> Node:
+        return Bind((self,), f, MAP)
+
+    def flat_map(self, f: Callable[[Any], Any]) -> Node:
+        return Bind((self,), f, FLAT)
+
+    def map_kernel(self, f: Callable[[Any], Any], cost: float = 0.0) -> Node:
+        return Bind((self,), f, KERNEL_MAP, cost)
+
+    def zip(self, other: Do[Any]) -> Node:
+        return Bind((self, as_node(other)), tuple_of, MAP)
+
+    def __await__(self) -> Generator[Node, Any, Any]:
+        value = yield self
         return value
 
 
-def _tuple_of(*values: Any) -> tuple[Any, ...]:
+def tuple_of(*values: Any) -> tuple[Any, ...]:
     return values
 
 
+def as_node(do: object) -> Node:
+    """``do`` as a node, or a TypeError (a ``Do`` is always one; a user's value may not be)."""
+    if isinstance(do, Node):
+        return do
+    raise TypeError(f"expected a Do, got {type(do).__name__}")
+
+
 @final
-class Pure(Do[A_co]):
-    """A value that is already known (a constant's tape, for a layer)."""
+class Pure(Node):
+    """A value that is already known."""
 
-    __slots__ = ("value",)
-
-    def __init__(self, value: A_co) -> None:
+    def __init__(self, value: Any) -> None:
         self.kind = PURE
         self.sources = ()
         self.value = value
@@ -120,59 +137,41 @@ class Pure(Do[A_co]):
 
 
 @final
-class Delay(Do[A_co]):
-    """``thunk()``, called when a run reaches this node (once per run)."""
-
-    __slots__ = ("thunk",)
-
-    def __init__(self, thunk: Callable[[], A_co]) -> None:
+class Delay(Node):
+    def __init__(self, thunk: Callable[[], Any]) -> None:
         self.kind = DELAY
         self.sources = ()
         self.thunk = thunk
 
 
 @final
-class Defer(Do[A_co]):
-    """The ``Do`` that ``thunk()`` returns, built only when a run reaches this node."""
-
-    __slots__ = ("thunk",)
-
-    def __init__(self, thunk: Callable[[], Do[A_co]]) -> None:
+class Defer(Node):
+    def __init__(self, thunk: Callable[[], Any]) -> None:
         self.kind = DEFER
         self.sources = ()
         self.thunk = thunk
 
 
 @final
-class Bind(Do[A_co]):
-    """``f`` applied to the values of ``sources`` (see the module's table for ``mode``)."""
-
-    __slots__ = ("cost", "f", "mode")
+class Bind(Node):
+    """``f`` applied to the values of ``sources``, as ``mode`` says (see the module)."""
 
     def __init__(
-        self,
-        sources: tuple[Do[Any], ...],
-        f: Callable[..., Any],
-        mode: int,
-        cost: float | Callable[[], float] = 0.0,
+        self, sources: tuple[Node, ...], f: Callable[..., Any], mode: int, cost: object = 0.0
     ) -> None:
         self.kind = BIND
         self.sources = sources
         self.f = f
         self.mode = mode
-        self.cost = cost
+        self.cost = cost  # a float, or a function that gives it
 
 
 @final
-class Kernel(Do[A_co]):
-    """Numeric work on plain values. ``cost`` (roughly, floating-point operations; or a function
+class Kernel(Node):
+    """Numeric work on plain values; ``cost`` (roughly, floating-point operations, or a function
     that gives it) decides whether the pool is worth it."""
 
-    __slots__ = ("args", "cost", "fn")
-
-    def __init__(
-        self, fn: Callable[..., A_co], args: tuple[Any, ...], cost: float | Callable[[], float] = 0.0
-    ) -> None:
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], cost: object = 0.0) -> None:
         self.kind = KERNEL
         self.sources = ()
         self.fn = fn
@@ -181,12 +180,9 @@ class Kernel(Do[A_co]):
 
 
 @final
-class Variable(Do[Any]):
-    """A trainable variable's node: its value in a run is a tape of ``weight.data`` at that time,
-    and its summed delta is that weight's gradient. A weight has one, made once, so every use of
-    the weight in a run is one node."""
-
-    __slots__ = ("weight",)
+class Variable(Node):
+    """A weight's node (a weight has one): every use of the weight in a run is this node, and its
+    summed delta is the weight's gradient."""
 
     def __init__(self, weight: Any) -> None:
         self.kind = VARIABLE
@@ -195,17 +191,14 @@ class Variable(Do[Any]):
 
 
 @final
-class Apply(Do[Any]):
-    """``prim`` applied to the values (tapes) of ``sources``, with static ``params``; ``code`` and
-    ``instruction``: where the user's code made it (None where unknown), named by its errors
-    (:meth:`made_at`)."""
-
-    __slots__ = ("code", "instruction", "params", "prim")
+class Apply(Node):
+    """``prim`` applied to the values of ``sources`` with static ``params``; ``code`` and
+    ``instruction``: where the user's code made it (None where unknown), named by its errors."""
 
     def __init__(
         self,
         prim: Primitive,
-        sources: tuple[Do[Any], ...],
+        sources: tuple[Node, ...],
         params: dict[str, Any],
         code: CodeType | None = None,
         instruction: int = 0,
@@ -229,24 +222,19 @@ class Apply(Do[Any]):
 
 
 @final
-class Call(Do[Any]):
+class Call(Node):
     """A call of the batchable operation ``op``: ``sources`` are the forwards of its row (layer)
-    arguments; ``static`` is the part of its signature known when it is made (the operation, its
-    other arguments); ``args``/``kwargs`` are the arguments themselves, for running its body.
-    Its value is the tuple of its results' tapes; a ``Project`` of it is the node of one. (It holds
-    no projection of its own: a call and its projections would be a reference cycle, and a batch's
-    whole graph would wait for the garbage collector.)"""
-
-    __slots__ = ("args", "kwargs", "op", "rows", "static")
+    arguments, at positions ``rows`` of ``args``; ``static`` is its signature's known part (the
+    operation, its other arguments). Its value is its first result; :class:`Result` gives others."""
 
     def __init__(
         self,
         op: Operation,
-        sources: tuple[Do[Any], ...],
+        sources: tuple[Node, ...],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         rows: list[int],
-        static: Any,
+        static: tuple[Any, ...],
     ) -> None:
         self.kind = CALL
         self.op = op
@@ -258,16 +246,31 @@ class Call(Do[Any]):
 
 
 @final
-class Project(Do[Any]):
-    """Result ``index`` of ``call``."""
-
-    __slots__ = ("call", "index")
+class Result(Node):
+    """Result ``index`` (1 or more) of ``call``."""
 
     def __init__(self, call: Call, index: int) -> None:
-        self.kind = PROJECT
-        self.sources = ()  # its source is ``call`` (a tuple of it would be made for every result)
-        self.call = call
+        self.kind = RESULT
+        self.sources = (call,)
         self.index = index
+
+
+@mypyc_attr(native_class=False)  # subclassed by dsl's BatchableOperation, a Python class
+class Operation:
+    """A batchable operation: a function of layers whose calls merge (``@monadl.batchable``).
+
+    The scheduler groups calls of equal signature and asks :meth:`expand` for the forwards of the
+    body's results on the group's stacked rows (or, for a call on its own, on its own arguments).
+    ``scalars[j]`` says whether result ``j`` of a call is a float (a row of a vector)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.scalars: list[bool] = []
+
+    def expand(self, call: Call, inputs: list[Any]) -> list[Node]:
+        """The forwards of the body's results, the body run on ``inputs`` (tapes) in place of
+        ``call``'s row arguments."""
+        raise NotImplementedError
 
 
 UNIT: Do[None] = Pure(None)
@@ -304,24 +307,31 @@ def gather(a: Do[A], b: Do[B], c: Do[C], d: Do[D], /) -> Do[tuple[A, B, C, D]]: 
 def gather(*dos: Do[A]) -> Do[tuple[A, ...]]: ...
 def gather(*dos: Do[Any]) -> Do[tuple[Any, ...]]:
     """The values of independent computations, as a tuple; the executor may run them concurrently."""
-    return Bind(dos, _tuple_of, MAP)
+    return Bind(_nodes(dos), tuple_of, MAP)
 
 
 def gather_all(dos: Iterable[Do[A]]) -> Do[tuple[A, ...]]:
     """:func:`gather` over an iterable."""
-    return Bind(tuple(dos), _tuple_of, MAP)
+    return Bind(_nodes(dos), tuple_of, MAP)
 
 
 def map_n(f: Callable[..., B], *dos: Do[Any]) -> Do[B]:
     """``f`` applied to the values of independent computations (a fused gather + map)."""
-    return Bind(dos, f, MAP)
+    return Bind(_nodes(dos), f, MAP)
 
 
 def flat_map_n(f: Callable[..., Do[B]], *dos: Do[Any]) -> Do[B]:
     """``f`` applied to the values of independent computations, then run (gather + flat_map)."""
-    return Bind(dos, f, FLAT)
+    return Bind(_nodes(dos), f, FLAT)
 
 
 def kernel_n(f: Callable[..., B], *dos: Do[Any], cost: float = 0.0) -> Do[B]:
     """Numeric work on the values of independent computations (gather + kernel)."""
-    return Bind(dos, f, KERNEL_MAP, cost)
+    return Bind(_nodes(dos), f, KERNEL_MAP, cost)
+
+
+def _nodes(dos: Iterable[Do[Any]]) -> tuple[Node, ...]:
+    found = []
+    for do in dos:
+        found.append(as_node(do))
+    return tuple(found)

@@ -1,10 +1,11 @@
-"""What an op node applies: a :class:`Primitive` (ops as data) or a batchable :class:`Operation`.
+"""What an op node applies: a :class:`Primitive`, the ops as data.
 
 A primitive is a forward rule, one vector-Jacobian product per input, a cost, checks, and how its
-calls merge under dynamic batching (:class:`Batching`). The rules are written against an array
-namespace ``xp`` taken from the inputs, so they run on NumPy, CuPy, array-api-strict and, for
-elementwise ops, Python floats. The library's table of primitives is ``monadl.dsl.primitives``;
-the scheduler (``scheduler.py``) and the backward pass (``monadl.tape``) interpret these records.
+calls merge under dynamic batching (:class:`Batching`, as DyNet's ``autobatch_sig``). The rules are
+written against an array namespace ``xp`` taken from the inputs, so they run on NumPy, CuPy,
+array-api-strict and, for elementwise ops, Python floats. The library's table of primitives is
+``monadl.dsl.primitives``; this module also holds the engine's own sums (:func:`add_n`, and
+:data:`ROWS_SUM`, a gathered array's rows summed). It imports nothing of the graph.
 
 A vjp has the signature ``vjp(xp, delta, out, *inputs, **params)`` and returns the delta for its
 input. For primitives marked ``broadcasts``, it is summed back to the input's shape afterwards.
@@ -15,10 +16,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
-from mypy_extensions import mypyc_attr
 
 from monadl.typeclasses.backend import (
     FLOATS,
@@ -31,10 +31,6 @@ from monadl.typeclasses.backend import (
     unbroadcast,
 )
 from monadl.typeclasses.sparse import SparseRows
-
-if TYPE_CHECKING:
-    from monadl.do.do import Call, Do
-    from monadl.do.values import Tape
 
 Rule = Callable[..., Any]
 
@@ -188,18 +184,22 @@ class Primitive:
         merge, or to replay one's compiled program for the other): every parameter but the per-run
         ones, which count by their type, shape and dtype. None if a parameter is unhashable (then
         the application runs on its own and its program is not kept)."""
+        key = self.static_items(params)
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
+    def static_items(self, params: dict[str, Any]) -> tuple[Any, ...]:
+        """:meth:`static_key`'s items, not checked to be hashable."""
         if not params:
             return ()
         per_run = self.per_run
         items: list[Any] = []
         for name, value in params.items():
             items.append((name, value) if name not in per_run else (name, value_key(value)))
-        key = tuple(items)
-        try:
-            hash(key)
-        except TypeError:
-            return None
-        return key
+        return tuple(items)
 
     def run(self, datas: tuple[Any, ...], params: dict[str, Any], checked: bool) -> tuple[Any, Any, Any]:
         """This primitive applied to its inputs' data: the array namespace, the result, and what it
@@ -272,24 +272,6 @@ class Primitive:
         elif dense and type(g) is SparseRows:
             g = g.to_dense(xp)
         return np.asarray(g) if type(g) is not NDARRAY and isinstance(g, _GENERIC) else g
-
-
-@mypyc_attr(native_class=False)  # subclassed by dsl's BatchableOperation, a Python class
-class Operation:
-    """A batchable operation: a function of layers whose calls merge (``@monadl.batchable``).
-
-    The scheduler groups calls of equal signature and asks :meth:`expand` for the forwards of the
-    body's results on the group's stacked rows (or, for a call on its own, on its own arguments).
-    ``scalars[j]`` says whether result ``j`` of a call is a float (a row of a vector)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.scalars: list[bool] = []
-
-    def expand(self, call: Call, tapes: list[Tape[Any, Any]]) -> list[Do[Any]]:
-        """The forwards of the body's results, the body run on ``tapes`` in place of ``call``'s
-        row arguments."""
-        raise NotImplementedError
 
 
 def call_forward(rule: Rule, xp: Any, inputs: Sequence[Any], params: dict[str, Any]) -> Any:
@@ -404,3 +386,51 @@ def as_float_arrays(
 
 def _plain(value: Any) -> Any:
     return float(value) if isinstance(value, np.generic | np.ndarray) and np.ndim(value) == 0 else value
+
+
+# ------------------------------------------------------------------------------ the engine's sums
+
+
+def _sum_forward(xp: Any, *xs: Any) -> Any:
+    total = xs[0]
+    for x in xs[1:]:
+        total = total + x  # left to right, as the chain of additions it replaces
+    return total
+
+
+def _identity_vjp(xp: Any, d: Any, o: Any, *xs: Any) -> Any:
+    return d
+
+
+_sums: dict[int, Primitive] = {}
+
+
+def add_n(n: int) -> Primitive:
+    """The sum of ``n`` operands (one primitive per arity): one op for a long sum, such as a loss
+    summed over the nodes of a tree, instead of a chain of ``n - 1`` additions that must run one
+    after another. Rows of merged groups among its operands are summed as gathered arrays."""
+    prim = _sums.get(n)
+    if prim is None:
+        prim = _sums[n] = Primitive(
+            "add_n",
+            _sum_forward,
+            (_identity_vjp,) * n,
+            broadcasts=True,
+            passes=True,
+            batch=Batching(elementwise=True, scalar="inputs", sums_rows=True),
+            fresh=True,
+            own=True,
+        )
+    return prim
+
+
+def _sum_rows_forward(xp: Any, x: Any, scalar: bool) -> Any:
+    return float(xp.sum(x)) if scalar else xp.sum(x, axis=0)
+
+
+def _sum_rows_vjp(xp: Any, d: Any, o: Any, x: Any, scalar: bool) -> Any:
+    return xp.broadcast_to(xp.asarray(d, dtype=x.dtype), x.shape)
+
+
+ROWS_SUM = Primitive("add_n", _sum_rows_forward, (_sum_rows_vjp,), fresh=True, own=True)
+"""The sum of a gathered array's rows (a float for a vector of floats): an ``add_n`` of rows."""

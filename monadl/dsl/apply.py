@@ -16,24 +16,24 @@ import os
 import sys
 from collections.abc import Sequence
 from types import CodeType, FrameType
-from typing import Any, Final
+from typing import Any, Final, cast
 
-from monadl.do.do import Apply, Do, Pure
+from monadl.do.do import Apply, Node, Pure, as_node
 from monadl.do.primitive import Primitive
-from monadl.do.values import Tape
+from monadl.do.tape import Tape
 from monadl.dsl.base import Differentiable
 from monadl.dsl.deep_learning import DeepLearning
 from monadl.typeclasses.backend import NDARRAY, check_float_array, is_array
 
 
-def forward_of(x: object, where: str) -> Do[Tape[Any, Any]]:
+def forward_of(x: object, where: str) -> Node:
     """The forward computation of an operand: a layer's or weight's, or a literal's constant tape.
 
     Raises a TypeError naming ``where`` for anything that is not a float, a floating-point array,
     a weight or a layer.
     """
     if isinstance(x, Differentiable):
-        return x.forward
+        return cast(Node, x.forward)
     if type(x) is NDARRAY and x.dtype.kind == "f":  # the common constant, without the general checks
         return Pure(Tape(x))
     if isinstance(x, (float, int)) and not isinstance(x, bool):
@@ -42,16 +42,13 @@ def forward_of(x: object, where: str) -> Do[Tape[Any, Any]]:
         check_float_array(x, where)
         return Pure(Tape(x))
     if isinstance(x, DeepLearning):  # a user's own differentiable type
-        forward: Do[Tape[Any, Any]] = x.forward
-        return forward
+        return as_node(x.forward)
     raise TypeError(
         f"{where}: expected a float, a floating-point array, a weight or a layer, got {type(x).__name__}"
     )
 
 
-def apply_primitive(
-    prim: Primitive, operands: Sequence[object], params: dict[str, Any]
-) -> Do[Tape[Any, Any]]:
+def apply_primitive(prim: Primitive, operands: Sequence[object], params: dict[str, Any]) -> Node:
     """The forward computation of ``prim`` applied to ``operands``: one ``Apply`` node."""
     sources = []
     for x in operands:  # a loop, not a comprehension (a call of its own in Python 3.11): every op

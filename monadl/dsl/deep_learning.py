@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, NoReturn, Protocol, TypeVar, runtime_checkable
 
 from monadl.do.do import Do
-from monadl.do.values import Tape
+from monadl.do.tape import Tape
 
 Data = TypeVar("Data")
 Delta = TypeVar("Delta")
@@ -36,3 +36,10 @@ def no_truth_value(self: Any) -> NoReturn:
         f"the truth value of a {type(self).__name__} is its forward value, which is lazy: "
         "await it in a @direct function, or predict() it, first"
     )
+
+
+def forbid_truth_value(cls: type) -> None:
+    """Makes ``bool()`` of ``cls``'s instances raise (:func:`no_truth_value`). Set from here, an
+    interpreted module, so that the type's slot follows: a compiled class's own class attribute is
+    stored without updating the slot ``bool()`` reads."""
+    cls.__bool__ = no_truth_value  # type: ignore[attr-defined]

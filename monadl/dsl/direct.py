@@ -22,10 +22,11 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from monadl.do.coroutine import from_coroutine
 from monadl.do.do import Defer, Do, gather_all
+from monadl.do.tape import Tape
 from monadl.dsl.apply import forward_of
 from monadl.dsl.base import Differentiable
+from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.layers import ArrayLayer, FloatLayer, is_float_kind
-from monadl.tape.tape import Tape
 
 P = ParamSpec("P")
 L = TypeVar("L", FloatLayer, ArrayLayer)
@@ -70,24 +71,24 @@ def direct(fn: Callable[P, Coroutine[Any, Any, L]]) -> Callable[P, L]:
 
 
 @overload
-def parallel(a: Differentiable[D1, Any], /) -> Do[tuple[D1]]: ...
+def parallel(a: DeepLearning[D1, Any], /) -> Do[tuple[D1]]: ...
 @overload
-def parallel(a: Differentiable[D1, Any], b: Differentiable[D2, Any], /) -> Do[tuple[D1, D2]]: ...
+def parallel(a: DeepLearning[D1, Any], b: DeepLearning[D2, Any], /) -> Do[tuple[D1, D2]]: ...
 @overload
 def parallel(
-    a: Differentiable[D1, Any], b: Differentiable[D2, Any], c: Differentiable[D3, Any], /
+    a: DeepLearning[D1, Any], b: DeepLearning[D2, Any], c: DeepLearning[D3, Any], /
 ) -> Do[tuple[D1, D2, D3]]: ...
 @overload
 def parallel(
-    a: Differentiable[D1, Any],
-    b: Differentiable[D2, Any],
-    c: Differentiable[D3, Any],
-    d: Differentiable[D4, Any],
+    a: DeepLearning[D1, Any],
+    b: DeepLearning[D2, Any],
+    c: DeepLearning[D3, Any],
+    d: DeepLearning[D4, Any],
     /,
 ) -> Do[tuple[D1, D2, D3, D4]]: ...
 @overload
-def parallel(*values: Differentiable[D1, Any]) -> Do[tuple[D1, ...]]: ...
-def parallel(*values: Differentiable[Any, Any]) -> Do[tuple[Any, ...]]:
+def parallel(*values: DeepLearning[D1, Any]) -> Do[tuple[D1, ...]]: ...
+def parallel(*values: DeepLearning[Any, Any]) -> Do[tuple[Any, ...]]:
     """The forward data of several layers, evaluated applicatively (concurrently where it pays).
     ``await parallel(a, b)`` in a ``@direct`` function gives a tuple of their values."""
     for v in values:

@@ -7,6 +7,7 @@ type follows the operands: float with float gives a ``FloatLayer``, anything wit
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Self, TypeAlias, TypeVar, cast, final, overload
 
@@ -15,14 +16,15 @@ from mypy_extensions import mypyc_attr
 from returns.future import FutureResult
 from returns.result import Result
 
-from monadl.do.do import Do
+from monadl.do.do import Do, Node
 from monadl.do.executor import Executor
 from monadl.do.primitive import Primitive
-from monadl.do.values import Tape
+from monadl.do.tape import Tape
 from monadl.dsl import primitives as P
 from monadl.dsl import training
 from monadl.dsl.apply import apply_primitive
 from monadl.dsl.base import Differentiable
+from monadl.dsl.deep_learning import forbid_truth_value
 from monadl.dsl.indices import row_indices
 from monadl.typeclasses.backend import Array, RowIndices
 
@@ -60,10 +62,15 @@ def apply_float(prim: Primitive, *operands: object, **params: Any) -> FloatLayer
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class FloatOperators(Differentiable[float, float]):
+class FloatOperators(Differentiable):
     """Operators of float-typed differentiable values (``FloatLayer``, ``FloatWeight``)."""
 
     __slots__ = ()
+    forward: Do[Tape[float, float]]
+
+    def __await__(self) -> Generator[Node, Any, float]:
+        tape: Tape[float, float] = yield cast(Node, self.forward)
+        return tape.data
 
     @overload
     def __add__(self, other: AnyFloat) -> FloatLayer: ...
@@ -143,10 +150,15 @@ class FloatOperators(Differentiable[float, float]):
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class ArrayOperators(Differentiable[Array, Array]):
+class ArrayOperators(Differentiable):
     """Operators of array-typed differentiable values (``ArrayLayer``, ``ArrayWeight``)."""
 
     __slots__ = ()
+    forward: Do[Tape[Array, Array]]
+
+    def __await__(self) -> Generator[Node, Any, Array]:
+        tape: Tape[Array, Array] = yield cast(Node, self.forward)
+        return tape.data
 
     def __add__(self, other: AnyFloat | AnyArray) -> ArrayLayer:
         return apply_array(P.add, self, other)
@@ -271,6 +283,10 @@ class ArrayLayer(ArrayOperators):
         """One training step on the sum of this array (seeded with ones), now."""
         return training.train_blocking(self, optimizer, executor=executor)
 
+
+# Each compiled class's own slot (see ``forbid_truth_value``): ``if layer:`` is an error.
+for _cls in (FloatOperators, ArrayOperators, FloatLayer, ArrayLayer):
+    forbid_truth_value(_cls)
 
 # The operand types, as values (not strings), so that tools that read annotations at run time
 # (documentation) resolve them wherever they are used. ``FloatOperators`` is the base of

@@ -29,9 +29,9 @@ from typing import Any, Final, Generic, ParamSpec, TypeVar, cast
 
 from mypy_extensions import mypyc_attr
 
-from monadl.do.do import Call, Do, Project, Pure
-from monadl.do.primitive import Operation, float_key
-from monadl.do.values import Tape
+from monadl.do.do import Call, Node, Operation, Pure, Result
+from monadl.do.primitive import float_key
+from monadl.do.tape import Tape
 from monadl.dsl.apply import forward_of
 from monadl.dsl.base import Differentiable
 from monadl.dsl.deep_learning import DeepLearning
@@ -77,7 +77,7 @@ class BatchableOperation(Operation, Generic[P, R]):
         # Recording one call: this runs once per node of every tree, so it is written out.
         rows: list[int] = []
         statics: list[Hashable] = []
-        sources: list[Do[Any]] = []
+        sources: list[Node] = []
         for i, a in enumerate(args):
             kind = type(a)
             row = _row_kinds.get(kind)
@@ -87,7 +87,7 @@ class BatchableOperation(Operation, Generic[P, R]):
             # f(w, x) (a layer and a weight swapped) do not merge.
             if row == _LAYER_ROW:
                 rows.append(i)
-                sources.append(a.forward)
+                sources.append(cast(Node, a.forward))
                 statics.append(_ROW)
             elif row == _VALUE_ROW:
                 rows.append(i)
@@ -102,10 +102,10 @@ class BatchableOperation(Operation, Generic[P, R]):
         statics.append(self)
         call = Call(self, tuple(sources), args, kwargs, rows, tuple(statics))
         if self.single:
-            return structure[0](Project(call, 0))
-        results = []
-        for j, cls in enumerate(structure):  # a loop: a comprehension is a call of its own in 3.11
-            results.append(cls(Project(call, j)))
+            return structure[0](call)
+        results = [structure[0](call)]
+        for j in range(1, len(structure)):  # a loop: a comprehension is a call of its own in 3.11
+            results.append(structure[j](Result(call, j)))
         return tuple(results)
 
     def _learn(self, result: object) -> tuple[type[Layer], ...]:
@@ -120,11 +120,11 @@ class BatchableOperation(Operation, Generic[P, R]):
         self.scalars = [cls is FloatLayer for cls in structure]
         return structure
 
-    def expand(self, call: Call, tapes: list[Tape[Any, Any]]) -> list[Do[Any]]:
-        """The forwards of the body's results, the body run on ``tapes`` (a call's own values, or
+    def expand(self, call: Call, inputs: list[Tape[Any, Any]]) -> list[Node]:
+        """The forwards of the body's results, the body run on ``inputs`` (a call's own values, or
         the stacked rows of a group's) in place of the call's layer arguments."""
         args = list(call.args)
-        for i, tape in zip(call.rows, tapes, strict=True):
+        for i, tape in zip(call.rows, inputs, strict=True):
             args[i] = FloatLayer(Pure(tape)) if type(tape.data) is float else ArrayLayer(Pure(tape))
         result = self.f(*args, **call.kwargs)
         results = result if isinstance(result, tuple) else (result,)

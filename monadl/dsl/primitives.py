@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from monadl.do.primitive import ELEMENTWISE, Batching, FanOut, Primitive, Rule, elementwise_cost
+from monadl.do.primitive import ELEMENTWISE, Batching, FanOut, Primitive, Rule, add_n, elementwise_cost
 from monadl.typeclasses.backend import (
     FLOATS,
     NDARRAY,
@@ -32,7 +32,7 @@ from monadl.typeclasses.backend import (
 )
 from monadl.typeclasses.sparse import SparseRows
 
-__all__ = ["ELEMENTWISE", "Batching", "FanOut", "Primitive", "Rule", "elementwise_cost"]
+__all__ = ["ELEMENTWISE", "Batching", "FanOut", "Primitive", "Rule", "add_n", "elementwise_cost"]
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -906,40 +906,3 @@ cross_entropy = Primitive(
     fresh=True,
     own=True,
 )
-
-
-# ------------------------------------------------------------------------------------------ sums
-
-
-def _add_n_vjp(xp: Any, d: Any, o: Any, *xs: Any) -> Any:
-    return d
-
-
-_add_n_rules: dict[int, Primitive] = {}
-
-
-def add_n(n: int) -> Primitive:
-    """The sum of ``n`` operands (one primitive per arity): one op for a long sum, such as a loss
-    summed over the nodes of a tree, instead of a chain of ``n - 1`` additions that must run one
-    after another."""
-    prim = _add_n_rules.get(n)
-    if prim is None:
-        prim = Primitive(
-            "add_n",
-            _add_n_forward,
-            (_add_n_vjp,) * n,
-            broadcasts=True,
-            passes=True,
-            batch=Batching(elementwise=True, scalar="inputs", sums_rows=True),
-            fresh=True,
-            own=True,
-        )
-        _add_n_rules[n] = prim
-    return prim
-
-
-def _add_n_forward(xp: Any, *xs: Any) -> Any:
-    total = xs[0]
-    for x in xs[1:]:
-        total = total + x  # left to right, as the chain of additions it replaces
-    return total

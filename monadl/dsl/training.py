@@ -51,7 +51,7 @@ from returns.result import Failure, Result, Success
 
 from monadl.do.executor import Executor, default_executor
 from monadl.do.stats import RunStats
-from monadl.do.values import Tape
+from monadl.do.tape import Tape
 from monadl.do.versions import COMMIT_LOCK, publish
 from monadl.dsl.optimizers import Optimizer, state_kind
 from monadl.tape.backward import NonFiniteDelta, backward
@@ -181,12 +181,11 @@ def _step(
             value = evaluation.value
             if not _is_finite(value):
                 raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
-            root = evaluation.root
-            assert root is not None  # own_root: the root's value has a slot of its own
+            assert evaluation.slot >= 0  # own_root: the root's value has a slot of its own
             run = evaluation.run
             rate = None if optimizer is False else _folded_rate(run.leaves, optimizer)
             seed = _seed(value) if rate is None else _seed(value, rate)
-            gradients, owned = backward(run, root.slot, seed, run.dispatcher, diagnose)
+            gradients, owned = backward(run, evaluation.slot, seed, run.dispatcher, diagnose)
     finally:
         ex.publish(stats)
     return value, *_unaliased(gradients, owned), rate

@@ -60,7 +60,7 @@ class _WeightState:
 
 
 @final
-class FloatWeight(FloatOperators, _WeightState):
+class FloatWeight(_WeightState, FloatOperators):
     """A trainable float. ``optimizer`` overrides the model's default for this weight."""
 
     __slots__ = ("head", "name", "optimizer", "trainable")
@@ -89,7 +89,7 @@ class FloatWeight(FloatOperators, _WeightState):
 
 
 @final
-class ArrayWeight(ArrayOperators, _WeightState):
+class ArrayWeight(_WeightState, ArrayOperators):
     """A trainable array (copied on construction). ``optimizer`` overrides the model's default."""
 
     __slots__ = ("head", "name", "optimizer", "trainable")

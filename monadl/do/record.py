@@ -1,0 +1,248 @@
+"""A run's record: slots of values and the steps that computed them (a Wengert list).
+
+The scheduler reads a ``Do`` and, for its differentiable part, appends *steps* (``steps.py``) to a
+:class:`Run`: each step computes a *slot* (an array or a float) from earlier slots. The steps are
+data, so the same list serves three purposes: it is the forward pass as it ran; read backwards, it
+is the backward pass (``monadl.tape``); kept as a :class:`Program`, it is replayed for a later run
+of the same structure, and a batchable body's program for its later groups of calls.
+
+A merged group's slot holds its calls' results stacked; a call's value is a *row* of it (slot and
+row; row -1 is the whole slot). Steps hold no values: they read and write a run's slot lists, so a
+program is shared by its replays.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, final
+
+import numpy as np
+from mypy_extensions import mypyc_attr
+
+from monadl.do.do import Bind, Node, Pure
+from monadl.do.primitive import value_key
+from monadl.do.stats import RunStats
+from monadl.do.tape import Tape
+from monadl.do.versions import Snapshot
+from monadl.typeclasses.backend import NDARRAY
+
+if TYPE_CHECKING:
+    from monadl.do.dispatch import Dispatcher
+    from monadl.do.steps import Step
+
+
+class Run:
+    """One frame of a run: every slot's value, what its step saved for the vjps, its array
+    namespace, whether it depends on a weight (``wants``: it takes a delta), and the steps."""
+
+    def __init__(
+        self, nodes: list[Node], dispatcher: Dispatcher | None, stats: RunStats, snapshot: Snapshot
+    ) -> None:
+        self.nodes = nodes
+        """The bound nodes of a static graph (its leaves and ops with per-run parameters), where a
+        replayed step reads its own (``executor.structure_of``)."""
+        self.datas: list[Any] = []
+        self.saved: list[Any] = []
+        self.xps: list[Any] = []
+        self.wants: list[bool] = []
+        self.weights: list[Any] = []  # a weight's slot: the weight; others None
+        self.scalar_rows: list[bool] = []  # a stacked slot's rows are floats (its calls' results are)
+        self.params: list[Any] = []  # a replayed op's per-run parameters (None: its program's)
+        self.kinds: list[int] = []  # a slot's (or its rows') interned value kind, -1 until asked for
+        self.steps: list[Step] = []
+        self.leaves: list[Any] = []  # the weights the run read
+        self.dispatcher = dispatcher
+        self.stats = stats
+        self.snapshot = snapshot
+        """The commit the run reads every weight as of (``monadl.do.versions``)."""
+        self.replayable = True
+        """False once a step read what only this run has (then its program is not kept)."""
+        self.taken: dict[tuple[int, int], int] = {}  # (stacked slot, row) -> a slot of that row
+        self.accept: Callable[[int, int, Any], None] | None = None
+        """During the backward pass: adds a delta to a slot (or a row of it), for tapes of the
+        user's own that give deltas to this run's tapes."""
+
+    def new_slot(self, wants: bool) -> int:
+        """A new slot (its value is set by the step that computes it)."""
+        k = len(self.datas)
+        self.datas.append(None)
+        self.saved.append(None)
+        self.xps.append(None)
+        self.wants.append(wants)
+        self.weights.append(None)
+        self.scalar_rows.append(False)
+        self.params.append(None)
+        self.kinds.append(-1)
+        return k
+
+    def reserve(self, slots: int) -> None:
+        """Slots for a replayed program (its steps set them)."""
+        self.datas = [None] * slots
+        self.saved = [None] * slots
+        self.xps = [None] * slots
+        self.wants = [False] * slots
+        self.weights = [None] * slots
+        self.scalar_rows = [False] * slots
+        self.params = [None] * slots
+        self.kinds = [-1] * slots
+
+    def value(self, slot: int, row: int) -> Any:
+        """The value at ``slot``, or its row ``row`` (a float for a row of floats)."""
+        data = self.datas[slot]
+        return data if row < 0 else row_value(data, row, self.scalar_rows[slot])
+
+    def kind(self, slot: int, row: int) -> int:
+        """The interned value kind (type, shape, dtype) of a slot's value, or of its rows."""
+        k = self.kinds[slot]
+        if k < 0:
+            data = self.datas[slot]
+            if type(data) is float:
+                k = kind_id(float, 0)
+            else:
+                shape = tuple(data.shape)
+                k = kind_id((type(data), shape, data.dtype), len(shape))
+            self.kinds[slot] = k
+        if row < 0:
+            return k
+        if self.scalar_rows[slot]:
+            return kind_id(float, 0)
+        return row_kind(k)
+
+
+@mypyc_attr(native_class=False)  # a Tape: a Python class (generic, subclassed by users)
+class RunTape(Tape[Any, Any]):
+    """A node's value in a run, as user code sees it (in ``map``, ``flat_map``, ``await``, a run's
+    result): its data, and, through the run, the way back. Given back to the scheduler (returned by
+    a ``flat_map``, say), it stands for its node's value again, not a copy."""
+
+    __slots__ = ("row", "run", "slot")
+    requires_delta = True
+
+    def __init__(self, run: Run, slot: int, row: int) -> None:
+        self.run = run
+        self.slot = slot
+        self.row = row
+        self.data = run.value(slot, row)
+
+    def backward(self, delta: Any) -> Any:
+        """Adds ``delta`` to this value's delta, in the run's backward pass (where a tape of the
+        user's own, reading this one, gives its inputs their deltas)."""
+        return Bind((delta,), self._accept, 0)
+
+    def _accept(self, delta: Any) -> None:
+        accept = self.run.accept
+        if accept is None:
+            raise RuntimeError("monadl: a tape's backward was run outside the backward pass of its run")
+        accept(self.slot, self.row, delta)
+
+    def release(self) -> Any:
+        return Pure(None)
+
+
+class Program:
+    """A frame's steps, kept to be replayed by frames of the same structure: the number of slots,
+    the slots its caller fills (``inputs``: a batchable body's stacked arguments), where its results
+    are (``outputs``: slot and row), and the statistics of its forward pass (a replay counts them
+    again)."""
+
+    def __init__(
+        self,
+        steps: list[Step],
+        slots: int,
+        inputs: list[int],
+        outputs: list[tuple[int, int]],
+        stats: RunStats,
+    ) -> None:
+        self.steps = steps
+        self.slots = slots
+        self.inputs = inputs
+        self.outputs = outputs
+        self.stats = stats
+        self.anchor: Any = None
+        """What the program's key names by identity (a batchable call's arguments), kept alive with
+        it: no other object can take their identities while the program may be replayed."""
+
+
+def forward_stats(stats: RunStats) -> RunStats:
+    """The counts a replay of a program repeats without computing them: its merges and launches by
+    kind (kernels are counted as they run)."""
+    return RunStats(
+        merged=stats.merged, groups=stats.groups, kinds=dict(stats.kinds), signatures=stats.signatures
+    )
+
+
+def row_value(data: Any, k: int, scalar: bool) -> Any:
+    """Row ``k`` of stacked rows, as its call alone gives it: a float if ``scalar``, else an array
+    (NumPy's rows of a vector are scalars: made 0-d arrays again)."""
+    row = data[k] if type(data) is NDARRAY else data[k, ...]
+    if scalar:
+        return float(row)
+    return np.asarray(row) if isinstance(row, np.generic) else row
+
+
+# Value kinds are interned: a signature holds small ints rather than (type, shape, dtype) tuples.
+_kinds: dict[Hashable, int] = {}
+_keys: list[Any] = []
+_ranks: list[int] = []
+_rows: list[int] = []  # a kind's rows' kind (-1 until asked for)
+_kinds_lock = threading.Lock()
+
+
+def kind_id(key: Hashable, rank: int) -> int:
+    """A small int standing for a value kind (``value_key``), the same in every run."""
+    k = _kinds.get(key)
+    if k is None:
+        with _kinds_lock:
+            k = _kinds.get(key)
+            if k is None:
+                k = len(_ranks)
+                _keys.append(key)
+                _ranks.append(rank)
+                _rows.append(-1)
+                _kinds[key] = k
+    return k
+
+
+def row_kind(k: int) -> int:
+    """The kind of a row of stacked values of kind ``k``."""
+    r = _rows[k]
+    if r < 0:
+        kind, shape, dtype = _keys[k]
+        r = _rows[k] = kind_id((kind, shape[1:], dtype), len(shape) - 1)
+    return r
+
+
+def kind_rank(k: int) -> int:
+    """The rank of the values of kind ``k`` (0 for floats)."""
+    return _ranks[k]
+
+
+def kind_of(value: Any) -> int:
+    """The interned kind of a value."""
+    return kind_id(value_key(value), 0 if type(value) is float else len(getattr(value, "shape", ())))
+
+
+@final
+class Entry:
+    """A node as one run sees it: where its value is (``slot`` and ``row``; for a node of the
+    monad's own, ``value``), and its place in the scheduler's agenda (``scheduler.py``)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.slot = -1
+        self.row = -1
+        self.value: Any = None
+        self.done = False
+        self.pending = 0  # its sources not yet done; -1: it takes the value of the one it waits for
+        self.consumers: list[Entry] | None = None  # the entries waiting for it
+        self.depth = 0
+        self.inputs: list[Entry] = _NO_INPUTS  # its sources' entries
+        self.kind = (
+            -1
+        )  # its kind of call (primitive or operation, static parameters), interned; -1: unhashable
+        self.bucket = -1  # where it waits on the agenda
+        self.more: list[int] | None = None  # a call's other results' slots (its first is ``slot``)
+
+
+_NO_INPUTS: list[Entry] = []  # a leaf's (never changed)
