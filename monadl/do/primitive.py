@@ -23,6 +23,7 @@ import numpy as np
 from monadl.typeclasses.backend import (
     FLOATS,
     NDARRAY,
+    NUMPY,
     ShapeError,
     device_of,
     is_float_array,
@@ -207,9 +208,9 @@ class Primitive:
         program replayed for inputs of the same structure skips it; ``check_values`` always runs).
         Errors name the op and the shapes."""
         d0 = datas[0]
-        xp = np if type(d0) is NDARRAY else namespace(*datas)
+        xp = NUMPY if type(d0) is NDARRAY else namespace(*datas)
         if checked:
-            if xp is not np and len(datas) > 1:
+            if xp is not NUMPY and len(datas) > 1:
                 check_devices(self.name, datas)
             if self.check is not None:
                 self.check(*datas, **params)

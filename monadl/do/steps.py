@@ -16,7 +16,7 @@ from monadl.do.primitive import FanOut, Primitive, Rule, call_forward
 from monadl.do.record import Program, Run, row_value
 from monadl.do.tape import Tape
 from monadl.do.versions import data_of
-from monadl.typeclasses.backend import NDARRAY, ShapeError, host_in, namespace, shape_of
+from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, host_in, namespace, shape_of
 
 if TYPE_CHECKING:
     from monadl.do.dispatch import Dispatcher
@@ -238,7 +238,7 @@ class MergedStep(Step):
         if prim.check_values is not None:
             check_merged_values(prim, args, self.stacked, params, self.n)
         arrays = [a for a in args if type(a) is not float]
-        xp = np if not arrays or type(arrays[0]) is NDARRAY else namespace(*arrays)
+        xp = NUMPY if not arrays or type(arrays[0]) is NDARRAY else namespace(*arrays)
         try:
             out = call_forward(self.rule, xp, args, params)
         except ValueError as e:
@@ -368,12 +368,12 @@ class GatherStep(Step):
         if type(first) is float:  # floats of their own: a vector of float64
             row_shape: tuple[int, ...] = ()
             dtype: Any = np.float64
-            xp: Any = np
+            xp: Any = NUMPY
         else:
             row_shape = tuple(first.shape[1:]) if self.rows[0] is not None else tuple(first.shape)
             dtype = first.dtype
-            xp = np if type(first) is NDARRAY else namespace(first)
-        if xp is np:
+            xp = NUMPY if type(first) is NDARRAY else namespace(first)
+        if xp is NUMPY:
             out = np.empty((self.n, *row_shape), dtype=dtype)
             for j, source in enumerate(sources):
                 rows = self.rows[j]
@@ -381,7 +381,7 @@ class GatherStep(Step):
                 if rows is None:
                     out[self.positions[j][0]] = data
                 else:
-                    out[self.positions[j]] = np.take(data, rows, axis=0)
+                    out[self.positions[j]] = data.take(rows, axis=0)
         else:  # the array API assigns to no index array: the parts in order, then one take
             parts = []
             for j, source in enumerate(sources):

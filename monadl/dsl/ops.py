@@ -29,7 +29,7 @@ from monadl.dsl.layers import (
     apply_float,
     is_float_kind,
 )
-from monadl.typeclasses.backend import NDARRAY, AnyNDArray, IndexArray, RowIndices, is_array, namespace
+from monadl.typeclasses.backend import NDARRAY, NUMPY, AnyNDArray, IndexArray, RowIndices, is_array, namespace
 
 __all__ = [
     "abs",
@@ -437,7 +437,7 @@ def log_softmax(x: AnyArray, axis: int = -1) -> ArrayLayer:
 def _label_range(xp: Any, labels: Any) -> tuple[int, int]:
     """The smallest and the largest label (on NumPy by the ufuncs' reductions: ``np.min`` and
     ``np.max`` add microseconds of Python each, to every training step that makes the op)."""
-    if xp is np:
+    if xp is NUMPY:
         return int(np.minimum.reduce(labels, axis=None)), int(np.maximum.reduce(labels, axis=None))
     return int(xp.min(labels)), int(xp.max(labels))
 

@@ -24,6 +24,7 @@ from monadl.do.primitive import ELEMENTWISE, Batching, FanOut, Primitive, Rule, 
 from monadl.typeclasses.backend import (
     FLOATS,
     NDARRAY,
+    NUMPY,
     ShapeError,
     host_in,
     minus_zeros,
@@ -137,7 +138,7 @@ def _relu_vjp(xp: Any, d: Any, o: Any, x: Any) -> Any:
     # NumPy: twice as slow at every size measured). A unit that is off gives d * 0: a zero (of d's
     # sign), or NaN where d itself is not finite.
     on = x > 0.0
-    if xp is np or xp is FLOATS:
+    if xp is NUMPY or xp is FLOATS:
         return d * on
     return d * xp.astype(on, d.dtype)  # the array API multiplies no floats by bools
 
@@ -444,7 +445,7 @@ def _standard_key(key: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[Any, ..
 def _key_for(xp: Any, key: tuple[Any, ...], x: Any) -> tuple[Any, ...]:
     """``key`` as namespace ``xp`` takes it: NumPy's (and CuPy's) as it is, the array API's with
     the bounds of its slices within their axes."""
-    return key if xp is np else _standard_key(key, tuple(x.shape))
+    return key if xp is NUMPY else _standard_key(key, tuple(x.shape))
 
 
 def _scatter(xp: Any, x: Any, key: tuple[Any, ...], d: Any) -> Any:
@@ -603,16 +604,24 @@ def _as_matrices(xp: Any, d: Any, a: Any, b: Any) -> tuple[Any, Any, Any]:
     return d, a, b
 
 
+def _mm(xp: Any, a: Any, b: Any) -> Any:
+    """``a @ b``; on NumPy matrices ``np.dot``, which hands a transposed view to BLAS where
+    ``np.matmul`` falls back to its own loop when a side is a single row or column (10x slower)."""
+    if xp is NUMPY and a.ndim == 2 and b.ndim == 2:
+        return np.dot(a, b)
+    return xp.matmul(a, b)
+
+
 def _matmul_vjp_a(xp: Any, d: Any, o: Any, a: Any, b: Any) -> Any:
     if a.ndim == 2 and b.ndim == 2:  # the common case, without the promotions below
-        return xp.matmul(d, b.mT)
+        return _mm(xp, d, b.mT)
     d2, a2, b2 = _as_matrices(xp, d, a, b)
     return _shaped(xp, unbroadcast(xp, xp.matmul(d2, xp.matrix_transpose(b2)), a2), a.shape)
 
 
 def _matmul_vjp_b(xp: Any, d: Any, o: Any, a: Any, b: Any) -> Any:
     if a.ndim == 2 and b.ndim == 2:
-        return xp.matmul(a.mT, d)
+        return _mm(xp, a.mT, d)
     d2, a2, b2 = _as_matrices(xp, d, a, b)
     return _shaped(xp, unbroadcast(xp, xp.matmul(xp.matrix_transpose(a2), d2), b2), b.shape)
 
@@ -671,7 +680,7 @@ def _fan_linear(xp: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
     of a few rows."""
     rows = _rows(xp, x)
     k, outputs = len(w), w[0].shape[1]
-    if xp is np:
+    if xp is NUMPY:
         out = np.empty((k, rows.shape[0], outputs), dtype=np.result_type(rows, w[0], b[0]))
         for j in range(k):
             np.matmul(rows, w[j], out=out[j])
@@ -690,9 +699,9 @@ def _fan_linear_rows(xp: Any, d: Any, w: tuple[Any, ...]) -> Any:
 
 def _fan_linear_vjp_x(xp: Any, d: Any, o: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
     d = _fan_linear_rows(xp, d, w)
-    g = xp.matmul(d[0, ...], w[0].mT)
+    g = _mm(xp, d[0, ...], w[0].mT)
     for j in range(1, len(w)):
-        g = g + xp.matmul(d[j, ...], w[j].mT)
+        g = g + _mm(xp, d[j, ...], w[j].mT)
     return xp.reshape(g, x.shape)
 
 
@@ -701,14 +710,18 @@ def _fan_linear_vjp_b(xp: Any, d: Any, o: Any, x: Any, w: tuple[Any, ...], b: tu
     return g if type(b[0]) is not float and b[0].ndim == 1 else xp.sum(g, axis=1)  # scalar biases: (k,)
 
 
+def _fan_linear_vjp_w(xp: Any, d: Any, o: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
+    """The weights' deltas, (k, in, out): one product of the rows with every call's delta side by
+    side, ``x.T @ [d_1 ... d_k]`` (a batched matmul of the k calls falls off BLAS for few rows)."""
+    rows = _rows(xp, x)
+    k, outputs = len(w), w[0].shape[1]
+    sides = xp.reshape(xp.permute_dims(_fan_linear_rows(xp, d, w), (1, 0, 2)), (rows.shape[0], k * outputs))
+    g = _mm(xp, rows.mT, sides)  # (in, k * out)
+    return xp.permute_dims(xp.reshape(g, (rows.shape[1], k, outputs)), (1, 0, 2))
+
+
 _FAN_LINEAR = FanOut(
-    shared=(0,),
-    forward=_fan_linear,
-    vjps=(
-        _fan_linear_vjp_x,
-        lambda xp, d, o, x, w, b: xp.matmul(_rows(xp, x).mT, _fan_linear_rows(xp, d, w)),  # (k, in, out)
-        _fan_linear_vjp_b,
-    ),
+    shared=(0,), forward=_fan_linear, vjps=(_fan_linear_vjp_x, _fan_linear_vjp_w, _fan_linear_vjp_b)
 )
 
 
@@ -716,7 +729,7 @@ _FAN_LINEAR = FanOut(
 def _linear(xp: Any, x: Any, w: Any, b: Any) -> Any:
     """``x @ w + b``; on NumPy matrices, the bias added into the product's own array (one array
     and one pass less), where that keeps the sum's dtype."""
-    if xp is np and x.ndim <= 2:
+    if xp is NUMPY and x.ndim <= 2:
         y = np.dot(x, w)
         if type(b) is float or (type(b) is NDARRAY and b.dtype == y.dtype and b.ndim <= 1):
             y += b
@@ -726,17 +739,13 @@ def _linear(xp: Any, x: Any, w: Any, b: Any) -> Any:
 
 
 def _linear_vjp_x(xp: Any, d: Any, o: Any, x: Any, w: Any, b: Any) -> Any:
-    if xp is np and d.ndim == 2:  # np.dot: less dispatch than matmul on small matrices
-        return np.dot(d, w.T)
-    return xp.matmul(d, w.mT)
+    return _mm(xp, d, w.mT)
 
 
 def _linear_vjp_w(xp: Any, d: Any, o: Any, x: Any, w: Any, b: Any) -> Any:
     if x.ndim == 1:  # one row: an outer product, which a broadcast multiplication does faster than matmul
         return xp.reshape(x, (-1, 1)) * xp.reshape(d, (1, -1))
-    if xp is np and x.ndim == 2:
-        return np.dot(x.T, d)
-    return xp.matmul(_rows(xp, x).mT, _rows(xp, d))
+    return _mm(xp, _rows(xp, x).mT, _rows(xp, d))
 
 
 linear = Primitive(
@@ -756,7 +765,7 @@ linear = Primitive(
 
 
 def _log_softmax(xp: Any, x: Any, axis: int) -> Any:
-    if xp is np:  # the ufuncs' reductions, and in place on our own array: np.max and np.sum add
+    if xp is NUMPY:  # the ufuncs' reductions, and in place on our own array: np.max and np.sum add
         # microseconds of Python each, more than the arithmetic on a batch of logits
         shifted = x - np.maximum.reduce(x, axis=axis, keepdims=True)
         shifted -= np.log(np.add.reduce(np.exp(shifted), axis=axis, keepdims=True))
@@ -849,7 +858,7 @@ def _check_labels_merged(inputs: tuple[Any, ...], merged: dict[str, Any]) -> Non
 def _cross_entropy(xp: Any, logits: Any, targets: Any, labels: tuple[int, int] | None) -> tuple[float, Any]:
     """The loss, and (saved for the vjp) its gradient ``(softmax(logits) - targets) / batch``."""
     batch = int(math.prod(logits.shape[:-1]))
-    if labels is not None and xp is np:  # pick each row's label instead of multiplying by a one-hot
+    if labels is not None and xp is NUMPY:  # pick each row's label instead of multiplying by a one-hot
         # On a matrix of rows (the arrays' reshape method: np.reshape's dispatch costs more than the
         # arithmetic on a batch of logits), indexed directly, so the gradient is written in place
         # whatever its memory layout.

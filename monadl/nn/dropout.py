@@ -32,6 +32,7 @@ import numpy as np
 from monadl.do.primitive import Primitive
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array, is_float_kind
 from monadl.dsl.training import is_training
+from monadl.typeclasses.backend import NUMPY
 
 __all__ = ["Dropout"]
 
@@ -65,7 +66,7 @@ class Dropout:
         if type(x) is float:
             return scale if float(self.generator.random()) >= self.p else 0.0
         keep = self.generator.random(tuple(x.shape)) >= self.p
-        if xp is np:
+        if xp is NUMPY:
             return np.multiply(keep, scale, dtype=x.dtype)
         return xp.astype(xp.asarray(keep), x.dtype) * scale
 

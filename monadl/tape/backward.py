@@ -45,7 +45,7 @@ from monadl.do.steps import (
     OpStep,
     RowStep,
 )
-from monadl.typeclasses.backend import NDARRAY, minus_zeros, namespace, unbroadcast
+from monadl.typeclasses.backend import NDARRAY, NUMPY, minus_zeros, namespace, unbroadcast
 from monadl.typeclasses.sparse import SparseRows, add, add_into, scatter_add
 
 ALL: Final = True
@@ -130,7 +130,7 @@ class Backward:
         if d is None or not self.run.wants[slot]:
             return None
         present = self.rows[slot]
-        if present is not ALL and (present is None or not present.any()):
+        if present is not ALL and (present is None or not _any(present)):
             return None
         self.deltas[slot] = None
         return d
@@ -393,8 +393,8 @@ def _gather(b: Backward, step: GatherStep) -> None:
                 b.give(source, _row_like(d, p, run.datas[source]), False)
             continue
         held = b.stacked(source)
-        picked = xp.take(d, xp.asarray(positions), axis=0) if xp is not np else d[positions]
-        if xp is np and step.unique[j]:
+        picked = xp.take(d, xp.asarray(positions), axis=0) if xp is not NUMPY else d[positions]
+        if xp is NUMPY and step.unique[j]:
             held[rows] += picked
         else:
             b.deltas[source] = scatter_add(xp, held, xp.asarray(rows), picked)
@@ -516,6 +516,11 @@ def _merged_vjp(
 
 def _dense(d: Any) -> Any:
     return d.to_dense() if type(d) is SparseRows else d
+
+
+def _any(mask: Any) -> bool:
+    """Whether a row of a presence mask is set (the ufunc's reduction: ``mask.any()`` is Python)."""
+    return bool(np.logical_or.reduce(mask, axis=None))
 
 
 def _present(rows: Any, k: int) -> bool:

@@ -84,6 +84,42 @@ class FloatNamespace:
 
 FLOATS = FloatNamespace()
 
+
+class NumpyNamespace:
+    """NumPy's namespace, as the ops see it: the functions they call most go straight to the arrays'
+    own methods and the ufuncs (NumPy's module functions ``reshape``, ``take``, ``sum`` ... are
+    Python wrappers, a microsecond each on every kernel); every other name is NumPy's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+    @staticmethod
+    def reshape(x: Any, shape: Any, copy: bool | None = None) -> Any:
+        return x.reshape(shape) if copy is None else np.reshape(x, shape, copy=copy)
+
+    @staticmethod
+    def take(x: Any, indices: Any, axis: int | None = None) -> Any:
+        return x.take(indices, axis=axis)
+
+    @staticmethod
+    def permute_dims(x: Any, axes: tuple[int, ...]) -> Any:
+        return x.transpose(axes)
+
+    @staticmethod
+    def astype(x: Any, dtype: Any, copy: bool = True) -> Any:
+        return x.astype(dtype, copy=copy)
+
+    @staticmethod
+    def sum(x: Any, axis: Any = None, dtype: Any = None, keepdims: bool = False) -> Any:
+        if type(x) is np.ndarray and x.dtype.kind == "f" and dtype is None:
+            add: Any = np.add  # (its reduce's overloads do not take a bool keepdims)
+            return add.reduce(x, axis=axis, keepdims=keepdims)
+        return np.sum(x, axis=axis, dtype=dtype, keepdims=keepdims)
+
+
+NUMPY = NumpyNamespace()
+"""The namespace of NumPy arrays (``xp is NUMPY`` marks NumPy's fast paths)."""
+
 NDARRAY: Final = np.ndarray
 """NumPy's array type, bound once: compiled, ``np.ndarray`` is a lookup in NumPy's module at every
 use, and the engine tests a value's type on every kernel."""
@@ -95,7 +131,9 @@ def namespace_of_type(t: type, example: Any) -> Any:
     """The array namespace of arrays of type ``t`` (cached: the lookup is on every op's path)."""
     xp = _namespaces.get(t)
     if xp is None:
-        if hasattr(example, "__array_namespace__"):
+        if t is np.ndarray:
+            xp = NUMPY
+        elif hasattr(example, "__array_namespace__"):
             xp = example.__array_namespace__()
         else:  # pragma: no cover - arrays without the standard's attribute (old CuPy)
             import array_api_compat
@@ -155,7 +193,7 @@ def host_in(xp: Any, a: Any) -> Any:
     array of namespace ``xp``. Ops keep them on the host to stack the ones of merged calls and to
     check their range, and a table or logits of another namespace (a CuPy array on a GPU,
     array-api-strict) take only arrays of their own."""
-    if xp is np or type(a) is not NDARRAY:
+    if xp is NUMPY or type(a) is not NDARRAY:
         return a
     return xp.asarray(a)
 
@@ -164,7 +202,7 @@ def minus_zeros(xp: Any, shape: tuple[int, ...], dtype: Any) -> Any:
     """An array of -0.0, to sum deltas into: -0.0 is the exact identity of addition, where 0.0 is
     not (``0.0 + -0.0`` is ``0.0``), so an element given one delta holds that delta as it is, a
     -0.0 included. (On NumPy ``empty`` and ``fill``: ``full`` costs more.)"""
-    if xp is np:
+    if xp is NUMPY:
         out = np.empty(shape, dtype=dtype)
         out.fill(-0.0)
         return out
@@ -188,7 +226,7 @@ def unbroadcast(xp: Any, delta: Any, like: Any) -> Any:
         if n == 1 and dshape[lead + i] != 1:
             summed_axes.append(lead + i)
     axes = tuple(summed_axes)
-    if xp is np and axes:  # the ufunc's reduction (np.sum adds microseconds of Python), and no
+    if xp is NUMPY and axes:  # the ufunc's reduction (np.sum adds microseconds of Python), and no
         # reshape where the sum has the shape already: a view would keep a gradient from owning
         # its memory (see ``training._handed_over``). Without leading axes, every summed axis is
         # one of ``like``'s own 1s, so keeping them gives its shape (a stacked bias (20, 1, 64)).
