@@ -235,7 +235,8 @@ class Entry:
         self.value: Any = None
         self.done = False
         self.pending = 0  # its sources not yet done; -1: it takes the value of the one it waits for
-        self.consumers: list[Entry] | None = None  # the entries waiting for it
+        self.consumer: Entry | None = None  # the first entry waiting for it
+        self.consumers: list[Entry] | None = None  # the others
         self.depth = 0
         self.inputs: list[Entry] = _NO_INPUTS  # its sources' entries
         self.kind = (

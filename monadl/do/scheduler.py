@@ -148,17 +148,18 @@ class Scheduler:
                         "that layer to it as an argument"
                     )
                 entry = ids[node] = Entry(node)
-                sources = node.sources
+                stack.append(_MARK)  # below its sources: it is posted after them
+                posts.append(entry)
                 base = len(stack)
+                sources = node.sources
                 for i in range(len(sources) - 1, -1, -1):  # walked in order
                     s = sources[i]
                     if s not in ids:
                         stack.append(s)
                 if len(stack) == base:  # its sources were all walked: posted at once
+                    stack.pop()
+                    posts.pop()
                     self.post(entry)
-                else:
-                    stack.insert(base, _MARK)  # below its sources: posted after them
-                    posts.append(entry)
             elif kind == VARIABLE:
                 assert type(node) is Variable
                 self.leaf(node, node.weight, None)
@@ -189,11 +190,12 @@ class Scheduler:
             inputs.append(e)
             if not e.done:
                 pending += 1
-                consumers = e.consumers
-                if consumers is None:
+                if e.consumer is None:
+                    e.consumer = entry
+                elif e.consumers is None:
                     e.consumers = [entry]
                 else:
-                    consumers.append(entry)
+                    e.consumers.append(entry)
             if e.depth > depth:
                 depth = e.depth
         entry.inputs = inputs
@@ -253,23 +255,33 @@ class Scheduler:
             entry.row = row
             entry.value = value
             entry.done = True
-            consumers = entry.consumers
-            if consumers is None:
+            first = entry.consumer
+            if first is None:
                 return
-            entry.consumers = None
-            follower: Entry | None = None
-            for c in consumers:
-                if c.pending < 0:  # it follows this one (it waits for nothing else)
-                    if follower is not None:
-                        self.resolve(follower, slot, row, value)
-                    follower = c
-                    continue
-                c.pending -= 1
-                if not c.pending:
-                    self.ready(c)
+            entry.consumer = None
+            follower = self.wake(first)
+            consumers = entry.consumers
+            if consumers is not None:
+                entry.consumers = None
+                for c in consumers:
+                    then = self.wake(c)
+                    if then is not None:
+                        if follower is not None:
+                            self.resolve(follower, slot, row, value)
+                        follower = then
             if follower is None:
                 return
             entry = follower
+
+    def wake(self, consumer: Entry) -> Entry | None:
+        """One source of ``consumer`` is done: it is ready if that was the last. Returns it instead
+        if it follows that source (its value is the source's: the caller resolves it)."""
+        if consumer.pending < 0:
+            return consumer
+        consumer.pending -= 1
+        if not consumer.pending:
+            self.ready(consumer)
+        return None
 
     def follow(self, entry: Entry, then: Node) -> None:
         """``entry``'s value is ``then``'s (a defer, a flat_map's result)."""
@@ -280,7 +292,9 @@ class Scheduler:
             self.resolve(entry, target.slot, target.row, target.value)
         else:
             entry.pending = -1  # (it follows the one entry it waits for)
-            if target.consumers is None:
+            if target.consumer is None:
+                target.consumer = entry
+            elif target.consumers is None:
                 target.consumers = [entry]
             else:
                 target.consumers.append(entry)
@@ -302,6 +316,7 @@ class Scheduler:
         """Drops what a failed run leaves waiting (an entry's consumers hold entries that hold it
         among their inputs: a reference cycle, which a finished run never leaves)."""
         for entry in self.ids.values():
+            entry.consumer = None
             entry.consumers = None
         for bucket in self.buckets:
             bucket.ready = []

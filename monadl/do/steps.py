@@ -360,6 +360,8 @@ class GatherStep(Step):
         self.unique = [r is None or len(set(r.tolist())) == len(r) for r in rows]
         self.n = n
         self.shape = shape
+        self.single = len(sources) == 1 and rows[0] is not None
+        """One source, whose rows are the result's in order (no positions to place them at)."""
 
     def forward(self, run: Run, checked: bool) -> None:
         datas = run.datas
@@ -373,7 +375,9 @@ class GatherStep(Step):
             row_shape = tuple(first.shape[1:]) if self.rows[0] is not None else tuple(first.shape)
             dtype = first.dtype
             xp = NUMPY if type(first) is NDARRAY else namespace(first)
-        if xp is NUMPY:
+        if self.single and xp is NUMPY:
+            out = datas[sources[0]].take(self.rows[0], axis=0)
+        elif xp is NUMPY:
             out = np.empty((self.n, *row_shape), dtype=dtype)
             for j, source in enumerate(sources):
                 rows = self.rows[j]

@@ -393,7 +393,10 @@ def _gather(b: Backward, step: GatherStep) -> None:
                 b.give(source, _row_like(d, p, run.datas[source]), False)
             continue
         held = b.stacked(source)
-        picked = xp.take(d, xp.asarray(positions), axis=0) if xp is not NUMPY else d[positions]
+        if step.single:
+            picked = d
+        else:
+            picked = xp.take(d, xp.asarray(positions), axis=0) if xp is not NUMPY else d[positions]
         if xp is NUMPY and step.unique[j]:
             held[rows] += picked
         else:
