@@ -587,7 +587,7 @@ class Scheduler:
                 ins.append(batching.gather(run, [c[j].slot for c in inputs], [c[j].row for c in inputs]))
             else:
                 ins.append(batching.own(run, inputs[0][j].slot, inputs[0][j].row))
-        kinds = tuple([run.kind(s, -1) for s in ins])
+        kinds = tuple([run.kind(s, 0 if n else -1) for s in ins])  # (stacked: a row's kind, not the rows')
         wants = tuple([run.wants[s] for s in ins])
         key = (first.static, kinds, wants, n == 0, self.batching, self.min_cost, self.by_depth)
         program = self.bodies.get(key)
