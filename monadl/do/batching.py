@@ -28,27 +28,22 @@ NO_POOL = math.inf
 """The ``min_cost`` of a run without a pool: no kernel is worth it."""
 
 
-def static_key(node: Node) -> Any:
-    """A call's kind: its primitive, with the static part of its parameters if it has any
-    (``Primitive.static_items``: may be unhashable); or a batchable call's static part."""
-    if type(node) is Apply:
-        return node.prim if not node.params else (node.prim, node.prim.static_items(node.params))
-    assert type(node) is Call
-    return node.static
-
-
-def signature(run: Run, entry: Entry, inputs: list[Entry], min_cost: float) -> Hashable | None:
+def signature(run: Run, entry: Entry, min_cost: float) -> Hashable | None:
     """An op's signature (see the module): equal ones merge; None runs it alone. ``min_cost``: a
-    call worth the pool on its own runs beside the others instead (``NO_POOL``: there is none)."""
+    call worth the pool on its own runs beside the others instead (``NO_POOL``: there is none).
+    (A parameter that is unhashable makes the signature so: the caller runs it alone.)"""
     node = entry.node
     assert type(node) is Apply
     prim = node.prim
     spec = prim.batch
-    if spec is None or entry.kind < 0:
+    if spec is None:
         return None
+    inputs = entry.inputs
     if spec.mergeable is not None and not spec.mergeable(*[run.value(e.slot, e.row) for e in inputs]):
         return None
-    key: list[Any] = [entry.kind]
+    key: list[Any] = [prim]
+    if node.params:
+        key.append(prim.static_items(node.params))
     stacked = bool(spec.rows)
     shared = spec.shared
     any_input = spec.elementwise
@@ -76,28 +71,30 @@ def signature(run: Run, entry: Entry, inputs: list[Entry], min_cost: float) -> H
     return tuple(key)
 
 
-def fan_signature(run: Run, entry: Entry, inputs: list[Entry]) -> Hashable | None:
+def fan_signature(run: Run, entry: Entry) -> Hashable | None:
     """The signature of an op that merged with nothing: calls that read one value with different
     others merge by fanning out."""
     node = entry.node
     assert type(node) is Apply
     spec = node.prim.batch
     fan = None if spec is None else spec.fan
-    if fan is None or entry.kind < 0:
+    if fan is None:
         return None
-    key: list[Any] = [entry.kind, "fan"]
-    for i, e in enumerate(inputs):
+    key: list[Any] = ["fan", node.prim, node.prim.static_items(node.params)]
+    for i, e in enumerate(entry.inputs):
         key.append((e.slot, e.row) if i in fan.shared else run.kind(e.slot, e.row))
     return tuple(key)
 
 
-def call_signature(run: Run, entry: Entry, inputs: list[Entry]) -> Hashable | None:
+def call_signature(run: Run, entry: Entry) -> Hashable | None:
     """A batchable call's signature: its static part and its rows' kinds; None where the rows
     differ in rank (stacked, a float against an array, or a vector against a matrix, would no
     longer broadcast as they did in the call)."""
-    key: list[Any] = [entry.kind]
+    node = entry.node
+    assert type(node) is Call
+    key: list[Any] = [node.static]
     rank = -1
-    for e in inputs:
+    for e in entry.inputs:
         k = run.kind(e.slot, e.row)
         r = kind_rank(k)
         if rank >= 0 and r != rank:
@@ -110,9 +107,7 @@ def call_signature(run: Run, entry: Entry, inputs: list[Entry]) -> Hashable | No
 # ------------------------------------------------------------------------------------------- groups
 
 
-def merged(
-    run: Run, group: list[Entry], inputs: list[list[Entry]], bound: dict[Node, int], min_cost: float
-) -> MergedStep:
+def merged(run: Run, group: list[Entry], bound: dict[Node, int], min_cost: float) -> MergedStep:
     """Calls of one primitive with equal signatures, as one call on their stacked rows (call k's
     value: row k of the step's slot). ``bound``: the bound nodes' positions (a static graph's);
     ``min_cost``: the cost worth the pool (``NO_POOL``: there is none)."""
@@ -122,7 +117,7 @@ def merged(
     spec = prim.batch
     assert spec is not None
     n = len(group)
-    ins0 = inputs[0]
+    ins0 = group[0].inputs
     datas0 = [run.value(e.slot, e.row) for e in ins0]
     if prim.check is not None:  # equal signatures: the first call's shapes stand for all
         prim.check(*datas0, **first.params)
@@ -149,7 +144,7 @@ def merged(
             stacked.append(False)
             pads.append(0)
         else:
-            slot = gather(run, [c[i].slot for c in inputs], [c[i].row for c in inputs])
+            slot = gather(run, [c.inputs[i].slot for c in group], [c.inputs[i].row for c in group])
             stacked.append(True)
             d = datas0[i]
             row_rank = 0 if type(d) is float else len(d.shape)
@@ -172,7 +167,7 @@ def merged(
     return step
 
 
-def fan(run: Run, group: list[Entry], inputs: list[list[Entry]], min_cost: float) -> FanStep:
+def fan(run: Run, group: list[Entry], min_cost: float) -> FanStep:
     """Calls of one primitive reading one value with different others, as one kernel."""
     first = group[0].node
     assert type(first) is Apply
@@ -180,18 +175,19 @@ def fan(run: Run, group: list[Entry], inputs: list[list[Entry]], min_cost: float
     spec = prim.batch
     assert spec is not None and spec.fan is not None
     fan_out = spec.fan
+    first_inputs = group[0].inputs
     if prim.check is not None:  # every call's own check, so that an error names its shapes
-        for k, entry in enumerate(group):
+        for entry in group:
             node = entry.node
             assert type(node) is Apply
-            prim.check(*[run.value(e.slot, e.row) for e in inputs[k]], **node.params)
+            prim.check(*[run.value(e.slot, e.row) for e in entry.inputs], **node.params)
     ins: list[list[int]] = []
     wants = False
-    for i in range(len(inputs[0])):
+    for i in range(len(first_inputs)):
         if i in fan_out.shared:
-            slots = [own(run, inputs[0][i].slot, inputs[0][i].row)]
+            slots = [own(run, first_inputs[i].slot, first_inputs[i].row)]
         else:
-            slots = [own(run, c[i].slot, c[i].row) for c in inputs]
+            slots = [own(run, c.inputs[i].slot, c.inputs[i].row) for c in group]
         for s in slots:
             if run.wants[s]:
                 wants = True
@@ -199,8 +195,8 @@ def fan(run: Run, group: list[Entry], inputs: list[list[Entry]], min_cost: float
     step = FanStep(prim, fan_out, ins, first.params, len(group), run.new_slot(wants), wants)
     if min_cost < NO_POOL:
         total = 0.0
-        for k in range(len(group)):
-            total += cost_of(prim, [run.value(e.slot, e.row) for e in inputs[k]], first.params)
+        for entry in group:
+            total += cost_of(prim, [run.value(e.slot, e.row) for e in entry.inputs], first.params)
         step.heavy = total >= min_cost
     stats = run.stats
     stats.groups += 1
@@ -208,7 +204,7 @@ def fan(run: Run, group: list[Entry], inputs: list[list[Entry]], min_cost: float
     return step
 
 
-def alone(run: Run, entry: Entry, inputs: list[Entry], bound: dict[Node, int], min_cost: float) -> Step:
+def alone(run: Run, entry: Entry, bound: dict[Node, int], min_cost: float) -> Step:
     """An op that merges with nothing: its own step (rows of groups taken out first, but for sums
     and concatenations of rows, which take them as gathered arrays). Its value is the returned
     step's slot."""
@@ -216,6 +212,7 @@ def alone(run: Run, entry: Entry, inputs: list[Entry], bound: dict[Node, int], m
     assert type(node) is Apply
     prim = node.prim
     spec = prim.batch
+    inputs = entry.inputs
     if spec is not None and (spec.sums_rows or spec.joins_rows):
         for e in inputs:
             if e.row >= 0:

@@ -239,6 +239,7 @@ class Entry:
         self.consumers: list[Entry] | None = None  # the others
         self.depth = 0
         self.inputs: list[Entry] = _NO_INPUTS  # its sources' entries
+        self.dynamic = False  # an input is a node of the monad's own (its value is made a slot)
         self.kind = (
             -1
         )  # its kind of call (primitive or operation, static parameters), interned; -1: unhashable

@@ -117,7 +117,6 @@ class Scheduler:
         self.min_cost = batching.NO_POOL if run.dispatcher is None else run.dispatcher.min_cost
         self.ids: dict[Node, Entry] = {}
         self.immediate: list[Entry] = []  # ready nodes of the monad's own
-        self.kinds: dict[Any, int] = {}  # a kind of call (``batching.static_key``) -> its number
         self.buckets: list[Bucket] = []
         self.bucket_of: dict[object, int] = {}  # a primitive or operation (by depth: a depth) -> its bucket
         self.active: list[Bucket] = []  # the buckets with ready calls
@@ -184,10 +183,10 @@ class Scheduler:
         ids = self.ids
         pending = 0
         depth = 0
-        inputs = []
-        for s in node.sources:
-            e = ids[s]
-            inputs.append(e)
+        inputs = [ids[s] for s in node.sources]
+        for e in inputs:
+            if e.slot < 0 and e.node.kind < VARIABLE:
+                entry.dynamic = True  # an input of the monad's own: made a slot when it runs
             if not e.done:
                 pending += 1
                 if e.consumer is None:
@@ -431,58 +430,55 @@ class Scheduler:
         merges with nothing may still fan out with others; the rest alone."""
         run = self.run
         groups: dict[Hashable, list[Entry]] = {}
-        columns: dict[Hashable, list[list[Entry]]] = {}
         fans: dict[Hashable, list[Entry]] = {}
-        fan_columns: dict[Hashable, list[list[Entry]]] = {}
         alone: list[Entry] = []
-        alone_inputs: list[list[Entry]] = []
         for entry in entries:
-            inputs = self.inputs(entry)
-            key: Hashable | None = None
-            if self.batching:
-                entry.kind = self.kind_of(entry.node)
-                if entry.node.kind == APPLY:
-                    key = batching.signature(run, entry, inputs, self.min_cost)
-                    if key is None and _join(
-                        fans, fan_columns, batching.fan_signature(run, entry, inputs), entry, inputs
-                    ):
+            if entry.dynamic:
+                self.place_inputs(entry)
+            if not self.batching:
+                alone.append(entry)
+                continue
+            is_op = entry.node.kind == APPLY
+            key = (
+                batching.signature(run, entry, self.min_cost)
+                if is_op
+                else batching.call_signature(run, entry)
+            )
+            try:
+                if key is None:
+                    if is_op and _join(fans, batching.fan_signature(run, entry), entry):
                         continue
+                    alone.append(entry)
                 else:
-                    key = batching.call_signature(run, entry, inputs)
-            if not _join(groups, columns, key, entry, inputs):
+                    _join(groups, key, entry)
+            except TypeError:  # an unhashable parameter: it runs alone
                 alone.append(entry)
-                alone_inputs.append(inputs)
         for key, group in groups.items():
-            inputs_of = columns[key]
-            if len(group) == 1:
-                entry = group[0]
-                if entry.node.kind == APPLY and _join(
-                    fans, fan_columns, batching.fan_signature(run, entry, inputs_of[0]), entry, inputs_of[0]
-                ):
-                    continue
+            if len(group) > 1:
                 self.signatures.add(hash(key))
-                alone.append(entry)
-                alone_inputs.append(inputs_of[0])
+                if group[0].node.kind == APPLY:
+                    self.run_ops(group, False)
+                else:
+                    self.run_calls(group)
+                continue
+            entry = group[0]
+            if entry.node.kind == APPLY and _join(fans, batching.fan_signature(run, entry), entry):
                 continue
             self.signatures.add(hash(key))
-            if group[0].node.kind == APPLY:
-                self.run_ops(group, inputs_of, False)
-            else:
-                self.run_calls(group, inputs_of)
+            alone.append(entry)
         for key, group in fans.items():
             self.signatures.add(hash(key))
             if len(group) > 1:
-                self.run_ops(group, fan_columns[key], True)
+                self.run_ops(group, True)
             else:
                 alone.append(group[0])
-                alone_inputs.append(fan_columns[key][0])
-        for i, entry in enumerate(alone):
+        for entry in alone:
             if entry.node.kind == APPLY:
-                self.run_ops([entry], [alone_inputs[i]], False)
+                self.run_ops([entry], False)
             else:
-                self.run_calls([entry], [alone_inputs[i]])
+                self.run_calls([entry])
 
-    def run_ops(self, group: list[Entry], inputs: list[list[Entry]], fan: bool) -> None:
+    def run_ops(self, group: list[Entry], fan: bool) -> None:
         """Runs a group of ops (one alone, merged calls, or a fan), an error noted with where the
         user's code made its first op."""
         run = self.run
@@ -490,35 +486,22 @@ class Scheduler:
         assert type(node) is Apply
         try:
             if fan:
-                step: Step = batching.fan(run, group, inputs, self.min_cost)
+                step: Step = batching.fan(run, group, self.min_cost)
             elif len(group) > 1:
-                step = batching.merged(run, group, inputs, self.bound, self.min_cost)
+                step = batching.merged(run, group, self.bound, self.min_cost)
             else:
-                step = batching.alone(run, group[0], inputs[0], self.bound, self.min_cost)
+                step = batching.alone(run, group[0], self.bound, self.min_cost)
             self.count(node.prim.name)
             self.launch(step, group)
         except Exception as error:
             note_where(error, node)
             raise
 
-    def kind_of(self, node: Node) -> int:
-        """The number of a call's kind (``batching.static_key``) in this run; -1 if unhashable."""
-        key = batching.static_key(node)
-        try:
-            k = self.kinds.get(key, -1)
-            if k < 0:
-                k = self.kinds[key] = len(self.kinds)
-        except TypeError:  # an unhashable parameter: it runs alone
-            return -1
-        return k
-
-    def inputs(self, entry: Entry) -> list[Entry]:
-        """The entries of a node's sources, each with a slot (a dynamic node's tape made one)."""
-        inputs = entry.inputs
-        for e in inputs:
+    def place_inputs(self, entry: Entry) -> None:
+        """Gives each of a node's inputs a slot (a dynamic node's tape made one)."""
+        for e in entry.inputs:
             if e.slot < 0:
                 self.place(e, entry.node)
-        return inputs
 
     def place(self, entry: Entry, consumer: object) -> None:
         """A dynamic node's value as a slot: a tape of this run is its own slot; a literal's a
@@ -571,7 +554,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------------ bodies
 
-    def run_calls(self, group: list[Entry], inputs: list[list[Entry]]) -> None:
+    def run_calls(self, group: list[Entry]) -> None:
         """Calls of a batchable operation: its body run once on their stacked rows (a call on its
         own: on its own arguments, as the plain function), as a step with a frame of its own. The
         body's program is recorded for the first group of its signature and replayed for later ones."""
@@ -582,11 +565,12 @@ class Scheduler:
         n = len(group) if len(group) > 1 else 0
         self.count(op.name)
         ins = []
-        for j in range(len(inputs[0])):
+        for j, e in enumerate(group[0].inputs):
             if n:
-                ins.append(batching.gather(run, [c[j].slot for c in inputs], [c[j].row for c in inputs]))
+                slots = [c.inputs[j].slot for c in group]
+                ins.append(batching.gather(run, slots, [c.inputs[j].row for c in group]))
             else:
-                ins.append(batching.own(run, inputs[0][j].slot, inputs[0][j].row))
+                ins.append(batching.own(run, e.slot, e.row))
         kinds = tuple([run.kind(s, 0 if n else -1) for s in ins])  # (stacked: a row's kind, not the rows')
         wants = tuple([run.wants[s] for s in ins])
         key = (first.static, kinds, wants, n == 0, self.batching, self.min_cost, self.by_depth)
@@ -605,8 +589,8 @@ class Scheduler:
                 # as a row (concatenates it with rows) cannot run on the calls' stacked rows.
                 if self.dispatcher is not None:
                     self.dispatcher.drain()
-                for k, entry in enumerate(group):
-                    self.run_calls([entry], [inputs[k]])
+                for entry in group:
+                    self.run_calls([entry])
                 return
             for _ in program.outputs:
                 outs.append(run.new_slot(False))
@@ -725,21 +709,13 @@ def note_where(error: Exception, node: Node) -> None:
         error.add_note(f"{node.prim.name} was made at {where}")
 
 
-def _join(
-    groups: dict[Hashable, list[Entry]],
-    columns: dict[Hashable, list[list[Entry]]],
-    key: Hashable | None,
-    entry: Entry,
-    inputs: list[Entry],
-) -> bool:
-    """Adds ``entry`` (with its inputs) to the group of ``key``; False if there is no key."""
+def _join(groups: dict[Hashable, list[Entry]], key: Hashable | None, entry: Entry) -> bool:
+    """Adds ``entry`` to the group of ``key``; False if there is no key."""
     if key is None:
         return False
     group = groups.get(key)
     if group is None:
         groups[key] = [entry]
-        columns[key] = [inputs]
     else:
         group.append(entry)
-        columns[key].append(inputs)
     return True
