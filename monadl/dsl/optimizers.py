@@ -253,11 +253,64 @@ class Adam:
             step = rate * m_hat / (v_hat**0.5 + self.epsilon)
             return _with_rows(xp, data, rows, data[rows] - step), (m, v, t)
         g = _decayed(gradient, data, self.weight_decay)
+        if _same_arrays(data, g, m, v):
+            new, m, v = _adam_in_chunks(data, g, m, v, b1, b2, t, rate, self.epsilon)
+            return new, (m, v, t)
         m = b1 * m + (1.0 - b1) * g
         v = b2 * v + (1.0 - b2) * (g * g)
         m_hat = m / (1.0 - b1**t)
         v_hat = v / (1.0 - b2**t)
         return data - rate * m_hat / (v_hat**0.5 + self.epsilon), (m, v, t)
+
+
+_CHUNK = 1 << 15
+"""Elements an update computes at a time: its dozen passes stay in the cache, where a large table
+(an embedding) would stream each of them through memory."""
+
+
+def _same_arrays(*arrays: Any) -> bool:
+    """Whether these are NumPy arrays of one shape and dtype, contiguous (then updated in chunks)."""
+    first = arrays[0]
+    if type(first) is not np.ndarray or first.size <= _CHUNK:
+        return False
+    for a in arrays:
+        if type(a) is not np.ndarray or a.shape != first.shape or a.dtype != first.dtype:
+            return False
+        if not a.flags.c_contiguous:
+            return False
+    return True
+
+
+def _adam_in_chunks(
+    data: Any, g: Any, m: Any, v: Any, b1: float, b2: float, t: int, rate: float, epsilon: float
+) -> tuple[Any, Any, Any]:
+    """Adam's dense rule on NumPy arrays, the same operations in the same order (so the same bits),
+    chunk by chunk into fresh arrays: ``(new data, m, v)``."""
+    new, m_new, v_new = np.empty_like(data), np.empty_like(m), np.empty_like(v)
+    flat = [a.reshape(-1) for a in (data, g, m, v, new, m_new, v_new)]
+    c1, c2 = 1.0 - b1**t, 1.0 - b2**t
+    size = flat[0].shape[0]
+    a = np.empty(min(size, _CHUNK), dtype=data.dtype)
+    b = np.empty_like(a)
+    for start in range(0, size, _CHUNK):
+        end = min(start + _CHUNK, size)
+        d_, g_, m_, v_, new_, mn, vn = (x[start:end] for x in flat)
+        ta, tb = a[: end - start], b[: end - start]
+        np.multiply(m_, b1, out=mn)  # m = b1 * m + (1 - b1) * g
+        np.multiply(g_, 1.0 - b1, out=ta)
+        np.add(mn, ta, out=mn)
+        np.multiply(g_, g_, out=ta)  # v = b2 * v + (1 - b2) * (g * g)
+        np.multiply(ta, 1.0 - b2, out=ta)
+        np.multiply(v_, b2, out=vn)
+        np.add(vn, ta, out=vn)
+        np.divide(mn, c1, out=ta)  # m_hat
+        np.divide(vn, c2, out=tb)  # v_hat
+        np.sqrt(tb, out=tb)
+        np.add(tb, epsilon, out=tb)
+        np.multiply(ta, rate, out=ta)  # rate * m_hat / (v_hat ** 0.5 + epsilon)
+        np.divide(ta, tb, out=ta)
+        np.subtract(d_, ta, out=new_)
+    return new, m_new, v_new
 
 
 @dataclass(frozen=True)
