@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
@@ -63,6 +63,10 @@ class FanOut:
     shared: tuple[int, ...]
     forward: Rule
     vjps: tuple[Rule, ...]
+    products: dict[int, Rule] = field(default_factory=dict)
+    """For an unshared input whose delta is a product of rows (a weight's), the rule giving it as
+    ``(left, rights)`` (the call k's delta ``left.T @ rights[k]``; ``left`` None: the rows of
+    ``rights[k]`` summed): see :attr:`Primitive.products`."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,11 @@ class Primitive:
     overwritten by an optimizer (the library's own primitives). ``own``: one of the library's own
     primitives, whose forward raises ``ValueError`` only where NumPy finds the operands' shapes do
     not fit: that is reported as a ``ShapeError`` naming the op and the shapes. Another
-    primitive's exceptions (a user's) reach the caller as they are."""
+    primitive's exceptions (a user's) reach the caller as they are. ``products``: for an input whose
+    delta is a product of rows (a weight's, ``x.T @ d``), the rule ``(xp, d, saved, *inputs,
+    **params) -> (left, right)`` giving its factors (``left`` None: ``right``'s rows summed: a
+    bias), or None where it is not one; a backward pass adds up a weight's products over all the
+    calls of a step and multiplies once (``monadl.tape.backward``)."""
 
     __slots__ = (
         "batch",
@@ -142,6 +150,7 @@ class Primitive:
         "own",
         "passes",
         "per_run",
+        "products",
         "saves",
         "vjps",
     )
@@ -162,6 +171,7 @@ class Primitive:
         per_run: tuple[str, ...] = (),
         fresh: bool = False,
         own: bool = False,
+        products: dict[int, Rule] | None = None,
     ) -> None:
         self.name = name
         self.forward = forward
@@ -176,6 +186,7 @@ class Primitive:
         self.per_run = per_run
         self.fresh = fresh
         self.own = own
+        self.products = products or {}
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"

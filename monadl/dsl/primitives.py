@@ -633,11 +633,19 @@ def _shaped(xp: Any, g: Any, shape: tuple[int, ...]) -> Any:
     return g if tuple(g.shape) == tuple(shape) else xp.reshape(g, shape)
 
 
+def _matmul_weight(xp: Any, d: Any, o: Any, a: Any, b: Any) -> Any:
+    """A matrix ``b``'s delta as a product of rows (of ``a`` and of the delta)."""
+    if type(a) is float or a.ndim > 2 or type(b) is float or b.ndim != 2:
+        return None
+    return _rows(xp, a), _rows(xp, d)
+
+
 def _matmul(name: str) -> Primitive:
     return Primitive(
         name,
         lambda xp, a, b: xp.matmul(a, b),
         (_matmul_vjp_a, _matmul_vjp_b),
+        products={1: _matmul_weight},
         cost=lambda a, b: float(math.prod(a.shape) * (b.shape[-1] if b.ndim > 1 else 1)),
         check=_check_matmul(name),
         batch=Batching(shared=(1,), mergeable=lambda a, b: type(b) is float or b.ndim <= 2),
@@ -720,8 +728,21 @@ def _fan_linear_vjp_w(xp: Any, d: Any, o: Any, x: Any, w: tuple[Any, ...], b: tu
     return xp.permute_dims(xp.reshape(g, (rows.shape[1], k, outputs)), (1, 0, 2))
 
 
+def _fan_biases(xp: Any, d: Any, o: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
+    """The biases' deltas as products of rows (sums of each call's delta rows), for vector biases."""
+    if type(b[0]) is float or b[0].ndim != 1:
+        return None
+    return None, _fan_linear_rows(xp, d, w)
+
+
 _FAN_LINEAR = FanOut(
-    shared=(0,), forward=_fan_linear, vjps=(_fan_linear_vjp_x, _fan_linear_vjp_w, _fan_linear_vjp_b)
+    shared=(0,),
+    forward=_fan_linear,
+    vjps=(_fan_linear_vjp_x, _fan_linear_vjp_w, _fan_linear_vjp_b),
+    products={
+        1: lambda xp, d, o, x, w, b: (_rows(xp, x), _fan_linear_rows(xp, d, w)),
+        2: _fan_biases,
+    },
 )
 
 
@@ -748,10 +769,16 @@ def _linear_vjp_w(xp: Any, d: Any, o: Any, x: Any, w: Any, b: Any) -> Any:
     return _mm(xp, _rows(xp, x).mT, _rows(xp, d))
 
 
+def _linear_bias(xp: Any, d: Any, o: Any, x: Any, w: Any, b: Any) -> Any:
+    """A vector bias's delta as a sum of rows."""
+    return None if type(b) is float or b.ndim != 1 else (None, _rows(xp, d))
+
+
 linear = Primitive(
     "linear",
     _linear,
     (_linear_vjp_x, _linear_vjp_w, lambda xp, d, o, x, w, b: unbroadcast(xp, d, b)),
+    products={1: lambda xp, d, o, x, w, b: (_rows(xp, x), _rows(xp, d)), 2: _linear_bias},
     cost=lambda x, w, b: float(math.prod(x.shape) * w.shape[1]),
     check=_check_linear,
     # x's rows stacked: the calls' x @ w become one matmul; or, for calls of one x with different

@@ -45,6 +45,7 @@ from monadl.do.steps import (
     OpStep,
     RowStep,
 )
+from monadl.do.versions import data_of
 from monadl.typeclasses.backend import NDARRAY, NUMPY, minus_zeros, namespace, unbroadcast
 from monadl.typeclasses.sparse import SparseRows, add, add_into, scatter_add
 
@@ -84,6 +85,10 @@ class Backward:
         self.inflight = 0
         self.gradients: dict[Any, Any] = {} if outer is None else outer.gradients
         self.owned_gradients: set[Any] = set() if outer is None else outer.owned_gradients
+        self.products: dict[Any, list[tuple[Any, Any]]] = {} if outer is None else outer.products
+        """A weight's deltas that are products of rows (``Primitive.products``), to be added up as
+        one product when the pass ends: its calls over a whole step (every time step of a sequence,
+        every level of a tree) make one matrix product instead of one each, and one sum."""
 
     def sweep(self) -> None:
         """Runs every step's rule, from the last step to the first."""
@@ -117,6 +122,40 @@ class Backward:
             self.give(slot, delta, False)
         else:
             self.give_row(slot, row, delta)
+
+    def product(self, slot: int, factors: Any) -> bool:
+        """Defers the delta of slot ``slot``, if it is a weight's, given as a product of rows
+        (``factors``: ``(left, right)``, from ``Primitive.products``); False where it is not (then
+        the caller computes it now)."""
+        weight = self.run.weights[slot]
+        if weight is None or factors is None or self.diagnose:
+            return False
+        held = self.products.get(weight)
+        if held is None:
+            self.products[weight] = [factors]
+        else:
+            held.append(factors)
+        return True
+
+    def multiply(self) -> None:
+        """Each weight's deferred products of rows, added up as one product (or one sum of rows),
+        added to its gradient."""
+        for weight, factors in self.products.items():
+            xp = namespace(factors[0][1])
+            left = [f[0] for f in factors]
+            right = xp.concat([f[1] for f in factors], axis=0) if len(factors) > 1 else factors[0][1]
+            if left[0] is None:
+                g = xp.sum(right, axis=0)
+            else:
+                lefts = xp.concat(left, axis=0) if len(left) > 1 else left[0]
+                g = xp.matmul(lefts.mT, right) if xp is not NUMPY else np.dot(lefts.T, right)
+            data = weight_data(self.run, weight)
+            if tuple(g.shape) != tuple(data.shape):
+                g = xp.reshape(g, data.shape)
+            if g.dtype != data.dtype:
+                g = xp.astype(g, data.dtype)
+            accumulate(self, weight, g, True)
+        self.products = {}
 
     # ------------------------------------------------------------------------------------ deltas
 
@@ -250,21 +289,35 @@ class Backward:
 def _leaf(b: Backward, step: LeafStep) -> None:
     weight = b.run.weights[step.out]
     d = b.take(step.out)
-    if d is None or weight is None:
+    if weight is None:
         return
-    # A weight read by several frames (batchable bodies') has a slot in each: their deltas are summed
-    # here, and it counts as one backward, with the summed delta.
+    if weight in b.products and weight not in b.gradients:
+        b.gradients[weight] = None  # its place among the gradients: its leaf's, as for any delta
+    if d is None:
+        return
+    accumulate(b, weight, d, b.owned[step.out])
+
+
+def accumulate(b: Backward, weight: Any, d: Any, owned: bool) -> None:
+    """Adds ``d`` to ``weight``'s gradient (``owned``: an array of the pass's own). A weight read by
+    several frames (batchable bodies') has a slot in each: their deltas are summed here, and it
+    counts as one backward, with the summed delta."""
     held = b.gradients.get(weight)
     if held is None:
         _count(b.stats.backwards, "weight")
         b.gradients[weight] = d
-        if b.owned[step.out]:
+        if owned:
             b.owned_gradients.add(weight)
     elif weight in b.owned_gradients:
         b.gradients[weight] = add_into(held, d)
     else:
         b.gradients[weight] = add(held, d)
         b.owned_gradients.add(weight)
+
+
+def weight_data(run: Run, weight: Any) -> Any:
+    """The data ``run`` read for ``weight`` (its delta has that shape and dtype)."""
+    return data_of(weight, run.snapshot)
 
 
 def _op(b: Backward, step: OpStep) -> None:
@@ -294,6 +347,9 @@ def _op(b: Backward, step: OpStep) -> None:
             continue
         stats.kernels += 1
         _count(stats.vjps, prim.name)
+        rule = prim.products.get(j)
+        if rule is not None and b.product(slot, call_vjp(rule, xp, d, saved, args, params)):
+            continue
         same = exact is not None and exact[j]
         if heavy:
             b.submit(prim.delta, (j, xp, args, saved, d, params, False, same), slot, d, prim.fresh)
@@ -323,6 +379,14 @@ def _merged(b: Backward, step: MergedStep) -> None:
             continue
         stats.kernels += 1
         _count(stats.vjps, prim.name)
+        rule = prim.products.get(i)
+        if (
+            rule is not None
+            and not step.stacked[i]
+            and step.vjps is prim.vjps
+            and b.product(slot, call_vjp(rule, xp, d, saved, args, params))
+        ):
+            continue
         shape = run.datas[slot].shape if step.pads[i] else None
         # A shared input of an elementwise group was broadcast over the rows: its delta is summed
         # over them (an op that broadcasts sums every broadcast axis anyway).
@@ -365,6 +429,13 @@ def _fan(b: Backward, step: FanStep) -> None:
             continue
         stats.kernels += 1
         _count(stats.vjps, prim.name)
+        rule = fan.products.get(i)
+        factors = None if rule is None else rule(xp, d, run.saved[out], *args, **step.params)
+        if factors is not None:
+            left, rights = factors
+            wanted = [k for k in wanted if not b.product(slots[k], (left, rights[k]))]
+            if not wanted:
+                continue
         g = fan.vjps[i](xp, d, run.saved[out], *args, **step.params)
         for k in wanted:
             s = slots[k]
@@ -475,6 +546,7 @@ def backward(
     pass_.deltas[root] = seed
     pass_.rows[root] = ALL
     pass_.sweep()
+    pass_.multiply()
     return pass_.gradients, pass_.owned_gradients
 
 
