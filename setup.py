@@ -38,12 +38,11 @@ from setuptools.command.build_ext import build_ext
 COMPILED_MODULES = [
     "monadl/do/do.py",
     "monadl/do/primitive.py",
-    "monadl/do/versions.py",
+    "monadl/runtime/versions.py",
     "monadl/do/record.py",
     "monadl/do/steps.py",
     "monadl/do/batching.py",
     "monadl/do/scheduler.py",
-    "monadl/do/dispatch.py",
     "monadl/do/stats.py",
     "monadl/do/executor.py",
     "monadl/tape/backward.py",

@@ -207,7 +207,7 @@ class TreeLstm(ml.Module):
         """One Adagrad step on the mean loss per tree of a batch; returns that mean, or raises what
         failed the step (then no weight and no optimizer state changed)."""
         # A batch's graph is many small objects: recorded and run with the collector paused, and
-        # gone (with _step's frame) before it is back, so it never walks them (monadl.do.collector).
+        # gone (with _step's frame) before it is back, so it never walks them (monadl.runtime.process).
         with ml.gc_paused():
             return self._step(trees, word_id)
 

@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from monadl.data.files import atomic_write_bytes, read_regular_file
-from monadl.do.versions import COMMIT_LOCK, publish, read
 from monadl.dsl import optimizers, schedules
 from monadl.dsl.weights import FloatWeight
 from monadl.nn.module import Weight, weights_of
+from monadl.runtime.versions import COMMIT_LOCK, publish, read
 
 __all__ = ["CheckpointError", "from_bytes", "load", "save", "to_bytes"]
 

@@ -17,9 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent / "monadl"
 LAYERS = {
     # package: the packages it may import (its own modules aside)
     "monadl.typeclasses": set(),
-    "monadl.do": {"monadl.typeclasses"},
-    "monadl.tape": {"monadl.do", "monadl.typeclasses"},
-    "monadl.dsl": {"monadl.tape", "monadl.do", "monadl.typeclasses"},
+    "monadl.runtime": set(),
+    "monadl.do": {"monadl.typeclasses", "monadl.runtime"},
+    "monadl.tape": {"monadl.do", "monadl.typeclasses", "monadl.runtime"},
+    "monadl.dsl": {"monadl.tape", "monadl.do", "monadl.typeclasses", "monadl.runtime"},
 }
 
 
@@ -118,7 +119,8 @@ def test_monadl_has_no_import_cycles() -> None:
 
 @pytest.mark.parametrize("package", sorted(LAYERS))
 def test_dependencies_point_one_way(package: str) -> None:
-    """``dsl -> tape -> do``, with ``typeclasses`` used by all and depending on nothing of monadl."""
+    """``dsl -> tape -> do``, with ``typeclasses`` and ``runtime`` used by all and depending on
+    nothing of monadl."""
     allowed = LAYERS[package] | {package}
     wrong = {
         (name, target)

@@ -222,7 +222,7 @@ def test_a_step_leaves_no_reference_cycles() -> None:
 
 
 def test_the_allocator_is_tuned_on_glibc() -> None:
-    from monadl.do.memory import tune_allocator
+    from monadl.runtime.process import tune_allocator
 
     assert tune_allocator() == (
         sys.platform.startswith("linux") and os.environ.get("MONADL_TUNE_MALLOC") != "0"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from monadl.do.workers import Done, WorkerPool, affinity_of
+from monadl.runtime.pool import Done, WorkerPool, affinity_of
 
 
 def _collect(done: Done, n: int) -> dict[Any, Any]:

@@ -24,18 +24,16 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Final, TypeVar, cast
 
 from monadl.do.batching import own
-from monadl.do.collector import gc_paused
-from monadl.do.dispatch import Dispatcher
 from monadl.do.do import APPLY, PURE, VARIABLE, Apply, Do, Node, Pure, Variable, as_node
-from monadl.do.memory import tune_allocator
 from monadl.do.primitive import float_key, value_key
 from monadl.do.record import Program, Run, RunTape, forward_stats
 from monadl.do.scheduler import AGENDA, POLICIES, Bodies, Scheduler
 from monadl.do.stats import RunStats
 from monadl.do.steps import replay_steps
 from monadl.do.tape import Tape
-from monadl.do.versions import data_of, snapshot
-from monadl.do.workers import WorkerPool
+from monadl.runtime.pool import Dispatcher, WorkerPool
+from monadl.runtime.process import gc_paused, tune_allocator
+from monadl.runtime.versions import data_of, snapshot
 
 A = TypeVar("A")
 _MARK: Final[Node] = Pure(None)  # on the walk's stack: the node below it has had its sources walked

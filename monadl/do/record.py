@@ -24,12 +24,12 @@ from monadl.do.do import Bind, Node, Pure
 from monadl.do.primitive import value_key
 from monadl.do.stats import RunStats
 from monadl.do.tape import Tape
-from monadl.do.versions import Snapshot
+from monadl.runtime.versions import Snapshot
 from monadl.typeclasses.backend import NDARRAY
 
 if TYPE_CHECKING:
-    from monadl.do.dispatch import Dispatcher
     from monadl.do.steps import Step
+    from monadl.runtime.pool import Dispatcher
 
 
 class Run:
@@ -55,7 +55,7 @@ class Run:
         self.dispatcher = dispatcher
         self.stats = stats
         self.snapshot = snapshot
-        """The commit the run reads every weight as of (``monadl.do.versions``)."""
+        """The commit the run reads every weight as of (``monadl.runtime.versions``)."""
         self.replayable = True
         """False once a step read what only this run has (then its program is not kept)."""
         self.taken: dict[tuple[int, int], int] = {}  # (stacked slot, row) -> a slot of that row

@@ -25,7 +25,6 @@ from collections.abc import Hashable
 from typing import Any, Final, cast
 
 from monadl.do import batching
-from monadl.do.dispatch import Dispatcher
 from monadl.do.do import (
     APPLY,
     BIND,
@@ -53,7 +52,7 @@ from monadl.do.do import (
 from monadl.do.record import Entry, Program, Run, RunTape, forward_stats
 from monadl.do.steps import BodyStep, ForeignStep, GatherStep, LeafStep, Step
 from monadl.do.tape import Tape
-from monadl.do.workers import affinity_of
+from monadl.runtime.pool import Dispatcher, affinity_of
 
 _MARK: Final[Node] = Pure(None)  # on the walk's stack: the node below it has had its sources walked
 DEPTH: Final = "depth"

@@ -15,11 +15,11 @@ from monadl.do.do import Apply, Pure, Variable
 from monadl.do.primitive import FanOut, Primitive, Rule, call_forward
 from monadl.do.record import Program, Run, row_value
 from monadl.do.tape import Tape
-from monadl.do.versions import data_of
+from monadl.runtime.versions import data_of
 from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, host_in, namespace, shape_of
 
 if TYPE_CHECKING:
-    from monadl.do.dispatch import Dispatcher
+    from monadl.runtime.pool import Dispatcher
 
 
 class Step:

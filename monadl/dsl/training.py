@@ -10,7 +10,7 @@ A training step is all-or-nothing:
 3. backward: the record read backwards from dL/dL = 1 (``monadl.tape``): each node's delta is the
    sum of its consumers', its vjps run once, and each weight's summed delta is its gradient;
 4. update: every weight's new data and optimizer state are computed first, then all are committed
-   together (``monadl.do.versions``: one store makes them visible). An exception anywhere before
+   together (``monadl.runtime.versions``: one store makes them visible). An exception anywhere before
    the commit, or an interrupt (Ctrl-C) at any moment, leaves every weight and state as it was or
    every one updated, never some. A chain's gradient transformations (clipping) run first, on the
    gradients of all the weights the chain updates. A weight's state is kept while its optimizer is
@@ -52,8 +52,8 @@ from returns.result import Failure, Result, Success
 from monadl.do.executor import Executor, default_executor
 from monadl.do.stats import RunStats
 from monadl.do.tape import Tape
-from monadl.do.versions import COMMIT_LOCK, publish
 from monadl.dsl.optimizers import Optimizer, state_kind
+from monadl.runtime.versions import COMMIT_LOCK, publish
 from monadl.tape.backward import NonFiniteDelta, backward
 from monadl.typeclasses.backend import NDARRAY, Array, freeze, namespace
 from monadl.typeclasses.sparse import SparseRows

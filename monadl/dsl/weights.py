@@ -5,7 +5,7 @@ one node: its delta is the sum of every use's, computed once per step, and it is
 gradient. The optimizer applies all gradients at the end of a successful step (``training.py``);
 nothing here changes ``data`` during the backward pass.
 
-A weight's data and optimizer state are versioned (``monadl.do.versions``): a run reads them as of
+A weight's data and optimizer state are versioned (``monadl.runtime.versions``): a run reads them as of
 the commit it began after, and a step's commit makes all of its weights' new values visible at
 once. ``weight.data`` is the newest committed data; assigning it is a commit of its own.
 """
@@ -18,9 +18,9 @@ from typing import Any, final
 import numpy as np
 
 from monadl.do.do import Variable
-from monadl.do.versions import COMMIT_LOCK, Version, publish, read
 from monadl.dsl.layers import ArrayOperators, FloatOperators
 from monadl.dsl.optimizers import Optimizer
+from monadl.runtime.versions import COMMIT_LOCK, Version, publish, read
 from monadl.typeclasses.backend import Array, ShapeError, check_float_array, freeze, namespace
 
 

@@ -30,7 +30,6 @@ from typing import Any, Final
 import numpy as np
 from mypy_extensions import mypyc_attr
 
-from monadl.do.dispatch import Dispatcher
 from monadl.do.do import Node, Pure, as_node
 from monadl.do.primitive import Primitive, call_vjp, check_delta
 from monadl.do.record import Run, row_value
@@ -45,7 +44,8 @@ from monadl.do.steps import (
     OpStep,
     RowStep,
 )
-from monadl.do.versions import data_of
+from monadl.runtime.pool import Dispatcher
+from monadl.runtime.versions import data_of
 from monadl.typeclasses.backend import NDARRAY, NUMPY, minus_zeros, namespace, unbroadcast
 from monadl.typeclasses.sparse import SparseRows, add, add_into, scatter_add
 

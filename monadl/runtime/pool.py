@@ -1,30 +1,26 @@
-"""The executor's worker threads: one queue per thread, and kernels routed by affinity.
+"""The worker threads and the dispatcher that runs one run's kernels on them.
 
-Why not ``concurrent.futures.ThreadPoolExecutor``: its one shared queue hands each kernel to
-whichever thread is free, so a weight's data wanders between cores. Measured on this project's
-2-core machines, four 16x3072 @ 3072x64 float32 matmuls (one 786 KB weight each) took 540 us on a
-2-thread ThreadPoolExecutor, 386-521 us on one thread, and 296-325 us on two threads when each
-weight's matmuls always ran on the same thread: the weight stays in that core's L2 cache.
+:class:`WorkerPool`: one queue per thread. A kernel may name an *affinity* (any hashable; ops use
+their weight's identity): kernels of one affinity run on one worker, the forward product and its
+vjps alike, so a weight's data stays in that core's cache; a new affinity gets the next worker,
+round-robin. A worker whose own queue is empty takes the kernels queued for a busy one (work
+stealing): locality is kept when it costs no waiting. Why not ``concurrent.futures``: its one
+shared queue hands each kernel to whichever thread is free, so a weight's data wanders between
+cores (``docs/benchmarks.md`` has the measurement).
 
-So a kernel may name an *affinity* (any hashable; ops use their weight's identity): kernels of the
-same affinity always run on the same worker, the forward matmul and its vjps alike: each new
-affinity is given the next worker, round-robin. Kernels without one go round-robin too. A worker
-whose own queue is empty takes the kernels queued for a busy worker (work stealing): locality is
-kept when it costs no waiting. A worker posts ``(token, result, error)`` to the caller's queue.
-
-A caller waiting for its kernels may take back the ones that no worker has started and run them
-itself (``run_own_jobs``): waking a thread costs ~50 us on this project's VMs (a queue round trip
-between two threads takes 100 us), as long as a kernel worth a worker, so a caller that only slept
-would leave a core idle. Only a caller whose kernels never wait for one another may do so: the
-dispatcher (``dispatch.py``) does it while only primitives' arithmetic is in flight, never while a
-kernel of the user's own is (it may wait for another one, a barrier say, that only the caller can
-start).
+:class:`Dispatcher`: the kernels of one run. The scheduler and the backward pass keep all their
+bookkeeping on the calling thread; a worker only runs a kernel and posts ``(token, result, error)``.
+The first error stops nothing that already runs: :meth:`Dispatcher.drain` waits for every kernel in
+flight before the error is raised, so nothing of a failed run runs on after it. An interrupt (any
+exception that is not an ``Exception``) does not wait: control goes back to the caller at once.
+While it waits, a caller takes back the kernels no worker has started and runs them itself (waking
+a thread costs about as much as a small kernel), but only while no kernel of the user's own is in
+flight (that one may wait for another, a barrier say, which only the caller can start).
 
 The caller's side takes only C-level locks (``threading.Lock``), never a ``Condition``: an
-asynchronous exception (Ctrl-C, a signal handler's) is raised in the caller between bytecodes, and
-one raised inside a Python-level ``Condition.__exit__`` leaves its lock held, every worker blocked
-on it for ever. A ``Lock``'s ``with`` has no such window. A worker sleeps on a lock of its own
-(``_wakes``: released to wake it, a binary semaphore), so waking one is a C call too.
+asynchronous exception (Ctrl-C) raised inside a Python-level ``Condition.__exit__`` leaves its
+lock held and every worker blocked for ever. A worker sleeps on a lock of its own (``_wakes``,
+released to wake it), so waking one is a C call too.
 """
 
 from __future__ import annotations
@@ -171,3 +167,54 @@ def affinity_of(fn: Callable[..., Any]) -> object:
         inner = getattr(fn, "func", None)
         owner = getattr(inner, "__self__", None)
     return getattr(owner if owner is not None else fn, "affinity", None)
+
+
+class Dispatcher:
+    """Kernels of one run on ``pool``: ``min_cost`` is the cost (roughly, floating-point operations)
+    from which a kernel is worth a hand-off."""
+
+    def __init__(self, pool: WorkerPool, min_cost: float) -> None:
+        self.pool = pool
+        self.min_cost = min_cost
+        self.done: Done = queue.SimpleQueue()
+        self.pending = 0
+        self.users = 0  # kernels of the user's own in flight (never run by the caller)
+        self.error: BaseException | None = None
+
+    def submit(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], token: Any, owner: Any, affinity: object
+    ) -> None:
+        """Runs ``fn(*args)`` on the pool; :meth:`collect` gives back ``(token, owner, result)``.
+        ``owner`` None marks a kernel of the user's own."""
+        self.pool.submit(fn, args, affinity, self.done, (token, owner))
+        self.pending += 1
+        if owner is None:
+            self.users += 1
+
+    def collect(self) -> tuple[Any, Any, Any]:
+        """The next result: ``(token, owner, result)``. Raises a kernel's error once every kernel in
+        flight has finished."""
+        if not self.users:
+            self.pool.run_own_jobs(self.done)
+        (token, owner), result, error = self.done.get()
+        self.pending -= 1
+        if owner is None:
+            self.users -= 1
+        if error is not None:
+            if isinstance(error, Exception):
+                self.drain()
+            try:
+                raise error  # the kernel's own exception, with its traceback
+            finally:  # which holds this frame: a local naming it would be a cycle
+                del error
+        return token, owner, result
+
+    def drain(self) -> None:
+        """Waits for every kernel in flight, dropping their results (after a failure)."""
+        while self.pending:
+            if not self.users:
+                self.pool.run_own_jobs(self.done)
+            (_, owner), _, _ = self.done.get()
+            self.pending -= 1
+            if owner is None:
+                self.users -= 1
