@@ -22,7 +22,7 @@ import numpy as np
 from monadl.do.do import Apply, Call, Node
 from monadl.do.primitive import ROWS_SUM, Primitive, add_n, float_key
 from monadl.do.record import Entry, Run, kind_rank
-from monadl.do.steps import FanStep, GatherStep, MergedStep, OpStep, RowStep, Step, merged_params
+from monadl.do.steps import FanStep, MergedStep, OpStep, RowStep, StackStep, Step, merged_params
 
 NO_POOL = math.inf
 """The ``min_cost`` of a run without a pool: no kernel is worth it."""
@@ -44,7 +44,7 @@ def signature(run: Run, entry: Entry, min_cost: float) -> Hashable | None:
     key: list[Any] = [prim]
     if node.params:
         key.append(prim.static_items(node.params))
-    stacked = bool(spec.rows)
+    stacked = bool(spec.row_params)
     shared = spec.shared
     any_input = spec.elementwise
     for i, e in enumerate(inputs):
@@ -144,7 +144,7 @@ def merged(run: Run, group: list[Entry], bound: dict[Node, int], min_cost: float
             stacked.append(False)
             pads.append(0)
         else:
-            slot = gather(run, [c.inputs[i].slot for c in group], [c.inputs[i].row for c in group])
+            slot = stack_rows(run, [c.inputs[i].slot for c in group], [c.inputs[i].row for c in group])
             stacked.append(True)
             d = datas0[i]
             row_rank = 0 if type(d) is float else len(d.shape)
@@ -185,9 +185,9 @@ def fan(run: Run, group: list[Entry], min_cost: float) -> FanStep:
     wants = False
     for i in range(len(first_inputs)):
         if i in fan_out.shared:
-            slots = [own(run, first_inputs[i].slot, first_inputs[i].row)]
+            slots = [slot_of(run, first_inputs[i].slot, first_inputs[i].row)]
         else:
-            slots = [own(run, c.inputs[i].slot, c.inputs[i].row) for c in group]
+            slots = [slot_of(run, c.inputs[i].slot, c.inputs[i].row) for c in group]
         for s in slots:
             if run.wants[s]:
                 wants = True
@@ -225,7 +225,7 @@ def alone(run: Run, entry: Entry, bound: dict[Node, int], min_cost: float) -> St
     ins = []
     wants = False
     for e in inputs:
-        slot = own(run, e.slot, e.row)
+        slot = slot_of(run, e.slot, e.row)
         ins.append(slot)
         if run.wants[slot]:
             wants = True
@@ -250,7 +250,7 @@ def sum_rows(run: Run, inputs: list[Entry]) -> Step:
         else:
             parts.append(e.slot)
     for slot, rows in by_group.items():
-        gathered = gather(run, [slot] * len(rows), rows)
+        gathered = stack_rows(run, [slot] * len(rows), rows)
         wants = run.wants[gathered]
         step = OpStep(
             ROWS_SUM, [gathered], run.new_slot(wants), {"scalar": run.scalar_rows[gathered]}, -1, wants
@@ -279,10 +279,10 @@ def join_rows(run: Run, node: Apply, inputs: list[Entry]) -> Step | None:
         if run.kind(e.slot, e.row) != kind:
             return None
     first = run.value(inputs[0].slot, inputs[0].row)
-    return gather_step(run, [e.slot for e in inputs], [e.row for e in inputs], (-1, *first.shape[1:]))
+    return stack_step(run, [e.slot for e in inputs], [e.row for e in inputs], (-1, *first.shape[1:]))
 
 
-def gather(run: Run, slots: list[int], rows: list[int]) -> int:
+def stack_rows(run: Run, slots: list[int], rows: list[int]) -> int:
     """A slot of the values at ``slots``/``rows`` as the rows of one array: a group's own slot when
     they are exactly its rows in order, else a gather of rows of groups (and of values of their
     own), run now."""
@@ -297,13 +297,13 @@ def gather(run: Run, slots: list[int], rows: list[int]) -> int:
                     break
             if whole:
                 return source
-    step = gather_step(run, slots, rows, None)
+    step = stack_step(run, slots, rows, None)
     run.steps.append(step)
     step.forward(run, True)
     return step.out
 
 
-def gather_step(run: Run, slots: list[int], rows: list[int], shape: tuple[int, ...] | None) -> GatherStep:
+def stack_step(run: Run, slots: list[int], rows: list[int], shape: tuple[int, ...] | None) -> StackStep:
     """The step that gathers the values at ``slots``/``rows`` as the rows of one array (reshaped to
     ``shape``, if given: rows of rows joined along their first axis)."""
     sources: list[int] = []
@@ -338,7 +338,7 @@ def gather_step(run: Run, slots: list[int], rows: list[int], shape: tuple[int, .
     run.scalar_rows[out] = shape is None and (
         run.scalar_rows[slots[0]] if rows[0] >= 0 else type(run.datas[slots[0]]) is float
     )
-    return GatherStep(
+    return StackStep(
         sources,
         [np.asarray(p, dtype=np.intp) for p in positions],
         [None if r is None else np.asarray(r, dtype=np.intp) for r in picked],
@@ -349,19 +349,19 @@ def gather_step(run: Run, slots: list[int], rows: list[int], shape: tuple[int, .
     )
 
 
-def own(run: Run, slot: int, row: int) -> int:
+def slot_of(run: Run, slot: int, row: int) -> int:
     """A slot of the value at ``slot``/``row`` of its own (a row taken out of its group, once)."""
     if row < 0:
         return slot
     key = (slot, row)
-    taken = run.taken.get(key)
+    taken = run.alone.get(key)
     if taken is None:
         wants = run.wants[slot]
         taken = run.new_slot(wants)
         step = RowStep(slot, row, taken, wants)
         run.steps.append(step)
         step.forward(run, True)
-        run.taken[key] = taken
+        run.alone[key] = taken
     return taken
 
 
@@ -383,7 +383,7 @@ def merge_params(prim: Primitive, calls: list[dict[str, Any]], first: Any) -> di
     if spec.axis:
         item_rank = 0 if type(first) is float else len(first.shape)
         params = {**params, "axis": shift_axis(params.get("axis", spec.axis_default), item_rank)}
-    if spec.rows or prim.per_run:
+    if spec.row_params or prim.per_run:
         params = merged_params(prim, calls, params)
     return params
 

@@ -1,7 +1,7 @@
 """``Do[A]``: an immutable, lazy description of a computation that yields an ``A``.
 
 Nothing runs until an :class:`~monadl.do.executor.Executor` interprets it. A ``Do`` is a graph of
-nodes, each a small final class with a ``kind`` that the scheduler dispatches on. Two families:
+nodes, each a small final class with a ``tag`` that the scheduler dispatches on. Two families:
 
 The monad's own nodes, whose graph is known only once they ran (user code runs inside them):
 
@@ -47,7 +47,7 @@ C = TypeVar("C")
 D = TypeVar("D")
 A_co = TypeVar("A_co", covariant=True)
 
-# Node kinds, for the scheduler's dispatch.
+# Node tags, for the scheduler's dispatch.
 PURE: Final = 0
 DELAY: Final = 1
 DEFER: Final = 2
@@ -90,9 +90,10 @@ class Do(Protocol[A_co]):
 
 
 class Node:
-    """A node of a ``Do`` graph: its ``kind`` and the nodes whose values it reads."""
+    """A node of a ``Do`` graph: its ``tag`` (which class it is) and the nodes whose values it
+    reads."""
 
-    kind: int
+    tag: int
     sources: tuple[Node, ...]
 
     def map(self, f: Callable[[Any], Any]) -> Node:
@@ -128,7 +129,7 @@ class Pure(Node):
     """A value that is already known."""
 
     def __init__(self, value: Any) -> None:
-        self.kind = PURE
+        self.tag = PURE
         self.sources = ()
         self.value = value
 
@@ -139,7 +140,7 @@ class Pure(Node):
 @final
 class Delay(Node):
     def __init__(self, thunk: Callable[[], Any]) -> None:
-        self.kind = DELAY
+        self.tag = DELAY
         self.sources = ()
         self.thunk = thunk
 
@@ -147,7 +148,7 @@ class Delay(Node):
 @final
 class Defer(Node):
     def __init__(self, thunk: Callable[[], Any]) -> None:
-        self.kind = DEFER
+        self.tag = DEFER
         self.sources = ()
         self.thunk = thunk
 
@@ -159,7 +160,7 @@ class Bind(Node):
     def __init__(
         self, sources: tuple[Node, ...], f: Callable[..., Any], mode: int, cost: object = 0.0
     ) -> None:
-        self.kind = BIND
+        self.tag = BIND
         self.sources = sources
         self.f = f
         self.mode = mode
@@ -172,7 +173,7 @@ class Kernel(Node):
     that gives it) decides whether the pool is worth it."""
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], cost: object = 0.0) -> None:
-        self.kind = KERNEL
+        self.tag = KERNEL
         self.sources = ()
         self.fn = fn
         self.args = args
@@ -185,7 +186,7 @@ class Variable(Node):
     summed delta is the weight's gradient."""
 
     def __init__(self, weight: Any) -> None:
-        self.kind = VARIABLE
+        self.tag = VARIABLE
         self.sources = ()
         self.weight = weight
 
@@ -203,7 +204,7 @@ class Apply(Node):
         code: CodeType | None = None,
         instruction: int = 0,
     ) -> None:
-        self.kind = APPLY
+        self.tag = APPLY
         self.prim = prim
         self.sources = sources
         self.params = params
@@ -224,7 +225,7 @@ class Apply(Node):
 @final
 class Call(Node):
     """A call of the batchable operation ``op``: ``sources`` are the forwards of its row (layer)
-    arguments, at positions ``rows`` of ``args``; ``static`` is its signature's known part (the
+    arguments, at positions ``row_args`` of ``args``; ``static`` is its signature's known part (the
     operation, its other arguments). Its value is its first result; :class:`Result` gives others."""
 
     def __init__(
@@ -233,15 +234,15 @@ class Call(Node):
         sources: tuple[Node, ...],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        rows: list[int],
+        row_args: list[int],
         static: tuple[Any, ...],
     ) -> None:
-        self.kind = CALL
+        self.tag = CALL
         self.op = op
         self.sources = sources
         self.args = args
         self.kwargs = kwargs
-        self.rows = rows
+        self.row_args = row_args
         self.static = static
 
 
@@ -250,7 +251,7 @@ class Result(Node):
     """Result ``index`` (1 or more) of ``call``."""
 
     def __init__(self, call: Call, index: int) -> None:
-        self.kind = RESULT
+        self.tag = RESULT
         self.sources = (call,)
         self.index = index
 

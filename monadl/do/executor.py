@@ -23,7 +23,7 @@ from collections import OrderedDict
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Final, TypeVar, cast
 
-from monadl.do.batching import own
+from monadl.do.batching import slot_of
 from monadl.do.do import APPLY, PURE, VARIABLE, Apply, Do, Node, Pure, Variable, as_node
 from monadl.do.primitive import float_key, value_key
 from monadl.do.record import Program, Run, RunTape, forward_stats
@@ -104,8 +104,8 @@ def structure_of(root: Node) -> Structure | None:
             continue
         if node in order:
             continue
-        kind = node.kind
-        if kind == APPLY:
+        tag = node.tag
+        if tag == APPLY:
             order[node] = -1  # being walked
             stack.append(node)
             stack.append(_MARK)
@@ -114,7 +114,7 @@ def structure_of(root: Node) -> Structure | None:
                 s = sources[i]
                 if s not in order:
                     stack.append(s)
-        elif kind == VARIABLE:
+        elif tag == VARIABLE:
             assert type(node) is Variable
             weight_key = value_key(data_of(node.weight, None))
             order[node] = len(key)
@@ -122,7 +122,7 @@ def structure_of(root: Node) -> Structure | None:
             weights.append(weight_key)
             index[node] = len(nodes)
             nodes.append(node)
-        elif kind == PURE:
+        elif tag == PURE:
             assert type(node) is Pure
             value = node.value
             if type(value) is not Tape:
@@ -236,7 +236,7 @@ class Executor:
         root's value in a slot of its own (a backward pass is seeded there)."""
         root = as_node(do)
         dispatcher = self.dispatcher()
-        taken = snapshot()  # every weight as of the newest commit, for the whole run
+        snap = snapshot()  # every weight as of the newest commit, for the whole run
         batch = self.batching if batching is None else batching
         settings = (batch, own_root, self.policy)
         with self._lock:
@@ -250,7 +250,7 @@ class Executor:
         if structure is not None and key is not None:
             program = self._program(key)
             if program is not None:
-                run = Run(structure.nodes, dispatcher, stats, taken)
+                run = Run(structure.nodes, dispatcher, stats, snap)
                 run.reserve(program.slots)
                 run.steps = program.steps
                 stats.add(program.stats)  # its launches, as they are attempted
@@ -259,7 +259,7 @@ class Executor:
                 self._remember(root, key, structure)
                 slot, row = program.outputs[0]
                 return Evaluation(run, slot, row, run.value(slot, row))
-        run = Run([] if structure is None else structure.nodes, dispatcher, stats, taken)
+        run = Run([] if structure is None else structure.nodes, dispatcher, stats, snap)
         scheduler = Scheduler(
             run, batch, {} if structure is None else structure.index, self.policy, self._bodies
         )
@@ -277,7 +277,7 @@ class Executor:
                 slot, row = entry.slot, entry.row
             if slot >= 0:
                 if own_root and row >= 0:
-                    slot, row = own(run, slot, row), -1
+                    slot, row = slot_of(run, slot, row), -1
                 value = run.value(slot, row)
         except Exception:  # (an interrupt returns at once: dispatch.py)
             if dispatcher is not None:

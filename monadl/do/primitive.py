@@ -79,7 +79,7 @@ class Batching:
 
     shared: tuple[int, ...] = ()
     """Inputs that must be shared (a weight or a float constant), such as ``linear``'s weight."""
-    rows: tuple[str, ...] = ()
+    row_params: tuple[str, ...] = ()
     """Parameters stacked like inputs (arrays of one shape per call), such as ``take_rows``' indices."""
     elementwise: bool = False
     """Any input may be shared. Stacked inputs are padded to a common rank (``(n, 1, ..., *shape)``),
@@ -102,8 +102,8 @@ class Batching:
     own leading axes would meet the rows' axis."""
     check_merged: Callable[[tuple[Any, ...], dict[str, Any]], None] | None = None
     """One check of the per-run parameters of merged calls, instead of each call's ``check_values``
-    (for ops with ``rows``, whose calls' values differ): given the first call's inputs and the
-    merged parameters (``rows`` stacked, the other per-run ones listed by call), it raises if any
+    (for ops with ``row_params``, whose calls' values differ): given the first call's inputs and the
+    merged parameters (``row_params`` stacked, the other per-run ones listed by call), it raises if any
     call's check would. It only saves time: on an error the calls are checked one by one, so the
     error names its call."""
     sums_rows: bool = False

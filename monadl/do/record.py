@@ -58,7 +58,7 @@ class Run:
         """The commit the run reads every weight as of (``monadl.runtime.versions``)."""
         self.replayable = True
         """False once a step read what only this run has (then its program is not kept)."""
-        self.taken: dict[tuple[int, int], int] = {}  # (stacked slot, row) -> a slot of that row
+        self.alone: dict[tuple[int, int], int] = {}  # (stacked slot, row) -> a slot of that row alone
         self.accept: Callable[[int, int, Any], None] | None = None
         """During the backward pass: adds a delta to a slot (or a row of it), for tapes of the
         user's own that give deltas to this run's tapes."""
@@ -240,9 +240,6 @@ class Entry:
         self.depth = 0
         self.inputs: list[Entry] = _NO_INPUTS  # its sources' entries
         self.dynamic = False  # an input is a node of the monad's own (its value is made a slot)
-        self.kind = (
-            -1
-        )  # its kind of call (primitive or operation, static parameters), interned; -1: unhashable
         self.bucket = -1  # where it waits on the agenda
         self.more: list[int] | None = None  # a call's other results' slots (its first is ``slot``)
 

@@ -50,7 +50,7 @@ from monadl.do.do import (
     Variable,
 )
 from monadl.do.record import Entry, Program, Run, RunTape, forward_stats
-from monadl.do.steps import BodyStep, ForeignStep, GatherStep, LeafStep, Step
+from monadl.do.steps import BodyStep, ForeignStep, LeafStep, StackStep, Step
 from monadl.do.tape import Tape
 from monadl.runtime.pool import Dispatcher, affinity_of
 
@@ -138,8 +138,8 @@ class Scheduler:
                 continue
             if node in ids:
                 continue
-            kind = node.kind
-            if kind >= APPLY or kind == BIND:
+            tag = node.tag
+            if tag >= APPLY or tag == BIND:
                 if self.outer is not None and node in self.outer.ids:
                     raise RuntimeError(
                         f"batchable {self.body}: its body reads a layer computed outside it: pass "
@@ -158,10 +158,10 @@ class Scheduler:
                     stack.pop()
                     posts.pop()
                     self.post(entry)
-            elif kind == VARIABLE:
+            elif tag == VARIABLE:
                 assert type(node) is Variable
                 self.leaf(node, node.weight, None)
-            elif kind == PURE:
+            elif tag == PURE:
                 assert type(node) is Pure
                 value = node.value
                 if type(value) is Tape:
@@ -169,10 +169,10 @@ class Scheduler:
                 else:
                     entry = ids[node] = Entry(node)
                     self.resolve(entry, -1, -1, value)
-            elif kind == DELAY or kind == DEFER or kind == KERNEL:
+            elif tag == DELAY or tag == DEFER or tag == KERNEL:
                 entry = ids[node] = Entry(node)
                 self.immediate.append(entry)
-            else:  # pragma: no cover - every node class has a kind above
+            else:  # pragma: no cover - every node class has a tag above
                 raise TypeError(f"monadl: not a Do node: {node!r}")
 
     def post(self, entry: Entry) -> None:
@@ -184,7 +184,7 @@ class Scheduler:
         depth = 0
         inputs = [ids[s] for s in node.sources]
         for e in inputs:
-            if e.slot < 0 and e.node.kind < VARIABLE:
+            if e.slot < 0 and e.node.tag < VARIABLE:
                 entry.dynamic = True  # an input of the monad's own: made a slot when it runs
             if not e.done:
                 pending += 1
@@ -198,8 +198,8 @@ class Scheduler:
                 depth = e.depth
         entry.inputs = inputs
         entry.pending = pending
-        kind = node.kind
-        if kind == APPLY or kind == CALL:
+        tag = node.tag
+        if tag == APPLY or tag == CALL:
             depth += 1
             # Agenda: a bucket per primitive or operation (their calls' signatures are told apart
             # when they run); by depth: a bucket per depth.
@@ -214,7 +214,7 @@ class Scheduler:
             bucket.total += depth
             bucket.count += 1
             entry.bucket = b
-        elif kind != RESULT:
+        elif tag != RESULT:
             depth += 1
         entry.depth = depth
         if not pending:
@@ -231,13 +231,13 @@ class Scheduler:
         self.resolve(entry, slot, -1, None)
 
     def ready(self, entry: Entry) -> None:
-        kind = entry.node.kind
-        if kind == APPLY or kind == CALL:
+        tag = entry.node.tag
+        if tag == APPLY or tag == CALL:
             bucket = self.buckets[entry.bucket]
             if not bucket.ready:
                 self.active.append(bucket)
             bucket.ready.append(entry)
-        elif kind == RESULT:
+        elif tag == RESULT:
             call = entry.inputs[0]
             more = call.more
             assert more is not None and type(entry.node) is Result
@@ -373,17 +373,17 @@ class Scheduler:
     def run_dynamic(self, entry: Entry) -> None:
         """Runs a ready node of the monad's own."""
         node = entry.node
-        kind = node.kind
-        if kind == DELAY:
+        tag = node.tag
+        if tag == DELAY:
             assert type(node) is Delay
             self.resolve(entry, -1, -1, node.thunk())
-        elif kind == DEFER:
+        elif tag == DEFER:
             assert type(node) is Defer
             then = node.thunk()
             if not isinstance(then, Node):
                 raise TypeError(f"defer: the thunk returned {type(then).__name__}, not a Do")
             self.follow(entry, then)
-        elif kind == KERNEL:
+        elif tag == KERNEL:
             assert type(node) is Kernel
             self.kernel(entry, node.fn, node.args, node.cost)
         else:
@@ -437,7 +437,7 @@ class Scheduler:
             if not self.batching:
                 alone.append(entry)
                 continue
-            is_op = entry.node.kind == APPLY
+            is_op = entry.node.tag == APPLY
             key = (
                 batching.signature(run, entry, self.min_cost)
                 if is_op
@@ -455,13 +455,13 @@ class Scheduler:
         for key, group in groups.items():
             if len(group) > 1:
                 self.signatures.add(hash(key))
-                if group[0].node.kind == APPLY:
+                if group[0].node.tag == APPLY:
                     self.run_ops(group, False)
                 else:
                     self.run_calls(group)
                 continue
             entry = group[0]
-            if entry.node.kind == APPLY and _join(fans, batching.fan_signature(run, entry), entry):
+            if entry.node.tag == APPLY and _join(fans, batching.fan_signature(run, entry), entry):
                 continue
             self.signatures.add(hash(key))
             alone.append(entry)
@@ -472,7 +472,7 @@ class Scheduler:
             else:
                 alone.append(group[0])
         for entry in alone:
-            if entry.node.kind == APPLY:
+            if entry.node.tag == APPLY:
                 self.run_ops([entry], False)
             else:
                 self.run_calls([entry])
@@ -567,9 +567,9 @@ class Scheduler:
         for j, e in enumerate(group[0].inputs):
             if n:
                 slots = [c.inputs[j].slot for c in group]
-                ins.append(batching.gather(run, slots, [c.inputs[j].row for c in group]))
+                ins.append(batching.stack_rows(run, slots, [c.inputs[j].row for c in group]))
             else:
-                ins.append(batching.own(run, e.slot, e.row))
+                ins.append(batching.slot_of(run, e.slot, e.row))
         kinds = tuple([run.kind(s, 0 if n else -1) for s in ins])  # (stacked: a row's kind, not the rows')
         wants = tuple([run.wants[s] for s in ins])
         key = (first.static, kinds, wants, n == 0, self.batching, self.min_cost, self.by_depth)
@@ -635,7 +635,7 @@ class Scheduler:
             entry = inner.ids[root]
             if entry.slot < 0:
                 inner.place(entry, call)
-            outputs.append((batching.own(frame, entry.slot, entry.row), -1))
+            outputs.append((batching.slot_of(frame, entry.slot, entry.row), -1))
         self.signatures.update(inner.signatures)
         counts = subtract(forward_stats(run.stats), before)
         return Program(frame.steps, len(frame.datas), list(range(len(ins))), outputs, counts), frame
@@ -657,7 +657,7 @@ def fits_any_rows(program: Program) -> bool:
         for s in reads:
             if rowed[s]:
                 mine = True
-        if type(step) is GatherStep and mine:
+        if type(step) is StackStep and mine:
             for s in reads:
                 if not rowed[s]:
                     return False
@@ -669,7 +669,11 @@ def fits_any_rows(program: Program) -> bool:
 def shares_arrays(call: Call) -> bool:
     """Whether a call was given an array that is not a row (a weight: one value for all its group)."""
     for i, a in enumerate(call.args):
-        if i not in call.rows and hasattr(a, "forward") and not isinstance(getattr(a, "data", 0.0), float):
+        if (
+            i not in call.row_args
+            and hasattr(a, "forward")
+            and not isinstance(getattr(a, "data", 0.0), float)
+        ):
             return True
     return False
 

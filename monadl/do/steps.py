@@ -337,17 +337,17 @@ class FanStep(Step):
 
 
 @final
-class GatherStep(Step):
-    """Values as the rows of one array: row ``positions[j][i]`` of the result is row ``rows[j][i]``
-    of slot ``sources[j]`` (a stacked slot), or, where ``rows[j]`` is None, slot ``sources[j]``
-    itself is the row at ``positions[j][0]``. ``shape``: the result reshaped (rows of rows joined
+class StackStep(Step):
+    """Values as the rows of one array: row ``places[j][i]`` of the result is row ``picks[j][i]``
+    of slot ``sources[j]`` (a stacked slot), or, where ``picks[j]`` is None, slot ``sources[j]``
+    itself is the row at ``places[j][0]``. ``shape``: the result reshaped (rows of rows joined
     along their first axis, for a concatenation), or None."""
 
     def __init__(
         self,
         sources: list[int],
-        positions: list[Any],
-        rows: list[Any],
+        places: list[Any],
+        picks: list[Any],
         n: int,
         shape: tuple[int, ...] | None,
         out: int,
@@ -355,13 +355,13 @@ class GatherStep(Step):
     ) -> None:
         super().__init__(out, wants)
         self.sources = sources
-        self.positions = positions
-        self.rows = rows
-        self.unique = [r is None or len(set(r.tolist())) == len(r) for r in rows]
+        self.places = places
+        self.picks = picks
+        self.unique = [r is None or len(set(r.tolist())) == len(r) for r in picks]
         self.n = n
         self.shape = shape
-        self.single = len(sources) == 1 and rows[0] is not None
-        """One source, whose rows are the result's in order (no positions to place them at)."""
+        self.single = len(sources) == 1 and picks[0] is not None
+        """One source, whose rows are the result's in order (no places to put them at)."""
 
     def forward(self, run: Run, checked: bool) -> None:
         datas = run.datas
@@ -372,30 +372,30 @@ class GatherStep(Step):
             dtype: Any = np.float64
             xp: Any = NUMPY
         else:
-            row_shape = tuple(first.shape[1:]) if self.rows[0] is not None else tuple(first.shape)
+            row_shape = tuple(first.shape[1:]) if self.picks[0] is not None else tuple(first.shape)
             dtype = first.dtype
             xp = NUMPY if type(first) is NDARRAY else namespace(first)
         if self.single and xp is NUMPY:
-            out = datas[sources[0]].take(self.rows[0], axis=0)
+            out = datas[sources[0]].take(self.picks[0], axis=0)
         elif xp is NUMPY:
             out = np.empty((self.n, *row_shape), dtype=dtype)
             for j, source in enumerate(sources):
-                rows = self.rows[j]
+                picks = self.picks[j]
                 data = datas[source]
-                if rows is None:
-                    out[self.positions[j][0]] = data
+                if picks is None:
+                    out[self.places[j][0]] = data
                 else:
-                    out[self.positions[j]] = data.take(rows, axis=0)
+                    out[self.places[j]] = data.take(picks, axis=0)
         else:  # the array API assigns to no index array: the parts in order, then one take
             parts = []
             for j, source in enumerate(sources):
-                rows = self.rows[j]
+                picks = self.picks[j]
                 data = datas[source]
-                if rows is None:
+                if picks is None:
                     parts.append(xp.reshape(xp.asarray(data, dtype=dtype), (1, *row_shape)))
                 else:
-                    parts.append(xp.take(data, host_in(xp, rows), axis=0))
-            order = np.argsort(np.concatenate(self.positions), kind="stable")
+                    parts.append(xp.take(data, host_in(xp, picks), axis=0))
+            order = np.argsort(np.concatenate(self.places), kind="stable")
             joined = xp.concat(parts, axis=0) if len(parts) > 1 else parts[0]
             out = xp.take(joined, xp.asarray(order), axis=0)
         if self.shape is not None:
@@ -410,7 +410,7 @@ class GatherStep(Step):
         return self.sources
 
     def name(self) -> str:
-        return "gather"
+        return "stack"
 
 
 @final
@@ -560,10 +560,10 @@ def merged_params(prim: Primitive, calls: list[dict[str, Any]], base: dict[str, 
     spec = prim.batch
     assert spec is not None
     params = {**base}
-    for name in spec.rows:
+    for name in spec.row_params:
         params[name] = stack_column([call[name] for call in calls])
     for name in prim.per_run:
-        if name not in spec.rows:
+        if name not in spec.row_params:
             column = [call[name] for call in calls]
             params[name] = None if all(v is None for v in column) else column
     return params

@@ -75,7 +75,7 @@ class BatchableOperation(Operation, Generic[P, R]):
             # call is recorded below like any other (run directly, it would round differently).
             structure = self._learn(self.f(*args, **kwargs))
         # Recording one call: this runs once per node of every tree, so it is written out.
-        rows: list[int] = []
+        row_args: list[int] = []
         statics: list[Hashable] = []
         sources: list[Node] = []
         for i, a in enumerate(args):
@@ -86,11 +86,11 @@ class BatchableOperation(Operation, Generic[P, R]):
             # The signature's static part has an entry per argument, a row's a marker: f(x, w) and
             # f(w, x) (a layer and a weight swapped) do not merge.
             if row == _LAYER_ROW:
-                rows.append(i)
+                row_args.append(i)
                 sources.append(cast(Node, a.forward))
                 statics.append(_ROW)
             elif row == _VALUE_ROW:
-                rows.append(i)
+                row_args.append(i)
                 sources.append(forward_of(a, self.name))
                 statics.append(_ROW)
             else:
@@ -100,7 +100,7 @@ class BatchableOperation(Operation, Generic[P, R]):
         else:
             kwargs = _NO_KWARGS  # (the call's own empty dict is freed now, not with the graph)
         statics.append(self)
-        call = Call(self, tuple(sources), args, kwargs, rows, tuple(statics))
+        call = Call(self, tuple(sources), args, kwargs, row_args, tuple(statics))
         if self.single:
             return structure[0](call)
         results = [structure[0](call)]
@@ -124,7 +124,7 @@ class BatchableOperation(Operation, Generic[P, R]):
         """The forwards of the body's results, the body run on ``inputs`` (a call's own values, or
         the stacked rows of a group's) in place of the call's layer arguments."""
         args = list(call.args)
-        for i, tape in zip(call.rows, inputs, strict=True):
+        for i, tape in zip(call.row_args, inputs, strict=True):
             args[i] = FloatLayer(Pure(tape)) if type(tape.data) is float else ArrayLayer(Pure(tape))
         result = self.f(*args, **call.kwargs)
         results = result if isinstance(result, tuple) else (result,)

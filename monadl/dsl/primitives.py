@@ -332,7 +332,7 @@ take_rows = Primitive(
     cost=lambda table, indices: float(math.prod(indices.shape) * math.prod(table.shape[1:])),
     check=_check_take,
     # one table, the indices stacked: one sparse delta
-    batch=Batching(shared=(0,), rows=("indices",), check_merged=_check_take_merged),
+    batch=Batching(shared=(0,), row_params=("indices",), check_merged=_check_take_merged),
     check_values=_check_take_range,
     per_run=("indices",),
     fresh=True,
@@ -934,7 +934,7 @@ cross_entropy = Primitive(
         scalar="always",
         forward=_cross_entropy_rows,
         vjps=(lambda xp, d, saved, logits, targets, labels: saved * _as_rows(xp, d, saved),),
-        rows=("targets",),
+        row_params=("targets",),
         check_merged=_check_labels_merged,
     ),
     check_values=_check_labels,

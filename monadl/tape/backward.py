@@ -17,7 +17,7 @@ addition is not associative, and a step's gradients must be the same bits on eve
 
 Merged groups give their inputs stacked deltas (one vjp for all the calls); a call's row that got
 no delta is -0.0 there, the identity of addition, and the presence of each row is tracked
-(``rows``), so that a call that got no delta gives its own inputs none, as it would alone.
+(``present``), so that a call that got no delta gives its own inputs none, as it would alone.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from monadl.do.steps import (
     BodyStep,
     FanStep,
     ForeignStep,
-    GatherStep,
     LeafStep,
     MergedStep,
     OpStep,
     RowStep,
+    StackStep,
 )
 from monadl.runtime.pool import Dispatcher
 from monadl.runtime.versions import data_of
@@ -79,7 +79,7 @@ class Backward:
         self.current = "the seed"  # (diagnosing) the step whose deltas are being given
         self.deltas: list[Any] = [None] * n
         self.owned = [False] * n  # the delta is an array of the pass's own, to add into
-        self.rows: list[Any] = [None] * n  # presence: None, ALL, or the rows that got a delta
+        self.present: list[Any] = [None] * n  # None, ALL, or a mask of the rows that got a delta
         self.coming = [0] * n  # deltas of a slot computed on the pool and not yet added
         self.issued: dict[int, deque[list[Any]]] = {}  # those, in the order they were issued
         self.inflight = 0
@@ -168,7 +168,7 @@ class Backward:
         d = self.deltas[slot]
         if d is None or not self.run.wants[slot]:
             return None
-        present = self.rows[slot]
+        present = self.present[slot]
         if present is not ALL and (present is None or not _any(present)):
             return None
         self.deltas[slot] = None
@@ -194,20 +194,20 @@ class Backward:
         else:
             self.deltas[slot] = add(held, g)
             self.owned[slot] = _writable(self.deltas[slot])
-        self.rows[slot] = ALL
+        self.present[slot] = ALL
 
-    def give_rows(self, slot: int, g: Any, fresh: bool, rows: Any) -> None:
-        """Adds ``g``, a stacked delta of which the rows ``rows`` are given (ALL, or a mask)."""
+    def give_rows(self, slot: int, g: Any, fresh: bool, given: Any) -> None:
+        """Adds ``g``, a stacked delta of which the rows ``given`` are given (ALL, or a mask)."""
         while self.coming[slot]:
             self.arrived()
-        self.add_rows(slot, g, fresh, rows)
+        self.add_rows(slot, g, fresh, given)
 
-    def add_rows(self, slot: int, g: Any, fresh: bool, rows: Any) -> None:
-        present = self.rows[slot]
+    def add_rows(self, slot: int, g: Any, fresh: bool, given: Any) -> None:
+        present = self.present[slot]
         self.add(slot, g, fresh)
-        if rows is not ALL:
-            self.rows[slot] = (
-                rows.copy() if present is None else (present if present is ALL else present | rows)
+        if given is not ALL:
+            self.present[slot] = (
+                given.copy() if present is None else (present if present is ALL else present | given)
             )
 
     def stacked(self, slot: int) -> Any:
@@ -241,22 +241,24 @@ class Backward:
 
     def mark(self, slot: int, rows: Any) -> None:
         """Rows ``rows`` of slot ``slot`` got a delta."""
-        present = self.rows[slot]
+        present = self.present[slot]
         if present is ALL:
             return
         if present is None:
-            present = self.rows[slot] = np.zeros(self.run.datas[slot].shape[0], dtype=bool)
+            present = self.present[slot] = np.zeros(self.run.datas[slot].shape[0], dtype=bool)
         present[rows] = True
 
     # ------------------------------------------------------------------------------------- pool
 
-    def submit(self, fn: Any, args: tuple[Any, ...], slot: int, d: Any, fresh: bool, rows: Any = ALL) -> None:
+    def submit(
+        self, fn: Any, args: tuple[Any, ...], slot: int, d: Any, fresh: bool, given: Any = ALL
+    ) -> None:
         """Runs a vjp on the pool; its result is added to slot ``slot`` in the order issued."""
         dispatcher = self.dispatcher
         assert dispatcher is not None
         self.coming[slot] += 1
         self.inflight += 1
-        entry: list[Any] = [False, None, d, fresh, rows]  # arrived, result, and how to add it
+        entry: list[Any] = [False, None, d, fresh, given]  # arrived, result, and how to add it
         issued = self.issued.get(slot)
         if issued is None:
             issued = self.issued[slot] = deque()
@@ -278,9 +280,9 @@ class Backward:
         entry[1] = g
         issued = self.issued[slot]
         while issued and issued[0][0]:
-            _, g, d, fresh, rows = issued.popleft()
+            _, g, d, fresh, given = issued.popleft()
             self.coming[slot] -= 1
-            self.add_rows(slot, g, fresh and g is not d, rows)
+            self.add_rows(slot, g, fresh and g is not d, given)
 
 
 # -------------------------------------------------------------------------------------- the rules
@@ -365,7 +367,7 @@ def _merged(b: Backward, step: MergedStep) -> None:
     run = b.run
     prim = step.prim
     out = step.out
-    rows = b.rows[out]
+    given = b.present[out]
     d = _dense(d)
     args = step.args(run)
     params = step.params_of(run)
@@ -393,12 +395,12 @@ def _merged(b: Backward, step: MergedStep) -> None:
         over = step.n if not step.stacked[i] and step.elementwise and not prim.broadcasts else 0
         vjp_args = (step.vjps[i], prim, over, i, shape, xp, d, saved, args, params)
         if heavy:
-            b.submit(_merged_vjp, vjp_args, slot, d, prim.fresh, rows if step.stacked[i] else ALL)
+            b.submit(_merged_vjp, vjp_args, slot, d, prim.fresh, given if step.stacked[i] else ALL)
             continue
         g = _merged_vjp(*vjp_args)
         fresh = prim.fresh and g is not d
         if step.stacked[i]:
-            b.give_rows(slot, g, fresh, rows)
+            b.give_rows(slot, g, fresh, given)
         else:
             b.give(slot, g, fresh)
 
@@ -411,7 +413,7 @@ def _fan(b: Backward, step: FanStep) -> None:
     prim = step.prim
     fan = step.fan
     out = step.out
-    rows = b.rows[out]
+    given = b.present[out]
     d = _dense(d)
     args = step.args(run)
     xp = run.xps[out]
@@ -424,7 +426,7 @@ def _fan(b: Backward, step: FanStep) -> None:
                 _count(stats.vjps, prim.name)
                 b.give(slots[0], fan.vjps[i](xp, d, run.saved[out], *args, **step.params), False)
             continue
-        wanted = [k for k, s in enumerate(slots) if run.wants[s] and _present(rows, k)]
+        wanted = [k for k, s in enumerate(slots) if run.wants[s] and _present(given, k)]
         if not wanted:
             continue
         stats.kernels += 1
@@ -442,7 +444,7 @@ def _fan(b: Backward, step: FanStep) -> None:
             b.give(s, _row_like(g, k, run.datas[s]), False)
 
 
-def _gather(b: Backward, step: GatherStep) -> None:
+def _stack(b: Backward, step: StackStep) -> None:
     d = b.take(step.out)
     if d is None:
         return
@@ -450,16 +452,16 @@ def _gather(b: Backward, step: GatherStep) -> None:
     d = _dense(d)
     if step.shape is not None:  # rows joined along their first axis: back to rows of rows
         d = namespace(d).reshape(d, (step.n, -1, *tuple(d.shape[1:])))
-    present = b.rows[step.out]
+    present = b.present[step.out]
     b.stats.kernels += 1
     xp = namespace(d)
     for j, source in enumerate(step.sources):
-        positions = step.positions[j]
-        rows = step.rows[j]
+        places = step.places[j]
+        picks = step.picks[j]
         if not run.wants[source]:
             continue
-        if rows is None:
-            p = int(positions[0])
+        if picks is None:
+            p = int(places[0])
             if _present(present, p):
                 b.give(source, _row_like(d, p, run.datas[source]), False)
             continue
@@ -467,13 +469,13 @@ def _gather(b: Backward, step: GatherStep) -> None:
         if step.single:
             picked = d
         else:
-            picked = xp.take(d, xp.asarray(positions), axis=0) if xp is not NUMPY else d[positions]
+            picked = xp.take(d, xp.asarray(places), axis=0) if xp is not NUMPY else d[places]
         if xp is NUMPY and step.unique[j]:
-            held[rows] += picked
+            held[picks] += picked
         else:
-            b.deltas[source] = scatter_add(xp, held, xp.asarray(rows), picked)
-        if b.rows[source] is not ALL:
-            b.mark(source, rows if present is ALL else rows[present[positions]])
+            b.deltas[source] = scatter_add(xp, held, xp.asarray(picks), picked)
+        if b.present[source] is not ALL:
+            b.mark(source, picks if present is ALL else picks[present[places]])
 
 
 def _row(b: Backward, step: RowStep) -> None:
@@ -500,13 +502,13 @@ def _body(b: Backward, step: BodyStep) -> None:
     present: Any = None
     for j, slot in enumerate(step.outs):
         d = b.take(slot)
-        rows = b.rows[slot]
+        given = b.present[slot]
         if d is not None:
-            inner.give_rows(program.outputs[j][0], d, b.owned[slot], rows)
-            if rows is ALL or present is ALL:
+            inner.give_rows(program.outputs[j][0], d, b.owned[slot], given)
+            if given is ALL or present is ALL:
                 present = ALL
             else:
-                present = rows.copy() if present is None else present | rows
+                present = given.copy() if present is None else present | given
         run.datas[slot] = None
     inner.sweep()
     if present is None:
@@ -522,7 +524,7 @@ RULES: dict[type, Callable[[Backward, Any], None]] = {
     OpStep: _op,
     MergedStep: _merged,
     FanStep: _fan,
-    GatherStep: _gather,
+    StackStep: _stack,
     RowStep: _row,
     ForeignStep: _foreign,
     BodyStep: _body,
@@ -544,7 +546,7 @@ def backward(
     holds: an optimizer may write into it). ``diagnose``: see :class:`Backward`."""
     pass_ = Backward(run, None if diagnose else dispatcher, diagnose)
     pass_.deltas[root] = seed
-    pass_.rows[root] = ALL
+    pass_.present[root] = ALL
     pass_.sweep()
     pass_.multiply()
     return pass_.gradients, pass_.owned_gradients
@@ -598,8 +600,8 @@ def _any(mask: Any) -> bool:
     return bool(np.logical_or.reduce(mask, axis=None))
 
 
-def _present(rows: Any, k: int) -> bool:
-    return rows is ALL or (rows is not None and bool(rows[k]))
+def _present(given: Any, k: int) -> bool:
+    return given is ALL or (given is not None and bool(given[k]))
 
 
 def _row_like(g: Any, k: int, like: Any) -> Any:
