@@ -4,7 +4,10 @@
 ``FloatWeight`` for a float), takes the gradients of ``f(*weights)`` (a ``FloatLayer`` loss) with
 :func:`monadl.compute_gradients`, and compares them with central differences of ``f``'s forward
 value, one element at a time. It raises :class:`GradientMismatch` naming the input and the worst
-element where they differ; use it on an op of your own (:func:`monadl.custom_op`).
+element where they differ; use it on an op of your own (:func:`monadl.custom_op`). It also checks
+what every gradient must be (a float for a ``FloatWeight``; for an ``ArrayWeight``, an array of its
+shape and dtype) and that reruns give the same bits, replayed or interpreted (:func:`gradients_of`
+makes those checks alone, on any array backend). The library's own tests use this checker.
 
 Tolerances: with ``eps = 1e-6`` in float64 the truncation error of a central difference is about
 ``eps**2 * |f'''| / 6 ~ 1e-12``, and the rounding error about ``ulp(|f|) / eps ~ 1e-10 * |f|``:
@@ -27,7 +30,7 @@ from monadl.dsl.training import compute_gradients
 from monadl.dsl.weights import ArrayWeight, FloatWeight
 from monadl.typeclasses.sparse import SparseRows
 
-__all__ = ["GradientMismatch", "check_gradients", "make_weights", "numerical_gradients"]
+__all__ = ["GradientMismatch", "check_gradients", "gradients_of", "make_weights", "numerical_gradients"]
 
 F64 = NDArray[np.float64]
 Input = F64 | float
@@ -102,6 +105,44 @@ def numerical_gradients(f: Loss, inputs: Sequence[Input], eps: float = EPS) -> l
     return out
 
 
+def gradients_of(
+    f: Loss,
+    inputs: Sequence[Input],
+    *,
+    asarray: Callable[[Any], Any] = _identity,
+    executor: Executor | None = None,
+) -> tuple[float, list[Any]]:
+    """The loss of ``f`` at ``inputs`` (each array made ``asarray(x)``: any array backend) and
+    monadl's gradient of every input, in input order (dense arrays of that backend), on ``executor``
+    (default: the default executor). Raises :class:`GradientMismatch` unless each is a gradient of its
+    weight: a float for a ``FloatWeight``, an array of the weight's shape and dtype for an
+    ``ArrayWeight``."""
+    weights = make_weights(inputs, asarray)
+    loss, gradients = compute_gradients(f(*weights), executor=executor)
+    if type(loss) is not float:
+        raise TypeError(f"check_gradients: f must return a FloatLayer, its value is a {type(loss).__name__}")
+    out: list[Any] = []
+    for i, w in enumerate(weights):
+        g = gradients.get(w)
+        if g is None:
+            raise GradientMismatch(f"input {i} got no gradient: f does not depend on it")
+        if isinstance(w, FloatWeight):
+            if type(g) is not float:
+                raise GradientMismatch(f"input {i} is a FloatWeight: its gradient is a {type(g).__name__}")
+        else:
+            if type(g) is SparseRows:  # an embedding table's gradient: the rows it looked up
+                g = g.to_dense()
+            data = w.data
+            shape = tuple(getattr(g, "shape", ()))
+            if shape != tuple(data.shape) or getattr(g, "dtype", None) != data.dtype:
+                raise GradientMismatch(
+                    f"input {i}: its gradient is a {type(g).__name__} of shape {shape} and "
+                    f"{getattr(g, 'dtype', None)}, its weight's {tuple(data.shape)} and {data.dtype}"
+                )
+        out.append(g)
+    return loss, out
+
+
 def check_gradients(
     f: Loss,
     *inputs: Input,
@@ -111,25 +152,24 @@ def check_gradients(
     executor: Executor | None = None,
 ) -> list[Grad]:
     """Raises :class:`GradientMismatch` unless monadl's gradients of ``f`` at ``inputs`` equal
-    central finite differences; returns monadl's gradients, in input order (dense arrays)."""
-    weights = make_weights(inputs)
-    _, gradients = compute_gradients(f(*weights), executor=executor)
-    analytic: list[Grad] = []
-    for i, (x, w) in enumerate(zip(inputs, weights, strict=True)):
-        g = gradients.get(w)
-        if g is None:
-            raise GradientMismatch(f"input {i} got no gradient: f does not depend on it")
-        if type(g) is SparseRows:
-            g = g.to_dense()
-        analytic.append(g if isinstance(x, float) else np.asarray(g))
+    central finite differences and a rerun gives them bit for bit (on ``executor``, whose second run
+    of a static graph replays its compiled program, and on an executor that never replays); returns
+    monadl's gradients, in input order (dense NumPy arrays, or floats)."""
+    _, first = gradients_of(f, inputs, executor=executor)
+    for again, how in ((executor, "run again"), (Executor(replay=False), "without replay")):
+        _, rerun = gradients_of(f, inputs, executor=again)
+        for i, (a, r) in enumerate(zip(first, rerun, strict=True)):
+            if not np.array_equal(np.asarray(a), np.asarray(r), equal_nan=True):
+                raise GradientMismatch(f"input {i}: its gradient {how} differs: {a!r}, then {r!r}")
+    analytic: list[Grad] = [g if type(g) is float else np.asarray(g) for g in first]
     numeric = numerical_gradients(f, inputs, eps)
     for i, (a, n) in enumerate(zip(analytic, numeric, strict=True)):
         error = np.abs(np.asarray(a) - np.asarray(n)) - (atol + rtol * np.abs(np.asarray(n)))
-        if np.shape(a) != np.shape(n) or np.any(error > 0) or not np.all(np.isfinite(a)):
-            worst = np.unravel_index(int(np.argmax(error)), np.shape(n)) if np.ndim(n) else ()
+        if np.any(error > 0) or not np.all(np.isfinite(a)):
+            worst = tuple(int(k) for k in np.unravel_index(int(np.argmax(error)), np.shape(n)))
             raise GradientMismatch(
-                f"gradient of input {i} (shape {np.shape(inputs[i])}): at {worst}, monadl gives "
-                f"{np.asarray(a)[worst]!r}, finite differences {np.asarray(n)[worst]!r} "
+                f"gradient of input {i} (shape {np.shape(inputs[i])}): monadl vs finite differences at "
+                f"{worst}: {float(np.asarray(a)[worst])!r} vs {float(np.asarray(n)[worst])!r} "
                 f"(rtol {rtol}, atol {atol})"
             )
     return analytic

@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 import pytest
 from batching_check import Gradients, assert_close, gradients_of
-from gradcheck import F64, check_gradients, probe
+from op_cases import F64, probe
 from returns.result import Failure, Success
 
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
+from monadl.gradcheck import check_gradients
 
 RNG = np.random.default_rng(20)
 W = ArrayWeight(RNG.normal(size=(3, 3)))

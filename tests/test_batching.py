@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 from batching_check import Gradients, Layer, Weight, assert_close, gradients_of
 from cycles import cyclic_garbage
-from gradcheck import check_gradients
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 from returns.result import Failure, Success
@@ -33,6 +32,7 @@ from monadl.do.do import Apply
 from monadl.dsl import primitives as P
 from monadl.dsl.layers import apply_array
 from monadl.dsl.primitives import ELEMENTWISE, Primitive
+from monadl.gradcheck import check_gradients
 from monadl.typeclasses.sparse import SparseRows
 
 SETTINGS = settings(max_examples=40, deadline=None)

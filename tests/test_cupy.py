@@ -1,4 +1,4 @@
-"""The op cases of ``gradcheck.CASES`` on CuPy arrays: forward values and gradients equal NumPy's.
+"""The op cases of ``op_cases.CASES`` on CuPy arrays: forward values and gradients equal NumPy's.
 
 Skipped, with the reason, where CuPy is not installed or no GPU is present.
 """
@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gradcheck import CASES, F64, NUMPY, Backend, OpCase, predict, run_case
+from op_cases import CASES, F64, NUMPY, Backend, OpCase, predict, run_case
 
 import monadl
 

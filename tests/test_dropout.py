@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gradcheck import probe
+from op_cases import probe
 from returns.result import Success
 
 import monadl as ml

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from batching_check import Gradients, Layer, assert_close, gradients_of
-from gradcheck import check_gradients, probe
+from op_cases import probe
 from returns.result import Failure, Success
 from test_batching import warm_operations, with_evaluated
 
@@ -22,6 +22,7 @@ import monadl as ml
 from examples.tree_lstm import TreeLstm
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.data import sst
+from monadl.gradcheck import check_gradients
 
 
 def same_gradients(loss: Layer, policy: str = "agenda") -> tuple[Gradients, Gradients]:

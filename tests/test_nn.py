@@ -13,11 +13,12 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import pytest
 from batching_check import gradients_of
-from gradcheck import F64, Weight, check_gradients, predict, probe
+from op_cases import F64, Weight, predict, probe
 
 import monadl as ml
 from examples.tree_lstm import Cell
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
+from monadl.gradcheck import check_gradients
 from monadl.nn import MLP, Embedding, GRUCell, Linear, LSTMCell, Module, TreeLSTMCell, weights_of
 
 M = TypeVar("M", bound=Module)

@@ -1,4 +1,4 @@
-"""The op cases of ``gradcheck.CASES`` on array-api-strict arrays: forward values and gradients equal
+"""The op cases of ``op_cases.CASES`` on array-api-strict arrays: forward values and gradients equal
 NumPy's. array-api-strict implements the array API standard and nothing more, so an op whose rules
 use a NumPy-only call (or a NumPy-only leniency) fails here."""
 
@@ -9,10 +9,10 @@ from typing import Any
 import array_api_strict as xps
 import numpy as np
 import pytest
-from gradcheck import CASES, F64, NUMPY, Backend, OpCase, predict, run_case
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from op_cases import CASES, F64, NUMPY, Backend, OpCase, predict, run_case
 
 import monadl
 from monadl.do.steps import stack_column

@@ -3,7 +3,7 @@ only) as a compiled program and replays it for later runs of equal structure. Wh
 replayed, and that a replay computes what the scheduler computes (values, gradients, errors,
 statistics, memory), on one thread and on a pool.
 
-Every op's gradient test (``gradcheck.check_gradients``) and the random DAGs of ``test_batching``
+Every op's gradient test (``monadl.check_gradients``) and the random DAGs of ``test_batching``
 also compare replayed gradients with interpreted ones; these tests cover the rest."""
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 from batching_check import assert_close
 from cycles import cyclic_garbage
-from gradcheck import ATOL, RTOL, monadl_gradients, numerical_gradients
 from numpy.typing import NDArray
 from peak_memory import assert_one_summed_delta
 from returns.result import Failure, Success
@@ -30,6 +29,7 @@ from monadl.do import delay
 from monadl.do.tape import Tape
 from monadl.dsl.layers import apply_array
 from monadl.dsl.primitives import Primitive
+from monadl.gradcheck import ATOL, RTOL, gradients_of, numerical_gradients
 from monadl.typeclasses.backend import ShapeError
 from monadl.typeclasses.sparse import SparseRows
 
@@ -114,8 +114,8 @@ def test_replayed_gradients_equal_central_finite_differences() -> None:
     rng = np.random.default_rng(3)
     inputs = (rng.standard_normal((4, 2)), rng.standard_normal(2), 0.3)
     executor = ml.Executor()
-    _, first = monadl_gradients(f, inputs, executor=executor)
-    _, replayed = monadl_gradients(f, inputs, executor=executor)
+    _, first = gradients_of(f, inputs, executor=executor)
+    _, replayed = gradients_of(f, inputs, executor=executor)
     assert executor.last_stats.replayed == 1
     for a, r, n in zip(first, replayed, numerical_gradients(f, inputs), strict=True):
         np.testing.assert_array_equal(r, a)

@@ -17,24 +17,15 @@ import array_api_strict as xps
 import numpy as np
 import pytest
 from batching_check import Gradients, gradients_of
-from gradcheck import (
-    F64,
-    NUMPY,
-    Backend,
-    OpCase,
-    check_gradients,
-    check_op,
-    predict,
-    probe,
-    run_case,
-)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from op_cases import F64, NUMPY, Backend, OpCase, check_op, predict, probe, run_case
 from returns.pipeline import is_successful
 
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight, ShapeError
+from monadl.gradcheck import check_gradients
 from monadl.typeclasses.sparse import SparseRows
 
 SETTINGS = settings(max_examples=100, deadline=None)

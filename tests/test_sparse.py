@@ -12,12 +12,13 @@ from typing import Any
 import array_api_strict as xps
 import numpy as np
 import pytest
-from gradcheck import check_gradients, probe
+from op_cases import probe
 from peak_memory import gradients_with_peak
 
 import monadl as ml
 from monadl import ArrayWeight, FloatLayer
 from monadl.dsl.optimizers import SGD, Adagrad, Adam, Momentum, Optimizer
+from monadl.gradcheck import check_gradients
 from monadl.typeclasses.sparse import SparseRows
 from monadl.typeclasses.sparse import add as _add
 from monadl.typeclasses.sparse import add_into as _add_into

@@ -1,20 +1,10 @@
-"""The shared numerical gradient checker of the op tests, and the op cases every backend runs.
+"""The op cases every backend runs, and the helpers that make ops scalar losses for the checker.
 
-:func:`check_gradients` is the one checker: given ``f(*weights) -> FloatLayer`` and float64 inputs
-(NumPy arrays and Python floats), it builds an ``ArrayWeight`` or ``FloatWeight`` for each input,
-takes monadl's gradients with :func:`monadl.compute_gradients` and compares them with central finite
-differences of ``f``'s forward value (``predict_blocking()`` on freshly built, perturbed weights).
-
-Tolerances: with ``eps = 1e-6`` in float64 the truncation error of a central difference is about
-``eps**2 * |f'''| / 6 ~ 1e-12``, and the rounding error about ``ulp(|f|) / eps ~ 1e-10 * |f|``. The
-losses here stay below ~100 in magnitude, so ``atol = 1e-7`` leaves a margin of ~10x over rounding;
-``rtol = 1e-5`` covers large gradient entries. A wrong vjp is off by O(the gradient itself), many
-orders of magnitude above both (``test_ops_gradients`` shows the checker failing on a wrong vjp and
-on one that is only 0.1% off).
-
-:data:`CASES` lists one or more fixed applications of every op; the backend tests
-(``test_ops_array_api``, ``test_cupy``) run them with :func:`run_case` on NumPy and on another array
-namespace and compare, and ``test_ops_gradients`` checks the NumPy side with the checker.
+Gradients are checked with the library's own checker, :func:`monadl.check_gradients` (finite
+differences, the gradients' types, shapes and dtypes, and reruns bit for bit). :data:`CASES` lists
+one or more fixed applications of every op; the backend tests (``test_ops_array_api``,
+``test_cupy``) run them with :func:`run_case` on NumPy and on another array namespace and compare,
+and ``test_ops_gradients`` checks the NumPy side with the checker.
 """
 
 from __future__ import annotations
@@ -30,12 +20,7 @@ from returns.result import Result
 
 import monadl
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
-from monadl.gradcheck import ATOL as ATOL
-from monadl.gradcheck import EPS as EPS
-from monadl.gradcheck import RTOL as RTOL
-from monadl.gradcheck import make_weights as make_weights
-from monadl.gradcheck import numerical_gradients as numerical_gradients
-from monadl.typeclasses.sparse import SparseRows
+from monadl.gradcheck import ATOL, RTOL, check_gradients, gradients_of, make_weights
 
 F64 = NDArray[np.float64]
 Input = F64 | float
@@ -49,9 +34,6 @@ Op = Callable[..., FloatLayer | ArrayLayer]
 
 def _identity(x: Any) -> Any:
     return x
-
-
-# ------------------------------------------------------------------------------------ the checker
 
 
 def value_of(result: Result[Any, Exception]) -> Any:
@@ -70,74 +52,6 @@ def numpy_array(x: Any) -> F64:
     """``x`` itself, after checking that it is a NumPy array (not a NumPy scalar, not a list)."""
     assert isinstance(x, np.ndarray), f"expected a NumPy array, got {type(x).__name__}: {x!r}"
     return x
-
-
-def monadl_gradients(
-    f: Loss,
-    inputs: Sequence[Input],
-    asarray: Callable[[Any], Any] = _identity,
-    to_numpy: Callable[[Any], F64] = numpy_array,
-    executor: monadl.Executor | None = None,
-) -> tuple[float, list[Grad]]:
-    """The loss and monadl's gradient of every input, in input order (arrays as NumPy arrays), on
-    ``executor`` (default: the default executor).
-
-    Asserts what any correct gradient satisfies: every input gets one; a ``FloatWeight``'s is a Python
-    float; an ``ArrayWeight``'s is an array of its backend (``to_numpy`` checks and converts it) of
-    the input's own shape and dtype (a ``SparseRows``, an embedding table's, is densified first).
-    """
-    weights = make_weights(inputs, asarray)
-    loss, gradients = monadl.compute_gradients(f(*weights), executor=executor)
-    assert type(loss) is float, f"the loss of a FloatLayer must be a float, got {type(loss).__name__}"
-    out: list[Grad] = []
-    for i, (x, w) in enumerate(zip(inputs, weights, strict=True)):
-        assert w in gradients, f"input {i} ({w!r}) got no gradient"
-        g = gradients[w]
-        if isinstance(w, FloatWeight):
-            assert type(g) is float, (
-                f"input {i} is a FloatWeight: its gradient must be a Python float, got {type(g).__name__}"
-            )
-            out.append(g)
-        else:
-            if isinstance(g, SparseRows):  # an embedding table's gradient: the looked-up rows
-                g = g.to_dense()
-            array = to_numpy(g)
-            assert array.shape == np.shape(x), (
-                f"input {i}: the gradient has shape {array.shape}, the weight {np.shape(x)}"
-            )
-            assert array.dtype == np.float64, f"input {i}: the gradient has dtype {array.dtype}"
-            out.append(array)
-    return loss, out
-
-
-def check_gradients(
-    f: Loss, *inputs: Input, eps: float = EPS, rtol: float = RTOL, atol: float = ATOL
-) -> list[Grad]:
-    """Asserts that monadl's gradients of ``f`` at ``inputs`` equal central finite differences.
-
-    Returns monadl's gradients (in input order) for further assertions.
-    """
-    # An executor compiles a static graph's program on its first run and replays it on the next run
-    # of the same structure (a new graph, here): the replay must give what the scheduler gave, bit
-    # for bit, and so must an executor that never replays.
-    _, analytic = monadl_gradients(f, inputs)  # on the default executor, twice
-    _, replayed = monadl_gradients(f, inputs)
-    _, interpreted = monadl_gradients(f, inputs, executor=monadl.Executor(replay=False))
-    for i, (a, r, t) in enumerate(zip(analytic, replayed, interpreted, strict=True)):
-        np.testing.assert_array_equal(a, r, err_msg=f"input {i}: replayed vs first run")
-        np.testing.assert_array_equal(
-            a, t, err_msg=f"input {i}: an executor that replays vs one that does not"
-        )
-    numeric = numerical_gradients(f, inputs, eps)
-    for i, (a, n) in enumerate(zip(analytic, numeric, strict=True)):
-        np.testing.assert_allclose(
-            a,
-            n,
-            rtol=rtol,
-            atol=atol,
-            err_msg=f"gradient of input {i} (shape {np.shape(inputs[i])}): monadl vs finite differences",
-        )
-    return analytic
 
 
 # -------------------------------------------------------------------------- ops to scalar losses
@@ -253,8 +167,8 @@ def run_case(case: OpCase, backend: Backend) -> tuple[Any, float, list[Grad]]:
     else:
         forward = backend.to_numpy(value)
         shape = tuple(forward.shape)
-    loss, grads = monadl_gradients(scalar_loss(op, shape, c), case.inputs, c, backend.to_numpy)
-    return forward, loss, grads
+    loss, grads = gradients_of(scalar_loss(op, shape, c), case.inputs, asarray=c)
+    return forward, loss, [g if type(g) is float else backend.to_numpy(g) for g in grads]
 
 
 def _u(seed: int, shape: tuple[int, ...], lo: float = -2.0, hi: float = 2.0) -> F64:
