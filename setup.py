@@ -42,6 +42,7 @@ COMPILED_MODULES = [
     "monadl/do/record.py",
     "monadl/do/steps.py",
     "monadl/do/batching.py",
+    "monadl/do/bodies.py",
     "monadl/do/scheduler.py",
     "monadl/do/stats.py",
     "monadl/do/executor.py",

@@ -45,10 +45,9 @@ class Gradients:
     """The executor's statistics over the forward and backward runs together."""
 
 
-def gradients_of(loss: Layer, batching: bool, replay: bool = True, policy: str = "agenda") -> Gradients:
+def gradients_of(loss: Layer, batching: bool, replay: bool = True) -> Gradients:
     """With ``batching`` (equal calls ready together merged) or not (every call on its own), on a
-    fresh executor (``replay``: one that keeps the programs of static graphs; ``policy``: which
-    ready calls run next)."""
-    executor = ml.Executor(batching=batching, replay=replay, policy=policy)
+    fresh executor (``replay``: one that keeps the programs of static graphs)."""
+    executor = ml.Executor(batching=batching, replay=replay)
     value, gradients = ml.compute_gradients(loss, executor=executor)
     return Gradients(value, {w: dense(g) for w, g in gradients.items()}, executor.stats)

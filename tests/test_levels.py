@@ -25,10 +25,10 @@ from monadl.data import sst
 from monadl.gradcheck import check_gradients
 
 
-def same_gradients(loss: Layer, policy: str = "agenda") -> tuple[Gradients, Gradients]:
+def same_gradients(loss: Layer) -> tuple[Gradients, Gradients]:
     """``loss``'s value and gradients with batching on and off, asserted equal (the same weights get
     a gradient); returns both."""
-    merged, alone = gradients_of(loss, True, policy=policy), gradients_of(loss, False, policy=policy)
+    merged, alone = gradients_of(loss, True), gradients_of(loss, False)
     assert alone.stats.groups == 0 and merged.stats.groups > 0  # merging happened, and only there
     assert_close(merged.value, alone.value, "loss")
     assert set(merged.gradients) == set(alone.gradients)
@@ -51,25 +51,13 @@ def ladders(w: ArrayWeight, b: ArrayWeight, seed: int = 0) -> FloatLayer:
 
 
 def test_independent_chains_run_as_one_kernel_per_op_and_level() -> None:
-    """Sixteen chains of four lengths (test_batching pins chains of one length), by depth: an op
-    launches once per level it is at, however many chains reach that level, and the results are
-    the unbatched."""
+    """Sixteen chains of four lengths (test_batching pins chains of one length): an op of the chains
+    launches once per level it is at, however many chains reach that level; ``sum``, whose calls lie
+    deeper on average than the chains' ops, waits on the agenda until every chain has ended and runs
+    once for all sixteen (DyNet's agenda); the results are the unbatched."""
     rng = np.random.default_rng(1)
     merged, alone = same_gradients(
-        ladders(ArrayWeight(rng.normal(size=(3, 3))), ArrayWeight(rng.normal(size=3))), "depth"
-    )
-    assert merged.stats.kinds == {"linear": 4, "tanh": 4, "sum": 4, "add_n": 1}
-    assert alone.stats.kinds == {"linear": 40, "tanh": 40, "sum": 16, "add_n": 1}
-    assert (merged.stats.groups, merged.stats.merged) == (12, 40 + 40 + 16)
-
-
-def test_the_agenda_runs_a_deep_kind_once_its_calls_are_all_ready() -> None:
-    """The same chains on the agenda (DyNet's policy): ``sum``, whose calls lie deeper on average
-    than the chains' linears and tanhs, waits until every chain has ended, and runs once for all
-    sixteen; the chains' ops still run once per level."""
-    rng = np.random.default_rng(1)
-    merged, alone = same_gradients(
-        ladders(ArrayWeight(rng.normal(size=(3, 3))), ArrayWeight(rng.normal(size=3))), "agenda"
+        ladders(ArrayWeight(rng.normal(size=(3, 3))), ArrayWeight(rng.normal(size=3)))
     )
     assert merged.stats.kinds == {"linear": 4, "tanh": 4, "sum": 1, "add_n": 1}
     assert alone.stats.kinds == {"linear": 40, "tanh": 40, "sum": 16, "add_n": 1}

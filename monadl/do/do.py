@@ -137,6 +137,40 @@ class Pure(Node):
         return f"Pure({self.value!r})"
 
 
+_MARK: Final[Node] = Pure(None)  # on a walk's stack: the node below it has had its sources walked
+
+
+def postorder(root: Node, seen: dict[Node, Any], walked: Any, static: bool = False) -> list[Node] | None:
+    """The nodes of ``root``'s graph not in ``seen``, each after its sources, walked iteratively (a
+    graph 100,000 nodes deep is a loop, not a recursion); each is added to ``seen``, as ``walked``.
+    ``static``: None as soon as a node is not an op, a weight or a constant."""
+    order: list[Node] = []
+    stack: list[Node] = [root]
+    below: list[Node] = []  # the nodes of the marks on the stack, in the same order
+    while stack:
+        node = stack.pop()
+        if node is _MARK:
+            order.append(below.pop())
+            continue
+        if node in seen:
+            continue
+        if static and node.tag != APPLY and node.tag != VARIABLE and node.tag != PURE:
+            return None
+        seen[node] = walked
+        sources = node.sources
+        stack.append(_MARK)  # below its sources: it is added after them
+        base = len(stack)
+        for i in range(len(sources) - 1, -1, -1):  # walked in order
+            if sources[i] not in seen:
+                stack.append(sources[i])
+        if len(stack) == base:  # its sources were all walked: added at once
+            stack.pop()
+            order.append(node)
+        else:
+            below.append(node)
+    return order
+
+
 @final
 class Delay(Node):
     def __init__(self, thunk: Callable[[], Any]) -> None:

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Final, TypeVar, cast
+from typing import Any, TypeVar
 
 from monadl.do.batching import slot_of
-from monadl.do.do import APPLY, PURE, VARIABLE, Apply, Do, Node, Pure, Variable, as_node
+from monadl.do.do import Apply, Do, Node, Pure, Variable, as_node, postorder
 from monadl.do.primitive import float_key, value_key
-from monadl.do.record import Program, Run, RunTape, forward_stats
-from monadl.do.scheduler import AGENDA, POLICIES, Bodies, Scheduler
+from monadl.do.record import Program, Recent, Run, RunTape, forward_stats
+from monadl.do.scheduler import Scheduler
 from monadl.do.stats import RunStats
 from monadl.do.steps import replay_steps
 from monadl.do.tape import Tape
@@ -36,7 +35,6 @@ from monadl.runtime.process import gc_paused, tune_allocator
 from monadl.runtime.versions import data_of, snapshot
 
 A = TypeVar("A")
-_MARK: Final[Node] = Pure(None)  # on the walk's stack: the node below it has had its sources walked
 
 
 class Evaluation:
@@ -77,64 +75,40 @@ class Structure:
 
 def structure_of(root: Node) -> Structure | None:
     """``root``'s graph's structure, or None if it is not static (a node of another kind met).
-    Its key: its ops in the order of a depth-first walk, each with its primitive, the static part
-    of its parameters and the places of its inputs; its weights' and constants' value kinds; its
-    float constants' values (they decide merges)."""
-    order: dict[Node, int] = {}  # a node's position in the key
+    Its key: its ops in walk order, each with its primitive, the static part of its parameters and
+    the places of its inputs; its weights' and constants' value kinds; its float constants' values
+    (they decide merges)."""
+    order: dict[Node, Any] = {}  # a node's position in the key
+    nodes = postorder(root, order, -1, static=True)
+    if nodes is None:
+        return None
     key: list[Any] = []
-    nodes: list[Node] = []
+    bound: list[Node] = []
     index: dict[Node, int] = {}
     weights: list[Any] = []
-    stack: list[Node] = [root]
-    while stack:
-        node = stack.pop()
-        if node is _MARK:
-            apply = cast(Apply, stack.pop())
-            pkey = apply.prim.static_key(apply.params)
+    for node in nodes:
+        if type(node) is Apply:
+            pkey = node.prim.static_key(node.params)
             if pkey is None:  # an unhashable parameter: no key
                 return None
-            places = []
-            for s in apply.sources:
-                places.append(order[s])
-            order[apply] = len(key)
-            key.append((apply.prim, pkey, tuple(places)))
-            if apply.prim.per_run:
-                index[apply] = len(nodes)
-                nodes.append(apply)
-            continue
-        if node in order:
-            continue
-        tag = node.tag
-        if tag == APPLY:
-            order[node] = -1  # being walked
-            stack.append(node)
-            stack.append(_MARK)
-            sources = node.sources
-            for i in range(len(sources) - 1, -1, -1):  # walked in order
-                s = sources[i]
-                if s not in order:
-                    stack.append(s)
-        elif tag == VARIABLE:
-            assert type(node) is Variable
+            key.append((node.prim, pkey, tuple([order[s] for s in node.sources])))
+            if not node.prim.per_run:
+                order[node] = len(key) - 1
+                continue
+        elif type(node) is Variable:
             weight_key = value_key(data_of(node.weight, None))
-            order[node] = len(key)
             key.append(("v", weight_key))
             weights.append(weight_key)
-            index[node] = len(nodes)
-            nodes.append(node)
-        elif tag == PURE:
-            assert type(node) is Pure
-            value = node.value
-            if type(value) is not Tape:
-                return None
-            data = value.data
-            order[node] = len(key)
-            key.append(("f", float_key(data)) if type(data) is float else ("c", value_key(data)))
-            index[node] = len(nodes)
-            nodes.append(node)
         else:
-            return None
-    return Structure(tuple(key), nodes, index, weights)
+            assert type(node) is Pure
+            if type(node.value) is not Tape:
+                return None
+            data = node.value.data
+            key.append(("f", float_key(data)) if type(data) is float else ("c", value_key(data)))
+        order[node] = len(key) - 1
+        index[node] = len(bound)
+        bound.append(node)
+    return Structure(tuple(key), bound, index, weights)
 
 
 class Executor:
@@ -146,8 +120,6 @@ class Executor:
     independent sub-graphs; BLAS threads on top of pool threads oversubscribe the cores).
     ``batching``: merge the calls of equal signature that are ready together (dynamic batching;
     ``run`` can override it); off, every call runs on its own, in the same loop.
-    ``policy``: which ready calls run next: ``"agenda"`` (the kind of call whose calls lie
-    shallowest on average, as DyNet) or ``"depth"`` (level by level); see ``scheduler.py``.
     ``replay``: keep the programs of static graphs and replay them for runs of equal structure.
     ``pause_gc``: pause Python's cyclic garbage collector during a run (``collector.py``).
     ``check_finite``: a training step whose new weight values are not all finite (a gradient of
@@ -162,7 +134,6 @@ class Executor:
         min_pool_cost: float = 1e5,
         limit_blas: bool = True,
         batching: bool = True,
-        policy: str = AGENDA,
         replay: bool = True,
         pause_gc: bool = True,
         check_finite: bool = True,
@@ -171,13 +142,10 @@ class Executor:
             raise TypeError(f"Executor: workers must be an int, got {type(workers).__name__}")
         if workers < 1:
             raise ValueError(f"Executor: workers must be >= 1, got {workers}")
-        if policy not in POLICIES:
-            raise ValueError(f"Executor: policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         tune_allocator()
         self.workers = workers
         self.min_pool_cost = float(min_pool_cost)
         self.batching = batching
-        self.policy = policy
         self.replay = replay
         self.pause_gc = pause_gc
         self.check_finite = check_finite
@@ -185,10 +153,9 @@ class Executor:
         """What the last run did (a training step: its forward and backward passes together)."""
         self.stats = RunStats()
         """The same, summed over every run since it was made (assign a fresh ``RunStats`` to reset)."""
-        self._programs: OrderedDict[Any, Program] = OrderedDict()
-        self._seen: OrderedDict[Node, tuple[Any, Structure]] = OrderedDict()  # roots run lately
-        self._lock = threading.Lock()
-        self._bodies = Bodies()
+        self._programs = Recent(self.PROGRAMS)
+        self._seen = Recent(self.SEEN)  # roots run lately: their keys and structures
+        self._bodies = Recent(self.BODIES)
         self._pool = WorkerPool(workers) if workers > 1 else None
         self._blas_limit: Any = None
         if self._pool is not None and limit_blas:
@@ -200,6 +167,8 @@ class Executor:
     """How many compiled programs an executor keeps (the least recently used is dropped)."""
     SEEN = 8
     """How many roots an executor remembers by identity (holding their graphs)."""
+    BODIES = 256
+    """How many programs of batchable bodies an executor keeps."""
 
     def paused(self) -> AbstractContextManager[None]:
         """The garbage-collector pause of this executor's runs (``pause_gc``)."""
@@ -238,17 +207,16 @@ class Executor:
         dispatcher = self.dispatcher()
         snap = snapshot()  # every weight as of the newest commit, for the whole run
         batch = self.batching if batching is None else batching
-        settings = (batch, own_root, self.policy)
-        with self._lock:
-            seen = self._seen.get(root)
+        settings = (batch, own_root)
+        seen = self._seen.get(root)
         structure = None
-        if seen is not None and seen[0][:3] == settings and seen[1].unchanged():
+        if seen is not None and seen[0][:2] == settings and seen[1].unchanged():
             key, structure = seen  # the same graph again: no walk
         elif self.replay:
             structure = structure_of(root)
             key = None if structure is None else (*settings, structure.key)
         if structure is not None and key is not None:
-            program = self._program(key)
+            program = self._programs.get(key)
             if program is not None:
                 run = Run(structure.nodes, dispatcher, stats, snap)
                 run.reserve(program.slots)
@@ -256,13 +224,11 @@ class Executor:
                 stats.add(program.stats)  # its launches, as they are attempted
                 stats.replayed += 1
                 replay_steps(run, False)
-                self._remember(root, key, structure)
+                self._seen.put(root, (key, structure))
                 slot, row = program.outputs[0]
                 return Evaluation(run, slot, row, run.value(slot, row))
         run = Run([] if structure is None else structure.nodes, dispatcher, stats, snap)
-        scheduler = Scheduler(
-            run, batch, {} if structure is None else structure.index, self.policy, self._bodies
-        )
+        scheduler = Scheduler(run, batch, {} if structure is None else structure.index, self._bodies)
         try:
             scheduler.execute([root])
             entry = scheduler.ids[root]
@@ -285,34 +251,16 @@ class Executor:
             raise
         stats.signatures = len(scheduler.signatures)
         if structure is not None and key is not None and run.replayable and slot >= 0:
-            self._keep(key, Program(run.steps, len(run.datas), [], [(slot, row)], forward_stats(stats)))
-            self._remember(root, key, structure)
+            self._programs.put(
+                key, Program(run.steps, len(run.datas), [], [(slot, row)], forward_stats(stats))
+            )
+            self._seen.put(root, (key, structure))
         return Evaluation(run, slot, row, value)
 
     def publish(self, stats: RunStats) -> None:
         """Makes ``stats`` the last run's and adds them to the executor's total."""
         self.last_stats = stats
         self.stats.add(stats)
-
-    def _remember(self, root: Node, key: Any, structure: Structure) -> None:
-        with self._lock:
-            self._seen[root] = (key, structure)
-            self._seen.move_to_end(root)
-            while len(self._seen) > self.SEEN:
-                self._seen.popitem(last=False)
-
-    def _program(self, key: Any) -> Program | None:
-        with self._lock:
-            program = self._programs.get(key)
-            if program is not None:
-                self._programs.move_to_end(key)
-            return program
-
-    def _keep(self, key: Any, program: Program) -> None:
-        with self._lock:
-            self._programs[key] = program
-            while len(self._programs) > self.PROGRAMS:
-                self._programs.popitem(last=False)
 
     def close(self) -> None:
         """Shuts the pool down and restores BLAS threading. Idempotent."""

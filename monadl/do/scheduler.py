@@ -4,14 +4,11 @@ It walks the graph from the root (iteratively: a graph 100,000 nodes deep is a l
 recursion), gives every node an :class:`~monadl.do.record.Entry`, and counts for each the sources
 not yet done. A node whose sources are done is *ready*. Ready nodes of the monad's own (``map``,
 ``flat_map``, kernels, ``delay``, ``defer``) run first, since what they reveal may join the agenda;
-ready ops and batchable calls wait on the agenda in *buckets*, and the loop runs one bucket at a
-time, its calls of equal signature merged (``batching.py``). Which bucket runs next is the policy:
-
-* ``"agenda"`` (DyNet's): a bucket per primitive or batchable operation, and the one whose calls
-  lie shallowest on average runs first, so that deep ones (a classifier over every state of an
-  LSTM) wait until all their calls are ready;
-* ``"depth"``: a bucket per depth (one more than the deepest source's; leaves at 0), run in order:
-  for a batch of trees, the same op of every node of one height, across all the trees.
+ready ops and batchable calls wait on the agenda in *buckets*, one per primitive or batchable
+operation, and the loop runs one bucket at a time, its calls of equal signature merged
+(``batching.py``). The bucket whose calls lie shallowest on average runs first (DyNet's agenda), so
+that a deep kind of call (a classifier over every state of an LSTM) waits until all its calls are
+ready, while the ops of the chains that feed it run level by level.
 
 Everything the loop computes is a step appended to the run's record (``record.py``). A group of a
 batchable operation's calls runs the operation's body on their stacked rows, in a frame of its own:
@@ -20,11 +17,11 @@ the body's program, recorded on the first group of its signature and replayed fo
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any, Final, cast
 
 from monadl.do import batching
+from monadl.do.bodies import run_calls
 from monadl.do.do import (
     APPLY,
     BIND,
@@ -44,20 +41,17 @@ from monadl.do.do import (
     Delay,
     Kernel,
     Node,
-    Operation,
     Pure,
     Result,
     Variable,
+    postorder,
 )
-from monadl.do.record import Entry, Program, Run, RunTape, forward_stats
-from monadl.do.steps import BodyStep, ForeignStep, LeafStep, StackStep, Step
+from monadl.do.record import Entry, Recent, Run, RunTape
+from monadl.do.steps import ForeignStep, LeafStep, Step
 from monadl.do.tape import Tape
 from monadl.runtime.pool import Dispatcher, affinity_of
 
-_MARK: Final[Node] = Pure(None)  # on the walk's stack: the node below it has had its sources walked
-DEPTH: Final = "depth"
-AGENDA: Final = "agenda"
-POLICIES: Final = (AGENDA, DEPTH)
+_WALKED: Final = Entry(Pure(None))  # a node walked whose entry is not made yet
 
 
 class Bucket:
@@ -71,27 +65,6 @@ class Bucket:
         self.order = order
 
 
-class Bodies:
-    """The programs of batchable bodies, by their group's signature: recorded once, replayed for
-    every later group of equal signature (a bounded cache, least recently used dropped)."""
-
-    SIZE = 256
-
-    def __init__(self) -> None:
-        self.programs: OrderedDict[Hashable, Program] = OrderedDict()
-
-    def get(self, key: Hashable) -> Program | None:
-        program = self.programs.get(key)
-        if program is not None:
-            self.programs.move_to_end(key)
-        return program
-
-    def keep(self, key: Hashable, program: Program) -> None:
-        self.programs[key] = program
-        while len(self.programs) > self.SIZE:
-            self.programs.popitem(last=False)
-
-
 class Scheduler:
     """One frame's interpretation of a ``Do`` (see the module). ``bound``: the positions of a static
     graph's bound nodes (``executor.structure_of``), which its steps name so that a replay reads its
@@ -102,14 +75,12 @@ class Scheduler:
         run: Run,
         batching_on: bool,
         bound: dict[Node, int],
-        policy: str,
-        bodies: Bodies,
+        bodies: Recent,
         outer: Scheduler | None = None,
     ) -> None:
         self.run = run
         self.batching = batching_on
         self.bound = bound
-        self.by_depth = policy == DEPTH
         self.bodies = bodies
         self.outer = outer
         self.dispatcher: Dispatcher | None = run.dispatcher
@@ -117,7 +88,7 @@ class Scheduler:
         self.ids: dict[Node, Entry] = {}
         self.immediate: list[Entry] = []  # ready nodes of the monad's own
         self.buckets: list[Bucket] = []
-        self.bucket_of: dict[object, int] = {}  # a primitive or operation (by depth: a depth) -> its bucket
+        self.bucket_of: dict[object, int] = {}  # a primitive or operation -> its bucket
         self.active: list[Bucket] = []  # the buckets with ready calls
         self.after: dict[Step, list[Entry]] = {}  # a step on the pool -> the entries it computes
         self.signatures: set[int] = set()
@@ -129,15 +100,9 @@ class Scheduler:
         """Gives the nodes of ``root``'s graph not walked yet their entries: leaves are done at once,
         the others wait for their sources (``post``)."""
         ids = self.ids
-        stack: list[Node] = [root]
-        posts: list[Entry] = []  # the entries of the marks on the stack, in the same order
-        while stack:
-            node = stack.pop()
-            if node is _MARK:
-                self.post(posts.pop())
-                continue
-            if node in ids:
-                continue
+        order = postorder(root, ids, _WALKED)
+        assert order is not None
+        for node in order:
             tag = node.tag
             if tag >= APPLY or tag == BIND:
                 if self.outer is not None and node in self.outer.ids:
@@ -146,18 +111,7 @@ class Scheduler:
                         "that layer to it as an argument"
                     )
                 entry = ids[node] = Entry(node)
-                stack.append(_MARK)  # below its sources: it is posted after them
-                posts.append(entry)
-                base = len(stack)
-                sources = node.sources
-                for i in range(len(sources) - 1, -1, -1):  # walked in order
-                    s = sources[i]
-                    if s not in ids:
-                        stack.append(s)
-                if len(stack) == base:  # its sources were all walked: posted at once
-                    stack.pop()
-                    posts.pop()
-                    self.post(entry)
+                self.post(entry)
             elif tag == VARIABLE:
                 assert type(node) is Variable
                 self.leaf(node, node.weight, None)
@@ -169,11 +123,9 @@ class Scheduler:
                 else:
                     entry = ids[node] = Entry(node)
                     self.resolve(entry, -1, -1, value)
-            elif tag == DELAY or tag == DEFER or tag == KERNEL:
+            else:  # a delay, a defer or a kernel: run by the loop
                 entry = ids[node] = Entry(node)
                 self.immediate.append(entry)
-            else:  # pragma: no cover - every node class has a tag above
-                raise TypeError(f"monadl: not a Do node: {node!r}")
 
     def post(self, entry: Entry) -> None:
         """An entry whose sources have been walked: its count of sources not done, its depth, its
@@ -201,11 +153,8 @@ class Scheduler:
         tag = node.tag
         if tag == APPLY or tag == CALL:
             depth += 1
-            # Agenda: a bucket per primitive or operation (their calls' signatures are told apart
-            # when they run); by depth: a bucket per depth.
-            key: object = depth
-            if not self.by_depth:
-                key = node.prim if type(node) is Apply else cast(Call, node).op
+            # a bucket per primitive or operation (their calls' signatures are told apart when they run)
+            key: object = node.prim if type(node) is Apply else cast(Call, node).op
             b = self.bucket_of.get(key, -1)
             if b < 0:
                 b = self.bucket_of[key] = len(self.buckets)
@@ -338,8 +287,8 @@ class Scheduler:
             self.run_ready(ready)
 
     def pick(self) -> Bucket | None:
-        """The active bucket that runs next: the lowest mean depth of its kind (its depth, by depth),
-        the first made among equals."""
+        """The active bucket that runs next: the lowest mean depth of its kind, the first made among
+        equals."""
         active = self.active
         if not active:
             return None
@@ -458,7 +407,7 @@ class Scheduler:
                 if group[0].node.tag == APPLY:
                     self.run_ops(group, False)
                 else:
-                    self.run_calls(group)
+                    run_calls(self, group)
                 continue
             entry = group[0]
             if entry.node.tag == APPLY and _join(fans, batching.fan_signature(run, entry), entry):
@@ -475,7 +424,7 @@ class Scheduler:
             if entry.node.tag == APPLY:
                 self.run_ops([entry], False)
             else:
-                self.run_calls([entry])
+                run_calls(self, [entry])
 
     def run_ops(self, group: list[Entry], fan: bool) -> None:
         """Runs a group of ops (one alone, merged calls, or a fan), an error noted with where the
@@ -551,144 +500,14 @@ class Scheduler:
         kinds = self.run.stats.kinds
         kinds[name] = kinds.get(name, 0) + 1
 
-    # ------------------------------------------------------------------------------------ bodies
-
-    def run_calls(self, group: list[Entry]) -> None:
-        """Calls of a batchable operation: its body run once on their stacked rows (a call on its
-        own: on its own arguments, as the plain function), as a step with a frame of its own. The
-        body's program is recorded for the first group of its signature and replayed for later ones."""
-        run = self.run
-        first = group[0].node
-        assert type(first) is Call
-        op = first.op
-        n = len(group) if len(group) > 1 else 0
-        self.count(op.name)
-        ins = []
-        for j, e in enumerate(group[0].inputs):
-            if n:
-                slots = [c.inputs[j].slot for c in group]
-                ins.append(batching.stack_rows(run, slots, [c.inputs[j].row for c in group]))
-            else:
-                ins.append(batching.slot_of(run, e.slot, e.row))
-        kinds = tuple([run.kind(s, 0 if n else -1) for s in ins])  # (stacked: a row's kind, not the rows')
-        wants = tuple([run.wants[s] for s in ins])
-        key = (first.static, kinds, wants, n == 0, self.batching, self.min_cost, self.by_depth)
-        program = self.bodies.get(key)
-        outs = []
-        if program is None:
-            if n and self.dispatcher is not None:
-                while self.dispatcher.pending:  # (a failed recording drains its own kernels below)
-                    self.collect()
-            try:
-                program, frame = self.record(op, first, ins)
-            except (ValueError, TypeError):
-                if not n or not shares_arrays(first):
-                    raise
-                # A weight given as an argument is one value for all the calls: a body that uses it
-                # as a row (concatenates it with rows) cannot run on the calls' stacked rows.
-                if self.dispatcher is not None:
-                    self.dispatcher.drain()
-                for entry in group:
-                    self.run_calls([entry])
-                return
-            for _ in program.outputs:
-                outs.append(run.new_slot(False))
-            step = BodyStep(op.name, program, ins, outs, op.scalars, n, run.new_slot(False))
-            step.finish(run, frame)
-            if frame.replayable and fits_any_rows(program):
-                program.anchor = (first.args, first.kwargs)
-                self.bodies.keep(key, program)
-        else:
-            for _ in program.outputs:
-                outs.append(run.new_slot(False))
-            step = BodyStep(op.name, program, ins, outs, op.scalars, n, run.new_slot(False))
-            step.forward(run, False)
-        run.steps.append(step)
-        if n:
-            stats = run.stats
-            stats.groups += 1
-            stats.merged += n
-        more = outs[1:]
-        for k, entry in enumerate(group):
-            entry.more = more
-            self.resolve(entry, outs[0], k if n else -1, None)
-
-    def record(self, op: Operation, call: Call, ins: list[int]) -> tuple[Program, Run]:
-        """The body of ``op`` run on the slots ``ins`` in a new frame, by a scheduler of its own:
-        its program, and the frame."""
-        run = self.run
-        frame = Run([], run.dispatcher, run.stats, run.snapshot)
-        tapes: list[Tape[Any, Any]] = []
-        for source in ins:
-            slot = frame.new_slot(run.wants[source])
-            frame.datas[slot] = run.datas[source]
-            frame.xps[slot] = run.xps[source]
-            frame.scalar_rows[slot] = run.scalar_rows[source]
-            tapes.append(RunTape(frame, slot, -1))
-        inner = Scheduler(frame, self.batching, {}, DEPTH if self.by_depth else AGENDA, self.bodies, self)
-        inner.body = op.name
-        before = forward_stats(run.stats)
-        roots = op.expand(call, tapes)
-        inner.execute(roots)
-        outputs = []
-        for root in roots:
-            entry = inner.ids[root]
-            if entry.slot < 0:
-                inner.place(entry, call)
-            outputs.append((batching.slot_of(frame, entry.slot, entry.row), -1))
-        self.signatures.update(inner.signatures)
-        counts = subtract(forward_stats(run.stats), before)
-        return Program(frame.steps, len(frame.datas), list(range(len(ins))), outputs, counts), frame
+    def nested(self, frame: Run, name: str) -> Scheduler:
+        """A scheduler of its own for the body of batchable operation ``name``, run in ``frame``."""
+        inner = Scheduler(frame, self.batching, {}, self.bodies, self)
+        inner.body = name
+        return inner
 
 
 # ------------------------------------------------------------------------------------------ helpers
-
-
-def fits_any_rows(program: Program) -> bool:
-    """Whether a body's program holds for any number of rows: no gather in it joins values that
-    depend on the rows with values that do not (equal in shape only for the rows it was recorded
-    with)."""
-    rowed = [False] * program.slots
-    for slot in program.inputs:
-        rowed[slot] = True
-    for step in program.steps:
-        reads = step.reads()
-        mine = False
-        for s in reads:
-            if rowed[s]:
-                mine = True
-        if type(step) is StackStep and mine:
-            for s in reads:
-                if not rowed[s]:
-                    return False
-        if step.out < len(rowed):
-            rowed[step.out] = mine
-    return True
-
-
-def shares_arrays(call: Call) -> bool:
-    """Whether a call was given an array that is not a row (a weight: one value for all its group)."""
-    for i, a in enumerate(call.args):
-        if (
-            i not in call.row_args
-            and hasattr(a, "forward")
-            and not isinstance(getattr(a, "data", 0.0), float)
-        ):
-            return True
-    return False
-
-
-def subtract(after: Any, before: Any) -> Any:
-    """The counts of ``after`` less those of ``before`` (what one body's recording added)."""
-    after.merged -= before.merged
-    after.groups -= before.groups
-    for name, count in before.kinds.items():
-        left = after.kinds.get(name, 0) - count
-        if left:
-            after.kinds[name] = left
-        else:
-            after.kinds.pop(name, None)
-    return after
 
 
 def name_of(consumer: object) -> str:

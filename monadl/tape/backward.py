@@ -32,8 +32,9 @@ from mypy_extensions import mypyc_attr
 
 from monadl.do.do import Node, Pure, as_node
 from monadl.do.primitive import Primitive, call_vjp, check_delta
-from monadl.do.record import Run, row_value
-from monadl.do.scheduler import AGENDA, Bodies, Scheduler
+from monadl.do.record import Recent, Run, row_value
+from monadl.do.scheduler import Scheduler
+from monadl.do.stats import RunStats
 from monadl.do.steps import (
     BodyStep,
     FanStep,
@@ -73,7 +74,7 @@ class Backward:
     ) -> None:
         n = len(run.datas)
         self.run = run
-        self.stats = run.stats
+        self.stats: RunStats = run.stats if outer is None else outer.stats
         self.dispatcher = dispatcher
         self.diagnose = diagnose
         self.current = "the seed"  # (diagnosing) the step whose deltas are being given
@@ -534,7 +535,7 @@ RULES: dict[type, Callable[[Backward, Any], None]] = {
 
 def run_do(b: Backward, do: Node) -> None:
     """Runs a ``Do`` of a user's tape's backward (it may give deltas to this run's tapes)."""
-    scheduler = Scheduler(Run([], b.dispatcher, b.stats, b.run.snapshot), False, {}, AGENDA, Bodies())
+    scheduler = Scheduler(Run([], b.dispatcher, b.stats, b.run.snapshot), False, {}, Recent(0))
     scheduler.execute([do])
 
 

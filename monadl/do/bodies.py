@@ -1,0 +1,157 @@
+"""Batchable bodies: a group of calls of a ``@batchable`` operation runs its body once, on the calls'
+stacked rows, as one step with a frame of its own.
+
+The first group of a signature records the body's program: a scheduler of its own runs the body
+in a new frame. The program is kept (``Recent``, by the group's signature) and replayed for every
+later group of equal signature, whatever its number of rows: the body's graph is built, walked and
+grouped once per signature (the vertex function of Cavs). A program is kept only where it holds for
+any number of rows and read nothing that only its run has.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from monadl.do import batching
+from monadl.do.do import Call, Operation
+from monadl.do.record import Entry, Program, Run, RunTape, forward_stats
+from monadl.do.stats import RunStats
+from monadl.do.steps import BodyStep, StackStep
+from monadl.do.tape import Tape
+
+if TYPE_CHECKING:
+    from monadl.do.scheduler import Scheduler
+
+
+def run_calls(scheduler: Scheduler, group: list[Entry]) -> None:
+    """Runs calls of one batchable operation (one call alone: its body on its own arguments, as the
+    plain function) as one step; each call's results are rows of the step's."""
+    run = scheduler.run
+    first = group[0].node
+    assert type(first) is Call
+    op = first.op
+    n = len(group) if len(group) > 1 else 0
+    scheduler.count(op.name)
+    ins = []
+    for j, e in enumerate(group[0].inputs):
+        if n:
+            slots = [c.inputs[j].slot for c in group]
+            ins.append(batching.stack_rows(run, slots, [c.inputs[j].row for c in group]))
+        else:
+            ins.append(batching.slot_of(run, e.slot, e.row))
+    kinds = tuple([run.kind(s, 0 if n else -1) for s in ins])  # (stacked: a row's kind, not the rows')
+    wants = tuple([run.wants[s] for s in ins])
+    key = (first.static, kinds, wants, n == 0, scheduler.batching, scheduler.min_cost)
+    program: Program | None = scheduler.bodies.get(key)
+    dispatcher = scheduler.dispatcher
+    if program is None:
+        if n and dispatcher is not None:
+            while dispatcher.pending:  # (a failed recording drains its own kernels below)
+                scheduler.collect()
+        try:
+            program, frame = record(scheduler, op, first, ins)
+        except (ValueError, TypeError):
+            if not n or not shares_arrays(first):
+                raise
+            # A weight given as an argument is one value for all the calls: a body that uses it as
+            # a row (concatenates it with rows) cannot run on the calls' stacked rows.
+            if dispatcher is not None:
+                dispatcher.drain()
+            for entry in group:
+                run_calls(scheduler, [entry])
+            return
+        step = BodyStep(
+            op.name,
+            program,
+            ins,
+            [run.new_slot(False) for _ in program.outputs],
+            op.scalars,
+            n,
+            run.new_slot(False),
+        )
+        step.finish(run, frame)
+        if frame.replayable and fits_any_rows(program):
+            program.anchor = (first.args, first.kwargs)
+            scheduler.bodies.put(key, program)
+    else:
+        step = BodyStep(
+            op.name,
+            program,
+            ins,
+            [run.new_slot(False) for _ in program.outputs],
+            op.scalars,
+            n,
+            run.new_slot(False),
+        )
+        step.forward(run, False)
+    run.steps.append(step)
+    if n:
+        run.stats.groups += 1
+        run.stats.merged += n
+    more = step.outs[1:]
+    for k, entry in enumerate(group):
+        entry.more = more
+        scheduler.resolve(entry, step.outs[0], k if n else -1, None)
+
+
+def record(scheduler: Scheduler, op: Operation, call: Call, ins: list[int]) -> tuple[Program, Run]:
+    """The body of ``op`` run on the slots ``ins`` in a new frame, by a scheduler of its own: its
+    program (with what its forward pass counted, which a replay counts again), and the frame."""
+    run = scheduler.run
+    frame = Run([], run.dispatcher, RunStats(), run.snapshot)
+    tapes: list[Tape[Any, Any]] = []
+    for source in ins:
+        slot = frame.new_slot(run.wants[source])
+        frame.datas[slot] = run.datas[source]
+        frame.xps[slot] = run.xps[source]
+        frame.scalar_rows[slot] = run.scalar_rows[source]
+        tapes.append(RunTape(frame, slot, -1))
+    inner = scheduler.nested(frame, op.name)
+    roots = op.expand(call, tapes)
+    inner.execute(roots)
+    outputs = []
+    for root in roots:
+        entry = inner.ids[root]
+        if entry.slot < 0:
+            inner.place(entry, call)
+        outputs.append((batching.slot_of(frame, entry.slot, entry.row), -1))
+    scheduler.signatures.update(inner.signatures)
+    run.stats.add(frame.stats)
+    program = Program(
+        frame.steps, len(frame.datas), list(range(len(ins))), outputs, forward_stats(frame.stats)
+    )
+    return program, frame
+
+
+def fits_any_rows(program: Program) -> bool:
+    """Whether a body's program holds for any number of rows: no stack in it joins values that
+    depend on the rows with values that do not (equal in shape only for the rows it was recorded
+    with)."""
+    rowed = [False] * program.slots
+    for slot in program.inputs:
+        rowed[slot] = True
+    for step in program.steps:
+        reads = step.reads()
+        mine = False
+        for s in reads:
+            if rowed[s]:
+                mine = True
+        if type(step) is StackStep and mine:
+            for s in reads:
+                if not rowed[s]:
+                    return False
+        if step.out < len(rowed):
+            rowed[step.out] = mine
+    return True
+
+
+def shares_arrays(call: Call) -> bool:
+    """Whether a call was given an array that is not a row (a weight: one value for all its group)."""
+    for i, a in enumerate(call.args):
+        if (
+            i not in call.row_args
+            and hasattr(a, "forward")
+            and not isinstance(getattr(a, "data", 0.0), float)
+        ):
+            return True
+    return False
