@@ -15,9 +15,8 @@ from hypothesis.extra import numpy as hnp
 from op_cases import CASES, F64, NUMPY, Backend, OpCase, predict, run_case
 
 import monadl
-from monadl.do.steps import stack_column
 from monadl.dsl import primitives as P
-from monadl.typeclasses.backend import minus_zeros
+from monadl.typeclasses.backend import minus_zeros, stack_arrays
 
 STRICT_ARRAY = type(xps.asarray(0.0))
 
@@ -176,12 +175,12 @@ def test_stacked_rows_equal_stack_on_numpy_and_strict(
     # Integer values for every dtype: stacking does not look at them, and drawing floats fails where
     # a package imported by other tests set flush-to-zero (no subnormals for hypothesis to draw).
     arrays = [data.draw(hnp.arrays(dtype, shape, elements=st.integers(-1000, 1000))) for _ in range(n)]
-    stacked = stack_column(arrays)  # np.array of the list, not np.stack: the same array
+    stacked = stack_arrays(arrays)  # np.array of the list, not np.stack: the same array
     expected = np.stack(arrays)
     assert type(stacked) is np.ndarray and stacked.dtype == expected.dtype and stacked.shape == expected.shape
     np.testing.assert_array_equal(stacked, expected)
     assert not any(np.shares_memory(stacked, a) for a in arrays)
-    strict = stack_column([xps.asarray(a) for a in arrays])
+    strict = stack_arrays([xps.asarray(a) for a in arrays])
     assert isinstance(strict, STRICT_ARRAY)
     np.testing.assert_array_equal(_strict_to_numpy(strict), expected)
 

@@ -22,7 +22,7 @@ import numpy as np
 from monadl.do.do import Apply, Call, Node
 from monadl.do.primitive import ROWS_SUM, Primitive, add_n, float_key
 from monadl.do.record import Entry, Run, kind_rank
-from monadl.do.steps import FanStep, MergedStep, OpStep, RowStep, StackStep, Step, merged_params
+from monadl.do.steps import FanStep, MergedStep, OpStep, RowStep, StackStep, Step
 
 NO_POOL = math.inf
 """The ``min_cost`` of a run without a pool: no kernel is worth it."""
@@ -376,7 +376,7 @@ def is_shared(run: Run, slot: int) -> bool:
 def merge_params(prim: Primitive, calls: list[dict[str, Any]], first: Any) -> dict[str, Any]:
     """The parameters of merged calls (``calls``: each call's; ``first``: the first call's first
     input): the first call's, with ``axis`` shifted past the rows, the per-row parameters stacked
-    and the other per-run ones listed (``steps.merged_params``)."""
+    and the other per-run ones listed (``Primitive.stack_params``)."""
     spec = prim.batch
     assert spec is not None
     params = calls[0]
@@ -384,7 +384,7 @@ def merge_params(prim: Primitive, calls: list[dict[str, Any]], first: Any) -> di
         item_rank = 0 if type(first) is float else len(first.shape)
         params = {**params, "axis": shift_axis(params.get("axis", spec.axis_default), item_rank)}
     if spec.row_params or prim.per_run:
-        params = merged_params(prim, calls, params)
+        params = prim.stack_params(calls, params)
     return params
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from monadl.do import batching
 from monadl.do.do import Call, Operation
 from monadl.do.record import Entry, Program, Run, RunTape, forward_stats
-from monadl.do.stats import RunStats
+from monadl.do.stats import RunStats, tally
 from monadl.do.steps import BodyStep, StackStep
 from monadl.do.tape import Tape
 
@@ -31,7 +31,7 @@ def run_calls(scheduler: Scheduler, group: list[Entry]) -> None:
     assert type(first) is Call
     op = first.op
     n = len(group) if len(group) > 1 else 0
-    scheduler.count(op.name)
+    tally(run.stats.kinds, op.name)
     ins = []
     for j, e in enumerate(group[0].inputs):
         if n:
@@ -46,7 +46,7 @@ def run_calls(scheduler: Scheduler, group: list[Entry]) -> None:
     dispatcher = scheduler.dispatcher
     if program is None:
         if n and dispatcher is not None:
-            while dispatcher.pending:  # (a failed recording drains its own kernels below)
+            while dispatcher.pending:  # (a failed recording drains only its own kernels)
                 scheduler.collect()
         try:
             program, frame = record(scheduler, op, first, ins)
@@ -55,8 +55,6 @@ def run_calls(scheduler: Scheduler, group: list[Entry]) -> None:
                 raise
             # A weight given as an argument is one value for all the calls: a body that uses it as
             # a row (concatenates it with rows) cannot run on the calls' stacked rows.
-            if dispatcher is not None:
-                dispatcher.drain()
             for entry in group:
                 run_calls(scheduler, [entry])
             return

@@ -229,26 +229,21 @@ class Executor:
                 return Evaluation(run, slot, row, run.value(slot, row))
         run = Run([] if structure is None else structure.nodes, dispatcher, stats, snap)
         scheduler = Scheduler(run, batch, {} if structure is None else structure.index, self._bodies)
-        try:
-            scheduler.execute([root])
-            entry = scheduler.ids[root]
-            if not entry.done:  # pragma: no cover - a scheduler bug, not a user's
-                raise RuntimeError("monadl: the computation did not complete (a node was never run)")
-            value = scheduler.user_value(entry)
-            slot, row = -1, -1
-            if type(value) is RunTape and value.run is run:  # a tape of the program's, or handed back
-                slot, row = value.slot, value.row
-            elif own_root:
-                scheduler.place(entry, "the root")
-                slot, row = entry.slot, entry.row
-            if slot >= 0:
-                if own_root and row >= 0:
-                    slot, row = slot_of(run, slot, row), -1
-                value = run.value(slot, row)
-        except Exception:  # (an interrupt returns at once: dispatch.py)
-            if dispatcher is not None:
-                dispatcher.drain()
-            raise
+        scheduler.execute([root])
+        entry = scheduler.ids[root]
+        if not entry.done:  # pragma: no cover - a scheduler bug, not a user's
+            raise RuntimeError("monadl: the computation did not complete (a node was never run)")
+        value = scheduler.user_value(entry)
+        slot, row = -1, -1
+        if type(value) is RunTape and value.run is run:  # a tape of the program's, or handed back
+            slot, row = value.slot, value.row
+        elif own_root:
+            scheduler.place(entry, "the root")
+            slot, row = entry.slot, entry.row
+        if slot >= 0:
+            if own_root and row >= 0:
+                slot, row = slot_of(run, slot, row), -1
+            value = run.value(slot, row)
         stats.signatures = len(scheduler.signatures)
         if structure is not None and key is not None and run.replayable and slot >= 0:
             self._programs.put(

@@ -29,6 +29,7 @@ from monadl.typeclasses.backend import (
     is_float_array,
     namespace,
     shape_of,
+    stack_arrays,
     unbroadcast,
 )
 from monadl.typeclasses.sparse import SparseRows
@@ -138,23 +139,6 @@ class Primitive:
     bias), or None where it is not one; a backward pass adds up a weight's products over all the
     calls of a step and multiplies once (``monadl.tape.backward``)."""
 
-    __slots__ = (
-        "batch",
-        "broadcasts",
-        "check",
-        "check_values",
-        "cost",
-        "forward",
-        "fresh",
-        "name",
-        "own",
-        "passes",
-        "per_run",
-        "products",
-        "saves",
-        "vjps",
-    )
-
     def __init__(
         self,
         name: str,
@@ -212,6 +196,21 @@ class Primitive:
         for name, value in params.items():
             items.append((name, value) if name not in per_run else (name, value_key(value)))
         return tuple(items)
+
+    def stack_params(self, calls: list[dict[str, Any]], base: dict[str, Any]) -> dict[str, Any]:
+        """The parameters of merged calls (``calls``: each call's): ``base`` (the first call's,
+        ``axis`` shifted past the rows), the per-row ones stacked as rows, the other per-run ones
+        listed (None where every call's is None)."""
+        spec = self.batch
+        assert spec is not None
+        params = {**base}
+        for name in spec.row_params:
+            params[name] = stack_arrays([call[name] for call in calls])
+        for name in self.per_run:
+            if name not in spec.row_params:
+                column = [call[name] for call in calls]
+                params[name] = None if all(v is None for v in column) else column
+        return params
 
     def run(self, datas: tuple[Any, ...], params: dict[str, Any], checked: bool) -> tuple[Any, Any, Any]:
         """This primitive applied to its inputs' data: the array namespace, the result, and what it
@@ -284,6 +283,32 @@ class Primitive:
         elif dense and type(g) is SparseRows:
             g = g.to_dense(xp)
         return np.asarray(g) if type(g) is not NDARRAY and isinstance(g, _GENERIC) else g
+
+    def merged_delta(
+        self,
+        i: int,
+        rule: Rule,
+        rows: int,
+        shape: tuple[int, ...] | None,
+        xp: Any,
+        delta: Any,
+        saved: Any,
+        datas: list[Any],
+        params: dict[str, Any],
+    ) -> Any:
+        """Input ``i``'s delta of merged calls, by ``rule`` on their stacked ``delta``: summed back to
+        the input's (padded) shape (a shared input's over the group's ``rows``, where the op does
+        not broadcast), and reshaped to ``shape`` (unpadded), a user's rule's result checked first."""
+        g = call_vjp(rule, xp, delta, saved, datas, params)
+        if not self.own:
+            check_delta(self.name, i, g, datas[i], self.broadcasts, rows)
+        if self.broadcasts:
+            g = unbroadcast(xp, g, datas[i])
+        elif rows and type(g) is not float and len(g.shape) > len(datas[i].shape):
+            g = xp.sum(g, axis=0)
+        if shape is not None:
+            g = xp.reshape(g, shape)
+        return g
 
 
 def call_forward(rule: Rule, xp: Any, inputs: Sequence[Any], params: dict[str, Any]) -> Any:

@@ -47,9 +47,10 @@ from monadl.do.do import (
     postorder,
 )
 from monadl.do.record import Entry, Recent, Run, RunTape
+from monadl.do.stats import tally
 from monadl.do.steps import ForeignStep, LeafStep, Step
 from monadl.do.tape import Tape
-from monadl.runtime.pool import Dispatcher, affinity_of
+from monadl.runtime.pool import Dispatcher, affinity_of, draining
 
 _WALKED: Final = Entry(Pure(None))  # a node walked whose entry is not made yet
 
@@ -252,9 +253,10 @@ class Scheduler:
         """Walks ``roots`` and runs until nothing is left: ready nodes of the monad's own first,
         then (with nothing in flight on the pool) the agenda's next bucket."""
         try:
-            for root in roots:
-                self.walk(root)
-            self.loop()
+            with draining(self.dispatcher):
+                for root in roots:
+                    self.walk(root)
+                self.loop()
         except BaseException:
             self.discard()
             raise
@@ -439,7 +441,7 @@ class Scheduler:
                 step = batching.merged(run, group, self.bound, self.min_cost)
             else:
                 step = batching.alone(run, group[0], self.bound, self.min_cost)
-            self.count(node.prim.name)
+            tally(self.run.stats.kinds, node.prim.name)
             self.launch(step, group)
         except Exception as error:
             note_where(error, node)
@@ -495,10 +497,6 @@ class Scheduler:
             return
         for k, entry in enumerate(entries):
             self.resolve(entry, step.out, k, None)
-
-    def count(self, name: str) -> None:
-        kinds = self.run.stats.kinds
-        kinds[name] = kinds.get(name, 0) + 1
 
     def nested(self, frame: Run, name: str) -> Scheduler:
         """A scheduler of its own for the body of batchable operation ``name``, run in ``frame``."""

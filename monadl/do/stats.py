@@ -43,3 +43,8 @@ class RunStats:
         ):
             for name, count in theirs.items():
                 mine[name] = mine.get(name, 0) + count
+
+
+def tally(counts: dict[str, int], name: str) -> None:
+    """One more of ``name`` in ``counts``."""
+    counts[name] = counts.get(name, 0) + 1

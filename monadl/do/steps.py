@@ -7,7 +7,7 @@ kind of step passes a delta back is the backward pass's table of rules (``monadl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, final
+from typing import Any, final
 
 import numpy as np
 
@@ -15,11 +15,9 @@ from monadl.do.do import Apply, Pure, Variable
 from monadl.do.primitive import FanOut, Primitive, Rule, call_forward
 from monadl.do.record import Program, Run, row_value
 from monadl.do.tape import Tape
+from monadl.runtime.pool import Dispatcher, draining
 from monadl.runtime.versions import data_of
 from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, host_in, namespace, shape_of
-
-if TYPE_CHECKING:
-    from monadl.runtime.pool import Dispatcher
 
 
 class Step:
@@ -222,7 +220,7 @@ class MergedStep(Step):
             node = run.nodes[k]
             assert type(node) is Apply
             calls.append(node.params)
-        params = run.params[self.out] = merged_params(self.prim, calls, self.params)
+        params = run.params[self.out] = self.prim.stack_params(calls, self.params)
         return params
 
     def params_of(self, run: Run) -> dict[str, Any]:
@@ -526,7 +524,7 @@ def replay_steps(run: Run, checked: bool) -> None:
             step.forward(run, checked)
         return
     pending: set[int] = set()
-    try:
+    with draining(dispatcher):
         for step in run.steps:
             for slot in step.reads():
                 while slot in pending:
@@ -538,9 +536,6 @@ def replay_steps(run: Run, checked: bool) -> None:
                 step.forward(run, checked)
         while pending:
             _arrived(run, dispatcher, pending)
-    except Exception:  # (an interrupt returns at once: dispatch.py)
-        dispatcher.drain()
-        raise
 
 
 def _arrived(run: Run, dispatcher: Dispatcher, pending: set[int]) -> None:
@@ -551,31 +546,6 @@ def _arrived(run: Run, dispatcher: Dispatcher, pending: set[int]) -> None:
 
 
 # ------------------------------------------------------------------------------------------ helpers
-
-
-def merged_params(prim: Primitive, calls: list[dict[str, Any]], base: dict[str, Any]) -> dict[str, Any]:
-    """The parameters of merged calls (``calls``: each call's): ``base`` (the first call's, ``axis``
-    shifted past the rows), with the per-row parameters stacked and the other per-run ones listed
-    (None where every call's is None)."""
-    spec = prim.batch
-    assert spec is not None
-    params = {**base}
-    for name in spec.row_params:
-        params[name] = stack_column([call[name] for call in calls])
-    for name in prim.per_run:
-        if name not in spec.row_params:
-            column = [call[name] for call in calls]
-            params[name] = None if all(v is None for v in column) else column
-    return params
-
-
-def stack_column(values: list[Any]) -> Any:
-    """Values of one per-row parameter, stacked as rows (NumPy's ``array`` of the list: ``stack``
-    spends about a microsecond of Python on each array)."""
-    first = values[0]
-    if type(first) is NDARRAY:
-        return np.array(values)
-    return namespace(first).stack(values)
 
 
 def check_merged_values(

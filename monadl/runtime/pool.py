@@ -28,7 +28,8 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 Done = queue.SimpleQueue[tuple[Any, Any, BaseException | None]]
@@ -218,3 +219,15 @@ class Dispatcher:
             self.pending -= 1
             if owner is None:
                 self.users -= 1
+
+
+@contextmanager
+def draining(dispatcher: Dispatcher | None) -> Iterator[None]:
+    """On an exception inside, waits for ``dispatcher``'s kernels in flight before it propagates, so
+    that nothing of a failed run is left computing (an interrupt propagates at once)."""
+    try:
+        yield
+    except Exception:
+        if dispatcher is not None:
+            dispatcher.drain()
+        raise

@@ -31,10 +31,10 @@ import numpy as np
 from mypy_extensions import mypyc_attr
 
 from monadl.do.do import Node, Pure, as_node
-from monadl.do.primitive import Primitive, call_vjp, check_delta
+from monadl.do.primitive import call_vjp
 from monadl.do.record import Recent, Run, row_value
 from monadl.do.scheduler import Scheduler
-from monadl.do.stats import RunStats
+from monadl.do.stats import RunStats, tally
 from monadl.do.steps import (
     BodyStep,
     FanStep,
@@ -45,9 +45,9 @@ from monadl.do.steps import (
     RowStep,
     StackStep,
 )
-from monadl.runtime.pool import Dispatcher
+from monadl.runtime.pool import Dispatcher, draining
 from monadl.runtime.versions import data_of
-from monadl.typeclasses.backend import NDARRAY, NUMPY, minus_zeros, namespace, unbroadcast
+from monadl.typeclasses.backend import NDARRAY, NUMPY, minus_zeros, namespace
 from monadl.typeclasses.sparse import SparseRows, add, add_into, scatter_add
 
 ALL: Final = True
@@ -96,22 +96,19 @@ class Backward:
         run = self.run
         run.accept = self.accept
         try:
-            steps = run.steps
-            for i in range(len(steps) - 1, -1, -1):
-                step = steps[i]
-                if self.diagnose:
-                    self.current = (
-                        "a weight's uses" if type(step) is LeafStep else f"the vjp of {step.name()}"
-                    )
-                RULES[type(step)](self, step)
-                run.datas[step.out] = None  # its consumers' steps have all run: no longer read
-                run.saved[step.out] = None
-            while self.inflight:
-                self.arrived()
-        except Exception:  # (an interrupt returns at once: dispatch.py)
-            if self.dispatcher is not None:
-                self.dispatcher.drain()
-            raise
+            with draining(self.dispatcher):
+                steps = run.steps
+                for i in range(len(steps) - 1, -1, -1):
+                    step = steps[i]
+                    if self.diagnose:
+                        self.current = (
+                            "a weight's uses" if type(step) is LeafStep else f"the vjp of {step.name()}"
+                        )
+                    RULES[type(step)](self, step)
+                    run.datas[step.out] = None  # its consumers' steps have all run: no longer read
+                    run.saved[step.out] = None
+                while self.inflight:
+                    self.arrived()
         finally:
             run.accept = None  # (a bound method of this pass: a reference cycle otherwise)
 
@@ -150,7 +147,7 @@ class Backward:
             else:
                 lefts = xp.concat(left, axis=0) if len(left) > 1 else left[0]
                 g = xp.matmul(lefts.mT, right) if xp is not NUMPY else np.dot(lefts.T, right)
-            data = weight_data(self.run, weight)
+            data = data_of(weight, self.run.snapshot)
             if tuple(g.shape) != tuple(data.shape):
                 g = xp.reshape(g, data.shape)
             if g.dtype != data.dtype:
@@ -175,15 +172,15 @@ class Backward:
         self.deltas[slot] = None
         return d
 
-    def give(self, slot: int, g: Any, fresh: bool) -> None:
-        """Adds ``g`` to slot ``slot``'s delta. ``fresh``: ``g`` is a new array nothing else holds,
-        which later deltas may be added into in place."""
+    def give(self, slot: int, g: Any, fresh: bool, given: Any = ALL) -> None:
+        """Adds ``g`` to slot ``slot``'s delta, once the deltas issued before it are added. ``fresh``:
+        ``g`` is a new array nothing else holds (later deltas may be added into it); ``given``: the
+        rows it gives a delta (ALL, or a mask of a stacked slot's rows)."""
         while self.coming[slot]:
             self.arrived()
-        self.add(slot, g, fresh)
+        self.add(slot, g, fresh, given)
 
-    def add(self, slot: int, g: Any, fresh: bool) -> None:
-        """Adds ``g`` to slot ``slot``'s delta now (the deltas issued before it are added)."""
+    def add(self, slot: int, g: Any, fresh: bool, given: Any) -> None:
         if self.diagnose and not _finite(g):
             raise NonFiniteDelta(self.current)
         held = self.deltas[slot]
@@ -195,21 +192,11 @@ class Backward:
         else:
             self.deltas[slot] = add(held, g)
             self.owned[slot] = _writable(self.deltas[slot])
-        self.present[slot] = ALL
-
-    def give_rows(self, slot: int, g: Any, fresh: bool, given: Any) -> None:
-        """Adds ``g``, a stacked delta of which the rows ``given`` are given (ALL, or a mask)."""
-        while self.coming[slot]:
-            self.arrived()
-        self.add_rows(slot, g, fresh, given)
-
-    def add_rows(self, slot: int, g: Any, fresh: bool, given: Any) -> None:
         present = self.present[slot]
-        self.add(slot, g, fresh)
-        if given is not ALL:
-            self.present[slot] = (
-                given.copy() if present is None else (present if present is ALL else present | given)
-            )
+        if given is ALL or present is ALL:
+            self.present[slot] = ALL
+        else:
+            self.present[slot] = given.copy() if present is None else present | given
 
     def stacked(self, slot: int) -> Any:
         """Slot ``slot``'s delta as a dense array of the pass's own, to add rows into: -0.0 where no
@@ -283,7 +270,7 @@ class Backward:
         while issued and issued[0][0]:
             _, g, d, fresh, given = issued.popleft()
             self.coming[slot] -= 1
-            self.add_rows(slot, g, fresh and g is not d, given)
+            self.add(slot, g, fresh and g is not d, given)
 
 
 # -------------------------------------------------------------------------------------- the rules
@@ -307,7 +294,7 @@ def accumulate(b: Backward, weight: Any, d: Any, owned: bool) -> None:
     counts as one backward, with the summed delta."""
     held = b.gradients.get(weight)
     if held is None:
-        _count(b.stats.backwards, "weight")
+        tally(b.stats.backwards, "weight")
         b.gradients[weight] = d
         if owned:
             b.owned_gradients.add(weight)
@@ -316,11 +303,6 @@ def accumulate(b: Backward, weight: Any, d: Any, owned: bool) -> None:
     else:
         b.gradients[weight] = add(held, d)
         b.owned_gradients.add(weight)
-
-
-def weight_data(run: Run, weight: Any) -> Any:
-    """The data ``run`` read for ``weight`` (its delta has that shape and dtype)."""
-    return data_of(weight, run.snapshot)
 
 
 def _op(b: Backward, step: OpStep) -> None:
@@ -337,7 +319,7 @@ def _op(b: Backward, step: OpStep) -> None:
     passes = prim.passes and type(run.datas[out]) is float
     wants = run.wants
     stats = b.stats
-    _count(stats.backwards, prim.name)
+    tally(stats.backwards, prim.name)
     heavy = step.heavy and b.dispatcher is not None
     exact = step.exact
     if exact is None and prim.broadcasts and prim.own:  # (a user's vjp may give any broadcast shape)
@@ -349,7 +331,7 @@ def _op(b: Backward, step: OpStep) -> None:
             b.give(slot, d, False)
             continue
         stats.kernels += 1
-        _count(stats.vjps, prim.name)
+        tally(stats.vjps, prim.name)
         rule = prim.products.get(j)
         if rule is not None and b.product(slot, call_vjp(rule, xp, d, saved, args, params)):
             continue
@@ -375,13 +357,13 @@ def _merged(b: Backward, step: MergedStep) -> None:
     xp = run.xps[out]
     saved = run.saved[out]
     stats = b.stats
-    _count(stats.backwards, prim.name)
+    tally(stats.backwards, prim.name)
     heavy = step.heavy and b.dispatcher is not None
     for i, slot in enumerate(step.ins):
         if not run.wants[slot]:
             continue
         stats.kernels += 1
-        _count(stats.vjps, prim.name)
+        tally(stats.vjps, prim.name)
         rule = prim.products.get(i)
         if (
             rule is not None
@@ -394,16 +376,13 @@ def _merged(b: Backward, step: MergedStep) -> None:
         # A shared input of an elementwise group was broadcast over the rows: its delta is summed
         # over them (an op that broadcasts sums every broadcast axis anyway).
         over = step.n if not step.stacked[i] and step.elementwise and not prim.broadcasts else 0
-        vjp_args = (step.vjps[i], prim, over, i, shape, xp, d, saved, args, params)
+        vjp_args = (i, step.vjps[i], over, shape, xp, d, saved, args, params)
+        rows = given if step.stacked[i] else ALL
         if heavy:
-            b.submit(_merged_vjp, vjp_args, slot, d, prim.fresh, given if step.stacked[i] else ALL)
+            b.submit(prim.merged_delta, vjp_args, slot, d, prim.fresh, rows)
             continue
-        g = _merged_vjp(*vjp_args)
-        fresh = prim.fresh and g is not d
-        if step.stacked[i]:
-            b.give_rows(slot, g, fresh, given)
-        else:
-            b.give(slot, g, fresh)
+        g = prim.merged_delta(*vjp_args)
+        b.give(slot, g, prim.fresh and g is not d, rows)
 
 
 def _fan(b: Backward, step: FanStep) -> None:
@@ -419,19 +398,19 @@ def _fan(b: Backward, step: FanStep) -> None:
     args = step.args(run)
     xp = run.xps[out]
     stats = b.stats
-    _count(stats.backwards, prim.name)
+    tally(stats.backwards, prim.name)
     for i, slots in enumerate(step.ins):
         if i in fan.shared:
             if run.wants[slots[0]]:
                 stats.kernels += 1
-                _count(stats.vjps, prim.name)
+                tally(stats.vjps, prim.name)
                 b.give(slots[0], fan.vjps[i](xp, d, run.saved[out], *args, **step.params), False)
             continue
         wanted = [k for k, s in enumerate(slots) if run.wants[s] and _present(given, k)]
         if not wanted:
             continue
         stats.kernels += 1
-        _count(stats.vjps, prim.name)
+        tally(stats.vjps, prim.name)
         rule = fan.products.get(i)
         factors = None if rule is None else rule(xp, d, run.saved[out], *args, **step.params)
         if factors is not None:
@@ -505,7 +484,7 @@ def _body(b: Backward, step: BodyStep) -> None:
         d = b.take(slot)
         given = b.present[slot]
         if d is not None:
-            inner.give_rows(program.outputs[j][0], d, b.owned[slot], given)
+            inner.give(program.outputs[j][0], d, b.owned[slot], given)
             if given is ALL or present is ALL:
                 present = ALL
             else:
@@ -517,7 +496,7 @@ def _body(b: Backward, step: BodyStep) -> None:
     for i, slot in enumerate(program.inputs):
         g = inner.deltas[slot]
         if g is not None and run.wants[step.ins[i]]:
-            b.give_rows(step.ins[i], g, inner.owned[slot], present if step.n else ALL)
+            b.give(step.ins[i], g, inner.owned[slot], present if step.n else ALL)
 
 
 RULES: dict[type, Callable[[Backward, Any], None]] = {
@@ -565,33 +544,6 @@ def _finite(g: Any) -> bool:
     return bool(xp.all(xp.isfinite(values)))
 
 
-def _merged_vjp(
-    rule: Any,
-    prim: Primitive,
-    rows: int,
-    i: int,
-    shape: Any,
-    xp: Any,
-    d: Any,
-    saved: Any,
-    args: list[Any],
-    params: dict[str, Any],
-) -> Any:
-    """Input ``i``'s delta of a merged call (worker-safe): the rule on the stacked delta, summed
-    back to the input's (padded) shape (a shared input's over the group's ``rows``, where the op
-    does not broadcast), and unpadded (a user's rule's result checked first)."""
-    g = call_vjp(rule, xp, d, saved, args, params)
-    if not prim.own:
-        check_delta(prim.name, i, g, args[i], prim.broadcasts, rows)
-    if prim.broadcasts:
-        g = unbroadcast(xp, g, args[i])
-    elif rows and type(g) is not float and len(g.shape) > len(args[i].shape):
-        g = xp.sum(g, axis=0)
-    if shape is not None:
-        g = xp.reshape(g, shape)
-    return g
-
-
 def _dense(d: Any) -> Any:
     return d.to_dense() if type(d) is SparseRows else d
 
@@ -625,7 +577,3 @@ def _exact(args: tuple[Any, ...], out: Any) -> list[bool]:
 def _writable(g: Any) -> bool:
     """Whether a delta is a NumPy array of its own (not a view), that may be added into."""
     return type(g) is NDARRAY and g.base is None and g.flags.writeable
-
-
-def _count(counts: dict[str, int], name: str) -> None:
-    counts[name] = counts.get(name, 0) + 1

@@ -198,6 +198,15 @@ def host_in(xp: Any, a: Any) -> Any:
     return xp.asarray(a)
 
 
+def stack_arrays(values: list[Any]) -> Any:
+    """Arrays of one shape as the rows of a new one (on NumPy ``array`` of the list: ``stack``
+    spends about a microsecond of Python on each array)."""
+    first = values[0]
+    if type(first) is NDARRAY:
+        return np.array(values)
+    return namespace(first).stack(values)
+
+
 def minus_zeros(xp: Any, shape: tuple[int, ...], dtype: Any) -> Any:
     """An array of -0.0, to sum deltas into: -0.0 is the exact identity of addition, where 0.0 is
     not (``0.0 + -0.0`` is ``0.0``), so an element given one delta holds that delta as it is, a
