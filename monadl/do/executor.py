@@ -10,7 +10,7 @@
   weights and constants: no walk, grouping or shape checks; only the checks that read values run.
   The same graph run again is not even walked. This module decides when (:meth:`Executor.evaluate`).
 * Kernels whose cost reaches ``min_pool_cost`` go to the workers when there are two or more
-  (``dispatch.py``); the rest run inline, because a hand-off costs more than a small NumPy call.
+  (``monadl.runtime.pool``); the rest run inline, because a hand-off costs more than a small NumPy call.
 * Failure: the first exception stops new work; kernels already on the pool finish; the original
   exception, with its traceback, is raised to the caller; the pool stays usable.
 """
@@ -121,7 +121,7 @@ class Executor:
     ``batching``: merge the calls of equal signature that are ready together (dynamic batching;
     ``run`` can override it); off, every call runs on its own, in the same loop.
     ``replay``: keep the programs of static graphs and replay them for runs of equal structure.
-    ``pause_gc``: pause Python's cyclic garbage collector during a run (``collector.py``).
+    ``pause_gc``: pause Python's cyclic garbage collector during a run (``monadl.runtime.process``).
     ``check_finite``: a training step whose new weight values are not all finite (a gradient of
     NaN or infinity) fails and changes nothing; off, it is applied (one pass over each updated
     weight saved).

@@ -196,9 +196,8 @@ def lift_float(x: AnyFloat) -> FloatLayer:
 def lift_array(x: AnyArray) -> ArrayLayer:
     """``x``, an array, an ``ArrayWeight`` or an ``ArrayLayer``, as an ``ArrayLayer``: its type
     takes array-likes only (:func:`lift_float` lifts a float-like, :func:`lift` either kind). At run
-    time a float-like still gives a ``FloatLayer``, as ``lift_array`` did before ``lift_float``,
-    for code written then."""
-    # (cast: the FloatLayer of a float-like, which the type rules out, is kept for old callers)
+    time a float-like gives a ``FloatLayer``, which untyped code may rely on."""
+    # (cast: a float-like, which the type rules out, gives a FloatLayer)
     return cast(ArrayLayer, _lift(x, "lift_array"))
 
 
