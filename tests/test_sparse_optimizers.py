@@ -153,3 +153,29 @@ def test_lazy_adam_in_training_leaves_rows_not_looked_up() -> None:
     changed = np.any(w.data != table, axis=1)
     assert changed.tolist() == [False, True, True, False, False, False, True, False]
     assert w.optimizer_state is not None and w.optimizer_state[1][2] == 2
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_adam_updates_a_large_table_from_its_sparse_gradient_as_from_the_dense_one(dtype: Any) -> None:
+    """A table updated a chunk of rows at a time (more than 32k elements), whose chunks without a
+    touched row skip the gradient's products: bit for bit Adam's rule on the dense gradient, written
+    out in NumPy, the moments included (their -0.0 of negative data too)."""
+    rng = np.random.default_rng(3)
+    shape = (5000, 24)
+    data = rng.standard_normal(shape).astype(dtype)
+    data[:50] = -0.0  # m and v start at data * 0.0: -0.0 for these, and for every negative entry
+    adam = ml.Adam(0.01)
+    state = adam.init(data)
+    m, v, expected = state[0], state[1], data
+    got = data
+    for t in range(1, 4):
+        indices = np.concatenate([rng.integers(0, 5000, 30), [4999, 4999, 0, 1365, 1366]])
+        gradient = SparseRows(indices, rng.standard_normal((35, 24)).astype(dtype), shape)
+        got, state = adam.update(got, gradient, state)
+        g = gradient.to_dense()
+        m = 0.9 * m + (1.0 - 0.9) * g
+        v = 0.999 * v + (1.0 - 0.999) * (g * g)
+        expected = expected - 0.01 * (m / (1.0 - 0.9**t)) / ((v / (1.0 - 0.999**t)) ** 0.5 + 1e-8)
+    assert got.dtype == dtype
+    for got_array, expected_array in ((got, expected), (state[0], m), (state[1], v)):
+        assert got_array.tobytes() == expected_array.tobytes()  # the bits, -0.0 apart from 0.0

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any, Final, cast
 
 from monadl.do.do import Apply, Node, Pure, as_node
@@ -65,21 +65,16 @@ def apply_primitive(prim: Primitive, operands: Sequence[object], params: dict[st
 _LIBRARY: Final = os.path.dirname(os.path.abspath(str(sys.modules["monadl"].__file__))) + os.sep
 _getframe: Final = sys._getframe
 _CLIENTS: Final = _LIBRARY + "bench" + os.sep  # monadl's benchmarks use it as a user does
-_inside: dict[CodeType, bool] = {}  # code object -> whether it is monadl's own (asked once each)
 
 
 def _users_frame() -> FrameType | None:
     """The nearest frame of code outside monadl (compiled functions have no frames: from one, the
-    first frame is its interpreted caller's)."""
+    first frame is its interpreted caller's). (Each frame's file name is compared, not looked up:
+    a code object's hash is computed from its contents on every lookup.)"""
     frame: FrameType | None = _getframe(0)
-    inside = _inside
     while frame is not None:
-        code = frame.f_code
-        mine = inside.get(code)
-        if mine is None:
-            name = code.co_filename
-            mine = inside[code] = name.startswith(_LIBRARY) and not name.startswith(_CLIENTS)
-        if not mine:
+        name = frame.f_code.co_filename
+        if not name.startswith(_LIBRARY) or name.startswith(_CLIENTS):
             return frame
         frame = frame.f_back
     return None

@@ -252,6 +252,11 @@ class Adam:
             v_hat = v[rows] / (1.0 - b2**t)
             step = rate * m_hat / (v_hat**0.5 + self.epsilon)
             return _with_rows(xp, data, rows, data[rows] - step), (m, v, t)
+        if type(gradient) is SparseRows and not self.weight_decay and _same_arrays(data, m, v):
+            summed = _summed_rows(gradient)
+            if summed is not None and type(summed[2]) is np.ndarray and summed[2].dtype == data.dtype:
+                new, m, v = _adam_in_chunks(data, summed[2], m, v, b1, b2, t, rate, self.epsilon, summed[1])
+                return new, (m, v, t)
         g = _decayed(gradient, data, self.weight_decay)
         if _same_arrays(data, g, m, v):
             new, m, v = _adam_in_chunks(data, g, m, v, b1, b2, t, rate, self.epsilon)
@@ -282,27 +287,61 @@ def _same_arrays(*arrays: Any) -> bool:
 
 
 def _adam_in_chunks(
-    data: Any, g: Any, m: Any, v: Any, b1: float, b2: float, t: int, rate: float, epsilon: float
+    data: Any,
+    g: Any,
+    m: Any,
+    v: Any,
+    b1: float,
+    b2: float,
+    t: int,
+    rate: float,
+    epsilon: float,
+    rows: Any = None,
 ) -> tuple[Any, Any, Any]:
     """Adam's dense rule on NumPy arrays, the same operations in the same order (so the same bits),
-    chunk by chunk into fresh arrays: ``(new data, m, v)``."""
+    a chunk of rows at a time into fresh arrays: ``(new data, m, v)``. With ``rows`` (sorted,
+    distinct), ``g`` is a sparse gradient's summed rows there, every other row's gradient +0.0: a
+    chunk of such rows adds that +0.0 to ``b1 * m`` and ``b2 * v`` without computing it, and no
+    dense gradient is made (an embedding table's update, whose batch touched few of its rows)."""
     new, m_new, v_new = np.empty_like(data), np.empty_like(m), np.empty_like(v)
-    flat = [a.reshape(-1) for a in (data, g, m, v, new, m_new, v_new)]
+    flat = [x.reshape(-1) for x in (data, m, v, new, m_new, v_new)]
+    count, width = data.shape[0], math.prod(data.shape[1:])
+    per = max(1, _CHUNK // width)  # rows per chunk
     c1, c2 = 1.0 - b1**t, 1.0 - b2**t
-    size = flat[0].shape[0]
-    a = np.empty(min(size, _CHUNK), dtype=data.dtype)
+    a = np.empty(min(count, per) * width, dtype=data.dtype)
     b = np.empty_like(a)
-    for start in range(0, size, _CHUNK):
-        end = min(start + _CHUNK, size)
-        d_, g_, m_, v_, new_, mn, vn = (x[start:end] for x in flat)
+    if rows is None:
+        dense_g = g.reshape(-1)
+    else:
+        g_rows = g.reshape(g.shape[0], width)
+        bounds = np.searchsorted(rows, np.arange(0, count + per, per))
+        chunk_g = np.empty_like(a)
+    for k, first in enumerate(range(0, count, per)):
+        last = min(first + per, count)
+        start, end = first * width, last * width
+        d_, m_, v_, new_, mn, vn = (x[start:end] for x in flat)
         ta, tb = a[: end - start], b[: end - start]
+        if rows is None:
+            g_ = dense_g[start:end]
+        elif bounds[k] < bounds[k + 1]:  # rows of this chunk have a gradient: made dense here
+            g_ = chunk_g[: end - start]
+            g_.fill(0.0)
+            lo, hi = bounds[k], bounds[k + 1]
+            g_.reshape(last - first, width)[rows[lo:hi] - first] = g_rows[lo:hi]
+        else:
+            g_ = None
         np.multiply(m_, b1, out=mn)  # m = b1 * m + (1 - b1) * g
-        np.multiply(g_, 1.0 - b1, out=ta)
-        np.add(mn, ta, out=mn)
-        np.multiply(g_, g_, out=ta)  # v = b2 * v + (1 - b2) * (g * g)
-        np.multiply(ta, 1.0 - b2, out=ta)
-        np.multiply(v_, b2, out=vn)
-        np.add(vn, ta, out=vn)
+        if g_ is None:
+            np.add(mn, 0.0, out=mn)
+            np.multiply(v_, b2, out=vn)  # v = b2 * v + (1 - b2) * (g * g)
+            np.add(vn, 0.0, out=vn)
+        else:
+            np.multiply(g_, 1.0 - b1, out=ta)
+            np.add(mn, ta, out=mn)
+            np.multiply(g_, g_, out=ta)
+            np.multiply(ta, 1.0 - b2, out=ta)
+            np.multiply(v_, b2, out=vn)
+            np.add(vn, ta, out=vn)
         np.divide(mn, c1, out=ta)  # m_hat
         np.divide(vn, c2, out=tb)  # v_hat
         np.sqrt(tb, out=tb)
