@@ -1,7 +1,8 @@
 """Momentum and Adam on a sparse (``SparseRows``) gradient: densified by default, lazy on request.
 
-By default they decay their moments on every row, so a sparse gradient is densified first and the
-step is bit for bit the dense gradient's. ``lazy=True`` updates the touched rows only (as PyTorch's
+By default they decay their moments on every row, so the step is bit for bit the dense gradient's
+(a sparse gradient is densified first, but for Adam on a large NumPy table, which skips the zero
+rows' products a chunk at a time). ``lazy=True`` updates the touched rows only (as PyTorch's
 SparseAdam): untouched rows keep their data and moments; touched rows get the dense rule's result.
 """
 
