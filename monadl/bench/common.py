@@ -1,16 +1,19 @@
 """What the benchmarks share: loading the example they measure, timing implementations in turn, the
-machine's CPUs, whether PyTorch (an optional peer) can be imported."""
+machine's CPUs, whether PyTorch (an optional peer) can be imported, and a peer in a worker process."""
 
 from __future__ import annotations
 
 import gc
 import importlib.util
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Self
 
 
 def load_example(name: str) -> ModuleType:
@@ -56,3 +59,82 @@ def interleaved(segments: Sequence[Callable[[], int]], repeats: int) -> list[lis
             items = segment()
             found.append(items / (time.perf_counter() - start))
     return rates
+
+
+class WorkerProcess:
+    """A peer in a Python process of its own (DyNet fixes its settings once per process), on one
+    thread, driven line by line: a request on its stdin, an answer line starting with ``mark`` on
+    its stdout. ``files`` writes what the worker reads into its folder; the worker is
+    ``function(folder)`` of ``module``, and answers first once it is ready. A context manager; a
+    worker that fails raises ``RuntimeError`` with the tail of its stderr."""
+
+    def __init__(
+        self, name: str, module: str, function: str, mark: str, files: Callable[[Path], object]
+    ) -> None:
+        self.name = name
+        self.mark = mark
+        self._folder = tempfile.TemporaryDirectory(prefix="monadl-bench-")
+        self.folder = Path(self._folder.name)
+        files(self.folder)
+        root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        code = f"import sys; from {module} import {function}; {function}(sys.argv[1])"
+        self._stderr = open(self.folder / "stderr", "w+")  # closed in close()
+        self._worker = subprocess.Popen(
+            [sys.executable, "-c", code, str(self.folder)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env=env,
+        )
+        try:
+            self.answer()  # ready
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def ask(self, request: str) -> list[str]:
+        """Sends ``request``; the words of the worker's answer after the mark."""
+        assert self._worker.stdin is not None
+        try:
+            self._worker.stdin.write(request + "\n")
+            self._worker.stdin.flush()
+        except BrokenPipeError:
+            pass  # the worker died: answer() says why
+        return self.answer()
+
+    def answer(self) -> list[str]:
+        """The words of the worker's next answer after the mark."""
+        assert self._worker.stdout is not None
+        for line in self._worker.stdout:
+            if line.startswith(self.mark):
+                return line[len(self.mark) :].split()
+        self._stderr.seek(0)
+        tail = " | ".join(self._stderr.read().strip().splitlines()[-3:])
+        raise RuntimeError(f"{self.name}: the worker failed (exit {self._worker.wait()}): {tail}")
+
+    def close(self) -> None:
+        """Ends the worker (its stdin closed) and removes its files."""
+        if self._worker.poll() is None:
+            assert self._worker.stdin is not None
+            try:
+                self._worker.stdin.close()
+            except BrokenPipeError:
+                pass
+            try:
+                self._worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._worker.kill()
+                self._worker.wait()
+        for stream in (self._worker.stdout, self._stderr):
+            if stream is not None:
+                stream.close()
+        self._folder.cleanup()

@@ -28,10 +28,7 @@ defaults: learning rate 0.001; gradient clipping off and dense updates, as the s
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from monadl.bench import suite_data
+from monadl.bench.common import WorkerProcess
 from monadl.bench.suite_data import START, Sentence, TaggedSentence, TaskData
 from monadl.data.trees import Tree
 
@@ -298,41 +296,20 @@ def worker(folder: str) -> None:
         print(f"{_MARK}done {value!r}", flush=True)
 
 
-class DynetPeer:
+class DynetPeer(WorkerProcess):
     """A DyNet worker process (autobatching on or off), run request by request from here. A context
     manager; a worker that cannot start (``dynet`` missing or failing) raises ``RuntimeError``."""
 
     def __init__(self, autobatch: bool, *, mem: int, seed: int) -> None:
         self.implementation = "dynet-autobatch" if autobatch else "dynet"
-        self._folder = tempfile.TemporaryDirectory(prefix="monadl-suite-")
-        self.folder = Path(self._folder.name)
-        (self.folder / "config.json").write_text(
-            json.dumps({"autobatch": autobatch, "mem": str(mem), "seed": seed})
+        config = json.dumps({"autobatch": autobatch, "mem": str(mem), "seed": seed})
+        super().__init__(
+            self.implementation,
+            "monadl.bench.suite_dynet",
+            "worker",
+            _MARK,
+            lambda folder: (folder / "config.json").write_text(config),
         )
-        root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        code = "import sys; from monadl.bench.suite_dynet import worker; worker(sys.argv[1])"
-        self._stderr = open(self.folder / "stderr", "w+")  # closed in close()
-        self._worker = subprocess.Popen(
-            [sys.executable, "-c", code, str(self.folder)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            env=env,
-        )
-        try:
-            self._answer()  # "ready": DyNet imported
-        except BaseException:
-            self.close()
-            raise
-
-    def __enter__(self) -> DynetPeer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def load_task(self, data: TaskData, params: Mapping[str, np.ndarray]) -> None:
         """Sends ``data`` and the initial weights ``params`` to the worker."""
@@ -362,38 +339,5 @@ class DynetPeer:
         self._ask("segment")
 
     def _ask(self, request: str) -> float:
-        assert self._worker.stdin is not None
-        try:
-            self._worker.stdin.write(request + "\n")
-            self._worker.stdin.flush()
-        except BrokenPipeError:
-            pass  # the worker died: _answer says why
-        return self._answer()
-
-    def _answer(self) -> float:
-        assert self._worker.stdout is not None
-        for line in self._worker.stdout:
-            if line.startswith(_MARK):
-                words = line.split()
-                return float(words[2]) if len(words) > 2 else 0.0
-        self._stderr.seek(0)
-        tail = " | ".join(self._stderr.read().strip().splitlines()[-3:])
-        raise RuntimeError(f"{self.implementation}: the worker failed (exit {self._worker.wait()}): {tail}")
-
-    def close(self) -> None:
-        """Ends the worker (its stdin closed) and removes its files."""
-        if self._worker.poll() is None:
-            assert self._worker.stdin is not None
-            try:
-                self._worker.stdin.close()
-            except BrokenPipeError:
-                pass
-            try:
-                self._worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._worker.kill()
-                self._worker.wait()
-        for stream in (self._worker.stdout, self._stderr):
-            if stream is not None:
-                stream.close()
-        self._folder.cleanup()
+        words = self.ask(request)
+        return float(words[1]) if len(words) > 1 else 0.0

@@ -41,13 +41,10 @@ import functools
 import importlib.util
 import json
 import math
-import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -58,7 +55,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from monadl.bench.common import cpus, interleaved, load_example, torch_available
+from monadl.bench.common import WorkerProcess, cpus, interleaved, load_example, torch_available
 from monadl.bench.treelstm_torch import PARAMETERS, TorchTreeLstm
 from monadl.cli import non_negative_int, positive_int
 from monadl.data import sst
@@ -459,7 +456,7 @@ def dynet_worker(folder: str) -> None:
         print(_DYNET_MARK + "done", flush=True)
 
 
-class DynetPeer:
+class DynetPeer(WorkerProcess):
     """A DyNet worker process (autobatching on or off), run step by step from here, so that its
     segments are timed in turn with the others (``dynet_worker``). A context manager."""
 
@@ -470,36 +467,16 @@ class DynetPeer:
         self.pool = pool
         self.trees = args.trees
         task = {"autobatch": autobatch, "trees": args.trees, "seed": args.seed, "mem": str(args.dynet_mem)}
-        self._folder = tempfile.TemporaryDirectory()
-        folder = Path(self._folder.name)
-        (folder / "task.json").write_text(json.dumps(task))
-        sst.write_trees(pool, folder / "trees.txt")
-        arrays: dict[str, Any] = dict(params)
-        np.savez(folder / "params.npz", allow_pickle=False, **arrays)
-        root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        code = "import sys; from monadl.bench.treelstm import dynet_worker; dynet_worker(sys.argv[1])"
-        self._stderr = open(folder / "stderr", "w+")  # closed in close()
-        self._worker = subprocess.Popen(
-            [sys.executable, "-c", code, str(folder)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            env=env,
+
+        def files(folder: Path) -> None:
+            (folder / "task.json").write_text(json.dumps(task))
+            sst.write_trees(pool, folder / "trees.txt")
+            arrays: dict[str, Any] = dict(params)
+            np.savez(folder / "params.npz", allow_pickle=False, **arrays)
+
+        super().__init__(
+            LABELS[self.implementation], "monadl.bench.treelstm", "dynet_worker", _DYNET_MARK, files
         )
-        try:
-            self._answer()  # "ready": DyNet imported and the data read
-        except BaseException:
-            self.close()
-            raise
-
-    def __enter__(self) -> DynetPeer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def runner(self, phase: str, batches: list[list[Tree]]) -> Callable[[Sequence[Tree]], object]:
         """A step of this peer on one of ``batches`` (a segment's, found by identity)."""
@@ -507,38 +484,9 @@ class DynetPeer:
         batch = len(batches[0])
 
         def run(trees: Sequence[Tree]) -> None:
-            assert self._worker.stdin is not None
-            self._worker.stdin.write(f"{phase} {batch} {index[id(trees)]}\n")
-            self._worker.stdin.flush()
-            self._answer()
+            self.ask(f"{phase} {batch} {index[id(trees)]}")
 
         return run
-
-    def _answer(self) -> None:
-        assert self._worker.stdout is not None
-        for line in self._worker.stdout:
-            if line.startswith(_DYNET_MARK):
-                return
-        self._stderr.seek(0)
-        tail = " | ".join(self._stderr.read().strip().splitlines()[-3:])
-        raise RuntimeError(
-            f"{LABELS[self.implementation]}: the worker failed (exit {self._worker.wait()}): {tail}"
-        )
-
-    def close(self) -> None:
-        """Ends the worker (its stdin closed) and removes its files."""
-        if self._worker.poll() is None:
-            assert self._worker.stdin is not None
-            self._worker.stdin.close()
-            try:
-                self._worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._worker.kill()
-                self._worker.wait()
-        for stream in (self._worker.stdout, self._stderr):
-            if stream is not None:
-                stream.close()
-        self._folder.cleanup()
 
 
 def start_dynet(

@@ -43,6 +43,7 @@ def run_calls(scheduler: Scheduler, group: list[Entry]) -> None:
     wants = tuple([run.wants[s] for s in ins])
     key = (first.static, kinds, wants, n == 0, scheduler.batching, scheduler.min_cost)
     program: Program | None = scheduler.bodies.get(key)
+    frame = None
     dispatcher = scheduler.dispatcher
     if program is None:
         if n and dispatcher is not None:
@@ -58,30 +59,15 @@ def run_calls(scheduler: Scheduler, group: list[Entry]) -> None:
             for entry in group:
                 run_calls(scheduler, [entry])
             return
-        step = BodyStep(
-            op.name,
-            program,
-            ins,
-            [run.new_slot(False) for _ in program.outputs],
-            op.scalars,
-            n,
-            run.new_slot(False),
-        )
+    outs = [run.new_slot(False) for _ in program.outputs]
+    step = BodyStep(op.name, program, ins, outs, op.scalars, n, run.new_slot(False))
+    if frame is None:  # replayed
+        step.forward(run, False)
+    else:
         step.finish(run, frame)
         if frame.replayable and fits_any_rows(program):
             program.anchor = (first.args, first.kwargs)
             scheduler.bodies.put(key, program)
-    else:
-        step = BodyStep(
-            op.name,
-            program,
-            ins,
-            [run.new_slot(False) for _ in program.outputs],
-            op.scalars,
-            n,
-            run.new_slot(False),
-        )
-        step.forward(run, False)
     run.steps.append(step)
     if n:
         run.stats.groups += 1
