@@ -77,6 +77,7 @@ class Backward:
         self.stats: RunStats = run.stats if outer is None else outer.stats
         self.dispatcher = dispatcher
         self.diagnose = diagnose
+        self.top = outer is None  # the pass of the run's own frame, not of a body's
         self.current = "the seed"  # (diagnosing) the step whose deltas are being given
         self.deltas: list[Any] = [None] * n
         self.owned = [False] * n  # the delta is an array of the pass's own, to add into
@@ -98,6 +99,7 @@ class Backward:
         try:
             with draining(self.dispatcher):
                 steps = run.steps
+                firsts = _first_reads(run) if self.top else None
                 for i in range(len(steps) - 1, -1, -1):
                     step = steps[i]
                     if self.diagnose:
@@ -105,6 +107,14 @@ class Backward:
                             "a weight's uses" if type(step) is LeafStep else f"the vjp of {step.name()}"
                         )
                     RULES[type(step)](self, step)
+                    if firsts is not None and self.products:
+                        weights = firsts.get(i)
+                        if weights is not None:
+                            for weight in weights:
+                                if weight in self.products:
+                                    # Its last reader in the frame: its products are all given.
+                                    # Multiplied now, while its readers' rows are in the cache.
+                                    self.multiply_weight(weight)
                     run.datas[step.out] = None  # its consumers' steps have all run: no longer read
                     run.saved[step.out] = None
                 while self.inflight:
@@ -136,24 +146,28 @@ class Backward:
         return True
 
     def multiply(self) -> None:
-        """Each weight's deferred products of rows, added up as one product (or one sum of rows),
-        added to its gradient."""
-        for weight, factors in self.products.items():
-            xp = namespace(factors[0][1])
-            left = [f[0] for f in factors]
-            right = xp.concat([f[1] for f in factors], axis=0) if len(factors) > 1 else factors[0][1]
-            if left[0] is None:
-                g = xp.sum(right, axis=0)
-            else:
-                lefts = xp.concat(left, axis=0) if len(left) > 1 else left[0]
-                g = xp.matmul(lefts.mT, right) if xp is not NUMPY else np.dot(lefts.T, right)
-            data = data_of(weight, self.run.snapshot)
-            if tuple(g.shape) != tuple(data.shape):
-                g = xp.reshape(g, data.shape)
-            if g.dtype != data.dtype:
-                g = xp.astype(g, data.dtype)
-            accumulate(self, weight, g, True)
-        self.products = {}
+        """Each weight's deferred products of rows not added yet (see :meth:`multiply_weight`)."""
+        for weight in list(self.products):
+            self.multiply_weight(weight)
+
+    def multiply_weight(self, weight: Any) -> None:
+        """Adds ``weight``'s deferred products of rows to its gradient, as one product (or one sum
+        of rows)."""
+        factors = self.products.pop(weight)
+        xp = namespace(factors[0][1])
+        left = [f[0] for f in factors]
+        right = xp.concat([f[1] for f in factors], axis=0) if len(factors) > 1 else factors[0][1]
+        if left[0] is None:
+            g = xp.sum(right, axis=0)
+        else:
+            lefts = xp.concat(left, axis=0) if len(left) > 1 else left[0]
+            g = xp.matmul(lefts.mT, right) if xp is not NUMPY else np.dot(lefts.T, right)
+        data = data_of(weight, self.run.snapshot)
+        if tuple(g.shape) != tuple(data.shape):
+            g = xp.reshape(g, data.shape)
+        if g.dtype != data.dtype:
+            g = xp.astype(g, data.dtype)
+        accumulate(self, weight, g, True)
 
     # ------------------------------------------------------------------------------------ deltas
 
@@ -533,6 +547,25 @@ def backward(
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
+
+def _first_reads(run: Run) -> dict[int, list[Any]]:
+    """The weights of ``run``'s frame by the step that reads each first: in the backward pass, the
+    last of its readers in the frame."""
+    weights = run.weights
+    seen: set[int] = set()
+    firsts: dict[int, list[Any]] = {}
+    for i, step in enumerate(run.steps):
+        for slot in step.reads():
+            weight = weights[slot]
+            if weight is not None and slot not in seen:
+                seen.add(slot)
+                held = firsts.get(i)
+                if held is None:
+                    firsts[i] = [weight]
+                else:
+                    held.append(weight)
+    return firsts
 
 
 def _finite(g: Any) -> bool:
