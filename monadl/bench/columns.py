@@ -40,7 +40,7 @@ from threadpoolctl import threadpool_limits
 from monadl.bench.columns_numpy import NumpyColumns
 from monadl.bench.columns_params import init_params
 from monadl.bench.columns_torch import TorchColumns
-from monadl.bench.common import cpus, interleaved, load_example, torch_available
+from monadl.bench.common import add_peer_options, cpus, interleaved, load_example, torch_available
 from monadl.cli import non_negative_int, positive_float, positive_int
 from monadl.data import cifar100
 from monadl.data.files import atomic_file, atomic_write_bytes
@@ -299,20 +299,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--warmup", type=non_negative_int, default=30, help="untimed steps before the segments"
     )
     parser.add_argument("--data", help="a CIFAR-100 binary folder, train.bin or .tar.gz (default: synthetic)")
-    parser.add_argument("--seed", type=non_negative_int, default=0)
-    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch even when installed")
     parser.add_argument(
         "--no-check-finite",
         dest="check_finite",
         action="store_false",
         help="monadl's steps skip the check that new weight values are finite (Executor(check_finite=False))",
     )
-    parser.add_argument("--json", type=Path, help="write the results as JSON here")
-    parser.add_argument("--plot", type=Path, help="write a PNG plot here")
-    parser.add_argument("--no-progress", dest="progress", action="store_false")
-    parser.add_argument(
-        "--smoke", action="store_true", help="a seconds-long run (for CI): tiny grid and counts"
-    )
+    add_peer_options(parser, dynet=False)
 
 
 def run_cli(args: argparse.Namespace) -> int:

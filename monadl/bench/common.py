@@ -1,8 +1,10 @@
 """What the benchmarks share: loading the example they measure, timing implementations in turn, the
-machine's CPUs, whether PyTorch (an optional peer) can be imported, and a peer in a worker process."""
+machine's CPUs, whether PyTorch (an optional peer) can be imported, a peer in a worker process, and
+the command-line options of the benchmarks that compare monadl with peers."""
 
 from __future__ import annotations
 
+import argparse
 import gc
 import importlib.util
 import os
@@ -14,6 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Self
+
+from monadl.cli import non_negative_int, positive_int
 
 
 def load_example(name: str) -> ModuleType:
@@ -138,3 +142,17 @@ class WorkerProcess:
             if stream is not None:
                 stream.close()
         self._folder.cleanup()
+
+
+def add_peer_options(parser: argparse.ArgumentParser, *, dynet: bool) -> None:
+    """The options of a benchmark against peers: the seed, the peers to leave out (``dynet``: DyNet
+    is one), where the results go, the progress bar, and a seconds-long smoke run."""
+    parser.add_argument("--seed", type=non_negative_int, default=0)
+    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch even when installed")
+    if dynet:
+        parser.add_argument("--no-dynet", action="store_true", help="skip DyNet even when installed")
+        parser.add_argument("--dynet-mem", type=positive_int, default=1024, help="DyNet's memory pool, MiB")
+    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument("--plot", type=Path, help="write a PNG plot here")
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument("--smoke", action="store_true", help="a seconds-long run (for CI): tiny sizes")

@@ -61,7 +61,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from monadl.bench import suite_data
-from monadl.bench.common import cpus, interleaved, torch_available
+from monadl.bench.common import add_peer_options, cpus, interleaved, torch_available
 from monadl.bench.suite_data import TASKS, UNITS, Missing, TaskData
 from monadl.bench.suite_dynet import DynetPeer
 from monadl.bench.suite_monadl import BiLstmTagger, CharBiLstmTagger, RnnLm, SuiteModel, TreeNN
@@ -626,14 +626,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data", type=Path, help="the data folder (see monadl.bench.suite_data; default: synthetic)"
     )
-    parser.add_argument("--seed", type=non_negative_int, default=0)
-    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch even when installed")
-    parser.add_argument("--no-dynet", action="store_true", help="skip DyNet even when installed")
-    parser.add_argument("--dynet-mem", type=positive_int, default=1024, help="DyNet's memory, MiB")
-    parser.add_argument("--json", type=Path, help="write the results as JSON here")
-    parser.add_argument("--plot", type=Path, help="write a PNG plot here")
-    parser.add_argument("--no-progress", dest="progress", action="store_false")
-    parser.add_argument("--smoke", action="store_true", help="a seconds-long run (for tests): tiny sizes")
+    add_peer_options(parser, dynet=True)
 
 
 def run_cli(args: argparse.Namespace) -> int:

@@ -55,7 +55,14 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from monadl.bench.common import WorkerProcess, cpus, interleaved, load_example, torch_available
+from monadl.bench.common import (
+    WorkerProcess,
+    add_peer_options,
+    cpus,
+    interleaved,
+    load_example,
+    torch_available,
+)
 from monadl.bench.treelstm_torch import PARAMETERS, TorchTreeLstm
 from monadl.cli import non_negative_int, positive_int
 from monadl.data import sst
@@ -771,14 +778,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data", help="the SST folder (train.txt, ...): its train split (default: synthetic)"
     )
-    parser.add_argument("--seed", type=non_negative_int, default=0)
-    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch even when installed")
-    parser.add_argument("--no-dynet", action="store_true", help="skip DyNet even when installed")
-    parser.add_argument("--dynet-mem", type=positive_int, default=1024, help="DyNet's memory pool, MiB")
-    parser.add_argument("--json", type=Path, help="write the results as JSON here")
-    parser.add_argument("--plot", type=Path, help="write a PNG plot here")
-    parser.add_argument("--no-progress", dest="progress", action="store_false")
-    parser.add_argument("--smoke", action="store_true", help="a seconds-long run (for CI): tiny sizes")
+    add_peer_options(parser, dynet=True)
 
 
 def run_cli(args: argparse.Namespace) -> int:
