@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Self
+from typing import Any, Self
 
 from monadl.cli import non_negative_int, positive_int
 
@@ -156,3 +156,28 @@ def add_peer_options(parser: argparse.ArgumentParser, *, dynet: bool) -> None:
     parser.add_argument("--plot", type=Path, help="write a PNG plot here")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
     parser.add_argument("--smoke", action="store_true", help="a seconds-long run (for CI): tiny sizes")
+
+
+class Progress:
+    """A tqdm bar over a benchmark's configurations (or nothing, with --no-progress)."""
+
+    def __init__(self, total: int, enabled: bool, desc: str) -> None:
+        self.bar: Any = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit="config", file=sys.stderr)
+
+    def start(self, what: str) -> None:
+        """Shows what runs now."""
+        if self.bar is not None:
+            self.bar.set_postfix_str(what)
+
+    def advance(self) -> None:
+        """One configuration done."""
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -61,7 +61,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from monadl.bench import suite_data
-from monadl.bench.common import add_peer_options, cpus, interleaved, torch_available
+from monadl.bench.common import Progress, add_peer_options, cpus, interleaved, torch_available
 from monadl.bench.suite_data import TASKS, UNITS, Missing, TaskData
 from monadl.bench.suite_dynet import DynetPeer
 from monadl.bench.suite_monadl import BiLstmTagger, CharBiLstmTagger, RnnLm, SuiteModel, TreeNN
@@ -296,29 +296,6 @@ def measure_config(
 # The run
 
 
-class _Progress:
-    """A tqdm bar over the configurations (or nothing, with --no-progress)."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.bar: Any = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc="suite", unit="config", file=sys.stderr)
-
-    def start(self, what: str) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str(what)
-
-    def advance(self) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def dynet_available() -> bool:
     """Whether the ``dynet`` module (the pip package dynet38) is installed here."""
     import importlib.util
@@ -378,7 +355,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
         "torch": _version("torch") if have_torch else "skipped",
         "dynet": _version("dynet", "dynet38", "dyNET38") if have_dynet else "skipped",
     }
-    progress = _Progress(len(tasks) * len(args.batches), args.progress)
+    progress = Progress(len(tasks) * len(args.batches), args.progress, "suite")
     results: list[Measurement] = []
     try:
         with threadpool_limits(limits=1), contextlib.ExitStack() as stack:
@@ -427,7 +404,7 @@ def _measure_task(
     have_torch: bool,
     sizes: Sizes,
     args: argparse.Namespace,
-    progress: _Progress,
+    progress: Progress,
 ) -> list[Measurement]:
     vocabulary = sst.Vocabulary.from_trees(data.train) if data.task == "treenn" else None
     make = functools.partial(monadl_model, data, sizes, args.seed, vocabulary)

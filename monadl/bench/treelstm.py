@@ -56,6 +56,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from monadl.bench.common import (
+    Progress,
     WorkerProcess,
     add_peer_options,
     cpus,
@@ -181,30 +182,6 @@ def initial_params(example: ModuleType, vocabulary_size: int, args: argparse.Nam
     """The initial weights of monadl's model (by the example's names), for the peers to start from."""
     model = example.TreeLstm(vocabulary_size, args.embedding, args.hidden, seed=args.seed)
     return {name: np.asarray(weight.data) for name, weight in model.weights.items()}
-
-
-class _Progress:
-    """A tqdm bar over the jobs (or nothing, with --no-progress)."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.bar: Any = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc="treelstm benchmark", unit="config", file=sys.stderr)
-
-    def start(self, what: str) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str(what)
-
-    def advance(self, what: str = "") -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix_str(what)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -549,7 +526,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
             if have_torch:
                 impls.append("torch")
             configs.append((batch, phase, impls))
-    progress = _Progress(len(configs), args.progress)
+    progress = Progress(len(configs), args.progress, "treelstm benchmark")
 
     results: list[Measurement] = []
     params = initial_params(example, len(vocabulary), args)
