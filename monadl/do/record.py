@@ -93,6 +93,19 @@ class Run:
         data = self.datas[slot]
         return data if row < 0 else row_value(data, row, self.scalar_rows[slot])
 
+    def first_reads(self) -> dict[int, list[Any]]:
+        """The frame's weights by the step that reads each first (in the backward pass, the last of
+        its readers in the frame)."""
+        weights = self.weights
+        seen: set[int] = set()
+        firsts: dict[int, list[Any]] = {}
+        for i, step in enumerate(self.steps):
+            for slot in step.reads():
+                if weights[slot] is not None and slot not in seen:
+                    seen.add(slot)
+                    firsts.setdefault(i, []).append(weights[slot])
+        return firsts
+
     def kind(self, slot: int, row: int) -> int:
         """The interned value kind (type, shape, dtype) of a slot's value, or of its rows."""
         k = self.kinds[slot]

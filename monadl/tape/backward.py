@@ -99,7 +99,7 @@ class Backward:
         try:
             with draining(self.dispatcher):
                 steps = run.steps
-                firsts = _first_reads(run) if self.top else None
+                firsts = run.first_reads() if self.top else None
                 for i in range(len(steps) - 1, -1, -1):
                     step = steps[i]
                     if self.diagnose:
@@ -547,25 +547,6 @@ def backward(
 
 
 # ------------------------------------------------------------------------------------------ helpers
-
-
-def _first_reads(run: Run) -> dict[int, list[Any]]:
-    """The weights of ``run``'s frame by the step that reads each first: in the backward pass, the
-    last of its readers in the frame."""
-    weights = run.weights
-    seen: set[int] = set()
-    firsts: dict[int, list[Any]] = {}
-    for i, step in enumerate(run.steps):
-        for slot in step.reads():
-            weight = weights[slot]
-            if weight is not None and slot not in seen:
-                seen.add(slot)
-                held = firsts.get(i)
-                if held is None:
-                    firsts[i] = [weight]
-                else:
-                    held.append(weight)
-    return firsts
 
 
 def _finite(g: Any) -> bool:
