@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 import numpy as np
 from mypy_extensions import mypyc_attr
@@ -121,7 +121,12 @@ class Run:
             return k
         if self.scalar_rows[slot]:
             return kind_id(float, 0)
-        return row_kind(k)
+        r = row_kind(k)
+        if r < 0:  # dropped from the table since: made again from the value
+            data = self.datas[slot]
+            shape = tuple(data.shape)
+            r = kind_id((type(data), shape[1:], data.dtype), len(shape) - 1)
+        return r
 
 
 @mypyc_attr(native_class=False)  # a Tape: a Python class (generic, subclassed by users)
@@ -220,41 +225,60 @@ def row_value(data: Any, k: int, scalar: bool) -> Any:
     return np.asarray(row) if isinstance(row, np.generic) else row
 
 
-# Value kinds are interned: a signature holds small ints rather than (type, shape, dtype) tuples.
-_kinds: dict[Hashable, int] = {}
-_keys: list[Any] = []
-_ranks: list[int] = []
-_rows: list[int] = []  # a kind's rows' kind (-1 until asked for)
+# Value kinds are interned: a signature holds small ints rather than (type, shape, dtype) tuples. The
+# table is bounded (a program whose input shapes keep changing would grow it without end): the
+# oldest kinds are dropped first, and ids are never reused, so a cached program or body whose key
+# holds a dropped kind's id is only missed, never matched by another kind. A kind's id carries its
+# rank in its low bits, so that the rank needs no table.
+MAX_KINDS: Final = 4096
+RANK_BITS: Final = 8  # NumPy arrays have at most 64 axes
+_kinds: dict[Hashable, int] = {}  # key -> id, the oldest first
+_keys: dict[int, Any] = {}  # id -> key
+_rows: dict[int, int] = {}  # id -> its rows' kind, once asked for
 _kinds_lock = threading.Lock()
+_serial = 0
 
 
 def kind_id(key: Hashable, rank: int) -> int:
-    """A small int standing for a value kind (``value_key``), the same in every run."""
+    """A small int standing for a value kind (``value_key``), the same while the kind is in use."""
+    global _serial
     k = _kinds.get(key)
     if k is None:
         with _kinds_lock:
             k = _kinds.get(key)
             if k is None:
-                k = len(_ranks)
-                _keys.append(key)
-                _ranks.append(rank)
-                _rows.append(-1)
+                if len(_kinds) >= MAX_KINDS:
+                    oldest = _kinds.pop(next(iter(_kinds)))
+                    del _keys[oldest]
+                    _rows.pop(oldest, None)
+                _serial += 1
+                k = (_serial << RANK_BITS) | rank
                 _kinds[key] = k
+                _keys[k] = key
     return k
 
 
 def row_kind(k: int) -> int:
-    """The kind of a row of stacked values of kind ``k``."""
-    r = _rows[k]
-    if r < 0:
-        kind, shape, dtype = _keys[k]
+    """The kind of a row of stacked values of kind ``k``; -1 if ``k`` was dropped from the table
+    (then the caller makes it from the value)."""
+    r = _rows.get(k)
+    if r is None:
+        key = _keys.get(k)
+        if key is None:
+            return -1
+        kind, shape, dtype = key
         r = _rows[k] = kind_id((kind, shape[1:], dtype), len(shape) - 1)
     return r
 
 
 def kind_rank(k: int) -> int:
     """The rank of the values of kind ``k`` (0 for floats)."""
-    return _ranks[k]
+    return k & ((1 << RANK_BITS) - 1)
+
+
+def interned_kinds() -> int:
+    """How many value kinds the table holds now (at most ``MAX_KINDS``)."""
+    return len(_kinds)
 
 
 def kind_of(value: Any) -> int:
