@@ -160,6 +160,14 @@ def test_non_array_input(build: Callable[[], Any], expected: str) -> None:
         build()  # raised at once, not when evaluated
 
 
+@pytest.mark.parametrize("scalar", [np.float16(1.5), np.float32(1.5), np.float64(1.5)])
+def test_a_float_weight_takes_a_numpy_float_scalar_as_a_python_float(scalar: np.floating[Any]) -> None:
+    w = FloatWeight(scalar)
+    assert type(w.data) is float and w.data == 1.5
+    w.data = type(scalar)(2.5)
+    assert type(w.data) is float and w.data == 2.5
+
+
 # ------------------------------------------------------------------- operands of the wrong kind
 
 # The ops that read an array's axes, shape or rows, each on its array operand ``x`` (and what the

@@ -66,7 +66,12 @@ class FloatWeight(_WeightState, FloatOperators):
     __slots__ = ("head", "name", "optimizer", "trainable")
 
     def __init__(
-        self, data: float, *, optimizer: Optimizer | None = None, name: str = "", trainable: bool = True
+        self,
+        data: float | np.floating[Any],
+        *,
+        optimizer: Optimizer | None = None,
+        name: str = "",
+        trainable: bool = True,
     ) -> None:
         self.head = Version(0, _checked_float(data), None, None)
         self.optimizer = optimizer
@@ -81,7 +86,7 @@ class FloatWeight(_WeightState, FloatOperators):
         return value
 
     @data.setter
-    def data(self, value: float) -> None:
+    def data(self, value: float | np.floating[Any]) -> None:
         self._assign(_checked_float(value))
 
     def __repr__(self) -> str:
@@ -160,7 +165,9 @@ class ArrayWeight(_WeightState, ArrayOperators):
 
 
 def _checked_float(data: object) -> float:
-    if isinstance(data, bool) or not isinstance(data, (float, int)):
+    """A float weight's value as a Python float: a float, an int, or a NumPy float scalar (a
+    float32's value is exact in a float)."""
+    if isinstance(data, bool) or not isinstance(data, (float, int, np.floating)):
         raise TypeError(f"FloatWeight: expected a float, got {type(data).__name__}")
     return float(data)
 
