@@ -19,6 +19,7 @@ import monadl as ml
 from monadl.do.primitive import Batching
 from monadl.dsl.layers import apply_array
 from monadl.dsl.primitives import Primitive
+from monadl.typeclasses.sparse import SparseRows
 
 
 def _snapshot(*weights: ml.FloatWeight | ml.ArrayWeight) -> bytes:
@@ -510,3 +511,20 @@ def test_check_finite_off_applies_a_non_finite_step() -> None:
     result = ml.sum(ml.sqrt(w)).train_blocking(ml.SGD(0.1), executor=ml.Executor(check_finite=False))
     assert isinstance(result, Success)
     assert np.all(np.isneginf(w.data))
+
+
+def test_a_float32_weight_gets_a_float32_gradient_from_a_graph_that_promotes_to_float64() -> None:
+    w = ml.ArrayWeight(np.ones((2, 3), dtype=np.float32))
+    table = ml.ArrayWeight(np.ones((5, 3), dtype=np.float32))
+    c = np.linspace(0.1, 0.6, 6).reshape(2, 3)  # float64: the products are float64
+    loss = ml.sum(w * c) + ml.sum(table[np.array([1, 3])] * c)
+    _, grads = ml.compute_gradients(loss)
+    assert grads[w].dtype == np.float32
+    np.testing.assert_array_equal(grads[w], c.astype(np.float32))
+    rows = grads[table]
+    assert isinstance(rows, SparseRows) and rows.values.dtype == np.float32
+    expected = np.zeros((5, 3), dtype=np.float32)
+    expected[[1, 3]] = c
+    np.testing.assert_array_equal(rows.to_dense(), expected)
+    assert loss.train_blocking(ml.Adam(0.1)).unwrap() == pytest.approx(2 * c.sum())
+    assert w.data.dtype == np.float32 and table.data.dtype == np.float32

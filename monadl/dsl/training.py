@@ -53,7 +53,7 @@ from monadl.do.executor import Executor, default_executor
 from monadl.do.stats import RunStats
 from monadl.do.tape import Tape
 from monadl.dsl.optimizers import Optimizer, state_kind
-from monadl.runtime.versions import COMMIT_LOCK, publish
+from monadl.runtime.versions import COMMIT_LOCK, Snapshot, data_of, publish
 from monadl.tape.backward import NonFiniteDelta, backward
 from monadl.typeclasses.backend import NDARRAY, Array, freeze, namespace
 from monadl.typeclasses.sparse import SparseRows
@@ -151,6 +151,10 @@ def compute_gradients(
     The gradients are the raw ones (no chain's clipping), and a frozen weight's is reported too.
     The forward pass runs in training mode (dropout drops).
 
+    Dtypes: inside the graph each op follows NumPy 2's promotion (a Python float keeps a float32
+    array float32; a float64 array mixed with a float32 one makes a float64 result); every array
+    gradient is returned in its weight's dtype, whatever the graph computed in.
+
     Raises :class:`NonFiniteLossError` for a non-finite loss, or whatever the forward or backward
     pass raised.
     """
@@ -188,7 +192,7 @@ def _step(
             gradients, owned = backward(run, evaluation.slot, seed, run.dispatcher, diagnose)
     finally:
         ex.publish(stats)
-    return value, *_unaliased(gradients, owned), rate
+    return value, *_unaliased(gradients, owned, run.snapshot), rate
 
 
 def _folded_rate(weights: list[Any], default: Any) -> float | None:
@@ -207,15 +211,28 @@ def _folded_rate(weights: list[Any], default: Any) -> float | None:
     return rate
 
 
-def _unaliased(gradients: Gradients, owned: set[Any]) -> tuple[Gradients, set[Any]]:
-    """The gradients, each with memory of its own: a delta passed through unchanged (by ``+``, say),
-    or a view of one (by ``reshape``), can be the gradient of two weights at once, and changing one
-    in place must not change the other. A copy made here is the step's own."""
+def _unaliased(gradients: Gradients, owned: set[Any], snapshot: Snapshot) -> tuple[Gradients, set[Any]]:
+    """The gradients, each in its weight's dtype and with memory of its own.
+
+    A float32 weight that met a float64 array in the graph (NumPy promotes the op's result) gets a
+    float32 gradient, as its optimizer and ``compute_gradients``' caller expect. A delta passed
+    through unchanged (by ``+``, say), or a view of one (by ``reshape``), can be the gradient of two
+    weights at once, and changing one in place must not change the other. A copy made here is the
+    step's own."""
     seen: set[int] = set()
     for weight, gradient in gradients.items():
         if type(gradient) is float:
             continue
-        if _memory(gradient) in seen:
+        data = data_of(weight, snapshot)
+        if type(data) is not float and gradient.dtype != data.dtype:
+            if type(gradient) is SparseRows:
+                values = namespace(gradient.values).astype(gradient.values, data.dtype)
+                gradient = SparseRows(gradient.indices, values, gradient.shape)
+            else:
+                gradient = namespace(gradient).astype(gradient, data.dtype)
+            gradients[weight] = gradient
+            owned.add(weight)
+        elif _memory(gradient) in seen:
             gradient = gradients[weight] = (
                 gradient.copy()  # its own object, with its own rows
                 if type(gradient) is SparseRows
