@@ -464,3 +464,66 @@ def test_a_body_that_reduces_the_rows_away_is_named(mode: str) -> None:
     )
     unbatched = loss.predict_blocking(executor=_MODES["unbatched"]()).unwrap()  # each call alone: fine
     assert unbatched == pytest.approx(sum(3 * np.tanh(float(i)) for i in range(6)), rel=1e-12)
+
+
+# Bodies whose ops would mix the calls' rows when run once on them stacked. Each keeps the shape of
+# a row (3 calls of (3,) vectors: ``mean(axis=0)`` of the stack is a (3,) array, which splits into
+# 3 rows), so only the ops themselves tell: the group is refused, naming the op. ``x[0]`` is a
+# lookup of row 0 (``take_rows``).
+_MIX = ml.ArrayWeight(np.linspace(-1.0, 1.0, 3))
+
+
+@ml.batchable
+def _mean_over_axis_0(x: ArrayLayer) -> ArrayLayer:
+    return ml.mean(ml.tanh(x * _MIX), axis=0)
+
+
+@ml.batchable
+def _first_entry(x: ArrayLayer) -> ArrayLayer:
+    return ml.tanh(x * _MIX)[0]
+
+
+@ml.batchable
+def _times_a_matrix(x: ArrayLayer) -> ArrayLayer:
+    return ml.sum(x * np.ones((3, 3)), axis=-1)
+
+
+@ml.batchable
+def _mean_over_the_last_axis(x: ArrayLayer) -> ArrayLayer:
+    return ml.mean(ml.tanh(x * _MIX), axis=-1)
+
+
+@ml.batchable
+def _last_entry(x: ArrayLayer) -> ArrayLayer:
+    return ml.tanh(x * _MIX)[..., -1]
+
+
+def _loss_of(body: Callable[[ArrayLayer], ArrayLayer]) -> FloatLayer:
+    return ml.add_n([ml.sum(body(ml.lift_array(np.array([0.1, 0.2, 0.3]) * (i + 1)))) for i in range(3)])
+
+
+@pytest.mark.parametrize(
+    ("body", "op"),
+    [
+        (_mean_over_axis_0, "mean(axis=0)"),
+        (_first_entry, "take_rows (which reads its operand 0 whole)"),
+        (_times_a_matrix, "mul of operands of ranks (2, 2)"),
+    ],
+)
+def test_a_body_whose_op_mixes_rows_of_the_right_shape_is_refused_naming_the_op(
+    body: Callable[[ArrayLayer], ArrayLayer], op: str
+) -> None:
+    loss = _loss_of(body)
+    result = loss.predict_blocking(executor=_MODES["merged"]())
+    assert isinstance(result, Failure)
+    assert f"its body's {op} mixes them" in str(result.failure())
+    assert isinstance(loss.predict_blocking(executor=_MODES["unbatched"]()), Success)  # each call alone: fine
+
+
+@pytest.mark.parametrize("body", [_mean_over_the_last_axis, _last_entry])
+def test_a_body_that_keeps_the_rows_gives_batched_what_its_calls_give_alone(
+    body: Callable[[ArrayLayer], ArrayLayer],
+) -> None:
+    loss = _loss_of(body)
+    merged = loss.predict_blocking(executor=_MODES["merged"]()).unwrap()
+    assert merged == pytest.approx(loss.predict_blocking(executor=_MODES["unbatched"]()).unwrap(), rel=1e-12)

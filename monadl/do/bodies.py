@@ -16,8 +16,9 @@ from monadl.do import batching
 from monadl.do.do import Call, Operation
 from monadl.do.record import Entry, Program, Run, RunTape, forward_stats
 from monadl.do.stats import RunStats, tally
-from monadl.do.steps import BodyStep, StackStep
+from monadl.do.steps import BodyStep, MergedStep, OpStep, StackStep
 from monadl.do.tape import Tape
+from monadl.typeclasses.backend import ShapeError
 
 if TYPE_CHECKING:
     from monadl.do.scheduler import Scheduler
@@ -65,6 +66,14 @@ def run_calls(scheduler: Scheduler, group: list[Entry]) -> None:
         step.forward(run, False)
     else:
         step.finish(run, frame)
+        mixing = mixed_rows(frame, len(ins)) if n else None
+        if mixing is not None:  # (rows of the right shape, of the wrong values)
+            raise ShapeError(
+                f"batchable {op.name}: run once on the stacked rows of {n} calls, its body's "
+                f"{mixing} mixes them: the body must keep a leading axis of rows (reduce, index and "
+                "join along axis=-1 or counted from the end), or it computes something else than "
+                "its calls alone"
+            )
         if frame.replayable and fits_any_rows(program):
             program.anchor = (first.args, first.kwargs)
             scheduler.bodies.put(key, program)
@@ -127,6 +136,68 @@ def fits_any_rows(program: Program) -> bool:
         if step.out < len(rowed):
             rowed[step.out] = mine
     return True
+
+
+def mixed_rows(frame: Run, inputs: int) -> str | None:
+    """The first op of a merged body's frame (its first ``inputs`` slots the calls' stacked rows)
+    that mixes rows, described; None where none does. An op mixes rows where it reads a value that
+    holds rows and its batching declaration says that its calls' stacked rows would not compute
+    what the calls compute alone: rows read as an operand the op reads whole (a table looked up,
+    a weight); an axis counted from the front (or all axes) of a reduction, an index or a join; an
+    elementwise op whose operands' ranks differ from the rows' (its broadcast would reach the rows'
+    axis). An op without a batching declaration is not checked."""
+    rowed = [False] * len(frame.datas)
+    for slot in range(inputs):
+        rowed[slot] = True
+    for step in frame.steps:
+        reads = step.reads()
+        mine = False
+        for s in reads:
+            if rowed[s]:
+                mine = True
+        if mine:
+            problem = _mixes(step, frame, rowed)
+            if problem is not None:
+                return problem
+        if step.out < len(rowed):
+            rowed[step.out] = mine
+    return None
+
+
+def _mixes(step: Any, frame: Run, rowed: list[bool]) -> str | None:
+    if type(step) is OpStep:
+        params = step.params_of(frame)
+    elif type(step) is MergedStep:
+        params = step.params
+    else:
+        return None
+    prim = step.prim
+    spec = prim.batch
+    if spec is None:
+        return None
+    for i in spec.shared:
+        if i < len(step.ins) and rowed[step.ins[i]]:
+            return f"{prim.name} (which reads its operand {i} whole)"
+    if spec.axis:
+        axis = params.get("axis", spec.axis_default)
+        index = params.get("index")
+        if type(index) is tuple and index and index[0] is Ellipsis:
+            return None  # ``x[..., k]``: the rows are taken whole
+        axes = axis if type(axis) is tuple else (axis,)
+        for a in axes:
+            if a is None or a >= 0:
+                return f"{prim.name}(axis={axis!r})"
+    if spec.elementwise and type(step) is OpStep:
+        ranks = [_rank(frame.datas[s]) for s in step.ins]
+        rows = [r for s, r in zip(step.ins, ranks, strict=True) if rowed[s]]
+        shared = [r for s, r in zip(step.ins, ranks, strict=True) if not rowed[s]]
+        if min(rows) != max(rows) or (shared and max(shared) >= rows[0]):
+            return f"{prim.name} of operands of ranks {tuple(ranks)}"
+    return None
+
+
+def _rank(data: Any) -> int:
+    return 0 if type(data) is float else len(data.shape)
 
 
 def shares_arrays(call: Call) -> bool:
