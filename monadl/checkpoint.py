@@ -10,23 +10,37 @@ The format is safetensors (https://huggingface.co/docs/safetensors): a JSON head
 no pickle, no code run on load. The header's ``"monadl"`` entry describes what the arrays are:
 ``weight/<name>`` holds a weight's data, ``state/<name>/<k>`` the arrays of its optimizer state.
 
+What is saved is what is loaded. Metadata are JSON values that come back equal: dicts with str
+keys, lists, str, int, bool, None and finite floats, nested at most :data:`MAX_DEPTH` (64) deep; a
+tuple, a set, a non-str key or NaN is refused at save (a ``TypeError`` naming its key path), not
+changed into something else. An optimizer is saved by its settings, so its classes must be
+monadl's: a learning-rate schedule must be one of :mod:`monadl.dsl.schedules`' classes
+(``Constant``, ``StepDecay``, ``CosineDecay``, ``LinearWarmup``); a plain function trains, but
+``save`` refuses it, naming the weight and the schedule.
+
 A save is atomic: written to a temporary file, synced, renamed over ``path``, the directory synced.
-A process killed at any moment leaves the old checkpoint or the new one, never a torn file.
+A process killed at any moment leaves the old checkpoint or the new one, never a torn file, and an
+exception (a ``KeyboardInterrupt`` too) leaves no temporary file behind.
 
 A load validates before it changes anything: every name, shape and dtype against the model (a
 mismatch names the weight; a missing or unexpected name is an error unless ``partial=True``), and
-the file itself (a truncated or malformed file is a :class:`CheckpointError`, never a crash). Then
-every weight and its state are committed at once, as a training step's are.
+the file itself: a SHA-256 digest of the description and of every array, written at save, is
+checked (a flipped bit is an error, not another model), NaN and infinite values in the weights or
+their optimizer state are refused unless ``allow_non_finite=True``, and a truncated, malformed or
+too deeply nested file is a :class:`CheckpointError` naming the file and the problem, never a
+crash. Files written before digests existed (format 1) still load, unverified. Then every weight
+and its state are committed at once, as a training step's are.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -36,16 +50,25 @@ from monadl.dsl.weights import FloatWeight
 from monadl.nn.module import Weight, weights_of
 from monadl.runtime.versions import COMMIT_LOCK, publish, read
 
-__all__ = ["CheckpointError", "from_bytes", "load", "save", "to_bytes"]
+__all__ = ["MAX_DEPTH", "CheckpointError", "from_bytes", "load", "save", "to_bytes"]
 
-FORMAT = 1
+FORMAT = 2
+"""The format written; format 1 (no digests) is still read."""
+_FORMATS = (1, 2)
 _KEY = "monadl"
+_DIGEST_KEY = "monadl.sha256"  # the description's digest, beside it in safetensors' metadata
+MAX_DEPTH = 64
+"""How deeply metadata values (and an optimizer's description) may nest lists and dicts: deep
+enough for any real use, shallow enough that no walk of a file's description can overflow the
+stack."""
+_HEADER_DEPTH = MAX_DEPTH + 3  # the description's own levels: itself, "weights", a weight's entry
 JSON = None | bool | int | float | str | list["JSON"] | dict[str, "JSON"]
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded into the model: malformed, truncated, of another format,
-    or not matching the model's weights (the message names the file and the weight)."""
+    """A checkpoint that cannot be loaded into the model: malformed, truncated, damaged (a digest
+    that does not match), of another format, or not matching the model's weights (the message names
+    the file and the weight)."""
 
 
 # ----------------------------------------------------------------------------------------- save
@@ -53,7 +76,8 @@ class CheckpointError(ValueError):
 
 def save(path: str | Path, model: object, *, metadata: Mapping[str, JSON] | None = None) -> None:
     """Writes ``model``'s weights, their optimizer state and ``metadata`` (JSON values: a step, an
-    epoch) to ``path``, atomically. The weights are read as one committed state."""
+    epoch) to ``path``, atomically. The weights are read as one committed state. Raises
+    ``TypeError`` for metadata or an optimizer that would not come back as saved."""
     atomic_write_bytes(Path(path), to_bytes(model, metadata=metadata))
 
 
@@ -61,6 +85,7 @@ def to_bytes(model: object, *, metadata: Mapping[str, JSON] | None = None) -> by
     """The checkpoint :func:`save` writes, as bytes (to send to another process, say)."""
     from safetensors.numpy import save as encode
 
+    checked = _checked_metadata(metadata)  # before reading the weights: a refusal costs nothing
     weights = weights_of(model)
     tensors: dict[str, np.ndarray[Any, Any]] = {}
     described: dict[str, Any] = {}
@@ -70,53 +95,144 @@ def to_bytes(model: object, *, metadata: Mapping[str, JSON] | None = None) -> by
         version = versions[name]
         data = version.data
         entry: dict[str, Any] = {"kind": "float" if isinstance(weight, FloatWeight) else "array"}
-        tensors[f"weight/{name}"] = np.asarray(data)
+        tensors[f"weight/{name}"] = _contiguous(np.asarray(data))
         if version.state is not None:
             optimizer, state = version.state
             arrays: list[np.ndarray[Any, Any]] = []
             entry["optimizer"] = _describe_optimizer(optimizer, name)
-            entry["state"] = _encode_state(state, arrays, name)
+            entry["state"] = _encode_state(state, arrays, name, 1)
             for k, array in enumerate(arrays):
-                tensors[f"state/{name}/{k}"] = array
+                tensors[f"state/{name}/{k}"] = _contiguous(array)
+        if _depth(entry) > MAX_DEPTH + 1:
+            raise TypeError(f"save: the optimizer of {name!r} nests deeper than {MAX_DEPTH} levels")
         described[name] = entry
-    header = {"format": FORMAT, "weights": described, "metadata": dict(metadata or {})}
-    try:
-        text = json.dumps(header, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"save: metadata must be JSON values (finite numbers): {e}") from None
-    encoded: bytes = encode(tensors, metadata={_KEY: text})
+    digests = {key: _digest(array) for key, array in tensors.items()}
+    header = {"format": FORMAT, "weights": described, "metadata": checked, "digests": digests}
+    text = json.dumps(header, allow_nan=False)  # checked above: cannot fail
+    encoded: bytes = encode(tensors, metadata={_KEY: text, _DIGEST_KEY: _text_digest(text)})
     return encoded
+
+
+def _contiguous(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``array`` in C order, its shape kept (``np.ascontiguousarray`` makes a 0-d array 1-d)."""
+    return array if array.flags.c_contiguous else array.copy(order="C")
+
+
+def _digest(array: np.ndarray[Any, Any]) -> str:
+    """The SHA-256 of an array's dtype, shape and bytes (SHA-256 over BLAKE2b: faster where the CPU
+    has SHA instructions, as x86 and ARM servers do)."""
+    h = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
+    h.update(_contiguous(array).reshape(-1).view(np.uint8).data)  # the bytes in place, not a copy
+    return h.hexdigest()
+
+
+def _text_digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _checked_metadata(metadata: Mapping[str, JSON] | None) -> dict[str, JSON]:
+    """``metadata`` as a dict, refused (``TypeError`` naming the key path) where something would not
+    come back equal from the file: a JSON object has str keys, has no tuple, set or NaN."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise TypeError(f"save: metadata must be a mapping of str keys, not a {type(metadata).__name__}")
+    checked = dict(metadata)
+    _check_json(checked, "metadata", 0, _refuse_at_save)
+    return checked
+
+
+def _refuse_at_save(where: str, problem: str) -> NoReturn:
+    raise TypeError(f"save: {where} {problem}; metadata must be JSON values that load back equal")
+
+
+def _check_json(value: object, where: str, level: int, refuse: Any) -> None:
+    """Calls ``refuse(where, problem)`` unless ``value`` is JSON that comes back from a file equal to
+    itself, nested at most ``MAX_DEPTH`` deep below ``level`` 0 (the metadata mapping)."""
+    if isinstance(value, bool) or value is None or isinstance(value, (str, int)):
+        return  # (a subclass of int or str comes back as one, equal)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            refuse(where, f"is {value!r}, which JSON has no exact form for")
+        return
+    if isinstance(value, (dict, list)):
+        if level > MAX_DEPTH:
+            refuse(where, f"nests deeper than {MAX_DEPTH} levels of lists and dicts")
+        if isinstance(value, list):
+            for k, item in enumerate(value):
+                _check_json(item, f"{where}[{k}]", level + 1, refuse)
+            return
+        for key, item in value.items():
+            if not isinstance(key, str):
+                refuse(where, f"has a key {key!r} that is not a str (it would come back as a str)")
+            _check_json(item, f"{where}[{key!r}]", level + 1, refuse)
+        return
+    if isinstance(value, tuple):
+        refuse(where, "is a tuple (it would come back as a list): use a list")
+    refuse(where, f"is a {type(value).__name__}, not a JSON value")
+
+
+def _depth(value: object) -> int:
+    """How deeply lists and dicts nest in ``value`` (0 for a scalar), found without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _describe_optimizer(optimizer: Any, weight: str) -> dict[str, Any]:
     """An optimizer as JSON: its class and settings, nested ones (a chain's transformations, a
     learning-rate schedule) described the same way."""
-    described = _plain(optimizer, weight)
+    described = _plain(optimizer, weight, 1)
     if not isinstance(described, dict) or "class" not in described:
         raise TypeError(f"save: the optimizer of {weight!r} ({type(optimizer).__name__}) is not a dataclass")
     return described
 
 
-def _plain(value: Any, weight: str) -> Any:
+def _plain(value: Any, weight: str, level: int) -> Any:
     """A setting as JSON: a dataclass as ``{"class", "fields"}``, a tuple as ``{"tuple"}``."""
+    if level > MAX_DEPTH:
+        raise TypeError(f"save: the optimizer of {weight!r} nests deeper than {MAX_DEPTH} levels")
     cls = type(value)
     if dataclasses.is_dataclass(cls):
-        fields = {f.name: _plain(getattr(value, f.name), weight) for f in dataclasses.fields(cls)}
+        if _OPTIMIZERS.get(cls.__name__) is not cls:  # a load could not make it again
+            raise TypeError(
+                f"save: the optimizer of {weight!r} holds a {cls.__qualname__}, which is not one of "
+                "monadl's optimizers, transformations or schedules: a checkpoint names no code of "
+                "its own"
+            )
+        fields = {f.name: _plain(getattr(value, f.name), weight, level + 1) for f in dataclasses.fields(cls)}
         return {"class": cls.__name__, "fields": fields}
     if isinstance(value, tuple):
-        return {"tuple": [_plain(v, weight) for v in value]}
+        return {"tuple": [_plain(v, weight, level + 1) for v in value]}
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float) and math.isfinite(value):
         return value
+    if callable(value):
+        raise TypeError(
+            f"save: the optimizer of {weight!r} has the schedule {value!r}, a plain function: a "
+            "checkpoint stores a schedule by its settings, so a saved schedule must be one of "
+            "monadl's schedule classes (ml.Constant, ml.StepDecay, ml.CosineDecay, ml.LinearWarmup)"
+        )
     raise TypeError(f"save: the optimizer of {weight!r} has a setting that is not a JSON value: {value!r}")
 
 
-def _encode_state(state: Any, arrays: list[np.ndarray[Any, Any]], weight: str) -> Any:
+def _encode_state(state: Any, arrays: list[np.ndarray[Any, Any]], weight: str, level: int) -> Any:
     """An optimizer state (tuples of arrays, floats and ints) as JSON, its arrays appended to
     ``arrays``: floats go as 0-d float64 arrays, so that they come back bit for bit."""
+    if level > MAX_DEPTH:
+        raise TypeError(f"save: the optimizer state of {weight!r} nests deeper than {MAX_DEPTH} levels")
     if isinstance(state, tuple):
-        return {"tuple": [_encode_state(item, arrays, weight) for item in state]}
+        return {"tuple": [_encode_state(item, arrays, weight, level + 1) for item in state]}
     if isinstance(state, bool) or state is None:
         return {"value": state}
     if isinstance(state, int):
@@ -133,22 +249,30 @@ def _encode_state(state: Any, arrays: list[np.ndarray[Any, Any]], weight: str) -
 # ----------------------------------------------------------------------------------------- load
 
 
-def load(path: str | Path, model: object, *, partial: bool = False) -> dict[str, JSON]:
+def load(
+    path: str | Path, model: object, *, partial: bool = False, allow_non_finite: bool = False
+) -> dict[str, JSON]:
     """Puts the weights and optimizer states of the checkpoint at ``path`` into ``model`` and
     returns its metadata. ``partial``: load the weights the file and the model have in common
-    (else a missing or unexpected name is an error). Nothing changes unless everything fits."""
+    (else a missing or unexpected name is an error). ``allow_non_finite``: load NaN or infinite
+    values in the weights and optimizer states (else they are a :class:`CheckpointError`: a
+    diverged run's file, not one to resume). Nothing changes unless everything fits."""
     path = Path(path)
-    return _load(read_regular_file(path), str(path), model, partial)
+    return _load(read_regular_file(path), str(path), model, partial, allow_non_finite)
 
 
-def from_bytes(data: bytes, model: object, *, partial: bool = False) -> dict[str, JSON]:
+def from_bytes(
+    data: bytes, model: object, *, partial: bool = False, allow_non_finite: bool = False
+) -> dict[str, JSON]:
     """:func:`load` from the bytes of a checkpoint (as :func:`to_bytes` gives them)."""
-    return _load(data, "<checkpoint bytes>", model, partial)
+    return _load(data, "<checkpoint bytes>", model, partial, allow_non_finite)
 
 
-def _load(raw: bytes, path: str, model: object, partial: bool) -> dict[str, JSON]:
+def _load(
+    raw: bytes, path: str, model: object, partial: bool, allow_non_finite: bool = False
+) -> dict[str, JSON]:
     weights = weights_of(model)
-    header, tensors = _read(raw, path)
+    header, tensors = _read(raw, path, allow_non_finite)
     saved = header["weights"]
     missing = [name for name in weights if name not in saved]
     unexpected = [name for name in saved if name not in weights]
@@ -168,32 +292,103 @@ def _load(raw: bytes, path: str, model: object, partial: bool) -> dict[str, JSON
     return metadata
 
 
-def _read(raw: bytes, path: str) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
-    """The checkpoint's header and arrays, validated as a whole (``path`` names it in errors)."""
+def _read(
+    raw: bytes, path: str, allow_non_finite: bool = False
+) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
+    """The checkpoint's header and arrays, validated as a whole (``path`` names it in errors): its
+    digests, its structure and depth, and (unless ``allow_non_finite``) its values."""
     from safetensors.numpy import load as decode
 
     try:
         tensors: dict[str, np.ndarray[Any, Any]] = decode(raw)
-        text = _metadata_of(raw).get(_KEY)
+        entries = _metadata_of(raw)
     except Exception as e:  # noqa: BLE001 - safetensors' own errors, a torn header's JSON, ...
         raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
-    if text is None:
+    text = entries.get(_KEY)
+    if not isinstance(text, str):
         raise CheckpointError(f"{path}: a safetensors file, but not a monadl checkpoint (no {_KEY!r} entry)")
-    try:
-        header = json.loads(text)
-    except ValueError as e:
-        raise CheckpointError(f"{path}: the checkpoint's description is not JSON: {e}") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
+    digest = entries.get(_DIGEST_KEY)
+    if digest is not None and digest != _text_digest(text):
         raise CheckpointError(
-            f"{path}: a checkpoint of another format ({_get(header, 'format')!r}, not {FORMAT})"
+            f"{path}: the checkpoint's description does not match its digest: the file is damaged"
         )
-    if not isinstance(header.get("weights"), dict) or not isinstance(header.get("metadata"), dict):
+    header = _parse(text, path)
+    form = header.get("format") if isinstance(header, dict) else header
+    if not isinstance(header, dict) or type(form) is not int or form not in _FORMATS:
+        raise CheckpointError(f"{path}: a checkpoint of another format ({form!r}, not one of {_FORMATS})")
+    if form >= 2 and digest is None:
+        raise CheckpointError(
+            f"{path}: the checkpoint has no digest of its description (format {form} has one)"
+        )
+    keys = {"format", "weights", "metadata"} | ({"digests"} if form >= 2 else set())
+    if set(header) != keys:
+        raise CheckpointError(
+            f"{path}: the checkpoint's description has the entries {sorted(header)}, not {sorted(keys)}"
+        )
+    if not isinstance(header["weights"], dict) or not isinstance(header["metadata"], dict):
         raise CheckpointError(f"{path}: the checkpoint's description has no weights or metadata")
+    if _depth(header) > _HEADER_DEPTH:  # before anything walks it recursively
+        raise CheckpointError(
+            f"{path}: the checkpoint's description nests deeper than {_HEADER_DEPTH} levels"
+        )
+
+    def refuse(where: str, problem: str) -> NoReturn:
+        raise CheckpointError(f"{path}: the checkpoint's {where} {problem}")
+
+    _check_json(header["metadata"], "metadata", 0, refuse)
+    if form >= 2:
+        _verify(header["digests"], tensors, path)
+    if not allow_non_finite:
+        for key, array in tensors.items():
+            if np.issubdtype(array.dtype, np.inexact) and not np.isfinite(array).all():
+                raise CheckpointError(
+                    f"{path}: {_tensor_name(key)} holds NaN or infinite values "
+                    "(load(..., allow_non_finite=True) loads them)"
+                )
     return header, tensors
 
 
-def _get(header: object, key: str) -> object:
-    return header.get(key) if isinstance(header, dict) else header
+def _parse(text: str, path: str) -> Any:
+    """The description's JSON, refused where it has no exact meaning: NaN or infinity (Python's
+    ``json`` accepts them), a key given twice (the last would win silently)."""
+
+    def no_constant(name: str) -> NoReturn:
+        raise ValueError(f"{name} is not a finite number")
+
+    def an_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        value = dict(pairs)
+        if len(value) != len(pairs):
+            raise ValueError("an object has a key twice")
+        return value
+
+    try:
+        return json.loads(text, parse_constant=no_constant, object_pairs_hook=an_object)
+    except RecursionError:
+        raise CheckpointError(f"{path}: the checkpoint's description nests too deeply") from None
+    except ValueError as e:
+        raise CheckpointError(f"{path}: the checkpoint's description is not exact JSON: {e}") from None
+
+
+def _verify(digests: Any, tensors: dict[str, np.ndarray[Any, Any]], path: str) -> None:
+    """Every array of the file matches the digest written for it at save, and each has one."""
+    if not isinstance(digests, dict) or set(digests) != set(tensors):
+        raise CheckpointError(f"{path}: the checkpoint's digests do not name its arrays: the file is damaged")
+    for key, array in tensors.items():
+        if digests[key] != _digest(array):
+            raise CheckpointError(
+                f"{path}: {_tensor_name(key)} does not match its digest: the file is damaged"
+            )
+
+
+def _tensor_name(key: str) -> str:
+    """An array of the file as its errors name it: ``weight 'w'``, its optimizer state's."""
+    kind, _, rest = key.partition("/")
+    if kind == "weight":
+        return f"weight {rest!r}"
+    if kind == "state" and "/" in rest:
+        name, _, k = rest.rpartition("/")
+        return f"weight {name!r}: its optimizer state (array {k})"
+    return f"the array {key!r}"
 
 
 def _metadata_of(raw: bytes) -> dict[str, str]:
@@ -237,8 +432,15 @@ def _restore(
     if "optimizer" not in entry:
         return data, None
     optimizer = _rebuild_optimizer(entry["optimizer"], bad)
+    # A schedule, a tuple or a bare value would be taken for the weight's optimizer, and its next
+    # step would restart the state (another kind) or fail: only monadl's optimizers are.
+    if not isinstance(optimizer, optimizers.OPTIMIZER_CLASSES):
+        raise bad("its optimizer's description is malformed (not one of monadl's optimizers)")
     state = _decode_state(entry.get("state"), tensors, f"state/{name}/", bad)
     _check_state(state, data, bad)
+    problem = optimizer.check_state(state, data)
+    if problem is not None:
+        raise bad(f"its optimizer state does not fit its {type(optimizer).__name__}: {problem}")
     return data, (optimizer, state)
 
 

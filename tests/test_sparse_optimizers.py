@@ -2,8 +2,9 @@
 
 By default they decay their moments on every row, so the step is bit for bit the dense gradient's
 (a sparse gradient is densified first, but for Adam on a large NumPy table, which skips the zero
-rows' products a chunk at a time). ``lazy=True`` updates the touched rows only (as PyTorch's
-SparseAdam): untouched rows keep their data and moments; touched rows get the dense rule's result.
+rows' products a chunk at a time). ``lazy=True`` updates the touched rows only: untouched rows keep
+their data and moments; touched rows get lazy Momentum the dense rule's result, lazy Adam PyTorch's
+SparseAdam's (``tests/test_optimizer_state.py`` compares it with torch's).
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ def test_a_training_step_on_a_lookup_is_the_step_on_its_dense_gradient(optimizer
 
 
 def _sparse_adam(data: Any, gradients: list[SparseRows], lr: float, wd: float = 0.0) -> tuple[Any, ...]:
-    """PyTorch's SparseAdam semantics, written out row by row: a row's moments change only on a step
-    that touches it; the bias correction uses the weight's step count."""
+    """PyTorch's SparseAdam, written out row by row: a row's moments change only on a step that
+    touches it; the bias correction (on the step size) uses the weight's step count."""
     m, v = np.zeros_like(data), np.zeros_like(data)
     data = data.copy()
     for t, g in enumerate(gradients, start=1):
@@ -81,7 +82,7 @@ def _sparse_adam(data: Any, gradients: list[SparseRows], lr: float, wd: float = 
             row = dense[r] + wd * data[r]
             m[r] = 0.9 * m[r] + 0.1 * row
             v[r] = 0.999 * v[r] + 0.001 * row * row
-            data[r] = data[r] - lr * (m[r] / (1 - 0.9**t)) / ((v[r] / (1 - 0.999**t)) ** 0.5 + 1e-8)
+            data[r] = data[r] - lr * (1 - 0.999**t) ** 0.5 / (1 - 0.9**t) * (m[r] / (v[r] ** 0.5 + 1e-8))
     return data, m, v
 
 
@@ -105,8 +106,9 @@ def test_lazy_adam_updates_the_touched_rows_only(wd: float) -> None:
     assert not np.any(m[never]) and not np.any(v[never])
 
 
-def test_lazy_touched_rows_are_the_dense_rules_rows_bit_for_bit() -> None:
-    # One step from a fresh state: a touched row's result is the dense rule's for that row.
+def test_lazy_touched_rows_match_the_dense_rule() -> None:
+    # One step from a fresh state: a touched row's result is the dense rule's for that row (lazy
+    # Momentum; lazy Adam is SparseAdam, whose epsilon is not bias-corrected: about as close).
     data = np.random.default_rng(8).standard_normal(SHAPE)
     g = _gradient(9)
     for lazy, dense in [
@@ -115,7 +117,10 @@ def test_lazy_touched_rows_are_the_dense_rules_rows_bit_for_bit() -> None:
     ]:
         got, got_state = _run(lazy, data, [g])
         expected, expected_state = _run(dense, data, [g.to_dense()])
-        np.testing.assert_array_equal(got[TOUCHED], expected[TOUCHED])
+        if isinstance(lazy, ml.Adam):
+            np.testing.assert_allclose(got[TOUCHED], expected[TOUCHED], rtol=1e-5)
+        else:
+            np.testing.assert_array_equal(got[TOUCHED], expected[TOUCHED])
         np.testing.assert_array_equal(got[UNTOUCHED], data[UNTOUCHED])
         np.testing.assert_array_equal(got_state[0][TOUCHED], expected_state[0][TOUCHED])
 

@@ -18,6 +18,7 @@ import errno
 import hashlib
 import os
 import re
+import secrets
 import shutil
 import socket
 import stat
@@ -136,31 +137,57 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
 
     The file gets the mode a plain ``open`` would give it (an existing file's own, else
     ``0o666`` less the umask), and a symbolic link at ``path`` is written through, not replaced."""
-    path = Path(os.path.realpath(path))
-    directory = path.parent
-    if not directory.is_dir():  # else mkstemp's error would name the temporary file
-        raise FileNotFoundError(errno.ENOENT, f"cannot write {path.name}: no such directory", str(directory))
-    mode = _mode_for(path)
-    remove_stale_temporaries(directory, path.name)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=temporary_prefix(path.name), suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
+    path, tmp, mode = _temporary_for(path)
+    try:  # (entered before the file exists: no interrupt can leave it behind)
+        with os.fdopen(_create(tmp), "wb") as f:
             yield f
             f.flush()
-            os.fchmod(f.fileno(), mode)  # mkstemp makes it 0600
+            os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    sync_directory(directory)
+    sync_directory(path.parent)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Writes ``data`` to ``path`` atomically."""
-    with atomic_file(path) as f:
-        f.write(data)
+    """Writes ``data`` to ``path`` atomically (as :func:`atomic_file`)."""
+    path, tmp, mode = _temporary_for(path)
+    try:  # (entered before the file exists: no interrupt can leave it behind)
+        fd = _create(tmp)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    sync_directory(path.parent)
+
+
+def _temporary_for(path: Path) -> tuple[Path, Path, int]:
+    """``path`` resolved (a symbolic link is written through), the name of a temporary file of this
+    process's own for it (not made yet), and the mode a plain ``open`` would give ``path``; stale
+    temporaries of earlier writers are removed."""
+    path = Path(os.path.realpath(path))
+    directory = path.parent
+    if not directory.is_dir():  # else the error would name the temporary file
+        raise FileNotFoundError(errno.ENOENT, f"cannot write {path.name}: no such directory", str(directory))
+    remove_stale_temporaries(directory, path.name)
+    return path, directory / f"{temporary_prefix(path.name)}{secrets.token_hex(8)}.tmp", _mode_for(path)
+
+
+def _create(tmp: Path) -> int:
+    """A new file of the owner's only (its mode is set once written), never one that exists."""
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
 
 
 @contextlib.contextmanager

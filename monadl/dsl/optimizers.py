@@ -32,11 +32,24 @@ exactly as they are, and the touched rows are computed by the dense rule's own o
 summed rows, so the result is bit for bit the dense one. Momentum and Adam decay their moments on
 every row, and weight decay touches every row: by default they densify the gradient first, so a
 sparse gradient gives bit for bit what its dense equivalent (``gradient.to_dense()``) gives.
-``lazy=True`` (Momentum, Adam) updates the touched rows only, as PyTorch's ``SparseAdam``: an
-untouched row keeps its data and its moments (they are not decayed), a touched row gets the dense
-rule's result for that row (its weight decay included), and the step count goes up on every update.
-On a dense gradient, and where the namespace has no scatter (array-API), lazy is the dense rule.
-Clipping a sparse gradient reads its summed rows (repeated indices added first).
+``lazy=True`` (Momentum, Adam) updates the touched rows only: an untouched row keeps its data and
+its moments (they are not decayed), and the step count goes up on every update. Lazy Momentum gives
+a touched row the dense rule's result for that row. Lazy Adam is PyTorch's ``SparseAdam``, operation
+for operation: on a touched row ``m += (1 - beta1) * (g - m)``, ``v += (1 - beta2) * (g * g - v)``,
+``data -= lr * sqrt(1 - beta2**t) / (1 - beta1**t) * (m / (sqrt(v) + epsilon))``. Its bias
+correction is on the step size, so epsilon is not scaled by it as in the dense rule
+(``m_hat / (sqrt(v_hat) + epsilon)``): a touched row differs from the dense rule's by about
+``epsilon / sqrt(v_hat)`` relatively. Weight decay, which SparseAdam lacks, is added to the touched
+rows' gradient. On a dense gradient, and where the namespace has no scatter (array-API), lazy is
+the dense rule. Clipping a sparse gradient reads its summed rows (repeated indices added first).
+
+**A weight keeps its type, shape and dtype** across every update: NumPy's arithmetic on a 0-d array
+gives a scalar, so a 0-d weight's results (data and state) are made 0-d arrays again.
+
+**States are checked** where they come from outside a training step (a checkpoint):
+``check_state(state, data)`` says what is wrong with ``state`` for a weight holding ``data``
+(``None`` if nothing): its shape, the type, shape and dtype of its arrays (the weight's, for every
+optimizer here, lazy ones included), step counts (Python ints >= 0), sums of squares >= 0.
 """
 
 from __future__ import annotations
@@ -117,6 +130,59 @@ def _lazy_rows(gradient: Any, data: Any, weight_decay: float) -> tuple[Any, Any,
     return xp, rows, g + weight_decay * data[rows]
 
 
+def _kept(result: Any, data: Any) -> Any:
+    """``result`` as a 0-d array where ``data`` is a NumPy array: NumPy's arithmetic on 0-d arrays
+    gives scalars, and a weight that changed type would change the structure of the next graph
+    (which then is not replayed). The value is kept bit for bit."""
+    if type(result) is not np.ndarray and type(data) is np.ndarray:
+        return np.asarray(result)
+    return result
+
+
+def _shown(value: object) -> str:
+    """A state part or a weight's data, as an error message names it."""
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)} items"
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"a {dtype} {tuple(shape)} {type(value).__name__}"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _parts_problem(state: object, names: tuple[str, ...]) -> str | None:
+    """What is wrong with the shape of a state that should be the tuple ``names``."""
+    if type(state) is not tuple or len(state) != len(names):
+        return f"the state is {_shown(state)}, not a tuple ({', '.join(names)})"
+    return None
+
+
+def _step_problem(step: object) -> str | None:
+    """What is wrong with a step count (a schedule's argument, the bias correction's exponent)."""
+    if type(step) is not int or step < 0:
+        return f"the step count is {_shown(step)}, not an int >= 0"
+    return None
+
+
+def _array_problem(name: str, part: Any, data: Any, non_negative: bool = False) -> str | None:
+    """What is wrong with a state's array ``part`` (a moment, a sum) for a weight holding ``data``:
+    not of the weight's type, shape and dtype (a float for a float weight), or negative where it
+    must not be (a sum of squares, whose square root is taken). NaN and infinity are not checked:
+    a diverged run's state is still its state (a checkpoint's load refuses them unless told)."""
+    if isinstance(data, float) or (isinstance(part, float) and getattr(data, "shape", None) == ()):
+        # A float weight's state holds floats; so did a 0-d array weight's before its results were
+        # kept 0-d arrays (a checkpoint saved those NumPy scalars as floats): both are loadable.
+        if not isinstance(part, float):
+            return f"its {name} is {_shown(part)}, not a float like the weight"
+        negative = part < 0.0
+    else:
+        if type(part) is not type(data) or part.shape != data.shape or part.dtype != data.dtype:
+            return f"its {name} is {_shown(part)}, not {_shown(data)} like the weight"
+        negative = non_negative and bool(namespace(part).any(part < 0.0))
+    if non_negative and negative:
+        return f"its {name} has a negative entry"
+    return None
+
+
 def _with_rows(xp: Any, array: Any, rows: Any, values: Any) -> Any:
     """A copy of ``array`` with ``rows`` set to ``values``."""
     new = xp.asarray(array, copy=True)
@@ -144,7 +210,12 @@ class SGD:
         if sparse is not None:  # the touched rows only: the rest keep ``data - lr * 0 == data``
             xp, rows, g = sparse
             return _with_rows(xp, data, rows, data[rows] - rate * g), step + 1
-        return data - rate * _decayed(gradient, data, self.weight_decay), step + 1
+        return _kept(data - rate * _decayed(gradient, data, self.weight_decay), data), step + 1
+
+    def check_state(self, state: object, data: Any) -> str | None:
+        """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must
+        be a step count (``None``, from earlier versions, counts as 0)."""
+        return None if state is None else _step_problem(state)
 
     def update_owned(self, data: Any, gradient: Any, state: int | None) -> tuple[Any, Any]:
         """``update`` for a gradient whose memory the caller hands over (a training step's own NumPy
@@ -180,7 +251,7 @@ class SGD:
         if owned and type(scaled) is np.ndarray:
             np.subtract(data, scaled, out=scaled)
             return scaled, step
-        return data - dense(scaled), step
+        return _kept(data - dense(scaled), data), step
 
 
 @dataclass(frozen=True)
@@ -199,7 +270,15 @@ class Momentum:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
 
     def init(self, data: Any) -> tuple[Any, int]:
-        return data * 0.0, 0
+        return _kept(data * 0.0, data), 0
+
+    def check_state(self, state: object, data: Any) -> str | None:
+        """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must be
+        ``(velocity, step count)``, the velocity of the weight's shape and dtype."""
+        problem = _parts_problem(state, ("velocity", "step count"))
+        if problem is not None or not isinstance(state, tuple):
+            return problem
+        return _array_problem("velocity", state[0], data) or _step_problem(state[1])
 
     def update(self, data: Any, gradient: Any, state: tuple[Any, int]) -> tuple[Any, tuple[Any, int]]:
         velocity, step = state
@@ -212,8 +291,8 @@ class Momentum:
                 new_velocity,
                 step + 1,
             )
-        velocity = self.momentum * velocity + _decayed(gradient, data, self.weight_decay)
-        return data - rate * velocity, (velocity, step + 1)
+        velocity = _kept(self.momentum * velocity + _decayed(gradient, data, self.weight_decay), data)
+        return _kept(data - rate * velocity, data), (velocity, step + 1)
 
 
 @dataclass(frozen=True)
@@ -234,7 +313,20 @@ class Adam:
             raise ValueError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}")
 
     def init(self, data: Any) -> tuple[Any, Any, int]:
-        return data * 0.0, data * 0.0, 0
+        return _kept(data * 0.0, data), _kept(data * 0.0, data), 0
+
+    def check_state(self, state: object, data: Any) -> str | None:
+        """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must be
+        ``(first moment, second moment, step count)``, the moments of the weight's shape and dtype
+        (lazy or not), the second one >= 0."""
+        problem = _parts_problem(state, ("first moment", "second moment", "step count"))
+        if problem is not None or not isinstance(state, tuple):
+            return problem
+        return (
+            _array_problem("first moment", state[0], data)
+            or _array_problem("second moment", state[1], data, non_negative=True)
+            or _step_problem(state[2])
+        )
 
     def update(
         self, data: Any, gradient: Any, state: tuple[Any, Any, int]
@@ -244,14 +336,15 @@ class Adam:
         t += 1
         b1, b2 = self.beta1, self.beta2
         sparse = _lazy_rows(gradient, data, self.weight_decay) if self.lazy else None
-        if sparse is not None:
+        if sparse is not None:  # torch.optim.SparseAdam's operations, in its order (its bits)
             xp, rows, g = sparse
-            m = _with_rows(xp, m, rows, b1 * m[rows] + (1.0 - b1) * g)
-            v = _with_rows(xp, v, rows, b2 * v[rows] + (1.0 - b2) * (g * g))
-            m_hat = m[rows] / (1.0 - b1**t)
-            v_hat = v[rows] / (1.0 - b2**t)
-            step = rate * m_hat / (v_hat**0.5 + self.epsilon)
-            return _with_rows(xp, data, rows, data[rows] - step), (m, v, t)
+            m_rows, v_rows = m[rows], v[rows]
+            m_rows = m_rows + (1.0 - b1) * (g - m_rows)
+            v_rows = v_rows + (1.0 - b2) * (g * g - v_rows)
+            step_size = rate * math.sqrt(1.0 - b2**t) / (1.0 - b1**t)
+            new_rows = data[rows] - step_size * (m_rows / (v_rows**0.5 + self.epsilon))
+            m, v = _with_rows(xp, m, rows, m_rows), _with_rows(xp, v, rows, v_rows)
+            return _with_rows(xp, data, rows, new_rows), (m, v, t)
         if type(gradient) is SparseRows and not self.weight_decay and _same_arrays(data, m, v):
             summed = _summed_rows(gradient)
             if summed is not None and type(summed[2]) is np.ndarray and summed[2].dtype == data.dtype:
@@ -261,11 +354,11 @@ class Adam:
         if _same_arrays(data, g, m, v):
             new, m, v = _adam_in_chunks(data, g, m, v, b1, b2, t, rate, self.epsilon)
             return new, (m, v, t)
-        m = b1 * m + (1.0 - b1) * g
-        v = b2 * v + (1.0 - b2) * (g * g)
+        m = _kept(b1 * m + (1.0 - b1) * g, data)
+        v = _kept(b2 * v + (1.0 - b2) * (g * g), data)
         m_hat = m / (1.0 - b1**t)
         v_hat = v / (1.0 - b2**t)
-        return data - rate * m_hat / (v_hat**0.5 + self.epsilon), (m, v, t)
+        return _kept(data - rate * m_hat / (v_hat**0.5 + self.epsilon), data), (m, v, t)
 
 
 _CHUNK = 1 << 15
@@ -365,7 +458,18 @@ class Adagrad:
         _check(self.learning_rate, self.weight_decay)
 
     def init(self, data: Any) -> tuple[Any, int]:
-        return data * 0.0, 0
+        return _kept(data * 0.0, data), 0
+
+    def check_state(self, state: object, data: Any) -> str | None:
+        """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must be
+        ``(sum of squared gradients, step count)``, the sum >= 0 and of the weight's shape and
+        dtype."""
+        problem = _parts_problem(state, ("sum of squared gradients", "step count"))
+        if problem is not None or not isinstance(state, tuple):
+            return problem
+        return _array_problem("sum of squared gradients", state[0], data, non_negative=True) or _step_problem(
+            state[1]
+        )
 
     def update(self, data: Any, gradient: Any, state: tuple[Any, int]) -> tuple[Any, tuple[Any, int]]:
         total, step = state
@@ -377,8 +481,8 @@ class Adagrad:
             new = _with_rows(xp, data, rows, data[rows] - rate * g / (total[rows] ** 0.5 + self.epsilon))
             return new, (total, step + 1)
         g = _decayed(gradient, data, self.weight_decay)
-        total = total + g * g
-        return data - rate * g / (total**0.5 + self.epsilon), (total, step + 1)
+        total = _kept(total + g * g, data)
+        return _kept(data - rate * g / (total**0.5 + self.epsilon), data), (total, step + 1)
 
 
 # --------------------------------------------------------------------------- gradient transforms
@@ -494,6 +598,11 @@ class Chain:
     def update(self, data: Any, gradient: Any, state: Any) -> tuple[Any, Any]:
         return self.optimizer.update(data, gradient, state)
 
+    def check_state(self, state: object, data: Any) -> str | None:
+        """Its optimizer's ``check_state`` (None where that optimizer has none: it is not checked)."""
+        check = getattr(self.optimizer, "check_state", None)
+        return None if check is None else check(state, data)
+
     def transform_gradients(self, gradients: list[Any]) -> list[Any]:
         """The gradients of every weight of a step that this chain updates, transformed in turn
         (an inner chain's transformations last)."""
@@ -518,6 +627,16 @@ def chain(*parts: GradientTransform | Optimizer) -> Chain:
         raise TypeError("chain: expected one or more gradient transformations, then an optimizer")
     *transforms, optimizer = parts
     return Chain(tuple(transforms), optimizer)  # type: ignore[arg-type]
+
+
+OPTIMIZER_CLASSES: tuple[type[SGD | Momentum | Adam | Adagrad | Chain], ...] = (
+    SGD,
+    Momentum,
+    Adam,
+    Adagrad,
+    Chain,
+)
+"""monadl's optimizers (each has ``check_state``): what a checkpoint may rebuild as a weight's."""
 
 
 def state_kind(optimizer: Optimizer) -> type:

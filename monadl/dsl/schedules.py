@@ -8,6 +8,10 @@ wherever it takes a learning rate: ``ml.Adam(ml.CosineDecay(1e-3, steps=10_000))
 
 The schedules here are small frozen dataclasses (equal settings, equal schedules) that compose:
 ``LinearWarmup(1e-3, 100, then=CosineDecay(1e-3, 900))`` warms up for 100 steps, then decays.
+
+A checkpoint (:mod:`monadl.checkpoint`) saves a schedule by its class and settings, so only the
+classes here can be saved: a plain function (or a class of your own) trains, but ``ml.save``
+refuses it with a ``TypeError`` naming the weight and the schedule.
 """
 
 from __future__ import annotations
