@@ -103,12 +103,43 @@ div = _elementwise(
     (lambda xp, d, o, a, b: d / b, lambda xp, d, o, a, b: -d * o / b),
     True,
 )
-power = _elementwise(
-    "pow",
-    lambda xp, a, b: a**b,
-    (lambda xp, d, o, a, b: d * b * a ** (b - 1.0), lambda xp, d, o, a, b: d * _log(xp, a) * o),
-    True,
-)
+
+
+def _pow_vjp_base(xp: Any, d: Any, o: Any, a: Any, b: Any) -> Any:
+    """The delta of ``a`` in ``a ** b``: ``d * b * a ** (b - 1)``, 0 where ``b`` is 0 (as PyTorch).
+
+    ``a ** 0`` is the constant 1, so its derivative is 0 everywhere; the formula gives
+    ``0 * 0 ** -1 = 0 * inf = nan`` at ``a == 0``. A float exponent (``x ** 2``, the common case)
+    is tested in Python, so an array's other elements are computed as before, without a select."""
+    if type(b) is float:
+        if b == 0.0:
+            return xp.zeros_like(d) if type(d) is not float else 0.0
+        return d * b * a ** (b - 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0 ** -1 and 0 * inf, selected out
+        return xp.where(b == 0.0, 0.0, d * b * a ** (b - 1.0))
+
+
+def _pow_vjp_exponent(xp: Any, d: Any, o: Any, a: Any, b: Any) -> Any:
+    """The delta of ``b`` in ``a ** b``: ``d * log(a) * a ** b``, 0 where ``a == 0`` and ``b >= 0``.
+
+    There ``0 ** b`` is constant (0, or 1 at b == 0) and the formula gives ``-inf * 0 = nan`` (b > 0)
+    or ``-inf`` (b == 0, where the power has no derivative: 0, as PyTorch gives). Elsewhere, a
+    zero base with a negative exponent included, the result is the formula's, bit for bit."""
+    if type(a) is float:  # a float base: one test in Python, no select unless it is 0
+        if a != 0.0:
+            return d * _log(xp, a) * o
+        zero = b >= 0.0
+    elif type(b) is float:
+        if b < 0.0:
+            return d * _log(xp, a) * o
+        zero = a == 0.0
+    else:
+        zero = (a == 0.0) & (b >= 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):  # log(0) and -inf * 0, selected out
+        return xp.where(zero, 0.0, d * _log(xp, a) * o)
+
+
+power = _elementwise("pow", lambda xp, a, b: a**b, (_pow_vjp_base, _pow_vjp_exponent), True)
 maximum = _elementwise(
     "maximum",
     lambda xp, a, b: xp.maximum(a, b),
@@ -127,10 +158,30 @@ log = _elementwise("log", lambda xp, x: xp.log(x), (lambda xp, d, o, x: d / x,))
 sqrt = _elementwise("sqrt", lambda xp, x: xp.sqrt(x), (lambda xp, d, o, x: d * 0.5 / o,))
 absolute = _elementwise("abs", lambda xp, x: xp.abs(x), (lambda xp, d, o, x: d * xp.sign(x),))
 tanh = _elementwise("tanh", lambda xp, x: xp.tanh(x), (lambda xp, d, o, x: d * (1.0 - o * o),))
-# 0.5 * (1 + tanh(x / 2)) is sigmoid without overflow for large |x|.
-sigmoid = _elementwise(
-    "sigmoid", lambda xp, x: 0.5 * (xp.tanh(0.5 * x) + 1.0), (lambda xp, d, o, x: d * o * (1.0 - o),)
-)
+
+
+def _sigmoid(xp: Any, x: Any) -> Any:
+    """``1 / (1 + exp(-x))``, accurate to a few ulps wherever the result is a normal number.
+
+    ``exp(-x)`` and the sum keep their relative error of an ulp or so, and a quotient adds half an
+    ulp, at every x: no difference of nearly equal values. (``0.5 * (1 + tanh(x / 2))``, as it was,
+    cancels for negative x: all its digits were gone below -38 in float64, -18 in float32, so
+    ``log(sigmoid(x))`` was infinite.) For x below -log(max float) (-709.8 in float64, -88.7 in
+    float32) ``exp(-x)`` overflows to inf and the result is 0 where the exact one is subnormal;
+    the overflow is expected there, not warned of. One exp, as fast as this can be in NumPy: an
+    ``exp(-|x|)`` form, which cannot overflow, needs a select (``where``), which costs NumPy twice
+    as much as the exp itself."""
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + xp.exp(-x))
+
+
+# d * s * (1 - s), as PyTorch and JAX compute it. Where s <= 1/2 (x <= 0), 1 - s is in [1/2, 1]
+# and the product is good to a few ulps (an accurate s matters there: the old one was 0 below -38).
+# For large positive x, 1 - s cancels, but only to an absolute error of about eps * |d| (the
+# rounding of s near 1): large relative error only in a gradient below the rounding of whatever it
+# is added to. (An exact form, d * s / (1 + exp(x)), would add an exp to every gate's backward:
+# 3 times the vjp's time.)
+sigmoid = _elementwise("sigmoid", _sigmoid, (lambda xp, d, o, x: d * o * (1.0 - o),))
 
 
 def _relu_vjp(xp: Any, d: Any, o: Any, x: Any) -> Any:
@@ -792,13 +843,52 @@ linear = Primitive(
 
 
 def _log_softmax(xp: Any, x: Any, axis: int) -> Any:
+    """``x - logsumexp(x)`` along ``axis``, to a few ulps of each result, those near 0 included.
+
+    With ``shifted = x - max``, ``logsumexp - max`` is ``log(1 + s)``, ``s`` the sum of the terms
+    ``exp(shifted)`` but one maximum's (exactly 1). ``log`` of the rounded sum ``1 + s`` loses ``s``
+    below an ulp of 1, and the log-probability of a confident class came out 0 (relative error 1:
+    it is -s): so ``s`` is summed without that 1, and ``log1p(s)`` keeps it. (Other maxima, ties,
+    stay in ``s`` as 1s: then ``s >= 1``, with nothing to lose.)"""
     if xp is NUMPY:  # the ufuncs' reductions, and in place on our own array: np.max and np.sum add
-        # microseconds of Python each, more than the arithmetic on a batch of logits
-        shifted = x - np.maximum.reduce(x, axis=axis, keepdims=True)
-        shifted -= np.log(np.add.reduce(np.exp(shifted), axis=axis, keepdims=True))
+        # microseconds of Python each, more than the arithmetic on a batch of logits. One maximum
+        # per row by argmax, which costs no more than the max: its term is then set to 0 in place,
+        # where a mask of the maxima would cost three passes more (half again the whole op).
+        if x.ndim == 2 and axis in (1, -1):  # a batch of logits: plain indexing, no along_axis wrappers
+            rows = np.arange(x.shape[0])
+            top = np.argmax(x, axis=1)
+            shifted = x - x[rows, top][:, None]
+            terms = np.exp(shifted)
+            terms[rows, top] = 0.0
+        else:
+            top = np.expand_dims(np.argmax(x, axis=axis), axis)
+            shifted = x - np.take_along_axis(x, top, axis)
+            terms = np.exp(shifted)
+            np.put_along_axis(terms, top, 0.0, axis)
+        shifted -= np.log1p(np.add.reduce(terms, axis=axis, keepdims=True))
         return shifted
+    # The array API has no put_along_axis: the maxima's 1s are taken out by a mask, all of them
+    # (their count less one added back).
     shifted = x - xp.max(x, axis=axis, keepdims=True)
-    return shifted - xp.log(xp.sum(xp.exp(shifted), axis=axis, keepdims=True))
+    top = xp.astype(shifted == 0.0, shifted.dtype)  # the array API subtracts no bools from floats
+    rest = xp.sum(xp.exp(shifted) - top, axis=axis, keepdims=True) + (
+        xp.sum(top, axis=axis, keepdims=True) - 1.0
+    )
+    return shifted - xp.log1p(rest)
+
+
+def _softmax(xp: Any, x: Any, axis: int = -1) -> Any:
+    """``exp(x - max) / sum(exp(x - max))`` along ``axis``. (``exp(log_softmax(x))``, as it was, costs
+    a log and a second exp more, and rounds the log-probability ``x - max - logsumexp`` once more
+    before its exp: up to |log-probability| / 2 ulps of relative error, 32 ulps for a probability of
+    e^-100.)"""
+    if xp is NUMPY:  # as in _log_softmax: the ufuncs, in place on our own array
+        e = x - np.maximum.reduce(x, axis=axis, keepdims=True)
+        np.exp(e, out=e)
+        e /= np.add.reduce(e, axis=axis, keepdims=True)
+        return e
+    e = xp.exp(x - xp.max(x, axis=axis, keepdims=True))
+    return e / xp.sum(e, axis=axis, keepdims=True)
 
 
 def _check_has_axis(name: str) -> Callable[..., None]:
@@ -813,7 +903,7 @@ def _check_has_axis(name: str) -> Callable[..., None]:
 
 softmax = Primitive(
     "softmax",
-    lambda xp, x, axis=-1: xp.exp(_log_softmax(xp, x, axis)),
+    _softmax,
     (lambda xp, d, o, x, axis=-1: o * (d - xp.sum(d * o, axis=axis, keepdims=True)),),
     check=_check_has_axis("softmax"),
     batch=Batching(axis=True, axis_default=-1),
@@ -891,7 +981,7 @@ def _cross_entropy(xp: Any, logits: Any, targets: Any, labels: tuple[int, int] |
         # whatever its memory layout.
         matrix = logits if logits.ndim == 2 else logits.reshape(batch, logits.shape[-1])
         labels_flat = targets if targets.ndim == 1 else targets.reshape(batch)
-        log_p = _log_softmax(np, matrix, -1)
+        log_p = _log_softmax(NUMPY, matrix, -1)
         rows = np.arange(batch)
         picked = log_p[rows, labels_flat]
         gradient = np.exp(log_p)
