@@ -56,7 +56,10 @@ FORMAT = 2
 """The format written; format 1 (no digests) is still read."""
 _FORMATS = (1, 2)
 _KEY = "monadl"
-_DIGEST_KEY = "monadl.sha256"  # the description's digest, beside it in safetensors' metadata
+_DIGEST_ENTRY = "sha256"
+"""The description's last entry (format 2): the SHA-256 of its JSON text without it. It is inside
+the one metadata entry of safetensors' header, whose entries a writer orders at random, so that
+one model's checkpoint is the same bytes from every process."""
 MAX_DEPTH = 64
 """How deeply metadata values (and an optimizer's description) may nest lists and dicts: deep
 enough for any real use, shallow enough that no walk of a file's description can overflow the
@@ -108,9 +111,14 @@ def to_bytes(model: object, *, metadata: Mapping[str, JSON] | None = None) -> by
         described[name] = entry
     digests = {key: _digest(array) for key, array in tensors.items()}
     header = {"format": FORMAT, "weights": described, "metadata": checked, "digests": digests}
-    text = json.dumps(header, allow_nan=False)  # checked above: cannot fail
-    encoded: bytes = encode(tensors, metadata={_KEY: text, _DIGEST_KEY: _text_digest(text)})
+    encoded: bytes = encode(tensors, metadata={_KEY: sealed(header)})
     return encoded
+
+
+def sealed(header: dict[str, Any]) -> str:
+    """A format 2 description's JSON text: ``header`` with its own digest as its last entry."""
+    text = json.dumps(header, allow_nan=False)  # checked at save: cannot fail
+    return json.dumps({**header, _DIGEST_ENTRY: _text_digest(text)}, allow_nan=False)
 
 
 def _contiguous(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -307,19 +315,24 @@ def _read(
     text = entries.get(_KEY)
     if not isinstance(text, str):
         raise CheckpointError(f"{path}: a safetensors file, but not a monadl checkpoint (no {_KEY!r} entry)")
-    digest = entries.get(_DIGEST_KEY)
-    if digest is not None and digest != _text_digest(text):
-        raise CheckpointError(
-            f"{path}: the checkpoint's description does not match its digest: the file is damaged"
-        )
     header = _parse(text, path)
     form = header.get("format") if isinstance(header, dict) else header
     if not isinstance(header, dict) or type(form) is not int or form not in _FORMATS:
         raise CheckpointError(f"{path}: a checkpoint of another format ({form!r}, not one of {_FORMATS})")
-    if form >= 2 and digest is None:
+    if _depth(header) > _HEADER_DEPTH:  # before anything walks it recursively
         raise CheckpointError(
-            f"{path}: the checkpoint has no digest of its description (format {form} has one)"
+            f"{path}: the checkpoint's description nests deeper than {_HEADER_DEPTH} levels"
         )
+    if form >= 2:
+        digest = header.pop(_DIGEST_ENTRY, None)
+        if digest is None:
+            raise CheckpointError(
+                f"{path}: the checkpoint has no digest of its description (format {form} has one)"
+            )
+        if digest != _text_digest(json.dumps(header, allow_nan=False)):
+            raise CheckpointError(
+                f"{path}: the checkpoint's description does not match its digest: the file is damaged"
+            )
     keys = {"format", "weights", "metadata"} | ({"digests"} if form >= 2 else set())
     if set(header) != keys:
         raise CheckpointError(
@@ -327,10 +340,6 @@ def _read(
         )
     if not isinstance(header["weights"], dict) or not isinstance(header["metadata"], dict):
         raise CheckpointError(f"{path}: the checkpoint's description has no weights or metadata")
-    if _depth(header) > _HEADER_DEPTH:  # before anything walks it recursively
-        raise CheckpointError(
-            f"{path}: the checkpoint's description nests deeper than {_HEADER_DEPTH} levels"
-        )
 
     def refuse(where: str, problem: str) -> NoReturn:
         raise CheckpointError(f"{path}: the checkpoint's {where} {problem}")

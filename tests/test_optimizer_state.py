@@ -53,11 +53,11 @@ def _edited(raw: bytes, edit: Callable[[dict[str, Any]], None]) -> bytes:
     length = int.from_bytes(raw[:8], "little")
     header = json.loads(raw[8 : 8 + length])
     described = json.loads(header["__metadata__"]["monadl"])
+    sealed = described.pop("sha256", None) is not None
     edit(described)
-    text = json.dumps(described)
-    header["__metadata__"]["monadl"] = text
-    if "monadl.sha256" in header["__metadata__"]:  # the description's digest, made anew
-        header["__metadata__"]["monadl.sha256"] = hashlib.sha256(text.encode()).hexdigest()
+    if sealed:  # the description's digest, made anew (of its text without it)
+        described["sha256"] = hashlib.sha256(json.dumps(described).encode()).hexdigest()
+    header["__metadata__"]["monadl"] = json.dumps(described)
     encoded = json.dumps(header).encode()
     encoded += b" " * (-len(encoded) % 8)  # safetensors pads its header to 8 bytes
     return len(encoded).to_bytes(8, "little") + encoded + raw[8 + length :]
