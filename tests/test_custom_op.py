@@ -84,3 +84,11 @@ def test_a_custom_op_trains() -> None:
     for _ in range(50):
         assert isinstance(ml.sum(softplus(w)).train_blocking(ml.SGD(0.5)), Success)
     assert np.all(w.data < 0.0)  # softplus falls toward 0 as w goes negative
+
+
+def test_a_finite_difference_that_is_not_finite_fails_the_check() -> None:
+    # log is not defined a step below 1e-9: the finite difference is NaN, which compared with any
+    # gradient (here a wrong 0) must fail, not pass as NaN > 0 (False) would let it.
+    bad_log = ml.custom_op("bad_log", lambda xp, x: xp.log(x), (lambda xp, d, o, x: d * 0.0,))
+    with pytest.raises(ml.GradientMismatch):
+        ml.check_gradients(lambda w: ml.sum(bad_log(w)), np.array([1e-9, 1.0]))
