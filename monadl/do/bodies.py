@@ -120,21 +120,12 @@ def fits_any_rows(program: Program) -> bool:
     """Whether a body's program holds for any number of rows: no stack in it joins values that
     depend on the rows with values that do not (equal in shape only for the rows it was recorded
     with)."""
-    rowed = [False] * program.slots
-    for slot in program.inputs:
-        rowed[slot] = True
+    rowed = rowed_slots(program.steps, program.inputs, program.slots)
     for step in program.steps:
-        reads = step.reads()
-        mine = False
-        for s in reads:
-            if rowed[s]:
-                mine = True
-        if type(step) is StackStep and mine:
-            for s in reads:
+        if type(step) is StackStep and _reads_rows(step, rowed):
+            for s in step.reads():
                 if not rowed[s]:
                     return False
-        if step.out < len(rowed):
-            rowed[step.out] = mine
     return True
 
 
@@ -146,22 +137,32 @@ def mixed_rows(frame: Run, inputs: int) -> str | None:
     a weight); an axis counted from the front (or all axes) of a reduction, an index or a join; an
     elementwise op whose operands' ranks differ from the rows' (its broadcast would reach the rows'
     axis). An op without a batching declaration is not checked."""
-    rowed = [False] * len(frame.datas)
-    for slot in range(inputs):
-        rowed[slot] = True
+    rowed = rowed_slots(frame.steps, list(range(inputs)), len(frame.datas))
     for step in frame.steps:
-        reads = step.reads()
-        mine = False
-        for s in reads:
-            if rowed[s]:
-                mine = True
-        if mine:
+        if _reads_rows(step, rowed):
             problem = _mixes(step, frame, rowed)
             if problem is not None:
                 return problem
-        if step.out < len(rowed):
-            rowed[step.out] = mine
     return None
+
+
+def rowed_slots(steps: list[Any], inputs: list[int], slots: int) -> list[bool]:
+    """Which slots of a body's frame hold the calls' rows: its inputs, and what a step computes
+    from any of them."""
+    rowed = [False] * slots
+    for slot in inputs:
+        rowed[slot] = True
+    for step in steps:
+        if step.out < slots and _reads_rows(step, rowed):
+            rowed[step.out] = True
+    return rowed
+
+
+def _reads_rows(step: Any, rowed: list[bool]) -> bool:
+    for s in step.reads():
+        if rowed[s]:
+            return True
+    return False
 
 
 def _mixes(step: Any, frame: Run, rowed: list[bool]) -> str | None:
