@@ -281,9 +281,15 @@ class _Replica:
         """Who this is: the process's incarnation, the last committed step, the process id."""
         return self._incarnation, self._committed, os.getpid()
 
-    def compute(self, step: int, shard: Any, scale: float, commit: int = 0) -> Outcome:
+    def compute(self, step: int, shard: Any, scale: float, commit: int = 0, incarnation: str = "") -> Outcome:
         """The shard's loss times ``scale`` and its gradients, kept for the reduction. ``commit``:
-        the previous step, to commit first (the driver's decision rides on the next step)."""
+        the previous step, to commit first (the driver's decision rides on the next step).
+        ``incarnation``: the one the driver knows this worker by; another is a process Ray started
+        anew since (a fresh replica, not the committed state), which computes nothing: the driver
+        restores it before its gradients count."""
+        if incarnation and incarnation != self._incarnation:
+            self._clear(step)
+            return ("restarted", self._incarnation)
         if commit:
             self.commit(commit)
         self._clear(step)
@@ -319,11 +325,11 @@ class _Replica:
         return float(value), packed
 
     def compute_and_send(
-        self, step: int, shard: Any, scale: float, commit: int = 0
+        self, step: int, shard: Any, scale: float, commit: int = 0, incarnation: str = ""
     ) -> tuple[Outcome, Packed | None]:
         """:meth:`compute`, and the gradients to send on (two objects: the driver fetches only the
         first)."""
-        outcome = self.compute(step, shard, scale, commit)
+        outcome = self.compute(step, shard, scale, commit, incarnation)
         return outcome, self._pending
 
     def reduce(self, step: int, *children: Packed | None) -> Packed | None:
@@ -579,6 +585,7 @@ class DataParallel(Generic[M, B]):
         sent = sum(self._bytes(shard) for shard in shards) if self._count_bytes else None
         commit = self._committed if self._unsent else 0  # the last step's commit rides on this one
         self._unsent = False
+        known = self._incarnations  # each worker checks it is the process the driver knows
         outcomes: list[Any] = [None] * n  # each worker's compute's answer
         sums: list[Any] = [None] * n  # the reference to each worker's gradients, then partial sum
         linked: list[tuple[int, Any]] = []  # (worker, its gradients) where the driver fetched them
@@ -595,10 +602,10 @@ class DataParallel(Generic[M, B]):
                 distance *= 2
             for i in range(n):
                 if children[i] or i == 0:
-                    outcomes[i] = actors[i].compute.remote(step, shards[i], scale, commit)
+                    outcomes[i] = actors[i].compute.remote(step, shards[i], scale, commit, known[i])
                 else:
                     send = actors[i].compute_and_send.options(num_returns=2)
-                    outcomes[i], sums[i] = send.remote(step, shards[i], scale, commit)
+                    outcomes[i], sums[i] = send.remote(step, shards[i], scale, commit, known[i])
             # (The partial sums are not awaited here: a failure among them fails the root's task,
             # and the workers lost are found by the recovery.)
             for i in reversed(range(1, n)):  # children (greater ranks) before their parents
@@ -613,7 +620,7 @@ class DataParallel(Generic[M, B]):
         else:
             for i in range(n):
                 send = actors[i].compute_and_send.options(num_returns=2)
-                outcomes[i], sums[i] = send.remote(step, shards[i], scale, commit)
+                outcomes[i], sums[i] = send.remote(step, shards[i], scale, commit, known[i])
             parts = self._gather(sums)
             linked = list(enumerate(parts))
             if all(type(part) is list for part in parts):
@@ -695,6 +702,11 @@ class DataParallel(Generic[M, B]):
             if isinstance(outcome, tuple) and outcome[0] == "error":
                 return WorkerError(k, self.workers, step, outcome[1], lost=False)
         lost = [(k, value) for k, value in enumerate(outcomes) if isinstance(value, BaseException)]
+        lost += [
+            (k, RuntimeError(f"worker {k} was restarted since the last step (a fresh replica)"))
+            for k, value in enumerate(outcomes)
+            if isinstance(value, tuple) and value[0] == "restarted"
+        ]
         lost += [(k, value) for k, value in linked if isinstance(value, BaseException)]
         lost += [(k, value) for k, value in enumerate(prepared) if isinstance(value, BaseException)]
         if lost:

@@ -324,6 +324,32 @@ def test_a_step_with_a_lost_worker_fails_cleanly(ray_session: Any, how: str) -> 
         assert_close(trainer, reference(batches, ml.Adam(0.01)))
 
 
+def test_a_worker_restarted_between_steps_is_restored_before_its_gradients_count(ray_session: Any) -> None:
+    """Killed between steps, a worker comes back as a fresh replica of ``build()`` with no task of
+    the driver's failing: every step's first task checks the worker's incarnation, so the next step
+    fails as lost, the worker is restored, and the replicas stay those of a run without the fault."""
+    batches = [batch(k) for k in range(4)]
+    with DataParallel(build, loss, ml.Adam(0.01), 2, max_restarts=3) as trainer:
+        assert isinstance(trainer.train(batches[:2]), Success)
+        victim = trainer.pids()[1]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30.0
+        while True:  # until Ray has started it again (the driver is told nothing)
+            try:
+                if ray_session.get(trainer._actors[1].hello.remote(), timeout=5.0)[2] != victim:
+                    break
+            except ray_session.exceptions.RayError:
+                pass
+            assert time.monotonic() < deadline, "Ray did not restart the worker"
+            time.sleep(0.2)
+        error = trainer.step(batches[2]).failure()
+        assert isinstance(error, WorkerError) and error.lost and error.worker == 1
+        assert trainer.steps == 2 and identical(trainer)  # restored, and nothing applied
+        assert isinstance(trainer.train(batches[2:]), Success)
+        assert identical(trainer)
+        assert_close(trainer, reference(batches, ml.Adam(0.01)))
+
+
 def test_every_worker_lost_is_restored_from_the_last_checkpoint(ray_session: Any, tmp_path: Path) -> None:
     batches = [batch(k) for k in range(4)]
     path = tmp_path / "last.safetensors"
