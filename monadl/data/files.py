@@ -139,28 +139,10 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     ``0o666`` less the umask), and a symbolic link at ``path`` is written through, not replaced."""
     path, tmp, mode = _temporary_for(path)
     try:  # (entered before the file exists: no interrupt can leave it behind)
-        with os.fdopen(_create(tmp), "wb") as f:
-            yield f
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    sync_directory(path.parent)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Writes ``data`` to ``path`` atomically (as :func:`atomic_file`)."""
-    path, tmp, mode = _temporary_for(path)
-    try:  # (entered before the file exists: no interrupt can leave it behind)
         fd = _create(tmp)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            with os.fdopen(fd, "wb", closefd=False) as f:  # (closed below, once synced)
+                yield f
             os.fchmod(fd, mode)
             os.fsync(fd)
         finally:
@@ -171,6 +153,15 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.unlink(tmp)
         raise
     sync_directory(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Writes ``data`` to ``path`` atomically (as :func:`atomic_file`)."""
+    with atomic_file(path) as f:
+        fd = f.fileno()  # written directly: a buffered write of all of it would copy it once more
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 def _temporary_for(path: Path) -> tuple[Path, Path, int]:
