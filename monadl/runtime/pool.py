@@ -195,12 +195,7 @@ class Dispatcher:
     def collect(self) -> tuple[Any, Any, Any]:
         """The next result: ``(token, owner, result)``. Raises a kernel's error once every kernel in
         flight has finished."""
-        if not self.users:
-            self.pool.run_own_jobs(self.done)
-        (token, owner), result, error = self.done.get()
-        self.pending -= 1
-        if owner is None:
-            self.users -= 1
+        (token, owner), result, error = self._next()
         if error is not None:
             if isinstance(error, Exception):
                 self.drain()
@@ -213,12 +208,21 @@ class Dispatcher:
     def drain(self) -> None:
         """Waits for every kernel in flight, dropping their results (after a failure)."""
         while self.pending:
-            if not self.users:
-                self.pool.run_own_jobs(self.done)
-            (_, owner), _, _ = self.done.get()
-            self.pending -= 1
-            if owner is None:
-                self.users -= 1
+            self._next()
+
+    def _next(self) -> Any:
+        """The next finished kernel's ``((token, owner), result, error)``, counted off. With no user
+        of the pool's threads, this thread runs the queued kernels itself."""
+        if not self.users:
+            self.pool.run_own_jobs(self.done)
+        done = self.done.get()
+        self.pending -= 1
+        if done[0][1] is None:
+            self.users -= 1
+        try:
+            return done
+        finally:  # a kernel this thread ran failed with this frame in its traceback: no cycle
+            del done
 
 
 @contextmanager
