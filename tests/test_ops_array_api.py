@@ -75,6 +75,17 @@ def test_mixing_devices_is_an_error_naming_both() -> None:
     assert str(xps.Device("CPU_DEVICE")) in str(raised.value) and str(other) in str(raised.value)
 
 
+@pytest.mark.parametrize("numpy_first", [True, False])
+def test_mixing_numpy_and_another_namespace_is_an_error_in_either_order(numpy_first: bool) -> None:
+    """A NumPy operand first takes the NumPy fast path: the check must still see the other one."""
+    host = monadl.ArrayWeight(np.array([1.0, 2.0]))
+    strict = monadl.ArrayWeight(STRICT.asarray(np.array([3.0, 4.0])))
+    a, b = (host, strict) if numpy_first else (strict, host)
+    with pytest.raises(ValueError, match="add: operands live on different devices") as raised:
+        monadl.compute_gradients(monadl.sum(a + b))
+    assert "cpu" in str(raised.value) and "CPU_DEVICE" in str(raised.value)
+
+
 # Shape-dependent rules (indexing in vjps, axes, 1-d promotion) on hypothesis-generated shapes.
 SHAPES = hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4)
 

@@ -220,7 +220,7 @@ class Primitive:
         d0 = datas[0]
         xp = NUMPY if type(d0) is NDARRAY else namespace(*datas)
         if checked:
-            if xp is not NUMPY and len(datas) > 1:
+            if len(datas) > 1 and (xp is not NUMPY or not all(type(d) in _HOST for d in datas)):
                 check_devices(self.name, datas)
             if self.check is not None:
                 self.check(*datas, **params)
@@ -399,6 +399,10 @@ def float_key(x: float) -> Hashable:
     (``2.0 * -0.0`` is ``-0.0``, and NumPy's ``1 / -0.0`` is ``-inf``: merged, one call would get
     the other's). A NaN keys as itself: calls given different NaN objects do not merge."""
     return x if x else (x, math.copysign(1.0, x))
+
+
+_HOST: Final = (NDARRAY, float)
+"""The types of data that live on the host: NumPy's arrays and Python's floats."""
 
 
 def check_devices(name: str, datas: tuple[Any, ...]) -> None:

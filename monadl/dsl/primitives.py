@@ -28,6 +28,7 @@ from monadl.typeclasses.backend import (
     ShapeError,
     host_in,
     minus_zeros,
+    namespace_of_type,
     shape_of,
     unbroadcast,
 )
@@ -356,7 +357,7 @@ def _check_take_range(table: Any, indices: Any, **_: Any) -> None:
     if not indices.shape:  # one row (a word)
         lo = hi = int(indices)
     elif math.prod(indices.shape):
-        xp = indices.__array_namespace__()
+        xp = namespace_of_type(type(indices), indices)  # (CuPy's arrays have no __array_namespace__)
         lo, hi = int(xp.min(indices)), int(xp.max(indices))
     else:
         return

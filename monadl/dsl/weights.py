@@ -21,7 +21,7 @@ from monadl.do.do import Variable
 from monadl.dsl.layers import ArrayOperators, FloatOperators
 from monadl.dsl.optimizers import Optimizer
 from monadl.runtime.versions import COMMIT_LOCK, Version, publish, read
-from monadl.typeclasses.backend import Array, ShapeError, check_float_array, freeze, namespace
+from monadl.typeclasses.backend import Array, ShapeError, check_float_array, device_of, freeze, namespace
 
 
 class _WeightState:
@@ -117,13 +117,22 @@ class ArrayWeight(_WeightState, ArrayOperators):
 
     @data.setter
     def data(self, value: Array) -> None:
-        """Commits a copy of ``value``, which must have the weight's shape and dtype."""
+        """Commits a copy of ``value``, which must have the weight's shape and dtype. An array of
+        another namespace or device (a CuPy array for a NumPy weight) moves the weight there, before
+        its first training step: optimizer state cannot follow it."""
         check_float_array(value, "ArrayWeight.data")
-        have = read(self.head, None).data
-        if tuple(value.shape) != tuple(have.shape) or value.dtype != have.dtype:
+        version = read(self.head, None)
+        have = version.data
+        if tuple(value.shape) != tuple(have.shape) or _dtype_name(value) != _dtype_name(have):
             raise ShapeError(
                 f"{self!r}.data = {value.dtype} array of shape {tuple(value.shape)}: "
                 f"the weight holds {have.dtype} {tuple(have.shape)}"
+            )
+        moved = type(value) is not type(have) or device_of(value) != device_of(have)
+        if moved and version.state is not None:
+            raise ValueError(
+                f"{self!r}.data = an array on {device_of(value)}: the weight, on {device_of(have)}, has "
+                "optimizer state, which cannot move with it; move weights before training"
             )
         self._assign(freeze(namespace(value).asarray(value, copy=True)))
 
@@ -173,3 +182,9 @@ def _checked_float(data: object) -> float:
 
 
 Weight = FloatWeight | ArrayWeight
+
+
+def _dtype_name(array: Any) -> str:
+    """An array's dtype by name (``float32``), comparable across namespaces, whose dtype objects
+    need not compare equal (array-api-strict's never equal NumPy's)."""
+    return str(array.dtype).rsplit(".", 1)[-1]

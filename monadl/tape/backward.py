@@ -429,7 +429,7 @@ def _fan(b: Backward, step: FanStep) -> None:
         factors = None if rule is None else rule(xp, d, run.saved[out], *args, **step.params)
         if factors is not None:
             left, rights = factors
-            wanted = [k for k in wanted if not b.product(slots[k], (left, rights[k]))]
+            wanted = [k for k in wanted if not b.product(slots[k], (left, rights[k, ...]))]
             if not wanted:
                 continue
         g = fan.vjps[i](xp, d, run.saved[out], *args, **step.params)

@@ -135,7 +135,7 @@ def namespace_of_type(t: type, example: Any) -> Any:
             xp = NUMPY
         elif hasattr(example, "__array_namespace__"):
             xp = example.__array_namespace__()
-        else:  # pragma: no cover - arrays without the standard's attribute (old CuPy)
+        else:  # arrays without the standard's attribute (CuPy's)
             import array_api_compat
 
             xp = array_api_compat.array_namespace(example)
@@ -153,7 +153,11 @@ def namespace(*values: Any) -> Any:
 
 def is_array(x: object) -> bool:
     """True for an array of any array-API library (NumPy, CuPy, array-api-strict)."""
-    return hasattr(x, "__array_namespace__") and hasattr(x, "shape") and hasattr(x, "dtype")
+    if hasattr(x, "__array_namespace__"):
+        return hasattr(x, "shape") and hasattr(x, "dtype")
+    import array_api_compat  # CuPy's arrays have no __array_namespace__ of their own
+
+    return bool(array_api_compat.is_cupy_array(x))
 
 
 def is_integer(value: object) -> bool:
