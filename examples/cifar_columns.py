@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
+from array_api_compat import array_namespace
 from returns.result import Failure
 
 import monadl as ml
@@ -55,11 +56,6 @@ SEGMENT = 50
 def dense_relu(x: ml.AnyArray, w: ArrayWeight, b: ArrayWeight) -> ArrayLayer:
     """``relu(x @ w + b)``."""
     return ml.relu(ml.linear(x, w, b))
-
-
-def logits_dtype(network: ColumnNetwork) -> np.dtype[Any]:
-    """The dtype the network computes in (its weights')."""
-    return np.dtype(network.weights["coarse.w"].data.dtype)
 
 
 def cross_entropy(logits: ArrayLayer, labels: IndexArray, classes: int) -> FloatLayer:
@@ -138,7 +134,9 @@ class ColumnNetwork:
         matched = ml.reshape(ml.take_rows(logits, [coarse]), (-1, FINE_PER_COARSE))
         total = total + cross_entropy(matched, fine_local, FINE_PER_COARSE)
         # The others' losses, with weight zero: they run, forward and backward, and add exactly 0.
-        onehot = (fine_local[:, None] == np.arange(FINE_PER_COARSE)).astype(logits_dtype(self))
+        xp = array_namespace(x)  # the weights' namespace: CuPy's on a GPU
+        hits = xp.asarray(fine_local[:, None] == np.arange(FINE_PER_COARSE))
+        onehot = xp.astype(hits, self.weights["coarse.w"].data.dtype)
         return total + 0.0 * ml.sum(ml.log_softmax(logits) * onehot)
 
     def stacked_fine_logits(self, h: ArrayLayer) -> ArrayLayer:

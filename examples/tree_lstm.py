@@ -232,7 +232,8 @@ class TreeLstm(ml.Module):
     def _predict_roots(self, trees: Sequence[Tree], word_id: WordId) -> np.ndarray:
         roots = [self.classifier(self.states(tree, word_id)[-1][1].h) for tree in trees]
         scores = ml.reshape(ml.concatenate(roots), (len(trees), self.classes))
-        return np.asarray(_raised(scores.predict_blocking(executor=self.executor)))
+        scores_data: np.ndarray = _raised(scores.predict_blocking(executor=self.executor))
+        return scores_data  # in the weights' namespace: a CuPy array where they are on a GPU
 
     def predict(self, tree: Tree, word_id: WordId) -> int:
         """The most probable class of the root of ``tree``."""

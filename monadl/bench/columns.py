@@ -17,6 +17,11 @@ capped at one thread for the whole run: parallelism comes from independent colum
 executor's pool, not from BLAS. NumPy and PyTorch do not use the pool, so they are measured once
 per (columns, variant) and compared with every pool size. All three train the same model from the
 same initial weights on the same batches.
+
+``--device cuda`` runs monadl on CuPy arrays and PyTorch on CUDA (the hand-written NumPy model stays
+out: it is the CPU's baseline), each batch moved to the GPU once, before the timing, and every timed
+segment ending when the GPU's queued work is done. ``--device array-api-strict`` runs the same
+plumbing on a stand-in namespace, on the CPU.
 """
 
 from __future__ import annotations
@@ -40,7 +45,15 @@ from threadpoolctl import threadpool_limits
 from monadl.bench.columns_numpy import NumpyColumns
 from monadl.bench.columns_params import init_params
 from monadl.bench.columns_torch import TorchColumns
-from monadl.bench.common import add_peer_options, cpus, interleaved, load_example, torch_available
+from monadl.bench.common import (
+    Device,
+    add_device_option,
+    add_peer_options,
+    cpus,
+    interleaved,
+    load_example,
+    torch_available,
+)
 from monadl.cli import non_negative_int, positive_float, positive_int
 from monadl.data import cifar100
 from monadl.data.files import atomic_file, atomic_write_bytes
@@ -72,14 +85,18 @@ def _rss_mib() -> float:
 
 
 def _steps_per_second(
-    steps: Sequence[Callable[[], object]], count: int, warmup: int, repeats: int
+    steps: Sequence[Callable[[], object]],
+    count: int,
+    warmup: int,
+    repeats: int,
+    synchronize: Callable[[], None] | None = None,
 ) -> list[list[float]]:
     """Each of ``steps``' rates in its ``repeats`` timed segments of ``count`` calls, the segments
     taken in turn (one of each, then again: ``common.interleaved``), after ``warmup`` calls of each."""
     for step in steps:
         for _ in range(warmup):
             step()
-    return interleaved([functools.partial(_segment, step, count) for step in steps], repeats)
+    return interleaved([functools.partial(_segment, step, count) for step in steps], repeats, synchronize)
 
 
 def _segment(step: Callable[[], object], count: int) -> int:
@@ -88,7 +105,7 @@ def _segment(step: Callable[[], object], count: int) -> int:
     return count
 
 
-def _stepper(model: Any, batches: Sequence[cifar100.Batch]) -> Callable[[], object]:
+def _stepper(model: Any, batches: Sequence[tuple[Any, int, Any]]) -> Callable[[], object]:
     """One training step of ``model`` per call, on the batches, cycled."""
     stream = _cycle(batches)
     return lambda: model.step(*next(stream))
@@ -100,7 +117,7 @@ def _batches(data: cifar100.Cifar100, batch: int, count: int, dtype: Any, seed: 
     return [next(source) for _ in range(count)]
 
 
-def _cycle(batches: Sequence[cifar100.Batch]) -> Iterator[cifar100.Batch]:
+def _cycle(batches: Sequence[tuple[Any, int, Any]]) -> Iterator[tuple[Any, int, Any]]:
     while True:
         yield from batches
 
@@ -110,12 +127,15 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
     import monadl as ml
 
     out = out or sys.stdout
+    device = Device(args.device)
     example = load_example("cifar_columns")
     data = cifar100.open_dataset(args.data, seed=args.seed)
     dtype = np.dtype(args.dtype)
     batches = _batches(data, args.batch, 64, dtype, args.seed)
+    monadl_batches = [(device.put(x), c, fine) for x, c, fine in batches]  # the labels stay on the host
     have_torch = not args.no_torch and torch_available()
     info = {
+        "device": device.describe(),
         "data": data.describe(),
         "batch": args.batch,
         "hidden": args.hidden,
@@ -150,20 +170,27 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
         for columns, variant in _progress(groups, args.progress):
             params = init_params(columns, hidden=args.hidden, seed=args.seed, dtype=dtype)  # each copies it
             with contextlib.ExitStack() as executors:
-                contenders: list[tuple[str, int | None, Callable[[], object]]] = [
-                    ("numpy", None, _stepper(NumpyColumns(params, variant, args.learning_rate), batches))
-                ]
+                contenders: list[tuple[str, int | None, Callable[[], object]]] = []
+                if device.is_numpy:
+                    numpy_model = NumpyColumns(params, variant, args.learning_rate)
+                    contenders.append(("numpy", None, _stepper(numpy_model, batches)))
                 if have_torch:
-                    model = TorchColumns(params, variant, args.learning_rate)
-                    contenders.append(("torch", None, _stepper(model, batches)))
+                    model = TorchColumns(params, variant, args.learning_rate, device=device.torch_device)
+                    torch_batches = [model.on_device(*b) for b in batches]
+                    contenders.append(("torch", None, _stepper(model, torch_batches)))
                 for pool in args.pools:
                     executor = executors.enter_context(
                         ml.Executor(pool, limit_blas=False, check_finite=args.check_finite)
                     )
                     net = example.ColumnNetwork(params, variant, args.learning_rate, executor)
-                    contenders.append(("monadl", pool, _stepper(net, batches)))
+                    device.move_weights(net.weights.values())
+                    contenders.append(("monadl", pool, _stepper(net, monadl_batches)))
                 all_rates = _steps_per_second(
-                    [step for _, _, step in contenders], args.steps, args.warmup, args.repeats
+                    [step for _, _, step in contenders],
+                    args.steps,
+                    args.warmup,
+                    args.repeats,
+                    device.synchronize,
                 )
             rss = _rss_mib()
             for (impl, pool, _), rates in zip(contenders, all_rates, strict=True):
@@ -242,6 +269,16 @@ def table(results: list[Measurement], args: argparse.Namespace) -> str:
                 f"{columns:>7} {variant:>7} | " + " ".join(cells) + f" | {np_cell:>15} | {pt_cell:>15}"
             )
             lines.append(f"{'':>7} {'':>7} | " + " ".join(ratios) + f" | {'':>15} | {'':>15}")
+            if len(pools) > 1 and (one := _find(results, "monadl", columns, variant, pools[0])):
+                scaling = []
+                for pool in pools:
+                    m = _find(results, "monadl", columns, variant, pool)
+                    scaling.append(f"{f'{ratio(m, one):4.2f}x pool {pools[0]}' if m else '':>21}")
+                lines.append(f"{'':>7} {'':>7} | " + " ".join(scaling) + f" | {'':>15} | {'':>15}")
+    if len(pools) > 1:
+        lines.append(
+            f"the last line of each: monadl at each pool / monadl at pool {pools[0]}, paired by round"
+        )
     return "\n".join(lines)
 
 
@@ -298,6 +335,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup", type=non_negative_int, default=30, help="untimed steps before the segments"
     )
+    add_device_option(parser)
     parser.add_argument("--data", help="a CIFAR-100 binary folder, train.bin or .tar.gz (default: synthetic)")
     parser.add_argument(
         "--no-check-finite",

@@ -16,7 +16,7 @@ caller's business.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,7 +44,13 @@ class TorchColumns:
     ``numpy_params()`` gives their current values back as NumPy arrays.
     """
 
-    def __init__(self, params: dict[str, np.ndarray], variant: Variant, learning_rate: float = 1e-4):
+    def __init__(
+        self,
+        params: dict[str, np.ndarray],
+        variant: Variant,
+        learning_rate: float = 1e-4,
+        device: str = "cpu",
+    ):
         import torch  # type: ignore[import-not-found, unused-ignore]
 
         if variant not in VARIANTS:
@@ -52,8 +58,9 @@ class TorchColumns:
         self.n_columns, self.hidden, self.dtype = check_params(params)
         self.variant: Variant = variant
         self.learning_rate = float(learning_rate)
+        self.device = device
         self.params: dict[str, torch.Tensor] = {
-            name: torch.tensor(value, requires_grad=True) for name, value in params.items()
+            name: torch.tensor(value, device=device, requires_grad=True) for name, value in params.items()
         }
         p = self.params
         self._columns = [tuple(p[f"column{i}.{n}"] for n in COLUMN_PARAMS) for i in range(self.n_columns)]
@@ -63,7 +70,16 @@ class TorchColumns:
         # parameters (138 in noskip at 4 columns); measured 0.1-0.15 ms faster per noskip step.
         self.optimizer = torch.optim.SGD(list(p.values()), lr=self.learning_rate, foreach=True)
 
-    def step(self, x: np.ndarray, c: int, fine_local: np.ndarray) -> float:
+    def on_device(self, x: np.ndarray, c: int, fine_local: np.ndarray) -> tuple[Any, int, Any]:
+        """A batch as tensors on the model's device (``step`` takes either form): a benchmark moves
+        its batches there once, as it does monadl's."""
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        check_batch(x, c, fine_local)
+        tx = torch.tensor(np.ascontiguousarray(x, dtype=self.dtype), device=self.device)
+        return tx, c, torch.tensor(fine_local.astype(np.int64), device=self.device)
+
+    def step(self, x: Any, c: int, fine_local: Any) -> float:
         """One SGD step on the batch; returns its loss (before the update)."""
         self.optimizer.zero_grad(set_to_none=True)
         loss = self._loss(x, c, fine_local)
@@ -76,7 +92,9 @@ class TorchColumns:
         self.optimizer.zero_grad(set_to_none=True)
         loss = self._loss(x, c, fine_local)
         loss.backward()  # type: ignore[no-untyped-call, unused-ignore]  # (torch leaves it unannotated)
-        grads = {n: t.grad.detach().numpy().copy() for n, t in self.params.items() if t.grad is not None}
+        grads = {
+            n: t.grad.detach().cpu().numpy().copy() for n, t in self.params.items() if t.grad is not None
+        }
         return float(loss.item()), grads
 
     def loss(self, x: np.ndarray, c: int, fine_local: np.ndarray) -> float:
@@ -88,19 +106,22 @@ class TorchColumns:
 
     def numpy_params(self) -> dict[str, np.ndarray]:
         """The parameters' current values, as NumPy arrays (copies)."""
-        return {n: t.detach().numpy().copy() for n, t in self.params.items()}
+        return {n: t.detach().cpu().numpy().copy() for n, t in self.params.items()}
 
-    def _loss(self, x: np.ndarray, c: int, fine_local: np.ndarray) -> torch.Tensor:
+    def _loss(self, x: Any, c: int, fine_local: Any) -> torch.Tensor:
         import torch  # type: ignore[import-not-found, unused-ignore]
         import torch.nn.functional as F  # type: ignore[import-not-found, unused-ignore]
 
-        x = np.asarray(x)
-        fine_local = np.asarray(fine_local)
-        check_batch(x, c, fine_local)
-        batch = len(x)
-        tx = torch.from_numpy(np.ascontiguousarray(x, dtype=self.dtype))
-        fine_labels = torch.from_numpy(fine_local.astype(np.int64, copy=False))
-        coarse_labels = torch.full((batch,), c, dtype=torch.int64)
+        if isinstance(x, torch.Tensor):  # a batch from on_device
+            tx, fine_labels = x, fine_local
+        else:
+            x = np.asarray(x)
+            fine_local = np.asarray(fine_local)
+            check_batch(x, c, fine_local)
+            tx = torch.from_numpy(np.ascontiguousarray(x, dtype=self.dtype)).to(self.device)
+            fine_labels = torch.from_numpy(fine_local.astype(np.int64, copy=False)).to(self.device)
+        batch = len(tx)
+        coarse_labels = torch.full((batch,), c, dtype=torch.int64, device=self.device)
 
         h: torch.Tensor | None = None
         for w1, b1, w2, b2 in self._columns:

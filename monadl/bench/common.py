@@ -49,18 +49,26 @@ def torch_available() -> bool:
     return True
 
 
-def interleaved(segments: Sequence[Callable[[], int]], repeats: int) -> list[list[float]]:
+def interleaved(
+    segments: Sequence[Callable[[], int]], repeats: int, synchronize: Callable[[], None] | None = None
+) -> list[list[float]]:
     """The rates of ``segments`` (each runs one timed segment of its implementation and returns how
     many items it did: steps, trees), ``repeats`` rounds of one segment of each in turn, so that the
     machine's drift in speed (20-50% within an hour on the project's VMs) touches them alike and
     their ratios hold even where their absolute figures move. Each segment starts from a collected
-    heap: the collector's work for one segment's garbage is not timed in the next one's."""
+    heap: the collector's work for one segment's garbage is not timed in the next one's.
+    ``synchronize`` (a ``Device``'s, on a GPU) waits for queued work before the clock starts and
+    before it stops, so that a segment is timed to the end of its work, not of its launches."""
     rates: list[list[float]] = [[] for _ in segments]
     for _ in range(repeats):
         for segment, found in zip(segments, rates, strict=True):
             gc.collect()
+            if synchronize is not None:
+                synchronize()
             start = time.perf_counter()
             items = segment()
+            if synchronize is not None:
+                synchronize()
             found.append(items / (time.perf_counter() - start))
     return rates
 
@@ -181,3 +189,104 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+DEVICES = ("cpu", "cuda", "array-api-strict")
+"""What ``--device`` takes: NumPy on the CPU, CuPy on a CUDA GPU (against PyTorch on CUDA), or
+array-api-strict, a CPU namespace that stands in for a device in tests of the plumbing."""
+
+
+class Device:
+    """Where a benchmark's monadl arrays live, and its PyTorch peer's tensors: ``xp`` is the arrays'
+    namespace, ``torch_device`` the peer's device, ``put``/``get`` move arrays there and back, and
+    ``synchronize`` waits for queued GPU work (CuPy's and PyTorch's), so that a timed segment ends
+    when its work is done, not when it is queued."""
+
+    def __init__(self, name: str) -> None:
+        if name not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {name!r}")
+        self.name = name
+        self.torch_device = "cuda" if name == "cuda" else "cpu"
+        self.xp: Any
+        if name == "cpu":
+            import numpy
+
+            self.xp = numpy
+        elif name == "cuda":
+            try:
+                import cupy
+            except ImportError as e:
+                raise RuntimeError(
+                    "--device cuda needs CuPy: pip install 'monadl[cuda13]' (or cuda12)"
+                ) from e
+            try:
+                count = int(cupy.cuda.runtime.getDeviceCount())
+            except Exception as e:
+                raise RuntimeError(f"--device cuda: CuPy finds no CUDA driver ({e})") from e
+            if count == 0:
+                raise RuntimeError("--device cuda: CuPy finds no CUDA GPU")
+            self.xp = cupy
+        else:
+            import array_api_strict
+
+            self.xp = array_api_strict
+
+    @property
+    def is_numpy(self) -> bool:
+        """Whether the arrays are NumPy's (the hand-written NumPy baselines run only then)."""
+        return self.name == "cpu"
+
+    def put(self, array: Any) -> Any:
+        """A NumPy array (or a number) as an array of this device's namespace."""
+        import numpy
+
+        return array if self.is_numpy else self.xp.asarray(numpy.asarray(array))
+
+    def get(self, array: Any) -> Any:
+        """An array of this device's namespace (or a torch tensor, or a number) as a NumPy array."""
+        import numpy
+
+        if hasattr(array, "detach"):  # a torch tensor, perhaps on the GPU
+            return array.detach().cpu().numpy()
+        if self.name == "cuda" and isinstance(array, self.xp.ndarray):
+            return array.get()
+        if self.name == "array-api-strict" and not isinstance(array, (float, numpy.ndarray)):
+            return numpy.asarray(numpy.from_dlpack(array))
+        return numpy.asarray(array)
+
+    def synchronize(self) -> None:
+        """Waits until the GPU's queued work is done (nothing to wait for on the CPU)."""
+        if self.name != "cuda":
+            return
+        self.xp.cuda.Device().synchronize()
+        import sys
+
+        torch = sys.modules.get("torch")  # only if the benchmark uses it
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+    def describe(self) -> str:
+        """The device in words, for a benchmark's report."""
+        if self.name != "cuda":
+            return self.name
+        props = self.xp.cuda.runtime.getDeviceProperties(self.xp.cuda.Device().id)
+        name = props["name"]
+        return f"cuda: {name.decode() if isinstance(name, bytes) else name}, CuPy {self.xp.__version__}"
+
+    def move_weights(self, weights: Any) -> None:
+        """Moves each of ``weights`` (monadl weights, before any training step) to this device."""
+        if self.is_numpy:
+            return
+        for w in weights:
+            w.data = self.put(self.get(w.data))
+
+
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    """``--device``: where monadl's arrays (and PyTorch's tensors) live."""
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="cpu: NumPy (and torch on the CPU); cuda: CuPy against PyTorch on CUDA, synchronised around "
+        "every timed segment; array-api-strict: a stand-in namespace that tests the plumbing (default cpu)",
+    )

@@ -19,6 +19,10 @@ Modes, in microseconds per op (a call's time / the chain's length), median and m
             backward; the loss is the sum of the output (the backward is seeded with ones)
   train     train_blocking with SGD | the baselines' fwd+bwd plus the same SGD update
 
+With ``--device cuda`` the arrays are CuPy's, the baseline is the same math in plain CuPy and the
+peer PyTorch on CUDA, each sample ending when the GPU's queued work is done; the float case, which
+has no arrays, is left out there (``--device array-api-strict`` tests that plumbing on the CPU).
+
 overhead = monadl - numpy and ratio = monadl / numpy, per op, from the medians. monadl runs on
 Executor(workers=1); BLAS is capped at one thread (threadpoolctl) for the whole run, and torch too.
 Each sample repeats a call until it lasts at least --min-time seconds, with the garbage collector
@@ -47,6 +51,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
+from array_api_compat import array_namespace
 from returns.result import Result, Success
 from threadpoolctl import threadpool_info, threadpool_limits
 
@@ -64,6 +69,7 @@ from monadl import (
     predict_blocking,
     train_blocking,
 )
+from monadl.bench.common import DEVICES, Device
 from monadl.cli import positive_int
 from monadl.data.files import atomic_write_bytes
 from monadl.typeclasses.backend import Array
@@ -81,6 +87,13 @@ Thunk = Callable[[], object]
 
 
 # ------------------------------------------------------------------------------------- baselines
+
+
+def _ones_like(x: Any) -> Any:
+    """Ones of ``x``'s shape, dtype and namespace (NumPy's own call for NumPy arrays)."""
+    if isinstance(x, np.ndarray):
+        return np.ones_like(x)
+    return array_namespace(x).ones_like(x)
 
 
 class _Elementwise:
@@ -105,7 +118,7 @@ class _Elementwise:
         for mul, p in zip(muls, params, strict=True):
             inputs.append(x)
             x = x * p if mul else x + p
-        d: Any = 1.0 if type(x) is float else np.ones_like(x)
+        d: Any = 1.0 if type(x) is float else _ones_like(x)
         grads: list[Any] = [None] * len(params)
         for i in range(len(params) - 1, -1, -1):
             if muls[i]:
@@ -141,7 +154,7 @@ class _Matmul:
         for w in params:
             inputs.append(x)
             x = x @ w
-        d = np.ones_like(x)
+        d = _ones_like(x)
         grads: list[Any] = [None] * len(params)
         for i in range(len(params) - 1, -1, -1):
             grads[i] = inputs[i].T @ d
@@ -176,7 +189,7 @@ class _ConstantChain:
 
     def gradients(self) -> tuple[Any, list[Any]]:
         x = self.forward()
-        d: Any = 1.0 if type(x) is float else np.ones_like(x)
+        d: Any = 1.0 if type(x) is float else _ones_like(x)
         for i in range(len(self.params) - 1, -1, -1):
             if self.matmul:
                 d = d @ self.params[i].T
@@ -200,10 +213,13 @@ class TorchImpl:
 
 
 def _torch_impl(
-    torch: Any, x0: Any, params: Sequence[Any], matmul: bool, constants: bool = False
+    torch: Any, x0: Any, params: Sequence[Any], matmul: bool, constants: bool = False, device: str = "cpu"
 ) -> TorchImpl:
-    tx0 = torch.tensor(x0, dtype=torch.float64, requires_grad=constants)
-    weights = [torch.tensor(p, dtype=torch.float64, requires_grad=not constants) for p in params]
+    def tensor(value: Any, requires_grad: bool) -> Any:
+        return torch.tensor(value, dtype=torch.float64, device=device, requires_grad=requires_grad)
+
+    tx0 = tensor(x0, constants)
+    weights = [tensor(p, not constants) for p in params]
     leaves = [tx0] if constants else weights
     muls = [i % 2 == 0 for i in range(len(weights))]
 
@@ -290,26 +306,32 @@ def _elementwise_params(rng: np.random.Generator, chain: int, shape: tuple[int, 
 
 
 def _elementwise_case(
-    key: str, title: str, shape: tuple[int, ...], chain: int, rng: np.random.Generator, torch: Any
+    key: str,
+    title: str,
+    shape: tuple[int, ...],
+    chain: int,
+    rng: np.random.Generator,
+    torch: Any,
+    device: Device,
 ) -> Case:
     x0 = rng.standard_normal(shape)
     params = _elementwise_params(rng, chain, shape)
-    weights = [ArrayWeight(p) for p in params]
-    baseline = _Elementwise(x0, [p.copy() for p in params])
+    weights = [ArrayWeight(device.put(p)) for p in params]
+    baseline = _Elementwise(device.put(x0), [device.put(p.copy()) for p in params])
     return Case(
         key,
         title,
         chain,
-        _build_elementwise(x0, weights),
+        _build_elementwise(device.put(x0), weights),
         weights,
         baseline.forward,
         baseline.gradients,
         baseline.train,
-        None if torch is None else _torch_impl(torch, x0, params, matmul=False),
+        None if torch is None else _torch_impl(torch, x0, params, matmul=False, device=device.torch_device),
     )
 
 
-def _float_case(chain: int, rng: np.random.Generator, torch: Any) -> Case:
+def _float_case(chain: int, rng: np.random.Generator, torch: Any, device: Device) -> Case:
     x0 = 0.5
     params = [float(p[0]) for p in _elementwise_params(rng, chain, (1,))]
     weights = [FloatWeight(p) for p in params]
@@ -327,22 +349,22 @@ def _float_case(chain: int, rng: np.random.Generator, torch: Any) -> Case:
     )
 
 
-def _matmul_case(chain: int, rng: np.random.Generator, torch: Any) -> Case:
+def _matmul_case(chain: int, rng: np.random.Generator, torch: Any, device: Device) -> Case:
     x0 = rng.standard_normal((16, 64))
     # Orthogonal factors keep the rows' norms: no overflow or underflow along a long chain.
     params = [np.linalg.qr(rng.standard_normal((64, 64)))[0] for _ in range(chain)]
-    weights = [ArrayWeight(p) for p in params]
-    baseline = _Matmul(x0, [p.copy() for p in params])
+    weights = [ArrayWeight(device.put(p)) for p in params]
+    baseline = _Matmul(device.put(x0), [device.put(p.copy()) for p in params])
     return Case(
         "matmul-16x64",
         "matmul 16x64 @ 64x64",
         chain,
-        _build_matmul(x0, weights),
+        _build_matmul(device.put(x0), weights),
         weights,
         baseline.forward,
         baseline.gradients,
         baseline.train,
-        None if torch is None else _torch_impl(torch, x0, params, matmul=True),
+        None if torch is None else _torch_impl(torch, x0, params, matmul=True, device=device.torch_device),
     )
 
 
@@ -354,22 +376,24 @@ def _constant_case(
     chain: int,
     rng: np.random.Generator,
     torch: Any,
+    device: Device,
 ) -> Case:
     x0 = rng.standard_normal(shape)
     if matmul:
         params = [np.linalg.qr(rng.standard_normal((64, 64)))[0] for _ in range(chain)]
     else:
         params = _elementwise_params(rng, chain, shape)
-    weight = ArrayWeight(x0)
-    baseline = _ConstantChain(x0.copy(), params, matmul)
+    weight = ArrayWeight(device.put(x0))
+    constants = [device.put(p) for p in params]
+    baseline = _ConstantChain(device.put(x0.copy()), constants, matmul)
 
     def build() -> ArrayLayer:
         x: ArrayLayer = lift_array(weight)  # a layer, without an op
         if matmul:
-            for p in params:
+            for p in constants:
                 x = x @ p
         else:
-            for i, p in enumerate(params):
+            for i, p in enumerate(constants):
                 x = x * p if i % 2 == 0 else x + p
         return x
 
@@ -382,44 +406,56 @@ def _constant_case(
         baseline.forward,
         baseline.gradients,
         baseline.train,
-        None if torch is None else _torch_impl(torch, x0, params, matmul=matmul, constants=True),
+        None
+        if torch is None
+        else _torch_impl(torch, x0, params, matmul=matmul, constants=True, device=device.torch_device),
     )
 
 
-CASES: dict[str, Callable[[int, np.random.Generator, Any], Case]] = {
-    "elementwise-1x1": lambda n, rng, torch: _elementwise_case(
-        "elementwise-1x1", "elementwise 1x1", (1, 1), n, rng, torch
+CASES: dict[str, Callable[[int, np.random.Generator, Any, Device], Case]] = {
+    "elementwise-1x1": lambda n, rng, torch, device: _elementwise_case(
+        "elementwise-1x1", "elementwise 1x1", (1, 1), n, rng, torch, device
     ),
-    "elementwise-16x64": lambda n, rng, torch: _elementwise_case(
-        "elementwise-16x64", "elementwise 16x64", (16, 64), n, rng, torch
+    "elementwise-16x64": lambda n, rng, torch, device: _elementwise_case(
+        "elementwise-16x64", "elementwise 16x64", (16, 64), n, rng, torch, device
     ),
     "matmul-16x64": _matmul_case,
     "float": _float_case,
-    "const-1x1": lambda n, rng, torch: _constant_case(
-        "const-1x1", "constants 1x1", (1, 1), False, n, rng, torch
+    "const-1x1": lambda n, rng, torch, device: _constant_case(
+        "const-1x1", "constants 1x1", (1, 1), False, n, rng, torch, device
     ),
-    "const-16x64": lambda n, rng, torch: _constant_case(
-        "const-16x64", "constants 16x64", (16, 64), False, n, rng, torch
+    "const-16x64": lambda n, rng, torch, device: _constant_case(
+        "const-16x64", "constants 16x64", (16, 64), False, n, rng, torch, device
     ),
-    "const-matmul-16x64": lambda n, rng, torch: _constant_case(
-        "const-matmul-16x64", "constants matmul 16x64", (16, 64), True, n, rng, torch
+    "const-matmul-16x64": lambda n, rng, torch, device: _constant_case(
+        "const-matmul-16x64", "constants matmul 16x64", (16, 64), True, n, rng, torch, device
     ),
 }
-"""The cases by key: each makes its ``Case`` from the chain's length, a generator and torch (or None)."""
+"""The cases by key: each makes its ``Case`` from the chain's length, a generator, torch (or None)
+and the device of its arrays."""
+ARRAY_FREE = ("float",)
+"""The cases without arrays: they run on the CPU alone."""
 
 
-def make_case(key: str, chain: int, *, seed: int = 0, torch: Any = None) -> Case:
-    """The case ``key`` (one of :data:`CASES`) with a chain of ``chain`` ops."""
-    return CASES[key](chain, np.random.default_rng(seed), torch)
+def make_case(
+    key: str, chain: int, *, seed: int = 0, torch: Any = None, device: Device | None = None
+) -> Case:
+    """The case ``key`` (one of :data:`CASES`) with a chain of ``chain`` ops, its arrays on ``device``
+    (default: NumPy on the CPU)."""
+    return CASES[key](chain, np.random.default_rng(seed), torch, device or Device("cpu"))
 
 
 # ------------------------------------------------------------------------------------ correctness
 
 
 def _as_numpy(x: Any) -> Any:
-    if hasattr(x, "detach"):  # a torch tensor
-        return x.detach().numpy()
-    return np.asarray(x)
+    if hasattr(x, "detach"):  # a torch tensor, perhaps on the GPU
+        return x.detach().cpu().numpy()
+    if isinstance(x, (float, np.ndarray, np.generic)):
+        return np.asarray(x)
+    if hasattr(x, "get"):  # a CuPy array
+        return x.get()
+    return np.asarray(np.from_dlpack(x))  # another namespace's array, on the CPU
 
 
 def _check_close(case: Case, what: str, got: Any, want: Any) -> None:
@@ -469,41 +505,47 @@ class Stats:
         return {"median": self.median, "min": self.min, "samples": list(self.samples), "number": self.number}
 
 
-def _time(fn: Thunk, number: int) -> float:
-    """Seconds for ``number`` calls of ``fn``, with the garbage collector off (collected before)."""
+def _time(fn: Thunk, number: int, synchronize: Thunk = lambda: None) -> float:
+    """Seconds for ``number`` calls of ``fn``, with the garbage collector off (collected before),
+    up to the end of the queued GPU work (``synchronize``, before the clock starts and stops)."""
     gc.collect()
     enabled = gc.isenabled()
     gc.disable()
     try:
+        synchronize()
         start = time.perf_counter()
         for _ in range(number):
             fn()
+        synchronize()
         return time.perf_counter() - start
     finally:
         if enabled:
             gc.enable()
 
 
-def _calibrate(fn: Thunk, min_time: float) -> int:
+def _calibrate(fn: Thunk, min_time: float, synchronize: Thunk = lambda: None) -> int:
     """Warms ``fn`` up; returns how many calls make a sample of at least ``min_time`` seconds."""
     fn()
     fn()
     number = 1
     while True:
-        elapsed = _time(fn, number)
+        elapsed = _time(fn, number, synchronize)
         if elapsed >= min_time:
             return number
         number = max(number + 1, math.ceil(number * 1.1 * min_time / max(elapsed, 1e-9)))
 
 
-def measure(fns: dict[str, Thunk], ops: int, repeats: int, min_time: float) -> dict[str, Stats]:
-    """Microseconds per op of each function (a call runs ``ops`` ops), sampled in turn."""
-    numbers = {name: _calibrate(fn, min_time) for name, fn in fns.items()}
+def measure(
+    fns: dict[str, Thunk], ops: int, repeats: int, min_time: float, synchronize: Thunk = lambda: None
+) -> dict[str, Stats]:
+    """Microseconds per op of each function (a call runs ``ops`` ops), sampled in turn, each sample
+    timed to the end of its GPU work (``synchronize``)."""
+    numbers = {name: _calibrate(fn, min_time, synchronize) for name, fn in fns.items()}
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             n = numbers[name]
-            samples[name].append(_time(fn, n) / (n * ops) * 1e6)
+            samples[name].append(_time(fn, n, synchronize) / (n * ops) * 1e6)
     return {name: Stats(statistics.median(s), min(s), tuple(s), numbers[name]) for name, s in samples.items()}
 
 
@@ -636,7 +678,8 @@ def format_table(report: Report) -> str:
         f"monadl per-op overhead: chains of {report.chain} ops; microseconds per op, median (and min) "
         f"of {report.repeats} repeats, each >= {report.min_time:g} s",
         f"monadl {env['monadl']} on Executor(workers=1); BLAS threads capped at 1; numpy {env['numpy']}; "
-        f"Python {env['python']}; {env['machine']}, {env['cpus']} CPUs",
+        f"Python {env['python']}; {env['machine']}, {env['cpus']} CPUs; device {env.get('device', 'cpu')}, "
+        f"baseline {env.get('baseline', 'numpy')} (its column is 'numpy')",
         "",
         row(lines[0]),
         "  ".join("-" * w for w in widths),
@@ -667,8 +710,10 @@ def load_torch(use: bool = True) -> tuple[Any, str | None]:
     return torch, None
 
 
-def _environment(torch: Any) -> dict[str, Any]:
+def _environment(torch: Any, device: Device) -> dict[str, Any]:
     return {
+        "device": device.describe(),
+        "baseline": "numpy" if device.is_numpy else device.xp.__name__,
         "monadl": monadl.__version__,
         "python": platform.python_version(),
         "numpy": np.__version__,
@@ -684,7 +729,12 @@ def _environment(torch: Any) -> dict[str, Any]:
 
 
 def _measure_case(
-    case: Case, executor: Executor, repeats: int, min_time: float, progress: TextIO | None
+    case: Case,
+    executor: Executor,
+    repeats: int,
+    min_time: float,
+    progress: TextIO | None,
+    synchronize: Thunk = lambda: None,
 ) -> list[Row]:
     def say(mode: str) -> None:
         if progress is not None:
@@ -697,7 +747,12 @@ def _measure_case(
 
     say("build")
     rows.append(
-        Row(case.key, case.title, "build", measure({"monadl": case.build}, ops, repeats, min_time)["monadl"])
+        Row(
+            case.key,
+            case.title,
+            "build",
+            measure({"monadl": case.build}, ops, repeats, min_time, synchronize)["monadl"],
+        )
     )
 
     layer = case.build()
@@ -726,7 +781,7 @@ def _measure_case(
         modes[2][1]["torch"] = tc.train
     for mode, fns in modes:
         say(mode)
-        stats = measure(fns, ops, repeats, min_time)
+        stats = measure(fns, ops, repeats, min_time, synchronize)
         rows.append(Row(case.key, case.title, mode, stats["monadl"], stats["numpy"], stats.get("torch")))
     # The timed calls ignore their results: make sure that training still succeeds (finite loss).
     _unwrap(case, "train_blocking", train_blocking(layer, optimizer, executor=executor))
@@ -741,11 +796,16 @@ def run_overhead(
     *,
     use_torch: bool = True,
     progress: TextIO | None = None,
+    device: str = "cpu",
 ) -> Report:
-    """Runs the benchmark (see the module's docstring) and returns its report."""
+    """Runs the benchmark (see the module's docstring) on ``device`` (one of ``common.DEVICES``) and
+    returns its report."""
     if chain < 1 or repeats < 1 or min_time < 0:
         raise ValueError(f"need chain >= 1, repeats >= 1, min_time >= 0; got {chain}, {repeats}, {min_time}")
+    where = Device(device)
     keys = list(CASES) if not cases else list(cases)
+    if not where.is_numpy:
+        keys = [key for key in keys if key not in ARRAY_FREE]
     torch, note = load_torch(use_torch)  # imported before the BLAS cap, so that the cap covers it too
     # The objects alive now (modules, torch's) are left out of the collections before each sample,
     # which then take microseconds, not a tenth of a second.
@@ -757,12 +817,12 @@ def run_overhead(
             if torch is not None:
                 torch_threads = torch.get_num_threads()
                 torch.set_num_threads(1)
-            report = Report(chain, repeats, min_time, _environment(torch), note)
+            report = Report(chain, repeats, min_time, _environment(torch, where), note)
             for key in keys:
-                case = make_case(key, chain, torch=torch)
+                case = make_case(key, chain, torch=torch, device=where)
                 gc.collect()
                 gc.freeze()  # again: torch.optim imports much on first use
-                report.rows += _measure_case(case, executor, repeats, min_time, progress)
+                report.rows += _measure_case(case, executor, repeats, min_time, progress, where.synchronize)
     finally:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
@@ -816,6 +876,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-torch", action="store_true", help="leave PyTorch out even if it is installed")
     parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="cpu: NumPy; cuda: CuPy against plain CuPy and PyTorch on CUDA (default cpu)",
+    )
+    parser.add_argument(
         "--profile",
         choices=list(CASES),
         metavar="CASE",
@@ -838,6 +904,7 @@ def run_cli(args: argparse.Namespace) -> int:
         args.cases,
         use_torch=not args.no_torch,
         progress=sys.stderr,
+        device=args.device,
     )
     print(format_table(report))
     if args.json is not None:

@@ -61,7 +61,15 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from monadl.bench import suite_data
-from monadl.bench.common import Progress, add_peer_options, cpus, interleaved, torch_available
+from monadl.bench.common import (
+    Device,
+    Progress,
+    add_device_option,
+    add_peer_options,
+    cpus,
+    interleaved,
+    torch_available,
+)
 from monadl.bench.suite_data import TASKS, UNITS, Missing, TaskData
 from monadl.bench.suite_dynet import DynetPeer
 from monadl.bench.suite_monadl import BiLstmTagger, CharBiLstmTagger, RnnLm, SuiteModel, TreeNN
@@ -247,9 +255,11 @@ def measure_config(
     contenders: Sequence[Contender],
     held_out: Sequence[int],
     args: argparse.Namespace,
+    synchronize: Callable[[], None] | None = None,
 ) -> list[Measurement]:
     """Every contender on ``data`` at ``batch``: held-out loss, warm-up, ``args.repeats`` rounds of
-    interleaved timed segments, held-out loss again."""
+    interleaved timed segments (each to the end of its GPU work: ``synchronize``), held-out loss
+    again."""
     batches = plan(data, batch, args.instances, args.seed)
     held_units = sum(data.units(data.held_out[i]) for i in held_out)
     before = []
@@ -263,7 +273,8 @@ def measure_config(
     count = sum(len(b) for b in batches)
     for c in contenders:
         c.prepare(batches)
-    rates = interleaved([functools.partial(_segment, c, count) for c in contenders], args.repeats)
+    segments = [functools.partial(_segment, c, count) for c in contenders]
+    rates = interleaved(segments, args.repeats, synchronize)
     units = sum(data.units(data.train[i]) for b in batches for i in b)
     measured: list[Measurement] = []
     for c, start, samples in zip(contenders, before, rates, strict=True):
@@ -317,16 +328,19 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
     notes, also printed to ``out``: what was skipped and why, and the learning check's warnings)."""
     out = out or sys.stdout
     sizes = SMOKE_SIZES if args.smoke else Sizes()
+    device = Device(args.device)
     have_torch = not args.no_torch and torch_available()
-    have_dynet = not args.no_dynet and dynet_available()
+    have_dynet = not args.no_dynet and dynet_available() and device.is_numpy
     notes: list[str] = []
+    if not device.is_numpy:
+        notes.append(f"dynet: skipped on --device {device.name} (the suite's DyNet runs on the CPU)")
     if args.no_torch:
         notes.append("torch: skipped (--no-torch)")
     elif not have_torch:
         notes.append("torch: not installed, its figures skipped (pip install torch)")
     if args.no_dynet:
         notes.append("dynet: skipped (--no-dynet)")
-    elif not have_dynet:
+    elif not have_dynet and device.is_numpy:
         notes.append("dynet: not installed, its figures skipped (pip install dynet38)")
 
     tasks: list[TaskData] = []
@@ -348,6 +362,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
         "held_out_instances": args.held_out,
         "sizes": asdict(sizes),
         "seed": args.seed,
+        "device": device.describe(),
         "machine": f"{platform.machine()}, {platform.processor() or '?'}, {cpus()} CPUs, one thread used",
         "python": platform.python_version(),
         "numpy": np.__version__,
@@ -363,6 +378,9 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
                 import torch  # type: ignore[import-not-found, unused-ignore]
 
                 torch.set_num_threads(1)
+                if device.torch_device != "cpu":  # the suite's models make their tensors there
+                    stack.callback(torch.set_default_device, torch.get_default_device())
+                    torch.set_default_device(device.torch_device)
             peers: list[DynetPeer] = []
             if have_dynet:
                 for autobatch in (True, False):
@@ -373,7 +391,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
                     except RuntimeError as e:
                         notes.append(str(e))
             for data in tasks:
-                results += _measure_task(data, peers, have_torch, sizes, args, progress)
+                results += _measure_task(data, peers, have_torch, sizes, args, progress, device)
     finally:
         progress.close()
     notes += check_learning(results)
@@ -405,10 +423,17 @@ def _measure_task(
     sizes: Sizes,
     args: argparse.Namespace,
     progress: Progress,
+    device: Device,
 ) -> list[Measurement]:
     vocabulary = sst.Vocabulary.from_trees(data.train) if data.task == "treenn" else None
-    make = functools.partial(monadl_model, data, sizes, args.seed, vocabulary)
-    params = {name: np.asarray(w.data) for name, w in make().weights().items()}
+    on_host = functools.partial(monadl_model, data, sizes, args.seed, vocabulary)
+    params = {name: np.asarray(w.data) for name, w in on_host().weights().items()}
+
+    def make() -> Any:
+        model = on_host()
+        device.move_weights(model.weights().values())
+        return model
+
     contenders: list[Contender] = [InProcess("monadl", make, data)]
     for peer in peers:
         peer.load_task(data, params)
@@ -421,7 +446,7 @@ def _measure_task(
     measured: list[Measurement] = []
     for batch in args.batches:
         progress.start(f"{data.task} batch {batch}")
-        measured += measure_config(data, batch, contenders, held_out, args)
+        measured += measure_config(data, batch, contenders, held_out, args, device.synchronize)
         progress.advance()
     return measured
 
@@ -603,6 +628,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data", type=Path, help="the data folder (see monadl.bench.suite_data; default: synthetic)"
     )
+    add_device_option(parser)
     add_peer_options(parser, dynet=True)
 
 

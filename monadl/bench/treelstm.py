@@ -56,8 +56,10 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from monadl.bench.common import (
+    Device,
     Progress,
     WorkerProcess,
+    add_device_option,
     add_peer_options,
     cpus,
     interleaved,
@@ -149,6 +151,7 @@ def interleaved_trees(
     batches: Sequence[Sequence[Tree]],
     warmup: int,
     repeats: int,
+    synchronize: Callable[[], None] | None = None,
 ) -> list[list[float]]:
     """Trees/s of each of ``runs`` over ``batches``, ``repeats`` times: each warmed up with
     ``warmup`` trees' worth of steps, then one timed segment of each in turn per round
@@ -156,7 +159,7 @@ def interleaved_trees(
     for run in runs:
         for k in range(max(1, math.ceil(warmup / len(batches[0])))):
             run(batches[k % len(batches)])
-    return interleaved([functools.partial(_segment, run, batches) for run in runs], repeats)
+    return interleaved([functools.partial(_segment, run, batches) for run in runs], repeats, synchronize)
 
 
 def _segment(run: Callable[[Sequence[Tree]], object], batches: Sequence[Sequence[Tree]]) -> int:
@@ -223,10 +226,14 @@ def monadl_contender(
     batches: list[list[Tree]],
     args: argparse.Namespace,
     executor: Any,
+    device: Device | None = None,
 ) -> _Contender:
-    """The example on ``executor`` (``impl``: batching on or off, which the executor must match);
-    its ``finish`` adds the kernel counts of one more batch and, for training, the recording cost."""
+    """The example on ``executor`` (``impl``: batching on or off, which the executor must match),
+    its weights moved to ``device``; its ``finish`` adds the kernel counts of one more batch and,
+    for training, the recording cost."""
     model = example.TreeLstm(vocabulary_size, args.embedding, args.hidden, seed=args.seed, executor=executor)
+    if device is not None:
+        device.move_weights(model.weights.values())
     run = _with_words(model.step if phase == "train" else model.predict_roots, word_id)
 
     def finish(m: Measurement) -> None:
@@ -244,10 +251,15 @@ def monadl_contender(
     return _Contender(impl, run, finish)
 
 
-def _monadl_executor(impl: str) -> Any:
+def _monadl_executor(impl: str, pool: int = 1) -> Any:
     import monadl as ml
 
-    return ml.Executor(1, limit_blas=False, batching=impl == "monadl")
+    return ml.Executor(pool, limit_blas=False, batching=impl != "monadl-unbatched")
+
+
+def _pool_of(impl: str) -> int:
+    """The pool size of a monadl implementation's executor: ``monadl@4`` is batched on a pool of 4."""
+    return int(impl.partition("@")[2] or 1)
 
 
 def measure_together(
@@ -260,27 +272,32 @@ def measure_together(
     params: Mapping[str, np.ndarray],
     args: argparse.Namespace,
     peers: Sequence[DynetPeer] = (),
+    device: Device | None = None,
 ) -> list[Measurement]:
     """Trees/s of ``impls`` (monadl batched or unbatched, torch) and of the DyNet ``peers`` in one
     phase, their segments timed in turn (``interleaved_trees``), and monadl's kernel counts;
-    ``params``: torch's initial weights."""
+    ``params``: torch's initial weights; ``device``: where monadl's and torch's arrays live."""
+    device = device or Device("cpu")
     with contextlib.ExitStack() as stack:
         contenders = []
         for impl in impls:
             if impl.startswith("dynet"):
                 continue
             if impl == "torch":
-                model = TorchTreeLstm(params)
+                model = TorchTreeLstm(params, device=device.torch_device)
                 run = _with_words(model.step if phase == "train" else model.predict_roots, word_id)
                 contenders.append(_Contender(impl, run))
             else:
-                executor = stack.enter_context(_monadl_executor(impl))
+                executor = stack.enter_context(_monadl_executor(impl, _pool_of(impl)))
                 contenders.append(
-                    monadl_contender(example, vocabulary_size, word_id, impl, phase, batches, args, executor)
+                    monadl_contender(
+                        example, vocabulary_size, word_id, impl, phase, batches, args, executor, device
+                    )
                 )
         for peer in peers:
             contenders.append(_Contender(peer.implementation, peer.runner(phase, batches)))
-        rates = interleaved_trees([c.run for c in contenders], batches, args.warmup, args.repeats)
+        runs = [c.run for c in contenders]
+        rates = interleaved_trees(runs, batches, args.warmup, args.repeats, device.synchronize)
         measured = []
         for contender, samples in zip(contenders, rates, strict=True):
             m = _measurement(contender.implementation, phase, batches, samples)
@@ -499,9 +516,15 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
     pool, description = load_trees(args)
     vocabulary = sst.Vocabulary.from_trees(pool)
     word_id = vocabulary.index
+    device = Device(args.device)
     have_torch = not args.no_torch and torch_available()
-    have_dynet = not args.no_dynet and dynet_available()
+    have_dynet = not args.no_dynet and dynet_available() and device.is_numpy
     notes: list[str] = []
+    if not device.is_numpy:
+        notes.append(f"dynet: skipped on --device {device.name} (the suite's DyNet runs on the CPU)")
+    pools = sorted(set(args.workers) - {1})  # monadl batched on more workers than one
+    for workers in pools:
+        LABELS.setdefault(f"monadl@{workers}", f"monadl {workers} workers")
     if args.max_unbatched < max(args.batches):
         skipped = [b for b in args.batches if b > args.max_unbatched]
         notes.append(
@@ -513,14 +536,14 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
         notes.append("torch: not installed, its figures skipped (pip install torch)")
     if args.no_dynet:
         notes.append("dynet: skipped (--no-dynet)")
-    elif not have_dynet:
+    elif not have_dynet and device.is_numpy:
         notes.append("dynet: not installed, its figures skipped (pip install dynet38)")
 
     # The implementations of one (batch, phase) are timed in turn, segment by segment (interleaved).
     configs: list[tuple[int, str, list[str]]] = []
     for batch in args.batches:
         for phase in args.phases:
-            impls = ["monadl"]
+            impls = ["monadl", *(f"monadl@{workers}" for workers in pools)]
             if batch <= args.max_unbatched:
                 impls.append("monadl-unbatched")
             if have_torch:
@@ -541,6 +564,8 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
         "repeats": args.repeats,
         "warmup_trees": args.warmup,
         "max_unbatched": args.max_unbatched,
+        "pools": [1, *pools],
+        "device": device.describe(),
         "machine": f"{platform.machine()}, {platform.processor() or '?'}, {cpus()} CPUs, one thread used",
         "python": platform.python_version(),
         "numpy": np.__version__,
@@ -562,7 +587,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
                 progress.start(f"{' / '.join(LABELS[i] for i in names)} {phase} batch {batch}")
                 batches = segment(pool, batch, args.trees)
                 results += measure_together(
-                    example, len(vocabulary), word_id, impls, phase, batches, params, args, peers
+                    example, len(vocabulary), word_id, impls, phase, batches, params, args, peers, device
                 )
                 progress.advance()
     finally:
@@ -755,6 +780,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data", help="the SST folder (train.txt, ...): its train split (default: synthetic)"
     )
+    parser.add_argument(
+        "--workers",
+        type=positive_int,
+        nargs="+",
+        default=[1],
+        help="executor pool sizes of monadl batched (default 1; BLAS stays at one thread)",
+    )
+    add_device_option(parser)
     add_peer_options(parser, dynet=True)
 
 

@@ -59,14 +59,17 @@ class TorchTreeLstm:
         *,
         learning_rate: float = 0.05,
         embedding_learning_rate: float = 0.1,
+        device: str = "cpu",
     ) -> None:
         import torch  # type: ignore[import-not-found, unused-ignore]
 
         missing = [name for name in PARAMETERS if name not in params]
         if missing:
             raise ValueError(f"TorchTreeLstm: missing parameters {missing}")
+        self.device = device
         self.params: dict[str, torch.Tensor] = {
-            name: torch.tensor(np.asarray(params[name]), requires_grad=True) for name in PARAMETERS
+            name: torch.tensor(np.asarray(params[name]), device=device, requires_grad=True)
+            for name in PARAMETERS
         }
         p = self.params
         self._affine = {gate: (p[f"{gate}.b"], p[f"{gate}.w"]) for gate in (*LEAF_GATES, *INNER_GATES)}
@@ -104,18 +107,20 @@ class TorchTreeLstm:
             b, w = self._classifier
             roots = [self._states(tree, word_id)[-1][0] for tree in trees]
             logits = torch.cat([torch.addmm(b, h, w) for h in roots])
-            return np.asarray(logits.numpy())
+            return np.asarray(logits.cpu().numpy())
 
     def numpy_params(self) -> dict[str, np.ndarray]:
         """The parameters' current values, as NumPy arrays (copies)."""
-        return {name: t.detach().numpy().copy() for name, t in self.params.items()}
+        return {name: t.detach().cpu().numpy().copy() for name, t in self.params.items()}
 
     def _states(self, tree: Tree, word_id: WordId) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every node's ``(h, c)``, each (1, hidden), in post-order (the root last)."""
         import torch  # type: ignore[import-not-found, unused-ignore]
 
         nodes = list(tree.nodes())
-        words = torch.tensor([word_id(n.word) for n in nodes if n.word is not None], dtype=torch.int64)
+        words = torch.tensor(
+            [word_id(n.word) for n in nodes if n.word is not None], dtype=torch.int64, device=self.device
+        )
         embedded = self.params["embeddings"][words]  # the tree's words in one lookup
         a = self._affine
         states: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # by id(node)
@@ -149,7 +154,9 @@ class TorchTreeLstm:
         b, w = self._classifier
         losses = []
         for tree in trees:
-            labels = torch.tensor([node.label for node in tree.nodes()], dtype=torch.int64)
+            labels = torch.tensor(
+                [node.label for node in tree.nodes()], dtype=torch.int64, device=self.device
+            )
             node_losses = [
                 F.cross_entropy(torch.addmm(b, h, w), labels[k : k + 1], reduction="sum")
                 for k, (h, _) in enumerate(self._states(tree, word_id))

@@ -1,0 +1,147 @@
+"""The benchmarks' ``--device`` plumbing, on array-api-strict (a CPU namespace standing in for a
+device) and, where CuPy finds a GPU, on CUDA: the models' arrays live where the option says, the
+hand-written NumPy baseline stays out, and every benchmark runs there end to end (tiny sizes; no
+figure is judged: speed is for the benchmarks' own runs)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import array_api_strict as xps
+import numpy as np
+import pytest
+
+import monadl as ml
+from monadl.bench import overhead
+from monadl.bench.__main__ import main
+from monadl.bench.common import DEVICES, Device
+
+
+def _cuda() -> bool:
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    import cupy
+
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount()) > 0
+    except Exception:  # noqa: BLE001 - CUDARuntimeError: no driver
+        return False
+
+
+DEVICE_NAMES = ["array-api-strict"] + (["cuda"] if _cuda() else [])
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+STRICT_ARRAY = type(xps.asarray(0.0))
+
+
+def test_an_unknown_device_is_refused_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match="device must be one of"):
+        Device("tpu")
+    assert DEVICES == ("cpu", "cuda", "array-api-strict")
+
+
+@pytest.mark.skipif(_cuda(), reason="CuPy finds a GPU here")
+def test_cuda_without_a_gpu_says_why() -> None:
+    with pytest.raises(RuntimeError, match="--device cuda"):
+        Device("cuda")
+
+
+@pytest.mark.parametrize("name", DEVICE_NAMES)
+def test_put_get_round_trip_and_weights_move(name: str) -> None:
+    device = Device(name)
+    host = np.arange(6.0).reshape(2, 3)
+    on_device = device.put(host)
+    assert not isinstance(on_device, np.ndarray)
+    np.testing.assert_array_equal(device.get(on_device), host)
+    w = ml.ArrayWeight(host)
+    device.move_weights([w])
+    assert type(w.data) is type(on_device)
+    loss, grads = ml.compute_gradients(ml.sum(w * w))
+    assert loss == pytest.approx(float((host * host).sum()))
+    np.testing.assert_array_equal(device.get(grads[w]), 2 * host)
+
+
+def test_a_weight_with_optimizer_state_refuses_to_move() -> None:
+    w = ml.ArrayWeight(np.ones(3))
+    ml.train_blocking(ml.sum(w * w), ml.Adam(0.1))
+    moved: Any = xps.asarray(np.ones(3))
+    with pytest.raises(ValueError, match="optimizer state"):
+        w.data = moved
+    assert isinstance(w.data, np.ndarray)
+
+
+def test_a_moved_weight_keeps_its_dtype_check() -> None:
+    w = ml.ArrayWeight(np.ones(3))
+    narrower: Any = xps.asarray(np.ones(3, dtype=np.float32))
+    with pytest.raises(ml.ShapeError, match="float32"):
+        w.data = narrower
+
+
+@pytest.mark.parametrize("name", DEVICE_NAMES)
+def test_overhead_cases_run_on_the_device(name: str) -> None:
+    device = Device(name)
+    case = overhead.make_case("matmul-16x64", 3, device=device)
+    assert all(not isinstance(w.data, np.ndarray) for w in case.weights)
+    with ml.Executor(1) as executor:
+        overhead.check_case(case, executor)  # monadl's values and gradients equal the baseline's
+
+
+@pytest.mark.parametrize("name", DEVICE_NAMES)
+def test_overhead_runs_on_the_device(name: str, tmp_path: Path) -> None:
+    out = tmp_path / "overhead.json"
+    argv = ["overhead", "--device", name, "--chain", "3", "--repeats", "1", "--min-time", "0"]
+    assert main([*argv, "--case", "const-1x1", "--case", "float", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["environment"]["device"].startswith(name)
+    assert {row["case"] for row in report["rows"]} == {"const-1x1"}  # no arrays, no device: float left out
+
+
+@pytest.mark.parametrize("name", DEVICE_NAMES)
+def test_columns_runs_on_the_device_without_the_numpy_baseline(name: str, tmp_path: Path) -> None:
+    out = tmp_path / "columns.json"
+    argv = ["columns", "--device", name, "--columns", "1", "--pools", "1", "2", "--steps", "2"]
+    argv += ["--repeats", "2", "--warmup", "1", "--no-progress", "--json", str(out)]
+    assert main(argv) == 0
+    run = json.loads(out.read_text())
+    implementations = {r["implementation"] for r in run["results"]}
+    assert "numpy" not in implementations and "monadl" in implementations
+    assert ("torch" in implementations) == HAS_TORCH
+    assert {r["pool"] for r in run["results"] if r["implementation"] == "monadl"} == {1, 2}
+
+
+@pytest.mark.parametrize("name", DEVICE_NAMES)
+def test_treelstm_runs_on_the_device_with_workers(name: str, tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "treelstm.json"
+    argv = ["treelstm", "--device", name, "--batches", "2", "--workers", "1", "2", "--trees", "2"]
+    argv += ["--repeats", "1", "--warmup", "2", "--pool", "8", "--embedding", "8", "--hidden", "8"]
+    argv += ["--min-leaves", "2", "--max-leaves", "4", "--no-progress", "--json", str(out)]
+    assert main(argv) == 0
+    run = json.loads(out.read_text())
+    implementations = {r["implementation"] for r in run["results"]}
+    assert {"monadl", "monadl@2", "monadl-unbatched"} <= implementations
+    assert not any(i.startswith("dynet") for i in implementations)
+    assert "dynet: skipped on --device" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", DEVICE_NAMES)
+def test_suite_runs_on_the_device(name: str, tmp_path: Path) -> None:
+    out = tmp_path / "suite.json"
+    argv = [
+        "suite",
+        "--device",
+        name,
+        "--smoke",
+        "--tasks",
+        "rnnlm-batch",
+        "--batches",
+        "4",
+        "--repeats",
+        "1",
+    ]
+    assert main([*argv, "--no-progress", "--no-dynet", "--json", str(out)]) == 0
+    run = json.loads(out.read_text())
+    assert run["run"]["device"].startswith(name)
+    monadl = [r for r in run["results"] if r["implementation"] == "monadl"]
+    assert monadl and all(r["learned"] for r in monadl)
