@@ -39,18 +39,32 @@ the trainer starts a new actor) and restored from a surviving replica's committe
 checkpoint format (:func:`monadl.checkpoint.to_bytes`); where no worker survives, from the last
 checkpoint the trainer saved or loaded. The failed step comes back as a ``Failure`` whose error has
 ``lost = True``; :meth:`DataParallel.train` runs such a step again, so the final weights are those
-of a run without the fault. Ctrl-C on the driver aborts the step in flight (or completes its commit,
-if every worker had already agreed) and raises ``KeyboardInterrupt``: the replicas hold the last
-committed state, which :meth:`DataParallel.save` writes; leaving the ``with`` block stops the
-workers.
+of a run without the fault.
+
+**Hangs.** A step that has not finished within :attr:`DataParallel.step_timeout` (the driver waits
+with a deadline, whatever the workers do) is failed: the workers found hung (a worker whose first
+unfinished task of the step has all its inputs, the others wait on them) are killed, restarted and
+restored like lost ones (where every worker hung, from the last checkpoint), and the step returns
+``Failure(WorkerError)`` with ``lost = True`` and a ``TimeoutError`` as its ``cause``. The timeout
+is the greater of ``step_timeout_s`` (5 minutes by default; None: no timeout) and 10 times the
+median of the last 20 successful steps' times.
+
+Ctrl-C on the driver aborts the step in flight (or completes its commit, if every worker had
+already agreed) and raises ``KeyboardInterrupt``: the replicas hold the last committed state, which
+:meth:`DataParallel.save` writes; leaving the ``with`` block stops the workers. A step interrupted
+while a worker hangs is settled by whatever the trainer is asked next (``save``, ``digests``, the
+next ``step``): it waits until the step's deadline, then kills and restores the hung workers.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import math
 import os
+import statistics
 import traceback
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,8 +114,9 @@ class WorkerError(RuntimeError):
     """A data-parallel step failed on a worker; no replica and no optimizer state changed.
 
     ``worker``: the worker's rank (0-based); ``step``: the step that failed (1-based);
-    ``cause``: the original exception (also ``__cause__``); ``lost``: the worker's process died (the
-    step can be run again: :meth:`DataParallel.train` does)."""
+    ``cause``: the original exception (also ``__cause__``); ``lost``: the worker's process died, or
+    it hung past the step's timeout and was killed (``cause``: a ``TimeoutError``); the worker is
+    restored, and the step can be run again (:meth:`DataParallel.train` does)."""
 
     def __init__(self, worker: int, workers: int, step: int, cause: BaseException, lost: bool) -> None:
         what = "was lost" if lost else "failed"
@@ -118,6 +133,14 @@ class WorkerError(RuntimeError):
 
 class WorkersLostError(RuntimeError):
     """Every worker was lost at once and no checkpoint is there to restore them from."""
+
+
+STEP_TIMEOUT_FACTOR = 10.0
+"""A step may take this many times the median of the recent steps' times (at least
+``step_timeout_s``) before the workers still in it are taken as hung: far above a step's normal
+spread (an uneven shard, a garbage collection), so a slow but live worker is not killed."""
+STEP_TIMEOUT_WINDOW = 20
+"""The number of recent successful steps whose median time sets the timeout."""
 
 
 # ----------------------------------------------------------------------------------------- batches
@@ -411,6 +434,27 @@ class _Replica:
 
 
 @dataclass(frozen=True)
+class _Task:
+    """A task of a step, as the driver submitted it: the worker that runs it, the references to its
+    results, and those to its inputs that other tasks produce (it runs once they are ready)."""
+
+    rank: int
+    results: list[Any]
+    inputs: list[Any]
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """A step submitted and not yet settled: its tasks (appended as they are submitted), its
+    timeout and the ``perf_counter`` time it ends at (None: none)."""
+
+    step: int
+    tasks: list[_Task]
+    timeout: float | None
+    deadline: float | None
+
+
+@dataclass(frozen=True)
 class StepStats:
     """Where a step's time went, as the driver saw it.
 
@@ -441,6 +485,13 @@ class DataParallel(Generic[M, B]):
     ``max_restarts``: Ray's restarts of a worker's actor. ``count_bytes``: measure the driver's
     bytes per step (:class:`StepStats`; it serializes the shards once more).
 
+    ``step_timeout_s``: the least time a step may take before the workers still in it are taken as
+    hung, killed and restored (:attr:`step_timeout`: it grows with the recent steps' times); None
+    waits for ever. The default, 5 minutes, is for a first step, which has no recent times to go
+    by and pays the workers' one-off costs (imports, the first run of the model): a false alarm
+    kills a live worker and fails the step again each time it is run, while a late one only waits.
+    ``restart_timeout_s``: how long a lost worker may take to come back before it is replaced.
+
     ``build``, ``loss`` and the batches are pickled to the workers (Ray's cloudpickle): a function
     defined in an importable module is sent by name, so that module must be importable where the
     workers run. ``build()`` should make the same model everywhere; the replicas start from worker
@@ -460,8 +511,19 @@ class DataParallel(Generic[M, B]):
         check_finite: bool = True,
         max_restarts: int = 3,
         restart_timeout_s: float = 120.0,
+        step_timeout_s: float | None = 300.0,
         count_bytes: bool = False,
     ) -> None:
+        if step_timeout_s is not None and not (
+            isinstance(step_timeout_s, (int, float))
+            and not isinstance(step_timeout_s, bool)
+            and math.isfinite(step_timeout_s)
+            and step_timeout_s > 0
+        ):
+            raise ValueError(
+                "DataParallel: step_timeout_s must be a positive number of seconds or None, "
+                f"got {step_timeout_s!r}"
+            )
         if workers < 1:
             raise ValueError(f"DataParallel: workers must be at least 1, got {workers}")
         if reduction not in ("tree", "driver"):
@@ -483,6 +545,9 @@ class DataParallel(Generic[M, B]):
         self._args = (build, loss, optimizer, check_finite)
         self._max_restarts = max_restarts
         self._restart_timeout = restart_timeout_s
+        self._step_timeout = None if step_timeout_s is None else float(step_timeout_s)
+        self._recent: deque[float] = deque(maxlen=STEP_TIMEOUT_WINDOW)  # successful steps' seconds
+        self._in_flight: _InFlight | None = None  # a step Ctrl-C interrupted, until settled
         self._count_bytes = count_bytes
         self._committed = 0
         self._decided = False  # whether the step in flight is to be committed everywhere
@@ -537,6 +602,15 @@ class DataParallel(Generic[M, B]):
         """The number of steps committed (a checkpoint's ``step`` after :meth:`load`)."""
         return self._committed
 
+    @property
+    def step_timeout(self) -> float | None:
+        """How long the next step may take before the workers still in it are taken as hung: the
+        greater of ``step_timeout_s`` and :data:`STEP_TIMEOUT_FACTOR` times the median of the last
+        :data:`STEP_TIMEOUT_WINDOW` successful steps' times (None: no timeout)."""
+        if self._step_timeout is None or not self._recent:
+            return self._step_timeout
+        return max(self._step_timeout, STEP_TIMEOUT_FACTOR * statistics.median(self._recent))
+
     # -- a step
 
     def step(self, batch: B) -> Result[float, WorkerError]:
@@ -548,14 +622,18 @@ class DataParallel(Generic[M, B]):
         count = sum(batch_size(shard) for shard in shards)
         if count == 0:
             raise ValueError("DataParallel.step: the batch is empty")
+        self._drain()
         step = self._committed + 1
         self._decided = False
         started = perf_counter()
+        timeout = self.step_timeout
+        flight = _InFlight(step, [], timeout, None if timeout is None else started + timeout)
         try:
-            failure, times, sent = self._run(step, shards, 1.0 / count)
+            failure, times, sent = self._run(flight, shards, 1.0 / count)
         except KeyboardInterrupt:
-            self._settle(step)
+            self._settle(step)  # (the step stays in flight: see _drain)
             raise
+        self._in_flight = None
         if failure is not None or times is None:
             # A worker lost, now or unseen (another's failure came first): restore it.
             restarted = self._recover()
@@ -567,14 +645,16 @@ class DataParallel(Generic[M, B]):
         loss, compute, apply = times
         seconds = perf_counter() - started
         self.last_stats = StepStats(seconds, compute, apply, seconds - compute - apply, sent)
+        self._recent.append(seconds)
         return Success(loss)
 
     def _run(
-        self, step: int, shards: list[Any], scale: float
+        self, flight: _InFlight, shards: list[Any], scale: float
     ) -> tuple[WorkerError | None, tuple[float, float, float] | None, int | None]:
         """The step's two phases: the failure (None: committed), (the loss, the slowest compute, the
         slowest apply), the driver's bytes. ``self._decided`` turns True when every worker has
-        staged its update.
+        staged its update. Past the step's deadline, the workers found hung are killed and the step
+        fails.
 
         A worker's tasks run in the order they were submitted, each when its arguments are ready:
         the whole step is submitted at once, and the driver waits only for the workers' small
@@ -582,6 +662,8 @@ class DataParallel(Generic[M, B]):
         ray = self._ray
         actors = self._actors
         n = self.workers
+        step, tasks = flight.step, flight.tasks  # tasks: in the order submitted, to find a hung worker
+        self._in_flight = flight
         sent = sum(self._bytes(shard) for shard in shards) if self._count_bytes else None
         commit = self._committed if self._unsent else 0  # the last step's commit rides on this one
         self._unsent = False
@@ -603,24 +685,36 @@ class DataParallel(Generic[M, B]):
             for i in range(n):
                 if children[i] or i == 0:
                     outcomes[i] = actors[i].compute.remote(step, shards[i], scale, commit, known[i])
+                    tasks.append(_Task(i, [outcomes[i]], []))
                 else:
                     send = actors[i].compute_and_send.options(num_returns=2)
                     outcomes[i], sums[i] = send.remote(step, shards[i], scale, commit, known[i])
+                    tasks.append(_Task(i, [outcomes[i], sums[i]], []))
             # (The partial sums are not awaited here: a failure among them fails the root's task,
             # and the workers lost are found by the recovery.)
             for i in reversed(range(1, n)):  # children (greater ranks) before their parents
                 if children[i]:
-                    sums[i] = actors[i].reduce.remote(step, *[sums[c] for c in children[i]])
+                    partials = [sums[c] for c in children[i]]
+                    sums[i] = actors[i].reduce.remote(step, *partials)
+                    tasks.append(_Task(i, [sums[i]], partials))
             if n == 1:
                 prepares = [actors[0].reduce_and_prepare.remote(step)]
+                tasks.append(_Task(0, prepares[:], []))
             else:
                 root = actors[0].reduce_prepare_and_send.options(num_returns=2)
-                prepared_at_root, total = root.remote(step, *[sums[c] for c in children[0]])
+                partials = [sums[c] for c in children[0]]
+                prepared_at_root, total = root.remote(step, *partials)
+                tasks.append(_Task(0, [prepared_at_root, total], partials))
                 prepares = [prepared_at_root] + [actor.prepare.remote(step, total) for actor in actors[1:]]
+                tasks += [_Task(i, [prepares[i]], [total]) for i in range(1, n)]
         else:
             for i in range(n):
                 send = actors[i].compute_and_send.options(num_returns=2)
                 outcomes[i], sums[i] = send.remote(step, shards[i], scale, commit, known[i])
+                tasks.append(_Task(i, [outcomes[i], sums[i]], []))
+            hung = self._wait(sums, flight)
+            if hung:
+                return self._timed_out(flight, hung), None, sent
             parts = self._gather(sums)
             linked = list(enumerate(parts))
             if all(type(part) is list for part in parts):
@@ -631,6 +725,10 @@ class DataParallel(Generic[M, B]):
                 if sent is not None:
                     sent += sum(self._bytes(part) for part in parts) + self._bytes(summed)
                 prepares = [actor.prepare.remote(step, total) for actor in actors]
+                tasks += [_Task(i, [prepares[i]], []) for i in range(n)]
+        hung = self._wait(outcomes + prepares, flight)
+        if hung:
+            return self._timed_out(flight, hung), None, sent
         answers = self._gather(outcomes + prepares)
         computed, prepared = answers[:n], answers[n:]
         failure = self._failure(step, computed, linked, prepared)
@@ -671,8 +769,66 @@ class DataParallel(Generic[M, B]):
             except KeyboardInterrupt:
                 continue
 
+    def _wait(self, refs: list[Any], flight: _InFlight) -> list[int]:
+        """Waits until every reference is ready or the step's deadline has passed; returns the ranks
+        of the workers that hung (none: every reference is ready, or the step has no deadline).
+        Nothing is fetched here: a tree's gradients stay in the workers."""
+        if flight.deadline is None or not refs:
+            return []
+        left = max(0.0, flight.deadline - perf_counter())
+        _, waiting = self._ray.wait(refs, num_returns=len(refs), timeout=left, fetch_local=False)
+        return self._hung(flight.tasks) if waiting else []
+
+    def _hung(self, tasks: list[_Task]) -> list[int]:
+        """The workers whose first unfinished task of the step has every input it waits on: the one
+        that runs it is stuck in it (the other workers' unfinished tasks wait on its results). A
+        snapshot taken at the deadline, so a task that finished meanwhile is not counted."""
+        refs = list(dict.fromkeys(ref for task in tasks for ref in task.results + task.inputs))
+        ready, waiting = self._ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        if not waiting:
+            return []
+        done = set(ready)
+        hung: list[int] = []
+        unfinished: list[int] = []
+        for rank in range(self.workers):
+            first = next((t for t in tasks if t.rank == rank and not all(r in done for r in t.results)), None)
+            if first is not None:
+                unfinished.append(rank)
+                if all(r in done for r in first.inputs):
+                    hung.append(rank)
+        return hung or unfinished  # (every chain of waits ends at a hung worker: a safeguard)
+
+    def _timed_out(self, flight: _InFlight, hung: list[int]) -> WorkerError:
+        """Kills the hung workers (Ray restarts them; :meth:`_recover` restores them) and aborts the
+        step everywhere: the step's failure. The tasks that waited on a hung worker fail with it,
+        so no worker's queue is left behind the step."""
+        for rank in hung:
+            self._ray.kill(self._actors[rank], no_restart=False)
+        for actor in self._actors:
+            actor.abort.remote(flight.step)
+        names = ", ".join(str(rank) for rank in hung)
+        error = TimeoutError(
+            f"step {flight.step} did not finish within {flight.timeout:g} s (DataParallel's "
+            f"step_timeout): worker{'s' if len(hung) > 1 else ''} {names} hung, killed and restarted"
+        )
+        return WorkerError(hung[0], self.workers, flight.step, error, lost=True)
+
+    def _drain(self) -> None:
+        """Settles a step that Ctrl-C interrupted while it was still in flight: waits for its tasks
+        until its deadline, then kills and restores the workers that hung, so that no later request
+        waits behind them (a worker runs its tasks in order)."""
+        flight = self._in_flight
+        if flight is None:
+            return
+        hung = self._wait([ref for task in flight.tasks for ref in task.results], flight)
+        self._in_flight = None
+        if hung:
+            self._timed_out(flight, hung)
+            self._recover()
+
     def _flush(self) -> None:
         """Sends the last step's commit, where it has not ridden on a step yet."""
+        self._drain()
         if self._unsent:
             for actor in self._actors:
                 actor.commit.remote(self._committed)
