@@ -79,8 +79,9 @@ from monadl.dsl.training import (
 )
 from monadl.dsl.weights import ArrayWeight, FloatWeight
 from monadl.gradcheck import GradientMismatch, check_gradients
+from monadl.nn.buffer import ArrayBuffer, Buffer, BufferState, GeneratorBuffer
 from monadl.nn.dropout import Dropout
-from monadl.nn.module import Module, weights_of
+from monadl.nn.module import Module, buffers_of, weights_of
 from monadl.typeclasses.backend import Array, ShapeError
 
 __version__ = "0.1.0"
@@ -97,6 +98,9 @@ __all__ = [
     "Array",
     "ArrayLayer",
     "ArrayWeight",
+    "ArrayBuffer",
+    "Buffer",
+    "BufferState",
     "CheckpointError",
     "CustomOp",
     "DeepLearning",
@@ -104,6 +108,7 @@ __all__ = [
     "Executor",
     "FloatLayer",
     "FloatWeight",
+    "GeneratorBuffer",
     "GradientMismatch",
     "Module",
     "Momentum",
@@ -170,5 +175,6 @@ __all__ = [
     "clip_by_value",
     "global_norm",
     "is_training",
+    "buffers_of",
     "weights_of",
 ]

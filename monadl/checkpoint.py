@@ -1,14 +1,20 @@
-"""Checkpoints: a model's weights, their optimizer state and your metadata, in one safetensors file.
+"""Checkpoints: a model's weights, their optimizer state, its buffers and your metadata, in one
+safetensors file.
 
 ``save(path, model, metadata={"step": 20})`` writes every weight of ``model`` (a module, or any
 structure :func:`~monadl.nn.weights_of` takes) under its dotted name, with its optimizer state
-(Adam's moments and step count, Adagrad's sums, Momentum's velocity) and the optimizer's settings.
-``load(path, model)`` puts them back and returns the metadata; training then goes on exactly as it
-would have: the same bits as a run that was never interrupted.
+(Adam's moments and step count, Adagrad's sums, Momentum's velocity) and the optimizer's settings,
+and every buffer (:func:`~monadl.nn.buffers_of`: state that gradients do not train, a dropout
+layer's generator) under its own. ``load(path, model)`` puts them back and returns the metadata;
+training then goes on exactly as it would have: the same bits as a run that was never interrupted.
+The buffers are read as the weights are, as of one commit; a training step running in another
+thread while a save reads them may have drawn from a generator already, so save between steps.
 
 The format is safetensors (https://huggingface.co/docs/safetensors): a JSON header and raw arrays,
 no pickle, no code run on load. The header's ``"monadl"`` entry describes what the arrays are:
-``weight/<name>`` holds a weight's data, ``state/<name>/<k>`` the arrays of its optimizer state.
+``weight/<name>`` holds a weight's data, ``state/<name>/<k>`` the arrays of its optimizer state,
+``buffer/<name>/<key>`` those of a buffer's state (its ``kind`` and JSON part are in the entry
+``"buffers"``).
 
 What is saved is what is loaded. Metadata are JSON values that come back equal: dicts with str
 keys, lists, str, int, bool, None and finite floats, nested at most :data:`MAX_DEPTH` (64) deep; a
@@ -25,11 +31,14 @@ exception (a ``KeyboardInterrupt`` too) leaves no temporary file behind.
 A load validates before it changes anything: every name, shape and dtype against the model (a
 mismatch names the weight; a missing or unexpected name is an error unless ``partial=True``), and
 the file itself: a SHA-256 digest of the description and of every array, written at save, is
-checked (a flipped bit is an error, not another model), NaN and infinite values in the weights or
-their optimizer state are refused unless ``allow_non_finite=True``, and a truncated, malformed or
-too deeply nested file is a :class:`CheckpointError` naming the file and the problem, never a
-crash. Files written before digests existed (format 1) still load, unverified. Then every weight
-and its state are committed at once, as a training step's are.
+checked (a flipped bit is an error, not another model), NaN and infinite values in the weights,
+their optimizer state or the buffers are refused unless ``allow_non_finite=True``, and a
+truncated, malformed or too deeply nested file is a :class:`CheckpointError` naming the file and
+the problem, never a crash. Buffers are checked the same way (a buffer of another kind, or whose
+state its :meth:`~monadl.nn.Buffer.check_state` refuses, is an error naming it). Files written
+before digests existed (format 1) still load, unverified, and files written before buffers were
+saved (formats 1 and 2) load with the model's buffers left as they are. Then every weight and its
+state are committed at once, as a training step's are, and the buffers loaded.
 """
 
 from __future__ import annotations
@@ -47,17 +56,20 @@ import numpy as np
 from monadl.data.files import atomic_write_bytes, read_regular_file
 from monadl.dsl import optimizers, schedules
 from monadl.dsl.weights import FloatWeight
-from monadl.nn.module import Weight, weights_of
+from monadl.nn.buffer import JSON, Buffer, BufferState
+from monadl.nn.module import Weight, buffers_of, weights_of
 from monadl.runtime.versions import COMMIT_LOCK, publish, read
 
 __all__ = ["MAX_DEPTH", "CheckpointError", "from_bytes", "load", "save", "to_bytes"]
 
-FORMAT = 2
-"""The format written; format 1 (no digests) is still read."""
-_FORMATS = (1, 2)
+FORMAT = 3
+"""The format written; format 2 (no buffers) and format 1 (no buffers, no digests) are still read."""
+_FORMATS = (1, 2, 3)
+_BUFFERS = 3
+"""The first format with the entry ``"buffers"``."""
 _KEY = "monadl"
 _DIGEST_ENTRY = "sha256"
-"""The description's last entry (format 2): the SHA-256 of its JSON text without it. It is inside
+"""The description's last entry (format 2 on): the SHA-256 of its JSON text without it. It is inside
 the one metadata entry of safetensors' header, whose entries a writer orders at random, so that
 one model's checkpoint is the same bytes from every process."""
 MAX_DEPTH = 64
@@ -65,22 +77,22 @@ MAX_DEPTH = 64
 enough for any real use, shallow enough that no walk of a file's description can overflow the
 stack."""
 _HEADER_DEPTH = MAX_DEPTH + 3  # the description's own levels: itself, "weights", a weight's entry
-JSON = None | bool | int | float | str | list["JSON"] | dict[str, "JSON"]
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded into the model: malformed, truncated, damaged (a digest
-    that does not match), of another format, or not matching the model's weights (the message names
-    the file and the weight)."""
+    that does not match), of another format, or not matching the model's weights or buffers (the
+    message names the file and the weight or buffer)."""
 
 
 # ----------------------------------------------------------------------------------------- save
 
 
 def save(path: str | Path, model: object, *, metadata: Mapping[str, JSON] | None = None) -> None:
-    """Writes ``model``'s weights, their optimizer state and ``metadata`` (JSON values: a step, an
-    epoch) to ``path``, atomically. The weights are read as one committed state. Raises
-    ``TypeError`` for metadata or an optimizer that would not come back as saved."""
+    """Writes ``model``'s weights, their optimizer state, its buffers and ``metadata`` (JSON values:
+    a step, an epoch) to ``path``, atomically. The weights are read as one committed state. Raises
+    ``TypeError`` for metadata, an optimizer or a buffer's state that would not come back as
+    saved."""
     atomic_write_bytes(Path(path), to_bytes(model, metadata=metadata))
 
 
@@ -90,10 +102,12 @@ def to_bytes(model: object, *, metadata: Mapping[str, JSON] | None = None) -> by
 
     checked = _checked_metadata(metadata)  # before reading the weights: a refusal costs nothing
     weights = weights_of(model)
+    buffers = buffers_of(model)
     tensors: dict[str, np.ndarray[Any, Any]] = {}
     described: dict[str, Any] = {}
-    with COMMIT_LOCK:  # every weight as of the same commit
+    with COMMIT_LOCK:  # every weight and buffer as of the same commit
         versions = {name: read(w.head, None) for name, w in weights.items()}
+        states = {name: _buffer_state(name, b) for name, b in buffers.items()}
     for name, weight in weights.items():
         version = versions[name]
         data = version.data
@@ -109,14 +123,57 @@ def to_bytes(model: object, *, metadata: Mapping[str, JSON] | None = None) -> by
         if _depth(entry) > MAX_DEPTH + 1:
             raise TypeError(f"save: the optimizer of {name!r} nests deeper than {MAX_DEPTH} levels")
         described[name] = entry
+    described_buffers: dict[str, Any] = {}
+    for name, buffer in buffers.items():
+        state = states[name]
+        for key, array in state.arrays.items():
+            tensors[f"buffer/{name}/{key}"] = _contiguous(array)
+        described_buffers[name] = {"kind": buffer.kind, "arrays": sorted(state.arrays), "state": state.info}
     digests = {key: _digest(array) for key, array in tensors.items()}
-    header = {"format": FORMAT, "weights": described, "metadata": checked, "digests": digests}
+    header = {
+        "format": FORMAT,
+        "weights": described,
+        "buffers": described_buffers,
+        "metadata": checked,
+        "digests": digests,
+    }
     encoded: bytes = encode(tensors, metadata={_KEY: sealed(header)})
     return encoded
 
 
+def _buffer_state(name: str, buffer: Buffer) -> BufferState:
+    """A buffer's state, refused (``TypeError`` naming the buffer) where it would not load back as
+    it is: arrays of another type or with a name that is not one, a JSON part that is not JSON."""
+    try:
+        state = buffer.state()
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"save: buffer {name!r}: {e}") from e
+    if not isinstance(buffer.kind, str) or not isinstance(state, BufferState):
+        raise TypeError(f"save: buffer {name!r}: its kind must be a str and its state a BufferState")
+    if not isinstance(state.arrays, dict) or not isinstance(state.info, dict):
+        raise TypeError(f"save: buffer {name!r}: its state's arrays and info must be dicts")
+    arrays = {}
+    for key, array in sorted(state.arrays.items()):
+        if not isinstance(key, str) or not key or "/" in key:
+            raise TypeError(
+                f"save: buffer {name!r}: an array's name must be a non-empty str without '/', not {key!r}"
+            )
+        if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
+            what = f"a {array.dtype} array" if isinstance(array, np.ndarray) else f"a {type(array).__name__}"
+            raise TypeError(
+                f"save: buffer {name!r}: its array {key!r} is {what}, not one of bools, integers or floats"
+            )
+        arrays[key] = array
+
+    def refuse(where: str, problem: str) -> NoReturn:
+        raise TypeError(f"save: buffer {name!r}: {where} {problem}")
+
+    _check_json(state.info, "its state's info", 1, refuse)
+    return BufferState(arrays, state.info)
+
+
 def sealed(header: dict[str, Any]) -> str:
-    """A format 2 description's JSON text: ``header`` with its own digest as its last entry."""
+    """A description's JSON text (format 2 on): ``header`` with its own digest as its last entry."""
     text = json.dumps(header, allow_nan=False)  # checked at save: cannot fail
     return json.dumps({**header, _DIGEST_ENTRY: _text_digest(text)}, allow_nan=False)
 
@@ -260,10 +317,11 @@ def _encode_state(state: Any, arrays: list[np.ndarray[Any, Any]], weight: str, l
 def load(
     path: str | Path, model: object, *, partial: bool = False, allow_non_finite: bool = False
 ) -> dict[str, JSON]:
-    """Puts the weights and optimizer states of the checkpoint at ``path`` into ``model`` and
-    returns its metadata. ``partial``: load the weights the file and the model have in common
-    (else a missing or unexpected name is an error). ``allow_non_finite``: load NaN or infinite
-    values in the weights and optimizer states (else they are a :class:`CheckpointError`: a
+    """Puts the weights, optimizer states and buffers of the checkpoint at ``path`` into ``model``
+    and returns its metadata (a file without buffers, of format 1 or 2, leaves the model's as they
+    are). ``partial``: load the weights and buffers the file and the model have in common (else a
+    missing or unexpected name is an error). ``allow_non_finite``: load NaN or infinite
+    values in the weights, optimizer states and buffers (else they are a :class:`CheckpointError`: a
     diverged run's file, not one to resume). Nothing changes unless everything fits."""
     path = Path(path)
     return _load(read_regular_file(path), str(path), model, partial, allow_non_finite)
@@ -280,24 +338,47 @@ def _load(
     raw: bytes, path: str, model: object, partial: bool, allow_non_finite: bool = False
 ) -> dict[str, JSON]:
     weights = weights_of(model)
+    buffers = buffers_of(model)
     header, tensors = _read(raw, path, allow_non_finite)
     saved = header["weights"]
-    missing = [name for name in weights if name not in saved]
-    unexpected = [name for name in saved if name not in weights]
-    if (missing or unexpected) and not partial:
-        raise CheckpointError(
-            f"{path}: the checkpoint does not match the model: "
-            f"missing {missing or 'none'}, unexpected {unexpected or 'none'} (load(..., partial=True) "
-            "loads the weights they share)"
-        )
+    _match(path, "weights", weights, saved, partial)
+    saved_buffers: dict[str, Any] = header.get("buffers", {})
+    if "buffers" in header:  # (a file of an earlier format has none: the model's stay as they are)
+        _match(path, "buffers", buffers, saved_buffers, partial)
     writes = []
     for name, weight in weights.items():
         if name in saved:
             writes.append((weight, *_restore(path, name, weight, saved[name], tensors)))
+    loads = [
+        (buffer, _restore_buffer(path, name, buffer, saved_buffers[name], tensors))
+        for name, buffer in buffers.items()
+        if name in saved_buffers
+    ]
     with COMMIT_LOCK:
         publish(writes)
+    for buffer, state in loads:  # checked: cannot fail (and free to commit, out of the lock)
+        buffer.load_state(state)
     metadata: dict[str, JSON] = header["metadata"]
     return metadata
+
+
+def _match(
+    path: str, what: str, model: Mapping[str, object], saved: Mapping[str, Any], partial: bool
+) -> None:
+    """Refuses a file whose weights (or buffers: ``what``) are not the model's, unless ``partial``."""
+    missing = [name for name in model if name not in saved]
+    unexpected = [name for name in saved if name not in model]
+    if (missing or unexpected) and not partial:
+        which = (
+            "checkpoint does not match the model"
+            if what == "weights"
+            else f"checkpoint's {what} do not match the model's"
+        )
+        raise CheckpointError(
+            f"{path}: the {which}: "
+            f"missing {missing or 'none'}, unexpected {unexpected or 'none'} (load(..., partial=True) "
+            f"loads the {what} they share)"
+        )
 
 
 def _read(
@@ -333,13 +414,19 @@ def _read(
             raise CheckpointError(
                 f"{path}: the checkpoint's description does not match its digest: the file is damaged"
             )
-    keys = {"format", "weights", "metadata"} | ({"digests"} if form >= 2 else set())
+    keys = (
+        {"format", "weights", "metadata"}
+        | ({"digests"} if form >= 2 else set())
+        | ({"buffers"} if form >= _BUFFERS else set())
+    )
     if set(header) != keys:
         raise CheckpointError(
             f"{path}: the checkpoint's description has the entries {sorted(header)}, not {sorted(keys)}"
         )
     if not isinstance(header["weights"], dict) or not isinstance(header["metadata"], dict):
         raise CheckpointError(f"{path}: the checkpoint's description has no weights or metadata")
+    if not isinstance(header.get("buffers", {}), dict):
+        raise CheckpointError(f"{path}: the checkpoint's description has no buffers")
 
     def refuse(where: str, problem: str) -> NoReturn:
         raise CheckpointError(f"{path}: the checkpoint's {where} {problem}")
@@ -390,13 +477,16 @@ def _verify(digests: Any, tensors: dict[str, np.ndarray[Any, Any]], path: str) -
 
 
 def _tensor_name(key: str) -> str:
-    """An array of the file as its errors name it: ``weight 'w'``, its optimizer state's."""
+    """An array of the file as its errors name it: ``weight 'w'``, its optimizer state's, a buffer's."""
     kind, _, rest = key.partition("/")
     if kind == "weight":
         return f"weight {rest!r}"
     if kind == "state" and "/" in rest:
         name, _, k = rest.rpartition("/")
         return f"weight {name!r}: its optimizer state (array {k})"
+    if kind == "buffer" and "/" in rest:
+        name, _, k = rest.rpartition("/")
+        return f"buffer {name!r}: its array {k!r}"
     return f"the array {key!r}"
 
 
@@ -451,6 +541,36 @@ def _restore(
     if problem is not None:
         raise bad(f"its optimizer state does not fit its {type(optimizer).__name__}: {problem}")
     return data, (optimizer, state)
+
+
+def _restore_buffer(
+    path: str, name: str, buffer: Buffer, entry: Any, tensors: dict[str, np.ndarray[Any, Any]]
+) -> BufferState:
+    """The state the checkpoint holds for ``buffer``, checked by it."""
+
+    def bad(problem: str) -> CheckpointError:
+        return CheckpointError(f"{path}: buffer {name!r}: {problem}")
+
+    if not isinstance(entry, dict) or set(entry) != {"kind", "arrays", "state"}:
+        raise bad("its description is malformed")
+    kind, keys, info = entry["kind"], entry["arrays"], entry["state"]
+    if kind != buffer.kind:
+        raise bad(f"the model's is of the kind {buffer.kind!r}, the file's of the kind {kind!r}")
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys) or len(set(keys)) != len(keys):
+        raise bad("its list of arrays is malformed")
+    if not isinstance(info, dict):
+        raise bad("its state's info is not an object")
+    arrays = {}
+    for key in keys:
+        array = tensors.get(f"buffer/{name}/{key}")
+        if array is None:
+            raise bad(f"its array {key!r} is missing from the file")
+        arrays[key] = np.array(array, copy=True)
+    state = BufferState(arrays, info)
+    problem = buffer.check_state(state)
+    if problem is not None:
+        raise bad(f"its state does not fit it: {problem}")
+    return state
 
 
 def _check_state(state: Any, data: Any, bad: Any) -> None:

@@ -1,5 +1,5 @@
-"""Checkpoints (``ml.save`` / ``ml.load``): complete, validated, atomic, and a resumed run is the
-run that was never interrupted, bit for bit."""
+"""Checkpoints (``ml.save`` / ``ml.load``): complete (weights, optimizer states, buffers),
+validated, atomic, and a resumed run is the run that was never interrupted, bit for bit."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from returns.result import Success
 
 import monadl as ml
 from monadl import ArrayWeight, FloatWeight
+from monadl.nn import MLP
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,12 +32,14 @@ class Model(ml.Module):
     b: ArrayWeight
     s: FloatWeight
     table: ArrayWeight
+    drop: ml.Dropout  # a buffer: its generator
+    stats: ml.ArrayBuffer  # a buffer no step changes: saved and loaded all the same
 
     def loss(self, step: int) -> ml.FloatLayer:
         rng = np.random.default_rng(step)
         x = rng.normal(size=(5, 3))
         rows = ml.take_rows(self.table, rng.integers(0, 6, size=4))
-        h = ml.tanh(ml.linear(x, self.w, self.b)) * self.s
+        h = ml.tanh(ml.linear(self.drop(x), self.w, self.b)) * self.s
         return ml.mean(h * h) + ml.mean(rows * rows)
 
 
@@ -46,7 +49,17 @@ def model(seed: int = 0, dtype: type[np.floating[Any]] = np.float64) -> Model:
         ArrayWeight.zeros((2,), dtype=dtype),
         FloatWeight(0.8),
         ArrayWeight.normal((6, 2), seed=seed + 1, dtype=dtype),
+        ml.Dropout(0.3, seed=seed + 2),
+        ml.ArrayBuffer(np.random.default_rng(seed + 3).normal(size=2).astype(dtype)),
     )
+
+
+def buffer_states(m: Any) -> dict[str, tuple[str, dict[str, bytes]]]:
+    """Every buffer's state: its JSON part (as text) and its arrays' bytes."""
+    return {
+        name: (repr(state.info), {k: a.dtype.str.encode() + a.tobytes() for k, a in state.arrays.items()})
+        for name, state in ((name, b.state()) for name, b in ml.buffers_of(m).items())
+    }
 
 
 OPTIMIZERS = [
@@ -68,6 +81,7 @@ def same(a: Model, b: Model) -> None:
     for (name, x), y in zip(a.weights().items(), b.weights().values(), strict=True):
         assert np.asarray(x.data).tobytes() == np.asarray(y.data).tobytes(), name
         assert repr(x.optimizer_state) == repr(y.optimizer_state), name
+    assert buffer_states(a) == buffer_states(b)
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: repr(o)[:48])
@@ -231,3 +245,58 @@ def test_a_save_killed_at_any_moment_leaves_the_old_or_the_new_checkpoint(tmp_pa
     leftovers = [p.name for p in tmp_path.iterdir() if p.name != path.name]
     ml.save(path, model())  # the next save removes the temporary files of killed writers
     assert [p.name for p in tmp_path.iterdir()] == [path.name], leftovers
+
+
+def readme_classifier() -> str:
+    """The README's model with ``Dropout``: its code up to the line that makes ``model``."""
+    text = (ROOT / "README.md").read_text()
+    block = next(b for b in text.split("```python\n")[1:] if "class Classifier(" in b).split("```")[0]
+    lines = block.splitlines()
+    made = next(k for k, line in enumerate(lines) if line.startswith("model = Classifier("))
+    return "\n".join(lines[: made + 1]) + "\n"
+
+
+RESUME = """
+import sys
+import numpy as np
+{classifier}
+from monadl.nn import MLP, Dropout
+
+
+def steps(model, begin, end):
+    for step in range(begin, end):
+        rng = np.random.default_rng(step)
+        x, labels = rng.normal(size=(16, 784)), rng.integers(0, 10, size=16)
+        ml.cross_entropy(model(x), labels).train_blocking(ml.Adam(1e-3)).unwrap()
+
+
+path, begin, end = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if begin:  # resumed: every value (weights, optimizer state, dropout generator) from the file
+    model = Classifier(MLP.new([784, 128, 10], seed=5), Dropout(0.2, seed=6))
+    assert ml.load(path, model) == {{"step": begin}}
+steps(model, begin, end)
+ml.save(path, model, metadata={{"step": end}})
+"""
+
+
+def test_the_readme_classifier_with_dropout_resumed_in_a_new_process_is_the_uninterrupted_run(
+    tmp_path: Path,
+) -> None:
+    script = RESUME.format(classifier=readme_classifier())
+    assert "Dropout(" in script and "self.drop(" in script  # the README's model still has dropout
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def run(path: Path, begin: int, end: int) -> None:
+        command = [sys.executable, "-c", script, str(path), str(begin), str(end)]
+        subprocess.run(command, env=env, cwd=tmp_path, check=True, timeout=240)
+
+    run(tmp_path / "whole.safetensors", 0, 6)  # six steps in one process
+    run(tmp_path / "resumed.safetensors", 0, 3)  # three, saved; three more in another process
+    run(tmp_path / "resumed.safetensors", 3, 6)
+    whole, resumed = ({"body": MLP.new([784, 128, 10], seed=k)} for k in (7, 8))  # (the weights alone)
+    ml.load(tmp_path / "whole.safetensors", whole, partial=True)
+    ml.load(tmp_path / "resumed.safetensors", resumed, partial=True)
+    for (name, a), b in zip(ml.weights_of(whole).items(), ml.weights_of(resumed).values(), strict=True):
+        np.testing.assert_array_equal(np.asarray(b.data), np.asarray(a.data), err_msg=name)
+    # Weights, optimizer states and generators: the same bytes (a checkpoint is one model's bytes).
+    assert (tmp_path / "whole.safetensors").read_bytes() == (tmp_path / "resumed.safetensors").read_bytes()

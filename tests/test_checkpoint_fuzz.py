@@ -1,4 +1,4 @@
-"""A fuzzer of checkpoint loads: valid checkpoints (Adam's state, SGD's), damaged or rewritten, must
+"""A fuzzer of checkpoint loads: valid checkpoints (Adam's state, SGD's, buffers), damaged or rewritten, must
 load exactly as saved or be a ``CheckpointError`` naming the file, never another exception, never
 other values, and a refused load changes nothing.
 
@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load as decode
 from safetensors.numpy import save as encode
-from test_checkpoint import model, train
+from test_checkpoint import buffer_states, model, train
 
 import monadl as ml
 
@@ -41,7 +41,7 @@ FUZZ_SETTINGS = settings(
 )
 OUTCOMES: Counter[str] = Counter()
 Arrays = dict[str, np.ndarray[Any, Any]]
-Snapshot = tuple[dict[str, bytes], dict[str, str]]
+Snapshot = tuple[dict[str, bytes], dict[str, str], dict[str, Any]]
 
 
 @functools.cache
@@ -58,6 +58,7 @@ def snapshot(m: Any) -> Snapshot:
     return (
         {name: np.asarray(w.data).tobytes() for name, w in weights.items()},
         {name: repr(w.optimizer_state) for name, w in weights.items()},
+        buffer_states(m),
     )
 
 
@@ -130,6 +131,7 @@ def rewrite(data: st.DataObject, raw: bytes) -> bytes:
     if legacy:
         header["format"] = 1
         header.pop("digests", None)
+        header.pop("buffers", None)
     how = data.draw(st.sampled_from(["replace", "drop", "nest", "array"]))
     OUTCOMES[f"rewrite: {how}{' (format 1)' if legacy else ''}"] += 1
     if how == "array":

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load as decode
 from safetensors.numpy import save as encode
-from test_checkpoint import model, same, train
+from test_checkpoint import buffer_states, model, same, train
 
 import monadl as ml
 
@@ -47,6 +47,7 @@ def rewrite(
     if legacy:
         header["format"] = 1
         header.pop("digests", None)
+        header.pop("buffers", None)
     else:
         header["digests"] = {k: digest(v) for k, v in tensors.items()}
     header.pop("sha256", None)
@@ -75,10 +76,10 @@ def weights_of(m: Any) -> dict[str, bytes]:
 def refused(raw: bytes, match: str, **options: bool) -> None:
     """Loading ``raw`` is a CheckpointError matching ``match`` and changes nothing."""
     target = model(seed=9)
-    before = weights_of(target)
+    before = weights_of(target), buffer_states(target)
     with pytest.raises(ml.CheckpointError, match=match):
         ml.checkpoint.from_bytes(raw, target, **options)
-    assert weights_of(target) == before
+    assert (weights_of(target), buffer_states(target)) == before
 
 
 def nested(depth: int) -> Any:
@@ -199,9 +200,13 @@ def test_a_flipped_byte_anywhere_in_an_array_is_a_checkpoint_error_naming_it() -
             damaged = bytearray(raw)
             damaged[8 + length + at] ^= 0x01
             kind, _, rest = key.partition("/")
-            name = rest if kind == "weight" else rest.rpartition("/")[0]
-            what = "" if kind == "weight" else r": its optimizer state \(array \d+\)"
-            refused(bytes(damaged), rf"weight '{name}'{what} does not match its digest: the file is damaged")
+            name, _, k = rest.rpartition("/") if kind != "weight" else (rest, "", "")
+            what = {
+                "weight": f"weight '{rest}'",
+                "state": rf"weight '{name}': its optimizer state \(array {k}\)",
+                "buffer": f"buffer '{name}': its array '{k}'",
+            }[kind]
+            refused(bytes(damaged), rf"{what} does not match its digest: the file is damaged")
 
 
 def test_a_changed_number_in_the_description_is_a_checkpoint_error() -> None:
@@ -227,7 +232,8 @@ def test_a_file_without_its_digests_is_refused_unless_of_format_1() -> None:
 
         return drop
 
-    refused(rewrite(raw, text=without("digests")), r"has the entries \['format', 'metadata', 'weights'\]")
+    entries = r"\['buffers', 'format', 'metadata', 'weights'\]"
+    refused(rewrite(raw, text=without("digests")), rf"has the entries {entries}")
     refused(rewrite(raw, text=without("weight/w", "digests")), r"digests do not name its arrays")
 
 
@@ -237,7 +243,8 @@ def test_a_checkpoint_of_format_1_still_loads() -> None:
     assert b"digest" not in raw
     back = model(seed=9)
     assert ml.checkpoint.from_bytes(raw, back) == {"step": 2}
-    same(saved, back)
+    assert weights_of(back) == weights_of(saved)
+    assert buffer_states(back) == buffer_states(model(seed=9))  # none in the file: left as they were
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
@@ -351,8 +358,10 @@ def test_one_model_is_the_same_bytes_from_every_process() -> None:
     script = (
         "import hashlib, numpy as np, monadl as ml\n"
         "w = ml.ArrayWeight(np.arange(6.0).reshape(2, 3))\n"
-        "ml.train_blocking(ml.sum(w * w), ml.Adam(0.1))\n"
-        "print(hashlib.sha256(ml.checkpoint.to_bytes({'w': w}, metadata={'step': 1})).hexdigest())\n"
+        "drop, stats = ml.Dropout(0.5, seed=3), ml.ArrayBuffer(np.ones(2))\n"
+        "ml.train_blocking(ml.sum(drop(w) * w), ml.Adam(0.1))\n"
+        "model = {'w': w, 'drop': drop, 'stats': stats, 'more': ml.GeneratorBuffer(np.random.MT19937(1))}\n"
+        "print(hashlib.sha256(ml.checkpoint.to_bytes(model, metadata={'step': 1})).hexdigest())\n"
     )
     command = [sys.executable, "-c", script]
     runs = {subprocess.run(command, capture_output=True, text=True, check=True).stdout for _ in range(4)}

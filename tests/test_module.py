@@ -111,3 +111,39 @@ def test_a_module_trains() -> None:
         name for name, w in model.weights().items() if not np.array_equal(np.asarray(w.data), before[name])
     ]
     assert moved == ["cells.0.i.w", "cells.0.i.b", "heads.out.w", "heads.out.b"]
+
+
+# -------------------------------------------------------------------------------------- buffers
+
+
+@dataclass
+class Noisy(ml.Module):
+    body: Affine
+    drop: ml.Dropout
+    mean: ml.ArrayBuffer
+    more: list[ml.Buffer] = field(default_factory=list)
+
+
+def test_buffers_are_named_by_their_path_in_the_order_weights_are() -> None:
+    model = [Noisy(affine(0), ml.Dropout(0.5), ml.ArrayBuffer(np.zeros(3)), [ml.GeneratorBuffer(1)])]
+    assert list(ml.buffers_of(model)) == ["0.drop.generator", "0.mean", "0.more.0"]
+    assert ml.buffers_of(model)["0.drop.generator"] is model[0].drop.generator
+    assert list(ml.weights_of(model)) == ["0.body.w", "0.body.b"]  # a buffer is no weight
+    assert list(model[0].drop.buffers()) == ["generator"] and model[0].drop.weights() == {}
+    assert list(ml.buffers_of(ml.ArrayBuffer(np.zeros(1)))) == ["buffer"]
+
+
+def test_a_shared_buffer_is_listed_once_under_its_first_path() -> None:
+    drop = ml.Dropout(0.5)
+    model = {"a": Noisy(affine(0), drop, ml.ArrayBuffer(np.zeros(1))), "b": drop}
+    assert list(ml.buffers_of(model)) == ["a.drop.generator", "a.mean"]
+    generator = ml.GeneratorBuffer(3)
+    assert ml.Dropout(0.5, seed=generator).generator is generator  # (its own, where it is a buffer)
+    assert list(ml.buffers_of([ml.Dropout(0.1, seed=generator), ml.Dropout(0.2, seed=generator)])) == [
+        "0.generator"
+    ]
+
+
+def test_a_dict_key_that_cannot_be_a_name_is_an_error_naming_buffers_of() -> None:
+    with pytest.raises(ValueError, match="buffers_of: a dict key must be non-empty"):
+        ml.buffers_of({"a.b": ml.ArrayBuffer(np.zeros(1))})

@@ -8,7 +8,9 @@ rescaling); the mask is saved for the backward pass, whose delta is ``delta * ma
 (``predict``, ``predict_blocking``, and any run outside a training step) never drops: the input
 passes through unchanged.
 
-The masks come from the layer's own NumPy generator, drawn when the op runs: every run draws a fresh
+The masks come from the layer's own NumPy generator (``drop.generator``, a
+:class:`~monadl.nn.GeneratorBuffer`: a module's buffer, which checkpoints save, so that a resumed run
+draws the masks the uninterrupted one would have), drawn when the op runs: every run draws a fresh
 mask from the generator's state at that moment, a replayed program's (``Executor(replay=True)``) and
 a graph run again included, never one fixed when the graph was built. Two layers made with the same
 seed, used by the same program, give the same masks step after step. A layer used several times in
@@ -32,23 +34,25 @@ import numpy as np
 from monadl.do.primitive import Primitive
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array, is_float_kind
 from monadl.dsl.training import is_training
+from monadl.nn.buffer import GeneratorBuffer
+from monadl.nn.module import Module
 from monadl.typeclasses.backend import NUMPY
 
 __all__ = ["Dropout"]
 
 
-class Dropout:
+class Dropout(Module):
     """Inverted dropout with probability ``p`` of dropping each entry, drawing its masks from a
-    generator seeded by ``seed`` (or the ``np.random.Generator`` given). Equal only to itself: a
-    program keeps the layer, whose generator its replays draw from."""
-
-    __slots__ = ("generator", "p")
+    generator seeded by ``seed`` (or from the bit generator of the ``np.random.Generator`` given,
+    itself where it is a :class:`~monadl.nn.GeneratorBuffer`). A module whose one buffer is its
+    generator (``"generator"``). Equal only to itself: a program keeps the layer, whose generator
+    its replays draw from."""
 
     def __init__(self, p: float = 0.5, *, seed: int | np.random.Generator = 0) -> None:
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
             raise ValueError(f"Dropout: p must be a float in [0, 1), got {p!r}")
         self.p = float(p)
-        self.generator = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        self.generator = seed if isinstance(seed, GeneratorBuffer) else GeneratorBuffer(seed)
         """The source of the masks: each training run's draws advance it."""
 
     def __call__(self, x: AnyArray) -> ArrayLayer:

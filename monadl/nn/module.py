@@ -1,12 +1,14 @@
-"""Modules: a model's weights collected, named and typed (in the manner of equinox).
+"""Modules: a model's weights and buffers collected, named and typed (in the manner of equinox).
 
-A :class:`Module` is an ordinary class, usually a dataclass, whose fields hold weights, other
-modules, and lists, tuples or dicts of them. ``module.weights()`` finds every weight, depth first in
-the order of the fields (a dataclass's declared order, else the order the attributes were set), and
-names it by its path: ``"cells.0.i.w"``. The order and the names are stable: checkpoints, gradient
-clipping and comparisons rely on them. Other values in fields (numbers, arrays, functions, an
-executor) are not weights and are skipped. A weight reachable by two paths (shared between two
-layers) is listed once, under the first.
+A :class:`Module` is an ordinary class, usually a dataclass, whose fields hold weights, buffers
+(state that gradients do not train: :mod:`monadl.nn.buffer`), other modules, and lists, tuples or
+dicts of them. ``module.weights()`` finds every weight, depth first in the order of the fields (a
+dataclass's declared order, else the order the attributes were set), and names it by its path:
+``"cells.0.i.w"``. The order and the names are stable: checkpoints, gradient clipping and
+comparisons rely on them. Other values in fields (numbers, arrays, functions, an executor) are
+skipped. A weight reachable by two paths (shared between two layers) is listed once, under the
+first. ``module.buffers()`` finds every buffer by the same walk and the same rules:
+``"drop.generator"``.
 
 Anything that takes a module takes such a structure too: ``weights_of([encoder, decoder])``.
 """
@@ -14,16 +16,17 @@ Anything that takes a module takes such a structure too: ``weights_of([encoder, 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 from monadl.dsl.weights import ArrayWeight, FloatWeight
+from monadl.nn.buffer import Buffer
 
 Weight = FloatWeight | ArrayWeight
 
 
 class Module:
-    """A model's base class. Subclass it as a dataclass whose fields are weights, modules, and
-    lists, tuples or dicts of them::
+    """A model's base class. Subclass it as a dataclass whose fields are weights, buffers, modules,
+    and lists, tuples or dicts of them::
 
         @dataclass
         class Affine(ml.Module):
@@ -38,26 +41,42 @@ class Module:
         """Every weight of the module by its dotted name, in a stable order (see the module)."""
         return weights_of(self)
 
+    def buffers(self) -> dict[str, Buffer]:
+        """Every buffer of the module by its dotted name, in a stable order (see the module)."""
+        return buffers_of(self)
+
 
 def weights_of(structure: object) -> dict[str, Weight]:
     """The weights of a module, a weight, or a list, tuple or dict of them, by dotted name (a lone
     weight is named by its ``name``, else ``"weight"``)."""
-    found: dict[str, Weight] = {}
     if isinstance(structure, (FloatWeight, ArrayWeight)):
-        found[structure.name or "weight"] = structure
-        return found
+        return {structure.name or "weight": structure}
+    return cast("dict[str, Weight]", _leaves(structure, (FloatWeight, ArrayWeight), "weights_of"))
+
+
+def buffers_of(structure: object) -> dict[str, Buffer]:
+    """The buffers of a module, a buffer, or a list, tuple or dict of them, by dotted name (a lone
+    buffer is named ``"buffer"``), found as :func:`weights_of` finds weights."""
+    if isinstance(structure, Buffer):
+        return {"buffer": structure}
+    return cast("dict[str, Buffer]", _leaves(structure, (Buffer,), "buffers_of"))
+
+
+def _leaves(structure: object, leaf: tuple[type, ...], caller: str) -> dict[str, object]:
+    """The values of the types ``leaf`` in ``structure``, by path, each listed once."""
+    found: dict[str, object] = {}
     named: set[int] = set()
     # Depth first, iteratively: (path, value) pairs, the next to visit last.
     stack: list[tuple[str, object]] = [("", structure)]
     visiting: set[int] = set()  # containers already expanded (a module that refers back to its parent)
     while stack:
         path, value = stack.pop()
-        if isinstance(value, (FloatWeight, ArrayWeight)):
+        if isinstance(value, leaf):
             if id(value) not in named:
                 named.add(id(value))
                 found[path] = value
             continue
-        children = _children(value, path)
+        children = _children(value, path, caller)
         if children is None or id(value) in visiting:
             continue
         visiting.add(id(value))
@@ -65,7 +84,7 @@ def weights_of(structure: object) -> dict[str, Weight]:
     return found
 
 
-def _children(value: object, path: str) -> list[tuple[str, object]] | None:
+def _children(value: object, path: str, caller: str) -> list[tuple[str, object]] | None:
     """The named children of a container (None: not one)."""
     if isinstance(value, Module):
         cls: Any = type(value)
@@ -78,11 +97,11 @@ def _children(value: object, path: str) -> list[tuple[str, object]] | None:
         children = []
         for key, child in value.items():
             if not isinstance(key, (str, int)) or isinstance(key, bool):
-                raise TypeError(f"weights_of: a dict's keys must be str or int, got {key!r} at {path!r}")
+                raise TypeError(f"{caller}: a dict's keys must be str or int, got {key!r} at {path!r}")
             name = str(key)
             if not name or "." in name:
                 raise ValueError(
-                    f"weights_of: a dict key must be non-empty and hold no '.', got {key!r} at {path!r}"
+                    f"{caller}: a dict key must be non-empty and hold no '.', got {key!r} at {path!r}"
                 )
             children.append((name, child))
         return children
