@@ -38,9 +38,9 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import numpy as np
 
@@ -66,6 +66,11 @@ enough for any real use, shallow enough that no walk of a file's description can
 stack."""
 _HEADER_DEPTH = MAX_DEPTH + 3  # the description's own levels: itself, "weights", a weight's entry
 JSON = None | bool | int | float | str | list["JSON"] | dict[str, "JSON"]
+"""A JSON value, as :func:`load` gives metadata back."""
+MetadataValue = None | bool | int | float | str | Sequence["MetadataValue"] | Mapping[str, "MetadataValue"]
+"""A metadata value :func:`save` takes: a JSON value, typed read-only so that a ``list[float]`` or a
+``dict[str, int]`` is one (``list`` and ``dict`` are invariant). A tuple, also a ``Sequence``, is
+refused when saved: it would come back a list."""
 
 
 class CheckpointError(ValueError):
@@ -77,14 +82,14 @@ class CheckpointError(ValueError):
 # ----------------------------------------------------------------------------------------- save
 
 
-def save(path: str | Path, model: object, *, metadata: Mapping[str, JSON] | None = None) -> None:
+def save(path: str | Path, model: object, *, metadata: Mapping[str, MetadataValue] | None = None) -> None:
     """Writes ``model``'s weights, their optimizer state and ``metadata`` (JSON values: a step, an
     epoch) to ``path``, atomically. The weights are read as one committed state. Raises
     ``TypeError`` for metadata or an optimizer that would not come back as saved."""
     atomic_write_bytes(Path(path), to_bytes(model, metadata=metadata))
 
 
-def to_bytes(model: object, *, metadata: Mapping[str, JSON] | None = None) -> bytes:
+def to_bytes(model: object, *, metadata: Mapping[str, MetadataValue] | None = None) -> bytes:
     """The checkpoint :func:`save` writes, as bytes (to send to another process, say)."""
     from safetensors.numpy import save as encode
 
@@ -138,7 +143,7 @@ def _text_digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _checked_metadata(metadata: Mapping[str, JSON] | None) -> dict[str, JSON]:
+def _checked_metadata(metadata: Mapping[str, MetadataValue] | None) -> dict[str, JSON]:
     """``metadata`` as a dict, refused (``TypeError`` naming the key path) where something would not
     come back equal from the file: a JSON object has str keys, has no tuple, set or NaN."""
     if metadata is None:
@@ -147,7 +152,7 @@ def _checked_metadata(metadata: Mapping[str, JSON] | None) -> dict[str, JSON]:
         raise TypeError(f"save: metadata must be a mapping of str keys, not a {type(metadata).__name__}")
     checked = dict(metadata)
     _check_json(checked, "metadata", 0, _refuse_at_save)
-    return checked
+    return cast(dict[str, JSON], checked)  # (only lists and dicts passed the check)
 
 
 def _refuse_at_save(where: str, problem: str) -> NoReturn:
