@@ -13,11 +13,14 @@ one small shim extension per module, beside its ``.py``. Compiled modules call e
 so they are built, installed and run all together or not at all: a failed compile removes every
 extension of the build, and ``monadl/_engine.json``, written last, records the hash of each source
 as it was compiled (``monadl/_compiled.py`` runs the extensions only if the sources still match).
+It also records the docstrings and signatures of each module's public functions and classes, which
+mypyc does not keep: ``monadl/_documented.py`` gives them back to the public names at import.
 mypyc runs when ``build_ext`` does, once per build (not for every hook pip calls).
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -78,9 +81,59 @@ def _give_up(why: str) -> None:
     print(f"WARNING: monadl: {why}; installing the pure-Python engine", file=sys.stderr)
 
 
-def _sha256(path: str) -> str:
+def _read(path: str) -> bytes:
     with open(os.path.join(ROOT, path), "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+        return f.read()
+
+
+def _signature(function: ast.FunctionDef) -> dict[str, Any]:
+    """A function's parameters and return annotation as source text, and its first line."""
+    args = function.args
+    call = [a.arg for a in args.posonlyargs + args.args]
+    call += [f"*{args.vararg.arg}"] if args.vararg else []
+    call += [f"{a.arg}={a.arg}" for a in args.kwonlyargs]
+    call += [f"**{args.kwarg.arg}"] if args.kwarg else []
+    return {
+        "line": min([function.lineno] + [d.lineno for d in function.decorator_list]),
+        "args": ast.unparse(args),
+        "returns": None if function.returns is None else ast.unparse(function.returns),
+        "call": ", ".join(call),  # the arguments passed on, each as it was given
+    }
+
+
+def _is_overload(function: ast.FunctionDef) -> bool:
+    return any(ast.unparse(d) in ("overload", "typing.overload") for d in function.decorator_list)
+
+
+def _functions(body: list[ast.stmt]) -> dict[str, ast.FunctionDef]:
+    """The functions defined in ``body``, by name (an overloaded one's implementation)."""
+    return {s.name: s for s in body if isinstance(s, ast.FunctionDef) and not _is_overload(s)}
+
+
+def _docs(source: bytes) -> dict[str, Any]:
+    """The docstrings and signatures of a module's public functions and classes (``__init__``'s
+    for a class), by name, and its imports for type checking only (the names its annotations
+    use): what mypyc drops and ``monadl/_documented.py`` gives back."""
+    tree = ast.parse(source)
+    names: dict[str, dict[str, Any]] = {}
+    for name, function in _functions(tree.body).items():
+        if not name.startswith("_"):
+            names[name] = {"doc": ast.get_docstring(function, clean=False), **_signature(function)}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            init = _functions(node.body).get("__init__")
+            names[node.name] = {
+                "doc": ast.get_docstring(node, clean=False),
+                "init": None if init is None else _signature(init),
+            }
+    type_checking = [
+        ast.unparse(statement)
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for statement in node.body
+        if isinstance(statement, (ast.Import, ast.ImportFrom))
+    ]
+    return {"names": names, "type_checking": "\n".join(type_checking)}
 
 
 def _has_c_compiler() -> bool:
@@ -102,9 +155,9 @@ def _has_c_compiler() -> bool:
     return True
 
 
-def _mypyc_extensions() -> tuple[list[Any], dict[str, str]]:
-    """The extensions and the hashes of the sources mypyc compiles into them; none, with a
-    warning, where they cannot be built."""
+def _mypyc_extensions() -> tuple[list[Any], dict[str, Any]]:
+    """The extensions, and the build record of the sources mypyc compiles into them (their hashes
+    and docs); none, with a warning, where they cannot be built."""
     try:
         from mypyc.build import mypycify
     except ImportError:
@@ -113,7 +166,13 @@ def _mypyc_extensions() -> tuple[list[Any], dict[str, str]]:
     if not _has_c_compiler():
         _give_up("no working C compiler")
         return [], {}
-    sources = {path: _sha256(path) for path in COMPILED_MODULES}  # what mypyc reads next
+    sources = {path: _read(path) for path in COMPILED_MODULES}  # what mypyc reads next
+    record = {
+        "modules": {path: hashlib.sha256(source).hexdigest() for path, source in sources.items()},
+        "docs": {
+            path.removesuffix(".py").replace("/", "."): _docs(source) for path, source in sources.items()
+        },
+    }
     try:
         extensions: list[Any] = mypycify(
             COMPILED_MODULES,
@@ -130,14 +189,14 @@ def _mypyc_extensions() -> tuple[list[Any], dict[str, str]]:
         # mypyc writes a dotted group's headers under build/monadl/ but its multi_file sources, which
         # include them, under build/ (mypy 2.4): let the compiler look there too.
         extension.include_dirs.append(os.path.join("build", *GROUP.split(".")[:-1]))
-    return extensions, sources
+    return extensions, record
 
 
 _METADATA = {"egg_info", "dist_info", "sdist"}
-_MYPYC: list[tuple[list[Any], dict[str, str]]] = []
+_MYPYC: list[tuple[list[Any], dict[str, Any]]] = []
 
 
-def _mypyc_once() -> tuple[list[Any], dict[str, str]]:
+def _mypyc_once() -> tuple[list[Any], dict[str, Any]]:
     if not _MYPYC:
         _MYPYC.append(_mypyc_extensions())
     return _MYPYC[0]
@@ -148,11 +207,11 @@ class BuildEngine(build_ext):
     extensions or none."""
 
     def finalize_options(self) -> None:
-        self._sources: dict[str, str] = {}
+        self._record: dict[str, Any] = {}
         self._failed: list[str] = []
         # mypyc runs (once) for a build, not for the metadata hooks, whose egg_info lists our sources.
         if self.distribution.ext_modules and not set(self.distribution.commands) <= _METADATA:
-            self.distribution.ext_modules, self._sources = _mypyc_once()
+            self.distribution.ext_modules, self._record = _mypyc_once()
         super().finalize_options()
         if self.parallel is None:
             self.parallel = os.cpu_count() or 1
@@ -170,7 +229,7 @@ class BuildEngine(build_ext):
                 _remove_built(ROOT)
             _give_up(f"the C compiler failed on {len(self._failed)} of {len(self.extensions)} extensions")
             return
-        manifest = {"group": GROUP, "python": sys.implementation.cache_tag, "modules": self._sources}
+        manifest = {"group": GROUP, "python": sys.implementation.cache_tag, **self._record}
         for root in [self.build_lib] + ([ROOT] if _in_tree(self) else []):
             with open(os.path.join(root, MANIFEST), "w") as f:
                 json.dump(manifest, f, indent=1)

@@ -178,3 +178,9 @@ __all__ = [
     "buffers_of",
     "weights_of",
 ]
+
+if compiled():  # mypyc keeps no docstrings and no annotated signatures: the build recorded them
+    from monadl._compiled import docs as _docs
+    from monadl._documented import restore as _restore
+
+    _restore(globals(), _docs())

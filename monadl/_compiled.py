@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from importlib.abc import MetaPathFinder
 from importlib.machinery import EXTENSION_SUFFIXES, SOURCE_SUFFIXES, FileFinder, ModuleSpec, SourceFileLoader
 from types import ModuleType
+from typing import Any
 
 __all__ = ["StaleBuildWarning", "compiled", "reason"]
 
@@ -77,15 +78,26 @@ def _built() -> dict[str, str]:
     return found
 
 
-def _stale(built: dict[str, str]) -> str | None:
-    """Why the extensions in ``built`` must not run, or None if they match the sources."""
+def _record() -> dict[str, Any] | None:
+    """The build record, ``monadl/_engine.json``, or None where it cannot be read."""
     try:
         with open(_MANIFEST, encoding="utf-8") as f:
-            manifest = json.load(f)
-        sources: dict[str, str] = manifest["modules"]
-        group = manifest["group"].replace(".", "/") + "__mypyc"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return "extension modules without a readable build record (monadl/_engine.json)"
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _stale(built: dict[str, str], record: dict[str, Any] | None) -> str | None:
+    """Why the extensions in ``built`` must not run, or None if they match the sources in ``record``."""
+    unreadable = "extension modules without a readable build record (monadl/_engine.json)"
+    if record is None:
+        return unreadable
+    try:
+        sources: dict[str, str] = record["modules"]
+        group = record["group"].replace(".", "/") + "__mypyc"
+    except (KeyError, TypeError, AttributeError):
+        return unreadable
     expected = {path.removesuffix(".py") for path in sources} | {group}
     if set(built) != expected:
         odd = sorted(set(built) ^ expected)
@@ -102,18 +114,21 @@ def _stale(built: dict[str, str]) -> str | None:
     return None
 
 
-def _choose() -> tuple[bool, str]:
-    """Decides how the engine runs, and installs the source finder unless it runs compiled."""
+def _choose() -> tuple[bool, str, dict[str, Any]]:
+    """Decides how the engine runs, and installs the source finder unless it runs compiled; the
+    build record's docs of the compiled modules where it runs compiled."""
     built = _built()
     why: str | None
     if os.environ.get("MONADL_PURE", "") not in ("", "0"):
         why = "MONADL_PURE is set"
     elif not built:
-        return False, "no compiled extensions are installed"
+        return False, "no compiled extensions are installed", {}
     else:
-        stale = _stale(built)
-        if stale is None:
-            return True, "compiled with mypyc"
+        record = _record()
+        stale = _stale(built, record)
+        if stale is None and record is not None:
+            docs = record.get("docs")
+            return True, "compiled with mypyc", docs if isinstance(docs, dict) else {}
         why = f"stale build: {stale}"
         warnings.warn(
             f"monadl: the compiled engine is out of date ({stale}); running the pure-Python engine. "
@@ -123,10 +138,10 @@ def _choose() -> tuple[bool, str]:
         )
     if not any(isinstance(finder, SourceFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, SourceFinder())
-    return False, why
+    return False, why, {}
 
 
-_COMPILED, _REASON = _choose()
+_COMPILED, _REASON, _DOCS = _choose()
 
 
 def compiled() -> bool:
@@ -137,3 +152,10 @@ def compiled() -> bool:
 def reason() -> str:
     """Why the engine runs as it does (``"MONADL_PURE is set"``, ``"stale build: ..."``, ...)."""
     return _REASON
+
+
+def docs() -> dict[str, Any]:
+    """The docstrings and signatures of the compiled modules' public functions and classes, by
+    module and name, as the build recorded them from the sources (empty unless compiled): mypyc
+    keeps neither, ``monadl/_documented.py`` gives them back."""
+    return _DOCS

@@ -47,9 +47,9 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import numpy as np
 
@@ -77,6 +77,10 @@ MAX_DEPTH = 64
 enough for any real use, shallow enough that no walk of a file's description can overflow the
 stack."""
 _HEADER_DEPTH = MAX_DEPTH + 3  # the description's own levels: itself, "weights", a weight's entry
+MetadataValue = None | bool | int | float | str | Sequence["MetadataValue"] | Mapping[str, "MetadataValue"]
+"""A metadata value :func:`save` takes: a JSON value, typed read-only so that a ``list[float]`` or a
+``dict[str, int]`` is one (``list`` and ``dict`` are invariant). A tuple, also a ``Sequence``, is
+refused when saved: it would come back a list."""
 
 
 class CheckpointError(ValueError):
@@ -88,7 +92,7 @@ class CheckpointError(ValueError):
 # ----------------------------------------------------------------------------------------- save
 
 
-def save(path: str | Path, model: object, *, metadata: Mapping[str, JSON] | None = None) -> None:
+def save(path: str | Path, model: object, *, metadata: Mapping[str, MetadataValue] | None = None) -> None:
     """Writes ``model``'s weights, their optimizer state, its buffers and ``metadata`` (JSON values:
     a step, an epoch) to ``path``, atomically. The weights are read as one committed state. Raises
     ``TypeError`` for metadata, an optimizer or a buffer's state that would not come back as
@@ -96,7 +100,7 @@ def save(path: str | Path, model: object, *, metadata: Mapping[str, JSON] | None
     atomic_write_bytes(Path(path), to_bytes(model, metadata=metadata))
 
 
-def to_bytes(model: object, *, metadata: Mapping[str, JSON] | None = None) -> bytes:
+def to_bytes(model: object, *, metadata: Mapping[str, MetadataValue] | None = None) -> bytes:
     """The checkpoint :func:`save` writes, as bytes (to send to another process, say)."""
     from safetensors.numpy import save as encode
 
@@ -195,7 +199,7 @@ def _text_digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _checked_metadata(metadata: Mapping[str, JSON] | None) -> dict[str, JSON]:
+def _checked_metadata(metadata: Mapping[str, MetadataValue] | None) -> dict[str, JSON]:
     """``metadata`` as a dict, refused (``TypeError`` naming the key path) where something would not
     come back equal from the file: a JSON object has str keys, has no tuple, set or NaN."""
     if metadata is None:
@@ -204,7 +208,7 @@ def _checked_metadata(metadata: Mapping[str, JSON] | None) -> dict[str, JSON]:
         raise TypeError(f"save: metadata must be a mapping of str keys, not a {type(metadata).__name__}")
     checked = dict(metadata)
     _check_json(checked, "metadata", 0, _refuse_at_save)
-    return checked
+    return cast(dict[str, JSON], checked)  # (only lists and dicts passed the check)
 
 
 def _refuse_at_save(where: str, problem: str) -> NoReturn:

@@ -106,3 +106,14 @@ def test_trainable_is_a_constructor_keyword_and_true_by_default() -> None:
     assert ml.FloatWeight(1.0).trainable and ml.ArrayWeight(np.ones(2)).trainable
     assert not ml.FloatWeight(1.0, trainable=False).trainable
     assert not ml.ArrayWeight(np.ones(2), trainable=False).trainable
+
+
+def test_the_class_methods_take_trainable_as_the_constructor_does() -> None:
+    zeros = ml.ArrayWeight.zeros((3,), trainable=False)
+    normal = ml.ArrayWeight.normal((3,), seed=0, trainable=False)
+    assert not zeros.trainable and not normal.trainable
+    assert ml.ArrayWeight.zeros((3,)).trainable and ml.ArrayWeight.normal((3,), seed=0).trainable
+    loss = ml.sum((zeros + 1.0) * normal)
+    assert isinstance(loss.train_blocking(ml.SGD(0.5)), Success)
+    np.testing.assert_array_equal(zeros.data, np.zeros(3))
+    np.testing.assert_array_equal(normal.data, ml.ArrayWeight.normal((3,), seed=0).data)

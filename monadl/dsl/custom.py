@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar, overload
 
 from monadl.do.primitive import Batching, Primitive
-from monadl.dsl.layers import ArrayLayer, FloatLayer, apply_array, apply_float
+from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer, apply_array, apply_float
 
 L = TypeVar("L", ArrayLayer, FloatLayer)
 
@@ -47,8 +47,9 @@ class CustomOp(Generic[L]):
         self.primitive = primitive
         self.result: type[L] = result
 
-    def __call__(self, *operands: object, **params: Any) -> L:
-        """The op applied to ``operands`` (a layer of the op's result type)."""
+    def __call__(self, *operands: AnyFloat | AnyArray, **params: Any) -> L:
+        """The op applied to ``operands``: layers, weights, arrays or floats (a layer of the op's
+        result type)."""
         if len(operands) != len(self.primitive.vjps):
             raise TypeError(
                 f"{self.primitive.name}: takes {len(self.primitive.vjps)} operands (one per vjp), "

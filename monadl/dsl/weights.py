@@ -146,15 +146,17 @@ class ArrayWeight(_WeightState, ArrayOperators):
         dtype: type[np.floating[Any]] = np.float64,
         optimizer: Optimizer | None = None,
         name: str = "",
+        trainable: bool = True,
     ) -> ArrayWeight:
         """Normally distributed values, deterministic under ``seed``. The default ``std`` is
-        ``sqrt(2 / fan_in)`` (He et al. 2015), with fan-in the first dimension."""
+        ``sqrt(2 / fan_in)`` (He et al. 2015), with fan-in the first dimension. ``optimizer``,
+        ``name`` and ``trainable`` as for the constructor."""
         rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         shape = tuple(shape)
         if std is None:
             std = float(np.sqrt(2.0 / max(shape[0] if shape else 1, 1)))
         data = (rng.standard_normal(shape) * std).astype(dtype)
-        return cls(data, optimizer=optimizer, name=name)
+        return cls(data, optimizer=optimizer, name=name, trainable=trainable)
 
     @classmethod
     def zeros(
@@ -164,9 +166,10 @@ class ArrayWeight(_WeightState, ArrayOperators):
         dtype: type[np.floating[Any]] = np.float64,
         optimizer: Optimizer | None = None,
         name: str = "",
+        trainable: bool = True,
     ) -> ArrayWeight:
-        """Zeros (for biases)."""
-        return cls(np.zeros(tuple(shape), dtype=dtype), optimizer=optimizer, name=name)
+        """Zeros (for biases). ``optimizer``, ``name`` and ``trainable`` as for the constructor."""
+        return cls(np.zeros(tuple(shape), dtype=dtype), optimizer=optimizer, name=name, trainable=trainable)
 
     def __repr__(self) -> str:
         named = f", name={self.name!r}" if self.name else ""
