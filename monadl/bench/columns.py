@@ -4,7 +4,8 @@ hand-written NumPy and PyTorch eager.
 For every configuration of columns x pool size x variant (``skip``: only the batch's fine classifier
 runs; ``noskip``: all 20 run, forward and backward), it measures training steps per second of:
 
-  monadl   examples/cifar_columns.py, on an Executor with that many workers
+  monadl   the model of examples/cifar_columns.py (monadl.bench.columns_model), on an Executor
+           with that many workers
   numpy    the same model by hand (forward, manual backward, SGD, buffers reused), one thread
   torch    the same model in PyTorch eager on the CPU, one thread (when torch is installed)
 
@@ -37,10 +38,11 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from monadl.bench.columns_model import ColumnNetwork
 from monadl.bench.columns_numpy import NumpyColumns
 from monadl.bench.columns_params import init_params
 from monadl.bench.columns_torch import TorchColumns
-from monadl.bench.common import add_peer_options, cpus, interleaved, load_example, torch_available
+from monadl.bench.common import add_peer_options, cpus, interleaved, torch_available
 from monadl.cli import non_negative_int, positive_float, positive_int
 from monadl.data import cifar100
 from monadl.data.files import atomic_file, atomic_write_bytes
@@ -110,7 +112,6 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
     import monadl as ml
 
     out = out or sys.stdout
-    example = load_example("cifar_columns")
     data = cifar100.open_dataset(args.data, seed=args.seed)
     dtype = np.dtype(args.dtype)
     batches = _batches(data, args.batch, 64, dtype, args.seed)
@@ -160,7 +161,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
                     executor = executors.enter_context(
                         ml.Executor(pool, limit_blas=False, check_finite=args.check_finite)
                     )
-                    net = example.ColumnNetwork(params, variant, args.learning_rate, executor)
+                    net = ColumnNetwork(params, variant, args.learning_rate, executor)
                     contenders.append(("monadl", pool, _stepper(net, batches)))
                 all_rates = _steps_per_second(
                     [step for _, _, step in contenders], args.steps, args.warmup, args.repeats

@@ -1,6 +1,6 @@
-"""What the benchmarks share: loading the example they measure, timing implementations in turn, the
-machine's CPUs, whether PyTorch (an optional peer) can be imported, a peer in a worker process, and
-the command-line options of the benchmarks that compare monadl with peers."""
+"""What the benchmarks share: timing implementations in turn, the machine's CPUs, whether PyTorch (an
+optional peer) can be imported, a peer in a worker process, and the command-line options of the
+benchmarks that compare monadl with peers."""
 
 from __future__ import annotations
 
@@ -14,23 +14,9 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Self
 
 from monadl.cli import non_negative_int, positive_int
-
-
-def load_example(name: str) -> ModuleType:
-    """``examples/<name>.py`` of this checkout (a benchmark measures the example itself)."""
-    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.py"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run the benchmarks from a monadl checkout")
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def cpus() -> int:
