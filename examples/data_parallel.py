@@ -242,6 +242,9 @@ def _train(
         if args.resume is not None:
             trainer.load(args.resume)
             print(f"resumed: {args.resume}, after {trainer.steps} steps")
+        fine, binary = local.accuracy(dev, vocabulary.index)  # local: the weights the workers start from
+        when = "before training" if trainer.steps == 0 else f"after {trainer.steps} steps"
+        print(f"{when}: dev root accuracy {fine:.3f} fine-grained, {binary:.3f} binary", flush=True)
         try:
             for epoch in range(trainer.steps // per_epoch, args.epochs):
                 first = trainer.steps
