@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.util
 import json
 import platform
 import resource
@@ -183,7 +184,7 @@ def _torch_version() -> str:
 
 
 def _progress(jobs: list[Any], enabled: bool) -> Iterator[Any]:
-    if not enabled:
+    if not enabled or importlib.util.find_spec("tqdm") is None:  # tqdm: the optional bench extra
         yield from jobs
         return
     from tqdm import tqdm

@@ -145,11 +145,12 @@ def add_peer_options(parser: argparse.ArgumentParser, *, dynet: bool) -> None:
 
 
 class Progress:
-    """A tqdm bar over a benchmark's configurations (or nothing, with --no-progress)."""
+    """A tqdm bar over a benchmark's configurations (or nothing, with --no-progress or without tqdm,
+    an optional dependency: the ``bench`` extra)."""
 
     def __init__(self, total: int, enabled: bool, desc: str) -> None:
         self.bar: Any = None
-        if enabled:
+        if enabled and importlib.util.find_spec("tqdm") is not None:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc=desc, unit="config", file=sys.stderr)
