@@ -25,13 +25,13 @@ exit status is 130.
 
 A cluster needs, on every machine: monadl installed with the ``distributed`` extra
 (``pip install -e '.[distributed]'``), the same Python and the same Ray and monadl versions as the
-driver's, and this repository's ``examples`` package importable, since the workers unpickle
-``examples.tree_lstm.TreeLstm`` by name: the repository checked out at the same path as on the
-driver's machine (the example puts that path on the workers' ``PYTHONPATH``), or Ray started there
-with the checkout's folder on ``PYTHONPATH`` (``PYTHONPATH=/path/to/checkout ray start ...``: the
-workers keep it). Start Ray with ``ray start --head --port 6379`` on one machine and
-``ray start --address HEAD_IP:6379`` on each of the others, then run the example on the head with
-``--address HEAD_IP:6379``. Each worker takes one of the cluster's CPUs: fewer CPUs than
+driver's, since the workers unpickle the model's class, ``monadl.bench.treelstm_model.TreeLstm``,
+by name: monadl installed there, or a checkout at the same path as on the driver's machine (the
+example puts that path on the workers' ``PYTHONPATH``), or Ray started there with the checkout's
+folder on ``PYTHONPATH`` (``PYTHONPATH=/path/to/checkout ray start ...``: the workers keep it).
+Start Ray with ``ray start --head --port 6379`` on one machine and ``ray start --address
+HEAD_IP:6379`` on each of the others, then run the example on the head with ``--address
+HEAD_IP:6379``. Each worker takes one of the cluster's CPUs: fewer CPUs than
 ``--workers`` is an error.
 """
 
@@ -89,7 +89,7 @@ def epoch_batches(trees: Sequence[Tree], batch_size: int, seed: int, epoch: int)
 
 def model_builder(vocabulary_size: int, args: argparse.Namespace) -> Callable[[], TreeLstm]:
     """What makes the model, everywhere alike: ``TreeLstm`` with its arguments, pickled to the
-    workers by name (a class of ``examples.tree_lstm``, importable there)."""
+    workers by name (a class of ``monadl.bench.treelstm_model``, importable there)."""
     return functools.partial(
         TreeLstm,
         vocabulary_size,
@@ -125,7 +125,7 @@ class _Epoch:
 
 def start_ray(address: str | None, workers: int) -> bool:
     """Starts Ray (a local cluster, or a connection to ``address``) unless it is running already;
-    returns whether it started it. The workers import ``examples`` from this repository."""
+    returns whether it started it. The workers import monadl from this checkout, if it is one."""
     import ray
 
     if ray.is_initialized():
@@ -242,6 +242,9 @@ def _train(
         if args.resume is not None:
             trainer.load(args.resume)
             print(f"resumed: {args.resume}, after {trainer.steps} steps")
+        fine, binary = local.accuracy(dev, vocabulary.index)  # local: the weights the workers start from
+        when = "before training" if trainer.steps == 0 else f"after {trainer.steps} steps"
+        print(f"{when}: dev root accuracy {fine:.3f} fine-grained, {binary:.3f} binary", flush=True)
         try:
             for epoch in range(trainer.steps // per_epoch, args.epochs):
                 first = trainer.steps

@@ -15,7 +15,9 @@ dynamic. The four versions compute the same function; they differ in when the ga
   ``monadl.parallel(gate0, gate1)``.
 
 Each version takes the gate and expert layers as arguments, so a caller can wrap a gate (to count its
-evaluations, as ``main`` does) without touching the network.
+evaluations, as ``main`` does) without touching the network. Each is trained with SGD on a fresh
+small batch of a fixed random function every step, and ``main`` prints its loss on held-out batches
+before and after.
 
 Run it: ``python examples/gated_network.py``.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -121,12 +124,28 @@ class ForwardCounter:
         return FloatLayer(layer.forward.map(counted))
 
 
-def data(seed: int = 1, batch: int = 4, inputs: int = 3, outputs: int = 2) -> tuple[Array, Array]:
-    """A small batch and its target."""
+HELD_OUT = 16
+"""Batches of the held-out loss."""
+
+
+def data(
+    seed: int = 1, batch: int = 4, inputs: int = 3, outputs: int = 2, *, draw: int = 0, held_out: bool = False
+) -> tuple[Array, Array]:
+    """A small batch and its target, ``0.5 * tanh(x @ m)``: ``m`` is a random map fixed by ``seed``,
+    the inputs ``x`` batch ``draw`` of the training batches (``held_out``: of the held-out ones)."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch, inputs))
-    target = 0.5 * np.tanh(x @ rng.standard_normal((inputs, outputs)))
-    return x, target
+    mapping = rng.standard_normal((inputs, outputs))
+    if draw or held_out:
+        x = np.random.default_rng([seed, int(held_out), draw]).standard_normal((batch, inputs))
+    return x, 0.5 * np.tanh(x @ mapping)
+
+
+def held_out_loss(network: Network, model: Model) -> float:
+    """The mean loss of ``network`` over the ``HELD_OUT`` held-out batches, never trained on."""
+    batches = [data(draw=k, held_out=True) for k in range(HELD_OUT)]
+    losses = [build_loss(network, model, x, target).predict_blocking().unwrap() for x, target in batches]
+    return float(np.mean(losses))
 
 
 def build_loss(
@@ -155,29 +174,47 @@ def train_step(
     return loss
 
 
-def train_version(network: Network, steps: int) -> tuple[list[float], tuple[int, int]]:
-    """Trains ``network`` from fresh weights: its losses, and how often each gate ran."""
-    x, target = data()
+class Trained(NamedTuple):
+    """A version's training: its losses, how often each gate ran, and its held-out loss before and
+    after."""
+
+    losses: list[float]
+    gate_runs: tuple[int, int]
+    held_out: tuple[float, float]
+
+
+def train_version(network: Network, steps: int) -> Trained:
+    """Trains ``network`` from fresh weights, one training batch a step."""
     model = Model.new()
+    before = held_out_loss(network, model)
     optimizer = monadl.SGD(learning_rate=0.5)
     counters = (ForwardCounter(), ForwardCounter())
     losses = [
-        train_step(network, model, x, target, optimizer, lambda i, gate: counters[i].wrap(gate))
-        for _ in range(steps)
+        train_step(network, model, *data(draw=step), optimizer, lambda i, gate: counters[i].wrap(gate))
+        for step in range(steps)
     ]
-    return losses, (counters[0].count, counters[1].count)
+    return Trained(losses, (counters[0].count, counters[1].count), (before, held_out_loss(network, model)))
 
 
-def main(steps: int = 30) -> dict[str, list[float]]:
-    """Trains each version from the same initial weights; prints the losses side by side."""
+def main(steps: int = 100) -> dict[str, list[float]]:
+    """Trains each version from the same initial weights; prints, side by side, the held-out loss
+    before and after training and the training loss along the way."""
     results = {name: train_version(network, steps) for name, network in VERSIONS.items()}
-    print("step" + "".join(f"{name:>13}" for name in results))
-    for step in [*range(0, steps - 1, 5), steps - 1]:
-        print(f"{step:4d}" + "".join(f"{losses[step]:13.6f}" for losses, _ in results.values()))
+
+    def row(label: str, values: list[float]) -> None:
+        print(f"{label:<20}" + "".join(f"{value:13.6f}" for value in values))
+
+    print(f"{'':<20}" + "".join(f"{name:>13}" for name in results))
+    row("held-out, before", [r.held_out[0] for r in results.values()])
+    for step in [*range(0, steps - 1, max(steps // 5, 1)), steps - 1]:
+        row(f"training, step {step}", [r.losses[step] for r in results.values()])
+    row("held-out, after", [r.held_out[1] for r in results.values()])
+    print(f"(held-out: the mean loss over {HELD_OUT} batches never trained on)")
     print("gate forward evaluations per step:")
-    for name, (_, (n0, n1)) in results.items():
+    for name, r in results.items():
+        n0, n1 = r.gate_runs
         print(f"  {name:12} {(n0 + n1) / steps:g}  (gate0 {n0 / steps:.3g}, gate1 {n1 / steps:.3g})")
-    return {name: losses for name, (losses, _) in results.items()}
+    return {name: r.losses for name, r in results.items()}
 
 
 if __name__ == "__main__":

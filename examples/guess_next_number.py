@@ -2,7 +2,8 @@
 
 A robot sees three numbers of a sequence and guesses the fourth. Its guess is a dot product of the
 question with three trainable weights; training on two examples, ``0, 1, 2 -> 3`` and
-``3, 4, 5 -> 6``, teaches it ``42, 43, 44 -> 45``.
+``3, 4, 5 -> 6``, teaches it ``42, 43, 44 -> 45``, a question it never trained on: it prints its
+answer before and after training.
 
 Run it: ``python examples/guess_next_number.py``.
 """
@@ -54,17 +55,25 @@ def train_once(weights: Sequence[FloatWeight], optimizer: monadl.Optimizer) -> f
     return loss
 
 
+# Listing 7: a question the robot never trained on.
+def guess(weights: Sequence[FloatWeight]) -> float:
+    answer: float = dot([42.0, 43.0, 44.0], weights).predict_blocking().unwrap()
+    return answer
+
+
 def main(iterations: int = 500) -> float:
-    """Trains ``iterations`` times (listing 6), then asks the robot about 42, 43, 44 (listing 7)."""
+    """Trains ``iterations`` times (listing 6), asking the robot about 42, 43, 44 (listing 7) before
+    and after; returns its last guess."""
     weights = new_weights()
+    print(f"before training: 42, 43, 44 -> {guess(weights):.4f}")
     optimizer = monadl.SGD(learning_rate=0.01)
     for i in range(iterations):
         loss = train_once(weights, optimizer)
         if i % 100 == 0 or i == iterations - 1:
             print(f"iteration {i:3d}: loss {loss:.8f}")
-    guess: float = dot([42.0, 43.0, 44.0], weights).predict_blocking().unwrap()
-    print(f"42, 43, 44 -> {guess:.4f}")
-    return guess
+    answer = guess(weights)
+    print(f"after training: 42, 43, 44 -> {answer:.4f}")
+    return answer
 
 
 if __name__ == "__main__":

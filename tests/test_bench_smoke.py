@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from monadl import Executor
-from monadl.bench import overhead
+from monadl.bench import columns, common, overhead
 from monadl.bench.__main__ import main
 
 CASES = [
@@ -136,3 +137,14 @@ def test_distributed_quick_run_reports_every_figure(
         (w, r) for w in (2, 4) for r in ("tree", "driver")
     ]
     assert all(b["driver_bytes"] > 0 for b in sent)
+
+
+def test_without_tqdm_the_benchmarks_show_no_bar_and_raise_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # tqdm comes with the bench extra, not with `pip install monadl`: a bar is then left out.
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    progress = common.Progress(3, True, "a benchmark")
+    assert progress.bar is None
+    progress.start("a configuration")
+    progress.advance()
+    progress.close()
+    assert list(columns._progress([(1, "skip"), (2, "noskip")], True)) == [(1, "skip"), (2, "noskip")]

@@ -13,7 +13,6 @@ import argparse
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -22,14 +21,14 @@ import pytest
 import monadl as ml
 from monadl.bench import treelstm as bench
 from monadl.bench.__main__ import main
-from monadl.bench.common import load_example, torch_available
+from monadl.bench.common import torch_available
+from monadl.bench.treelstm_model import TreeLstm
 from monadl.bench.treelstm_torch import TorchTreeLstm
 from monadl.data import sst
 from monadl.data.trees import Tree
 
 HAS_TORCH = torch_available()
 HAS_DYNET = bench.dynet_available()
-EXAMPLE = load_example("tree_lstm")
 
 
 def _trees(count: int = 6, seed: int = 1) -> tuple[list[Tree], sst.Vocabulary]:
@@ -37,8 +36,8 @@ def _trees(count: int = 6, seed: int = 1) -> tuple[list[Tree], sst.Vocabulary]:
     return trees, sst.Vocabulary.from_trees(trees)
 
 
-def _model(vocabulary: sst.Vocabulary, example: ModuleType = EXAMPLE, **options: Any) -> Any:
-    return example.TreeLstm(len(vocabulary), 8, 6, seed=3, dtype=np.float64, **options)
+def _model(vocabulary: sst.Vocabulary, **options: Any) -> TreeLstm:
+    return TreeLstm(len(vocabulary), 8, 6, seed=3, dtype=np.float64, **options)
 
 
 @pytest.fixture
@@ -194,7 +193,7 @@ def test_batching_launches_fewer_kernels_and_the_ratio_is_against_the_depth_boun
     results = []
     for phase in bench.PHASES:
         word_id = vocabulary.index
-        results += bench.measure_together(EXAMPLE, len(vocabulary), word_id, impls, phase, batches, {}, args)
+        results += bench.measure_together(len(vocabulary), word_id, impls, phase, batches, {}, args)
     assert [(m.implementation, m.phase) for m in results] == [(i, p) for p in bench.PHASES for i in impls]
     bench.add_bounds(results)
     by = {(m.implementation, m.phase): m for m in results}

@@ -15,7 +15,6 @@ from monadl.bench import columns as columns_bench
 from monadl.bench.__main__ import main as bench_main
 from monadl.bench.columns_numpy import NumpyColumns
 from monadl.bench.columns_params import init_params, random_batch
-from monadl.bench.common import load_example
 from monadl.data import cifar100
 
 
@@ -123,9 +122,10 @@ def test_a_benchmark_ratio_is_the_median_of_the_rounds_ratios() -> None:
     assert columns_bench.ratio(unpaired, slow) == pytest.approx(10.0 / 50.0)  # no pairs: the medians'
 
 
-def test_the_benchmark_loads_the_example_it_measures() -> None:
-    module = load_example("cifar_columns")
-    assert module.ColumnNetwork.__name__ == "ColumnNetwork"
+def test_the_benchmark_measures_the_examples_model() -> None:
+    from monadl.bench.columns_model import ColumnNetwork as measured
+
+    assert measured is ColumnNetwork
 
 
 def test_stacked_and_one_by_one_noskip_agree() -> None:

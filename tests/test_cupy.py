@@ -13,7 +13,9 @@ from op_cases import CASES, F64, NUMPY, Backend, OpCase, predict, run_case
 
 import monadl
 
-cp: Any = pytest.importorskip("cupy", reason="CuPy is not installed (pip install monadl[cuda12] or monadl[cuda13])")
+cp: Any = pytest.importorskip(
+    "cupy", reason="CuPy is not installed (pip install monadl[cuda12] or monadl[cuda13])"
+)
 
 
 def _gpu_count() -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -26,7 +27,9 @@ from returns.result import Failure, Result, Success
 import monadl
 from examples import gated_network as gn
 from examples import guess_next_number
+from examples.cifar_columns import ColumnNetwork, Variant
 from monadl import ArrayWeight, FloatLayer, FloatWeight, cli
+from monadl.bench.columns_params import init_params
 from monadl.tape import Tape
 
 DYNAMIC = ["monadic", "applicative", "direct"]  # the versions that choose inside the computation
@@ -39,7 +42,9 @@ def test_guess_next_number_answers_45(capsys: pytest.CaptureFixture[str]) -> Non
     assert abs(guess - 45.0) < 0.5
     out = capsys.readouterr().out
     assert "iteration 499" in out
-    assert "42, 43, 44 -> 45.0" in out
+    assert "after training: 42, 43, 44 -> 45.0" in out
+    before = float(out.split("before training: 42, 43, 44 -> ")[1].split()[0])
+    assert abs(before - 45.0) > 10 * abs(guess - 45.0)  # the question it never trained on
 
 
 def test_guess_next_number_short_run(capsys: pytest.CaptureFixture[str]) -> None:
@@ -110,17 +115,38 @@ def test_gate_evaluations_per_training_step(name: str) -> None:
 
 
 def test_every_version_learns_the_same_way() -> None:
-    losses = {name: gn.train_version(network, 20)[0] for name, network in gn.VERSIONS.items()}
-    for name, curve in losses.items():
-        assert curve[-1] < 0.1 * curve[0], name
-        np.testing.assert_allclose(curve, losses["eager"], rtol=1e-9, err_msg=name)
+    trained = {name: gn.train_version(network, 60) for name, network in gn.VERSIONS.items()}
+    eager = trained["eager"]
+    for name, run in trained.items():
+        before, after = run.held_out
+        assert after < 0.2 * before, name
+        np.testing.assert_allclose(run.losses, eager.losses, rtol=1e-9, err_msg=name)
+        np.testing.assert_allclose(run.held_out, eager.held_out, rtol=1e-9, err_msg=name)
+
+
+def test_the_held_out_batches_are_never_trained_on_and_of_the_same_function() -> None:
+    training = [gn.data(draw=k) for k in range(100)]
+    held_out = [gn.data(draw=k, held_out=True) for k in range(gn.HELD_OUT)]
+    np.testing.assert_array_equal(training[0][0], gn.data()[0])  # the first batch is data()'s
+    seen = {x.tobytes() for x, _ in training}
+    assert not any(x.tobytes() in seen for x, _ in held_out)
+    # One map m for all: target = 0.5 tanh(x @ m), so m solves arctanh(2 target) = x @ m.
+    xs = np.concatenate([x for x, _ in training[:3] + held_out[:3]])
+    targets = np.concatenate([t for _, t in training[:3] + held_out[:3]])
+    m = np.linalg.lstsq(xs, np.arctanh(2 * targets), rcond=None)[0]
+    np.testing.assert_allclose(xs @ m, np.arctanh(2 * targets), atol=1e-9)
 
 
 def test_gated_network_main_prints_the_losses(capsys: pytest.CaptureFixture[str]) -> None:
-    losses = gn.main(steps=6)
+    losses = gn.main(steps=40)
     assert set(losses) == set(gn.VERSIONS)
     out = capsys.readouterr().out
-    assert out.splitlines()[0].split() == ["step", *gn.VERSIONS]
+    lines = out.splitlines()
+    assert lines[0].split() == list(gn.VERSIONS)
+    before = [float(v) for v in lines[1].removeprefix("held-out, before").split()]
+    after = next(line for line in lines if line.startswith("held-out, after"))
+    assert all(a < b for a, b in zip(map(float, after.split()[2:]), before, strict=True))
+    assert "training, step 39" in out
     assert "eager        3" in out and "direct       2  (gate0 1, gate1 1)" in out
 
 
@@ -184,6 +210,78 @@ def test_gates_in_sequence_never_meet(name: str, workers: int) -> None:
         strict=True,
     ):
         np.testing.assert_array_equal(after.data, before.data)
+
+
+# ------------------------------------------------------- held-out metrics: cifar_columns, tree_lstm
+
+
+def _relu(a: np.ndarray) -> np.ndarray:
+    relu: np.ndarray = np.maximum(a, 0.0)
+    return relu
+
+
+@pytest.mark.parametrize("variant", ["skip", "noskip"])
+def test_column_network_predicts_and_scores_as_numpy_does(variant: Variant) -> None:
+    params = init_params(2, hidden=8, seed=3, dtype=np.float64)
+    network = ColumnNetwork(params, variant)
+    rng = np.random.default_rng(5)
+    batches = [(rng.random((6, 3072)), coarse, rng.integers(0, 5, 6)) for coarse in (0, 7, 19)]
+    right_coarse = right_fine = 0
+    for x, coarse, fine_local in batches:
+        p = params
+        h = sum(
+            _relu(
+                _relu(x @ p[f"column{i}.w1"] + p[f"column{i}.b1"]) @ p[f"column{i}.w2"] + p[f"column{i}.b2"]
+            )
+            for i in range(2)
+        )
+        coarse_scores = h @ p["coarse.w"] + p["coarse.b"]
+        f = _relu(
+            _relu(h @ p[f"fine{coarse}.w1"] + p[f"fine{coarse}.b1"]) @ p[f"fine{coarse}.w2"]
+            + p[f"fine{coarse}.b2"]
+        )
+        fine_scores = f @ p[f"fine{coarse}.w3"] + p[f"fine{coarse}.b3"]
+        got = network.predict(x, coarse)
+        np.testing.assert_allclose(got[0], coarse_scores, rtol=1e-12)
+        np.testing.assert_allclose(got[1], fine_scores, rtol=1e-12)
+        coarse_right = coarse_scores.argmax(axis=1) == coarse
+        right_coarse += int(coarse_right.sum())
+        right_fine += int((coarse_right & (fine_scores.argmax(axis=1) == fine_local)).sum())
+    assert network.accuracy(batches) == (right_coarse / 18, right_fine / 18)
+    with pytest.raises(ValueError, match="accuracy: needs at least one image"):
+        network.accuracy([])
+
+
+def _floats_after(out: str, prefix: str) -> list[float]:
+    """The decimal numbers (not the counts) on the line of ``out`` that starts with ``prefix``."""
+    line = next(line for line in out.splitlines() if line.startswith(prefix))
+    return [float(number) for number in re.findall(r"\d+\.\d+", line.removeprefix(prefix))]
+
+
+@pytest.mark.usefixtures("cache_dir")
+def test_cifar_columns_learns_what_it_measures_on_held_out_images(capsys: pytest.CaptureFixture[str]) -> None:
+    from examples.cifar_columns import main
+
+    main(["--steps", "300", "--columns", "1", "--no-progress"])  # the default learning rate
+    out = capsys.readouterr().out
+    assert "held out: synthetic CIFAR-100 test.bin (1,000 records" in out
+    before = _floats_after(out, "held-out accuracy before training:")
+    after = _floats_after(out, "held-out accuracy after 300 steps:")
+    assert before[0] < 0.1 and before[1] < 0.03  # coarse of 20, fine of 100: chance
+    assert after[0] > 2 * before[0] and after[1] > 2 * before[1]
+
+
+@pytest.mark.usefixtures("cache_dir")
+def test_tree_lstm_prints_the_dev_accuracy_before_training_and_learns(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from examples.tree_lstm import main
+
+    main(["--trees", "100", "--epochs", "2", "--hidden", "32", "--embedding", "32", "--no-progress"])
+    out = capsys.readouterr().out
+    before = _floats_after(out, "before training: dev root accuracy")
+    after = _floats_after(out, "epoch 1: loss")[-2:]
+    assert after[0] > before[0] and after[1] > before[1]  # fine-grained, binary
 
 
 # ------------------------------------------------------------ progress bars and plots (monadl.cli)

@@ -1,5 +1,6 @@
 """The README's editable install (``pip install -e .``) must be one that mypy sees: a user's own
-file, outside the repository, type-checks against monadl with ``mypy --strict``.
+file, outside the repository, type-checks against monadl with ``mypy --strict``. And the package is
+whole without the checkout: ``python -m monadl.bench`` runs from a copy of ``monadl/`` alone.
 
 setuptools installs a flat layout in editable mode as an import hook (a ``MetaPathFinder`` in a
 ``.pth`` file) that Python runs and mypy cannot see ("Cannot find implementation or library stub
@@ -159,3 +160,24 @@ def test_mypy_finds_an_editable_install_from_a_users_own_directory(tmp_path: Pat
     )
     report = textwrap.indent(checked.stdout + checked.stderr, "    ")
     assert checked.returncode == 0, f"mypy --strict failed on a user's file (editable .pth: {pth}):\n{report}"
+
+
+def test_the_benchmarks_run_from_the_package_alone(tmp_path: Path) -> None:
+    """``python -m monadl.bench`` needs nothing of the checkout but the package: run from a copy of
+    ``monadl/`` alone (no ``examples/`` beside it), in a folder of its own, as from an installed
+    package (``.ci/installed-bench`` installs a wheel; this runs offline, on the interpreted engine)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    ignored = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd", "_engine.json", "*.egg-info")
+    shutil.copytree(ROOT / "monadl", site / "monadl", ignore=ignored)
+    run = tmp_path / "run"
+    run.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env |= {"PYTHONPATH": str(site), "MONADL_PURE": "1", "MONADL_CACHE_DIR": str(tmp_path / "cache")}
+    # -P: not the working directory, nor anything else, ahead of PYTHONPATH on sys.path.
+    where = _run([sys.executable, "-P", "-c", "import monadl; print(monadl.__file__)"], run, env, 60)
+    assert Path(where.stdout.strip()) == site / "monadl" / "__init__.py", where.stderr
+    for benchmark in ("columns", "treelstm"):
+        done = _run([sys.executable, "-P", "-m", "monadl.bench", benchmark, "--smoke"], run, env, 300)
+        assert done.returncode == 0, f"{benchmark}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        assert "peak RSS" in done.stdout, done.stdout

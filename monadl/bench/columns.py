@@ -4,7 +4,8 @@ hand-written NumPy and PyTorch eager.
 For every configuration of columns x pool size x variant (``skip``: only the batch's fine classifier
 runs; ``noskip``: all 20 run, forward and backward), it measures training steps per second of:
 
-  monadl   examples/cifar_columns.py, on an Executor with that many workers
+  monadl   the model of examples/cifar_columns.py (monadl.bench.columns_model), on an Executor
+           with that many workers
   numpy    the same model by hand (forward, manual backward, SGD, buffers reused), one thread
   torch    the same model in PyTorch eager on the CPU, one thread (when torch is installed)
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.util
 import json
 import platform
 import resource
@@ -42,6 +44,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from monadl.bench.columns_model import ColumnNetwork
 from monadl.bench.columns_numpy import NumpyColumns
 from monadl.bench.columns_params import init_params
 from monadl.bench.columns_torch import TorchColumns
@@ -51,7 +54,6 @@ from monadl.bench.common import (
     add_peer_options,
     cpus,
     interleaved,
-    load_example,
     torch_available,
 )
 from monadl.cli import non_negative_int, positive_float, positive_int
@@ -128,7 +130,6 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
 
     out = out or sys.stdout
     device = Device(args.device)
-    example = load_example("cifar_columns")
     data = cifar100.open_dataset(args.data, seed=args.seed)
     dtype = np.dtype(args.dtype)
     batches = _batches(data, args.batch, 64, dtype, args.seed)
@@ -182,7 +183,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
                     executor = executors.enter_context(
                         ml.Executor(pool, limit_blas=False, check_finite=args.check_finite)
                     )
-                    net = example.ColumnNetwork(params, variant, args.learning_rate, executor)
+                    net = ColumnNetwork(params, variant, args.learning_rate, executor)
                     device.move_weights(net.weights.values())
                     contenders.append(("monadl", pool, _stepper(net, monadl_batches)))
                 all_rates = _steps_per_second(
@@ -209,7 +210,7 @@ def _torch_version() -> str:
 
 
 def _progress(jobs: list[Any], enabled: bool) -> Iterator[Any]:
-    if not enabled:
+    if not enabled or importlib.util.find_spec("tqdm") is None:  # tqdm: the optional bench extra
         yield from jobs
         return
     from tqdm import tqdm

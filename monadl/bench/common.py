@@ -1,6 +1,6 @@
-"""What the benchmarks share: loading the example they measure, timing implementations in turn, the
-machine's CPUs, whether PyTorch (an optional peer) can be imported, a peer in a worker process, and
-the command-line options of the benchmarks that compare monadl with peers."""
+"""What the benchmarks share: timing implementations in turn, the machine's CPUs, whether PyTorch (an
+optional peer) can be imported, a peer in a worker process, and the command-line options of the
+benchmarks that compare monadl with peers."""
 
 from __future__ import annotations
 
@@ -14,23 +14,9 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Self
 
 from monadl.cli import non_negative_int, positive_int
-
-
-def load_example(name: str) -> ModuleType:
-    """``examples/<name>.py`` of this checkout (a benchmark measures the example itself)."""
-    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.py"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run the benchmarks from a monadl checkout")
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def cpus() -> int:
@@ -167,11 +153,12 @@ def add_peer_options(parser: argparse.ArgumentParser, *, dynet: bool) -> None:
 
 
 class Progress:
-    """A tqdm bar over a benchmark's configurations (or nothing, with --no-progress)."""
+    """A tqdm bar over a benchmark's configurations (or nothing, with --no-progress or without tqdm,
+    an optional dependency: the ``bench`` extra)."""
 
     def __init__(self, total: int, enabled: bool, desc: str) -> None:
         self.bar: Any = None
-        if enabled:
+        if enabled and importlib.util.find_spec("tqdm") is not None:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc=desc, unit="config", file=sys.stderr)

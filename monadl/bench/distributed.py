@@ -43,7 +43,6 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Literal
 
 import numpy as np
@@ -52,6 +51,7 @@ from threadpoolctl import threadpool_limits
 
 import monadl as ml
 from monadl.bench.common import cpus, interleaved
+from monadl.bench.treelstm_model import TreeLstm
 from monadl.cli import Progress, add_output_arguments, check_plot, non_negative_int, positive_int
 from monadl.data import sst
 from monadl.data.files import atomic_file, atomic_write_bytes
@@ -59,7 +59,8 @@ from monadl.data.trees import Tree
 from monadl.distributed import DataParallel, StepStats
 
 ROOT = Path(__file__).resolve().parents[2]
-"""The checkout's root, where ``examples`` is: on the workers' ``PYTHONPATH``."""
+"""Where the driver's ``monadl`` is (a checkout, or site-packages): on the workers' ``PYTHONPATH``, so
+that they import the same one."""
 
 DEFAULT_BATCH = 128
 """The global batch (trees): a plain step of well over 20 ms, so that Ray's cost per step (the shards
@@ -141,14 +142,7 @@ class Report:
 
 
 # ---------------------------------------------------------------------------------------------------
-# What the workers run (pickled by reference: this module and examples.tree_lstm must import there)
-
-
-def _tree_lstm() -> ModuleType:
-    """``examples.tree_lstm``, by that name: Ray's pickles of its classes name it so."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    return importlib.import_module("examples.tree_lstm")
+# What the workers run (pickled by reference: this module and monadl.bench.treelstm_model import there)
 
 
 @dataclass(frozen=True)
@@ -160,11 +154,11 @@ class TreeLstmBuild:
     hidden: int
     seed: int
 
-    def model(self) -> Any:
+    def model(self) -> TreeLstm:
         """The model alone (the plain process's, the same weights as every replica's)."""
-        return _tree_lstm().TreeLstm(self.vocabulary_size, self.embedding, self.hidden, seed=self.seed)
+        return TreeLstm(self.vocabulary_size, self.embedding, self.hidden, seed=self.seed)
 
-    def __call__(self) -> Any:
+    def __call__(self) -> TreeLstm:
         # For the actor's lifetime: it does nothing else, and the plain process is capped alike.
         threadpool_limits(limits=1)
         return self.model()
@@ -177,7 +171,7 @@ class TreeLoss:
 
     vocabulary: sst.Vocabulary
 
-    def __call__(self, model: Any, trees: Sequence[Tree]) -> ml.FloatLayer:
+    def __call__(self, model: TreeLstm, trees: Sequence[Tree]) -> ml.FloatLayer:
         loss: ml.FloatLayer = model.loss(trees, self.vocabulary.index)
         return loss
 
@@ -215,7 +209,7 @@ def ray_cluster(ray: Any, needed: int) -> Iterator[dict[str, Any]]:
     it is running; yields how it runs, and stops it if it was started here."""
     started = not ray.is_initialized()
     if started:
-        # The workers import examples.tree_lstm and this module by name, and run the driver's engine.
+        # The workers import this module and its model by name, and run the driver's engine.
         env = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
         for name in ("MONADL_PURE", "MONADL_WORKERS"):
             if name in os.environ:

@@ -1,10 +1,11 @@
 """The Tree-LSTM benchmark: trees per second of the SST sentiment Tree-LSTM, training and inference,
 with monadl's dynamic batching on and off, side by side with PyTorch eager and DyNet.
 
-The model is ``examples/tree_lstm.py`` (hidden 128, embeddings 128, a classifier and a loss at every
-node, Adagrad 0.05 / 0.1), run on synthetic SST-like trees of 10-40 leaves (``--data DIR``: the real
-SST's train split). For every batch size (``--batches``, default 1 16 64 256) and phase (``train``:
-one Adagrad step on the batch; ``infer``: ``predict_roots``, one forward over the batch) it measures:
+The model is ``examples/tree_lstm.py``'s, ``monadl.bench.treelstm_model.TreeLstm`` (hidden 128,
+embeddings 128, a classifier and a loss at every node, Adagrad 0.05 / 0.1), run on synthetic SST-like
+trees of 10-40 leaves (``--data DIR``: the real SST's train split). For every batch size
+(``--batches``, default 1 16 64 256) and phase (``train``: one Adagrad step on the batch; ``infer``:
+``predict_roots``, one forward over the batch) it measures:
 
   monadl batched     an Executor that merges equal kernels across and within trees
   monadl unbatched   the same Executor with batching off: every kernel on its own (slow at big
@@ -49,7 +50,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -63,9 +63,9 @@ from monadl.bench.common import (
     add_peer_options,
     cpus,
     interleaved,
-    load_example,
     torch_available,
 )
+from monadl.bench.treelstm_model import TreeLstm
 from monadl.bench.treelstm_torch import PARAMETERS, TorchTreeLstm
 from monadl.cli import non_negative_int, positive_int
 from monadl.data import sst
@@ -181,9 +181,9 @@ def _measurement(impl: str, phase: str, batches: list[list[Tree]], rates: list[f
     )
 
 
-def initial_params(example: ModuleType, vocabulary_size: int, args: argparse.Namespace) -> dict[str, Any]:
-    """The initial weights of monadl's model (by the example's names), for the peers to start from."""
-    model = example.TreeLstm(vocabulary_size, args.embedding, args.hidden, seed=args.seed)
+def initial_params(vocabulary_size: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The initial weights of monadl's model (by its names), for the peers to start from."""
+    model = TreeLstm(vocabulary_size, args.embedding, args.hidden, seed=args.seed)
     return {name: np.asarray(weight.data) for name, weight in model.weights.items()}
 
 
@@ -218,7 +218,6 @@ class _Contender:
 
 
 def monadl_contender(
-    example: ModuleType,
     vocabulary_size: int,
     word_id: WordId,
     impl: str,
@@ -228,10 +227,10 @@ def monadl_contender(
     executor: Any,
     device: Device | None = None,
 ) -> _Contender:
-    """The example on ``executor`` (``impl``: batching on or off, which the executor must match),
+    """The model on ``executor`` (``impl``: batching on or off, which the executor must match),
     its weights moved to ``device``; its ``finish`` adds the kernel counts of one more batch and,
     for training, the recording cost."""
-    model = example.TreeLstm(vocabulary_size, args.embedding, args.hidden, seed=args.seed, executor=executor)
+    model = TreeLstm(vocabulary_size, args.embedding, args.hidden, seed=args.seed, executor=executor)
     if device is not None:
         device.move_weights(model.weights.values())
     run = _with_words(model.step if phase == "train" else model.predict_roots, word_id)
@@ -263,7 +262,6 @@ def _pool_of(impl: str) -> int:
 
 
 def measure_together(
-    example: ModuleType,
     vocabulary_size: int,
     word_id: WordId,
     impls: Sequence[str],
@@ -290,9 +288,7 @@ def measure_together(
             else:
                 executor = stack.enter_context(_monadl_executor(impl, _pool_of(impl)))
                 contenders.append(
-                    monadl_contender(
-                        example, vocabulary_size, word_id, impl, phase, batches, args, executor, device
-                    )
+                    monadl_contender(vocabulary_size, word_id, impl, phase, batches, args, executor, device)
                 )
         for peer in peers:
             contenders.append(_Contender(peer.implementation, peer.runner(phase, batches)))
@@ -512,7 +508,6 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
     """Runs every configuration; returns the measurements and a description of the run, whose notes
     (what was skipped, and why) are also printed to ``out``."""
     out = out or sys.stdout
-    example = load_example("tree_lstm")
     pool, description = load_trees(args)
     vocabulary = sst.Vocabulary.from_trees(pool)
     word_id = vocabulary.index
@@ -552,7 +547,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
     progress = Progress(len(configs), args.progress, "treelstm benchmark")
 
     results: list[Measurement] = []
-    params = initial_params(example, len(vocabulary), args)
+    params = initial_params(len(vocabulary), args)
     info: dict[str, Any] = {
         "data": description,
         "vocabulary": len(vocabulary),
@@ -587,7 +582,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
                 progress.start(f"{' / '.join(LABELS[i] for i in names)} {phase} batch {batch}")
                 batches = segment(pool, batch, args.trees)
                 results += measure_together(
-                    example, len(vocabulary), word_id, impls, phase, batches, params, args, peers, device
+                    len(vocabulary), word_id, impls, phase, batches, params, args, peers, device
                 )
                 progress.advance()
     finally:
