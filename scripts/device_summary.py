@@ -1,7 +1,8 @@
 """The device check's table: the issue's targets from the JSON files ``device-check.sh`` wrote.
 
-``python scripts/device_summary.py OUT_DIR``: reads ``treelstm-cuda.json``, ``columns-cuda.json``,
-``overhead-cuda.json``, ``columns-pool.json`` and ``treelstm-pool.json`` where present, and prints
+``python scripts/device_summary.py OUT_DIR``: reads ``treelstm-cuda[-pure].json``,
+``columns-cuda[-pure].json``, ``overhead-cuda.json``, ``columns-pool.json`` and
+``treelstm-pool.json`` where present (``-pure``: run on the pure-Python engine), and prints
 each figure as a ratio measured in one run (the median of the rounds' paired ratios).
 """
 
@@ -40,8 +41,11 @@ def _pick(results: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
 def lines(folder: Path) -> list[str]:
     """The table's lines: one per figure found."""
     out: list[str] = []
-    if tree := _load(folder, "treelstm-cuda.json"):
-        out.append(f"Tree-LSTM on {tree['run'].get('device')}:")
+    for name, engine in (("treelstm-cuda-pure.json", "pure"), ("treelstm-cuda.json", "compiled")):
+        tree = _load(folder, name)
+        if tree is None:
+            continue
+        out.append(f"Tree-LSTM on {tree['run'].get('device')} ({engine} engine):")
         for phase in ("train", "infer"):
             for batch in tree["run"]["batches"]:
                 mine = _pick(tree["results"], implementation="monadl", phase=phase, batch=batch)
@@ -51,8 +55,11 @@ def lines(folder: Path) -> list[str]:
                         f"  {phase} batch {batch}: monadl {mine['median']:.1f} trees/s, torch CUDA "
                         f"{theirs['median']:.1f}: {paired(mine, theirs):.2f}x"
                     )
-    if cols := _load(folder, "columns-cuda.json"):
-        out.append(f"CIFAR columns on {cols['run'].get('device')}:")
+    for name, engine in (("columns-cuda-pure.json", "pure"), ("columns-cuda.json", "compiled")):
+        cols = _load(folder, name)
+        if cols is None:
+            continue
+        out.append(f"CIFAR columns on {cols['run'].get('device')} ({engine} engine):")
         for r in cols["results"]:
             if r["implementation"] != "monadl":
                 continue
