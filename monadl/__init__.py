@@ -10,6 +10,8 @@ training step; independent sub-graphs run in parallel on the executor's thread p
 from monadl._compiled import compiled as compiled
 from monadl.checkpoint import CheckpointError, load, save
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
+from monadl.dsl.apply_gradients import apply_gradients
+from monadl.dsl.batch_norm import batch_norm
 from monadl.dsl.custom import CustomOp, custom_op
 from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.direct import direct, parallel
@@ -81,7 +83,8 @@ from monadl.dsl.weights import ArrayWeight, FloatWeight
 from monadl.gradcheck import GradientMismatch, check_gradients
 from monadl.nn.buffer import ArrayBuffer, Buffer, BufferState, GeneratorBuffer
 from monadl.nn.dropout import Dropout
-from monadl.nn.module import Module, buffers_of, weights_of
+from monadl.nn.module import Module, buffers_of, parameter_count, summary, to_device, weights_of
+from monadl.runtime.staging import stage_buffer, staged_data
 from monadl.typeclasses.backend import Array, ShapeError
 
 __version__ = "0.1.0"
@@ -177,6 +180,14 @@ __all__ = [
     "is_training",
     "buffers_of",
     "weights_of",
+    # Issue 30, training helpers.
+    "apply_gradients",
+    "batch_norm",
+    "parameter_count",
+    "stage_buffer",
+    "staged_data",
+    "summary",
+    "to_device",
 ]
 
 if compiled():  # mypyc keeps no docstrings and no annotated signatures: the build recorded them

@@ -300,3 +300,13 @@ CASES: list[OpCase] = [
         (_u(38, (3, 4)), _u(39, (4, 5)), _u(40, (5,)), _u(41, (5, 3))),
     ),
 ]
+
+# Issue 30: batch norm (the batch's statistics; channels on axis 1).
+CASES += [
+    OpCase("batch_norm 2d", lambda c, x, g, b: monadl.batch_norm(x, g, b), (_A, _u(60, (4,)), _u(61, (4,)))),
+    OpCase(
+        "batch_norm NCHW",
+        lambda c, x, g, b: monadl.batch_norm(x, g, b, eps=1e-3),
+        (_u(62, (2, 3, 2, 2)), _u(63, (3,)), _u(64, (3,))),
+    ),
+]

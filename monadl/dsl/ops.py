@@ -444,13 +444,28 @@ def _label_range(xp: Any, labels: Any) -> tuple[int, int]:
 _LABEL_RANGES = [(label, label) for label in range(256)]  # one label's range, made once (one per tree node)
 
 
-def cross_entropy(logits: AnyArray, targets: AnyNDArray) -> FloatLayer:
+def _label_array(label: int) -> Any:
+    """A Python int label as a 0-d int64 array (read-only: one per label, shared)."""
+    array = np.asarray(label, dtype=np.int64)
+    array.flags.writeable = False
+    return array
+
+
+_LABEL_ARRAYS = [_label_array(label) for label in range(256)]
+
+
+def cross_entropy(logits: AnyArray, targets: AnyNDArray | int) -> FloatLayer:
     """Mean over the batch of ``-sum(targets * log_softmax(logits))`` over the last axis.
 
     ``targets`` are probabilities (one-hot or soft) of ``logits``' shape, or integer class labels of
-    shape ``logits.shape[:-1]``. They are constants: no delta flows into them.
+    shape ``logits.shape[:-1]``: an integer array, or a Python int for one example's logits of shape
+    ``(classes,)``. They are constants: no delta flows into them.
     """
     _array("cross_entropy", logits)
+    if type(targets) is int:  # one example's label (``type``: a bool is no label)
+        label: int = targets
+        targets = _LABEL_ARRAYS[label] if 0 <= label < len(_LABEL_ARRAYS) else _label_array(label)
+    targets = cast(AnyNDArray, targets)
     if type(targets) is not np.ndarray and not is_array(targets):  # NumPy's arrays first: one per node
         raise TypeError(f"cross_entropy: expected an array of targets, got {type(targets).__name__}")
     labels = None

@@ -53,6 +53,7 @@ from monadl.do.executor import Executor, default_executor
 from monadl.do.stats import RunStats
 from monadl.do.tape import Tape
 from monadl.dsl.optimizers import Optimizer, state_kind
+from monadl.runtime.staging import staging
 from monadl.runtime.versions import COMMIT_LOCK, Snapshot, data_of, publish
 from monadl.tape.backward import NonFiniteDelta, backward
 from monadl.typeclasses.backend import NDARRAY, Array, freeze, namespace
@@ -137,6 +138,8 @@ def _seed(value: Any, rate: float = 1.0) -> Any:
 
 
 Gradients = dict["FloatWeight | ArrayWeight", Any]
+Staged = dict[Any, Any]
+"""Buffer updates staged by a step's forward pass: buffer to new value."""
 
 
 def compute_gradients(
@@ -158,7 +161,7 @@ def compute_gradients(
     Raises :class:`NonFiniteLossError` for a non-finite loss, or whatever the forward or backward
     pass raised.
     """
-    value, gradients, _, _ = _step(loss, executor, None)
+    value, gradients, _, _, _ = _step(loss, executor, None)
     return value, gradients
 
 
@@ -167,19 +170,22 @@ def _step(
     executor: Executor | None,
     optimizer: Optimizer | bool | None,
     diagnose: bool = False,
-) -> tuple[Any, Gradients, set[Any], float | None]:
+) -> tuple[Any, Gradients, set[Any], float | None, Staged]:
     """A step's forward and backward passes: the loss, the gradients, the weights whose gradient is
-    an array of the step's own (an optimizer may write into it), and the learning rate folded into
-    the gradients (None: they are the true ones). ``optimizer``: the default of a training step
-    (False: the gradients are wanted as they are). Its statistics (both passes) are the executor's
-    ``last_stats``. ``diagnose``: the backward pass checks every delta (``Backward``)."""
+    an array of the step's own (an optimizer may write into it), the learning rate folded into
+    the gradients (None: they are the true ones), and the buffer updates the forward pass staged
+    (``monadl.runtime.staging``: committed with the weights, or not at all). ``optimizer``: the
+    default of a training step (False: the gradients are wanted as they are). Its statistics (both
+    passes) are the executor's ``last_stats``. ``diagnose``: the backward pass checks every delta
+    (``Backward``)."""
     ex = executor or default_executor()
     stats = RunStats()
     try:
         with ex.paused():
             mode = _TRAINING.set(True)
             try:
-                evaluation = ex.evaluate(loss.forward, stats, own_root=True)
+                with staging() as staged:
+                    evaluation = ex.evaluate(loss.forward, stats, own_root=True)
             finally:
                 _TRAINING.reset(mode)
             value = evaluation.value
@@ -192,7 +198,8 @@ def _step(
             gradients, owned = backward(run, evaluation.slot, seed, run.dispatcher, diagnose)
     finally:
         ex.publish(stats)
-    return value, *_unaliased(gradients, owned, run.snapshot), rate
+    gradients, owned = _unaliased(gradients, owned, run.snapshot)
+    return value, gradients, owned, rate, staged
 
 
 def _folded_rate(weights: list[Any], default: Any) -> float | None:
@@ -253,11 +260,19 @@ def _memory(gradient: Any) -> int:
 
 
 def _apply(
-    gradients: Gradients, default: Optimizer | None, owned: set[Any], rate: float | None, check: bool
+    gradients: Gradients,
+    default: Optimizer | None,
+    owned: set[Any],
+    rate: float | None,
+    check: bool,
+    staged: Staged,
 ) -> None:
-    """Computes every update, then commits them all (nothing is committed if one fails). The caller
-    holds ``COMMIT_LOCK``."""
-    publish(_updates(gradients, default, owned, rate, check))
+    """Computes every update, then commits them all with the ``staged`` buffer updates (nothing is
+    committed if one fails). The caller holds ``COMMIT_LOCK``."""
+    updates = _updates(gradients, default, owned, rate, check)
+    for buffer, data in staged.items():
+        updates.append((buffer, data, None))
+    publish(updates)
 
 
 Update = tuple[Any, Any, Any]
@@ -408,9 +423,9 @@ def train_blocking(
     """
     try:
         ex = executor or default_executor()
-        value, gradients, owned, rate = _step(loss, ex, optimizer)
+        value, gradients, owned, rate, staged = _step(loss, ex, optimizer)
         with COMMIT_LOCK:
-            _apply(gradients, optimizer, owned, rate, ex.check_finite)
+            _apply(gradients, optimizer, owned, rate, ex.check_finite, staged)
     except NonFiniteGradientError as non_finite:  # (its own name: mypyc types a name once)
         return Failure(_located(non_finite, loss, ex, optimizer))
     except Exception as e:  # noqa: BLE001 - every failure is the caller's Failure, not a crash

@@ -4,13 +4,14 @@ are found by name, and builders made of it: :class:`Linear`, :class:`MLP`, :clas
 :class:`Dropout`, and the recurrent cells :class:`LSTMCell`, :class:`GRUCell` and
 :class:`TreeLSTMCell`, whose calls merge under dynamic batching."""
 
+from monadl.nn.batchnorm import BatchNorm1d, BatchNorm2d
 from monadl.nn.buffer import ArrayBuffer, Buffer, BufferState, GeneratorBuffer
 from monadl.nn.dropout import Dropout
 from monadl.nn.embedding import Embedding
 from monadl.nn.gru import GRUCell
 from monadl.nn.linear import MLP, Linear
 from monadl.nn.lstm import LSTMCell
-from monadl.nn.module import Module, buffers_of, weights_of
+from monadl.nn.module import Module, buffers_of, parameter_count, summary, to_device, weights_of
 from monadl.nn.tree_lstm import TreeLSTMCell
 
 __all__ = [
@@ -28,4 +29,10 @@ __all__ = [
     "TreeLSTMCell",
     "buffers_of",
     "weights_of",
+    # Issue 30.
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "parameter_count",
+    "summary",
+    "to_device",
 ]

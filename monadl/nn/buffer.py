@@ -22,7 +22,8 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from monadl.typeclasses.backend import ShapeError
+from monadl.runtime.versions import COMMIT_LOCK, Version, publish, read
+from monadl.typeclasses.backend import ShapeError, is_array, namespace
 
 __all__ = ["JSON", "ArrayBuffer", "Buffer", "BufferState", "GeneratorBuffer"]
 
@@ -62,59 +63,105 @@ class Buffer(ABC):
 
 class ArrayBuffer(Buffer):
     """An array that gradients do not train (a running mean, a counter): a read-only copy of
-    ``data``, a NumPy array of bools, integers or floats, whose shape and dtype it keeps."""
+    ``data``, an array of bools, integers or floats (NumPy's, or any array API namespace's: a CuPy
+    array on a GPU), whose shape and dtype it keeps.
 
-    __slots__ = ("_data",)
+    Its value is versioned as a weight's is (``monadl.runtime.versions``): an op of a training step
+    may stage a new value (:func:`monadl.stage_buffer`), committed with the step's weights, all or
+    nothing; ``data`` is the newest committed value."""
+
+    __slots__ = ("head",)
     kind = "array"
 
     def __init__(self, data: np.ndarray[Any, Any]) -> None:
-        self._data = _frozen_copy(_checked_array(data, "ArrayBuffer"))
+        self.head = Version(0, _frozen_copy(_checked_array(data, "ArrayBuffer")), None, None)
 
     @property
     def data(self) -> np.ndarray[Any, Any]:
-        """The buffer's array (read-only: assign a new array to change it)."""
-        return self._data
+        """The buffer's array, as last committed (read-only: assign a new array to change it). A
+        NumPy array, or one of the namespace the buffer was moved to (``module.to(xp)``)."""
+        data: np.ndarray[Any, Any] = read(self.head, None).data
+        return data
 
     @data.setter
     def data(self, value: np.ndarray[Any, Any]) -> None:
-        """Keeps a copy of ``value``, which must have the buffer's shape and dtype."""
+        """Commits a copy of ``value``, which must have the buffer's shape and dtype. An array of
+        another namespace or device moves the buffer there."""
         _checked_array(value, "ArrayBuffer.data")
-        if value.shape != self._data.shape or value.dtype != self._data.dtype:
+        have = self.data
+        if tuple(value.shape) != tuple(have.shape) or _dtype_name(value) != _dtype_name(have):
             raise ShapeError(
-                f"{self!r}.data = {value.dtype} array of shape {value.shape}: the buffer holds "
-                f"{self._data.dtype} {self._data.shape}"
+                f"{self!r}.data = {_dtype_name(value)} array of shape {tuple(value.shape)}: the buffer "
+                f"holds {_dtype_name(have)} {tuple(have.shape)}"
             )
-        self._data = _frozen_copy(value)
+        self._commit(_frozen_copy(value))
+
+    def _commit(self, data: Any) -> None:
+        with COMMIT_LOCK:
+            publish([(self, data, None)])
 
     def state(self) -> BufferState:
-        return BufferState({"data": self._data}, {})
+        return BufferState({"data": to_numpy(self.data)}, {})
 
     def check_state(self, state: BufferState) -> str | None:
         if set(state.arrays) != {"data"} or state.info:
             return f"an array buffer's state is one array 'data', not {sorted(state.arrays)} and {state.info}"
-        array, have = state.arrays["data"], self._data
-        if array.shape != have.shape or array.dtype != have.dtype:
-            return f"the model's is {have.dtype} {have.shape}, the state holds {array.dtype} {array.shape}"
+        array, have = state.arrays["data"], self.data
+        if tuple(array.shape) != tuple(have.shape) or _dtype_name(array) != _dtype_name(have):
+            return (
+                f"the model's is {_dtype_name(have)} {tuple(have.shape)}, the state holds "
+                f"{array.dtype} {array.shape}"
+            )
         return None
 
     def load_state(self, state: BufferState) -> None:
-        self._data = _frozen_copy(state.arrays["data"])
+        have = self.data
+        array = state.arrays["data"]
+        self._commit(_frozen_copy(array if isinstance(have, np.ndarray) else namespace(have).asarray(array)))
 
     def __repr__(self) -> str:
-        return f"ArrayBuffer({self._data.dtype} {self._data.shape})"
+        data = self.data
+        return f"ArrayBuffer({_dtype_name(data)} {tuple(data.shape)})"
 
 
-def _checked_array(data: object, where: str) -> np.ndarray[Any, Any]:
-    if not isinstance(data, np.ndarray) or data.dtype.kind not in "biuf":
-        what = f"{data.dtype} array" if isinstance(data, np.ndarray) else type(data).__name__
-        raise TypeError(f"{where}: expected a NumPy array of bools, integers or floats, got a {what}")
-    return data
+def _checked_array(data: object, where: str) -> Any:
+    if isinstance(data, np.ndarray):
+        if data.dtype.kind in "biuf":
+            return data
+    elif is_array(data) and _dtype_name(data).startswith(("bool", "int", "uint", "float")):
+        return data
+    what = f"{_dtype_name(data)} array" if is_array(data) else type(data).__name__
+    raise TypeError(
+        f"{where}: expected a NumPy array of bools, integers or floats (or such an array of another "
+        f"array API namespace), got a {what}"
+    )
 
 
-def _frozen_copy(data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    copy = np.array(data, copy=True, order="C")
-    copy.flags.writeable = False
-    return copy
+def _frozen_copy(data: Any) -> Any:
+    if isinstance(data, np.ndarray):
+        copy = np.array(data, copy=True, order="C")
+        copy.flags.writeable = False
+        return copy
+    return namespace(data).asarray(data, copy=True)
+
+
+def _dtype_name(array: Any) -> str:
+    """An array's dtype by name (``float32``), comparable across namespaces."""
+    return str(array.dtype).rsplit(".", 1)[-1]
+
+
+def to_numpy(array: Any) -> np.ndarray[Any, Any]:
+    """A NumPy copy of an array of any namespace (a CuPy array's by ``get``; another's through
+    DLPack, or NumPy's conversion where that is refused)."""
+    if isinstance(array, np.ndarray):
+        return array
+    get = getattr(array, "get", None)
+    if callable(get):  # CuPy: from the device
+        return np.asarray(get())
+    try:
+        return np.from_dlpack(array)
+    except (TypeError, AttributeError, BufferError, RuntimeError):
+        return np.asarray(array)
 
 
 _BIT_GENERATORS = {

@@ -16,10 +16,16 @@ Anything that takes a module takes such a structure too: ``weights_of([encoder, 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, cast
+import math
+from typing import Any, Self, cast
+
+import numpy as np
 
 from monadl.dsl.weights import ArrayWeight, FloatWeight
-from monadl.nn.buffer import Buffer
+from monadl.nn.buffer import ArrayBuffer, Buffer, to_numpy
+from monadl.runtime.versions import COMMIT_LOCK, publish, read
+from monadl.typeclasses.backend import NUMPY, freeze, is_array
+from monadl.typeclasses.sparse import SparseRows
 
 Weight = FloatWeight | ArrayWeight
 
@@ -44,6 +50,20 @@ class Module:
     def buffers(self) -> dict[str, Buffer]:
         """Every buffer of the module by its dotted name, in a stable order (see the module)."""
         return buffers_of(self)
+
+    def parameter_count(self, *, trainable_only: bool = False) -> int:
+        """The number of scalars in the module's weights (see :func:`parameter_count`)."""
+        return parameter_count(self, trainable_only=trainable_only)
+
+    def summary(self) -> str:
+        """A table of the module's weights and buffers (see :func:`summary`)."""
+        return summary(self)
+
+    def to(self, xp: Any, *, device: Any = None) -> Self:
+        """Moves the module's weights, their optimizer state and its buffers to the array namespace
+        ``xp`` (on ``device``), in one commit (see :func:`to_device`); returns the module."""
+        to_device(self, xp, device=device)
+        return self
 
 
 def weights_of(structure: object) -> dict[str, Weight]:
@@ -106,3 +126,109 @@ def _children(value: object, path: str, caller: str) -> list[tuple[str, object]]
             children.append((name, child))
         return children
     return None
+
+
+def parameter_count(structure: object, *, trainable_only: bool = False) -> int:
+    """The number of scalars in the weights of a module (or a structure of them: see
+    :func:`weights_of`): a float weight counts 1, an array weight its size. Buffers are not
+    parameters. ``trainable_only``: frozen weights (``trainable = False``) are left out."""
+    total = 0
+    for weight in weights_of(structure).values():
+        if trainable_only and not weight.trainable:
+            continue
+        total += _count(weight)
+    return total
+
+
+def _count(weight: Weight) -> int:
+    data = weight.data
+    return 1 if isinstance(data, float) else math.prod(tuple(data.shape))
+
+
+def summary(structure: object) -> str:
+    """A table of a module's weights and buffers: each one's dotted name, kind, shape, dtype and
+    number of scalars, then the total of the parameters (and of the trainable ones)::
+
+        name  kind    shape   dtype    count
+        w     weight  (4, 3)  float32     12
+        b     weight  (3,)    float32      3
+        total: 15 parameters (15 trainable)
+    """
+    rows = [("name", "kind", "shape", "dtype", "count")]
+    for name, weight in weights_of(structure).items():
+        data = weight.data
+        kind = "weight" if weight.trainable else "frozen"
+        if isinstance(data, float):
+            rows.append((name, kind, "float", "float64", "1"))
+        else:
+            rows.append((name, kind, str(tuple(data.shape)), _dtype_name(data), str(_count(weight))))
+    for name, buffer in buffers_of(structure).items():
+        array = getattr(buffer, "data", None)
+        if array is not None and hasattr(array, "shape"):
+            size = str(math.prod(tuple(array.shape)))
+            rows.append((name, "buffer", str(tuple(array.shape)), _dtype_name(array), size))
+        else:
+            rows.append((name, "buffer", "-", "-", "-"))
+    widths = [max(len(row[k]) for row in rows) for k in range(5)]
+    lines = [
+        "  ".join(
+            cell.rjust(widths[k]) if k == 4 else cell.ljust(widths[k]) for k, cell in enumerate(row)
+        ).rstrip()
+        for row in rows
+    ]
+    total, trainable = parameter_count(structure), parameter_count(structure, trainable_only=True)
+    lines.append(f"total: {total} parameters ({trainable} trainable)")
+    return "\n".join(lines)
+
+
+def _dtype_name(array: Any) -> str:
+    return str(array.dtype).rsplit(".", 1)[-1]
+
+
+def to_device(structure: object, xp: Any, *, device: Any = None) -> None:
+    """Moves every weight of a module (or a structure of them), its optimizer state and every
+    array buffer to the array namespace ``xp`` (``numpy``, ``cupy``, ``array_api_strict``, any
+    array API namespace), on ``device`` where given (else ``xp``'s default), in one commit: a
+    prediction or a step beside it sees every weight before the move or every one after. Shapes,
+    dtypes and values are kept; the optimizer continues where it was (Adam's moments and step
+    count move with the weight). A random generator buffer (dropout's) stays on the host: its masks
+    are copied to the array's device when drawn."""
+    writes: list[tuple[Any, Any, Any]] = []
+    with COMMIT_LOCK:
+        for weight in weights_of(structure).values():
+            version = read(weight.head, None)
+            data = version.data
+            if not isinstance(data, float):
+                data = freeze(_moved(data, xp, device))
+            state = version.state
+            if state is not None:
+                optimizer, held = state
+                state = (optimizer, _moved(held, xp, device))
+            writes.append((weight, data, state))
+        for buffer in buffers_of(structure).values():
+            if isinstance(buffer, ArrayBuffer):
+                moved = _moved(buffer.data, xp, device)
+                if isinstance(moved, np.ndarray):
+                    moved.flags.writeable = False
+                writes.append((buffer, moved, None))
+        publish(writes)
+
+
+def _moved(value: Any, xp: Any, device: Any) -> Any:
+    """``value`` with every array in it (an optimizer state: tuples, lists and dicts of arrays and
+    numbers) copied to ``xp`` (on ``device``)."""
+    if isinstance(value, tuple):
+        items = [_moved(item, xp, device) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, list):
+        return [_moved(item, xp, device) for item in value]
+    if isinstance(value, dict):
+        return {key: _moved(item, xp, device) for key, item in value.items()}
+    if isinstance(value, SparseRows):
+        return SparseRows(_moved(value.indices, xp, device), _moved(value.values, xp, device), value.shape)
+    if not is_array(value):
+        return value
+    if xp is np or xp is NUMPY:
+        return np.array(to_numpy(value), copy=True)
+    host = value if isinstance(value, np.ndarray) else to_numpy(value)
+    return xp.asarray(host, copy=True) if device is None else xp.asarray(host, copy=True, device=device)
