@@ -10,6 +10,7 @@ training step; independent sub-graphs run in parallel on the executor's thread p
 from monadl._compiled import compiled as compiled
 from monadl.checkpoint import CheckpointError, load, save
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
+from monadl.dsl.activations import clip, elu, gelu, leaky_relu, silu, softplus
 from monadl.dsl.custom import CustomOp, custom_op
 from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.direct import direct, parallel
@@ -65,6 +66,7 @@ from monadl.dsl.optimizers import (
     clip_by_value,
     global_norm,
 )
+from monadl.dsl.reductions import argmax, argmin, logsumexp, max, min, std, var
 from monadl.dsl.schedules import Constant, CosineDecay, LearningRate, LinearWarmup, Schedule, StepDecay
 from monadl.dsl.training import (
     NonFiniteGradientError,
@@ -177,6 +179,20 @@ __all__ = [
     "is_training",
     "buffers_of",
     "weights_of",
+    # activations and reductions (issue 30)
+    "argmax",
+    "argmin",
+    "clip",
+    "elu",
+    "gelu",
+    "leaky_relu",
+    "logsumexp",
+    "max",
+    "min",
+    "silu",
+    "softplus",
+    "std",
+    "var",
 ]
 
 if compiled():  # mypyc keeps no docstrings and no annotated signatures: the build recorded them
