@@ -68,6 +68,7 @@ from monadl.dsl.optimizers import (
 )
 from monadl.dsl.reductions import argmax, argmin, logsumexp, max, min, std, var
 from monadl.dsl.schedules import Constant, CosineDecay, LearningRate, LinearWarmup, Schedule, StepDecay
+from monadl.dsl.selection import where
 from monadl.dsl.training import (
     NonFiniteGradientError,
     NonFiniteLossError,
@@ -179,7 +180,7 @@ __all__ = [
     "is_training",
     "buffers_of",
     "weights_of",
-    # activations and reductions (issue 30)
+    # activations, reductions and selection (issue 30)
     "argmax",
     "argmin",
     "clip",
@@ -193,6 +194,7 @@ __all__ = [
     "softplus",
     "std",
     "var",
+    "where",
 ]
 
 if compiled():  # mypyc keeps no docstrings and no annotated signatures: the build recorded them

@@ -327,4 +327,7 @@ CASES += [
     OpCase("var axis correction", lambda c, a: monadl.var(a, axis=0, correction=1.0), (_A,)),
     OpCase("std", lambda c, a: monadl.std(a), (_A,)),
     OpCase("std axes keepdims", lambda c, a: monadl.std(a, axis=(1, 2), keepdims=True), (_u(67, (2, 3, 4)),)),
+    OpCase("where", lambda c, a, b: monadl.where(c(_A > 0.0), a, b), (_B, _ROW)),
+    OpCase("where broadcast condition", lambda c, a, b: monadl.where(c(_COL > 0.0), a, b), (_ROW, 0.3)),
+    OpCase("where constant branch", lambda c, a: monadl.where(c(_A < 0.5), c(_B), a), (_A,)),
 ]

@@ -31,3 +31,8 @@ assert_type(monadl.std(w, axis=-1, keepdims=True, correction=1.0), ArrayLayer)
 
 assert_type(monadl.argmax(w), IndexArray)
 assert_type(monadl.argmin(w * 1.0, axis=1, keepdims=True), IndexArray)
+
+# where: a boolean array selects between layers, weights or constants; always an ArrayLayer
+mask = np.array([True, False, True])
+assert_type(monadl.where(mask, w * 2.0, 0.0), ArrayLayer)
+assert_type(monadl.where(mask, s, 1.0), ArrayLayer)
