@@ -288,21 +288,20 @@ def _value(name: str, x: object) -> Any:
 
 
 def _index_of(name: str, x: object, axis: int | None, keepdims: bool, largest: bool) -> IndexArray:
+    keep = _flag(name, "keepdims", keepdims)  # the parameters first: a layer runs only if they are right
+    ax = None if axis is None else P._index_int(axis)
+    if axis is not None and ax is None:
+        raise TypeError(f"{name}: axis must be an int or None, got {type(axis).__name__} {axis!r}")
     data = _value(name, x)
     if not data.ndim:
         raise ShapeError(f"{name}: expected an array of at least 1 dimension, got shape {shape_of(data)}")
-    if axis is not None:
-        ax = P._index_int(axis)
-        if ax is None:
-            raise TypeError(f"{name}: axis must be an int or None, got {type(axis).__name__} {axis!r}")
-        if not -data.ndim <= ax < data.ndim:
-            raise ShapeError(f"{name}: axis {ax} is out of range for shape {shape_of(data)}")
-        axis = ax
-    if (data.shape[axis] if axis is not None else math.prod(data.shape)) == 0:
+    if ax is not None and not -data.ndim <= ax < data.ndim:
+        raise ShapeError(f"{name}: axis {ax} is out of range for shape {shape_of(data)}")
+    if (data.shape[ax] if ax is not None else math.prod(data.shape)) == 0:
         raise ShapeError(f"{name}: cannot take the index of an empty axis of shape {shape_of(data)}")
     xp = namespace(data)
     find = xp.argmax if largest else xp.argmin
-    indices: IndexArray = xp.asarray(find(data, axis=axis, keepdims=_flag(name, "keepdims", keepdims)))
+    indices: IndexArray = xp.asarray(find(data, axis=ax, keepdims=keep))
     return indices
 
 
