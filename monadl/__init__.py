@@ -10,6 +10,7 @@ training step; independent sub-graphs run in parallel on the executor's thread p
 from monadl._compiled import compiled as compiled
 from monadl.checkpoint import CheckpointError, load, save
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
+from monadl.dsl.activations import clip, elu, gelu, leaky_relu, silu, softplus
 from monadl.dsl.apply_gradients import apply_gradients
 from monadl.dsl.batch_norm import batch_norm
 from monadl.dsl.custom import CustomOp, custom_op
@@ -67,7 +68,9 @@ from monadl.dsl.optimizers import (
     clip_by_value,
     global_norm,
 )
+from monadl.dsl.reductions import argmax, argmin, logsumexp, max, min, std, var
 from monadl.dsl.schedules import Constant, CosineDecay, LearningRate, LinearWarmup, Schedule, StepDecay
+from monadl.dsl.selection import where
 from monadl.dsl.training import (
     NonFiniteGradientError,
     NonFiniteLossError,
@@ -188,6 +191,21 @@ __all__ = [
     "staged_data",
     "summary",
     "to_device",
+    # activations, reductions and selection (issue 30)
+    "argmax",
+    "argmin",
+    "clip",
+    "elu",
+    "gelu",
+    "leaky_relu",
+    "logsumexp",
+    "max",
+    "min",
+    "silu",
+    "softplus",
+    "std",
+    "var",
+    "where",
 ]
 
 if compiled():  # mypyc keeps no docstrings and no annotated signatures: the build recorded them

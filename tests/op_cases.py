@@ -310,3 +310,34 @@ CASES += [
         (_u(62, (2, 3, 2, 2)), _u(63, (3,)), _u(64, (3,))),
     ),
 ]
+
+# ------------------------------------------------ activations and reductions (issue 30, item 1)
+
+CASES += [
+    OpCase("softplus", lambda c, a: monadl.softplus(a), (_u(60, (3, 4), -30.0, 30.0),)),
+    OpCase("softplus of a float weight", lambda c, a: monadl.softplus(a), (-0.7,)),
+    OpCase("gelu", lambda c, a: monadl.gelu(a), (_A,)),
+    OpCase("silu", lambda c, a: monadl.silu(a), (_A,)),
+    OpCase("silu of a float weight", lambda c, a: monadl.silu(a) * monadl.gelu(a), (0.4,)),
+    OpCase("leaky_relu", lambda c, a: monadl.leaky_relu(a, 0.2), (_away(61, (3, 4)),)),
+    OpCase("elu", lambda c, a: monadl.elu(a, alpha=1.5), (_away(62, (3, 4)),)),
+    OpCase("elu of a float weight", lambda c, a: monadl.elu(a), (-1.2,)),
+    OpCase("clip", lambda c, a: monadl.clip(a, -0.9, 1.1), (_u(63, (3, 4)) * 0.9 + 0.05,)),
+    OpCase("max", lambda c, a: monadl.max(a), (_A,)),
+    OpCase("max axis", lambda c, a: monadl.max(a, axis=-1), (_u(64, (2, 3, 4)),)),
+    OpCase("min axes keepdims", lambda c, a: monadl.min(a, axis=(0, 2), keepdims=True), (_u(65, (2, 3, 4)),)),
+    OpCase("logsumexp", lambda c, a: monadl.logsumexp(a), (_A,)),
+    OpCase("logsumexp axis large", lambda c, a: monadl.logsumexp(a * 400.0, axis=1), (_A,)),
+    OpCase(
+        "logsumexp axes keepdims",
+        lambda c, a: monadl.logsumexp(a, axis=(0, 1), keepdims=True),
+        (_u(66, (2, 3, 4)),),
+    ),
+    OpCase("var", lambda c, a: monadl.var(a), (_A,)),
+    OpCase("var axis correction", lambda c, a: monadl.var(a, axis=0, correction=1.0), (_A,)),
+    OpCase("std", lambda c, a: monadl.std(a), (_A,)),
+    OpCase("std axes keepdims", lambda c, a: monadl.std(a, axis=(1, 2), keepdims=True), (_u(67, (2, 3, 4)),)),
+    OpCase("where", lambda c, a, b: monadl.where(c(_A > 0.0), a, b), (_B, _ROW)),
+    OpCase("where broadcast condition", lambda c, a, b: monadl.where(c(_COL > 0.0), a, b), (_ROW, 0.3)),
+    OpCase("where constant branch", lambda c, a: monadl.where(c(_A < 0.5), c(_B), a), (_A,)),
+]

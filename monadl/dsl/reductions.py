@@ -1,0 +1,323 @@
+"""Reductions along axes: ``max``, ``min``, ``logsumexp``, ``var``, ``std``, and the index
+functions ``argmax`` and ``argmin``.
+
+The differentiable ones are primitives with hand-written vjps, as ``sum`` and ``mean`` are: over
+all axes (``axis=None``) they give a ``FloatLayer``, along ``axis`` an ``ArrayLayer``, and calls
+merge under dynamic batching by stacking their rows and reducing past the row axis. ``argmax`` and
+``argmin`` give integers, which have no gradient and no place in a layer (a layer's data is
+floating-point): they are plain functions of a value, not ops (see :func:`argmax`).
+"""
+
+# max and min are the array API's names for these ops (as sum and abs in ops.py).
+# ruff: noqa: A001
+
+from __future__ import annotations
+
+import math
+from typing import Any, overload
+
+import numpy as np
+from returns.pipeline import is_successful
+
+from monadl.dsl import primitives as P
+from monadl.dsl.layers import AnyArray, ArrayLayer, ArrayOperators, FloatLayer, apply_array, apply_float
+from monadl.dsl.ops import _array, _axis, _flag
+from monadl.dsl.primitives import Batching, Primitive
+from monadl.dsl.weights import ArrayWeight
+from monadl.typeclasses.backend import IndexArray, ShapeError, is_array, namespace, shape_of
+
+__all__ = ["argmax", "argmin", "logsumexp", "max", "min", "std", "var"]
+
+Axis = int | tuple[int, ...] | None
+
+_REDUCTION = Batching(axis=True, scalar="reduce")
+"""Merged calls stack their rows; an item's axes are shifted past the rows' (``axis=None``: all
+of them), and each call gets its row of the result."""
+
+
+def _axes_of(x: Any, axis: Axis) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(x.ndim))
+    return tuple(a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis))
+
+
+def _kept(x: Any, axis: Axis) -> tuple[int, ...]:
+    """The shape of a reduction of ``x`` over ``axis`` with ``keepdims``."""
+    axes = _axes_of(x, axis)
+    return tuple(1 if i in axes else n for i, n in enumerate(x.shape))
+
+
+def _drop(xp: Any, value: Any, x: Any, axis: Axis, keepdims: bool) -> Any:
+    """A reduction computed with ``keepdims`` as the op gives it: a float over all axes, the
+    reduced axes dropped unless ``keepdims``."""
+    if keepdims:
+        return value
+    axes = _axes_of(x, axis)
+    value = xp.reshape(value, tuple(n for i, n in enumerate(x.shape) if i not in axes))
+    return float(value) if axis is None else value
+
+
+def _full(xp: Any, value: Any, x: Any, axis: Axis, keepdims: bool) -> Any:
+    """A reduction's result (or delta) broadcast back to ``x``'s shape."""
+    return P._expand_to(xp, value, x, axis, keepdims)
+
+
+def _checks(name: str, empty: bool = False) -> Any:
+    """The check of reduction ``name``: its axes (as ``sum``'s); ``empty``: no reduced axis may be
+    empty (a maximum of nothing is undefined)."""
+    axes_check = P._check_axes(name)
+
+    def check(x: Any, axis: Axis = None, keepdims: bool = False, **params: Any) -> None:
+        axes_check(x, axis, keepdims)
+        if empty and any(x.shape[a] == 0 for a in _axes_of(x, axis)):
+            raise ShapeError(f"{name}: cannot reduce an empty axis of shape {shape_of(x)} (axis {axis})")
+        correction = params.get("correction")
+        if correction is not None:
+            n = P._count(x, axis)
+            if n - correction <= 0:
+                raise ShapeError(
+                    f"{name}: {n} elements along axis {axis} of shape {shape_of(x)} leave no degrees "
+                    f"of freedom with correction {correction}"
+                )
+
+    return check
+
+
+def _primitive(name: str, forward: Any, vjp: Any, empty: bool = False) -> Primitive:
+    return Primitive(
+        name, forward, (vjp,), check=_checks(name, empty), batch=_REDUCTION, fresh=True, own=True
+    )
+
+
+# ---------------------------------------------------------------------------------------- max, min
+
+
+def _extremum_vjp(xp: Any, d: Any, o: Any, x: Any, axis: Axis = None, keepdims: bool = False) -> Any:
+    """The delta of ``max`` (or ``min``): the result's delta split evenly among the elements equal
+    to the result (ties share it, as ``torch.amax``'s; a single extremum gets all of it)."""
+    hit = xp.astype(x == _full(xp, o, x, axis, keepdims), x.dtype)
+    count = xp.sum(hit, axis=_axes_of(x, axis), keepdims=True)
+    return _full(xp, d, x, axis, keepdims) * (hit / count)
+
+
+max_ = _primitive(
+    "max",
+    lambda xp, x, axis=None, keepdims=False: P._reduce(
+        xp, xp.max(x, axis=axis, keepdims=keepdims), axis, keepdims
+    ),
+    _extremum_vjp,
+    empty=True,
+)
+min_ = _primitive(
+    "min",
+    lambda xp, x, axis=None, keepdims=False: P._reduce(
+        xp, xp.min(x, axis=axis, keepdims=keepdims), axis, keepdims
+    ),
+    _extremum_vjp,
+    empty=True,
+)
+
+# --------------------------------------------------------------------------------------- logsumexp
+
+
+def _logsumexp(xp: Any, x: Any, axis: Axis = None, keepdims: bool = False) -> Any:
+    """``log(sum(e ** x))`` shifted by the maximum, ``m + log(sum(e ** (x - m)))``: no term
+    overflows, and the largest is exactly 1, so the sum does not underflow. An infinite maximum is
+    not subtracted (``inf - inf`` is NaN): all ``-inf`` gives ``-inf``, an ``inf`` gives ``inf``."""
+    axes = _axes_of(x, axis)
+    m = xp.max(x, axis=axes, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):  # log(0) of all -inf: -inf, as it should be
+        out = xp.log(xp.sum(xp.exp(x - m), axis=axes, keepdims=True)) + m
+    return _drop(xp, out, x, axis, keepdims)
+
+
+def _logsumexp_vjp(xp: Any, d: Any, o: Any, x: Any, axis: Axis = None, keepdims: bool = False) -> Any:
+    # the softmax of x along the axes, from the result: e ** (x - logsumexp)
+    return _full(xp, d, x, axis, keepdims) * xp.exp(x - _full(xp, o, x, axis, keepdims))
+
+
+logsumexp_ = _primitive("logsumexp", _logsumexp, _logsumexp_vjp, empty=True)
+
+# ---------------------------------------------------------------------------------------- var, std
+
+
+def _centred(xp: Any, x: Any, axis: Axis) -> Any:
+    """``x`` less its mean along ``axis`` (the first pass of a two-pass variance)."""
+    axes = _axes_of(x, axis)
+    return x - xp.sum(x, axis=axes, keepdims=True) / P._count(x, axis)
+
+
+def _var(xp: Any, x: Any, axis: Axis = None, keepdims: bool = False, correction: float = 0.0) -> Any:
+    """Two passes: the mean, then the mean square of the centred values (a one-pass
+    ``E[x**2] - E[x]**2`` cancels when the mean is large against the spread)."""
+    c = _centred(xp, x, axis)
+    total = xp.sum(c * c, axis=_axes_of(x, axis), keepdims=keepdims)
+    return P._reduce(xp, total / (P._count(x, axis) - correction), axis, keepdims)
+
+
+def _var_vjp(
+    xp: Any, d: Any, o: Any, x: Any, axis: Axis = None, keepdims: bool = False, correction: float = 0.0
+) -> Any:
+    scale = 2.0 / (P._count(x, axis) - correction)
+    return _full(xp, d, x, axis, keepdims) * (scale * _centred(xp, x, axis))
+
+
+def _std_vjp(
+    xp: Any, d: Any, o: Any, x: Any, axis: Axis = None, keepdims: bool = False, correction: float = 0.0
+) -> Any:
+    """``d * (x - mean) / ((n - correction) * std)``; 0 where the std is 0 (all the elements equal:
+    the std is a norm there, whose subgradients include 0), where the formula is ``0 / 0``."""
+    s = _full(xp, o, x, axis, keepdims) * (P._count(x, axis) - correction)
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0, selected out
+        slope = xp.where(s == 0.0, 0.0 * s, _centred(xp, x, axis) / s)
+    return _full(xp, d, x, axis, keepdims) * slope
+
+
+var_ = _primitive("var", _var, _var_vjp)
+
+
+def _std(xp: Any, x: Any, axis: Axis = None, keepdims: bool = False, correction: float = 0.0) -> Any:
+    return _drop(xp, xp.sqrt(_var(xp, x, axis, True, correction)), x, axis, keepdims)
+
+
+std_ = _primitive("std", _std, _std_vjp)
+
+# ------------------------------------------------------------------------------- public functions
+
+
+def _reduction(
+    name: str, prim: Primitive, x: AnyArray, axis: Axis, keepdims: bool, **params: Any
+) -> FloatLayer | ArrayLayer:
+    _array(name, x)
+    keep = _flag(name, "keepdims", keepdims)
+    if axis is None:
+        if keep:
+            raise TypeError(f"{name}: keepdims=True needs an axis (over all axes, the result is a float)")
+        return apply_float(prim, x, **params)
+    return apply_array(prim, x, axis=_axis(name, axis), keepdims=keep, **params)
+
+
+@overload
+def max(x: AnyArray, axis: None = None) -> FloatLayer: ...
+@overload
+def max(x: AnyArray, axis: int | tuple[int, ...], *, keepdims: bool = False) -> ArrayLayer: ...
+def max(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLayer | ArrayLayer:
+    """The largest element (a ``FloatLayer``), or the largest along ``axis`` (an ``ArrayLayer``).
+    Ties share the delta evenly (as ``torch.amax``): where two elements are the maximum, each gets
+    half. A NaN element makes the result NaN. An empty axis is an error."""
+    return _reduction("max", max_, x, axis, keepdims)
+
+
+@overload
+def min(x: AnyArray, axis: None = None) -> FloatLayer: ...
+@overload
+def min(x: AnyArray, axis: int | tuple[int, ...], *, keepdims: bool = False) -> ArrayLayer: ...
+def min(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLayer | ArrayLayer:
+    """The smallest element, or the smallest along ``axis``; ties share the delta, as :func:`max`."""
+    return _reduction("min", min_, x, axis, keepdims)
+
+
+@overload
+def logsumexp(x: AnyArray, axis: None = None) -> FloatLayer: ...
+@overload
+def logsumexp(x: AnyArray, axis: int | tuple[int, ...], *, keepdims: bool = False) -> ArrayLayer: ...
+def logsumexp(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLayer | ArrayLayer:
+    """``log(sum(exp(x)))`` over all elements or along ``axis``, computed stably (shifted by the
+    maximum: no overflow for large ``x``, no ``log(0)`` for very negative ``x``). Its gradient is
+    the softmax of ``x`` along the reduced axes."""
+    return _reduction("logsumexp", logsumexp_, x, axis, keepdims)
+
+
+def _correction(name: str, correction: object) -> float:
+    if isinstance(correction, (float, int, np.floating, np.integer)) and not isinstance(
+        correction, (bool, np.bool_)
+    ):
+        value = float(correction)
+        if value >= 0.0:
+            return value
+    raise TypeError(f"{name}: correction must be a float of at least 0, got {correction!r}")
+
+
+@overload
+def var(x: AnyArray, axis: None = None, *, correction: float = 0.0) -> FloatLayer: ...
+@overload
+def var(
+    x: AnyArray, axis: int | tuple[int, ...], *, keepdims: bool = False, correction: float = 0.0
+) -> ArrayLayer: ...
+def var(
+    x: AnyArray, axis: Axis = None, *, keepdims: bool = False, correction: float = 0.0
+) -> FloatLayer | ArrayLayer:
+    """Variance over all elements or along ``axis``: ``sum((x - mean) ** 2) / (n - correction)``
+    (``correction=1.0``: the unbiased estimate; the array API's and NumPy's ``ddof``). Computed in
+    two passes (the mean, then the squares of the centred values), which does not cancel when the
+    mean is large against the spread. ``n - correction`` must be positive."""
+    return _reduction("var", var_, x, axis, keepdims, correction=_correction("var", correction))
+
+
+@overload
+def std(x: AnyArray, axis: None = None, *, correction: float = 0.0) -> FloatLayer: ...
+@overload
+def std(
+    x: AnyArray, axis: int | tuple[int, ...], *, keepdims: bool = False, correction: float = 0.0
+) -> ArrayLayer: ...
+def std(
+    x: AnyArray, axis: Axis = None, *, keepdims: bool = False, correction: float = 0.0
+) -> FloatLayer | ArrayLayer:
+    """Standard deviation, ``sqrt(var(x, axis, correction=correction))``. Where it is 0 (all the
+    reduced elements equal) its derivative is undefined: the delta given there is 0."""
+    return _reduction("std", std_, x, axis, keepdims, correction=_correction("std", correction))
+
+
+# -------------------------------------------------------------------------------- argmax, argmin
+
+
+def _value(name: str, x: object) -> Any:
+    """The array of ``x``: an array as it is, a weight's data, a layer's forward value (computed
+    now, its failure raised)."""
+    if isinstance(x, ArrayWeight):
+        return x.data
+    if isinstance(x, ArrayLayer):
+        result = x.predict_blocking()
+        if not is_successful(result):
+            raise result.failure()
+        return result.unwrap()
+    if is_array(x) and not isinstance(x, ArrayOperators):
+        return x
+    raise TypeError(f"{name}: expected an array, array weight or array layer, got {type(x).__name__}")
+
+
+def _index_of(name: str, x: object, axis: int | None, keepdims: bool, largest: bool) -> IndexArray:
+    keep = _flag(name, "keepdims", keepdims)  # the parameters first: a layer runs only if they are right
+    ax = None if axis is None else P._index_int(axis)
+    if axis is not None and ax is None:
+        raise TypeError(f"{name}: axis must be an int or None, got {type(axis).__name__} {axis!r}")
+    data = _value(name, x)
+    if not data.ndim:
+        raise ShapeError(f"{name}: expected an array of at least 1 dimension, got shape {shape_of(data)}")
+    if ax is not None and not -data.ndim <= ax < data.ndim:
+        raise ShapeError(f"{name}: axis {ax} is out of range for shape {shape_of(data)}")
+    if (data.shape[ax] if ax is not None else math.prod(data.shape)) == 0:
+        raise ShapeError(f"{name}: cannot take the index of an empty axis of shape {shape_of(data)}")
+    xp = namespace(data)
+    find = xp.argmax if largest else xp.argmin
+    indices: IndexArray = xp.asarray(find(data, axis=ax, keepdims=keep))
+    return indices
+
+
+def argmax(x: AnyArray, axis: int | None = None, *, keepdims: bool = False) -> IndexArray:
+    """The index of the largest element (of the flattened array, as a 0-d integer array), or the
+    indices of the largest along ``axis``; the first one where there are ties (the array API's and
+    NumPy's ``argmax``).
+
+    Not an op: integers have no gradient and a layer's data is floating-point, so the result is a
+    plain integer array of ``x``'s namespace. A weight gives its data's indices; a layer is run now
+    (its forward value, as ``predict_blocking``; its failure raised). In a ``@batchable`` body,
+    ``await`` the layer and take the indices of the array."""
+    return _index_of("argmax", x, axis, keepdims, True)
+
+
+def argmin(x: AnyArray, axis: int | None = None, *, keepdims: bool = False) -> IndexArray:
+    """The index of the smallest element, or the indices of the smallest along ``axis`` (see
+    :func:`argmax`)."""
+    return _index_of("argmin", x, axis, keepdims, False)
