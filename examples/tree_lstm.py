@@ -57,9 +57,15 @@ class Cell(nn.TreeLSTMCell):
 
     @classmethod
     def new(
-        cls, embedding: int, hidden: int, seed: Seed = 0, dtype: type[np.floating[Any]] = np.float64
+        cls,
+        embedding: int,
+        hidden: int,
+        seed: Seed = 0,
+        dtype: type[np.floating[Any]] = np.float64,
+        *,
+        init: nn.init.Initializer | None = None,
     ) -> Cell:
-        cell = super().new(embedding, hidden, seed=seed, dtype=dtype)
+        cell = super().new(embedding, hidden, seed=seed, dtype=dtype, init=init)
         assert isinstance(cell, Cell)
         return cell
 

@@ -1,9 +1,11 @@
 """Building blocks of models: :class:`Module`, a typed container whose weights and buffers (state
 gradients do not train: :class:`ArrayBuffer`, :class:`GeneratorBuffer`, your own :class:`Buffer`)
 are found by name, and builders made of it: :class:`Linear`, :class:`MLP`, :class:`Embedding`,
-:class:`Dropout`, and the recurrent cells :class:`LSTMCell`, :class:`GRUCell` and
-:class:`TreeLSTMCell`, whose calls merge under dynamic batching."""
+:class:`Dropout`, the recurrent cells :class:`LSTMCell`, :class:`GRUCell` and
+:class:`TreeLSTMCell`, whose calls merge under dynamic batching, the sequence layers :class:`LSTM`
+and :class:`GRU` over them, and initialisers (:mod:`monadl.nn.init`)."""
 
+from monadl.nn import init
 from monadl.nn.batchnorm import BatchNorm1d, BatchNorm2d
 from monadl.nn.buffer import ArrayBuffer, Buffer, BufferState, GeneratorBuffer
 from monadl.nn.dropout import Dropout
@@ -12,6 +14,7 @@ from monadl.nn.gru import GRUCell
 from monadl.nn.linear import MLP, Linear
 from monadl.nn.lstm import LSTMCell
 from monadl.nn.module import Module, buffers_of, parameter_count, summary, to_device, weights_of
+from monadl.nn.sequence import GRU, LSTM, SequenceOutput
 from monadl.nn.tree_lstm import TreeLSTMCell
 
 __all__ = [
@@ -35,4 +38,8 @@ __all__ = [
     "parameter_count",
     "summary",
     "to_device",
+    "GRU",
+    "LSTM",
+    "SequenceOutput",
+    "init",
 ]

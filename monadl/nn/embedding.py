@@ -11,6 +11,7 @@ from monadl.dsl.layers import ArrayLayer
 from monadl.dsl.ops import take_rows
 from monadl.dsl.optimizers import Optimizer
 from monadl.dsl.weights import ArrayWeight
+from monadl.nn.init import Initializer
 from monadl.nn.linear import Seed
 from monadl.nn.module import Module
 from monadl.typeclasses.backend import RowIndices
@@ -33,9 +34,15 @@ class Embedding(Module):
         dtype: type[np.floating[Any]] = np.float64,
         std: float | None = None,
         optimizer: Optimizer | None = None,
+        init: Initializer | None = None,
     ) -> Embedding:
-        """Normal rows of ``std`` (default ``1 / sqrt(dim)``); ``optimizer`` overrides the model's for
-        the table (embeddings often learn at a rate of their own)."""
+        """Normal rows of ``std`` (default ``1 / sqrt(dim)``), or drawn by ``init`` (of shape (count,
+        dim): the fans ``count`` and ``dim``, as a :class:`Linear` from one-hot ids); ``optimizer``
+        overrides the model's for the table (embeddings often learn at a rate of their own)."""
+        if init is not None:
+            if std is not None:
+                raise ValueError(f"Embedding.new: give std or init, not both (std={std}, init={init!r})")
+            return cls(ArrayWeight(init((count, dim), seed=seed, dtype=dtype), optimizer=optimizer))
         std = dim**-0.5 if std is None else std
         return cls(ArrayWeight.normal((count, dim), std=std, seed=seed, dtype=dtype, optimizer=optimizer))
 

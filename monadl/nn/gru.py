@@ -10,6 +10,7 @@ import numpy as np
 from monadl.dsl.layers import AnyArray, ArrayLayer
 from monadl.dsl.operation import batchable
 from monadl.dsl.ops import concatenate, lift_array, sigmoid, tanh
+from monadl.nn.init import Initializer
 from monadl.nn.linear import Linear, Seed, generator
 from monadl.nn.module import Module
 from monadl.typeclasses.backend import Array, namespace
@@ -54,13 +55,20 @@ class GRUCell(Module):
 
     @classmethod
     def new(
-        cls, inputs: int, hidden: int, *, seed: Seed = 0, dtype: type[np.floating[Any]] = np.float64
+        cls,
+        inputs: int,
+        hidden: int,
+        *,
+        seed: Seed = 0,
+        dtype: type[np.floating[Any]] = np.float64,
+        init: Initializer | None = None,
     ) -> GRUCell:
-        """Gates drawn by :meth:`Linear.new` in the order r, z, n_x, n_h; zero biases."""
+        """Gates drawn by :meth:`Linear.new` in the order r, z, n_x, n_h (by ``init`` if given);
+        zero biases."""
         rng = generator(seed)
-        r, z = (Linear.new(inputs + hidden, hidden, seed=rng, dtype=dtype) for _ in range(2))
-        n_x = Linear.new(inputs, hidden, seed=rng, dtype=dtype)
-        n_h = Linear.new(hidden, hidden, seed=rng, dtype=dtype)
+        r, z = (Linear.new(inputs + hidden, hidden, seed=rng, dtype=dtype, init=init) for _ in range(2))
+        n_x = Linear.new(inputs, hidden, seed=rng, dtype=dtype, init=init)
+        n_h = Linear.new(hidden, hidden, seed=rng, dtype=dtype, init=init)
         return cls(r, z, n_x, n_h)
 
     @property

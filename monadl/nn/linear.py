@@ -19,6 +19,7 @@ import numpy as np
 from monadl.dsl.layers import AnyArray, ArrayLayer
 from monadl.dsl.ops import linear, matmul, relu
 from monadl.dsl.weights import ArrayWeight
+from monadl.nn.init import Initializer
 from monadl.nn.module import Module
 
 Seed = int | np.random.Generator
@@ -58,12 +59,19 @@ class Linear(Module):
         dtype: type[np.floating[Any]] = np.float64,
         bias: bool = True,
         std: float | None = None,
+        init: Initializer | None = None,
     ) -> Linear:
         """Normal weights of ``std`` (default ``1 / sqrt(inputs)``, LeCun's initialisation, as
-        ``examples/tree_lstm.py``'s), a zero bias (none if not ``bias``)."""
-        w = ArrayWeight.normal(
-            (inputs, outputs), std=inputs**-0.5 if std is None else std, seed=seed, dtype=dtype
-        )
+        ``examples/tree_lstm.py``'s), or drawn by ``init`` (``nn.init.xavier_uniform``: of shape
+        (inputs, outputs), the fans ``inputs`` and ``outputs``); a zero bias (none if not ``bias``)."""
+        if init is not None:
+            if std is not None:
+                raise ValueError(f"Linear.new: give std or init, not both (std={std}, init={init!r})")
+            w = ArrayWeight(init((inputs, outputs), seed=seed, dtype=dtype))
+        else:
+            w = ArrayWeight.normal(
+                (inputs, outputs), std=inputs**-0.5 if std is None else std, seed=seed, dtype=dtype
+            )
         return cls(w, ArrayWeight.zeros((outputs,), dtype=dtype) if bias else None)
 
     @property
@@ -98,13 +106,15 @@ class MLP(Module):
         activation: Activation = relu,
         seed: Seed = 0,
         dtype: type[np.floating[Any]] = np.float64,
+        init: Initializer | None = None,
     ) -> MLP:
         """Layers of ``sizes[k] -> sizes[k + 1]`` (``[4, 16, 3]``: two layers), drawn in order from
-        one generator (see :meth:`Linear.new`)."""
+        one generator (see :meth:`Linear.new`; ``init`` for every layer)."""
         if len(sizes) < 2:
             raise ValueError(f"MLP.new: sizes needs an input and an output size at least, got {list(sizes)}")
         rng = generator(seed)
-        return cls([Linear.new(n, m, seed=rng, dtype=dtype) for n, m in pairwise(sizes)], activation)
+        layers = [Linear.new(n, m, seed=rng, dtype=dtype, init=init) for n, m in pairwise(sizes)]
+        return cls(layers, activation)
 
     def __call__(self, x: AnyArray) -> ArrayLayer:
         *hidden, last = self.layers

@@ -11,6 +11,7 @@ from monadl.dsl.layers import AnyArray, ArrayLayer
 from monadl.dsl.operation import batchable
 from monadl.dsl.ops import concatenate, lift_array, sigmoid, tanh
 from monadl.dsl.weights import ArrayWeight
+from monadl.nn.init import Initializer
 from monadl.nn.linear import Linear, Seed, generator
 from monadl.nn.module import Module
 from monadl.typeclasses.backend import Array, namespace
@@ -45,13 +46,20 @@ class LSTMCell(Module):
 
     @classmethod
     def new(
-        cls, inputs: int, hidden: int, *, seed: Seed = 0, dtype: type[np.floating[Any]] = np.float64
+        cls,
+        inputs: int,
+        hidden: int,
+        *,
+        seed: Seed = 0,
+        dtype: type[np.floating[Any]] = np.float64,
+        init: Initializer | None = None,
     ) -> LSTMCell:
-        """Gates drawn by :meth:`Linear.new` in the order i, f, o, u, zero biases but the forget
-        gate's, 1.0: the cell keeps its memory at first, which helps gradients flow through long
-        sequences (Gers et al. 2000; Jozefowicz et al. 2015)."""
+        """Gates drawn by :meth:`Linear.new` in the order i, f, o, u (by ``init`` if given, each
+        gate's (inputs + hidden, hidden) matrix), zero biases but the forget gate's, 1.0: the cell
+        keeps its memory at first, which helps gradients flow through long sequences (Gers et al.
+        2000; Jozefowicz et al. 2015)."""
         rng = generator(seed)
-        i, f, o, u = (Linear.new(inputs + hidden, hidden, seed=rng, dtype=dtype) for _ in range(4))
+        i, f, o, u = (Linear.new(inputs + hidden, hidden, seed=rng, dtype=dtype, init=init) for _ in range(4))
         f = Linear(f.w, ArrayWeight(np.ones((hidden,), dtype=dtype)))
         return cls(i, f, o, u)
 

@@ -10,6 +10,7 @@ import numpy as np
 from monadl.dsl.layers import AnyArray, ArrayLayer
 from monadl.dsl.operation import batchable
 from monadl.dsl.ops import concatenate, sigmoid, tanh
+from monadl.nn.init import Initializer
 from monadl.nn.linear import Linear, Seed, generator
 from monadl.nn.module import Module
 
@@ -44,13 +45,20 @@ class TreeLSTMCell(Module):
 
     @classmethod
     def new(
-        cls, embedding: int, hidden: int, *, seed: Seed = 0, dtype: type[np.floating[Any]] = np.float64
+        cls,
+        embedding: int,
+        hidden: int,
+        *,
+        seed: Seed = 0,
+        dtype: type[np.floating[Any]] = np.float64,
+        init: Initializer | None = None,
     ) -> TreeLSTMCell:
-        """Weights drawn by :meth:`Linear.new` (std ``1 / sqrt(inputs)``, zero biases) in the order
-        of the fields: from one generator, the weights of ``examples/tree_lstm.py``'s ``Cell.new``."""
+        """Weights drawn by :meth:`Linear.new` (std ``1 / sqrt(inputs)``, or by ``init``; zero
+        biases) in the order of the fields: from one generator, the weights of
+        ``examples/tree_lstm.py``'s ``Cell.new``."""
         rng = generator(seed)
-        leaf = [Linear.new(embedding, hidden, seed=rng, dtype=dtype) for _ in range(2)]
-        inner = [Linear.new(2 * hidden, hidden, seed=rng, dtype=dtype) for _ in range(5)]
+        leaf = [Linear.new(embedding, hidden, seed=rng, dtype=dtype, init=init) for _ in range(2)]
+        inner = [Linear.new(2 * hidden, hidden, seed=rng, dtype=dtype, init=init) for _ in range(5)]
         return cls(*leaf, *inner)
 
     @property
