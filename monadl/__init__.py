@@ -10,6 +10,7 @@ training step; independent sub-graphs run in parallel on the executor's thread p
 from monadl._compiled import compiled as compiled
 from monadl.checkpoint import CheckpointError, load, save
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
+from monadl.dsl.conv import avg_pool1d, avg_pool2d, conv1d, conv2d, max_pool1d, max_pool2d
 from monadl.dsl.custom import CustomOp, custom_op
 from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.direct import direct, parallel
@@ -177,6 +178,12 @@ __all__ = [
     "is_training",
     "buffers_of",
     "weights_of",
+    "avg_pool1d",
+    "avg_pool2d",
+    "conv1d",
+    "conv2d",
+    "max_pool1d",
+    "max_pool2d",
 ]
 
 if compiled():  # mypyc keeps no docstrings and no annotated signatures: the build recorded them
