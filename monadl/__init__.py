@@ -13,6 +13,7 @@ from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, s
 from monadl.dsl.activations import clip, elu, gelu, leaky_relu, silu, softplus
 from monadl.dsl.apply_gradients import apply_gradients
 from monadl.dsl.batch_norm import batch_norm
+from monadl.dsl.conv import avg_pool1d, avg_pool2d, conv1d, conv2d, max_pool1d, max_pool2d
 from monadl.dsl.custom import CustomOp, custom_op
 from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.direct import direct, parallel
@@ -206,6 +207,12 @@ __all__ = [
     "std",
     "var",
     "where",
+    "avg_pool1d",
+    "avg_pool2d",
+    "conv1d",
+    "conv2d",
+    "max_pool1d",
+    "max_pool2d",
 ]
 
 if compiled():  # mypyc keeps no docstrings and no annotated signatures: the build recorded them

@@ -341,3 +341,50 @@ CASES += [
     OpCase("where broadcast condition", lambda c, a, b: monadl.where(c(_COL > 0.0), a, b), (_ROW, 0.3)),
     OpCase("where constant branch", lambda c, a: monadl.where(c(_A < 0.5), c(_B), a), (_A,)),
 ]
+
+# Convolution and pooling (monadl.dsl.conv): NCHW; every parameter of the ops at least once. Max
+# pooling's inputs are drawn apart from one another (no ties within a finite-difference step).
+_MAX_POOL_X = np.random.default_rng(61).permutation(2 * 3 * 7 * 6).reshape(2, 3, 7, 6) / 40.0 - 1.0
+CASES += [
+    OpCase(
+        "conv2d",
+        lambda c, x, w, b: monadl.conv2d(x, w, b),
+        (_u(51, (2, 3, 5, 4)), _u(52, (4, 3, 3, 2)), _u(53, (4,))),
+    ),
+    OpCase(
+        "conv2d stride, padding, dilation, groups",
+        lambda c, x, w, b: monadl.conv2d(x, w, b, stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2),
+        (_u(54, (2, 4, 6, 5)), _u(55, (6, 2, 3, 2)), _u(56, (6,))),
+    ),
+    OpCase(
+        "conv2d same, no bias, unbatched",
+        lambda c, x, w: monadl.conv2d(x, w, padding="same"),
+        (_u(57, (2, 4, 4)), _u(58, (3, 2, 2, 3))),
+    ),
+    OpCase(
+        "conv2d constant x",
+        lambda c, w: monadl.conv2d(c(_u(59, (1, 2, 4, 4))), w, 0.5, padding=1),
+        (_u(60, (2, 2, 3, 3)),),
+    ),
+    OpCase(
+        "conv1d stride, padding, dilation",
+        lambda c, x, w, b: monadl.conv1d(x, w, b, stride=2, padding=1, dilation=2),
+        (_u(62, (2, 3, 9)), _u(63, (4, 3, 3)), _u(64, (4,))),
+    ),
+    OpCase("max_pool2d", lambda c, x: monadl.max_pool2d(x, 3, stride=2, padding=1), (_MAX_POOL_X,)),
+    OpCase("max_pool1d", lambda c, x: monadl.max_pool1d(x, 2), (_MAX_POOL_X[0],)),
+    OpCase(
+        "avg_pool2d",
+        lambda c, x: monadl.avg_pool2d(x, (3, 2), stride=(2, 1), padding=1),
+        (_u(65, (2, 3, 7, 6)),),
+    ),
+    OpCase("avg_pool1d", lambda c, x: monadl.avg_pool1d(x, 3, stride=2), (_u(66, (2, 3, 9)),)),
+    OpCase(  # a small CNN: conv, relu, pool, linear, loss
+        "cnn",
+        lambda c, x, w, b, v: monadl.cross_entropy(
+            monadl.reshape(monadl.max_pool2d(monadl.relu(monadl.conv2d(x, w, b, padding=1)), 2), (2, -1)) @ v,
+            c(np.array([1, 0], dtype=np.int64)),
+        ),
+        (_u(67, (2, 2, 4, 4)), _u(68, (3, 2, 3, 3)), _u(69, (3,)), _u(70, (12, 3))),
+    ),
+]

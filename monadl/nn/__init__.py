@@ -1,13 +1,15 @@
 """Building blocks of models: :class:`Module`, a typed container whose weights and buffers (state
 gradients do not train: :class:`ArrayBuffer`, :class:`GeneratorBuffer`, your own :class:`Buffer`)
 are found by name, and builders made of it: :class:`Linear`, :class:`MLP`, :class:`Embedding`,
-:class:`Dropout`, the recurrent cells :class:`LSTMCell`, :class:`GRUCell` and
+:class:`Dropout`, :class:`Conv1d`, :class:`Conv2d`, :class:`MaxPool2d`,
+:class:`AvgPool2d`, the recurrent cells :class:`LSTMCell`, :class:`GRUCell` and
 :class:`TreeLSTMCell`, whose calls merge under dynamic batching, the sequence layers :class:`LSTM`
 and :class:`GRU` over them, and initialisers (:mod:`monadl.nn.init`)."""
 
 from monadl.nn import init
 from monadl.nn.batchnorm import BatchNorm1d, BatchNorm2d
 from monadl.nn.buffer import ArrayBuffer, Buffer, BufferState, GeneratorBuffer
+from monadl.nn.conv import AvgPool2d, Conv1d, Conv2d, MaxPool2d
 from monadl.nn.dropout import Dropout
 from monadl.nn.embedding import Embedding
 from monadl.nn.gru import GRUCell
@@ -20,6 +22,10 @@ from monadl.nn.tree_lstm import TreeLSTMCell
 __all__ = [
     "MLP",
     "ArrayBuffer",
+    "AvgPool2d",
+    "Conv1d",
+    "Conv2d",
+    "MaxPool2d",
     "Buffer",
     "BufferState",
     "Dropout",

@@ -1,0 +1,570 @@
+"""Convolution and pooling: :func:`conv1d`, :func:`conv2d`, :func:`max_pool1d`, :func:`max_pool2d`,
+:func:`avg_pool1d`, :func:`avg_pool2d`.
+
+Layout: channels first, as PyTorch (NCHW). An input has shape ``(..., C, L)`` (1d) or
+``(..., C, H, W)`` (2d): any number of leading batch axes, none included; a kernel has shape
+``(O, C // groups, K)`` or ``(O, C // groups, KH, KW)``; a bias ``(O,)``. The output of a
+convolution has shape ``(..., O, OH, OW)`` with ``OH = (H + pad_lo + pad_hi - dilation * (KH - 1)
+- 1) // stride + 1``. Pooling keeps the channels: ``(..., C, OH, OW)``.
+
+How it is computed: im2col as one copy and one matrix product. The input is laid out channels
+first, batch second (``(C, B, H, W)``), padded, and the ``KH * KW`` strided slices of the kernel's
+offsets are stacked into one matrix of columns ``(C * KH * KW, B * OH * OW)``: a single ``stack``
+of views (one pass over the columns, whose order the stack itself gives, no transposing copy),
+then ``w @ columns`` (one BLAS product per group). The vjp of the input is the transpose: the
+columns' delta ``w.T @ d`` is added back into the padded input one kernel offset at a time, each
+addition one vectorised strided slice (col2im without ``np.add.at``, which is scalar code). Only
+array-API calls are used (slices, ``stack``, ``matmul``, ``zeros``), so the same code runs on
+NumPy, CuPy and array-api-strict: ``sliding_window_view`` exists on NumPy only, and the stacked
+slices cost no more than its window view copied into columns. The columns are saved for the
+weight's delta (``d @ columns.T``), so the backward does not rebuild them.
+
+The 1d forms are the 2d ones with a height of 1. Under dynamic batching, calls of one kernel and
+bias on inputs of one shape merge along a new leading axis: one product for all of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Final
+
+from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, apply_array
+from monadl.dsl.ops import _array, _index
+from monadl.dsl.primitives import Batching, Primitive
+from monadl.typeclasses.backend import ShapeError, shape_of
+
+__all__ = ["avg_pool1d", "avg_pool2d", "conv1d", "conv2d", "max_pool1d", "max_pool2d"]
+
+Pair = tuple[int, int]
+Pads = tuple[Pair, Pair]
+
+# ------------------------------------------------------------------------------------- geometry
+
+
+def _out_size(n: int, k: int, stride: int, pad: Pair, dilation: int) -> int:
+    return (n + pad[0] + pad[1] - dilation * (k - 1) - 1) // stride + 1
+
+
+def _windows(
+    xp: Any, x: Any, kernel: Pair, stride: Pair, pads: Pads, dilation: Pair, fill: float
+) -> tuple[Any, int, int]:
+    """``x`` of shape (C, B, H, W) padded with ``fill``, and its kernel offsets' strided slices as a
+    list (offset ``(i, j)`` at ``i * KW + j``), each of shape (C, B, OH, OW); and OH, OW."""
+    h, w = x.shape[-2], x.shape[-1]
+    oh = _out_size(h, kernel[0], stride[0], pads[0], dilation[0])
+    ow = _out_size(w, kernel[1], stride[1], pads[1], dilation[1])
+    if pads != ((0, 0), (0, 0)):
+        (top, bottom), (left, right) = pads
+        padded = xp.full((*x.shape[:-2], h + top + bottom, w + left + right), fill, dtype=x.dtype)
+        padded[..., top : top + h, left : left + w] = x
+        x = padded
+    return [x[(..., *_key(i, j, oh, ow, stride, dilation))] for i, j in _offsets(kernel)], oh, ow
+
+
+def _offsets(kernel: Pair) -> list[Pair]:
+    return [(i, j) for i in range(kernel[0]) for j in range(kernel[1])]
+
+
+def _key(i: int, j: int, oh: int, ow: int, stride: Pair, dilation: Pair) -> tuple[slice, slice]:
+    """The slice of the padded input that kernel offset ``(i, j)`` reads for every output position."""
+    top, left = i * dilation[0], j * dilation[1]
+    return (
+        slice(top, top + stride[0] * (oh - 1) + 1, stride[0]),
+        slice(left, left + stride[1] * (ow - 1) + 1, stride[1]),
+    )
+
+
+def _col2im(
+    xp: Any, parts: Any, shape: tuple[int, ...], kernel: Pair, stride: Pair, pads: Pads, dilation: Pair
+) -> Any:
+    """The transpose of :func:`_windows`: ``parts[k]`` (offset k's slice delta, (C, B, OH, OW)) added
+    into zeros of the padded input's shape, unpadded: a (C, B, H, W) delta."""
+    (top, bottom), (left, right) = pads
+    h, w = shape[-2], shape[-1]
+    oh, ow = parts[0].shape[-2], parts[0].shape[-1]
+    g = xp.zeros((*shape[:-2], h + top + bottom, w + left + right), dtype=parts[0].dtype)
+    for k, (i, j) in enumerate(_offsets(kernel)):
+        key = (..., *_key(i, j, oh, ow, stride, dilation))
+        g[key] += parts[k]
+    if pads != ((0, 0), (0, 0)):
+        g = g[..., top : top + h, left : left + w]
+    return g
+
+
+def _as_2d(x: Any, spatial: int) -> tuple[tuple[int, int, int, int], tuple[int, ...]]:
+    """The shape (B, C, H, W) of ``x`` (..., C, *spatial), and its leading axes (1d: a height of 1)."""
+    lead = tuple(x.shape[: x.ndim - spatial - 1])
+    c, h, w = x.shape[-3:] if spatial == 2 else (x.shape[-2], 1, x.shape[-1])
+    return (math.prod(lead), c, h, w), lead
+
+
+def _reshape(xp: Any, x: Any, shape: tuple[int, ...]) -> Any:
+    return x if tuple(x.shape) == shape else xp.reshape(x, shape)
+
+
+def _full2d(spatial: int, v: tuple[int, ...]) -> Pair:
+    return (1, v[0]) if spatial == 1 else (v[0], v[1])
+
+
+def _pads2d(spatial: int, pads: tuple[Pair, ...]) -> Pads:
+    return ((0, 0), pads[0]) if spatial == 1 else (pads[0], pads[1])
+
+
+# ------------------------------------------------------------------------------------ convolution
+
+
+def _conv_forward(
+    xp: Any,
+    x: Any,
+    w: Any,
+    b: Any,
+    stride: tuple[int, ...],
+    padding: tuple[Pair, ...],
+    dilation: tuple[int, ...],
+    groups: int,
+) -> tuple[Any, Any]:
+    """The convolution, and the columns (G, Cg * KH * KW, B * OH * OW) saved for the vjps."""
+    spatial = len(stride)
+    shape, lead = _as_2d(x, spatial)
+    bsz, c = shape[0], shape[1]
+    o = w.shape[0]
+    kernel = _full2d(spatial, tuple(w.shape[2:]))
+    chw = xp.permute_dims(_reshape(xp, x, shape), (1, 0, 2, 3))  # (C, B, H, W): a view
+    parts, oh, ow = _windows(
+        xp, chw, kernel, _full2d(spatial, stride), _pads2d(spatial, padding), _full2d(spatial, dilation), 0.0
+    )
+    # (C, KH * KW, B, OH, OW) in one copy: rows (c, i, j) as the kernel's, columns (b, oh, ow)
+    cols = xp.reshape(xp.stack(parts, axis=1), (groups, (c // groups) * len(parts), bsz * oh * ow))
+    wm = xp.reshape(w, (groups, o // groups, cols.shape[1]))
+    out = _mm(xp, wm, cols)  # (G, O // G, B * OH * OW)
+    out = xp.reshape(out, (o, bsz * oh * ow))
+    if type(b) is not float:
+        out = out + xp.reshape(b, (o, 1))
+    elif b != 0.0:
+        out = out + b
+    out = xp.permute_dims(xp.reshape(out, (o, bsz, oh, ow)), (1, 0, 2, 3))
+    return xp.reshape(out, (*lead, o, *((ow,) if spatial == 1 else (oh, ow)))), cols
+
+
+def _mm(xp: Any, a: Any, b: Any) -> Any:
+    """Products of (G, n, k) and (G, k, m) stacks; one BLAS product when G is 1."""
+    if a.shape[0] == 1:
+        return xp.expand_dims(xp.matmul(a[0, ...], b[0, ...]), axis=0)
+    return xp.matmul(a, b)
+
+
+def _d_rows(xp: Any, d: Any, x: Any, o: int, spatial: int, groups: int) -> Any:
+    """The output's delta (..., O, OH, OW) as (G, O // G, B * OH * OW), as the forward's product."""
+    bsz = _as_2d(x, spatial)[0][0]
+    positions = math.prod(d.shape[d.ndim - spatial :])
+    dm = xp.permute_dims(xp.reshape(d, (bsz, o, positions)), (1, 0, 2))
+    return xp.reshape(dm, (groups, o // groups, bsz * positions))
+
+
+def _conv_vjp_x(
+    xp: Any,
+    d: Any,
+    cols: Any,
+    x: Any,
+    w: Any,
+    b: Any,
+    stride: tuple[int, ...],
+    padding: tuple[Pair, ...],
+    dilation: tuple[int, ...],
+    groups: int,
+) -> Any:
+    spatial = len(stride)
+    shape, _ = _as_2d(x, spatial)
+    bsz, c, oh, ow = shape[0], shape[1], d.shape[-2] if spatial == 2 else 1, d.shape[-1]
+    kernel = _full2d(spatial, tuple(w.shape[2:]))
+    wm = xp.reshape(w, (groups, w.shape[0] // groups, cols.shape[1]))
+    dcols = _mm(xp, xp.permute_dims(wm, (0, 2, 1)), _d_rows(xp, d, x, w.shape[0], spatial, groups))
+    dcols = xp.reshape(dcols, (c, kernel[0] * kernel[1], bsz, oh, ow))
+    parts = [dcols[:, k, ...] for k in range(kernel[0] * kernel[1])]
+    g = _col2im(
+        xp,
+        parts,
+        (c, bsz, shape[2], shape[3]),
+        kernel,
+        _full2d(spatial, stride),
+        _pads2d(spatial, padding),
+        _full2d(spatial, dilation),
+    )
+    return xp.reshape(xp.permute_dims(g, (1, 0, 2, 3)), tuple(x.shape))
+
+
+def _conv_vjp_w(
+    xp: Any,
+    d: Any,
+    cols: Any,
+    x: Any,
+    w: Any,
+    b: Any,
+    stride: tuple[int, ...],
+    padding: tuple[Pair, ...],
+    dilation: tuple[int, ...],
+    groups: int,
+) -> Any:
+    dw = _mm(xp, _d_rows(xp, d, x, w.shape[0], len(stride), groups), xp.permute_dims(cols, (0, 2, 1)))
+    return xp.reshape(dw, tuple(w.shape))
+
+
+def _conv_vjp_b(
+    xp: Any,
+    d: Any,
+    cols: Any,
+    x: Any,
+    w: Any,
+    b: Any,
+    stride: tuple[int, ...],
+    padding: tuple[Pair, ...],
+    dilation: tuple[int, ...],
+    groups: int,
+) -> Any:
+    axes = tuple(a for a in range(d.ndim) if a != d.ndim - len(stride) - 1)
+    g = xp.sum(d, axis=axes)
+    return float(xp.sum(g)) if type(b) is float else g
+
+
+def _check_conv(
+    x: Any,
+    w: Any,
+    b: Any,
+    stride: tuple[int, ...],
+    padding: tuple[Pair, ...],
+    dilation: tuple[int, ...],
+    groups: int,
+) -> None:
+    spatial = len(stride)
+    name = f"conv{spatial}d"
+    if type(x) is float or x.ndim < spatial + 1 or type(w) is float or w.ndim != spatial + 2:
+        raise ShapeError(
+            f"{name}: needs x of shape (..., C, {'L' if spatial == 1 else 'H, W'}) and w of shape "
+            f"(O, C // groups, {'K' if spatial == 1 else 'KH, KW'}), got {shape_of(x)} and {shape_of(w)}"
+        )
+    c, o = x.shape[-spatial - 1], w.shape[0]
+    if c != w.shape[1] * groups or o % groups:
+        raise ShapeError(
+            f"{name}: x of shape {tuple(x.shape)} ({c} channels) and w of shape {tuple(w.shape)} do "
+            f"not fit {groups} group(s) (w must be (O, C // groups, ...) with O divisible by groups)"
+        )
+    if type(b) is not float and tuple(b.shape) != (o,):
+        raise ShapeError(f"{name}: bias of shape {tuple(b.shape)} does not fit {o} output channels")
+    sizes = [
+        _out_size(x.shape[x.ndim - spatial + a], w.shape[2 + a], stride[a], padding[a], dilation[a])
+        for a in range(spatial)
+    ]
+    if any(n < 1 for n in sizes):
+        raise ShapeError(
+            f"{name}: a kernel of shape {tuple(w.shape[2:])} (dilation {dilation}) does not fit an "
+            f"input of shape {tuple(x.shape)} padded by {padding}"
+        )
+
+
+def _conv_cost(x: Any, w: Any, b: Any, **_: Any) -> float:
+    return float(math.prod(x.shape) * w.shape[0] * math.prod(w.shape[2:]))
+
+
+conv: Final = Primitive(
+    "conv",
+    _conv_forward,
+    (_conv_vjp_x, _conv_vjp_w, _conv_vjp_b),
+    saves=True,
+    cost=_conv_cost,
+    check=_check_conv,
+    # calls of one kernel and bias merge: their inputs stacked on a new leading axis, one product
+    batch=Batching(shared=(1, 2)),
+    fresh=True,
+    own=True,
+)
+"""A convolution of 1 or 2 spatial axes (``len(stride)``): inputs x, w, b (a bias, or a float)."""
+
+
+# ---------------------------------------------------------------------------------------- pooling
+
+
+def _pool_input(xp: Any, x: Any, spatial: int) -> tuple[Any, tuple[int, ...]]:
+    """``x`` (..., *spatial) as (1, B, H, W) (the channels, like the batch, are rows of windows)."""
+    lead = tuple(x.shape[: x.ndim - spatial])
+    h, w = (1, x.shape[-1]) if spatial == 1 else (x.shape[-2], x.shape[-1])
+    return _reshape(xp, x, (1, math.prod(lead), h, w)), lead
+
+
+def _pool_out(xp: Any, out: Any, lead: tuple[int, ...], spatial: int) -> Any:
+    return xp.reshape(out, (*lead, *out.shape[-spatial:]))
+
+
+def _max_pool_forward(
+    xp: Any, x: Any, kernel: tuple[int, ...], stride: tuple[int, ...], padding: tuple[Pair, ...]
+) -> tuple[Any, Any]:
+    """The windows' maxima, and (saved) the offset of each window's first maximum."""
+    spatial = len(kernel)
+    x4, lead = _pool_input(xp, x, spatial)
+    parts, _, _ = _windows(
+        xp,
+        x4,
+        _full2d(spatial, kernel),
+        _full2d(spatial, stride),
+        _pads2d(spatial, padding),
+        (1, 1),
+        -math.inf,
+    )
+    stacked = xp.stack(parts, axis=0)
+    return _pool_out(xp, xp.max(stacked, axis=0), lead, spatial), xp.argmax(stacked, axis=0)
+
+
+def _max_pool_vjp(
+    xp: Any,
+    d: Any,
+    first: Any,
+    x: Any,
+    kernel: tuple[int, ...],
+    stride: tuple[int, ...],
+    padding: tuple[Pair, ...],
+) -> Any:
+    """The delta goes to each window's first maximum (as PyTorch's)."""
+    spatial = len(kernel)
+    x4, _ = _pool_input(xp, x, spatial)
+    d4 = xp.reshape(d, tuple(first.shape))
+    zero = xp.zeros_like(d4)
+    k2 = _full2d(spatial, kernel)
+    parts = [xp.where(first == k, d4, zero) for k in range(k2[0] * k2[1])]
+    g = _col2im(xp, parts, tuple(x4.shape), k2, _full2d(spatial, stride), _pads2d(spatial, padding), (1, 1))
+    return xp.reshape(g, tuple(x.shape))
+
+
+def _avg_pool_forward(
+    xp: Any, x: Any, kernel: tuple[int, ...], stride: tuple[int, ...], padding: tuple[Pair, ...]
+) -> Any:
+    """The windows' means; padding counts as zeros (PyTorch's ``count_include_pad=True``)."""
+    spatial = len(kernel)
+    x4, lead = _pool_input(xp, x, spatial)
+    parts, _, _ = _windows(
+        xp, x4, _full2d(spatial, kernel), _full2d(spatial, stride), _pads2d(spatial, padding), (1, 1), 0.0
+    )
+    total = parts[0] + parts[1] if len(parts) > 1 else parts[0] * 1.0
+    for p in parts[2:]:
+        total += p
+    return _pool_out(xp, total / float(len(parts)), lead, spatial)
+
+
+def _avg_pool_vjp(
+    xp: Any,
+    d: Any,
+    o: Any,
+    x: Any,
+    kernel: tuple[int, ...],
+    stride: tuple[int, ...],
+    padding: tuple[Pair, ...],
+) -> Any:
+    spatial = len(kernel)
+    x4, _ = _pool_input(xp, x, spatial)
+    k2 = _full2d(spatial, kernel)
+    share = xp.reshape(d, (1, x4.shape[1], d.shape[-2] if spatial == 2 else 1, d.shape[-1])) / float(
+        k2[0] * k2[1]
+    )
+    parts = [share] * (k2[0] * k2[1])
+    g = _col2im(xp, parts, tuple(x4.shape), k2, _full2d(spatial, stride), _pads2d(spatial, padding), (1, 1))
+    return xp.reshape(g, tuple(x.shape))
+
+
+def _check_pool(name: str) -> Any:
+    def check(x: Any, kernel: tuple[int, ...], stride: tuple[int, ...], padding: tuple[Pair, ...]) -> None:
+        spatial = len(kernel)
+        full = f"{name}{spatial}d"
+        if type(x) is float or x.ndim < spatial:
+            raise ShapeError(f"{full}: needs an array of at least {spatial} axes, got {shape_of(x)}")
+        for a in range(spatial):
+            n = x.shape[x.ndim - spatial + a]
+            if max(padding[a]) * 2 > kernel[a]:
+                raise ShapeError(f"{full}: padding {padding[a]} is more than half the kernel {kernel}")
+            if _out_size(n, kernel[a], stride[a], padding[a], 1) < 1:
+                raise ShapeError(
+                    f"{full}: a kernel of {kernel} does not fit an input of shape {tuple(x.shape)}"
+                )
+
+    return check
+
+
+def _pool_cost(x: Any, kernel: tuple[int, ...], **_: Any) -> float:
+    return float(math.prod(x.shape) * math.prod(kernel))
+
+
+max_pool: Final = Primitive(
+    "max_pool",
+    _max_pool_forward,
+    (_max_pool_vjp,),
+    saves=True,
+    cost=_pool_cost,
+    check=_check_pool("max_pool"),
+    batch=Batching(),  # the calls' inputs stacked: windows of every row at once
+    fresh=True,
+    own=True,
+)
+avg_pool: Final = Primitive(
+    "avg_pool",
+    _avg_pool_forward,
+    (_avg_pool_vjp,),
+    cost=_pool_cost,
+    check=_check_pool("avg_pool"),
+    batch=Batching(),
+    fresh=True,
+    own=True,
+)
+
+# ----------------------------------------------------------------------------------- public ops
+
+Size = int | Sequence[int]
+Padding = int | Sequence[int] | str
+
+
+def _sizes(op: str, name: str, value: object, spatial: int, least: int) -> tuple[int, ...]:
+    """An int or ``spatial`` ints, each at least ``least``, as a tuple of ``spatial`` ints."""
+    try:
+        if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+            sizes = tuple(_index(v) for v in value)
+        else:
+            sizes = (_index(value),) * spatial
+    except TypeError:
+        raise TypeError(
+            f"{op}: {name} must be an int or {spatial} ints, got {type(value).__name__} {value!r}"
+        ) from None
+    if len(sizes) != spatial or any(n < least for n in sizes):
+        raise ValueError(f"{op}: {name} must be {spatial} int(s) of at least {least}, got {value!r}")
+    return sizes
+
+
+def _padding(
+    op: str,
+    value: object,
+    spatial: int,
+    kernel: tuple[int, ...] | None,
+    dilation: tuple[int, ...],
+    stride: tuple[int, ...],
+) -> tuple[Pair, ...]:
+    """Padding as (before, after) per spatial axis: ints, ``"valid"`` (none) or ``"same"`` (the
+    output as large as the input, for a stride of 1; an odd total puts the extra after, as PyTorch)."""
+    if value == "valid":
+        return ((0, 0),) * spatial
+    if value == "same":
+        if kernel is None:
+            raise ValueError(f"{op}: padding 'same' needs the kernel's size")
+        if any(s != 1 for s in stride):
+            raise ValueError(f"{op}: padding 'same' needs a stride of 1, got {stride}")
+        totals = [d * (k - 1) for k, d in zip(kernel, dilation, strict=True)]
+        return tuple((t // 2, t - t // 2) for t in totals)
+    if isinstance(value, str):
+        raise ValueError(f"{op}: padding must be ints, 'valid' or 'same', got {value!r}")
+    return tuple((p, p) for p in _sizes(op, "padding", value, spatial, 0))
+
+
+def _conv(
+    spatial: int,
+    x: AnyArray,
+    w: AnyArray,
+    b: AnyFloat | AnyArray | None,
+    stride: Size,
+    padding: Padding,
+    dilation: Size,
+    groups: int,
+) -> ArrayLayer:
+    op = f"conv{spatial}d"
+    _array(op, x, "x")
+    _array(op, w, "w")
+    if b is not None and not isinstance(b, float):
+        _array(op, b, "b")
+    strides = _sizes(op, "stride", stride, spatial, 1)
+    dilations = _sizes(op, "dilation", dilation, spatial, 1)
+    kernel = _kernel_of(w, spatial)
+    pads = _padding(op, padding, spatial, kernel, dilations, strides)
+    try:
+        g = _index(groups)
+    except TypeError:
+        raise TypeError(f"{op}: groups must be an int, got {type(groups).__name__} {groups!r}") from None
+    if g < 1:
+        raise ValueError(f"{op}: groups must be at least 1, got {g}")
+    return apply_array(
+        conv, x, w, 0.0 if b is None else b, stride=strides, padding=pads, dilation=dilations, groups=g
+    )
+
+
+def _kernel_of(w: object, spatial: int) -> tuple[int, ...] | None:
+    """The kernel's spatial size where it is known before the op runs (an array or a weight)."""
+    data = getattr(w, "data", w)
+    shape = getattr(data, "shape", None)
+    if shape is None or len(shape) != spatial + 2:
+        return None
+    return tuple(int(n) for n in shape[2:])
+
+
+def conv1d(
+    x: AnyArray,
+    w: AnyArray,
+    b: AnyFloat | AnyArray | None = None,
+    *,
+    stride: Size = 1,
+    padding: Padding = 0,
+    dilation: Size = 1,
+    groups: int = 1,
+) -> ArrayLayer:
+    """1d cross-correlation, as PyTorch's ``conv1d``: ``x`` (..., C, L), ``w`` (O, C // groups, K),
+    ``b`` (O,) or None; the result (..., O, (L + 2 * padding - dilation * (K - 1) - 1) // stride + 1).
+    ``padding``: an int, ``"valid"`` or ``"same"``. ``groups``: the channels are split into that
+    many groups, each convolved with its own O // groups kernels."""
+    return _conv(1, x, w, b, stride, padding, dilation, groups)
+
+
+def conv2d(
+    x: AnyArray,
+    w: AnyArray,
+    b: AnyFloat | AnyArray | None = None,
+    *,
+    stride: Size = 1,
+    padding: Padding = 0,
+    dilation: Size = 1,
+    groups: int = 1,
+) -> ArrayLayer:
+    """2d cross-correlation, as PyTorch's ``conv2d`` (NCHW): ``x`` (..., C, H, W), ``w``
+    (O, C // groups, KH, KW), ``b`` (O,) or None; the result (..., O, OH, OW). ``stride``,
+    ``padding`` and ``dilation`` are an int or one per axis (height, width); ``padding`` may be
+    ``"valid"`` or ``"same"``. Computed as im2col and one matrix product (see the module)."""
+    return _conv(2, x, w, b, stride, padding, dilation, groups)
+
+
+def _pool(
+    prim: Primitive, op: str, spatial: int, x: AnyArray, kernel_size: Size, stride: Size | None, padding: Size
+) -> ArrayLayer:
+    _array(op, x)
+    kernel = _sizes(op, "kernel_size", kernel_size, spatial, 1)
+    strides = kernel if stride is None else _sizes(op, "stride", stride, spatial, 1)
+    pads = _sizes(op, "padding", padding, spatial, 0)
+    if any(2 * p > k for p, k in zip(pads, kernel, strict=True)):
+        raise ValueError(f"{op}: padding {pads} must be at most half the kernel {kernel}")
+    return apply_array(prim, x, kernel=kernel, stride=strides, padding=tuple((p, p) for p in pads))
+
+
+def max_pool1d(x: AnyArray, kernel_size: Size, stride: Size | None = None, padding: Size = 0) -> ArrayLayer:
+    """The maximum of each window of ``kernel_size`` along the last axis of ``x`` (..., L), every
+    ``stride`` (default ``kernel_size``), padding counted as -inf. The delta goes to each window's
+    first maximum."""
+    return _pool(max_pool, "max_pool1d", 1, x, kernel_size, stride, padding)
+
+
+def max_pool2d(x: AnyArray, kernel_size: Size, stride: Size | None = None, padding: Size = 0) -> ArrayLayer:
+    """The maximum of each ``kernel_size`` window over the last two axes of ``x`` (..., H, W), as
+    PyTorch's ``max_pool2d`` (NCHW: the channels are leading axes); ``stride`` defaults to the
+    kernel. The delta goes to each window's first maximum (row-major)."""
+    return _pool(max_pool, "max_pool2d", 2, x, kernel_size, stride, padding)
+
+
+def avg_pool1d(x: AnyArray, kernel_size: Size, stride: Size | None = None, padding: Size = 0) -> ArrayLayer:
+    """The mean of each window of ``kernel_size`` along the last axis of ``x`` (..., L), every
+    ``stride`` (default ``kernel_size``); padding counts as zeros in the mean."""
+    return _pool(avg_pool, "avg_pool1d", 1, x, kernel_size, stride, padding)
+
+
+def avg_pool2d(x: AnyArray, kernel_size: Size, stride: Size | None = None, padding: Size = 0) -> ArrayLayer:
+    """The mean of each ``kernel_size`` window over the last two axes of ``x`` (..., H, W), as
+    PyTorch's ``avg_pool2d`` (padding counts as zeros in the mean); ``stride`` defaults to the kernel."""
+    return _pool(avg_pool, "avg_pool2d", 2, x, kernel_size, stride, padding)

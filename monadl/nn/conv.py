@@ -1,0 +1,179 @@
+"""Convolution and pooling modules: :class:`Conv1d`, :class:`Conv2d`, :class:`MaxPool2d` and
+:class:`AvgPool2d`, over :mod:`monadl.dsl.conv`.
+
+Channels first, as PyTorch (NCHW): an input has shape ``(..., C, H, W)`` (``Conv1d``:
+``(..., C, L)``), a kernel ``(O, C // groups, KH, KW)``. Calls of one module on inputs of one shape
+merge under dynamic batching (one product for all of them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from monadl.dsl.conv import Padding, Size, avg_pool2d, conv1d, conv2d, max_pool2d
+from monadl.dsl.layers import AnyArray, ArrayLayer
+from monadl.dsl.weights import ArrayWeight
+from monadl.nn.linear import Seed, generator
+from monadl.nn.module import Module
+
+
+def _pair(name: str, value: int | Sequence[int], spatial: int) -> tuple[int, ...]:
+    sizes = (value,) * spatial if isinstance(value, int) else tuple(value)
+    if len(sizes) != spatial or any(n < 1 for n in sizes):
+        raise ValueError(f"{name}: kernel_size must be {spatial} positive int(s), got {value!r}")
+    return sizes
+
+
+def _kernel_weights(
+    name: str,
+    spatial: int,
+    inputs: int,
+    outputs: int,
+    kernel_size: int | Sequence[int],
+    groups: int,
+    seed: Seed,
+    dtype: type[np.floating[Any]],
+    bias: bool,
+) -> tuple[ArrayWeight, ArrayWeight | None]:
+    """Normal kernels of std ``1 / sqrt(fan_in)`` (fan_in: ``inputs // groups`` times the kernel's
+    size, LeCun's initialisation, as :class:`~monadl.nn.Linear`'s), and a zero bias."""
+    kernel = _pair(name, kernel_size, spatial)
+    if groups < 1 or inputs % groups or outputs % groups:
+        raise ValueError(f"{name}: {inputs} inputs and {outputs} outputs do not divide into {groups} groups")
+    fan_in = inputs // groups * math.prod(kernel)
+    w = ArrayWeight.normal(
+        (outputs, inputs // groups, *kernel), std=fan_in**-0.5, seed=generator(seed), dtype=dtype
+    )
+    return w, ArrayWeight.zeros((outputs,), dtype=dtype) if bias else None
+
+
+def _check(name: str, spatial: int, w: ArrayWeight, b: ArrayWeight | None) -> None:
+    shape = tuple(w.data.shape)
+    if len(shape) != spatial + 2:
+        raise ValueError(f"{name}: w must have {spatial + 2} dimensions (O, C // groups, ...), got {shape}")
+    if b is not None and tuple(b.data.shape) != shape[:1]:
+        raise ValueError(f"{name}: b must have shape {shape[:1]}, got {tuple(b.data.shape)}")
+
+
+@dataclass(frozen=True, eq=False)
+class Conv2d(Module):
+    """2d convolution (:func:`~monadl.conv2d`): ``w`` of shape (O, C // groups, KH, KW), ``b`` (O,)
+    or None. Input (..., C, H, W), output (..., O, OH, OW)."""
+
+    w: ArrayWeight
+    b: ArrayWeight | None = None
+    stride: Size = 1
+    padding: Padding = 0
+    dilation: Size = 1
+    groups: int = 1
+
+    def __post_init__(self) -> None:
+        _check("Conv2d", 2, self.w, self.b)
+
+    @classmethod
+    def new(
+        cls,
+        inputs: int,
+        outputs: int,
+        kernel_size: int | Sequence[int],
+        *,
+        stride: Size = 1,
+        padding: Padding = 0,
+        dilation: Size = 1,
+        groups: int = 1,
+        bias: bool = True,
+        seed: Seed = 0,
+        dtype: type[np.floating[Any]] = np.float64,
+    ) -> Conv2d:
+        """``inputs`` channels to ``outputs``, kernels of ``kernel_size`` (an int: square), drawn
+        normal with std ``1 / sqrt(fan_in)``; a zero bias (none if not ``bias``)."""
+        w, b = _kernel_weights("Conv2d", 2, inputs, outputs, kernel_size, groups, seed, dtype, bias)
+        return cls(w, b, stride, padding, dilation, groups)
+
+    def __call__(self, x: AnyArray) -> ArrayLayer:
+        return conv2d(
+            x,
+            self.w,
+            self.b,
+            stride=self.stride,
+            padding=self.padding,
+            dilation=self.dilation,
+            groups=self.groups,
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class Conv1d(Module):
+    """1d convolution (:func:`~monadl.conv1d`): ``w`` of shape (O, C // groups, K), ``b`` (O,) or
+    None. Input (..., C, L), output (..., O, OL)."""
+
+    w: ArrayWeight
+    b: ArrayWeight | None = None
+    stride: Size = 1
+    padding: Padding = 0
+    dilation: Size = 1
+    groups: int = 1
+
+    def __post_init__(self) -> None:
+        _check("Conv1d", 1, self.w, self.b)
+
+    @classmethod
+    def new(
+        cls,
+        inputs: int,
+        outputs: int,
+        kernel_size: int,
+        *,
+        stride: Size = 1,
+        padding: Padding = 0,
+        dilation: Size = 1,
+        groups: int = 1,
+        bias: bool = True,
+        seed: Seed = 0,
+        dtype: type[np.floating[Any]] = np.float64,
+    ) -> Conv1d:
+        """As :meth:`Conv2d.new`, with kernels of ``kernel_size`` along one axis."""
+        w, b = _kernel_weights("Conv1d", 1, inputs, outputs, kernel_size, groups, seed, dtype, bias)
+        return cls(w, b, stride, padding, dilation, groups)
+
+    def __call__(self, x: AnyArray) -> ArrayLayer:
+        return conv1d(
+            x,
+            self.w,
+            self.b,
+            stride=self.stride,
+            padding=self.padding,
+            dilation=self.dilation,
+            groups=self.groups,
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class MaxPool2d(Module):
+    """The maximum of each ``kernel_size`` window over the last two axes (:func:`~monadl.max_pool2d`);
+    ``stride`` defaults to the kernel. No weights."""
+
+    kernel_size: Size
+    stride: Size | None = None
+    padding: Size = 0
+
+    def __call__(self, x: AnyArray) -> ArrayLayer:
+        return max_pool2d(x, self.kernel_size, self.stride, self.padding)
+
+
+@dataclass(frozen=True, eq=False)
+class AvgPool2d(Module):
+    """The mean of each ``kernel_size`` window over the last two axes (:func:`~monadl.avg_pool2d`);
+    ``stride`` defaults to the kernel. No weights."""
+
+    kernel_size: Size
+    stride: Size | None = None
+    padding: Size = 0
+
+    def __call__(self, x: AnyArray) -> ArrayLayer:
+        return avg_pool2d(x, self.kernel_size, self.stride, self.padding)
