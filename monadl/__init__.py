@@ -10,6 +10,7 @@ training step; independent sub-graphs run in parallel on the executor's thread p
 from monadl._compiled import compiled as compiled
 from monadl.checkpoint import CheckpointError, load, save
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
+from monadl.dsl.attention import scaled_dot_product_attention
 from monadl.dsl.custom import CustomOp, custom_op
 from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.direct import direct, parallel
@@ -22,6 +23,7 @@ from monadl.dsl.layers import (
     FloatLayer,
     FloatOperators,
 )
+from monadl.dsl.norm import layer_norm
 from monadl.dsl.operation import batchable
 from monadl.dsl.ops import (
     abs,
@@ -177,6 +179,8 @@ __all__ = [
     "is_training",
     "buffers_of",
     "weights_of",
+    "layer_norm",
+    "scaled_dot_product_attention",
 ]
 
 if compiled():  # mypyc keeps no docstrings and no annotated signatures: the build recorded them

@@ -300,3 +300,29 @@ CASES: list[OpCase] = [
         (_u(38, (3, 4)), _u(39, (4, 5)), _u(40, (5,)), _u(41, (5, 3))),
     ),
 ]
+
+# layer norm and attention (monadl.dsl.norm, monadl.dsl.attention)
+_KEEP = np.array([[1, 0, 1, 1], [1, 1, 0, 0], [1, 0, 0, 1]], dtype=bool)
+CASES += [
+    OpCase(
+        "layer_norm",
+        lambda c, x, w, b: monadl.layer_norm(x, w, b),
+        (_u(60, (3, 4)), _u(61, (4,)), _u(62, (4,))),
+    ),
+    OpCase("layer_norm 3d, no affine", lambda c, x: monadl.layer_norm(x, eps=0.1), (_u(63, (2, 3, 4)),)),
+    OpCase(
+        "scaled_dot_product_attention",
+        lambda c, q, k, v: monadl.scaled_dot_product_attention(q, k, v),
+        (_u(64, (2, 3, 4)), _u(65, (2, 4, 4)), _u(66, (2, 4, 2))),
+    ),
+    OpCase(
+        "scaled_dot_product_attention boolean mask, heads",
+        lambda c, q, k, v: monadl.scaled_dot_product_attention(q, k, v, c(_KEEP), heads=2),
+        (_u(67, (2, 3, 4)), _u(68, (2, 4, 4)), _u(69, (2, 4, 2))),
+    ),
+    OpCase(
+        "scaled_dot_product_attention additive mask, causal",
+        lambda c, q, k, v: monadl.scaled_dot_product_attention(q, k, v, c(_u(70, (3, 4))), causal=True),
+        (_u(71, (3, 4)), _u(72, (4, 4)), _u(73, (4, 3))),
+    ),
+]

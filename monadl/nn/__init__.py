@@ -2,8 +2,10 @@
 gradients do not train: :class:`ArrayBuffer`, :class:`GeneratorBuffer`, your own :class:`Buffer`)
 are found by name, and builders made of it: :class:`Linear`, :class:`MLP`, :class:`Embedding`,
 :class:`Dropout`, and the recurrent cells :class:`LSTMCell`, :class:`GRUCell` and
-:class:`TreeLSTMCell`, whose calls merge under dynamic batching."""
+:class:`TreeLSTMCell`, whose calls merge under dynamic batching; :class:`LayerNorm`,
+:class:`MultiHeadAttention` and :class:`TransformerEncoderLayer`."""
 
+from monadl.nn.attention import MultiHeadAttention, TransformerEncoderLayer
 from monadl.nn.buffer import ArrayBuffer, Buffer, BufferState, GeneratorBuffer
 from monadl.nn.dropout import Dropout
 from monadl.nn.embedding import Embedding
@@ -11,6 +13,7 @@ from monadl.nn.gru import GRUCell
 from monadl.nn.linear import MLP, Linear
 from monadl.nn.lstm import LSTMCell
 from monadl.nn.module import Module, buffers_of, weights_of
+from monadl.nn.norm import LayerNorm
 from monadl.nn.tree_lstm import TreeLSTMCell
 
 __all__ = [
@@ -28,4 +31,7 @@ __all__ = [
     "TreeLSTMCell",
     "buffers_of",
     "weights_of",
+    "LayerNorm",
+    "MultiHeadAttention",
+    "TransformerEncoderLayer",
 ]
