@@ -20,6 +20,7 @@ from returns.result import Result
 
 import monadl
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
+from monadl.dsl.attention import self_attention
 from monadl.gradcheck import ATOL, RTOL, check_gradients, gradients_of, make_weights
 
 F64 = NDArray[np.float64]
@@ -324,5 +325,17 @@ CASES += [
         "scaled_dot_product_attention additive mask, causal",
         lambda c, q, k, v: monadl.scaled_dot_product_attention(q, k, v, c(_u(70, (3, 4))), causal=True),
         (_u(71, (3, 4)), _u(72, (4, 4)), _u(73, (4, 3))),
+    ),
+]
+CASES += [  # the modules' attention of q, k and v packed in one array (not exported)
+    OpCase(
+        "self_attention causal, heads",
+        lambda c, qkv: self_attention(qkv, causal=True, heads=2),
+        (_u(74, (2, 3, 12)),),
+    ),
+    OpCase(
+        "self_attention boolean mask",
+        lambda c, qkv: self_attention(qkv, c(_KEEP[:, :3])),
+        (_u(75, (3, 6)),),
     ),
 ]

@@ -14,6 +14,7 @@ from op_cases import predict
 
 import monadl as ml
 from monadl import ArrayWeight, FloatLayer, nn
+from monadl.dsl.attention import self_attention
 
 F64 = np.ndarray[Any, np.dtype[np.float64]]
 
@@ -277,7 +278,7 @@ def test_encoder_layers_merge_across_sequences() -> None:
 
     merged, alone = gradients_of(loss(), True), gradients_of(loss(), False)
     assert merged.stats.merged > 0
-    assert merged.stats.kinds["scaled_dot_product_attention"] == 1
+    assert merged.stats.kinds["self_attention"] == 1
     assert_close(merged.value, alone.value, "loss")
     for a, b in zip(merged.gradients.values(), alone.gradients.values(), strict=True):
         assert_close(a, b, "gradient")
@@ -291,3 +292,42 @@ def test_multi_head_attention_checks_its_shapes() -> None:
         nn.MultiHeadAttention.new(8, 3)
     with pytest.raises(ValueError, match="MultiHeadAttention: qkv of shape"):
         nn.MultiHeadAttention(nn.Linear.new(8, 8), nn.Linear.new(8, 8), 2)
+
+
+# ------------------------------------------------------------------ packed q, k, v (the modules')
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_self_attention_is_attention_of_its_thirds(masked: bool) -> None:
+    qkv = uniform(100, 2, 5, 12)
+    mask = (
+        (np.random.default_rng(1).uniform(size=(2, 5, 5)) < 0.5) | np.eye(5, dtype=bool) if masked else None
+    )
+    q, k, v = qkv[..., :4], qkv[..., 4:8], qkv[..., 8:]
+    expected = reference(q, k, v, mask, causal=not masked, heads=2)
+    np.testing.assert_allclose(
+        predict(self_attention(qkv, mask, causal=not masked, heads=2)), expected, rtol=1e-12, atol=1e-12
+    )
+    probe = uniform(101, 2, 5, 4)
+    ml.check_gradients(lambda x: ml.sum(self_attention(x, mask, causal=not masked, heads=2) * probe), qkv)
+
+
+def test_self_attention_calls_merge_with_masks_of_their_own() -> None:
+    def loss() -> FloatLayer:
+        terms = []
+        for k in range(3):
+            x = ArrayWeight(uniform(110 + k, 4, 6))
+            mask = (np.random.default_rng(k).uniform(size=(4, 4)) < 0.5) | np.eye(4, dtype=bool)
+            terms.append(ml.sum(self_attention(x * 1.0, mask, heads=2) * uniform(120 + k, 4, 2)))
+        return ml.add_n(terms)
+
+    merged, alone = gradients_of(loss(), True), gradients_of(loss(), False)
+    assert merged.stats.kinds["self_attention"] < alone.stats.kinds["self_attention"] == 3
+    assert_close(merged.value, alone.value, "loss")
+    for a, b in zip(merged.gradients.values(), alone.gradients.values(), strict=True):
+        assert_close(a, b, "gradient")
+
+
+def test_self_attention_errors_name_it() -> None:
+    with pytest.raises(ml.ShapeError, match="self_attention: qkv must have 2 dimensions at least"):
+        predict(self_attention(uniform(1, 3, 4)))

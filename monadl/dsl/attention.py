@@ -236,6 +236,95 @@ ATTENTION_MASKED = Primitive(
 """Attention with a ``mask`` of data (a per-run parameter: the masks of merged calls are stacked)."""
 
 
+def _thirds(qkv: Any) -> tuple[Any, Any, Any]:
+    """``q``, ``k`` and ``v`` side by side in ``qkv``'s last axis, as views."""
+    e = qkv.shape[-1] // 3
+    return qkv[..., :e], qkv[..., e : 2 * e], qkv[..., 2 * e :]
+
+
+def _packed_forward(
+    xp: Any, qkv: Any, scale: float | None, causal: bool, heads: int, mask: Any = None
+) -> tuple[Any, list[Any]]:
+    return _forward(xp, *_thirds(qkv), scale, causal, heads, mask)
+
+
+def _packed_stacked_forward(
+    xp: Any, qkv: Any, scale: float | None, causal: bool, heads: int, mask: Any = None
+) -> tuple[Any, list[Any]]:
+    return _stacked_forward(xp, *_thirds(qkv), scale, causal, heads, mask)
+
+
+def _packed_vjp(xp: Any, d: Any, saved: list[Any], qkv: Any, *, heads: int, **_: Any) -> Any:
+    """The three deltas side by side: one array, where three slices of ``qkv`` would each give
+    one of zeros, to be added up."""
+    parts = [vjp(xp, d, saved, heads=heads) for vjp in (_vjp_q, _vjp_k, _vjp_v)]
+    return xp.concat(parts, axis=-1)
+
+
+def _check_packed(qkv: Any, scale: float | None, causal: bool, heads: int, mask: Any = None) -> None:
+    if type(qkv) is float or qkv.ndim < 2 or qkv.shape[-1] % 3:
+        raise ShapeError(
+            f"self_attention: qkv must have 2 dimensions at least and a feature axis of 3 parts, "
+            f"got {shape_of(qkv)}"
+        )
+    _check(*_thirds(qkv), scale, causal, heads, mask)
+
+
+SELF_ATTENTION = Primitive(
+    "self_attention",
+    _packed_forward,
+    (_packed_vjp,),
+    saves=True,
+    cost=lambda qkv, **_: float(math.prod(qkv.shape[:-1]) * qkv.shape[-2] * qkv.shape[-1]),
+    check=_check_packed,
+    batch=Batching(),
+    fresh=True,
+    own=True,
+)
+"""Attention of ``q``, ``k`` and ``v`` packed in one array's last axis (a fused projection's)."""
+
+SELF_ATTENTION_MASKED = Primitive(
+    "self_attention",
+    _packed_forward,
+    (_packed_vjp,),
+    saves=True,
+    cost=lambda qkv, **_: float(math.prod(qkv.shape[:-1]) * qkv.shape[-2] * qkv.shape[-1]),
+    check=_check_packed,
+    batch=Batching(row_params=("mask",), forward=_packed_stacked_forward, vjps=(_packed_vjp,)),
+    per_run=("mask",),
+    fresh=True,
+    own=True,
+)
+
+
+def self_attention(
+    qkv: AnyArray, mask: AnyNDArray | None = None, *, causal: bool = False, heads: int = 1
+) -> ArrayLayer:
+    """:func:`scaled_dot_product_attention` of ``q, k, v = split(qkv, 3, axis=-1)`` as one op, for
+    :class:`~monadl.nn.MultiHeadAttention`: its delta is one array, where three slices would each
+    give an array of ``qkv``'s shape, mostly zeros, to be added."""
+    op = "self_attention"
+    _array(op, qkv, "qkv")
+    params: dict[str, Any] = {
+        "scale": None,
+        "causal": _flag(op, "causal", causal),
+        "heads": _int(op, "heads", heads),
+    }
+    if mask is None:
+        return apply_array(SELF_ATTENTION, qkv, **params)
+    _check_mask(op, mask)
+    return apply_array(SELF_ATTENTION_MASKED, qkv, mask=mask, **params)
+
+
+def _check_mask(op: str, mask: object) -> None:
+    if not is_array(mask):
+        raise TypeError(f"{op}: mask must be an array (boolean or floating-point), got {type(mask).__name__}")
+    xp = namespace(mask)
+    dtype = mask.dtype  # type: ignore[attr-defined]
+    if not (dtype == xp.bool or xp.isdtype(dtype, "real floating")):
+        raise TypeError(f"{op}: mask must be boolean or floating-point, got dtype {dtype}")
+
+
 def scaled_dot_product_attention(
     q: AnyArray,
     k: AnyArray,
@@ -271,9 +360,5 @@ def scaled_dot_product_attention(
     }
     if mask is None:
         return apply_array(ATTENTION, q, k, v, **params)
-    if not is_array(mask):
-        raise TypeError(f"{op}: mask must be an array (boolean or floating-point), got {type(mask).__name__}")
-    xp = namespace(mask)
-    if not (mask.dtype == xp.bool or xp.isdtype(mask.dtype, "real floating")):
-        raise TypeError(f"{op}: mask must be boolean or floating-point, got dtype {mask.dtype}")
+    _check_mask(op, mask)
     return apply_array(ATTENTION_MASKED, q, k, v, mask=mask, **params)

@@ -2,8 +2,9 @@
 
 Both take ``x`` of shape (..., length, features) (a sequence, or a batch of them) and give the same
 shape. The heads of a :class:`MultiHeadAttention` are one fused projection ``x @ qkv.w`` (queries,
-keys and values side by side) and one :func:`~monadl.scaled_dot_product_attention` op with
-``heads``: no reshapes or transposes of its own.
+keys and values side by side) and one attention op on it (``self_attention``: the fused
+:func:`~monadl.scaled_dot_product_attention` of its thirds, with ``heads``): no reshapes,
+transposes or slices of its own, and one delta for the projection.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from monadl.dsl.attention import scaled_dot_product_attention
+from monadl.dsl.attention import self_attention
 from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.ops import relu, split
+from monadl.dsl.ops import relu
 from monadl.nn.linear import Activation, Linear, Seed, generator
 from monadl.nn.module import Module
 from monadl.nn.norm import LayerNorm
@@ -66,8 +67,7 @@ class MultiHeadAttention(Module):
     def __call__(self, x: AnyArray, mask: AnyNDArray | None = None, *, causal: bool = False) -> ArrayLayer:
         """Each position of ``x`` (..., length, features) attending to every position (``causal``:
         to itself and those before it; ``mask``: as :func:`~monadl.scaled_dot_product_attention`)."""
-        q, k, v = split(self.qkv(x), 3, axis=-1)
-        return self.out(scaled_dot_product_attention(q, k, v, mask, causal=causal, heads=self.heads))
+        return self.out(self_attention(self.qkv(x), mask, causal=causal, heads=self.heads))
 
 
 @dataclass(frozen=True, eq=False)
