@@ -12,6 +12,7 @@ from monadl.checkpoint import CheckpointError, load, save
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
 from monadl.dsl.activations import clip, elu, gelu, leaky_relu, silu, softplus
 from monadl.dsl.apply_gradients import apply_gradients
+from monadl.dsl.attention import scaled_dot_product_attention
 from monadl.dsl.batch_norm import batch_norm
 from monadl.dsl.conv import avg_pool1d, avg_pool2d, conv1d, conv2d, max_pool1d, max_pool2d
 from monadl.dsl.custom import CustomOp, custom_op
@@ -26,6 +27,7 @@ from monadl.dsl.layers import (
     FloatLayer,
     FloatOperators,
 )
+from monadl.dsl.norm import layer_norm
 from monadl.dsl.operation import batchable
 from monadl.dsl.ops import (
     abs,
@@ -213,6 +215,8 @@ __all__ = [
     "conv2d",
     "max_pool1d",
     "max_pool2d",
+    "layer_norm",
+    "scaled_dot_product_attention",
 ]
 
 if compiled():  # mypyc keeps no docstrings and no annotated signatures: the build recorded them

@@ -20,6 +20,7 @@ from returns.result import Result
 
 import monadl
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
+from monadl.dsl.attention import self_attention
 from monadl.gradcheck import ATOL, RTOL, check_gradients, gradients_of, make_weights
 
 F64 = NDArray[np.float64]
@@ -386,5 +387,43 @@ CASES += [
             c(np.array([1, 0], dtype=np.int64)),
         ),
         (_u(67, (2, 2, 4, 4)), _u(68, (3, 2, 3, 3)), _u(69, (3,)), _u(70, (12, 3))),
+    ),
+]
+
+# layer norm and attention (monadl.dsl.norm, monadl.dsl.attention)
+_KEEP = np.array([[1, 0, 1, 1], [1, 1, 0, 0], [1, 0, 0, 1]], dtype=bool)
+CASES += [
+    OpCase(
+        "layer_norm",
+        lambda c, x, w, b: monadl.layer_norm(x, w, b),
+        (_u(60, (3, 4)), _u(61, (4,)), _u(62, (4,))),
+    ),
+    OpCase("layer_norm 3d, no affine", lambda c, x: monadl.layer_norm(x, eps=0.1), (_u(63, (2, 3, 4)),)),
+    OpCase(
+        "scaled_dot_product_attention",
+        lambda c, q, k, v: monadl.scaled_dot_product_attention(q, k, v),
+        (_u(64, (2, 3, 4)), _u(65, (2, 4, 4)), _u(66, (2, 4, 2))),
+    ),
+    OpCase(
+        "scaled_dot_product_attention boolean mask, heads",
+        lambda c, q, k, v: monadl.scaled_dot_product_attention(q, k, v, c(_KEEP), heads=2),
+        (_u(67, (2, 3, 4)), _u(68, (2, 4, 4)), _u(69, (2, 4, 2))),
+    ),
+    OpCase(
+        "scaled_dot_product_attention additive mask, causal",
+        lambda c, q, k, v: monadl.scaled_dot_product_attention(q, k, v, c(_u(70, (3, 4))), causal=True),
+        (_u(71, (3, 4)), _u(72, (4, 4)), _u(73, (4, 3))),
+    ),
+]
+CASES += [  # the modules' attention of q, k and v packed in one array (not exported)
+    OpCase(
+        "self_attention causal, heads",
+        lambda c, qkv: self_attention(qkv, causal=True, heads=2),
+        (_u(74, (2, 3, 12)),),
+    ),
+    OpCase(
+        "self_attention boolean mask",
+        lambda c, qkv: self_attention(qkv, c(_KEEP[:, :3])),
+        (_u(75, (3, 6)),),
     ),
 ]

@@ -4,9 +4,11 @@ are found by name, and builders made of it: :class:`Linear`, :class:`MLP`, :clas
 :class:`Dropout`, :class:`Conv1d`, :class:`Conv2d`, :class:`MaxPool2d`,
 :class:`AvgPool2d`, the recurrent cells :class:`LSTMCell`, :class:`GRUCell` and
 :class:`TreeLSTMCell`, whose calls merge under dynamic batching, the sequence layers :class:`LSTM`
-and :class:`GRU` over them, and initialisers (:mod:`monadl.nn.init`)."""
+and :class:`GRU` over them, :class:`LayerNorm`, :class:`MultiHeadAttention` and
+:class:`TransformerEncoderLayer`, and initialisers (:mod:`monadl.nn.init`)."""
 
 from monadl.nn import init
+from monadl.nn.attention import MultiHeadAttention, TransformerEncoderLayer
 from monadl.nn.batchnorm import BatchNorm1d, BatchNorm2d
 from monadl.nn.buffer import ArrayBuffer, Buffer, BufferState, GeneratorBuffer
 from monadl.nn.conv import AvgPool2d, Conv1d, Conv2d, MaxPool2d
@@ -16,6 +18,7 @@ from monadl.nn.gru import GRUCell
 from monadl.nn.linear import MLP, Linear
 from monadl.nn.lstm import LSTMCell
 from monadl.nn.module import Module, buffers_of, parameter_count, summary, to_device, weights_of
+from monadl.nn.norm import LayerNorm
 from monadl.nn.sequence import GRU, LSTM, SequenceOutput
 from monadl.nn.tree_lstm import TreeLSTMCell
 
@@ -48,4 +51,7 @@ __all__ = [
     "LSTM",
     "SequenceOutput",
     "init",
+    "LayerNorm",
+    "MultiHeadAttention",
+    "TransformerEncoderLayer",
 ]

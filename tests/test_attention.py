@@ -1,0 +1,333 @@
+"""Scaled dot-product attention (``ml.scaled_dot_product_attention``) and the attention modules
+(``nn.MultiHeadAttention``, ``nn.TransformerEncoderLayer``): values against NumPy (and PyTorch where
+installed), the hand-written vjps against finite differences, merged calls (with masks of their
+own) equal to calls on their own, and errors that name the op."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from batching_check import assert_close, gradients_of
+from op_cases import predict
+
+import monadl as ml
+from monadl import ArrayWeight, FloatLayer, nn
+from monadl.dsl.attention import self_attention
+
+F64 = np.ndarray[Any, np.dtype[np.float64]]
+
+
+def uniform(seed: int, *shape: int) -> F64:
+    return np.random.default_rng(seed).uniform(-1.5, 1.5, shape)
+
+
+def reference(
+    q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False, heads: int = 1, scale: float | None = None
+) -> Any:
+    """Attention in plain NumPy, head by head."""
+    d = q.shape[-1] // heads
+    outs = []
+    for h in range(heads):
+        qh, kh, vh = (
+            a[..., h * (a.shape[-1] // heads) : (h + 1) * (a.shape[-1] // heads)] for a in (q, k, v)
+        )
+        s = qh @ np.swapaxes(kh, -1, -2) * (d**-0.5 if scale is None else scale)
+        if causal:
+            s = np.where(np.tril(np.ones(s.shape[-2:], dtype=bool)), s, -np.inf)
+        if mask is not None:
+            s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask
+        p = np.exp(s - s.max(-1, keepdims=True))
+        outs.append(p / p.sum(-1, keepdims=True) @ vh)
+    return np.concatenate(outs, axis=-1)
+
+
+MASK = np.random.default_rng(0).uniform(size=(3, 5)) < 0.6
+MASK[:, 0] = True  # every query keeps a key
+
+CASES: dict[str, dict[str, Any]] = {
+    "plain": {"shapes": ((3, 4), (5, 4), (5, 2))},
+    "batched": {"shapes": ((2, 3, 4), (2, 5, 4), (2, 5, 6))},
+    "broadcast keys": {"shapes": ((2, 3, 4), (5, 4), (5, 6))},
+    "boolean mask": {"shapes": ((2, 3, 4), (2, 5, 4), (2, 5, 6)), "mask": MASK},
+    "additive mask": {"shapes": ((2, 3, 4), (2, 5, 4), (2, 5, 6)), "mask": uniform(1, 2, 3, 5)},
+    "causal": {"shapes": ((2, 4, 4), (2, 4, 4), (2, 4, 3)), "causal": True},
+    "causal, more keys": {"shapes": ((3, 4), (5, 4), (5, 3)), "causal": True},
+    "heads": {"shapes": ((2, 3, 8), (2, 5, 8), (2, 5, 6)), "heads": 2},
+    "heads, masked per batch": {
+        "shapes": ((2, 3, 8), (2, 5, 8), (2, 5, 4)),
+        "heads": 2,
+        "mask": np.stack([MASK, MASK[::-1]]),
+    },
+    "heads, causal, scale": {"shapes": ((4, 6), (4, 6), (4, 3)), "heads": 3, "causal": True, "scale": 0.3},
+}
+
+
+def operands(case: dict[str, Any]) -> list[F64]:
+    return [uniform(10 + i, *s) for i, s in enumerate(case["shapes"])]
+
+
+def options(case: dict[str, Any]) -> dict[str, Any]:
+    return {key: case[key] for key in ("causal", "heads", "scale") if key in case}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_values_are_numpys(name: str) -> None:
+    case = CASES[name]
+    q, k, v = operands(case)
+    out = predict(ml.scaled_dot_product_attention(q, k, v, case.get("mask"), **options(case)))
+    np.testing.assert_allclose(
+        out, reference(q, k, v, case.get("mask"), **options(case)), rtol=1e-12, atol=1e-12
+    )
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_gradients_are_finite_differences(name: str) -> None:
+    case = CASES[name]
+    q, k, v = operands(case)
+    out_shape = reference(q, k, v, case.get("mask"), **options(case)).shape
+    probe = uniform(20, *out_shape)
+
+    def loss(q: ArrayWeight, k: ArrayWeight, v: ArrayWeight) -> FloatLayer:
+        return ml.sum(ml.scaled_dot_product_attention(q, k, v, case.get("mask"), **options(case)) * probe)
+
+    ml.check_gradients(loss, q, k, v)
+
+
+def test_the_values_and_gradients_are_pytorchs() -> None:
+    torch = pytest.importorskip("torch")
+    q, k, v = uniform(30, 2, 2, 3, 4), uniform(31, 2, 2, 5, 4), uniform(32, 2, 2, 5, 6)
+    probe = uniform(33, 2, 2, 3, 6)
+    weights = [ArrayWeight(a) for a in (q, k, v)]
+    attended = ml.scaled_dot_product_attention(weights[0], weights[1], weights[2], MASK)
+    value, gradients = ml.compute_gradients(ml.sum(attended * probe))
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=torch.tensor(MASK))
+    loss = (out * torch.tensor(probe)).sum()
+    loss.backward()
+    assert value == pytest.approx(loss.item(), rel=1e-12)
+    for weight, t in zip(weights, (tq, tk, tv), strict=True):
+        np.testing.assert_allclose(gradients[weight], t.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the NaN documented
+def test_a_query_that_keeps_no_key_gives_nan() -> None:
+    mask = np.ones((3, 5), dtype=bool)
+    mask[1] = False
+    out = predict(ml.scaled_dot_product_attention(uniform(1, 3, 4), uniform(2, 5, 4), uniform(3, 5, 2), mask))
+    assert np.isnan(out[1]).all() and np.isfinite(out[[0, 2]]).all()
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_merged_calls_equal_calls_on_their_own(masked: bool) -> None:
+    """Sequences attended to one by one, each with a mask of its own (of lower rank than the scores,
+    which the merged call pads): merged into one call, values and gradients equal."""
+
+    def loss() -> FloatLayer:
+        weights = [ArrayWeight(uniform(40 + k, 2, 5, 8)) for k in range(3)]
+        terms = []
+        for k, x in enumerate(weights):
+            mask = (
+                (np.random.default_rng(k).uniform(size=(5, 5)) < 0.5) | np.eye(5, dtype=bool)
+                if masked
+                else None
+            )
+            out = ml.scaled_dot_product_attention(x * 1.0, x * 2.0, x * 0.5, mask, heads=2, causal=not masked)
+            terms.append(ml.sum(out * uniform(50 + k, 2, 5, 8)))
+        return ml.add_n(terms)
+
+    merged, alone = gradients_of(loss(), True), gradients_of(loss(), False)
+    name = "scaled_dot_product_attention"
+    assert merged.stats.kinds[name] < alone.stats.kinds[name] == 3
+    assert_close(merged.value, alone.value, "loss")
+    for a, b in zip(merged.gradients.values(), alone.gradients.values(), strict=True):
+        assert_close(a, b, "gradient")
+
+
+def test_calls_of_different_ranks_do_not_merge() -> None:
+    """A call whose keys broadcast (fewer axes than the queries) runs alone: stacked, its rows would
+    meet the queries' batch axis."""
+    k, v = ArrayWeight(uniform(60, 5, 4)), ArrayWeight(uniform(61, 5, 4))
+    qs = [ArrayWeight(uniform(62 + j, 2, 3, 4)) for j in range(2)]
+    loss = ml.add_n([ml.sum(ml.scaled_dot_product_attention(q * 1.0, k, v)) for q in qs])
+    merged, alone = gradients_of(loss, True), gradients_of(loss, False)
+    assert merged.stats.kinds["scaled_dot_product_attention"] == 2
+    for a, b in zip(merged.gradients.values(), alone.gradients.values(), strict=True):
+        assert_close(a, b, "gradient")
+
+
+def test_errors_name_the_op() -> None:
+    name = "scaled_dot_product_attention"
+    q, k, v = uniform(1, 3, 4), uniform(2, 5, 4), uniform(3, 5, 2)
+    with pytest.raises(ml.ShapeError, match=f"{name}: q .3, 4., k .5, 3., v .5, 2. do not fit"):
+        predict(ml.scaled_dot_product_attention(q, uniform(2, 5, 3), v))
+    with pytest.raises(ml.ShapeError, match=f"{name}: 3 heads do not divide"):
+        predict(ml.scaled_dot_product_attention(q, k, v, heads=3))
+    with pytest.raises(ml.ShapeError, match=rf"{name}: mask of shape \(4, 5\) does not broadcast"):
+        predict(ml.scaled_dot_product_attention(q, k, v, np.ones((4, 5), dtype=bool)))
+    with pytest.raises(ml.ShapeError, match=f"{name}: q, k and v must be arrays of 2 dimensions"):
+        predict(ml.scaled_dot_product_attention(uniform(1, 4), k, v))
+    with pytest.raises(TypeError, match=f"{name}: mask must be boolean or floating-point"):
+        ml.scaled_dot_product_attention(q, k, v, np.ones((3, 5), dtype=np.int64))
+    with pytest.raises(ValueError, match=f"{name}: heads must be positive"):
+        ml.scaled_dot_product_attention(q, k, v, heads=0)
+    with pytest.raises(TypeError, match=f"{name}: causal must be a bool"):
+        ml.scaled_dot_product_attention(q, k, v, causal=1)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------ modules
+
+
+def torch_encoder_layer(layer: nn.TransformerEncoderLayer, torch: Any) -> Any:
+    """PyTorch's layer with ``layer``'s weights (PyTorch's linear weights are (out, in))."""
+    e = layer.attention.features
+    t = torch.nn.TransformerEncoderLayer(
+        e,
+        layer.attention.heads,
+        layer.ff1.outputs,
+        dropout=0.0,
+        batch_first=True,
+        norm_first=layer.norm_first,
+        dtype=torch.float64,
+    )
+
+    def tensor(w: Any) -> Any:
+        return torch.tensor(np.asarray(w.data))
+
+    with torch.no_grad():
+        t.self_attn.in_proj_weight.copy_(tensor(layer.attention.qkv.w).T)
+        t.self_attn.in_proj_bias.copy_(tensor(layer.attention.qkv.b))
+        t.self_attn.out_proj.weight.copy_(tensor(layer.attention.out.w).T)
+        t.self_attn.out_proj.bias.copy_(tensor(layer.attention.out.b))
+        for mine, theirs in ((layer.ff1, t.linear1), (layer.ff2, t.linear2)):
+            theirs.weight.copy_(tensor(mine.w).T)
+            theirs.bias.copy_(tensor(mine.b))
+        for norm, theirs in ((layer.norm1, t.norm1), (layer.norm2, t.norm2)):
+            theirs.weight.copy_(tensor(norm.weight))
+            theirs.bias.copy_(tensor(norm.bias))
+    return t
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_the_encoder_layer_is_pytorchs(norm_first: bool) -> None:
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    layer = nn.TransformerEncoderLayer.new(8, 2, 12, norm_first=norm_first, seed=rng)
+    for w in layer.weights().values():  # biases and norms away from their initial 0 and 1
+        data = np.asarray(w.data)
+        w.data = data + rng.uniform(-0.2, 0.2, data.shape)
+    x = uniform(70, 2, 5, 8)
+    t = torch_encoder_layer(layer, torch).eval()
+    mask = np.triu(np.full((5, 5), -np.inf), 1)
+    with torch.no_grad():
+        expected = t(torch.tensor(x), src_mask=torch.tensor(mask), is_causal=True).numpy()
+    np.testing.assert_allclose(predict(layer(x, causal=True)), expected, rtol=1e-10, atol=1e-12)
+    with torch.no_grad():
+        expected = t(torch.tensor(x), src_mask=torch.tensor(~MASK[:, :5].repeat(2, 0)[:5])).numpy()
+    np.testing.assert_allclose(
+        predict(layer(x, MASK[:, :5].repeat(2, 0)[:5])), expected, rtol=1e-10, atol=1e-12
+    )
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_the_encoder_layer_gradients_are_finite_differences(norm_first: bool) -> None:
+    layer = nn.TransformerEncoderLayer.new(4, 2, 6, norm_first=norm_first, seed=5)
+    names = list(layer.weights())
+    probe = uniform(80, 3, 4)
+
+    def through(x: ArrayWeight, *weights: ArrayWeight) -> FloatLayer:
+        built = nn.TransformerEncoderLayer(
+            nn.MultiHeadAttention(nn.Linear(weights[0], weights[1]), nn.Linear(weights[2], weights[3]), 2),
+            nn.LayerNorm(weights[4], weights[5]),
+            nn.LayerNorm(weights[6], weights[7]),
+            nn.Linear(weights[8], weights[9]),
+            nn.Linear(weights[10], weights[11]),
+            ml.relu,
+            norm_first,
+        )
+        return ml.sum(built(x, causal=True) * probe)
+
+    assert names == [
+        "attention.qkv.w",
+        "attention.qkv.b",
+        "attention.out.w",
+        "attention.out.b",
+        "norm1.weight",
+        "norm1.bias",
+        "norm2.weight",
+        "norm2.bias",
+        "ff1.w",
+        "ff1.b",
+        "ff2.w",
+        "ff2.b",
+    ]
+    rng = np.random.default_rng(6)
+    values = [np.asarray(w.data) for w in layer.weights().values()]
+    values = [a + rng.uniform(-0.3, 0.3, a.shape) for a in values]
+    ml.check_gradients(through, uniform(81, 3, 4), *values)
+
+
+def test_encoder_layers_merge_across_sequences() -> None:
+    """One layer applied to several sequences of one length: its ops merge, the results equal."""
+
+    def loss() -> FloatLayer:
+        layer = nn.TransformerEncoderLayer.new(8, 2, 16, norm_first=True, seed=9)
+        xs = [uniform(90 + k, 6, 8) for k in range(3)]
+        return ml.add_n([ml.sum(layer(x, causal=True) * uniform(95 + k, 6, 8)) for k, x in enumerate(xs)])
+
+    merged, alone = gradients_of(loss(), True), gradients_of(loss(), False)
+    assert merged.stats.merged > 0
+    assert merged.stats.kinds["self_attention"] == 1
+    assert_close(merged.value, alone.value, "loss")
+    for a, b in zip(merged.gradients.values(), alone.gradients.values(), strict=True):
+        assert_close(a, b, "gradient")
+
+
+def test_multi_head_attention_checks_its_shapes() -> None:
+    mha = nn.MultiHeadAttention.new(8, 4, dtype=np.float32)
+    assert list(mha.weights()) == ["qkv.w", "qkv.b", "out.w", "out.b"]
+    assert mha.features == 8 and mha.qkv.w.data.dtype == np.float32
+    with pytest.raises(ValueError, match="MultiHeadAttention: 3 heads do not divide 8 features"):
+        nn.MultiHeadAttention.new(8, 3)
+    with pytest.raises(ValueError, match="MultiHeadAttention: qkv of shape"):
+        nn.MultiHeadAttention(nn.Linear.new(8, 8), nn.Linear.new(8, 8), 2)
+
+
+# ------------------------------------------------------------------ packed q, k, v (the modules')
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_self_attention_is_attention_of_its_thirds(masked: bool) -> None:
+    qkv = uniform(100, 2, 5, 12)
+    mask = (
+        (np.random.default_rng(1).uniform(size=(2, 5, 5)) < 0.5) | np.eye(5, dtype=bool) if masked else None
+    )
+    q, k, v = qkv[..., :4], qkv[..., 4:8], qkv[..., 8:]
+    expected = reference(q, k, v, mask, causal=not masked, heads=2)
+    np.testing.assert_allclose(
+        predict(self_attention(qkv, mask, causal=not masked, heads=2)), expected, rtol=1e-12, atol=1e-12
+    )
+    probe = uniform(101, 2, 5, 4)
+    ml.check_gradients(lambda x: ml.sum(self_attention(x, mask, causal=not masked, heads=2) * probe), qkv)
+
+
+def test_self_attention_calls_merge_with_masks_of_their_own() -> None:
+    def loss() -> FloatLayer:
+        terms = []
+        for k in range(3):
+            x = ArrayWeight(uniform(110 + k, 4, 6))
+            mask = (np.random.default_rng(k).uniform(size=(4, 4)) < 0.5) | np.eye(4, dtype=bool)
+            terms.append(ml.sum(self_attention(x * 1.0, mask, heads=2) * uniform(120 + k, 4, 2)))
+        return ml.add_n(terms)
+
+    merged, alone = gradients_of(loss(), True), gradients_of(loss(), False)
+    assert merged.stats.kinds["self_attention"] < alone.stats.kinds["self_attention"] == 3
+    assert_close(merged.value, alone.value, "loss")
+    for a, b in zip(merged.gradients.values(), alone.gradients.values(), strict=True):
+        assert_close(a, b, "gradient")
+
+
+def test_self_attention_errors_name_it() -> None:
+    with pytest.raises(ml.ShapeError, match="self_attention: qkv must have 2 dimensions at least"):
+        predict(self_attention(uniform(1, 3, 4)))
