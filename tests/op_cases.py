@@ -388,3 +388,23 @@ CASES += [
         (_u(67, (2, 2, 4, 4)), _u(68, (3, 2, 3, 3)), _u(69, (3,)), _u(70, (12, 3))),
     ),
 ]
+
+# Gathers (issue 30): take_along_axis and advanced indexing, repeated indices included (their
+# deltas add).
+_ALONG = np.array([[3, 0, 3], [1, 1, 2], [0, 3, 3]], dtype=np.int64)
+CASES += [
+    OpCase("take_along_axis", lambda c, a: monadl.take_along_axis(a, c(_ALONG), axis=1), (_A,)),
+    OpCase(
+        "take_along_axis axis 0, broadcast",
+        lambda c, a: monadl.take_along_axis(a, c(np.array([[2, 0, 2, 1]], dtype=np.int64)), axis=0),
+        (_A,),
+    ),
+    OpCase(
+        "take_along_axis one per row",
+        lambda c, a: monadl.take_along_axis(a, c(_LABELS[:, None]), axis=-1),
+        (_A,),
+    ),
+    OpCase("getitem rows, cols", lambda c, a: a[c(_ALONG[:, 0] % 3), c(_ALONG[0])], (_A,)),
+    OpCase("getitem [:, cols]", lambda c, a: a[:, c(_ALONG)], (_u(71, (2, 4, 3)),)),
+    OpCase("getitem mask", lambda c, a: a[c(_A > 0.0)], (_B,)),
+]
