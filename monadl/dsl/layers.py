@@ -152,6 +152,17 @@ class FloatOperators(Differentiable):
     def __pos__(self) -> Self:
         return self
 
+    @property
+    def shape(self) -> tuple[()]:
+        """``()``: a float has no axes (as a NumPy scalar's shape)."""
+        return ()
+
+    @property
+    def dtype(self) -> type[float]:
+        """``float``: a Python float, which takes an array's dtype where it meets one (a float32
+        array plus a float layer is float32)."""
+        return float
+
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class ArrayOperators(Differentiable):
@@ -206,6 +217,27 @@ class ArrayOperators(Differentiable):
     def __pos__(self) -> Self:
         return self
 
+    @property
+    def shape(self) -> tuple[int, ...] | None:
+        """The shape of this array, where it is known before it runs, else None. A weight's or a
+        constant's is its data's; an op's follows from its inputs' by the op's rule: elementwise
+        ops and activations (broadcasting), ``matmul``, ``linear``, the reductions, ``reshape``,
+        ``transpose``, ``concatenate``, ``stack``, ``split``, indexing (basic and advanced),
+        ``take_rows``, ``take_along_axis``, ``where``, ``softmax``, ``log_softmax``,
+        ``batch_norm``, dropout, convolutions and pools. A ``@batchable`` call's result, a
+        ``custom_op``'s and anything that depends on one are None (:mod:`monadl.dsl.static`).
+        Worked out on first access, not while the graph is built."""
+        info = _static(self)
+        return None if info is None else info[0]
+
+    @property
+    def dtype(self) -> Any:
+        """The dtype of this array (of its namespace: ``numpy.float32``'s dtype for NumPy), where it
+        is known before it runs, else None (where :attr:`shape` is). It is NumPy 2's promotion of
+        the array operands' dtypes (``result_type``); a Python float operand keeps an array's."""
+        info = _static(self)
+        return None if info is None else info[1]
+
     def __getitem__(self, key: Index) -> ArrayLayer:
         """``self[key]``. Rows of this array for an int (0 or more), a list or an integer array of
         them (an embedding lookup, its delta sparse rows: see :func:`monadl.take_rows`); else
@@ -229,6 +261,12 @@ class ArrayOperators(Differentiable):
         if basic:
             return apply_array(P.getitem, self, index=P.basic_index(key), axis=0)
         return apply_array(P.take_rows, self, indices=row_indices(cast(RowIndices, key)))
+
+
+def _static(x: ArrayOperators) -> tuple[tuple[int, ...], Any, Any] | None:
+    from monadl.dsl.static import static_info  # (imported on the first ``.shape``: none at build)
+
+    return static_info(cast(Node, x.forward))
 
 
 def _has_arrays(key: tuple[Any, ...]) -> bool:
