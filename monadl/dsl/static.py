@@ -11,8 +11,8 @@ access of ``.shape`` or ``.dtype``, never while the graph is built) and applies 
 * ``matmul``, ``dot``, ``linear``; the reductions (``sum``, ``mean``, ``max``, ``min``,
   ``logsumexp``, ``var``, ``std``, with ``axis`` and ``keepdims``); ``reshape`` (a -1 solved),
   ``transpose``, ``concatenate``, ``stack``, ``split``; ``take_rows``, ``take_along_axis``, basic
-  and advanced indexing; ``softmax``, ``log_softmax``, ``batch_norm``; ``conv1d``/``conv2d`` and
-  the pools.
+  and advanced indexing; ``softmax``, ``log_softmax``, ``batch_norm``, ``layer_norm``,
+  ``scaled_dot_product_attention``; ``conv1d``/``conv2d`` and the pools.
 
 Everything else gives None: ops without a rule (a user's ``custom_op``), ``@batchable`` calls
 (their body's graph is built only when they run), and anything built from ``Do`` combinators.
@@ -295,7 +295,7 @@ def _pool(
 def install() -> None:
     """Gives the library's primitives their shape rules (those made on demand, one per arity,
     get theirs from :func:`_per_arity`). A user's primitive may set its own ``shape_rule``."""
-    from monadl.dsl import activations, batch_norm, conv, reductions, selection
+    from monadl.dsl import activations, attention, batch_norm, conv, norm, reductions, selection
     from monadl.nn import dropout
 
     for prim in (
@@ -331,9 +331,27 @@ def install() -> None:
         conv.conv: _conv,
         conv.max_pool: _pool,
         conv.avg_pool: _pool,
+        norm.LAYER_NORM: _same,
+        norm.LAYER_NORM_AFFINE: _same,
+        attention.ATTENTION: _attention,
+        attention.ATTENTION_MASKED: _attention,
+        attention.SELF_ATTENTION: _self_attention,
+        attention.SELF_ATTENTION_MASKED: _self_attention,
     }
     for prim, rule in rules.items():
         prim.shape_rule = rule
+
+
+def _attention(q: Info, k: Info, v: Info, *_: Any, **__: Any) -> Info:
+    """(..., Lq, d), (..., Lk, d), (..., Lk, dv) -> (..., Lq, dv), the leading axes broadcast (a
+    mask, if any, gets no say)."""
+    lead = broadcast(q[0][:-2], k[0][:-2], v[0][:-2])
+    return (*lead, q[0][-2], v[0][-1]), *promoted(q, k, v)
+
+
+def _self_attention(qkv: Info, *_: Any, **__: Any) -> Info:
+    """(..., L, 3n) -> (..., L, n): q, k and v side by side in the last axis."""
+    return (*qkv[0][:-1], qkv[0][-1] // 3), qkv[1], qkv[2]
 
 
 def _per_arity(prim: Primitive) -> ShapeRule | None:
