@@ -74,6 +74,7 @@ from monadl.dsl.optimizers import (
 from monadl.dsl.reductions import argmax, argmin, logsumexp, max, min, std, var
 from monadl.dsl.schedules import Constant, CosineDecay, LearningRate, LinearWarmup, Schedule, StepDecay
 from monadl.dsl.selection import take_along_axis, where
+from monadl.dsl.static import static_info as _static_info  # noqa: F401 - it gives layers their .shape
 from monadl.dsl.training import (
     NonFiniteGradientError,
     NonFiniteLossError,

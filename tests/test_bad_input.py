@@ -296,8 +296,17 @@ def test_take_rows_index_out_of_range(indices: Any, bad: int) -> None:
 def test_take_rows_float_indices(indices: Any, expected: str) -> None:
     with pytest.raises(TypeError, match=re.escape(expected)):
         monadl.take_rows(_weight((3, 4)), indices)
+    if isinstance(indices, np.ndarray) and indices.dtype == np.bool_:
+        return  # a boolean mask indexes (below)
     with pytest.raises(TypeError, match=re.escape(expected)):
         _ = _weight((3, 4))[indices]
+
+
+def test_a_boolean_mask_must_fit_the_axes_it_indexes() -> None:
+    with pytest.raises(monadl.ShapeError, match=re.escape("getitem: a boolean mask of shape (2,)")):
+        _ = _weight((3, 4))[np.array([True, False])]
+    with pytest.raises(monadl.ShapeError, match=re.escape("for axes 1.. of shape (3, 4)")):
+        _ = _weight((3, 4))[:, np.array([True, False, True])]
 
 
 # -------------------------------------------------------------------------------- cross_entropy

@@ -7,9 +7,9 @@ type follows the operands: float with float gives a ``FloatLayer``, anything wit
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, Self, TypeAlias, TypeVar, cast, final, overload
+from typing import TYPE_CHECKING, Any, Final, Self, TypeAlias, TypeVar, cast, final, overload
 
 import numpy as np
 from mypy_extensions import mypyc_attr
@@ -27,7 +27,7 @@ from monadl.dsl.apply import apply_primitive
 from monadl.dsl.base import Differentiable
 from monadl.dsl.deep_learning import forbid_truth_value
 from monadl.dsl.indices import row_indices
-from monadl.typeclasses.backend import Array, RowIndices
+from monadl.typeclasses.backend import Array, RowIndices, is_array
 
 if TYPE_CHECKING:
     from monadl.dsl.optimizers import Optimizer
@@ -263,10 +263,15 @@ class ArrayOperators(Differentiable):
         return apply_array(P.take_rows, self, indices=row_indices(cast(RowIndices, key)))
 
 
-def _static(x: ArrayOperators) -> tuple[tuple[int, ...], Any, Any] | None:
-    from monadl.dsl.static import static_info  # (imported on the first ``.shape``: none at build)
+STATIC_INFO: Final[list[Callable[[Node], tuple[tuple[int, ...], Any, Any] | None]]] = []
+"""What ``.shape`` and ``.dtype`` ask: :func:`monadl.dsl.static.static_info`, registered by that
+module, whose rules build on the op modules that build on this one; ``monadl`` imports it."""
 
-    return static_info(cast(Node, x.forward))
+
+def _static(x: ArrayOperators) -> tuple[tuple[int, ...], Any, Any] | None:
+    if not STATIC_INFO:
+        return None  # (monadl.dsl.static not imported: nothing is known)
+    return STATIC_INFO[0](cast(Node, x.forward))
 
 
 def _has_arrays(key: tuple[Any, ...]) -> bool:
@@ -274,15 +279,20 @@ def _has_arrays(key: tuple[Any, ...]) -> bool:
     for e in key:
         if type(e) is list or type(e) is np.ndarray:
             return True
-        if hasattr(e, "__array_namespace__") and not isinstance(e, np.generic):
+        if is_array(e) and not isinstance(e, np.generic):
             return True
     return False
 
 
-def _index_arrays(x: ArrayOperators, key: object) -> ArrayLayer:
-    from monadl.dsl.selection import index_arrays  # (selection builds on this module)
+ADVANCED_INDEX: Final[list[Callable[[Any, object], ArrayLayer]]] = []
+"""The op of ``x[rows, cols]`` (advanced indexing), registered by :mod:`monadl.dsl.selection`,
+which builds on this module (importing it here would be a cycle); ``monadl`` imports it."""
 
-    return index_arrays(x, key)
+
+def _index_arrays(x: ArrayOperators, key: object) -> ArrayLayer:
+    if not ADVANCED_INDEX:
+        raise TypeError("getitem: advanced indexing needs monadl.dsl.selection (import monadl)")
+    return ADVANCED_INDEX[0](x, key)
 
 
 @final

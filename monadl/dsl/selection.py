@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from monadl.dsl.indices import integral
-from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, apply_array
+from monadl.dsl.layers import ADVANCED_INDEX, AnyArray, AnyFloat, ArrayLayer, apply_array
 from monadl.dsl.ops import _array, _int
 from monadl.dsl.primitives import ELEMENTWISE, Batching, Primitive
 from monadl.typeclasses.backend import (
@@ -388,10 +388,12 @@ _BAD_ENTRY = (
 )
 
 
-def _entries(key: tuple[Any, ...]) -> tuple[int, list[Any]]:
+def _entries(key: tuple[Any, ...], shape: tuple[int, ...] | None) -> tuple[int, list[Any]]:
     """The whole axes before the indexed ones, and the index arrays (a boolean array as the arrays
-    of its true elements' positions, as NumPy reads it)."""
+    of its true elements' positions, as NumPy reads it, after checking that it has the shape of
+    the axes it indexes: ``shape``, the indexed value's static shape, where known)."""
     before = 0
+    consumed = 0  # the axes the index arrays so far stand for
     arrays: list[Any] = []
     done = False
     for e in key:
@@ -410,9 +412,22 @@ def _entries(key: tuple[Any, ...]) -> tuple[int, list[Any]]:
             raise TypeError(f"{_BAD_ENTRY}, got {type(e).__name__}")
         xp = namespace_of_type(type(array), array)
         if xp.isdtype(array.dtype, "bool"):
+            axes = before + consumed
+            if shape is None:
+                raise TypeError(
+                    "getitem: a boolean mask needs the indexed value's shape, unknown before it runs "
+                    "here: index with the mask's positions (xp.nonzero(mask)) instead"
+                )
+            if tuple(array.shape) != shape[axes : axes + array.ndim]:
+                raise ShapeError(
+                    f"getitem: a boolean mask of shape {tuple(array.shape)} for axes {axes}.. of shape "
+                    f"{shape}: the mask must have the shape of the axes it indexes"
+                )
             arrays.extend(xp.nonzero(array))
+            consumed += array.ndim
         elif integral(array) or (type(array) is NDARRAY and array.size == 0):
             arrays.append(array)
+            consumed += 1
         else:
             raise TypeError(f"getitem: expected integer or boolean index arrays, got dtype {array.dtype}")
     return before, arrays
@@ -424,7 +439,8 @@ def index_arrays(x: Any, key: Any) -> ArrayLayer:
     broadcast together to a shape ``B``; the result has shape ``x.shape[:before] + B`` and the axes
     after the indexed ones. Negative indices count from the end. The delta adds the result's delta
     at the indices (repeats add): one scatter-add."""
-    before, arrays = _entries(key if type(key) is tuple else (key,))
+    shape = tuple(x.shape) if is_array(x) else getattr(x, "shape", None)
+    before, arrays = _entries(key if type(key) is tuple else (key,), shape)
     if any(type(a) is not NDARRAY for a in arrays):
         xp = namespace(*[a for a in arrays if type(a) is not NDARRAY])
         arrays = [xp.asarray(a) for a in arrays]
@@ -432,3 +448,6 @@ def index_arrays(x: Any, key: Any) -> ArrayLayer:
     else:
         stacked = np.stack(np.broadcast_arrays(*[a.astype(np.intp, copy=False) for a in arrays]))
     return apply_array(index_, x, indices=stacked, axis=before)
+
+
+ADVANCED_INDEX.append(index_arrays)  # what ``layer[rows, cols]`` calls (see monadl.dsl.layers)

@@ -33,6 +33,7 @@ import numpy as np
 
 from monadl.do.do import APPLY, PURE, VARIABLE, Apply, Node
 from monadl.do.primitive import Primitive, _sums
+from monadl.dsl import layers
 from monadl.dsl import primitives as P
 from monadl.typeclasses.backend import NDARRAY, NUMPY, namespace
 
@@ -296,7 +297,6 @@ def install() -> None:
     """Gives the library's primitives their shape rules (those made on demand, one per arity,
     get theirs from :func:`_per_arity`). A user's primitive may set its own ``shape_rule``."""
     from monadl.dsl import activations, attention, batch_norm, conv, norm, reductions, selection
-    from monadl.nn import dropout
 
     for prim in (
         P.add, P.sub, P.mul, P.div, P.power, P.maximum, P.minimum, P.neg, P.exp, P.log, P.sqrt,
@@ -327,7 +327,6 @@ def install() -> None:
         P.log_softmax: _same,
         P.cross_entropy: _float,
         batch_norm.BATCH_NORM: _same,
-        dropout.DROPOUT: _same,
         conv.conv: _conv,
         conv.max_pool: _pool,
         conv.avg_pool: _pool,
@@ -367,3 +366,4 @@ def _per_arity(prim: Primitive) -> ShapeRule | None:
 
 
 install()
+layers.STATIC_INFO.append(static_info)  # what ``.shape`` and ``.dtype`` ask (see monadl.dsl.layers)

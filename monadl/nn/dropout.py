@@ -95,5 +95,10 @@ def _inline(*_: Any, **__: Any) -> float:
     return -math.inf
 
 
-DROPOUT = Primitive("dropout", _forward, (_vjp,), saves=True, cost=_inline, own=True)
+def _shape(x: Any, **_: Any) -> Any:
+    """The static shape rule: the input's shape and dtype (see :mod:`monadl.dsl.static`)."""
+    return x
+
+
+DROPOUT = Primitive("dropout", _forward, (_vjp,), saves=True, cost=_inline, own=True, shape_rule=_shape)
 """The dropout op: ``dropout`` (a :class:`Dropout`) is a static parameter, kept by identity."""
