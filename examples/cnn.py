@@ -2,9 +2,10 @@
 
 Two blocks of ``nn.Conv2d`` (3x3, padding 1), ReLU and ``nn.MaxPool2d(2)``, then a dense layer to
 the 100 classes: ``(B, 3, 32, 32) -> (B, c, 16, 16) -> (B, 2c, 8, 8) -> (B, 100)``, channels first
-(NCHW) as everywhere in monadl. Images are the pixel bytes / 256, float32, in shuffled batches of
-every class; training is Adam on the mean cross-entropy. After every epoch it prints the training
-loss and the accuracy on the held-out test split (never trained on).
+(NCHW) as everywhere in monadl. The model is ``monadl.bench.cnn_model.CNN``, the one that
+``python -m monadl.bench models`` measures. Images are the pixel bytes / 256, float32, in shuffled
+batches of every class; training is Adam on the mean cross-entropy. After every epoch it prints the
+training loss and the accuracy on the held-out test split (never trained on).
 
 Run it: ``python examples/cnn.py`` (synthetic data in the CIFAR-100 binary format, made on first
 use), or ``python examples/cnn.py --data path/to/cifar-100-binary`` for the real set. On a terminal
@@ -16,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 import monadl as ml
-from monadl import nn
+from monadl.bench.cnn_model import CLASSES, CNN
 from monadl.cli import (
     Progress,
     add_output_arguments,
@@ -36,34 +36,8 @@ from monadl.data import cifar100
 
 __all__ = ["CNN", "main"]
 
-CLASSES = 100
 EVALUATION_BATCH = 250
 """Held-out images per forward pass."""
-
-
-@dataclass(frozen=True, eq=False)
-class CNN(ml.Module):
-    """conv-relu-pool twice, then a dense layer to the classes."""
-
-    conv1: nn.Conv2d
-    conv2: nn.Conv2d
-    head: nn.Linear
-
-    @classmethod
-    def new(cls, channels: int = 16, *, seed: int = 0) -> CNN:
-        rng = np.random.default_rng(seed)
-        return cls(
-            nn.Conv2d.new(3, channels, 3, padding=1, seed=rng, dtype=np.float32),
-            nn.Conv2d.new(channels, 2 * channels, 3, padding=1, seed=rng, dtype=np.float32),
-            nn.Linear.new(2 * channels * 8 * 8, CLASSES, seed=rng, dtype=np.float32),
-        )
-
-    def __call__(self, images: ml.AnyArray) -> ml.ArrayLayer:
-        """Logits (B, 100) of images (B, 3, 32, 32)."""
-        pool = nn.MaxPool2d(2)
-        h = pool(ml.relu(self.conv1(images)))
-        h = pool(ml.relu(self.conv2(h)))
-        return self.head(ml.reshape(h, (-1, self.head.inputs)))
 
 
 Images = npt.NDArray[np.float32]

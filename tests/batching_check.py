@@ -51,3 +51,13 @@ def gradients_of(loss: Layer, batching: bool, replay: bool = True) -> Gradients:
     executor = ml.Executor(batching=batching, replay=replay)
     value, gradients = ml.compute_gradients(loss, executor=executor)
     return Gradients(value, {w: dense(g) for w, g in gradients.items()}, executor.stats)
+
+
+def assert_merged_like_alone(loss: Layer, w: Weight, name: str, calls: int) -> None:
+    """``loss``'s value and ``w``'s gradient are the same with batching on and off, and the op
+    ``name`` ran once, forward and backward, for its ``calls`` calls merged, and once per call alone."""
+    on, off = gradients_of(loss, True), gradients_of(loss, False)
+    assert_close(on.value, off.value, "loss")
+    assert_close(on.gradients[w], off.gradients[w], "gradient")
+    assert on.stats.kinds[name] == 1 and on.stats.vjps[name] == 1, on.stats
+    assert off.stats.kinds[name] == calls and off.stats.vjps[name] == calls, off.stats

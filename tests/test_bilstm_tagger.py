@@ -72,3 +72,11 @@ def test_a_data_folder_without_the_sample_is_an_error(
         bilstm_tagger.main(["--data", str(tmp_path), "--no-progress"])
     assert exit_info.value.code == 2
     assert "wikiner-sample.txt not found" in capsys.readouterr().err
+
+
+def test_the_benchmark_measures_the_examples_model() -> None:
+    from monadl.bench import models
+    from monadl.bench.tagger_model import Tagger as measured
+
+    assert measured is Tagger
+    assert vars(models)["Tagger"] is measured  # the models benchmark's, not a copy

@@ -38,3 +38,11 @@ def test_cnn_plot_needs_an_existing_folder(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cnn.main(["--plot", str(tmp_path / "missing" / "curves.png"), "--epochs", "1"])
     assert exit_info.value.code == 2
+
+
+def test_the_benchmark_measures_the_examples_model() -> None:
+    from monadl.bench import models
+    from monadl.bench.cnn_model import CNN as measured
+
+    assert measured is cnn.CNN
+    assert vars(models)["CNN"] is measured  # the models benchmark's, not a copy

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from batching_check import assert_close, gradients_of
+from batching_check import assert_close, assert_merged_like_alone, gradients_of
 from hypothesis import given
 from hypothesis import strategies as st
 from op_cases import F64, check_op, predict, probe
@@ -137,13 +137,7 @@ def test_merged_calls_equal_calls_alone(name: str, kind: str) -> None:
     else:
         w = FloatWeight(0.8)
         terms = [op(w * (0.5 - 0.25 * i)) for i in range(calls)]
-    loss = ml.add_n(terms)
-    on, off = gradients_of(loss, True), gradients_of(loss, False)
-    assert_close(on.value, off.value, "loss")
-    assert_close(on.gradients[w], off.gradients[w], "gradient")
-    # one kernel for the calls together, forward and backward; one each alone
-    assert on.stats.kinds[name] == 1 and on.stats.vjps[name] == 1, on.stats
-    assert off.stats.kinds[name] == calls and off.stats.vjps[name] == calls, off.stats
+    assert_merged_like_alone(ml.add_n(terms), w, name, calls)
 
 
 def test_calls_with_different_parameters_do_not_merge() -> None:

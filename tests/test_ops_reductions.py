@@ -17,7 +17,7 @@ from typing import Any
 import array_api_strict as xps
 import numpy as np
 import pytest
-from batching_check import assert_close, gradients_of
+from batching_check import assert_close, assert_merged_like_alone, gradients_of
 from hypothesis import given
 from hypothesis import strategies as st
 from op_cases import F64, check_op, predict, probe
@@ -133,12 +133,7 @@ def test_merged_calls_equal_calls_alone(name: str, axis: Any) -> None:
         terms.append(
             out if isinstance(out, FloatLayer) else ml.sum(out * probe(tuple(predict(out).shape), i))
         )
-    loss = ml.add_n(terms)
-    on, off = gradients_of(loss, True), gradients_of(loss, False)
-    assert_close(on.value, off.value, "loss")
-    assert_close(on.gradients[w], off.gradients[w], "gradient")
-    assert on.stats.kinds[name] == 1 and on.stats.vjps[name] == 1, on.stats
-    assert off.stats.kinds[name] == calls and off.stats.vjps[name] == calls, off.stats
+    assert_merged_like_alone(ml.add_n(terms), w, name, calls)
 
 
 def test_merged_ties_share_each_calls_delta_in_its_own_row() -> None:

@@ -15,9 +15,10 @@ Workloads (the sizes of the examples' defaults; ``--smoke``: tiny ones):
                50, MLP 32; Adam on the mean cross-entropy per word) on --sentences sentences of the
                synthetic WikiNER-like set, against ``nn.LSTM`` over the same sentences packed
 
-The monadl side is the code of the examples (the models are the examples' own, repeated here since
-examples/ is not a package), on an ``ml.Executor()`` (dynamic batching on); the PyTorch side
-(``monadl.bench.models_torch``) is the same model from the same weights, trained the same way.
+The monadl side is the code of the examples (their models, ``monadl.bench.cnn_model`` and
+``monadl.bench.tagger_model``, which the examples import too), on an ``ml.Executor()`` (dynamic
+batching on); the PyTorch side (``monadl.bench.models_torch``) is the same model from the same
+weights, trained the same way.
 Both sides run on one thread: BLAS capped by threadpoolctl, ``torch.set_num_threads(1)``.
 
 Timing: a segment is a fixed number of steps (enough for about --segment seconds of the slower
@@ -43,13 +44,13 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 import monadl as ml
-from monadl import ArrayLayer, FloatLayer, nn
+from monadl import FloatLayer
+from monadl.bench.cnn_model import CLASSES, CNN
 from monadl.bench.common import interleaved, torch_available
 from monadl.bench.suite_data import TaggedSentence, synthetic_task
+from monadl.bench.tagger_model import Tagger
 from monadl.cli import non_negative_int, positive_float, positive_int
 from monadl.data.files import atomic_write_bytes
-
-CLASSES = 100
 
 #: workload -> (must, goal): the issue's targets for monadl's speed over PyTorch's.
 TARGETS: dict[str, tuple[float, float]] = {
@@ -72,64 +73,6 @@ class Sizes:
 
 
 SMOKE_SIZES = Sizes(batch=2, channels=2, sentences=3, embedding=4, hidden=3, mlp=4)
-
-
-# --------------------------------------------------------------------------- the monadl models
-
-
-@dataclass(frozen=True, eq=False)
-class CNN(ml.Module):
-    """examples/cnn.py's model: conv-relu-pool twice, then a dense layer to the classes."""
-
-    conv1: nn.Conv2d
-    conv2: nn.Conv2d
-    head: nn.Linear
-
-    @classmethod
-    def new(cls, channels: int = 16, *, seed: int = 0) -> CNN:
-        rng = np.random.default_rng(seed)
-        return cls(
-            nn.Conv2d.new(3, channels, 3, padding=1, seed=rng, dtype=np.float32),
-            nn.Conv2d.new(channels, 2 * channels, 3, padding=1, seed=rng, dtype=np.float32),
-            nn.Linear.new(2 * channels * 8 * 8, CLASSES, seed=rng, dtype=np.float32),
-        )
-
-    def __call__(self, images: ml.AnyArray) -> ml.ArrayLayer:
-        pool = nn.MaxPool2d(2)
-        h = pool(ml.relu(self.conv1(images)))
-        h = pool(ml.relu(self.conv2(h)))
-        return self.head(ml.reshape(h, (-1, self.head.inputs)))
-
-
-@dataclass(frozen=True, eq=False)
-class Tagger(ml.Module):
-    """examples/bilstm_tagger.py's model: embedding, BiLSTM, an MLP without biases."""
-
-    words: nn.Embedding
-    lstm: nn.LSTM
-    mlp: nn.MLP
-
-    @classmethod
-    def new(cls, words: int, tags: int, sizes: Sizes, *, seed: int = 0) -> Tagger:
-        rng = np.random.default_rng(seed)
-        lookups = nn.Embedding.new(words, sizes.embedding, seed=rng, dtype=np.float32)
-        lstm = nn.LSTM.new(sizes.embedding, sizes.hidden, bidirectional=True, seed=rng, dtype=np.float32)
-        layers = [
-            nn.Linear.new(2 * sizes.hidden, sizes.mlp, seed=rng, dtype=np.float32, bias=False),
-            nn.Linear.new(sizes.mlp, tags, seed=rng, dtype=np.float32, bias=False),
-        ]
-        return cls(lookups, lstm, nn.MLP(layers, ml.tanh))
-
-    def loss(self, sentences: Sequence[TaggedSentence]) -> FloatLayer:
-        """The mean cross-entropy per word of ``sentences``."""
-        states = self.lstm([[self.words(w) for w in s.words] for s in sentences]).outputs
-        scores: list[list[ArrayLayer]] = [[self.mlp(h) for h in sentence] for sentence in states]
-        losses = [
-            ml.cross_entropy(score, np.asarray(tag))
-            for sentence, row in zip(sentences, scores, strict=True)
-            for score, tag in zip(row, sentence.tags, strict=True)
-        ]
-        return ml.add_n(losses) * (1.0 / len(losses))
 
 
 def _params(module: ml.Module) -> dict[str, np.ndarray]:
@@ -222,14 +165,20 @@ class Batches:
 def bilstm_workload(sizes: Sizes, executor: ml.Executor, seed: int, torch: bool, smoke: bool) -> Workload:
     """A training step of examples/bilstm_tagger.py's tagger, against packed ``nn.LSTM``."""
     data = synthetic_task("bilstm-tagger", seed=seed, smoke=smoke)
-    model = Tagger.new(data.sizes["words"], data.sizes["tags"], sizes, seed=seed)
+    model = Tagger.new(
+        data.sizes["words"],
+        data.sizes["tags"],
+        embedding=sizes.embedding,
+        hidden=sizes.hidden,
+        mlp=sizes.mlp,
+        seed=seed,
+    )
     learning_rate = 0.005  # the example's
     optimizer = ml.Adam(learning_rate)
     ours = Batches(data.train, sizes.sentences)
 
     def monadl_step() -> float:
-        with ml.gc_paused():  # as the example: a batch's graph is many small objects
-            return _train(model.loss(ours.take()), optimizer, executor)
+        return model.step(ours.take(), optimizer, executor)[0]
 
     torch_step = None
     if torch:

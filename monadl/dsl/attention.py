@@ -201,37 +201,38 @@ def _same_rank(q: Any, k: Any, v: Any) -> bool:
     return bool(q.ndim == k.ndim == v.ndim)
 
 
-ATTENTION = Primitive(
-    "scaled_dot_product_attention",
-    _forward,
-    (_vjp_q, _vjp_k, _vjp_v),
-    broadcasts=True,
-    saves=True,
-    cost=lambda q, k, v, **_: float(math.prod(q.shape[:-1]) * k.shape[-2] * (q.shape[-1] + v.shape[-1])),
-    check=_check,
-    batch=Batching(mergeable=_same_rank),
-    fresh=True,
-    own=True,
-)
+def _cost(q: Any, k: Any, v: Any, **_: Any) -> float:
+    return float(math.prod(q.shape[:-1]) * k.shape[-2] * (q.shape[-1] + v.shape[-1]))
+
+
+def _attention(batch: Batching, per_run: tuple[str, ...] = ()) -> Primitive:
+    """The attention primitive; its two forms differ only in how calls batch and in ``per_run``."""
+    return Primitive(
+        "scaled_dot_product_attention",
+        _forward,
+        (_vjp_q, _vjp_k, _vjp_v),
+        broadcasts=True,
+        saves=True,
+        cost=_cost,
+        check=_check,
+        batch=batch,
+        per_run=per_run,
+        fresh=True,
+        own=True,
+    )
+
+
+ATTENTION = _attention(Batching(mergeable=_same_rank))
 """Attention without a mask of data (``causal`` is a static parameter)."""
 
-ATTENTION_MASKED = Primitive(
-    "scaled_dot_product_attention",
-    _forward,
-    (_vjp_q, _vjp_k, _vjp_v),
-    broadcasts=True,
-    saves=True,
-    cost=lambda q, k, v, **_: float(math.prod(q.shape[:-1]) * k.shape[-2] * (q.shape[-1] + v.shape[-1])),
-    check=_check,
-    batch=Batching(
+ATTENTION_MASKED = _attention(
+    Batching(
         mergeable=_same_rank,
         row_params=("mask",),
         forward=_stacked_forward,
         vjps=(_vjp_q, _vjp_k, _vjp_v),
     ),
     per_run=("mask",),
-    fresh=True,
-    own=True,
 )
 """Attention with a ``mask`` of data (a per-run parameter: the masks of merged calls are stacked)."""
 
@@ -270,30 +271,32 @@ def _check_packed(qkv: Any, scale: float | None, causal: bool, heads: int, mask:
     _check(*_thirds(qkv), scale, causal, heads, mask)
 
 
-SELF_ATTENTION = Primitive(
-    "self_attention",
-    _packed_forward,
-    (_packed_vjp,),
-    saves=True,
-    cost=lambda qkv, **_: float(math.prod(qkv.shape[:-1]) * qkv.shape[-2] * qkv.shape[-1]),
-    check=_check_packed,
-    batch=Batching(),
-    fresh=True,
-    own=True,
-)
+def _packed_cost(qkv: Any, **_: Any) -> float:
+    return float(math.prod(qkv.shape[:-1]) * qkv.shape[-2] * qkv.shape[-1])
+
+
+def _self_attention(batch: Batching, per_run: tuple[str, ...] = ()) -> Primitive:
+    """The packed attention primitive; its two forms differ as :func:`_attention`'s."""
+    return Primitive(
+        "self_attention",
+        _packed_forward,
+        (_packed_vjp,),
+        saves=True,
+        cost=_packed_cost,
+        check=_check_packed,
+        batch=batch,
+        per_run=per_run,
+        fresh=True,
+        own=True,
+    )
+
+
+SELF_ATTENTION = _self_attention(Batching())
 """Attention of ``q``, ``k`` and ``v`` packed in one array's last axis (a fused projection's)."""
 
-SELF_ATTENTION_MASKED = Primitive(
-    "self_attention",
-    _packed_forward,
-    (_packed_vjp,),
-    saves=True,
-    cost=lambda qkv, **_: float(math.prod(qkv.shape[:-1]) * qkv.shape[-2] * qkv.shape[-1]),
-    check=_check_packed,
-    batch=Batching(row_params=("mask",), forward=_packed_stacked_forward, vjps=(_packed_vjp,)),
+SELF_ATTENTION_MASKED = _self_attention(
+    Batching(row_params=("mask",), forward=_packed_stacked_forward, vjps=(_packed_vjp,)),
     per_run=("mask",),
-    fresh=True,
-    own=True,
 )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -61,10 +61,11 @@ def _check(name: str, spatial: int, w: ArrayWeight, b: ArrayWeight | None) -> No
 
 
 @dataclass(frozen=True, eq=False)
-class Conv2d(Module):
-    """2d convolution (:func:`~monadl.conv2d`): ``w`` of shape (O, C // groups, KH, KW), ``b`` (O,)
-    or None. Input (..., C, H, W), output (..., O, OH, OW)."""
+class _Conv(Module):
+    """What :class:`Conv1d` and :class:`Conv2d` share: their fields, checked, and the call of the
+    op over ``_spatial`` axes that they set."""
 
+    _spatial: ClassVar[int]
     w: ArrayWeight
     b: ArrayWeight | None = None
     stride: Size = 1
@@ -73,7 +74,27 @@ class Conv2d(Module):
     groups: int = 1
 
     def __post_init__(self) -> None:
-        _check("Conv2d", 2, self.w, self.b)
+        _check(f"Conv{self._spatial}d", self._spatial, self.w, self.b)
+
+    def __call__(self, x: AnyArray) -> ArrayLayer:
+        conv = conv1d if self._spatial == 1 else conv2d
+        return conv(
+            x,
+            self.w,
+            self.b,
+            stride=self.stride,
+            padding=self.padding,
+            dilation=self.dilation,
+            groups=self.groups,
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class Conv2d(_Conv):
+    """2d convolution (:func:`~monadl.conv2d`): ``w`` of shape (O, C // groups, KH, KW), ``b`` (O,)
+    or None. Input (..., C, H, W), output (..., O, OH, OW)."""
+
+    _spatial = 2
 
     @classmethod
     def new(
@@ -95,32 +116,13 @@ class Conv2d(Module):
         w, b = _kernel_weights("Conv2d", 2, inputs, outputs, kernel_size, groups, seed, dtype, bias)
         return cls(w, b, stride, padding, dilation, groups)
 
-    def __call__(self, x: AnyArray) -> ArrayLayer:
-        return conv2d(
-            x,
-            self.w,
-            self.b,
-            stride=self.stride,
-            padding=self.padding,
-            dilation=self.dilation,
-            groups=self.groups,
-        )
-
 
 @dataclass(frozen=True, eq=False)
-class Conv1d(Module):
+class Conv1d(_Conv):
     """1d convolution (:func:`~monadl.conv1d`): ``w`` of shape (O, C // groups, K), ``b`` (O,) or
     None. Input (..., C, L), output (..., O, OL)."""
 
-    w: ArrayWeight
-    b: ArrayWeight | None = None
-    stride: Size = 1
-    padding: Padding = 0
-    dilation: Size = 1
-    groups: int = 1
-
-    def __post_init__(self) -> None:
-        _check("Conv1d", 1, self.w, self.b)
+    _spatial = 1
 
     @classmethod
     def new(
@@ -140,17 +142,6 @@ class Conv1d(Module):
         """As :meth:`Conv2d.new`, with kernels of ``kernel_size`` along one axis."""
         w, b = _kernel_weights("Conv1d", 1, inputs, outputs, kernel_size, groups, seed, dtype, bias)
         return cls(w, b, stride, padding, dilation, groups)
-
-    def __call__(self, x: AnyArray) -> ArrayLayer:
-        return conv1d(
-            x,
-            self.w,
-            self.b,
-            stride=self.stride,
-            padding=self.padding,
-            dilation=self.dilation,
-            groups=self.groups,
-        )
 
 
 @dataclass(frozen=True, eq=False)

@@ -163,8 +163,58 @@ def _directions(bidirectional: bool) -> int:
     return 2 if bidirectional else 1
 
 
+def _stack(
+    name: str,
+    cell: type[C],
+    inputs: int,
+    hidden: int,
+    layers: int,
+    bidirectional: bool,
+    seed: Seed,
+    dtype: type[np.floating[Any]],
+    init: Initializer | None,
+) -> tuple[list[C], list[C]]:
+    """The forward and backward cells of a ``name.new``, drawn by ``cell.new`` from one generator,
+    layer by layer, the forward cell before the backward one."""
+    if layers < 1:
+        raise ValueError(f"{name}.new: layers must be 1 or more, got {layers}")
+    rng = generator(seed)
+    forward: list[C] = []
+    backward: list[C] = []
+    for layer in range(layers):
+        n = inputs if layer == 0 else _directions(bidirectional) * hidden
+        forward.append(cell.new(n, hidden, seed=rng, dtype=dtype, init=init))
+        if bidirectional:
+            backward.append(cell.new(n, hidden, seed=rng, dtype=dtype, init=init))
+    return forward, backward
+
+
+class _Stacked(Module, Generic[C]):
+    """What :class:`LSTM` and :class:`GRU` share: the sizes their cells give. Each declares the
+    fields itself, so that its signature names its own cell type."""
+
+    forward_cells: list[C]
+    backward_cells: list[C]
+
+    @property
+    def inputs(self) -> int:
+        return self.forward_cells[0].inputs
+
+    @property
+    def hidden(self) -> int:
+        return self.forward_cells[0].hidden
+
+    @property
+    def layers(self) -> int:
+        return len(self.forward_cells)
+
+    @property
+    def bidirectional(self) -> bool:
+        return bool(self.backward_cells)
+
+
 @dataclass(frozen=True, eq=False)
-class LSTM(Module):
+class LSTM(_Stacked[LSTMCell]):
     """A stacked, optionally bidirectional LSTM over a list of sequences of any lengths (see the
     module): ``lstm(sequences)`` is a :class:`SequenceOutput` of states ``(h, c)``. Layer ``k`` of
     the forward direction is ``forward_cells[k]``, of the backward one ``backward_cells[k]`` (no
@@ -190,33 +240,8 @@ class LSTM(Module):
     ) -> LSTM:
         """Cells drawn by :meth:`LSTMCell.new` from one generator, layer by layer, the forward
         cell before the backward one."""
-        if layers < 1:
-            raise ValueError(f"LSTM.new: layers must be 1 or more, got {layers}")
-        rng = generator(seed)
-        forward: list[LSTMCell] = []
-        backward: list[LSTMCell] = []
-        for layer in range(layers):
-            n = inputs if layer == 0 else _directions(bidirectional) * hidden
-            forward.append(LSTMCell.new(n, hidden, seed=rng, dtype=dtype, init=init))
-            if bidirectional:
-                backward.append(LSTMCell.new(n, hidden, seed=rng, dtype=dtype, init=init))
+        forward, backward = _stack("LSTM", LSTMCell, inputs, hidden, layers, bidirectional, seed, dtype, init)
         return cls(forward, backward)
-
-    @property
-    def inputs(self) -> int:
-        return self.forward_cells[0].inputs
-
-    @property
-    def hidden(self) -> int:
-        return self.forward_cells[0].hidden
-
-    @property
-    def layers(self) -> int:
-        return len(self.forward_cells)
-
-    @property
-    def bidirectional(self) -> bool:
-        return bool(self.backward_cells)
 
     def __call__(self, sequences: Sequence[Steps]) -> SequenceOutput[LSTMState]:
         """Every step's output and the final states of ``sequences`` (see :class:`SequenceOutput`)."""
@@ -231,7 +256,7 @@ class LSTM(Module):
 
 
 @dataclass(frozen=True, eq=False)
-class GRU(Module):
+class GRU(_Stacked[GRUCell]):
     """A stacked, optionally bidirectional GRU over a list of sequences of any lengths (see the
     module): ``gru(sequences)`` is a :class:`SequenceOutput` of states ``h``. Its cells are
     :class:`GRUCell` s, laid out as :class:`LSTM`'s."""
@@ -255,33 +280,8 @@ class GRU(Module):
         init: Initializer | None = None,
     ) -> GRU:
         """Cells drawn by :meth:`GRUCell.new` from one generator, as :meth:`LSTM.new` draws."""
-        if layers < 1:
-            raise ValueError(f"GRU.new: layers must be 1 or more, got {layers}")
-        rng = generator(seed)
-        forward: list[GRUCell] = []
-        backward: list[GRUCell] = []
-        for layer in range(layers):
-            n = inputs if layer == 0 else _directions(bidirectional) * hidden
-            forward.append(GRUCell.new(n, hidden, seed=rng, dtype=dtype, init=init))
-            if bidirectional:
-                backward.append(GRUCell.new(n, hidden, seed=rng, dtype=dtype, init=init))
+        forward, backward = _stack("GRU", GRUCell, inputs, hidden, layers, bidirectional, seed, dtype, init)
         return cls(forward, backward)
-
-    @property
-    def inputs(self) -> int:
-        return self.forward_cells[0].inputs
-
-    @property
-    def hidden(self) -> int:
-        return self.forward_cells[0].hidden
-
-    @property
-    def layers(self) -> int:
-        return len(self.forward_cells)
-
-    @property
-    def bidirectional(self) -> bool:
-        return bool(self.backward_cells)
 
     def __call__(self, sequences: Sequence[Steps]) -> SequenceOutput[ArrayLayer]:
         """Every step's output and the final states of ``sequences`` (see :class:`SequenceOutput`)."""
