@@ -16,6 +16,7 @@ from op_cases import CASES, NUMPY, Backend, OpCase, predict
 from returns.pipeline import is_successful
 
 import monadl
+import monadl.nn
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.do.do import Apply
 
