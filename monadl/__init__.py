@@ -73,7 +73,7 @@ from monadl.dsl.optimizers import (
 )
 from monadl.dsl.reductions import argmax, argmin, logsumexp, max, min, std, var
 from monadl.dsl.schedules import Constant, CosineDecay, LearningRate, LinearWarmup, Schedule, StepDecay
-from monadl.dsl.selection import where
+from monadl.dsl.selection import take_along_axis, where
 from monadl.dsl.training import (
     NonFiniteGradientError,
     NonFiniteLossError,
@@ -209,6 +209,7 @@ __all__ = [
     "std",
     "var",
     "where",
+    "take_along_axis",  # gathers (issue 30)
     "avg_pool1d",
     "avg_pool2d",
     "conv1d",

@@ -427,3 +427,23 @@ CASES += [  # the modules' attention of q, k and v packed in one array (not expo
         (_u(75, (3, 6)),),
     ),
 ]
+
+# Gathers (issue 30): take_along_axis and advanced indexing, repeated indices included (their
+# deltas add).
+_ALONG = np.array([[3, 0, 3], [1, 1, 2], [0, 3, 3]], dtype=np.int64)
+CASES += [
+    OpCase("take_along_axis", lambda c, a: monadl.take_along_axis(a, c(_ALONG), axis=1), (_A,)),
+    OpCase(
+        "take_along_axis axis 0, broadcast",
+        lambda c, a: monadl.take_along_axis(a, c(np.array([[2, 0, 2, 1]], dtype=np.int64)), axis=0),
+        (_A,),
+    ),
+    OpCase(
+        "take_along_axis one per row",
+        lambda c, a: monadl.take_along_axis(a, c(_LABELS[:, None]), axis=-1),
+        (_A,),
+    ),
+    OpCase("getitem rows, cols", lambda c, a: a[c(_ALONG[:, 0] % 3), c(_ALONG[0])], (_A,)),
+    OpCase("getitem [:, cols]", lambda c, a: a[:, c(_ALONG)], (_u(71, (2, 4, 3)),)),
+    OpCase("getitem mask", lambda c, a: a[c(_A > 0.0)], (_B,)),
+]

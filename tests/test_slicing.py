@@ -478,9 +478,9 @@ def _witness() -> Any:
         (lambda: UNTYPED_W[::0], ValueError, "getitem: slice step cannot be zero"),
         (lambda: UNTYPED_W[..., 0, ...], ValueError, "getitem: an index can have only one ellipsis (...)"),
         (
-            lambda: UNTYPED_W[:, [0, 1]],
+            lambda: UNTYPED_W[:, {0, 1}],
             TypeError,
-            "getitem: expected ints, slices, None or ... in an index, got list",
+            "getitem: expected ints, slices, None or ... in an index, got set",
         ),
         (
             lambda: UNTYPED_W[0, 1.0],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
-from monadl.bench import columns, distributed, overhead, suite, threads, treelstm
+from monadl.bench import columns, distributed, models, overhead, suite, threads, treelstm
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("threads", threads, "whether a pool of two can pay here: the column kernels on one and two threads"),
         ("distributed", distributed, "data-parallel Tree-LSTM on Ray: steps/s by workers, Ray's overhead"),
         ("suite", suite, "the DyNet benchmark suite's four tasks against DyNet and PyTorch"),
+        ("models", models, "the example models' steps (conv, CNN, Transformer, BiLSTM) against PyTorch"),
     ]
     for name, module, summary in benchmarks:
         sub = commands.add_parser(

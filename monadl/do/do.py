@@ -228,7 +228,12 @@ class Variable(Node):
 @final
 class Apply(Node):
     """``prim`` applied to the values of ``sources`` with static ``params``; ``code`` and
-    ``instruction``: where the user's code made it (None where unknown), named by its errors."""
+    ``instruction``: where the user's code made it (None where unknown), named by its errors.
+    ``static``: its result's static shape, dtype and namespace (or None), set on the first
+    ``layer.shape`` that needs it (``monadl.dsl.static``); unset until then, so building costs
+    nothing more."""
+
+    static: Any
 
     def __init__(
         self,

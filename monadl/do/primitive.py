@@ -137,7 +137,9 @@ class Primitive:
     delta is a product of rows (a weight's, ``x.T @ d``), the rule ``(xp, d, saved, *inputs,
     **params) -> (left, right)`` giving its factors (``left`` None: ``right``'s rows summed: a
     bias), or None where it is not one; a backward pass adds up a weight's products over all the
-    calls of a step and multiplies once (``monadl.tape.backward``)."""
+    calls of a step and multiplies once (``monadl.tape.backward``). ``shape_rule``: the result's
+    static shape, dtype and namespace from the inputs' (``(shape, dtype, xp)`` each) and the
+    parameters, or None (see ``monadl.dsl.static``): a layer's ``.shape`` and ``.dtype``."""
 
     def __init__(
         self,
@@ -156,6 +158,7 @@ class Primitive:
         fresh: bool = False,
         own: bool = False,
         products: dict[int, Rule] | None = None,
+        shape_rule: Rule | None = None,
     ) -> None:
         self.name = name
         self.forward = forward
@@ -171,6 +174,7 @@ class Primitive:
         self.fresh = fresh
         self.own = own
         self.products = products or {}
+        self.shape_rule = shape_rule
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"

@@ -7,12 +7,13 @@ type follows the operands: float with float gives a ``FloatLayer``, anything wit
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Self, TypeAlias, TypeVar, cast, final, overload
 
 import numpy as np
 from mypy_extensions import mypyc_attr
+from numpy.typing import NDArray
 from returns.future import FutureResult
 from returns.result import Result
 
@@ -33,8 +34,11 @@ if TYPE_CHECKING:
 
 BasicIndex: TypeAlias = "int | np.integer[Any] | slice | EllipsisType | None"
 """An entry of a basic index (``layer[:, 1:3]``, ``layer[..., 0]``)."""
-Index: TypeAlias = "RowIndices | slice | EllipsisType | tuple[BasicIndex, ...]"
-"""What indexes an array layer or weight: rows (an embedding lookup), or a basic index."""
+IndexEntry: TypeAlias = "BasicIndex | Sequence[int] | NDArray[Any]"
+"""An entry of an index: a basic one, or an integer or boolean array or a list (advanced indexing)."""
+Index: TypeAlias = "RowIndices | slice | EllipsisType | NDArray[np.bool_] | tuple[IndexEntry, ...]"
+"""What indexes an array layer or weight: rows (an embedding lookup), a basic index, or integer
+arrays and lists in a tuple, or a boolean mask (advanced indexing)."""
 
 
 def is_float_kind(x: object) -> bool:
@@ -148,6 +152,17 @@ class FloatOperators(Differentiable):
     def __pos__(self) -> Self:
         return self
 
+    @property
+    def shape(self) -> tuple[()]:
+        """``()``: a float has no axes (as a NumPy scalar's shape)."""
+        return ()
+
+    @property
+    def dtype(self) -> type[float]:
+        """``float``: a Python float, which takes an array's dtype where it meets one (a float32
+        array plus a float layer is float32)."""
+        return float
+
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class ArrayOperators(Differentiable):
@@ -202,22 +217,72 @@ class ArrayOperators(Differentiable):
     def __pos__(self) -> Self:
         return self
 
+    @property
+    def shape(self) -> tuple[int, ...] | None:
+        """The shape of this array, where it is known before it runs, else None. A weight's or a
+        constant's is its data's; an op's follows from its inputs' by the op's rule: elementwise
+        ops and activations (broadcasting), ``matmul``, ``linear``, the reductions, ``reshape``,
+        ``transpose``, ``concatenate``, ``stack``, ``split``, indexing (basic and advanced),
+        ``take_rows``, ``take_along_axis``, ``where``, ``softmax``, ``log_softmax``,
+        ``batch_norm``, dropout, convolutions and pools. A ``@batchable`` call's result, a
+        ``custom_op``'s and anything that depends on one are None (:mod:`monadl.dsl.static`).
+        Worked out on first access, not while the graph is built."""
+        info = _static(self)
+        return None if info is None else info[0]
+
+    @property
+    def dtype(self) -> Any:
+        """The dtype of this array (of its namespace: ``numpy.float32``'s dtype for NumPy), where it
+        is known before it runs, else None (where :attr:`shape` is). It is NumPy 2's promotion of
+        the array operands' dtypes (``result_type``); a Python float operand keeps an array's."""
+        info = _static(self)
+        return None if info is None else info[1]
+
     def __getitem__(self, key: Index) -> ArrayLayer:
         """``self[key]``. Rows of this array for an int (0 or more), a list or an integer array of
         them (an embedding lookup, its delta sparse rows: see :func:`monadl.take_rows`); else
         NumPy's basic indexing, whose delta is the result's in zeros of this array's shape: slices
         (``x[:, a:b]``, ``x[::-1]``), ints that drop their axis (``x[..., 3]``, ``x[-1]``), ``None``
-        (a new axis: ``x[None, :]``, not ``x[None]`` alone) and one ``...``, in a tuple."""
+        (a new axis: ``x[None, :]``, not ``x[None]`` alone) and one ``...``, in a tuple. A tuple of
+        integer arrays or lists (``x[rows, cols]``, ``x[:, rows]``) or a boolean mask (``x[mask]``)
+        is NumPy's advanced indexing, its delta one scatter-add (see
+        :func:`monadl.dsl.selection.index_arrays`)."""
         kind = type(key)
         if kind is int:  # one row (a word of a tree), or one from the end
             basic = cast(int, key) < 0
         elif kind is tuple or kind is slice or key is Ellipsis:
             basic = True  # (None alone is no index, as before: ``x[None, ...]`` adds an axis)
+            if kind is tuple and _has_arrays(cast(tuple[Any, ...], key)):
+                return _index_arrays(self, key)
         else:
             basic = isinstance(key, np.integer) and int(key) < 0
+            if not basic and str(getattr(key, "dtype", "")).endswith("bool"):  # a boolean mask
+                return _index_arrays(self, key)
         if basic:
             return apply_array(P.getitem, self, index=P.basic_index(key), axis=0)
         return apply_array(P.take_rows, self, indices=row_indices(cast(RowIndices, key)))
+
+
+def _static(x: ArrayOperators) -> tuple[tuple[int, ...], Any, Any] | None:
+    from monadl.dsl.static import static_info  # (imported on the first ``.shape``: none at build)
+
+    return static_info(cast(Node, x.forward))
+
+
+def _has_arrays(key: tuple[Any, ...]) -> bool:
+    """Whether an index holds an array or a list (advanced indexing), not only basic entries."""
+    for e in key:
+        if type(e) is list or type(e) is np.ndarray:
+            return True
+        if hasattr(e, "__array_namespace__") and not isinstance(e, np.generic):
+            return True
+    return False
+
+
+def _index_arrays(x: ArrayOperators, key: object) -> ArrayLayer:
+    from monadl.dsl.selection import index_arrays  # (selection builds on this module)
+
+    return index_arrays(x, key)
 
 
 @final

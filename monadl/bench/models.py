@@ -1,0 +1,380 @@
+"""The example models' training steps, monadl side by side with PyTorch, both on one thread.
+
+Workloads (the sizes of the examples' defaults; ``--smoke``: tiny ones):
+
+  conv1        examples/cnn.py's first conv layer (3 -> channels, 3x3, padding 1, 32x32 images of a
+               batch), forward and backward: the gradients of the sum of its output by its kernel
+               and bias
+  conv2        its second (channels -> 2 channels, on 16x16), forward and backward, the input's
+               gradient too (inside the network it flows on to the first block)
+  cnn          one training step of examples/cnn.py's CNN (conv-relu-pool twice, a dense layer to
+               100 classes; Adam on the mean cross-entropy of a batch of random images)
+  transformer  not written yet: skipped, with a note (the Transformer step was measured apart:
+               docs/benchmarks.md)
+  bilstm       one training step of examples/bilstm_tagger.py's tagger (embedding 64, BiLSTM hidden
+               50, MLP 32; Adam on the mean cross-entropy per word) on --sentences sentences of the
+               synthetic WikiNER-like set, against ``nn.LSTM`` over the same sentences packed
+
+The monadl side is the code of the examples (the models are the examples' own, repeated here since
+examples/ is not a package), on an ``ml.Executor()`` (dynamic batching on); the PyTorch side
+(``monadl.bench.models_torch``) is the same model from the same weights, trained the same way.
+Both sides run on one thread: BLAS capped by threadpoolctl, ``torch.set_num_threads(1)``.
+
+Timing: a segment is a fixed number of steps (enough for about --segment seconds of the slower
+side, after --warmup steps of each); --repeats rounds time one segment of each side in turn
+(``common.interleaved``). A ratio is monadl's steps/s over PyTorch's, the median of the rounds' own
+ratios [their min-max]. ``must`` and ``goal`` are the issue's targets for that ratio. Both sides'
+first losses are compared (they start from the same weights and data): a warning if they differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+import monadl as ml
+from monadl import ArrayLayer, FloatLayer, nn
+from monadl.bench.common import interleaved, torch_available
+from monadl.bench.suite_data import TaggedSentence, synthetic_task
+from monadl.cli import non_negative_int, positive_float, positive_int
+from monadl.data.files import atomic_write_bytes
+
+CLASSES = 100
+
+#: workload -> (must, goal): the issue's targets for monadl's speed over PyTorch's.
+TARGETS: dict[str, tuple[float, float]] = {
+    "conv1": (0.5, 1.0),
+    "conv2": (0.5, 1.0),
+    "cnn": (0.7, 1.0),
+    "transformer": (1.0, 1.3),
+    "bilstm": (1.0, 1.5),
+}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    batch: int = 32
+    channels: int = 16
+    sentences: int = 16
+    embedding: int = 64
+    hidden: int = 50
+    mlp: int = 32
+
+
+SMOKE_SIZES = Sizes(batch=2, channels=2, sentences=3, embedding=4, hidden=3, mlp=4)
+
+
+# --------------------------------------------------------------------------- the monadl models
+
+
+@dataclass(frozen=True, eq=False)
+class CNN(ml.Module):
+    """examples/cnn.py's model: conv-relu-pool twice, then a dense layer to the classes."""
+
+    conv1: nn.Conv2d
+    conv2: nn.Conv2d
+    head: nn.Linear
+
+    @classmethod
+    def new(cls, channels: int = 16, *, seed: int = 0) -> CNN:
+        rng = np.random.default_rng(seed)
+        return cls(
+            nn.Conv2d.new(3, channels, 3, padding=1, seed=rng, dtype=np.float32),
+            nn.Conv2d.new(channels, 2 * channels, 3, padding=1, seed=rng, dtype=np.float32),
+            nn.Linear.new(2 * channels * 8 * 8, CLASSES, seed=rng, dtype=np.float32),
+        )
+
+    def __call__(self, images: ml.AnyArray) -> ml.ArrayLayer:
+        pool = nn.MaxPool2d(2)
+        h = pool(ml.relu(self.conv1(images)))
+        h = pool(ml.relu(self.conv2(h)))
+        return self.head(ml.reshape(h, (-1, self.head.inputs)))
+
+
+@dataclass(frozen=True, eq=False)
+class Tagger(ml.Module):
+    """examples/bilstm_tagger.py's model: embedding, BiLSTM, an MLP without biases."""
+
+    words: nn.Embedding
+    lstm: nn.LSTM
+    mlp: nn.MLP
+
+    @classmethod
+    def new(cls, words: int, tags: int, sizes: Sizes, *, seed: int = 0) -> Tagger:
+        rng = np.random.default_rng(seed)
+        lookups = nn.Embedding.new(words, sizes.embedding, seed=rng, dtype=np.float32)
+        lstm = nn.LSTM.new(sizes.embedding, sizes.hidden, bidirectional=True, seed=rng, dtype=np.float32)
+        layers = [
+            nn.Linear.new(2 * sizes.hidden, sizes.mlp, seed=rng, dtype=np.float32, bias=False),
+            nn.Linear.new(sizes.mlp, tags, seed=rng, dtype=np.float32, bias=False),
+        ]
+        return cls(lookups, lstm, nn.MLP(layers, ml.tanh))
+
+    def loss(self, sentences: Sequence[TaggedSentence]) -> FloatLayer:
+        """The mean cross-entropy per word of ``sentences``."""
+        states = self.lstm([[self.words(w) for w in s.words] for s in sentences]).outputs
+        scores: list[list[ArrayLayer]] = [[self.mlp(h) for h in sentence] for sentence in states]
+        losses = [
+            ml.cross_entropy(score, np.asarray(tag))
+            for sentence, row in zip(sentences, scores, strict=True)
+            for score, tag in zip(row, sentence.tags, strict=True)
+        ]
+        return ml.add_n(losses) * (1.0 / len(losses))
+
+
+def _params(module: ml.Module) -> dict[str, np.ndarray]:
+    return {name: np.array(w.data) for name, w in module.weights().items()}
+
+
+# --------------------------------------------------------------------------- the workloads
+
+
+@dataclass
+class Workload:
+    """A workload's two sides: each runs one step and returns its loss."""
+
+    name: str
+    what: str
+    monadl: Callable[[], float]
+    torch: Callable[[], float] | None
+
+
+def _train(loss: FloatLayer, optimizer: ml.Optimizer, executor: ml.Executor) -> float:
+    value: float = loss.train_blocking(optimizer, executor=executor).unwrap()
+    return value
+
+
+def conv_workload(which: int, sizes: Sizes, executor: ml.Executor, seed: int, torch: bool) -> Workload:
+    """conv1 or conv2 of the CNN, forward and backward (see the module)."""
+    cnn = CNN.new(sizes.channels, seed=seed)
+    conv = cnn.conv1 if which == 1 else cnn.conv2
+    side = 32 if which == 1 else 16
+    channels = 3 if which == 1 else sizes.channels
+    rng = np.random.default_rng([seed, which])
+    x = rng.random((sizes.batch, channels, side, side), dtype=np.float32)
+    data: ml.AnyArray = x if which == 1 else ml.ArrayWeight(x, name="input")
+
+    def monadl_step() -> float:
+        loss, _ = ml.compute_gradients(ml.sum(conv(data)), executor=executor)
+        return float(loss)
+
+    torch_step = None
+    if torch:
+        from monadl.bench.models_torch import TorchConv
+
+        assert conv.b is not None
+        peer = TorchConv(np.array(conv.w.data), np.array(conv.b.data), x, input_grad=which == 2)
+        torch_step = peer.step
+    what = f"{channels} -> {conv.w.data.shape[0]} channels, 3x3, on {sizes.batch} x {side}x{side}"
+    return Workload(f"conv{which}", what, monadl_step, torch_step)
+
+
+def cnn_workload(sizes: Sizes, executor: ml.Executor, seed: int, torch: bool) -> Workload:
+    """A training step of examples/cnn.py's CNN on random images."""
+    model = CNN.new(sizes.channels, seed=seed)
+    rng = np.random.default_rng([seed, 3])
+    images = rng.random((sizes.batch, 3, 32, 32), dtype=np.float32)
+    labels = rng.integers(0, CLASSES, sizes.batch).astype(np.int64)
+    learning_rate = 0.002  # the example's
+    optimizer = ml.Adam(learning_rate)
+    torch_step = None
+    if torch:
+        from monadl.bench.models_torch import TorchCNN
+
+        peer = TorchCNN(_params(model), learning_rate)
+        torch_step = lambda: peer.step(images, labels)
+    return Workload(
+        "cnn",
+        f"channels {sizes.channels}, batch {sizes.batch}",
+        lambda: _train(ml.cross_entropy(model(images), labels), optimizer, executor),
+        torch_step,
+    )
+
+
+def transformer_workload(sizes: Sizes, executor: ml.Executor, seed: int, torch: bool) -> Workload | None:
+    """A Transformer's training step: not written yet (None), so the run says it was skipped."""
+    return None
+
+
+class Batches:
+    """The sentences in batches of ``size``, in turn, from the first again after the last."""
+
+    def __init__(self, sentences: Sequence[TaggedSentence], size: int) -> None:
+        self.batches = [sentences[k : k + size] for k in range(0, len(sentences) - size + 1, size)]
+        self.next = 0
+
+    def take(self) -> Sequence[TaggedSentence]:
+        batch = self.batches[self.next % len(self.batches)]
+        self.next += 1
+        return batch
+
+
+def bilstm_workload(sizes: Sizes, executor: ml.Executor, seed: int, torch: bool, smoke: bool) -> Workload:
+    """A training step of examples/bilstm_tagger.py's tagger, against packed ``nn.LSTM``."""
+    data = synthetic_task("bilstm-tagger", seed=seed, smoke=smoke)
+    model = Tagger.new(data.sizes["words"], data.sizes["tags"], sizes, seed=seed)
+    learning_rate = 0.005  # the example's
+    optimizer = ml.Adam(learning_rate)
+    ours = Batches(data.train, sizes.sentences)
+
+    def monadl_step() -> float:
+        with ml.gc_paused():  # as the example: a batch's graph is many small objects
+            return _train(model.loss(ours.take()), optimizer, executor)
+
+    torch_step = None
+    if torch:
+        from monadl.bench.models_torch import TorchTagger
+
+        peer = TorchTagger(_params(model), learning_rate)
+        theirs = Batches(data.train, sizes.sentences)
+        torch_step = lambda: peer.step(theirs.take())
+    words = sum(len(s.words) for b in ours.batches for s in b) / len(ours.batches)
+    what = (
+        f"{sizes.sentences} sentences a step ({words:.0f} words on average), embedding "
+        f"{sizes.embedding}, hidden {sizes.hidden}, MLP {sizes.mlp}"
+    )
+    return Workload("bilstm", what, monadl_step, torch_step)
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+@dataclass
+class Result:
+    """One workload's figures: steps/s of each side (medians over the rounds), each round's ratio
+    monadl / PyTorch and their median, and both sides' first losses."""
+
+    name: str
+    what: str
+    steps: int
+    monadl_rate: float
+    torch_rate: float | None = None
+    ratio: float | None = None
+    ratios: list[float] = field(default_factory=list)
+    must: float = math.nan
+    goal: float = math.nan
+    first_losses: list[float] = field(default_factory=list)
+
+
+def _segment(step: Callable[[], float], steps: int) -> Callable[[], int]:
+    def run() -> int:
+        for _ in range(steps):
+            step()
+        return steps
+
+    return run
+
+
+def measure(workload: Workload, *, warmup: int, repeats: int, segment: float) -> Result:
+    """Times ``workload``'s sides in turn (see the module)."""
+    sides = [workload.monadl] + ([workload.torch] if workload.torch is not None else [])
+    first = [side() for side in sides]
+    slowest = 0.0
+    for side in sides:
+        for _ in range(max(warmup - 1, 0)):
+            side()
+        start = time.perf_counter()
+        side()
+        slowest = max(slowest, time.perf_counter() - start)
+    steps = max(1, round(segment / max(slowest, 1e-9)))
+    rates = interleaved([_segment(side, steps) for side in sides], repeats)
+    must, goal = TARGETS[workload.name]
+    result = Result(workload.name, workload.what, steps, statistics.median(rates[0]), must=must, goal=goal)
+    result.first_losses = first
+    if len(rates) == 2:
+        result.torch_rate = statistics.median(rates[1])
+        result.ratios = [m / t for m, t in zip(rates[0], rates[1], strict=True)]
+        result.ratio = statistics.median(result.ratios)
+    return result
+
+
+def format_row(r: Result) -> str:
+    if r.ratio is None:
+        return f"{r.name:<12} {r.monadl_rate:>10.1f} {'-':>10} {'-':>16} {r.must:>5.1f}x {r.goal:>5.1f}x"
+    span = f"[{min(r.ratios):.2f}-{max(r.ratios):.2f}]"
+    assert r.torch_rate is not None
+    return (
+        f"{r.name:<12} {r.monadl_rate:>10.1f} {r.torch_rate:>10.1f} {r.ratio:>5.2f}x {span:>10} "
+        f"{r.must:>5.1f}x {r.goal:>5.1f}x"
+    )
+
+
+def run(args: argparse.Namespace) -> list[Result]:
+    """Builds the workloads asked for and measures them, printing a table as it goes."""
+    sizes = SMOKE_SIZES if args.smoke else Sizes()
+    if args.batch is not None:
+        sizes = Sizes(**{**asdict(sizes), "batch": args.batch})
+    with_torch = not args.no_torch and torch_available()
+    if not args.no_torch and not with_torch:
+        print("torch: not installed, monadl's rates only")
+    results: list[Result] = []
+    with threadpool_limits(limits=1), ml.Executor() as executor:
+        if with_torch:
+            import torch  # type: ignore[import-not-found, unused-ignore]
+
+            torch.set_num_threads(1)
+        print(f"monadl {'compiled' if ml.compiled() else 'pure'}; one thread each; steps/s")
+        print(
+            f"{'workload':<12} {'monadl':>10} {'torch':>10} {'ratio':>6} {'[min-max]':>10} "
+            f"{'must':>6} {'goal':>6}"
+        )
+        for name in args.only or list(TARGETS):
+            workload: Workload | None
+            if name in ("conv1", "conv2"):
+                workload = conv_workload(int(name[-1]), sizes, executor, args.seed, with_torch)
+            elif name == "cnn":
+                workload = cnn_workload(sizes, executor, args.seed, with_torch)
+            elif name == "transformer":
+                workload = transformer_workload(sizes, executor, args.seed, with_torch)
+                if workload is None:
+                    print(f"{name:<12} skipped: this workload is not written yet")
+                    continue
+            else:
+                workload = bilstm_workload(sizes, executor, args.seed, with_torch, args.smoke)
+            result = measure(workload, warmup=args.warmup, repeats=args.repeats, segment=args.segment)
+            results.append(result)
+            print(format_row(result), flush=True)
+            if len(result.first_losses) == 2 and not math.isclose(*result.first_losses, rel_tol=1e-3):
+                print(
+                    f"  warning: the first losses differ: monadl {result.first_losses[0]:.6g}, "
+                    f"torch {result.first_losses[1]:.6g}"
+                )
+    for r in results:
+        print(f"  {r.name}: {r.what}; {r.steps} steps a segment")
+    return results
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command line of ``python -m monadl.bench models``."""
+    parser.add_argument("--only", nargs="+", choices=list(TARGETS), help="these workloads only")
+    parser.add_argument("--batch", type=positive_int, help="images per CNN step (default 32)")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timed rounds per workload")
+    parser.add_argument("--warmup", type=non_negative_int, default=3, help="untimed steps per side first")
+    parser.add_argument("--segment", type=positive_float, default=0.5, help="seconds a timed segment")
+    parser.add_argument("--seed", type=non_negative_int, default=0)
+    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch even when installed")
+    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument("--smoke", action="store_true", help="a seconds-long run (for CI): tiny sizes")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Runs the benchmark, prints its table (and writes the JSON, if asked)."""
+    if args.smoke:
+        args.repeats, args.warmup, args.segment = min(args.repeats, 2), min(args.warmup, 1), 0.01
+    results = run(args)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        document: dict[str, Any] = {"compiled": ml.compiled(), "results": [asdict(r) for r in results]}
+        atomic_write_bytes(args.json, json.dumps(document, indent=2).encode())
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,113 @@
+"""The PyTorch peers of ``python -m monadl.bench models``: each the same model as monadl's side,
+from the same weights (copied), trained the same way, written as a PyTorch user would write it.
+
+Imported only where torch is installed (``common.torch_available``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from monadl.bench.suite_data import TaggedSentence
+from monadl.bench.suite_dynet import fused_lstm
+
+if TYPE_CHECKING:
+    # Absent where torch is not installed (CI): there mypy sees torch as Any.
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+
+def _tensor(array: Any, grad: bool = True) -> torch.Tensor:
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+    return torch.tensor(np.asarray(array), requires_grad=grad)
+
+
+class TorchConv:
+    """One 3x3 convolution (padding 1) forward and backward: the gradients of the sum of its output
+    by its kernel, bias and, if ``input_grad``, its input (as inside a network, past its first
+    layer)."""
+
+    def __init__(self, w: np.ndarray, b: np.ndarray, x: np.ndarray, *, input_grad: bool) -> None:
+        self.w, self.b = _tensor(w), _tensor(b)
+        self.x = _tensor(x, grad=input_grad)
+
+    def step(self) -> float:
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        for t in (self.w, self.b, self.x):
+            t.grad = None
+        loss = torch.nn.functional.conv2d(self.x, self.w, self.b, padding=1).sum()
+        loss.backward()  # type: ignore[no-untyped-call, unused-ignore]
+        return float(loss.item())
+
+
+class TorchCNN:
+    """examples/cnn.py's CNN: conv-relu-pool twice, a dense layer; Adam on the mean cross-entropy."""
+
+    def __init__(self, params: Mapping[str, np.ndarray], learning_rate: float) -> None:
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        names = ["conv1.w", "conv1.b", "conv2.w", "conv2.b", "head.w", "head.b"]
+        self.t = {name: _tensor(params[name].T if name == "head.w" else params[name]) for name in names}
+        self.optimizer = torch.optim.Adam(list(self.t.values()), lr=learning_rate, foreach=True)
+
+    def step(self, images: np.ndarray, labels: np.ndarray) -> float:
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        f, t = torch.nn.functional, self.t
+        self.optimizer.zero_grad(set_to_none=True)
+        h = f.max_pool2d(f.relu(f.conv2d(torch.from_numpy(images), t["conv1.w"], t["conv1.b"], padding=1)), 2)
+        h = f.max_pool2d(f.relu(f.conv2d(h, t["conv2.w"], t["conv2.b"], padding=1)), 2)
+        logits = f.linear(h.reshape(h.shape[0], -1), t["head.w"], t["head.b"])
+        loss = f.cross_entropy(logits, torch.from_numpy(labels))
+        loss.backward()  # type: ignore[no-untyped-call, unused-ignore]
+        self.optimizer.step()
+        return float(loss.item())
+
+
+class TorchTagger:
+    """examples/bilstm_tagger.py's tagger: embedding, a bidirectional ``nn.LSTM`` over the batch's
+    sentences packed (``pack_sequence``, no padding computed), an MLP without biases; Adam on the
+    mean cross-entropy per word. ``nn.LSTM``'s second bias is zero and frozen (monadl's cell has
+    one bias per gate)."""
+
+    def __init__(self, params: Mapping[str, np.ndarray], learning_rate: float) -> None:
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        w_x, _, _ = fused_lstm(params, "lstm.forward_cells.0", "ifuo")
+        hidden = w_x.shape[0] // 4
+        self.lstm = torch.nn.LSTM(w_x.shape[1], hidden, 1, bidirectional=True)
+        with torch.no_grad():
+            for prefix, suffix in (("lstm.forward_cells.0", ""), ("lstm.backward_cells.0", "_reverse")):
+                w_x, w_h, b = fused_lstm(params, prefix, "ifuo")
+                getattr(self.lstm, f"weight_ih_l0{suffix}").copy_(torch.from_numpy(w_x))
+                getattr(self.lstm, f"weight_hh_l0{suffix}").copy_(torch.from_numpy(w_h))
+                getattr(self.lstm, f"bias_ih_l0{suffix}").copy_(torch.from_numpy(b))
+                getattr(self.lstm, f"bias_hh_l0{suffix}").zero_()
+                getattr(self.lstm, f"bias_hh_l0{suffix}").requires_grad_(False)
+        self.table = _tensor(params["words.table"])
+        self.h = _tensor(params["mlp.layers.0.w"].T)
+        self.o = _tensor(params["mlp.layers.1.w"].T)
+        trained = [p for p in self.lstm.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(
+            [self.table, *trained, self.h, self.o], lr=learning_rate, foreach=True
+        )
+
+    def step(self, sentences: Sequence[TaggedSentence]) -> float:
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        f, rnn = torch.nn.functional, torch.nn.utils.rnn
+        self.optimizer.zero_grad(set_to_none=True)
+        packed = rnn.pack_sequence(
+            [self.table[torch.tensor(s.words)] for s in sentences], enforce_sorted=False
+        )
+        tags = rnn.pack_sequence([torch.tensor(s.tags) for s in sentences], enforce_sorted=False)
+        states = self.lstm(packed)[0].data  # every word's [f; b], in the packed order, as the tags
+        scores = f.linear(torch.tanh(f.linear(states, self.h)), self.o)
+        loss = f.cross_entropy(scores, tags.data)
+        loss.backward()  # type: ignore[no-untyped-call, unused-ignore]
+        self.optimizer.step()
+        return float(loss.item())
