@@ -557,16 +557,20 @@ def _cast_wide(run: Run, entry: Entry) -> None:
     datas = run.datas
     wants = run.wants
     inputs = entry.inputs
-    layers: Any = None  # the dtype the layers' operands promote to
     xp: Any = None
     for e in inputs:
         d = datas[e.slot]
+        if type(d) is not float:
+            x = namespace(d)
+            if xp is None:
+                xp = x
+            elif x is not xp:
+                return  # arrays of two namespaces: the op itself says they do not mix
+    layers: Any = None  # the dtype the layers' operands promote to
+    for e in inputs:
+        d = datas[e.slot]
         if type(d) is not float and wants[e.slot]:
-            if layers is None:
-                xp = namespace(d)
-                layers = d.dtype
-            else:
-                layers = xp.result_type(layers, d.dtype)
+            layers = d.dtype if layers is None else xp.result_type(layers, d.dtype)
     if layers is None:  # constants alone (or with float layers): the namespace's promotion
         return
     for i, e in enumerate(inputs):

@@ -137,6 +137,8 @@ def _apply(node: Apply) -> tuple[Info | None, bool]:
 def _cast_constants(inputs: list[Info], weighted: list[bool]) -> list[Info]:
     """``inputs`` as the op reads them: a constant array wider than the layers' promoted dtype in
     that dtype, as ``scheduler.cast_constants`` makes it in a run."""
+    if len({x for _, _, x in inputs if x is not None}) > 1:
+        return inputs  # arrays of two namespaces: the run says they do not mix
     layers: Any = None
     xp: Any = None
     for (_, d, x), w in zip(inputs, weighted, strict=True):
