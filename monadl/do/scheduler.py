@@ -547,7 +547,8 @@ def cast_constants(run: Run, entry: Entry) -> None:
             dtype = d.dtype
             if first is None:
                 first = dtype
-            elif dtype is not first and dtype != first:
+            elif dtype is not first and (type(dtype) is not type(first) or dtype != first):
+                # (dtypes of two libraries are not compared: array-api-strict warns)
                 _cast_wide(run, entry)
                 return
 
