@@ -86,10 +86,17 @@ class Model:
 
     @staticmethod
     def new(inputs: int = 3, outputs: int = 2, seed: int = 0) -> Model:
+        # float64 (not the default float32): the versions' losses are compared with one another and
+        # with a NumPy reference to 1e-9 and closer, below float32's rounding.
         rng = np.random.default_rng(seed)
-        g0, g1 = (ArrayWeight.normal([inputs], std=0.5, seed=rng) for _ in range(2))
+        f64 = np.float64
+        g0, g1 = (ArrayWeight.normal([inputs], std=0.5, seed=rng, dtype=f64) for _ in range(2))
         e0, e1 = (
-            (ArrayWeight.normal([inputs, outputs], seed=rng), ArrayWeight.zeros([outputs])) for _ in range(2)
+            (
+                ArrayWeight.normal([inputs, outputs], seed=rng, dtype=f64),
+                ArrayWeight.zeros([outputs], dtype=f64),
+            )
+            for _ in range(2)
         )
         return Model((g0, g1), (e0, e1))
 

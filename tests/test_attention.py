@@ -213,7 +213,7 @@ def torch_encoder_layer(layer: nn.TransformerEncoderLayer, torch: Any) -> Any:
 def test_the_encoder_layer_is_pytorchs(norm_first: bool) -> None:
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(3)
-    layer = nn.TransformerEncoderLayer.new(8, 2, 12, norm_first=norm_first, seed=rng)
+    layer = nn.TransformerEncoderLayer.new(8, 2, 12, norm_first=norm_first, seed=rng, dtype=np.float64)
     for w in layer.weights().values():  # biases and norms away from their initial 0 and 1
         data = np.asarray(w.data)
         w.data = data + rng.uniform(-0.2, 0.2, data.shape)
@@ -272,7 +272,7 @@ def test_encoder_layers_merge_across_sequences() -> None:
     """One layer applied to several sequences of one length: its ops merge, the results equal."""
 
     def loss() -> FloatLayer:
-        layer = nn.TransformerEncoderLayer.new(8, 2, 16, norm_first=True, seed=9)
+        layer = nn.TransformerEncoderLayer.new(8, 2, 16, norm_first=True, seed=9, dtype=np.float64)
         xs = [uniform(90 + k, 6, 8) for k in range(3)]
         return ml.add_n([ml.sum(layer(x, causal=True) * uniform(95 + k, 6, 8)) for k, x in enumerate(xs)])
 

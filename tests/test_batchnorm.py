@@ -49,7 +49,7 @@ torch = pytest.importorskip("torch")
 
 
 def torch_pair(channels: int, two_d: bool) -> tuple[Any, Any]:
-    mine = (BatchNorm2d if two_d else BatchNorm1d).new(channels, momentum=0.2)
+    mine = (BatchNorm2d if two_d else BatchNorm1d).new(channels, momentum=0.2, dtype=np.float64)
     theirs = (torch.nn.BatchNorm2d if two_d else torch.nn.BatchNorm1d)(channels, momentum=0.2).double()
     with torch.no_grad():
         theirs.weight.copy_(torch.tensor(RNG.uniform(0.5, 1.5, channels)))
@@ -102,7 +102,7 @@ def state(norm: Any) -> list[Any]:
 
 
 def test_a_failed_step_leaves_the_running_statistics_as_they_were() -> None:
-    norm = BatchNorm1d.new(3)
+    norm = BatchNorm1d.new(3, dtype=np.float64)
     x = RNG.normal(size=(4, 3))
     assert is_successful(ml.sum(norm(x)).train_blocking(ml.SGD(0.1)))
     before = state(norm)
@@ -120,7 +120,7 @@ def test_a_failed_step_leaves_the_running_statistics_as_they_were() -> None:
 
 
 def test_predictions_read_the_running_statistics_and_stage_nothing() -> None:
-    norm = BatchNorm1d.new(2, eps=1e-3)
+    norm = BatchNorm1d.new(2, eps=1e-3, dtype=np.float64)
     norm.running_mean.data = np.array([1.0, -1.0])
     norm.running_var.data = np.array([4.0, 0.25])
     x = RNG.normal(size=(3, 2))
@@ -131,7 +131,7 @@ def test_predictions_read_the_running_statistics_and_stage_nothing() -> None:
 
 def test_calls_never_merge_so_batching_gives_what_it_does_off() -> None:
     def run(batching: bool) -> tuple[Any, ...]:
-        norm = BatchNorm1d.new(3)
+        norm = BatchNorm1d.new(3, dtype=np.float64)
         xs = [np.random.default_rng(k).normal(size=(4, 3)) for k in range(3)]
         loss = ml.add_n([ml.sum(norm(x) * x) for x in xs])
         executor = ml.Executor(batching=batching)

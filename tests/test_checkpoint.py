@@ -119,7 +119,7 @@ def test_names_that_differ_are_an_error_unless_partial(tmp_path: Path) -> None:
         w: ArrayWeight
         extra: ArrayWeight
 
-    other = Other(ArrayWeight.zeros((3, 2)), ArrayWeight.zeros((1,)))
+    other = Other(ArrayWeight.zeros((3, 2), dtype=np.float64), ArrayWeight.zeros((1,)))
     with pytest.raises(ml.CheckpointError, match=r"missing \['extra'\], unexpected \['b', 's', 'table'\]"):
         ml.load(tmp_path / "c.safetensors", other)
     assert not other.w.data.any()  # nothing loaded
@@ -132,7 +132,7 @@ def test_names_that_differ_are_an_error_unless_partial(tmp_path: Path) -> None:
     ("change", "message"),
     [
         (
-            lambda m: setattr(m, "w", ArrayWeight.zeros((2, 3))),
+            lambda m: setattr(m, "w", ArrayWeight.zeros((2, 3), dtype=np.float64)),
             r"'w': the model's is float64 \(2, 3\), the file holds float64 \(3, 2\)",
         ),
         (
@@ -192,7 +192,7 @@ def test_a_damaged_file_is_a_checkpoint_error_never_a_crash(data: st.DataObject,
 
 
 def test_weight_data_assignment_checks_shape_and_dtype() -> None:
-    w = ArrayWeight.zeros((3, 2))
+    w = ArrayWeight.zeros((3, 2), dtype=np.float64)
     with pytest.raises(ml.ShapeError, match=r"\(5, 5\).*the weight holds float64 \(3, 2\)"):
         w.data = np.zeros((5, 5))
     with pytest.raises(TypeError, match=r"ArrayWeight\.data"):

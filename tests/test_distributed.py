@@ -44,8 +44,12 @@ class Net(ml.Module):
 def build(width: int = 16) -> Net:
     rng = np.random.default_rng(7)
     table = ml.ArrayWeight(rng.normal(size=(10, 4)))
+    f64 = np.float64  # the float64 table's dtype: workers and a single process agree to 1e-12
     return Net(
-        table, nn.Linear.new(8, width, seed=rng), nn.Linear.new(width, 3, seed=rng), ml.FloatWeight(0.9)
+        table,
+        nn.Linear.new(8, width, seed=rng, dtype=f64),
+        nn.Linear.new(width, 3, seed=rng, dtype=f64),
+        ml.FloatWeight(0.9),
     )
 
 
@@ -58,8 +62,8 @@ def build_unseeded() -> Net:
     rng = np.random.default_rng()
     return Net(
         ml.ArrayWeight(rng.normal(size=(10, 4))),
-        nn.Linear.new(8, 16, seed=rng),
-        nn.Linear.new(16, 3, seed=rng),
+        nn.Linear.new(8, 16, seed=rng, dtype=np.float64),
+        nn.Linear.new(16, 3, seed=rng, dtype=np.float64),
         ml.FloatWeight(float(rng.normal())),
     )
 

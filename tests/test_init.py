@@ -48,7 +48,7 @@ def test_calculate_gain_follows_pytorchs_table(
 def test_xavier_uniform_is_uniform_with_glorots_bound() -> None:
     fan_in, fan_out = SHAPE
     bound = 2.0 * math.sqrt(6 / (fan_in + fan_out))
-    drawn = init.xavier_uniform(SHAPE, gain=2.0, seed=1)
+    drawn = init.xavier_uniform(SHAPE, gain=2.0, seed=1, dtype=np.float64)
     assert drawn.shape == SHAPE and drawn.dtype == np.float64
     assert float(np.abs(drawn).max()) <= bound
     assert float(np.abs(drawn).max()) > 0.999 * bound  # fills its interval
@@ -83,7 +83,7 @@ def test_explicit_fans_override_the_shapes() -> None:
 
 @pytest.mark.parametrize("shape", [(40, 40), (60, 25), (25, 60), (8, 3, 2, 2)])
 def test_orthogonal_rows_or_columns_are_orthonormal_times_the_gain(shape: tuple[int, ...]) -> None:
-    drawn = init.orthogonal(shape, gain=1.5, seed=7)
+    drawn = init.orthogonal(shape, gain=1.5, seed=7, dtype=np.float64)
     assert drawn.shape == shape
     flat = drawn.reshape(shape[0], -1) / 1.5
     small = flat @ flat.T if flat.shape[0] <= flat.shape[1] else flat.T @ flat
@@ -153,9 +153,9 @@ def test_builders_draw_their_matrices_with_init_and_keep_their_biases() -> None:
 
 
 def test_builders_without_init_draw_as_before() -> None:
-    # The default stays LeCun's normal draw, so existing models and results are unchanged.
+    # The default stays LeCun's normal draw (in the default float32), so a seed draws as before.
     linear = nn.Linear.new(4, 3, seed=5)
-    expected = (np.random.default_rng(5).standard_normal((4, 3)) * 4**-0.5).astype(np.float64)
+    expected = (np.random.default_rng(5).standard_normal((4, 3)) * 4**-0.5).astype(np.float32)
     np.testing.assert_array_equal(linear.w.data, expected)
 
 

@@ -140,3 +140,20 @@ def test_operands_that_do_not_fit_give_none_until_the_run_says_why() -> None:
     bad = _layer(np.ones((2, 3))) + np.ones((4,))
     assert bad.shape is None
     assert not is_successful(bad.predict_blocking())
+
+
+def test_a_constant_takes_the_dtype_of_the_layers_it_meets() -> None:
+    """The run casts a float64 constant to the float32 layers it meets (through ops between the
+    weight and the constant too); weights of two dtypes promote; constants alone promote."""
+    w = ArrayWeight(np.ones((2, 3, 4), np.float32))
+    builds = [
+        monadl.tanh(w) * _X,
+        monadl.concatenate([_layer(_X), monadl.relu(w)], axis=0),
+        monadl.tanh(w) * ArrayWeight(_X),
+        _layer(_F32) + _X,
+    ]
+    for out in builds:
+        static = (out.shape, out.dtype)
+        value = predict(out)
+        assert static == (tuple(value.shape), value.dtype)
+    assert [b.dtype for b in builds] == [np.float32, np.float32, np.float64, np.float64]

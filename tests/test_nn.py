@@ -109,7 +109,10 @@ def compose_ref(p: dict[str, F64], hl: F64, cl: F64, hr: F64, cr: F64) -> tuple[
 @pytest.mark.parametrize("shape", [(3,), (5, 3)], ids=["a row", "rows"])
 def test_linear_forward(shape: tuple[int, ...]) -> None:
     x = uniform(1, *shape)
-    for layer in (Linear.new(3, 4, seed=1), Linear.new(3, 4, seed=1, bias=False)):
+    for layer in (
+        Linear.new(3, 4, seed=1, dtype=np.float64),
+        Linear.new(3, 4, seed=1, bias=False, dtype=np.float64),
+    ):
         np.testing.assert_allclose(predict(layer(x)), linear_ref(data(layer), x), rtol=RTOL)
 
 
@@ -117,7 +120,7 @@ def test_linear_forward(shape: tuple[int, ...]) -> None:
     ("activation", "reference"), [(ml.relu, lambda x: np.maximum(x, 0.0)), (ml.tanh, np.tanh)]
 )
 def test_mlp_forward(activation: Callable[[ArrayLayer], ArrayLayer], reference: Callable[[F64], F64]) -> None:
-    mlp = MLP.new([3, 5, 4, 2], activation=activation, seed=2)
+    mlp = MLP.new([3, 5, 4, 2], activation=activation, seed=2, dtype=np.float64)
     x = uniform(2, 6, 3)
     np.testing.assert_allclose(predict(mlp(x)), mlp_ref(data(mlp), x, 3, reference), rtol=RTOL)
 
@@ -132,7 +135,7 @@ def test_embedding_forward() -> None:
 
 @pytest.mark.parametrize("rows", [(), (4,)], ids=["a row", "rows"])
 def test_lstm_cell_forward(rows: tuple[int, ...]) -> None:
-    cell = LSTMCell.new(3, 2, seed=4)
+    cell = LSTMCell.new(3, 2, seed=4, dtype=np.float64)
     x, h, c = uniform(40, *rows, 3), uniform(41, *rows, 2), uniform(42, *rows, 2)
     h_next, c_next = cell(x, h, c)
     h_ref, c_ref = lstm_ref(data(cell), x, h, c)
@@ -142,13 +145,13 @@ def test_lstm_cell_forward(rows: tuple[int, ...]) -> None:
 
 @pytest.mark.parametrize("rows", [(), (4,)], ids=["a row", "rows"])
 def test_gru_cell_forward(rows: tuple[int, ...]) -> None:
-    cell = GRUCell.new(3, 2, seed=5)
+    cell = GRUCell.new(3, 2, seed=5, dtype=np.float64)
     x, h = uniform(50, *rows, 3), uniform(51, *rows, 2)
     np.testing.assert_allclose(predict(cell(x, h)), gru_ref(data(cell), x, h), rtol=RTOL)
 
 
 def test_tree_lstm_cell_forward() -> None:
-    cell = TreeLSTMCell.new(3, 2, seed=6)
+    cell = TreeLSTMCell.new(3, 2, seed=6, dtype=np.float64)
     p = data(cell)
     xl, xr = uniform(60, 3), uniform(61, 3)
     (hl, cl), (hr, cr) = cell.leaf(xl), cell.leaf(xr)
@@ -221,45 +224,52 @@ def tree_loss(cell: TreeLSTMCell, x1: ArrayWeight, x2: ArrayWeight, x3: ArrayWei
 
 
 def test_linear_gradients() -> None:
-    check_module(Linear.new(3, 2, seed=1), linear_loss, uniform(1, 2, 3))
-    check_module(Linear.new(3, 2, seed=1, bias=False), linear_loss, uniform(1, 2, 3))
+    check_module(Linear.new(3, 2, seed=1, dtype=np.float64), linear_loss, uniform(1, 2, 3))
+    check_module(Linear.new(3, 2, seed=1, bias=False, dtype=np.float64), linear_loss, uniform(1, 2, 3))
 
 
 def test_mlp_gradients() -> None:
     # tanh: relu's kink would make finite differences unreliable near zero
-    check_module(MLP.new([3, 4, 2], activation=ml.tanh, seed=2), mlp_loss, uniform(2, 2, 3))
+    check_module(MLP.new([3, 4, 2], activation=ml.tanh, seed=2, dtype=np.float64), mlp_loss, uniform(2, 2, 3))
 
 
 def test_embedding_gradients() -> None:
-    check_module(Embedding.new(4, 2, seed=3), embedding_loss)
+    check_module(Embedding.new(4, 2, seed=3, dtype=np.float64), embedding_loss)
 
 
 def test_lstm_cell_gradients() -> None:
-    cell = LSTMCell.new(2, 2, seed=4)
+    cell = LSTMCell.new(2, 2, seed=4, dtype=np.float64)
     check_module(cell, lstm_loss, *(uniform(40 + k, 2) for k in range(4)))
 
 
 def test_gru_cell_gradients() -> None:
-    check_module(GRUCell.new(2, 2, seed=5), gru_loss, uniform(50, 2), uniform(51, 2), uniform(52, 2))
+    check_module(
+        GRUCell.new(2, 2, seed=5, dtype=np.float64), gru_loss, uniform(50, 2), uniform(51, 2), uniform(52, 2)
+    )
 
 
 def test_tree_lstm_cell_gradients() -> None:
-    cell = TreeLSTMCell.new(2, 2, seed=6)
+    cell = TreeLSTMCell.new(2, 2, seed=6, dtype=np.float64)
     check_module(cell, tree_loss, uniform(60, 2), uniform(61, 2), uniform(62, 2))
 
 
 # --------------------------------------------------------------------------- batched = unbatched
 
 CASES: dict[str, Callable[[], FloatLayer]] = {
-    "linear": lambda: linear_loss(Linear.new(3, 2, seed=1), ArrayWeight(uniform(1, 2, 3))),
-    "mlp": lambda: weighted_sum(*(MLP.new([3, 4, 2], seed=2)(uniform(k, 3)) for k in range(3))),
-    "embedding": lambda: embedding_loss(Embedding.new(4, 2, seed=3)),
-    "lstm": lambda: lstm_loss(LSTMCell.new(2, 3, seed=4), *(ArrayWeight(uniform(k, 2)) for k in range(4))),
+    "linear": lambda: linear_loss(Linear.new(3, 2, seed=1, dtype=np.float64), ArrayWeight(uniform(1, 2, 3))),
+    "mlp": lambda: weighted_sum(
+        *(MLP.new([3, 4, 2], seed=2, dtype=np.float64)(uniform(k, 3)) for k in range(3))
+    ),
+    "embedding": lambda: embedding_loss(Embedding.new(4, 2, seed=3, dtype=np.float64)),
+    "lstm": lambda: lstm_loss(
+        LSTMCell.new(2, 3, seed=4, dtype=np.float64), *(ArrayWeight(uniform(k, 2)) for k in range(4))
+    ),
     "gru": lambda: gru_loss(
-        GRUCell.new(2, 3, seed=5), *(ArrayWeight(uniform(k, s)) for k, s in enumerate((2, 2, 3)))
+        GRUCell.new(2, 3, seed=5, dtype=np.float64),
+        *(ArrayWeight(uniform(k, s)) for k, s in enumerate((2, 2, 3))),
     ),
     "tree_lstm": lambda: tree_loss(
-        TreeLSTMCell.new(2, 3, seed=6), *(ArrayWeight(uniform(k, 2)) for k in range(3))
+        TreeLSTMCell.new(2, 3, seed=6, dtype=np.float64), *(ArrayWeight(uniform(k, 2)) for k in range(3))
     ),
 }
 

@@ -136,6 +136,8 @@ def test_the_module() -> None:
     np.testing.assert_array_equal(norm.weight.data, np.ones(3))
     assert list(nn.LayerNorm.new(3, affine=False).weights()) == []
     x = uniform(50, 2, 3)
-    np.testing.assert_allclose(predict(nn.LayerNorm.new(3, eps=1e-3)(x)), reference(x, eps=1e-3), rtol=1e-12)
+    np.testing.assert_allclose(
+        predict(nn.LayerNorm.new(3, eps=1e-3, dtype=np.float64)(x)), reference(x, eps=1e-3), rtol=1e-12
+    )
     with pytest.raises(ValueError, match="LayerNorm: weight and bias"):
         nn.LayerNorm(ArrayWeight(np.ones(3)), ArrayWeight(np.zeros(4)))

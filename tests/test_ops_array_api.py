@@ -75,6 +75,9 @@ def test_mixing_devices_is_an_error_naming_both() -> None:
     assert str(xps.Device("CPU_DEVICE")) in str(raised.value) and str(other) in str(raised.value)
 
 
+@pytest.mark.filterwarnings(
+    "error::UserWarning"
+)  # (array-api-strict warns on comparing its dtypes with NumPy's)
 @pytest.mark.parametrize("numpy_first", [True, False])
 def test_mixing_numpy_and_another_namespace_is_an_error_in_either_order(numpy_first: bool) -> None:
     """A NumPy operand first takes the NumPy fast path: the check must still see the other one."""

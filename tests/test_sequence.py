@@ -83,7 +83,15 @@ def torch_gru(gru: nn.GRU) -> Any:
 def test_outputs_and_final_states_are_pytorchs(kind: str, layers: int, bidirectional: bool) -> None:
     torch = pytest.importorskip("torch")
     build = nn.LSTM.new if kind == "lstm" else nn.GRU.new
-    model = build(3, 4, layers=layers, bidirectional=bidirectional, seed=1, init=nn.init.xavier_uniform)
+    model = build(
+        3,
+        4,
+        layers=layers,
+        bidirectional=bidirectional,
+        seed=1,
+        init=nn.init.xavier_uniform,
+        dtype=np.float64,
+    )
     reference = torch_lstm(model) if isinstance(model, nn.LSTM) else torch_gru(model)
     xs = sequences(3)
     out = model(xs)
@@ -158,7 +166,7 @@ def test_gradients_of_a_stacked_bidirectional_layer_are_finite_differences(kind:
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_batched_equals_unbatched_and_the_steps_merge(kind: str) -> None:
     build = nn.LSTM.new if kind == "lstm" else nn.GRU.new
-    model = build(3, 4, layers=2, bidirectional=True, seed=5)
+    model = build(3, 4, layers=2, bidirectional=True, seed=5, dtype=np.float64)
     xs = sequences(3, seed=6)
     table = ml.ArrayWeight(np.random.default_rng(7).normal(size=(10, 3)))
     steps = [[table[int(k)] for k in np.arange(n) % 10] for n in LENGTHS]  # steps that are layers

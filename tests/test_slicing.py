@@ -351,9 +351,9 @@ class Lstm:
 
     def __init__(self, cell: Callable[..., tuple[ArrayLayer, ArrayLayer]], seed: int) -> None:
         self.cell = cell
-        self.w = ArrayWeight.normal((INPUT + HIDDEN, 4 * HIDDEN), std=0.5, seed=seed)
-        self.b = ArrayWeight.zeros((4 * HIDDEN,))
-        self.v = ArrayWeight.normal((HIDDEN, 2), std=0.5, seed=seed + 1)
+        self.w = ArrayWeight.normal((INPUT + HIDDEN, 4 * HIDDEN), std=0.5, seed=seed, dtype=np.float64)
+        self.b = ArrayWeight.zeros((4 * HIDDEN,), dtype=np.float64)
+        self.v = ArrayWeight.normal((HIDDEN, 2), std=0.5, seed=seed + 1, dtype=np.float64)
 
     @property
     def weights(self) -> list[ArrayWeight]:

@@ -60,6 +60,7 @@ class Run:
         self.replayable = True
         """False once a step read what only this run has (then its program is not kept)."""
         self.alone: dict[tuple[int, int], int] = {}  # (stacked slot, row) -> a slot of that row alone
+        self.casts: dict[tuple[int, int, str], int] = {}  # (slot, row, dtype) -> that constant cast
         self.accept: Callable[[int, int, Any], None] | None = None
         """During the backward pass: adds a delta to a slot (or a row of it), for tapes of the
         user's own that give deltas to this run's tapes."""

@@ -48,9 +48,10 @@ from monadl.do.do import (
 )
 from monadl.do.record import Entry, Recent, Run, RunTape
 from monadl.do.stats import tally
-from monadl.do.steps import ForeignStep, LeafStep, Step
+from monadl.do.steps import CastStep, ForeignStep, LeafStep, Step
 from monadl.do.tape import Tape
 from monadl.runtime.pool import Dispatcher, affinity_of, draining
+from monadl.typeclasses.backend import namespace
 
 _WALKED: Final = Entry(Pure(None))  # a node walked whose entry is not made yet
 
@@ -385,6 +386,8 @@ class Scheduler:
         for entry in entries:
             if entry.dynamic:
                 self.place_inputs(entry)
+            if entry.node.tag == APPLY and len(entry.inputs) > 1:
+                cast_constants(run, entry)
             if not self.batching:
                 alone.append(entry)
                 continue
@@ -527,6 +530,71 @@ def note_where(error: Exception, node: Node) -> None:
     where = node.made_at()
     if where is not None:
         error.add_note(f"{node.prim.name} was made at {where}")
+
+
+def cast_constants(run: Run, entry: Entry) -> None:
+    """Makes an op's constant operands that are wider than its layers (a float64 array where the
+    layers are float32) read as the layers' dtype: a model stays in its own dtype when it meets a
+    constant, as a Python float already keeps an array's dtype. Layers (and weights) of different
+    dtypes promote one another as the array namespace does. Only a step recorded here costs
+    anything on later runs of the same structure (a replay runs its ``CastStep``); operands of one
+    dtype cost a look at each dtype."""
+    datas = run.datas
+    first: Any = None
+    for e in entry.inputs:
+        d = datas[e.slot]
+        if type(d) is not float:
+            dtype = d.dtype
+            if first is None:
+                first = dtype
+            elif dtype is not first and (type(dtype) is not type(first) or dtype != first):
+                # (dtypes of two libraries are not compared: array-api-strict warns)
+                _cast_wide(run, entry)
+                return
+
+
+def _cast_wide(run: Run, entry: Entry) -> None:
+    """``cast_constants`` for an op whose array operands' dtypes differ."""
+    datas = run.datas
+    wants = run.wants
+    inputs = entry.inputs
+    xp: Any = None
+    for e in inputs:
+        d = datas[e.slot]
+        if type(d) is not float:
+            x = namespace(d)
+            if xp is None:
+                xp = x
+            elif x is not xp:
+                return  # arrays of two namespaces: the op itself says they do not mix
+    layers: Any = None  # the dtype the layers' operands promote to
+    for e in inputs:
+        d = datas[e.slot]
+        if type(d) is not float and wants[e.slot]:
+            layers = d.dtype if layers is None else xp.result_type(layers, d.dtype)
+    if layers is None:  # constants alone (or with float layers): the namespace's promotion
+        return
+    for i, e in enumerate(inputs):
+        d = datas[e.slot]
+        if type(d) is float or wants[e.slot]:
+            continue
+        dtype = d.dtype
+        if dtype == layers or not xp.isdtype(dtype, "real floating"):
+            continue
+        if xp.result_type(layers, dtype) == layers:
+            continue  # narrower: the op's promotion keeps the layers' dtype anyway
+        key = (e.slot, e.row, str(layers))
+        slot = run.casts.get(key, -1)
+        if slot < 0:
+            source = batching.slot_of(run, e.slot, e.row)
+            slot = run.casts[key] = run.new_slot(False)
+            step = CastStep(source, layers, slot)
+            run.steps.append(step)
+            step.forward(run, True)
+        cast = Entry(e.node)
+        cast.slot = slot
+        cast.done = True
+        inputs[i] = cast
 
 
 def _join(groups: dict[Hashable, list[Entry]], key: Hashable | None, entry: Entry) -> bool:

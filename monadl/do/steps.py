@@ -434,6 +434,32 @@ class RowStep(Step):
 
 
 @final
+class CastStep(Step):
+    """Constant slot ``source`` in ``dtype``: what an op reads in place of a constant wider than its
+    layers (a float64 array met by a float32 model), so that the model stays in its own dtype (see
+    ``scheduler.cast_constants``). A constant takes no delta: the step has no backward."""
+
+    def __init__(self, source: int, dtype: Any, out: int) -> None:
+        super().__init__(out, False)
+        self.source = source
+        self.dtype = dtype
+
+    def forward(self, run: Run, checked: bool) -> None:
+        data = run.datas[self.source]
+        xp = NUMPY if type(data) is NDARRAY else namespace(data)
+        out = self.out
+        run.datas[out] = xp.astype(data, self.dtype)
+        run.xps[out] = xp
+        run.wants[out] = False
+
+    def reads(self) -> list[int]:
+        return [self.source]
+
+    def name(self) -> str:
+        return "cast"
+
+
+@final
 class ForeignStep(Step):
     """A tape of the user's own, read by ops of the run: its data is the slot's value, and its own
     ``backward`` (or ``release``) is given the slot's summed delta. Only this run has it: a run

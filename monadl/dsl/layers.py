@@ -233,8 +233,9 @@ class ArrayOperators(Differentiable):
     @property
     def dtype(self) -> Any:
         """The dtype of this array (of its namespace: ``numpy.float32``'s dtype for NumPy), where it
-        is known before it runs, else None (where :attr:`shape` is). It is NumPy 2's promotion of
-        the array operands' dtypes (``result_type``); a Python float operand keeps an array's."""
+        is known before it runs, else None (where :attr:`shape` is). It is the run's: a constant
+        operand wider than the layers it meets takes their dtype, then NumPy 2's promotion of the
+        array operands' dtypes (``result_type``); a Python float operand keeps an array's."""
         info = _static(self)
         return None if info is None else info[1]
 

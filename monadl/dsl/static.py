@@ -17,10 +17,15 @@ access of ``.shape`` or ``.dtype``, never while the graph is built) and applies 
 Everything else gives None: ops without a rule (a user's ``custom_op``), ``@batchable`` calls
 (their body's graph is built only when they run), and anything built from ``Do`` combinators.
 
-The dtype is NumPy 2's promotion (``result_type``) of the array operands' dtypes; a Python float
-(a float literal, a ``FloatWeight``, a ``FloatLayer``) keeps an array's dtype. A rule gives
-``(shape, dtype, xp)``: ``xp`` is the array namespace that promotes dtypes (None for a float,
-whose ``(shape, dtype)`` is ``((), float)``).
+The dtype follows the run's rule: a constant operand (one that depends on no weight) wider than
+the op's layers and weights reads as their dtype (``scheduler.cast_constants``: a float32 model
+stays float32 beside a float64 array); then NumPy 2's promotion (``result_type``) of the array
+operands' dtypes, a Python float (a float literal, a ``FloatWeight``, a ``FloatLayer``) keeping an
+array's dtype. A rule gives ``(shape, dtype, xp)``: ``xp`` is the array namespace that promotes
+dtypes (None for a float, whose ``(shape, dtype)`` is ``((), float)``); it sees its operands
+already cast. An ``Apply`` node keeps ``(info, weighted)`` in its ``static`` attribute:
+``weighted`` says whether its value depends on a weight (so is no constant for the op that reads
+it).
 """
 
 from __future__ import annotations
@@ -46,15 +51,15 @@ or None where it is not known."""
 FLOAT: Final[Info] = ((), float, None)
 """A Python float's information."""
 _UNKNOWN: Final = object()  # an input whose information is not known: the result's is not either
+_NONE: Final[tuple[Info | None, bool]] = (None, False)  # an op's record where its info is not known
 
 
 def static_info(node: Node) -> Info | None:
     """The static shape, dtype and namespace of ``node``'s value, or None where they are not known
     before it runs. An ``Apply`` node keeps its result, so each node is worked out once; the walk
     is a loop (a graph as deep as a long sequence is no recursion)."""
-    found = _leaf(node)
-    if found is not _UNKNOWN:
-        return found  # type: ignore[no-any-return]
+    if node.tag != APPLY:
+        return _leaf(node)
     stack = [node]
     while stack:
         top = stack[-1]
@@ -67,29 +72,25 @@ def static_info(node: Node) -> Info | None:
             continue
         stack.pop()
         top.static = _apply(top)
-    return _cached(node)
+    return _cached(node)[0]
 
 
 def _known(node: Apply) -> bool:
     return getattr(node, "static", _UNKNOWN) is not _UNKNOWN
 
 
-def _cached(node: Node) -> Info | None:
-    found: Info | None = getattr(node, "static", None)
+def _cached(node: Node) -> tuple[Info | None, bool]:
+    found: tuple[Info | None, bool] = getattr(node, "static", _NONE)
     return found
 
 
-def _leaf(node: Node) -> Any:
-    """A weight's or a constant's information, None for another node that is not an op, and
-    ``_UNKNOWN`` for an op (worked out from its inputs)."""
+def _leaf(node: Node) -> Info | None:
+    """A weight's or a constant's information; None for another node that is not an op."""
     tag = node.tag
     if tag == PURE:
         return _of_data(getattr(getattr(node, "value", None), "data", None))
     if tag == VARIABLE:
         return _of_data(getattr(node, "weight").data)  # noqa: B009 (a compiled node's attribute)
-    if tag == APPLY:
-        found = getattr(node, "static", _UNKNOWN)
-        return found
     return None
 
 
@@ -104,28 +105,55 @@ def _of_data(data: object) -> Info | None:
     return (tuple(shape), getattr(data, "dtype", None), namespace(data))
 
 
-def _apply(node: Apply) -> Info | None:
+def _apply(node: Apply) -> tuple[Info | None, bool]:
+    """``node``'s information and whether it depends on a weight."""
     prim = node.prim
     rule: ShapeRule | None = prim.shape_rule
     if rule is None:
         rule = _per_arity(prim)
         if rule is None:
-            return None
+            return _NONE
     inputs = []
+    weighted = []
     for source in node.sources:
-        info = _leaf(source) if source.tag != APPLY else _cached(source)
+        if source.tag == APPLY:
+            info, w = _cached(source)
+        else:
+            info, w = _leaf(source), source.tag == VARIABLE
         if info is None:
-            return None
+            return _NONE
         inputs.append(info)
+        weighted.append(w)
     try:
-        return rule(*inputs, **node.params)
+        return rule(*_cast_constants(inputs, weighted), **node.params), any(weighted)
     except (
         ValueError,
         TypeError,
         IndexError,
         ZeroDivisionError,
     ):  # operands that do not fit: the run says so
-        return None
+        return _NONE
+
+
+def _cast_constants(inputs: list[Info], weighted: list[bool]) -> list[Info]:
+    """``inputs`` as the op reads them: a constant array wider than the layers' promoted dtype in
+    that dtype, as ``scheduler.cast_constants`` makes it in a run."""
+    if len({x for _, _, x in inputs if x is not None}) > 1:
+        return inputs  # arrays of two namespaces: the run says they do not mix
+    layers: Any = None
+    xp: Any = None
+    for (_, d, x), w in zip(inputs, weighted, strict=True):
+        if w and x is not None:
+            layers, xp = (d, x) if layers is None else (xp.result_type(layers, d), xp)
+    if layers is None:  # constants alone (or with float layers): the namespace's promotion
+        return inputs
+    out = list(inputs)
+    for i, ((shape, d, x), w) in enumerate(zip(inputs, weighted, strict=True)):
+        if w or x is None or d == layers or not xp.isdtype(d, "real floating"):
+            continue
+        if xp.result_type(layers, d) != layers:  # wider than the layers
+            out[i] = (shape, layers, x)
+    return out
 
 
 # ---------------------------------------------------------------------------------- the rules

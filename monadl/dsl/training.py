@@ -154,9 +154,10 @@ def compute_gradients(
     The gradients are the raw ones (no chain's clipping), and a frozen weight's is reported too.
     The forward pass runs in training mode (dropout drops).
 
-    Dtypes: inside the graph each op follows NumPy 2's promotion (a Python float keeps a float32
-    array float32; a float64 array mixed with a float32 one makes a float64 result); every array
-    gradient is returned in its weight's dtype, whatever the graph computed in.
+    Dtypes: a constant (an array or a float that depends on no weight) takes the dtype of the
+    layers and weights it meets (a float32 model stays float32 beside a float64 array or a Python
+    float); layers and weights of different dtypes promote as the array namespace does (float32
+    with float64 gives float64); every array gradient is returned in its weight's dtype.
 
     Raises :class:`NonFiniteLossError` for a non-finite loss, or whatever the forward or backward
     pass raised.
@@ -221,7 +222,7 @@ def _folded_rate(weights: list[Any], default: Any) -> float | None:
 def _unaliased(gradients: Gradients, owned: set[Any], snapshot: Snapshot) -> tuple[Gradients, set[Any]]:
     """The gradients, each in its weight's dtype and with memory of its own.
 
-    A float32 weight that met a float64 array in the graph (NumPy promotes the op's result) gets a
+    A float32 weight that met a float64 weight in the graph (the op's result is promoted) gets a
     float32 gradient, as its optimizer and ``compute_gradients``' caller expect. A delta passed
     through unchanged (by ``+``, say), or a view of one (by ``reshape``), can be the gradient of two
     weights at once, and changing one in place must not change the other. A copy made here is the

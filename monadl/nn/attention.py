@@ -52,7 +52,7 @@ class MultiHeadAttention(Module):
         heads: int,
         *,
         seed: Seed = 0,
-        dtype: type[np.floating[Any]] = np.float64,
+        dtype: type[np.floating[Any]] = np.float32,
         bias: bool = True,
     ) -> MultiHeadAttention:
         """Projections drawn as :meth:`Linear.new` draws them (``qkv`` first), zero biases."""
@@ -97,7 +97,7 @@ class TransformerEncoderLayer(Module):
         activation: Activation = relu,
         norm_first: bool = False,
         seed: Seed = 0,
-        dtype: type[np.floating[Any]] = np.float64,
+        dtype: type[np.floating[Any]] = np.float32,
     ) -> TransformerEncoderLayer:
         """A layer of ``features`` (the model's width), ``heads`` heads and a feed-forward block of
         ``feedforward`` units (default 4 * features), its weights drawn from one generator in the

@@ -55,7 +55,7 @@ class _BatchNorm(Module):
         *,
         momentum: float = 0.1,
         eps: float = 1e-5,
-        dtype: type[np.floating[Any]] = np.float64,
+        dtype: type[np.floating[Any]] = np.float32,
     ) -> Self:
         """A layer of ``channels`` channels: scale ones, shift zeros, running mean zeros and
         running variance ones (PyTorch's start). Move it elsewhere with ``.to(xp)``."""

@@ -109,7 +109,7 @@ class Conv2d(_Conv):
         groups: int = 1,
         bias: bool = True,
         seed: Seed = 0,
-        dtype: type[np.floating[Any]] = np.float64,
+        dtype: type[np.floating[Any]] = np.float32,
     ) -> Conv2d:
         """``inputs`` channels to ``outputs``, kernels of ``kernel_size`` (an int: square), drawn
         normal with std ``1 / sqrt(fan_in)``; a zero bias (none if not ``bias``)."""
@@ -137,7 +137,7 @@ class Conv1d(_Conv):
         groups: int = 1,
         bias: bool = True,
         seed: Seed = 0,
-        dtype: type[np.floating[Any]] = np.float64,
+        dtype: type[np.floating[Any]] = np.float32,
     ) -> Conv1d:
         """As :meth:`Conv2d.new`, with kernels of ``kernel_size`` along one axis."""
         w, b = _kernel_weights("Conv1d", 1, inputs, outputs, kernel_size, groups, seed, dtype, bias)

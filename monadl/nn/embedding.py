@@ -31,7 +31,7 @@ class Embedding(Module):
         dim: int,
         *,
         seed: Seed = 0,
-        dtype: type[np.floating[Any]] = np.float64,
+        dtype: type[np.floating[Any]] = np.float32,
         std: float | None = None,
         optimizer: Optimizer | None = None,
         init: Initializer | None = None,

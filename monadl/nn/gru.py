@@ -60,7 +60,7 @@ class GRUCell(Module):
         hidden: int,
         *,
         seed: Seed = 0,
-        dtype: type[np.floating[Any]] = np.float64,
+        dtype: type[np.floating[Any]] = np.float32,
         init: Initializer | None = None,
     ) -> GRUCell:
         """Gates drawn by :meth:`Linear.new` in the order r, z, n_x, n_h (by ``init`` if given);

@@ -95,7 +95,7 @@ def xavier_uniform(
     *,
     gain: float = 1.0,
     seed: Seed = 0,
-    dtype: type[np.floating[Any]] = np.float64,
+    dtype: type[np.floating[Any]] = np.float32,
     fans: tuple[int, int] | None = None,
 ) -> FloatArray:
     """Uniform on ``[-a, a]``, ``a = gain * sqrt(6 / (fan_in + fan_out))`` (Glorot and Bengio, 2010):
@@ -109,7 +109,7 @@ def xavier_normal(
     *,
     gain: float = 1.0,
     seed: Seed = 0,
-    dtype: type[np.floating[Any]] = np.float64,
+    dtype: type[np.floating[Any]] = np.float32,
     fans: tuple[int, int] | None = None,
 ) -> FloatArray:
     """Normal of mean 0 and ``std = gain * sqrt(2 / (fan_in + fan_out))`` (Glorot and Bengio, 2010)."""
@@ -139,7 +139,7 @@ def kaiming_uniform(
     mode: Mode = "fan_in",
     nonlinearity: Nonlinearity = "leaky_relu",
     seed: Seed = 0,
-    dtype: type[np.floating[Any]] = np.float64,
+    dtype: type[np.floating[Any]] = np.float32,
     fans: tuple[int, int] | None = None,
 ) -> FloatArray:
     """Uniform on ``[-b, b]``, ``b = gain * sqrt(3 / fan)`` (He et al., 2015), ``fan`` the fan-in or
@@ -156,7 +156,7 @@ def kaiming_normal(
     mode: Mode = "fan_in",
     nonlinearity: Nonlinearity = "leaky_relu",
     seed: Seed = 0,
-    dtype: type[np.floating[Any]] = np.float64,
+    dtype: type[np.floating[Any]] = np.float32,
     fans: tuple[int, int] | None = None,
 ) -> FloatArray:
     """Normal of mean 0 and ``std = gain / sqrt(fan)`` (He et al., 2015), ``fan`` and ``gain`` as
@@ -170,7 +170,7 @@ def orthogonal(
     *,
     gain: float = 1.0,
     seed: Seed = 0,
-    dtype: type[np.floating[Any]] = np.float64,
+    dtype: type[np.floating[Any]] = np.float32,
 ) -> FloatArray:
     """A (semi-)orthogonal matrix times ``gain`` (Saxe et al., 2014), as PyTorch draws it: the Q of
     the QR decomposition of a normal matrix, signs fixed by R's diagonal so that the draw is uniform

@@ -56,7 +56,7 @@ class Linear(Module):
         outputs: int,
         *,
         seed: Seed = 0,
-        dtype: type[np.floating[Any]] = np.float64,
+        dtype: type[np.floating[Any]] = np.float32,
         bias: bool = True,
         std: float | None = None,
         init: Initializer | None = None,
@@ -105,7 +105,7 @@ class MLP(Module):
         *,
         activation: Activation = relu,
         seed: Seed = 0,
-        dtype: type[np.floating[Any]] = np.float64,
+        dtype: type[np.floating[Any]] = np.float32,
         init: Initializer | None = None,
     ) -> MLP:
         """Layers of ``sizes[k] -> sizes[k + 1]`` (``[4, 16, 3]``: two layers), drawn in order from

@@ -51,7 +51,7 @@ class LSTMCell(Module):
         hidden: int,
         *,
         seed: Seed = 0,
-        dtype: type[np.floating[Any]] = np.float64,
+        dtype: type[np.floating[Any]] = np.float32,
         init: Initializer | None = None,
     ) -> LSTMCell:
         """Gates drawn by :meth:`Linear.new` in the order i, f, o, u (by ``init`` if given, each

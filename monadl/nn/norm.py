@@ -39,7 +39,7 @@ class LayerNorm(Module):
         *,
         eps: float = 1e-5,
         affine: bool = True,
-        dtype: type[np.floating[Any]] = np.float64,
+        dtype: type[np.floating[Any]] = np.float32,
     ) -> LayerNorm:
         """A weight of ones and a bias of zeros, as PyTorch's (none if not ``affine``)."""
         if not affine:

@@ -235,7 +235,7 @@ class LSTM(_Stacked[LSTMCell]):
         layers: int = 1,
         bidirectional: bool = False,
         seed: Seed = 0,
-        dtype: type[np.floating[Any]] = np.float64,
+        dtype: type[np.floating[Any]] = np.float32,
         init: Initializer | None = None,
     ) -> LSTM:
         """Cells drawn by :meth:`LSTMCell.new` from one generator, layer by layer, the forward
@@ -276,7 +276,7 @@ class GRU(_Stacked[GRUCell]):
         layers: int = 1,
         bidirectional: bool = False,
         seed: Seed = 0,
-        dtype: type[np.floating[Any]] = np.float64,
+        dtype: type[np.floating[Any]] = np.float32,
         init: Initializer | None = None,
     ) -> GRU:
         """Cells drawn by :meth:`GRUCell.new` from one generator, as :meth:`LSTM.new` draws."""

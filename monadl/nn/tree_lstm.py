@@ -50,7 +50,7 @@ class TreeLSTMCell(Module):
         hidden: int,
         *,
         seed: Seed = 0,
-        dtype: type[np.floating[Any]] = np.float64,
+        dtype: type[np.floating[Any]] = np.float32,
         init: Initializer | None = None,
     ) -> TreeLSTMCell:
         """Weights drawn by :meth:`Linear.new` (std ``1 / sqrt(inputs)``, or by ``init``; zero

@@ -37,6 +37,7 @@ from monadl.do.scheduler import Scheduler
 from monadl.do.stats import RunStats, tally
 from monadl.do.steps import (
     BodyStep,
+    CastStep,
     FanStep,
     ForeignStep,
     LeafStep,
@@ -478,6 +479,10 @@ def _row(b: Backward, step: RowStep) -> None:
         b.give_row(step.source, step.row, d)
 
 
+def _cast(b: Backward, step: CastStep) -> None:
+    """A constant cast to its op's dtype: it takes no delta."""
+
+
 def _foreign(b: Backward, step: ForeignStep) -> None:
     """A tape of the user's own: its backward, given the slot's summed delta, or its release."""
     d = b.take(step.out)
@@ -520,6 +525,7 @@ RULES: dict[type, Callable[[Backward, Any], None]] = {
     FanStep: _fan,
     StackStep: _stack,
     RowStep: _row,
+    CastStep: _cast,
     ForeignStep: _foreign,
     BodyStep: _body,
 }
