@@ -960,12 +960,25 @@ class DataParallel(Generic[M, B]):
 
     # -- state
 
+    def _first(self) -> Any:
+        """Worker 0, checked to hold the last committed state. One that Ray restarted since (a fresh
+        replica of ``build()``, with no task of the driver's failing) or that fell behind is
+        restored first, as a step would, so that what is read from it is never that replica."""
+        ray = self._ray
+        try:
+            incarnation, committed, _ = ray.get(self._actors[0].hello.remote(), timeout=self._restart_timeout)
+        except ray.exceptions.RayError:
+            incarnation, committed = "", -1  # lost: _recover replaces it
+        if incarnation != self._incarnations[0] or committed != self._committed:
+            self._recover()
+        return self._actors[0]
+
     def save(self, path: str | Path, *, metadata: Mapping[str, Any] | None = None) -> None:
         """Writes the last committed state (weights and optimizer state) to a checkpoint, atomically
         (``monadl.checkpoint``'s format; its metadata's ``step`` is :attr:`steps`). Where every worker
         is lost later, the trainer restores them from this file."""
         self._flush()
-        data = self._ray.get(self._actors[0].state.remote(dict(metadata or {})))
+        data = self._ray.get(self._first().state.remote(dict(metadata or {})))
         atomic_write_bytes(Path(path), data)
         self._checkpoint = Path(path)
 
@@ -980,12 +993,12 @@ class DataParallel(Generic[M, B]):
         """Copies the last committed state into a local ``model`` of the same structure (to evaluate
         it in the driver)."""
         self._flush()
-        checkpoint.from_bytes(self._ray.get(self._actors[0].state.remote()), model)
+        checkpoint.from_bytes(self._ray.get(self._first().state.remote()), model)
 
     def weights(self) -> dict[str, Any]:
         """Worker 0's weights' data by dotted name."""
         self._flush()
-        weights: dict[str, Any] = self._ray.get(self._actors[0].weights.remote())
+        weights: dict[str, Any] = self._ray.get(self._first().weights.remote())
         return weights
 
     def digests(self) -> list[str]:

@@ -354,6 +354,36 @@ def test_a_worker_restarted_between_steps_is_restored_before_its_gradients_count
         assert_close(trainer, reference(batches, ml.Adam(0.01)))
 
 
+def test_save_after_worker_0_restarted_between_steps_writes_the_committed_state(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    """Worker 0, which ``save``, ``copy_to`` and ``weights`` read, killed between steps comes back
+    as a fresh replica of ``build()``: it is restored before anything is read from it."""
+    batches = [batch(k) for k in range(3)]
+    with DataParallel(build, loss, ml.Adam(0.01), 2, max_restarts=3) as trainer:
+        assert isinstance(trainer.train(batches), Success)
+        committed = trainer.weights()
+        victim = trainer.pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30.0
+        while True:  # until Ray has started it again (the driver is told nothing)
+            try:
+                if ray_session.get(trainer._actors[0].hello.remote(), timeout=5.0)[2] != victim:
+                    break
+            except ray_session.exceptions.RayError:
+                pass
+            assert time.monotonic() < deadline, "Ray did not restart the worker"
+            time.sleep(0.2)
+        trainer.save(tmp_path / "after.safetensors")
+        assert identical(trainer) and trainer.steps == 3
+        for name, data in trainer.weights().items():
+            np.testing.assert_array_equal(data, committed[name])
+        saved = build()
+        ml.load(tmp_path / "after.safetensors", saved)
+        for name, weight in ml.weights_of(saved).items():
+            np.testing.assert_array_equal(weight.data, committed[name])
+
+
 def test_every_worker_lost_is_restored_from_the_last_checkpoint(ray_session: Any, tmp_path: Path) -> None:
     batches = [batch(k) for k in range(4)]
     path = tmp_path / "last.safetensors"
