@@ -41,17 +41,17 @@ def _softplus(xp: Any, x: Any) -> Any:
     return xp.maximum(x, 0.0) + _log1p(xp, xp.exp(-xp.abs(x)))
 
 
-softplus_ = _elementwise("softplus", _softplus, lambda xp, d, o, x: d * P._sigmoid(xp, x))
+softplus_ = _elementwise("softplus", _softplus, lambda xp, d, o, x: d * P.sigmoid_of(xp, x))
 
 # -------------------------------------------------------------------------------------------- silu
 
 
 def _silu_vjp(xp: Any, d: Any, o: Any, x: Any) -> Any:
-    s = P._sigmoid(xp, x)
+    s = P.sigmoid_of(xp, x)
     return d * (s + o * (1.0 - s))  # d/dx x s(x) = s + x s (1 - s), and x s is the output
 
 
-silu_ = _elementwise("silu", lambda xp, x: x * P._sigmoid(xp, x), _silu_vjp)
+silu_ = _elementwise("silu", lambda xp, x: x * P.sigmoid_of(xp, x), _silu_vjp)
 
 # -------------------------------------------------------------------------------------------- gelu
 

@@ -15,9 +15,8 @@ from typing import Any
 from returns.result import Failure, Result, Success
 
 from monadl.dsl.optimizers import Optimizer
-from monadl.dsl.training import _updates
+from monadl.dsl.training import commit_gradients
 from monadl.dsl.weights import ArrayWeight, FloatWeight
-from monadl.runtime.versions import COMMIT_LOCK, publish
 from monadl.typeclasses.backend import is_array
 from monadl.typeclasses.sparse import SparseRows
 
@@ -54,9 +53,7 @@ def apply_gradients(
     Buffer updates staged by the forward passes (batch norm's running statistics) are made only by
     training steps (``train``), not by ``compute_gradients``, so not here either."""
     try:
-        checked = _checked(gradients)
-        with COMMIT_LOCK:
-            publish(_updates(checked, optimizer, set(), None, check_finite))
+        commit_gradients(_checked(gradients), optimizer, check_finite=check_finite)
     except Exception as e:  # noqa: BLE001 - every failure is the caller's Failure, not a crash
         return Failure(e)
     return Success(None)

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from monadl.do.primitive import Batching, Primitive
+from monadl.dsl.arguments import array_operand, flag_param, int_param
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
-from monadl.dsl.ops import _array, _flag, _int
 from monadl.typeclasses.backend import NUMPY, AnyNDArray, ShapeError, host_in, is_array, namespace, shape_of
 
 __all__ = ["scaled_dot_product_attention"]
@@ -307,11 +307,11 @@ def self_attention(
     :class:`~monadl.nn.MultiHeadAttention`: its delta is one array, where three slices would each
     give an array of ``qkv``'s shape, mostly zeros, to be added."""
     op = "self_attention"
-    _array(op, qkv, "qkv")
+    array_operand(op, qkv, "qkv")
     params: dict[str, Any] = {
         "scale": None,
-        "causal": _flag(op, "causal", causal),
-        "heads": _int(op, "heads", heads),
+        "causal": flag_param(op, "causal", causal),
+        "heads": int_param(op, "heads", heads),
     }
     if mask is None:
         return apply_array(SELF_ATTENTION, qkv, **params)
@@ -348,17 +348,17 @@ def scaled_dot_product_attention(
     (..., Lq, Lk), the same for every head, and gets no delta. ``causal``: query i attends to keys
     ``j <= i`` only (with ``mask``, both apply). A query that keeps no key gives NaN."""
     op = "scaled_dot_product_attention"
-    _array(op, q, "q")
-    _array(op, k, "k")
-    _array(op, v, "v")
-    h = _int(op, "heads", heads)
+    array_operand(op, q, "q")
+    array_operand(op, k, "k")
+    array_operand(op, v, "v")
+    h = int_param(op, "heads", heads)
     if h < 1:
         raise ValueError(f"{op}: heads must be positive, got {h}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"{op}: scale must be a float or None, got {type(scale).__name__} {scale!r}")
     params: dict[str, Any] = {
         "scale": None if scale is None else float(scale),
-        "causal": _flag(op, "causal", causal),
+        "causal": flag_param(op, "causal", causal),
         "heads": h,
     }
     if mask is None:

@@ -29,8 +29,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, Final
 
+from monadl.dsl.arguments import array_operand, as_index
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, apply_array
-from monadl.dsl.ops import _array, _index
 from monadl.dsl.primitives import Batching, Primitive
 from monadl.typeclasses.backend import ShapeError, shape_of
 
@@ -439,9 +439,9 @@ def _sizes(op: str, name: str, value: object, spatial: int, least: int) -> tuple
     """An int or ``spatial`` ints, each at least ``least``, as a tuple of ``spatial`` ints."""
     try:
         if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-            sizes = tuple(_index(v) for v in value)
+            sizes = tuple(as_index(v) for v in value)
         else:
-            sizes = (_index(value),) * spatial
+            sizes = (as_index(value),) * spatial
     except TypeError:
         raise TypeError(
             f"{op}: {name} must be an int or {spatial} ints, got {type(value).__name__} {value!r}"
@@ -486,16 +486,16 @@ def _conv(
     groups: int,
 ) -> ArrayLayer:
     op = f"conv{spatial}d"
-    _array(op, x, "x")
-    _array(op, w, "w")
+    array_operand(op, x, "x")
+    array_operand(op, w, "w")
     if b is not None and not isinstance(b, float):
-        _array(op, b, "b")
+        array_operand(op, b, "b")
     strides = _sizes(op, "stride", stride, spatial, 1)
     dilations = _sizes(op, "dilation", dilation, spatial, 1)
     kernel = _kernel_of(w, spatial)
     pads = _padding(op, padding, spatial, kernel, dilations, strides)
     try:
-        g = _index(groups)
+        g = as_index(groups)
     except TypeError:
         raise TypeError(f"{op}: groups must be an int, got {type(groups).__name__} {groups!r}") from None
     if g < 1:
@@ -551,7 +551,7 @@ def conv2d(
 def _pool(
     prim: Primitive, op: str, spatial: int, x: AnyArray, kernel_size: Size, stride: Size | None, padding: Size
 ) -> ArrayLayer:
-    _array(op, x)
+    array_operand(op, x)
     kernel = _sizes(op, "kernel_size", kernel_size, spatial, 1)
     strides = kernel if stride is None else _sizes(op, "stride", stride, spatial, 1)
     pads = _sizes(op, "padding", padding, spatial, 0)

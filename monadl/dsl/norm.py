@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from monadl.do.primitive import Batching, Primitive
+from monadl.dsl.arguments import array_operand
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
-from monadl.dsl.ops import _array
 from monadl.typeclasses.backend import NUMPY, ShapeError, shape_of
 
 __all__ = ["layer_norm"]
@@ -132,15 +132,15 @@ def layer_norm(
     PyTorch's ``layer_norm(x, (n,), weight, bias, eps)``: ``x`` of shape (..., n), ``weight`` and
     ``bias`` of shape (n,) or None (no scale, no shift). The variance is the biased one (divided by
     n). The result has ``x``'s shape and dtype."""
-    _array("layer_norm", x, "x")
+    array_operand("layer_norm", x, "x")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0.0:
         raise ValueError(f"layer_norm: eps must be a positive float, got {eps!r}")
     if weight is None and bias is None:
         return apply_array(LAYER_NORM, x, eps=float(eps))
     if weight is not None:
-        _array("layer_norm", weight, "weight")
+        array_operand("layer_norm", weight, "weight")
     if bias is not None:
-        _array("layer_norm", bias, "bias")
+        array_operand("layer_norm", bias, "bias")
     return apply_array(
         LAYER_NORM_AFFINE, x, 1.0 if weight is None else weight, 0.0 if bias is None else bias, eps=float(eps)
     )

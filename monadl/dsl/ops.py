@@ -7,8 +7,6 @@ Each accepts any mix of literal, weight and layer. Elementwise functions keep th
 from __future__ import annotations
 
 import math
-import operator
-import reprlib
 from collections.abc import Sequence
 from typing import Any, cast, overload
 
@@ -16,20 +14,29 @@ import numpy as np
 
 from monadl.dsl import primitives as P
 from monadl.dsl.apply import forward_of
-from monadl.dsl.deep_learning import DeepLearning
+from monadl.dsl.arguments import (
+    array_operand,
+    array_operands,
+    as_index,
+    axis_param,
+    described,
+    flag_param,
+    int_param,
+    int_sequence,
+    operands_of,
+)
 from monadl.dsl.indices import integral, row_indices
 from monadl.dsl.layers import (
     AnyArray,
     AnyFloat,
     ArrayLayer,
-    ArrayOperators,
     FloatLayer,
     apply,
     apply_array,
     apply_float,
     is_float_kind,
 )
-from monadl.typeclasses.backend import NDARRAY, NUMPY, AnyNDArray, IndexArray, RowIndices, is_array, namespace
+from monadl.typeclasses.backend import NUMPY, AnyNDArray, IndexArray, RowIndices, is_array, namespace
 
 __all__ = [
     "abs",
@@ -64,103 +71,6 @@ __all__ = [
 Axis = int | tuple[int, ...] | None
 
 
-# The static parameters of an op (axes, shapes, flags) are checked when the op is made, so that a
-# wrong one is reported at the call that gave it, naming the op; NumPy would only report it when
-# the op runs, with an error that names neither the op nor the parameter.
-
-
-def _index(value: object) -> int:
-    """``value`` as an int: an int or NumPy integer, not a bool (TypeError otherwise)."""
-    if type(value) is int:  # the common case first: ops are made once per node of a batch
-        return value
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError
-    return operator.index(value)  # type: ignore[arg-type]
-
-
-def _int(op: str, name: str, value: object) -> int:
-    """An int parameter."""
-    try:
-        return _index(value)
-    except TypeError:
-        raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__} {value!r}") from None
-
-
-def _ints(op: str, name: str, values: object) -> tuple[int, ...]:
-    """A sequence of ints (a shape, a permutation), as a tuple."""
-    if not isinstance(values, (str, bytes)) and isinstance(values, Sequence):
-        try:
-            return tuple([_index(v) for v in values])
-        except TypeError:
-            pass
-    raise TypeError(f"{op}: {name} must be a sequence of ints, got {type(values).__name__} {values!r}")
-
-
-def _axis(op: str, axis: object) -> int | tuple[int, ...]:
-    """An ``axis`` parameter: an int or a tuple of ints."""
-    try:
-        return tuple([_index(a) for a in axis]) if type(axis) is tuple else _index(axis)
-    except TypeError:
-        raise TypeError(
-            f"{op}: axis must be an int or a tuple of ints, got {type(axis).__name__} {axis!r}"
-        ) from None
-
-
-def _flag(op: str, name: str, value: object) -> bool:
-    """A boolean parameter (NumPy's bool included)."""
-    if type(value) is bool or type(value) is np.bool_:
-        return bool(value)
-    raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__} {value!r}")
-
-
-# The operands of an op that only arrays have (it reads an axis, a shape or rows) are checked when
-# the op is made too: a float or a FloatWeight there would otherwise fail only when the op runs, in
-# the rule's own code (a float has no ``shape``), with an error that names neither the op nor the
-# operand. An operand of a user's own differentiable type (``DeepLearning``) may be of either kind
-# until it runs: the op's run-time checks report a float there.
-
-
-def _described(x: object) -> str:
-    """``x`` for an error message: its type and a short repr (a weight's repr names its type; a
-    layer's would be an address, so its type alone)."""
-    if type(x).__repr__ is object.__repr__:
-        return type(x).__name__
-    shown = reprlib.repr(x)
-    return shown if shown.startswith(type(x).__name__) else f"{type(x).__name__} {shown}"
-
-
-def _array(op: str, x: object, name: str = "") -> None:
-    """Raises a TypeError naming ``op`` (and the operand's ``name``, for an op of several) unless
-    ``x`` may be an array operand: an array layer or weight, an array (its dtype is checked with
-    the other operands'), or a user's own differentiable value."""
-    if type(x) is NDARRAY or isinstance(x, ArrayOperators):  # the common cases first
-        return
-    if not is_float_kind(x) and (is_array(x) or isinstance(x, DeepLearning)):
-        return
-    operand = f" for {name}" if name else ""
-    raise TypeError(
-        f"{op}: expected an array layer, array weight or floating-point array{operand}, got {_described(x)}"
-    )
-
-
-def _operands(op: str, xs: object) -> Sequence[object]:
-    """The operands of an op of a sequence of them (a list or a tuple: a single array, which is
-    no sequence of operands, is not taken for one)."""
-    if isinstance(xs, (list, tuple)):
-        return xs
-    raise TypeError(f"{op}: expected a list or a tuple of operands, got {_described(xs)}")
-
-
-def _arrays(op: str, xs: object) -> Sequence[object]:
-    """The operands of an op of a non-empty sequence of arrays, each checked to be one."""
-    operands = _operands(op, xs)
-    if not operands:
-        raise ValueError(f"{op}: needs at least one array")
-    for i, x in enumerate(operands):
-        _array(op, x, f"xs[{i}]")
-    return operands
-
-
 @overload
 def lift(x: AnyFloat) -> FloatLayer: ...
 @overload
@@ -189,7 +99,7 @@ def lift_float(x: AnyFloat) -> FloatLayer:
     if type(x) is FloatLayer:
         return x
     if not is_float_kind(x):  # an array; or a user's own value, whose kind is known when it runs
-        raise TypeError(f"lift_float: expected a float, float weight or float layer, got {_described(x)}")
+        raise TypeError(f"lift_float: expected a float, float weight or float layer, got {described(x)}")
     return FloatLayer(forward_of(x, "lift_float"))
 
 
@@ -288,22 +198,22 @@ def minimum(a: AnyFloat | AnyArray, b: AnyFloat | AnyArray) -> FloatLayer | Arra
 
 def matmul(a: AnyArray, b: AnyArray) -> ArrayLayer:
     """Matrix product (``a @ b``), with NumPy's rules for 1-d and stacked operands."""
-    _array("matmul", a, "a")
-    _array("matmul", b, "b")
+    array_operand("matmul", a, "a")
+    array_operand("matmul", b, "b")
     return apply_array(P.matmul, a, b)
 
 
 def linear(x: AnyArray, w: AnyArray, b: AnyFloat | AnyArray) -> ArrayLayer:
     """``x @ w + b`` as one op (a dense layer): ``x`` of shape (..., k), ``w`` (k, n), ``b`` (n,)."""
-    _array("linear", x, "x")
-    _array("linear", w, "w")
+    array_operand("linear", x, "x")
+    array_operand("linear", w, "w")
     return apply_array(P.linear, x, w, b)
 
 
 def dot(a: AnyArray, b: AnyArray) -> ArrayLayer:
     """Same as :func:`matmul`; for two vectors, a 0-d array (``sum`` it for a FloatLayer)."""
-    _array("dot", a, "a")
-    _array("dot", b, "b")
+    array_operand("dot", a, "a")
+    array_operand("dot", b, "b")
     return apply_array(P.dot, a, b)
 
 
@@ -313,12 +223,14 @@ def sum(x: AnyArray, axis: None = None) -> FloatLayer: ...
 def sum(x: AnyArray, axis: int | tuple[int, ...], *, keepdims: bool = False) -> ArrayLayer: ...
 def sum(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLayer | ArrayLayer:
     """Sum of all elements (a ``FloatLayer``), or along ``axis`` (an ``ArrayLayer``)."""
-    _array("sum", x)
+    array_operand("sum", x)
     if axis is None:
-        if _flag("sum", "keepdims", keepdims):
+        if flag_param("sum", "keepdims", keepdims):
             raise TypeError("sum: keepdims=True needs an axis (over all axes, the sum is a float)")
         return apply_float(P.sum_, x)
-    return apply_array(P.sum_, x, axis=_axis("sum", axis), keepdims=_flag("sum", "keepdims", keepdims))
+    return apply_array(
+        P.sum_, x, axis=axis_param("sum", axis), keepdims=flag_param("sum", "keepdims", keepdims)
+    )
 
 
 @overload
@@ -328,7 +240,7 @@ def add_n(xs: Sequence[AnyArray]) -> ArrayLayer: ...
 def add_n(xs: Sequence[AnyFloat] | Sequence[AnyArray]) -> FloatLayer | ArrayLayer:
     """The sum of ``xs`` as one op (DyNet's ``esum``): a loss summed over many terms is one kernel,
     not a chain of additions that must run one after another."""
-    operands = _operands("add_n", xs)
+    operands = operands_of("add_n", xs)
     if not operands:
         raise ValueError("add_n: needs at least one operand")
     if len(operands) == 1:
@@ -342,18 +254,20 @@ def mean(x: AnyArray, axis: None = None) -> FloatLayer: ...
 def mean(x: AnyArray, axis: int | tuple[int, ...], *, keepdims: bool = False) -> ArrayLayer: ...
 def mean(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLayer | ArrayLayer:
     """Mean of all elements (a ``FloatLayer``), or along ``axis`` (an ``ArrayLayer``)."""
-    _array("mean", x)
+    array_operand("mean", x)
     if axis is None:
-        if _flag("mean", "keepdims", keepdims):
+        if flag_param("mean", "keepdims", keepdims):
             raise TypeError("mean: keepdims=True needs an axis (over all axes, the mean is a float)")
         return apply_float(P.mean, x)
-    return apply_array(P.mean, x, axis=_axis("mean", axis), keepdims=_flag("mean", "keepdims", keepdims))
+    return apply_array(
+        P.mean, x, axis=axis_param("mean", axis), keepdims=flag_param("mean", "keepdims", keepdims)
+    )
 
 
 def reshape(x: AnyArray, shape: Sequence[int]) -> ArrayLayer:
     """``x`` with a new shape of the same size (one dimension may be -1)."""
-    _array("reshape", x)
-    dims = _ints("reshape", "shape", shape)
+    array_operand("reshape", x)
+    dims = int_sequence("reshape", "shape", shape)
     # Whether the shape is one at all is known now; whether it fits x's size, when x has run.
     if dims.count(-1) > 1:
         raise ValueError(f"reshape: shape {dims} has more than one -1 (an unknown dimension)")
@@ -364,14 +278,14 @@ def reshape(x: AnyArray, shape: Sequence[int]) -> ArrayLayer:
 
 def transpose(x: AnyArray, axes: Sequence[int] | None = None) -> ArrayLayer:
     """``x`` with its axes permuted (reversed by default)."""
-    _array("transpose", x)
-    return apply_array(P.transpose, x, axes=None if axes is None else _ints("transpose", "axes", axes))
+    array_operand("transpose", x)
+    return apply_array(P.transpose, x, axes=None if axes is None else int_sequence("transpose", "axes", axes))
 
 
 def concatenate(xs: Sequence[AnyArray], axis: int = 0) -> ArrayLayer:
     """The arrays joined along an existing ``axis``."""
-    operands = _arrays("concatenate", xs)
-    return apply_array(P.concatenate(len(operands)), *operands, axis=_int("concatenate", "axis", axis))
+    operands = array_operands("concatenate", xs)
+    return apply_array(P.concatenate(len(operands)), *operands, axis=int_param("concatenate", "axis", axis))
 
 
 def split(
@@ -383,11 +297,11 @@ def split(
     whose delta is its own in zeros of ``x``'s shape): ``i, f, o, u = split(z, 4, axis=-1)``
     cuts one fused gate matrix of an LSTM into its four gates (in a ``@batchable`` body, whose
     arrays have a leading axis of rows, an axis counted from the end is the same for every call)."""
-    _array("split", x)
-    ax = _int("split", "axis", axis)
+    array_operand("split", x)
+    ax = int_param("split", "axis", axis)
     sections: int | tuple[int, ...]
     try:
-        sections = _index(sections_or_indices)
+        sections = as_index(sections_or_indices)
     except TypeError:
         indices: object = sections_or_indices
         if isinstance(indices, np.ndarray) and indices.ndim == 1 and integral(indices):
@@ -397,7 +311,7 @@ def split(
                 "split: sections_or_indices must be an int or a sequence of ints, "
                 f"got {type(indices).__name__} {indices!r}"
             ) from None
-        sections = _ints("split", "sections_or_indices", indices)
+        sections = int_sequence("split", "sections_or_indices", indices)
         pieces = len(sections) + 1
     else:
         if sections < 1:
@@ -410,27 +324,27 @@ def split(
 def stack(xs: Sequence[AnyArray], axis: int = 0) -> ArrayLayer:
     """The arrays, all of one shape, joined along a new ``axis`` of the result (as ``numpy.stack``:
     ``stack([a, b], axis=-1)`` has shape ``a.shape + (2,)``)."""
-    operands = _arrays("stack", xs)
-    return apply_array(P.stack(len(operands)), *operands, axis=_int("stack", "axis", axis))
+    operands = array_operands("stack", xs)
+    return apply_array(P.stack(len(operands)), *operands, axis=int_param("stack", "axis", axis))
 
 
 def take_rows(table: AnyArray, indices: RowIndices) -> ArrayLayer:
     """Rows of ``table`` (an embedding lookup): shape ``indices.shape + table.shape[1:]``. The
     delta adds each row's delta into the rows used, repeated indices included."""
-    _array("take_rows", table)
+    array_operand("take_rows", table)
     return apply_array(P.take_rows, table, indices=row_indices(indices))
 
 
 def softmax(x: AnyArray, axis: int = -1) -> ArrayLayer:
     """Softmax along ``axis``, computed stably."""
-    _array("softmax", x)
-    return apply_array(P.softmax, x, axis=_int("softmax", "axis", axis))
+    array_operand("softmax", x)
+    return apply_array(P.softmax, x, axis=int_param("softmax", "axis", axis))
 
 
 def log_softmax(x: AnyArray, axis: int = -1) -> ArrayLayer:
     """Log of the softmax along ``axis``, computed stably."""
-    _array("log_softmax", x)
-    return apply_array(P.log_softmax, x, axis=_int("log_softmax", "axis", axis))
+    array_operand("log_softmax", x)
+    return apply_array(P.log_softmax, x, axis=int_param("log_softmax", "axis", axis))
 
 
 def _label_range(xp: Any, labels: Any) -> tuple[int, int]:
@@ -461,7 +375,7 @@ def cross_entropy(logits: AnyArray, targets: AnyNDArray | int) -> FloatLayer:
     shape ``logits.shape[:-1]``: an integer array, or a Python int for one example's logits of shape
     ``(classes,)``. They are constants: no delta flows into them.
     """
-    _array("cross_entropy", logits)
+    array_operand("cross_entropy", logits)
     if type(targets) is int:  # one example's label (``type``: a bool is no label)
         label: int = targets
         targets = _LABEL_ARRAYS[label] if 0 <= label < len(_LABEL_ARRAYS) else _label_array(label)

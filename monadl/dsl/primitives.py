@@ -40,7 +40,7 @@ __all__ = ["ELEMENTWISE", "Batching", "FanOut", "Primitive", "Rule", "add_n", "e
 # ---------------------------------------------------------------------------------------- helpers
 
 
-def _expand_to(xp: Any, delta: Any, x: Any, axis: int | tuple[int, ...] | None, keepdims: bool) -> Any:
+def expand_to(xp: Any, delta: Any, x: Any, axis: int | tuple[int, ...] | None, keepdims: bool) -> Any:
     """``delta`` of a reduction of ``x`` over ``axis``, broadcast back to ``x``'s shape."""
     if type(delta) is float or getattr(delta, "ndim", 1) == 0:
         return minus_zeros(xp, x.shape, x.dtype) + delta  # -0.0 + d is d, a -0.0 included
@@ -53,14 +53,16 @@ def _expand_to(xp: Any, delta: Any, x: Any, axis: int | tuple[int, ...] | None, 
     return xp.broadcast_to(delta, x.shape)
 
 
-def _count(x: Any, axis: int | tuple[int, ...] | None) -> int:
+def reduced_count(x: Any, axis: int | tuple[int, ...] | None) -> int:
+    """How many of ``x``'s elements a reduction over ``axis`` (None: all) takes into each result."""
     if axis is None:
         return int(math.prod(x.shape))
     axes = (axis,) if isinstance(axis, int) else axis
     return int(math.prod(x.shape[a] for a in axes))
 
 
-def _reduce(xp: Any, value: Any, axis: Any, keepdims: bool) -> Any:
+def reduce_axes(xp: Any, value: Any, axis: Any, keepdims: bool) -> Any:
+    """A reduction's result: a Python float over all axes without ``keepdims``, else the array."""
     return float(value) if axis is None and not keepdims else value
 
 
@@ -161,7 +163,7 @@ absolute = _elementwise("abs", lambda xp, x: xp.abs(x), (lambda xp, d, o, x: d *
 tanh = _elementwise("tanh", lambda xp, x: xp.tanh(x), (lambda xp, d, o, x: d * (1.0 - o * o),))
 
 
-def _sigmoid(xp: Any, x: Any) -> Any:
+def sigmoid_of(xp: Any, x: Any) -> Any:
     """``1 / (1 + exp(-x))``, accurate to a few ulps wherever the result is a normal number.
 
     ``exp(-x)`` and the sum keep their relative error of an ulp or so, and a quotient adds half an
@@ -182,7 +184,7 @@ def _sigmoid(xp: Any, x: Any) -> Any:
 # rounding of s near 1): large relative error only in a gradient below the rounding of whatever it
 # is added to. (An exact form, d * s / (1 + exp(x)), would add an exp to every gate's backward:
 # 3 times the vjp's time.)
-sigmoid = _elementwise("sigmoid", _sigmoid, (lambda xp, d, o, x: d * o * (1.0 - o),))
+sigmoid = _elementwise("sigmoid", sigmoid_of, (lambda xp, d, o, x: d * o * (1.0 - o),))
 
 
 def _relu_vjp(xp: Any, d: Any, o: Any, x: Any) -> Any:
@@ -200,7 +202,7 @@ relu = _elementwise("relu", lambda xp, x: xp.maximum(x, 0.0), (_relu_vjp,))
 # ------------------------------------------------------------------------------------ reductions
 
 
-def _check_axes(name: str) -> Callable[..., None]:
+def check_axes(name: str) -> Callable[..., None]:
     """A reduction's check: every axis within the operand's rank, none twice. (Merged calls shift
     their axes past the rows' axis, where an out-of-range negative axis would be the rows'.)"""
 
@@ -221,22 +223,26 @@ def _check_axes(name: str) -> Callable[..., None]:
 
 sum_ = Primitive(
     "sum",
-    lambda xp, x, axis=None, keepdims=False: _reduce(
+    lambda xp, x, axis=None, keepdims=False: reduce_axes(
         xp, xp.sum(x, axis=axis, keepdims=keepdims), axis, keepdims
     ),
-    (lambda xp, d, o, x, axis=None, keepdims=False: _expand_to(xp, d, x, axis, keepdims),),
-    check=_check_axes("sum"),
+    (lambda xp, d, o, x, axis=None, keepdims=False: expand_to(xp, d, x, axis, keepdims),),
+    check=check_axes("sum"),
     batch=Batching(axis=True, scalar="reduce"),
     fresh=True,
     own=True,
 )
 mean = Primitive(
     "mean",
-    lambda xp, x, axis=None, keepdims=False: _reduce(
-        xp, xp.sum(x, axis=axis, keepdims=keepdims) / _count(x, axis), axis, keepdims
+    lambda xp, x, axis=None, keepdims=False: reduce_axes(
+        xp, xp.sum(x, axis=axis, keepdims=keepdims) / reduced_count(x, axis), axis, keepdims
     ),
-    (lambda xp, d, o, x, axis=None, keepdims=False: _expand_to(xp, d / _count(x, axis), x, axis, keepdims),),
-    check=_check_axes("mean"),
+    (
+        lambda xp, d, o, x, axis=None, keepdims=False: expand_to(
+            xp, d / reduced_count(x, axis), x, axis, keepdims
+        ),
+    ),
+    check=check_axes("mean"),
     batch=Batching(axis=True, scalar="reduce"),
     fresh=True,
     own=True,
@@ -403,7 +409,7 @@ take_rows = Primitive(
 _WHOLE = slice(None)
 
 
-def _index_int(value: object) -> int | None:
+def index_int(value: object) -> int | None:
     """``value`` as an int if it is an int or a NumPy integer (not a bool), else None."""
     if type(value) is int:
         return value
@@ -415,7 +421,7 @@ def _index_int(value: object) -> int | None:
 def _slice_bound(s: slice, value: object) -> int | None:
     if value is None:
         return None
-    i = _index_int(value)
+    i = index_int(value)
     if i is None:
         raise TypeError(f"getitem: slice bounds must be ints or None, got {s!r}")
     return i
@@ -442,7 +448,7 @@ def basic_index(key: object) -> tuple[Any, ...]:
                 raise ValueError(f"getitem: slice step cannot be zero, got {e!r}")
             index.append((_slice_bound(e, e.start), _slice_bound(e, e.stop), step))
         else:
-            i = _index_int(e)
+            i = index_int(e)
             if i is None:
                 what = type(e).__name__
                 raise TypeError(
@@ -455,7 +461,7 @@ def basic_index(key: object) -> tuple[Any, ...]:
     return tuple(index)
 
 
-def _index_key(index: tuple[Any, ...], axis: int) -> tuple[Any, ...]:
+def index_key(index: tuple[Any, ...], axis: int) -> tuple[Any, ...]:
     """``index`` as NumPy takes it: its slices made, ``axis`` whole axes before it."""
     key: list[Any] = [_WHOLE] * axis
     for e in index:
@@ -532,8 +538,8 @@ def _check_getitem(x: Any, index: tuple[Any, ...], axis: int = 0) -> None:
 
 getitem = Primitive(
     "getitem",
-    lambda xp, x, index, axis=0: x[_key_for(xp, _index_key(index, axis), x)],
-    (lambda xp, d, o, x, index, axis=0: _scatter(xp, x, _key_for(xp, _index_key(index, axis), x), d),),
+    lambda xp, x, index, axis=0: x[_key_for(xp, index_key(index, axis), x)],
+    (lambda xp, d, o, x, index, axis=0: _scatter(xp, x, _key_for(xp, index_key(index, axis), x), d),),
     check=_check_getitem,
     # the index applies past the rows' axis: ``axis``, shifted (the rows are taken whole)
     batch=Batching(axis=True, axis_default=0),

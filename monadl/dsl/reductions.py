@@ -20,8 +20,8 @@ import numpy as np
 from returns.pipeline import is_successful
 
 from monadl.dsl import primitives as P
+from monadl.dsl.arguments import array_operand, axis_param, flag_param
 from monadl.dsl.layers import AnyArray, ArrayLayer, ArrayOperators, FloatLayer, apply_array, apply_float
-from monadl.dsl.ops import _array, _axis, _flag
 from monadl.dsl.primitives import Batching, Primitive
 from monadl.dsl.weights import ArrayWeight
 from monadl.typeclasses.backend import IndexArray, ShapeError, is_array, namespace, shape_of
@@ -59,13 +59,13 @@ def _drop(xp: Any, value: Any, x: Any, axis: Axis, keepdims: bool) -> Any:
 
 def _full(xp: Any, value: Any, x: Any, axis: Axis, keepdims: bool) -> Any:
     """A reduction's result (or delta) broadcast back to ``x``'s shape."""
-    return P._expand_to(xp, value, x, axis, keepdims)
+    return P.expand_to(xp, value, x, axis, keepdims)
 
 
 def _checks(name: str, empty: bool = False) -> Any:
     """The check of reduction ``name``: its axes (as ``sum``'s); ``empty``: no reduced axis may be
     empty (a maximum of nothing is undefined)."""
-    axes_check = P._check_axes(name)
+    axes_check = P.check_axes(name)
 
     def check(x: Any, axis: Axis = None, keepdims: bool = False, **params: Any) -> None:
         axes_check(x, axis, keepdims)
@@ -73,7 +73,7 @@ def _checks(name: str, empty: bool = False) -> Any:
             raise ShapeError(f"{name}: cannot reduce an empty axis of shape {shape_of(x)} (axis {axis})")
         correction = params.get("correction")
         if correction is not None:
-            n = P._count(x, axis)
+            n = P.reduced_count(x, axis)
             if n - correction <= 0:
                 raise ShapeError(
                     f"{name}: {n} elements along axis {axis} of shape {shape_of(x)} leave no degrees "
@@ -102,7 +102,7 @@ def _extremum_vjp(xp: Any, d: Any, o: Any, x: Any, axis: Axis = None, keepdims: 
 
 max_ = _primitive(
     "max",
-    lambda xp, x, axis=None, keepdims=False: P._reduce(
+    lambda xp, x, axis=None, keepdims=False: P.reduce_axes(
         xp, xp.max(x, axis=axis, keepdims=keepdims), axis, keepdims
     ),
     _extremum_vjp,
@@ -110,7 +110,7 @@ max_ = _primitive(
 )
 min_ = _primitive(
     "min",
-    lambda xp, x, axis=None, keepdims=False: P._reduce(
+    lambda xp, x, axis=None, keepdims=False: P.reduce_axes(
         xp, xp.min(x, axis=axis, keepdims=keepdims), axis, keepdims
     ),
     _extremum_vjp,
@@ -145,7 +145,7 @@ logsumexp_ = _primitive("logsumexp", _logsumexp, _logsumexp_vjp, empty=True)
 def _centred(xp: Any, x: Any, axis: Axis) -> Any:
     """``x`` less its mean along ``axis`` (the first pass of a two-pass variance)."""
     axes = _axes_of(x, axis)
-    return x - xp.sum(x, axis=axes, keepdims=True) / P._count(x, axis)
+    return x - xp.sum(x, axis=axes, keepdims=True) / P.reduced_count(x, axis)
 
 
 def _var(xp: Any, x: Any, axis: Axis = None, keepdims: bool = False, correction: float = 0.0) -> Any:
@@ -153,13 +153,13 @@ def _var(xp: Any, x: Any, axis: Axis = None, keepdims: bool = False, correction:
     ``E[x**2] - E[x]**2`` cancels when the mean is large against the spread)."""
     c = _centred(xp, x, axis)
     total = xp.sum(c * c, axis=_axes_of(x, axis), keepdims=keepdims)
-    return P._reduce(xp, total / (P._count(x, axis) - correction), axis, keepdims)
+    return P.reduce_axes(xp, total / (P.reduced_count(x, axis) - correction), axis, keepdims)
 
 
 def _var_vjp(
     xp: Any, d: Any, o: Any, x: Any, axis: Axis = None, keepdims: bool = False, correction: float = 0.0
 ) -> Any:
-    scale = 2.0 / (P._count(x, axis) - correction)
+    scale = 2.0 / (P.reduced_count(x, axis) - correction)
     return _full(xp, d, x, axis, keepdims) * (scale * _centred(xp, x, axis))
 
 
@@ -168,7 +168,7 @@ def _std_vjp(
 ) -> Any:
     """``d * (x - mean) / ((n - correction) * std)``; 0 where the std is 0 (all the elements equal:
     the std is a norm there, whose subgradients include 0), where the formula is ``0 / 0``."""
-    s = _full(xp, o, x, axis, keepdims) * (P._count(x, axis) - correction)
+    s = _full(xp, o, x, axis, keepdims) * (P.reduced_count(x, axis) - correction)
     with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0, selected out
         slope = xp.where(s == 0.0, 0.0 * s, _centred(xp, x, axis) / s)
     return _full(xp, d, x, axis, keepdims) * slope
@@ -189,13 +189,13 @@ std_ = _primitive("std", _std, _std_vjp)
 def _reduction(
     name: str, prim: Primitive, x: AnyArray, axis: Axis, keepdims: bool, **params: Any
 ) -> FloatLayer | ArrayLayer:
-    _array(name, x)
-    keep = _flag(name, "keepdims", keepdims)
+    array_operand(name, x)
+    keep = flag_param(name, "keepdims", keepdims)
     if axis is None:
         if keep:
             raise TypeError(f"{name}: keepdims=True needs an axis (over all axes, the result is a float)")
         return apply_float(prim, x, **params)
-    return apply_array(prim, x, axis=_axis(name, axis), keepdims=keep, **params)
+    return apply_array(prim, x, axis=axis_param(name, axis), keepdims=keep, **params)
 
 
 @overload
@@ -288,8 +288,8 @@ def _value(name: str, x: object) -> Any:
 
 
 def _index_of(name: str, x: object, axis: int | None, keepdims: bool, largest: bool) -> IndexArray:
-    keep = _flag(name, "keepdims", keepdims)  # the parameters first: a layer runs only if they are right
-    ax = None if axis is None else P._index_int(axis)
+    keep = flag_param(name, "keepdims", keepdims)  # the parameters first: a layer runs only if they are right
+    ax = None if axis is None else P.index_int(axis)
     if axis is not None and ax is None:
         raise TypeError(f"{name}: axis must be an int or None, got {type(axis).__name__} {axis!r}")
     data = _value(name, x)

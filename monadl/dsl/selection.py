@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from monadl.dsl.arguments import array_operand, int_param
 from monadl.dsl.indices import integral
 from monadl.dsl.layers import ADVANCED_INDEX, AnyArray, AnyFloat, ArrayLayer, apply_array
-from monadl.dsl.ops import _array, _int
 from monadl.dsl.primitives import ELEMENTWISE, Batching, Primitive
 from monadl.typeclasses.backend import (
     NDARRAY,
@@ -274,9 +274,9 @@ def take_along_axis(x: AnyArray, indices: IndexArray | Sequence[Any], axis: int 
     ``indices.shape[axis]`` on ``axis``. ``x``'s delta adds the result's delta at the indices
     (repeated indices add). ``logits`` of shape ``(n, c)`` and labels of shape ``(n, 1)`` give each
     row's score of its label."""
-    _array("take_along_axis", x)
+    array_operand("take_along_axis", x)
     index = _index_array("take_along_axis", indices)
-    return apply_array(take_along_axis_, x, indices=index, axis=_int("take_along_axis", "axis", axis))
+    return apply_array(take_along_axis_, x, indices=index, axis=int_param("take_along_axis", "axis", axis))
 
 
 # -------------------------------------------------------------------- advanced indexing: x[rows, cols]

@@ -37,7 +37,7 @@ from typing import Any, Final
 import numpy as np
 
 from monadl.do.do import APPLY, PURE, VARIABLE, Apply, Node
-from monadl.do.primitive import Primitive, _sums
+from monadl.do.primitive import Primitive, add_n
 from monadl.dsl import layers
 from monadl.dsl import primitives as P
 from monadl.typeclasses.backend import NDARRAY, NUMPY, namespace
@@ -245,7 +245,7 @@ def _indexed(x: Info, key: tuple[Any, ...]) -> tuple[int, ...]:
 
 
 def _getitem(x: Info, index: tuple[Any, ...], axis: int = 0) -> Info:
-    return _indexed(x, P._index_key(index, axis)), x[1], x[2]
+    return _indexed(x, P.index_key(index, axis)), x[1], x[2]
 
 
 def _take_rows(table: Info, indices: Any) -> Info:
@@ -382,13 +382,15 @@ def _self_attention(qkv: Info, *_: Any, **__: Any) -> Info:
 
 
 def _per_arity(prim: Primitive) -> ShapeRule | None:
-    """The rule of a primitive made per arity (``add_n``, ``concatenate``, ``stack``), or None."""
+    """The rule of a primitive made per arity (``add_n``, ``concatenate``, ``stack``), or None. Its
+    factory, which keeps one primitive per arity, says whether it is the library's (a user's of the
+    same name is not)."""
     n = len(prim.vjps)
-    if prim.name == "add_n" and _sums.get(n) is prim:
+    if prim.name == "add_n" and add_n(n) is prim:
         return elementwise
-    if prim.name == "concatenate" and P._concat_rules.get(len(prim.vjps)) is prim:
+    if prim.name == "concatenate" and P.concatenate(n) is prim:
         return _concatenate
-    if prim.name == "stack" and P._stack_rules.get(len(prim.vjps)) is prim:
+    if prim.name == "stack" and P.stack(n) is prim:
         return _stack
     return None
 

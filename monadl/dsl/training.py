@@ -295,6 +295,15 @@ def staged_updates(
         return _updates(gradients, optimizer, set(), None, check_finite)
 
 
+def commit_gradients(
+    gradients: Gradients, optimizer: Optimizer | None = None, *, check_finite: bool = True
+) -> None:
+    """:func:`staged_updates` and :func:`commit_updates` under one hold of the commit lock: no other
+    step's commit comes between the weights the updates are computed from and the commit."""
+    with COMMIT_LOCK:
+        publish(_updates(gradients, optimizer, set(), None, check_finite))
+
+
 def commit_updates(updates: list[Update]) -> None:
     """Commits updates from :func:`staged_updates`: every weight and optimizer state at once."""
     with COMMIT_LOCK:
