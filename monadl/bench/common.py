@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from monadl.cli import non_negative_int, positive_int
+from monadl.typeclasses.backend import to_numpy
 
 
 def cpus() -> int:
@@ -231,15 +232,7 @@ class Device:
 
     def get(self, array: Any) -> Any:
         """An array of this device's namespace (or a torch tensor, or a number) as a NumPy array."""
-        import numpy
-
-        if hasattr(array, "detach"):  # a torch tensor, perhaps on the GPU
-            return array.detach().cpu().numpy()
-        if self.name == "cuda" and isinstance(array, self.xp.ndarray):
-            return array.get()
-        if self.name == "array-api-strict" and not isinstance(array, (float, numpy.ndarray)):
-            return numpy.asarray(numpy.from_dlpack(array))
-        return numpy.asarray(array)
+        return host_array(array)
 
     def synchronize(self) -> None:
         """Waits until the GPU's queued work is done (nothing to wait for on the CPU)."""
@@ -266,6 +259,16 @@ class Device:
             return
         for w in weights:
             w.data = self.put(self.get(w.data))
+
+
+def host_array(value: Any) -> Any:
+    """A NumPy array of ``value``: an array of any namespace (``to_numpy``), a torch tensor
+    (perhaps on the GPU), or a number."""
+    import numpy
+
+    if hasattr(value, "detach"):
+        return value.detach().cpu().numpy()
+    return numpy.asarray(to_numpy(value))
 
 
 def add_device_option(parser: argparse.ArgumentParser) -> None:

@@ -69,7 +69,7 @@ from monadl import (
     predict_blocking,
     train_blocking,
 )
-from monadl.bench.common import DEVICES, Device
+from monadl.bench.common import DEVICES, Device, host_array
 from monadl.cli import positive_int
 from monadl.data.files import atomic_write_bytes
 from monadl.typeclasses.backend import Array
@@ -448,18 +448,8 @@ def make_case(
 # ------------------------------------------------------------------------------------ correctness
 
 
-def _as_numpy(x: Any) -> Any:
-    if hasattr(x, "detach"):  # a torch tensor, perhaps on the GPU
-        return x.detach().cpu().numpy()
-    if isinstance(x, (float, np.ndarray, np.generic)):
-        return np.asarray(x)
-    if hasattr(x, "get"):  # a CuPy array
-        return x.get()
-    return np.asarray(np.from_dlpack(x))  # another namespace's array, on the CPU
-
-
 def _check_close(case: Case, what: str, got: Any, want: Any) -> None:
-    g, w = _as_numpy(got), _as_numpy(want)
+    g, w = host_array(got), host_array(want)
     if g.shape != w.shape or not np.allclose(g, w, rtol=1e-9, atol=1e-12):
         raise AssertionError(f"{case.key}: {what} differs from NumPy's: got {got!r}, expected {want!r}")
 

@@ -21,7 +21,15 @@ from monadl.do.do import Variable
 from monadl.dsl.layers import ArrayOperators, FloatOperators
 from monadl.dsl.optimizers import Optimizer
 from monadl.runtime.versions import COMMIT_LOCK, Version, publish, read
-from monadl.typeclasses.backend import Array, ShapeError, check_float_array, device_of, freeze, namespace
+from monadl.typeclasses.backend import (
+    Array,
+    ShapeError,
+    check_float_array,
+    device_of,
+    dtype_name,
+    freeze,
+    namespace,
+)
 
 
 class _WeightState:
@@ -123,7 +131,7 @@ class ArrayWeight(_WeightState, ArrayOperators):
         check_float_array(value, "ArrayWeight.data")
         version = read(self.head, None)
         have = version.data
-        if tuple(value.shape) != tuple(have.shape) or _dtype_name(value) != _dtype_name(have):
+        if tuple(value.shape) != tuple(have.shape) or dtype_name(value) != dtype_name(have):
             raise ShapeError(
                 f"{self!r}.data = {value.dtype} array of shape {tuple(value.shape)}: "
                 f"the weight holds {have.dtype} {tuple(have.shape)}"
@@ -185,9 +193,3 @@ def _checked_float(data: object) -> float:
 
 
 Weight = FloatWeight | ArrayWeight
-
-
-def _dtype_name(array: Any) -> str:
-    """An array's dtype by name (``float32``), comparable across namespaces, whose dtype objects
-    need not compare equal (array-api-strict's never equal NumPy's)."""
-    return str(array.dtype).rsplit(".", 1)[-1]

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from monadl.runtime.versions import COMMIT_LOCK, Version, publish, read
-from monadl.typeclasses.backend import ShapeError, is_array, namespace
+from monadl.typeclasses.backend import ShapeError, dtype_name, is_array, namespace, to_numpy
 
 __all__ = ["JSON", "ArrayBuffer", "Buffer", "BufferState", "GeneratorBuffer"]
 
@@ -89,10 +89,10 @@ class ArrayBuffer(Buffer):
         another namespace or device moves the buffer there."""
         _checked_array(value, "ArrayBuffer.data")
         have = self.data
-        if tuple(value.shape) != tuple(have.shape) or _dtype_name(value) != _dtype_name(have):
+        if tuple(value.shape) != tuple(have.shape) or dtype_name(value) != dtype_name(have):
             raise ShapeError(
-                f"{self!r}.data = {_dtype_name(value)} array of shape {tuple(value.shape)}: the buffer "
-                f"holds {_dtype_name(have)} {tuple(have.shape)}"
+                f"{self!r}.data = {dtype_name(value)} array of shape {tuple(value.shape)}: the buffer "
+                f"holds {dtype_name(have)} {tuple(have.shape)}"
             )
         self._commit(_frozen_copy(value))
 
@@ -107,9 +107,9 @@ class ArrayBuffer(Buffer):
         if set(state.arrays) != {"data"} or state.info:
             return f"an array buffer's state is one array 'data', not {sorted(state.arrays)} and {state.info}"
         array, have = state.arrays["data"], self.data
-        if tuple(array.shape) != tuple(have.shape) or _dtype_name(array) != _dtype_name(have):
+        if tuple(array.shape) != tuple(have.shape) or dtype_name(array) != dtype_name(have):
             return (
-                f"the model's is {_dtype_name(have)} {tuple(have.shape)}, the state holds "
+                f"the model's is {dtype_name(have)} {tuple(have.shape)}, the state holds "
                 f"{array.dtype} {array.shape}"
             )
         return None
@@ -121,16 +121,16 @@ class ArrayBuffer(Buffer):
 
     def __repr__(self) -> str:
         data = self.data
-        return f"ArrayBuffer({_dtype_name(data)} {tuple(data.shape)})"
+        return f"ArrayBuffer({dtype_name(data)} {tuple(data.shape)})"
 
 
 def _checked_array(data: object, where: str) -> Any:
     if isinstance(data, np.ndarray):
         if data.dtype.kind in "biuf":
             return data
-    elif is_array(data) and _dtype_name(data).startswith(("bool", "int", "uint", "float")):
+    elif is_array(data) and dtype_name(data).startswith(("bool", "int", "uint", "float")):
         return data
-    what = f"{_dtype_name(data)} array" if is_array(data) else type(data).__name__
+    what = f"{dtype_name(data)} array" if is_array(data) else type(data).__name__
     raise TypeError(
         f"{where}: expected a NumPy array of bools, integers or floats (or such an array of another "
         f"array API namespace), got a {what}"
@@ -143,25 +143,6 @@ def _frozen_copy(data: Any) -> Any:
         copy.flags.writeable = False
         return copy
     return namespace(data).asarray(data, copy=True)
-
-
-def _dtype_name(array: Any) -> str:
-    """An array's dtype by name (``float32``), comparable across namespaces."""
-    return str(array.dtype).rsplit(".", 1)[-1]
-
-
-def to_numpy(array: Any) -> np.ndarray[Any, Any]:
-    """A NumPy copy of an array of any namespace (a CuPy array's by ``get``; another's through
-    DLPack, or NumPy's conversion where that is refused)."""
-    if isinstance(array, np.ndarray):
-        return array
-    get = getattr(array, "get", None)
-    if callable(get):  # CuPy: from the device
-        return np.asarray(get())
-    try:
-        return np.from_dlpack(array)
-    except (TypeError, AttributeError, BufferError, RuntimeError):
-        return np.asarray(array)
 
 
 _BIT_GENERATORS = {

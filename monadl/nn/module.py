@@ -22,9 +22,9 @@ from typing import Any, Self, cast
 import numpy as np
 
 from monadl.dsl.weights import ArrayWeight, FloatWeight
-from monadl.nn.buffer import ArrayBuffer, Buffer, to_numpy
+from monadl.nn.buffer import ArrayBuffer, Buffer
 from monadl.runtime.versions import COMMIT_LOCK, publish, read
-from monadl.typeclasses.backend import NUMPY, freeze, is_array
+from monadl.typeclasses.backend import NUMPY, dtype_name, freeze, is_array, to_numpy
 from monadl.typeclasses.sparse import SparseRows
 
 Weight = FloatWeight | ArrayWeight
@@ -161,12 +161,12 @@ def summary(structure: object) -> str:
         if isinstance(data, float):
             rows.append((name, kind, "float", "float64", "1"))
         else:
-            rows.append((name, kind, str(tuple(data.shape)), _dtype_name(data), str(_count(weight))))
+            rows.append((name, kind, str(tuple(data.shape)), dtype_name(data), str(_count(weight))))
     for name, buffer in buffers_of(structure).items():
         array = getattr(buffer, "data", None)
         if array is not None and hasattr(array, "shape"):
             size = str(math.prod(tuple(array.shape)))
-            rows.append((name, "buffer", str(tuple(array.shape)), _dtype_name(array), size))
+            rows.append((name, "buffer", str(tuple(array.shape)), dtype_name(array), size))
         else:
             rows.append((name, "buffer", "-", "-", "-"))
     widths = [max(len(row[k]) for row in rows) for k in range(5)]
@@ -179,10 +179,6 @@ def summary(structure: object) -> str:
     total, trainable = parameter_count(structure), parameter_count(structure, trainable_only=True)
     lines.append(f"total: {total} parameters ({trainable} trainable)")
     return "\n".join(lines)
-
-
-def _dtype_name(array: Any) -> str:
-    return str(array.dtype).rsplit(".", 1)[-1]
 
 
 def to_device(structure: object, xp: Any, *, device: Any = None) -> None:

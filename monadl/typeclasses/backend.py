@@ -155,6 +155,8 @@ def is_array(x: object) -> bool:
     """True for an array of any array-API library (NumPy, CuPy, array-api-strict)."""
     if hasattr(x, "__array_namespace__"):
         return hasattr(x, "shape") and hasattr(x, "dtype")
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        return False  # an int, a slice, a list: what index keys and parameters mostly are
     import array_api_compat  # CuPy's arrays have no __array_namespace__ of their own
 
     return bool(array_api_compat.is_cupy_array(x))
@@ -265,3 +267,23 @@ def shape_of(x: object) -> tuple[int, ...] | str:
     if type(x) is float:
         return "float"
     return tuple(getattr(x, "shape", ()))
+
+
+def dtype_name(array: Any) -> str:
+    """An array's dtype by name (``float32``), comparable across namespaces, whose dtype objects
+    need not compare equal (array-api-strict's never equal NumPy's)."""
+    return str(array.dtype).rsplit(".", 1)[-1]
+
+
+def to_numpy(array: Any) -> Any:
+    """A NumPy array of an array of any namespace (a CuPy array's by ``get``, from the device;
+    another's through DLPack, or NumPy's conversion where that is refused); NumPy's as it is."""
+    if isinstance(array, np.ndarray):
+        return array
+    get = getattr(array, "get", None)
+    if callable(get):  # CuPy: from the device
+        return np.asarray(get())
+    try:
+        return np.from_dlpack(array)
+    except (TypeError, AttributeError, BufferError, RuntimeError):
+        return np.asarray(array)
