@@ -447,3 +447,18 @@ CASES += [
     OpCase("getitem [:, cols]", lambda c, a: a[:, c(_ALONG)], (_u(71, (2, 4, 3)),)),
     OpCase("getitem mask", lambda c, a: a[c(_A > 0.0)], (_B,)),
 ]
+
+# The LSTM cell's fused gate arithmetic (monadl.dsl.recurrent); c broadcast from one row too.
+CASES += [
+    OpCase(
+        "lstm_c",
+        lambda c, i, f, u, m: monadl.lstm_c(i, f, u, m),
+        (_u(80, (3, 4)), _u(81, (3, 4)), _u(82, (3, 4)), _u(83, (3, 4))),
+    ),
+    OpCase(
+        "lstm_c memory broadcast",
+        lambda c, i, f, u, m: monadl.lstm_c(i, f, u, m),
+        (_u(84, (2, 3)), _u(85, (2, 3)), _u(86, (2, 3)), _u(87, (3,))),
+    ),
+    OpCase("lstm_h", lambda c, o, m: monadl.lstm_h(o, m), (_u(88, (3, 4)), _u(89, (3, 4)))),
+]

@@ -324,12 +324,13 @@ def _pool(
 def install() -> None:
     """Gives the library's primitives their shape rules (those made on demand, one per arity,
     get theirs from :func:`_per_arity`). A user's primitive may set its own ``shape_rule``."""
-    from monadl.dsl import activations, attention, batch_norm, conv, norm, reductions, selection
+    from monadl.dsl import activations, attention, batch_norm, conv, norm, recurrent, reductions, selection
 
     for prim in (
         P.add, P.sub, P.mul, P.div, P.power, P.maximum, P.minimum, P.neg, P.exp, P.log, P.sqrt,
         P.absolute, P.tanh, P.sigmoid, P.relu, activations.softplus_, activations.silu_,
         activations.gelu_, activations.leaky_relu_, activations.elu_, activations.clip_,
+        recurrent.LSTM_C, recurrent.LSTM_H,
     ):  # fmt: skip
         prim.shape_rule = elementwise
     rules: dict[Primitive, ShapeRule] = {

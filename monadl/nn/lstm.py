@@ -9,7 +9,8 @@ import numpy as np
 
 from monadl.dsl.layers import AnyArray, ArrayLayer
 from monadl.dsl.operation import batchable
-from monadl.dsl.ops import concatenate, lift_array, sigmoid, tanh
+from monadl.dsl.ops import concatenate, lift_array
+from monadl.dsl.recurrent import lstm_c, lstm_h
 from monadl.dsl.weights import ArrayWeight
 from monadl.nn.init import Initializer
 from monadl.nn.linear import Linear, Seed, generator
@@ -83,7 +84,6 @@ class LSTMCell(Module):
     def __call__(self, x: AnyArray, h: AnyArray, c: AnyArray) -> tuple[ArrayLayer, ArrayLayer]:
         """The next state ``(h', c')``."""
         xh = concatenate([x, h], axis=-1)  # [x; h], shared by the four gates (axis -1: rows merge)
-        i, f, o = (sigmoid(gate(xh)) for gate in (self.i, self.f, self.o))
-        u = tanh(self.u(xh))
-        c_next = i * u + f * c
-        return o * tanh(c_next), c_next
+        # the gates' activations and products fused: 2 kernels forward, 6 vjps (monadl.dsl.recurrent)
+        c_next = lstm_c(self.i(xh), self.f(xh), self.u(xh), c)
+        return lstm_h(self.o(xh), c_next), c_next

@@ -75,8 +75,8 @@ def _cells_check(name: str, forward: Sequence[Any], backward: Sequence[Any]) -> 
 
 def _steps(name: str, inputs: int, index: int, sequence: Steps) -> list[AnyArray]:
     """The steps of ``sequence``, checked where their shapes are known (arrays and weights)."""
-    shape = getattr(sequence, "shape", None)
-    if shape is not None and not isinstance(sequence, ArrayLayer):
+    shape = None if isinstance(sequence, ArrayLayer) else getattr(sequence, "shape", None)
+    if shape is not None:
         if len(shape) != 2 or shape[1] != inputs:
             raise ValueError(
                 f"{name}: sequence {index} is an array of shape {tuple(shape)}, "
@@ -93,9 +93,11 @@ def _steps(name: str, inputs: int, index: int, sequence: Steps) -> list[AnyArray
     if not steps:
         raise ValueError(f"{name}: sequence {index} is empty (every sequence needs one step at least)")
     for t, step in enumerate(steps):
+        if isinstance(step, ArrayLayer):
+            continue  # (its static shape would be worked out for nothing: the cell's call checks it)
         data = step.data if isinstance(step, ArrayWeight) else step
         step_shape = getattr(data, "shape", None)
-        if step_shape is not None and not isinstance(step, ArrayLayer) and tuple(step_shape) != (inputs,):
+        if step_shape is not None and tuple(step_shape) != (inputs,):
             raise ValueError(
                 f"{name}: step {t} of sequence {index} has shape {tuple(step_shape)}, not ({inputs},)"
             )

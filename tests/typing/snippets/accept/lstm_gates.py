@@ -1,0 +1,13 @@
+"""lstm_c and lstm_h take array-likes (layers, weights, arrays) and give ArrayLayers."""
+
+from typing import assert_type
+
+import numpy as np
+
+import monadl
+from monadl import ArrayLayer, ArrayWeight
+
+i = ArrayWeight.normal((2, 4), seed=0)
+c = monadl.lstm_c(i, i * 2.0, np.zeros((2, 4)), np.zeros(4))
+assert_type(c, ArrayLayer)
+assert_type(monadl.lstm_h(i, c), ArrayLayer)
