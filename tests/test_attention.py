@@ -179,46 +179,19 @@ def test_errors_name_the_op() -> None:
 # ------------------------------------------------------------------------------------------ modules
 
 
-def torch_encoder_layer(layer: nn.TransformerEncoderLayer, torch: Any) -> Any:
-    """PyTorch's layer with ``layer``'s weights (PyTorch's linear weights are (out, in))."""
-    e = layer.attention.features
-    t = torch.nn.TransformerEncoderLayer(
-        e,
-        layer.attention.heads,
-        layer.ff1.outputs,
-        dropout=0.0,
-        batch_first=True,
-        norm_first=layer.norm_first,
-        dtype=torch.float64,
-    )
-
-    def tensor(w: Any) -> Any:
-        return torch.tensor(np.asarray(w.data))
-
-    with torch.no_grad():
-        t.self_attn.in_proj_weight.copy_(tensor(layer.attention.qkv.w).T)
-        t.self_attn.in_proj_bias.copy_(tensor(layer.attention.qkv.b))
-        t.self_attn.out_proj.weight.copy_(tensor(layer.attention.out.w).T)
-        t.self_attn.out_proj.bias.copy_(tensor(layer.attention.out.b))
-        for mine, theirs in ((layer.ff1, t.linear1), (layer.ff2, t.linear2)):
-            theirs.weight.copy_(tensor(mine.w).T)
-            theirs.bias.copy_(tensor(mine.b))
-        for norm, theirs in ((layer.norm1, t.norm1), (layer.norm2, t.norm2)):
-            theirs.weight.copy_(tensor(norm.weight))
-            theirs.bias.copy_(tensor(norm.bias))
-    return t
-
-
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_the_encoder_layer_is_pytorchs(norm_first: bool) -> None:
     torch = pytest.importorskip("torch")
+    from monadl.bench.models_torch import encoder_layer  # PyTorch's layer with monadl's weights
+
     rng = np.random.default_rng(3)
     layer = nn.TransformerEncoderLayer.new(8, 2, 12, norm_first=norm_first, seed=rng, dtype=np.float64)
     for w in layer.weights().values():  # biases and norms away from their initial 0 and 1
         data = np.asarray(w.data)
         w.data = data + rng.uniform(-0.2, 0.2, data.shape)
     x = uniform(70, 2, 5, 8)
-    t = torch_encoder_layer(layer, torch).eval()
+    params = {name: np.asarray(w.data) for name, w in layer.weights().items()}
+    t = encoder_layer(params, "", layer.attention.heads, norm_first=norm_first).eval()
     mask = np.triu(np.full((5, 5), -np.inf), 1)
     with torch.no_grad():
         expected = t(torch.tensor(x), src_mask=torch.tensor(mask), is_causal=True).numpy()

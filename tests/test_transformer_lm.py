@@ -13,7 +13,8 @@ import pytest
 
 import monadl as ml
 from examples import transformer_lm
-from examples.transformer_lm import Alphabet, TransformerLm, batches, text, windows
+from examples.transformer_lm import Alphabet, batches, text, windows
+from monadl.bench.transformer_model import TransformerLm
 
 TINY = ["--width", "16", "--heads", "2", "--layers", "1", "--context", "16", "--characters", "6000"]
 

@@ -9,14 +9,17 @@ Workloads (the sizes of the examples' defaults; ``--smoke``: tiny ones):
                gradient too (inside the network it flows on to the first block)
   cnn          one training step of examples/cnn.py's CNN (conv-relu-pool twice, a dense layer to
                100 classes; Adam on the mean cross-entropy of a batch of random images)
-  transformer  not written yet: skipped, with a note (the Transformer step was measured apart:
-               docs/benchmarks.md)
+  transformer  one training step of examples/transformer_lm.py's character Transformer (width 48,
+               4 heads, 2 pre-norm layers, 16 windows of 32 characters of an alphabet of 96;
+               Adam on the mean cross-entropy of the next characters, the gradients clipped to a
+               global norm of 1) on random windows of ids, against ``nn.TransformerEncoderLayer``
   bilstm       one training step of examples/bilstm_tagger.py's tagger (embedding 64, BiLSTM hidden
                50, MLP 32; Adam on the mean cross-entropy per word) on --sentences sentences of the
                synthetic WikiNER-like set, against ``nn.LSTM`` over the same sentences packed
 
-The monadl side is the code of the examples (their models, ``monadl.bench.cnn_model`` and
-``monadl.bench.tagger_model``, which the examples import too), on an ``ml.Executor()`` (dynamic
+The monadl side is the code of the examples (their models, ``monadl.bench.cnn_model``,
+``monadl.bench.transformer_model`` and ``monadl.bench.tagger_model``, which the examples import
+too), on an ``ml.Executor()`` (dynamic
 batching on); the PyTorch side (``monadl.bench.models_torch``) is the same model from the same
 weights, trained the same way.
 Both sides run on one thread: BLAS capped by threadpoolctl, ``torch.set_num_threads(1)``.
@@ -49,6 +52,7 @@ from monadl.bench.cnn_model import CLASSES, CNN
 from monadl.bench.common import interleaved, torch_available
 from monadl.bench.suite_data import TaggedSentence, synthetic_task
 from monadl.bench.tagger_model import Tagger
+from monadl.bench.transformer_model import TransformerLm
 from monadl.cli import non_negative_int, positive_float, positive_int
 from monadl.data.files import atomic_write_bytes
 
@@ -64,15 +68,38 @@ TARGETS: dict[str, tuple[float, float]] = {
 
 @dataclass(frozen=True)
 class Sizes:
+    """The workloads' sizes: the CNN's (``batch``, ``channels``), the Transformer's (``windows``
+    of ``context`` characters of an ``alphabet``, ``width``, ``heads``, ``layers``: the alphabet
+    is that of the example's default text) and the tagger's."""
+
     batch: int = 32
     channels: int = 16
+    windows: int = 16
+    context: int = 32
+    alphabet: int = 96
+    width: int = 48
+    heads: int = 4
+    layers: int = 2
     sentences: int = 16
     embedding: int = 64
     hidden: int = 50
     mlp: int = 32
 
 
-SMOKE_SIZES = Sizes(batch=2, channels=2, sentences=3, embedding=4, hidden=3, mlp=4)
+SMOKE_SIZES = Sizes(
+    batch=2,
+    channels=2,
+    windows=2,
+    context=4,
+    alphabet=7,
+    width=4,
+    heads=2,
+    layers=1,
+    sentences=3,
+    embedding=4,
+    hidden=3,
+    mlp=4,
+)
 
 
 def _params(module: ml.Module) -> dict[str, np.ndarray]:
@@ -144,9 +171,26 @@ def cnn_workload(sizes: Sizes, executor: ml.Executor, seed: int, torch: bool) ->
     )
 
 
-def transformer_workload(sizes: Sizes, executor: ml.Executor, seed: int, torch: bool) -> Workload | None:
-    """A Transformer's training step: not written yet (None), so the run says it was skipped."""
-    return None
+def transformer_workload(sizes: Sizes, executor: ml.Executor, seed: int, torch: bool) -> Workload:
+    """A training step of examples/transformer_lm.py's Transformer on random windows of ids."""
+    model = TransformerLm.new(
+        sizes.alphabet, sizes.context, sizes.width, sizes.heads, sizes.layers, seed=seed
+    )
+    rng = np.random.default_rng([seed, 4])
+    windows = rng.integers(0, sizes.alphabet, (sizes.windows, sizes.context + 1)).astype(np.int64)
+    learning_rate, max_norm = 3e-3, 1.0  # the example's
+    optimizer = ml.chain(ml.clip_by_global_norm(max_norm), ml.Adam(learning_rate))
+    torch_step = None
+    if torch:
+        from monadl.bench.models_torch import TorchTransformerLm
+
+        peer = TorchTransformerLm(_params(model), sizes.heads, learning_rate, max_norm)
+        torch_step = lambda: peer.step(windows)
+    what = (
+        f"width {sizes.width}, {sizes.heads} heads, {sizes.layers} layers, {sizes.windows} windows "
+        f"of {sizes.context} characters, alphabet {sizes.alphabet}"
+    )
+    return Workload("transformer", what, lambda: _train(model.loss(windows), optimizer, executor), torch_step)
 
 
 class Batches:
@@ -278,16 +322,13 @@ def run(args: argparse.Namespace) -> list[Result]:
             f"{'must':>6} {'goal':>6}"
         )
         for name in args.only or list(TARGETS):
-            workload: Workload | None
+            workload: Workload
             if name in ("conv1", "conv2"):
                 workload = conv_workload(int(name[-1]), sizes, executor, args.seed, with_torch)
             elif name == "cnn":
                 workload = cnn_workload(sizes, executor, args.seed, with_torch)
             elif name == "transformer":
                 workload = transformer_workload(sizes, executor, args.seed, with_torch)
-                if workload is None:
-                    print(f"{name:<12} skipped: this workload is not written yet")
-                    continue
             else:
                 workload = bilstm_workload(sizes, executor, args.seed, with_torch, args.smoke)
             result = measure(workload, warmup=args.warmup, repeats=args.repeats, segment=args.segment)

@@ -111,3 +111,87 @@ class TorchTagger:
         loss.backward()  # type: ignore[no-untyped-call, unused-ignore]
         self.optimizer.step()
         return float(loss.item())
+
+
+def encoder_layer(
+    params: Mapping[str, np.ndarray], prefix: str, heads: int, *, norm_first: bool = True
+) -> torch.nn.TransformerEncoderLayer:
+    """PyTorch's ``nn.TransformerEncoderLayer`` (batch first, no dropout, ReLU, of the weights'
+    dtype) with the weights of monadl's ``nn.TransformerEncoderLayer`` named ``prefix +
+    "attention.qkv.w"``, ... in ``params``. Its fused ``in_proj`` is monadl's ``qkv`` (both q, k, v
+    in that order); PyTorch's linear weights are monadl's transposed."""
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+    qkv = _tensor(params[prefix + "attention.qkv.w"], grad=False)
+    hidden = params[prefix + "ff1.w"].shape[1]
+    layer = torch.nn.TransformerEncoderLayer(
+        qkv.shape[0], heads, hidden, dropout=0.0, batch_first=True, norm_first=norm_first, dtype=qkv.dtype
+    )
+    theirs = {
+        "attention.qkv.w": layer.self_attn.in_proj_weight,
+        "attention.qkv.b": layer.self_attn.in_proj_bias,
+        "attention.out.w": layer.self_attn.out_proj.weight,
+        "attention.out.b": layer.self_attn.out_proj.bias,
+        "norm1.weight": layer.norm1.weight,
+        "norm1.bias": layer.norm1.bias,
+        "norm2.weight": layer.norm2.weight,
+        "norm2.bias": layer.norm2.bias,
+        "ff1.w": layer.linear1.weight,
+        "ff1.b": layer.linear1.bias,
+        "ff2.w": layer.linear2.weight,
+        "ff2.b": layer.linear2.bias,
+    }
+    with torch.no_grad():
+        for name, tensor in theirs.items():
+            mine = np.asarray(params[prefix + name])
+            tensor.copy_(_tensor(mine.T if mine.ndim == 2 else mine, grad=False))
+    return layer
+
+
+class TorchTransformerLm:
+    """examples/transformer_lm.py's model: embeddings of characters and positions, pre-norm
+    ``nn.TransformerEncoderLayer``s (causal), a last ``nn.LayerNorm`` and the readout; Adam on the
+    mean cross-entropy of the next characters, the gradients clipped to a global norm of
+    ``max_norm`` first (``clip_grad_norm_``)."""
+
+    def __init__(
+        self, params: Mapping[str, np.ndarray], heads: int, learning_rate: float, max_norm: float
+    ) -> None:
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        count = len({name.split(".")[1] for name in params if name.startswith("layers.")})
+        self.layers = [encoder_layer(params, f"layers.{k}.", heads) for k in range(count)]
+        self.table = _tensor(params["embedding.table"])
+        self.positions = _tensor(params["positions"])
+        self.norm_weight, self.norm_bias = _tensor(params["norm.weight"]), _tensor(params["norm.bias"])
+        self.readout_w, self.readout_b = _tensor(params["readout.w"].T), _tensor(params["readout.b"])
+        self.parameters = [
+            self.table,
+            self.positions,
+            *(p for layer in self.layers for p in layer.parameters()),
+            self.norm_weight,
+            self.norm_bias,
+            self.readout_w,
+            self.readout_b,
+        ]
+        self.max_norm = max_norm
+        self.optimizer = torch.optim.Adam(self.parameters, lr=learning_rate, foreach=True)
+        self.mask = torch.nn.Transformer.generate_square_subsequent_mask(self.positions.shape[0])
+
+    def step(self, windows: np.ndarray) -> float:
+        """One training step on ``windows`` (batch, context + 1) of character ids."""
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        f = torch.nn.functional
+        self.optimizer.zero_grad(set_to_none=True)
+        ids = torch.from_numpy(windows)
+        x = f.embedding(ids[:, :-1], self.table) + self.positions
+        for layer in self.layers:
+            x = layer(x, src_mask=self.mask, is_causal=True)
+        x = f.layer_norm(x, self.norm_weight.shape, self.norm_weight, self.norm_bias)
+        logits = f.linear(x, self.readout_w, self.readout_b)
+        loss = f.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        loss.backward()  # type: ignore[no-untyped-call, unused-ignore]
+        torch.nn.utils.clip_grad_norm_(self.parameters, self.max_norm, foreach=True)
+        self.optimizer.step()
+        return float(loss.item())
