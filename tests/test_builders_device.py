@@ -1,7 +1,7 @@
 """Builders take ``xp=`` and ``device=`` (array-api-strict stands in for a device): every weight and
 buffer is built in that namespace from NumPy's draw, a training step there gives the NumPy-built
-model's numbers, and an assignment of another namespace's array moves a weight or names
-``to_device``."""
+model's numbers, an assignment of another namespace's array moves a weight or names ``to_device``,
+and checkpoints of such a model save and load, onto the model's own namespace."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from returns.pipeline import is_successful
 
 import monadl as ml
 from monadl import nn
+from monadl.checkpoint import from_bytes, to_bytes
 from monadl.typeclasses.backend import dtype_name
 
 xp: Any = pytest.importorskip("array_api_strict")
@@ -194,3 +195,54 @@ def test_assigning_another_namespace_moves_the_weight_or_names_to_device() -> No
     ml.to_device(w, xp)  # what the message says: the state moves with the weight
     assert type(w.data) is STRICT and w.optimizer_state is not None
     assert type(w.optimizer_state[1][0]) is STRICT
+
+
+class Model(ml.Module):
+    def __init__(self, **where: Any) -> None:
+        self.body = nn.MLP.new([4, 5, 3], seed=1, dtype=np.float64, **where)
+        self.norm = nn.BatchNorm1d.new(3, dtype=np.float64, **where)
+
+    def __call__(self, x: Any) -> ml.ArrayLayer:
+        return self.norm(self.body(x))
+
+
+def loss_of(model: Model, space: Any) -> ml.FloatLayer:
+    return ml.cross_entropy(model(on(X, space)), IDS % 3)
+
+
+def test_a_checkpoint_of_a_strict_model_saves_and_loads_onto_the_models_namespace() -> None:
+    trained, reference = Model(xp=xp), Model()
+    for model, space in ((trained, xp), (reference, np)):
+        for _ in range(2):
+            train_step(model, lambda m, s: loss_of(m, s), space)
+    blob = to_bytes(trained, metadata={"step": 2})
+    # onto a fresh strict model: weights, Adam's state and the running statistics, all strict
+    resumed = Model(xp=xp, device=xp.Device("device1"))
+    assert from_bytes(blob, resumed) == {"step": 2}
+    for name, array in arrays_of(resumed).items():
+        assert type(array) is STRICT and array.device == xp.Device("device1"), name
+        np.testing.assert_array_equal(host(array), host(arrays_of(trained)[name]), err_msg=name)
+    for name, weight in resumed.weights().items():
+        state = weight.optimizer_state
+        assert state is not None and state[1][2] == 2, name
+        assert type(state[1][0]) is STRICT and state[1][0].device == xp.Device("device1"), name
+    # the file is the NumPy model's, to 1e-6: onto a NumPy model, it trains on as the reference
+    on_host = Model()
+    from_bytes(blob, on_host)
+    for name, array in arrays_of(on_host).items():
+        assert type(array) is np.ndarray, name
+        np.testing.assert_allclose(array, arrays_of(reference)[name], rtol=0, atol=1e-6, err_msg=name)
+    step = train_step(on_host, lambda m, s: loss_of(m, s), np)
+    assert step == pytest.approx(train_step(reference, lambda m, s: loss_of(m, s), np), abs=1e-6)
+    # and a NumPy model's file loads onto a strict model
+    back = Model(xp=xp)
+    from_bytes(to_bytes(reference), back)
+    for name, array in arrays_of(back).items():
+        assert type(array) is STRICT, name
+        np.testing.assert_array_equal(host(array), arrays_of(reference)[name], err_msg=name)
+
+
+def test_a_checkpoint_refuses_another_dtype_by_name_on_any_namespace() -> None:
+    blob = to_bytes(nn.Linear.new(4, 3, dtype=np.float64))
+    with pytest.raises(ml.CheckpointError, match=r"the model's is float32 \(4, 3\), the file holds float64"):
+        from_bytes(blob, nn.Linear.new(4, 3, xp=xp))
