@@ -156,11 +156,10 @@ class ArrayWeight(_WeightState, ArrayOperators):
         moved = type(value) is not type(have) or device_of(value) != device_of(have)
         if moved and version.state is not None:
             raise ValueError(
-                f"{self!r}.data = a {type(value).__module__}.{type(value).__qualname__} on "
-                f"{device_of(value)}: the weight, a {type(have).__module__}.{type(have).__qualname__} "
-                f"on {device_of(have)}, has optimizer state, which an assignment cannot move; "
-                "move the model with module.to(xp, device=...) or ml.to_device(model, xp), which "
-                "move the state with the weights"
+                f"{self!r}.data = an array of {_library(value)} on {device_of(value)}: the weight, of "
+                f"{_library(have)} on {device_of(have)}, has optimizer state, which an assignment "
+                "cannot move; move the model with module.to(xp, device=...) or ml.to_device(model, "
+                "xp), which move the state with the weights"
             )
         self._assign(freeze(namespace(value).asarray(value, copy=True)))
 
@@ -210,6 +209,11 @@ class ArrayWeight(_WeightState, ArrayOperators):
     def __repr__(self) -> str:
         named = f", name={self.name!r}" if self.name else ""
         return f"ArrayWeight(shape={tuple(self.data.shape)}, dtype={self.data.dtype}{named})"
+
+
+def _library(array: object) -> str:
+    """The library of an array, by its top module's name (``numpy``, ``cupy``, ``array_api_strict``)."""
+    return type(array).__module__.partition(".")[0]
 
 
 def _checked_float(data: object) -> float:
