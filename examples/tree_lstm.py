@@ -64,8 +64,10 @@ class Cell(nn.TreeLSTMCell):
         dtype: type[np.floating[Any]] = np.float64,
         *,
         init: nn.init.Initializer | None = None,
+        xp: Any = np,
+        device: Any = None,
     ) -> Cell:
-        cell = super().new(embedding, hidden, seed=seed, dtype=dtype, init=init)
+        cell = super().new(embedding, hidden, seed=seed, dtype=dtype, init=init, xp=xp, device=device)
         assert isinstance(cell, Cell)
         return cell
 

@@ -16,6 +16,11 @@ no pickle, no code run on load. The header's ``"monadl"`` entry describes what t
 ``buffer/<name>/<key>`` those of a buffer's state (its ``kind`` and JSON part are in the entry
 ``"buffers"``).
 
+A model of another array namespace (CuPy on a GPU, array-api-strict) saves as a NumPy one: its
+arrays are copied to the host, so a file is the same whichever namespace wrote it. A load checks the
+file's arrays on the host, then puts each on the namespace and device of the model's own weight or
+buffer: a file written on the CPU loads onto a model built with ``xp=cupy`` or moved there.
+
 What is saved is what is loaded. Metadata are JSON values that come back equal: dicts with str
 keys, lists, str, int, bool, None and finite floats, nested at most :data:`MAX_DEPTH` (64) deep; a
 tuple, a set, a non-str key or NaN is refused at save (a ``TypeError`` naming its key path), not
@@ -57,8 +62,9 @@ from monadl.data.files import atomic_write_bytes, read_regular_file
 from monadl.dsl import optimizers, schedules
 from monadl.dsl.weights import FloatWeight
 from monadl.nn.buffer import JSON, Buffer, BufferState
-from monadl.nn.module import Weight, buffers_of, weights_of
+from monadl.nn.module import Weight, buffers_of, moved_to, weights_of
 from monadl.runtime.versions import COMMIT_LOCK, publish, read
+from monadl.typeclasses.backend import dtype_name, is_array, namespace, to_numpy
 
 __all__ = ["MAX_DEPTH", "CheckpointError", "from_bytes", "load", "save", "to_bytes"]
 
@@ -116,7 +122,9 @@ def to_bytes(model: object, *, metadata: Mapping[str, MetadataValue] | None = No
         version = versions[name]
         data = version.data
         entry: dict[str, Any] = {"kind": "float" if isinstance(weight, FloatWeight) else "array"}
-        tensors[f"weight/{name}"] = _contiguous(np.asarray(data))
+        tensors[f"weight/{name}"] = _contiguous(
+            np.asarray(data) if isinstance(data, float) else to_numpy(data)
+        )
         if version.state is not None:
             optimizer, state = version.state
             arrays: list[np.ndarray[Any, Any]] = []
@@ -309,8 +317,8 @@ def _encode_state(state: Any, arrays: list[np.ndarray[Any, Any]], weight: str, l
     if isinstance(state, float):
         arrays.append(np.asarray(state, dtype=np.float64))
         return {"float": len(arrays) - 1}
-    if isinstance(state, np.ndarray):
-        arrays.append(state)
+    if is_array(state):  # NumPy's, or another namespace's (a CuPy moment), through the host
+        arrays.append(to_numpy(state))
         return {"array": len(arrays) - 1}
     raise TypeError(f"save: the optimizer state of {weight!r} holds a {type(state).__name__}")
 
@@ -525,15 +533,19 @@ def _restore(
         data: Any = float(array)
     else:
         have = current.data
-        if entry.get("kind") != "array" or array.shape != tuple(have.shape) or array.dtype != have.dtype:
+        if (
+            entry.get("kind") != "array"
+            or array.shape != tuple(have.shape)
+            or array.dtype.name != dtype_name(have)
+        ):
             kind = " (a float weight)" if entry.get("kind") == "float" else ""
             raise bad(
-                f"the model's is {have.dtype} {tuple(have.shape)}, "
+                f"the model's is {dtype_name(have)} {tuple(have.shape)}, "
                 f"the file holds {array.dtype} {tuple(array.shape)}{kind}"
             )
         data = _frozen(np.array(array, copy=True))
     if "optimizer" not in entry:
-        return data, None
+        return _placed(data, current.data), None
     optimizer = _rebuild_optimizer(entry["optimizer"], bad)
     # A schedule, a tuple or a bare value would be taken for the weight's optimizer, and its next
     # step would restart the state (another kind) or fail: only monadl's optimizers are.
@@ -544,7 +556,15 @@ def _restore(
     problem = optimizer.check_state(state, data)
     if problem is not None:
         raise bad(f"its optimizer state does not fit its {type(optimizer).__name__}: {problem}")
-    return data, (optimizer, state)
+    return _placed(data, current.data), (optimizer, _placed(state, current.data))
+
+
+def _placed(value: Any, like: Any) -> Any:
+    """``value``, checked on the host, on the namespace and device of the model's weight data
+    ``like`` (a CuPy model's on its GPU), by the conversion ``module.to(xp)`` makes."""
+    if isinstance(like, (float, np.ndarray)):
+        return value
+    return moved_to(value, namespace(like), getattr(like, "device", None))
 
 
 def _restore_buffer(

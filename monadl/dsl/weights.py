@@ -29,6 +29,7 @@ from monadl.typeclasses.backend import (
     dtype_name,
     freeze,
     namespace,
+    to_namespace,
 )
 
 
@@ -103,15 +104,29 @@ class FloatWeight(_WeightState, FloatOperators):
 
 @final
 class ArrayWeight(_WeightState, ArrayOperators):
-    """A trainable array (copied on construction). ``optimizer`` overrides the model's default."""
+    """A trainable array (copied on construction). ``optimizer`` overrides the model's default.
+    ``xp``: the array namespace to hold it in (``cupy``, ``array_api_strict``; None: ``data``'s
+    own), on ``device`` where given, as ``module.to(xp, device=device)`` would move it; the copy is
+    the conversion."""
 
     __slots__ = ("head", "name", "optimizer", "trainable")
 
     def __init__(
-        self, data: Array, *, optimizer: Optimizer | None = None, name: str = "", trainable: bool = True
+        self,
+        data: Array,
+        *,
+        optimizer: Optimizer | None = None,
+        name: str = "",
+        trainable: bool = True,
+        xp: Any = None,
+        device: Any = None,
     ) -> None:
         check_float_array(data, "ArrayWeight")
-        self.head = Version(0, freeze(namespace(data).asarray(data, copy=True)), None, None)
+        if xp is None and device is None:
+            copy = namespace(data).asarray(data, copy=True)
+        else:
+            copy = to_namespace(data, namespace(data) if xp is None else xp, device)
+        self.head = Version(0, freeze(copy), None, None)
         self.optimizer = optimizer
         self.trainable = trainable
         self.name = name
@@ -125,22 +140,26 @@ class ArrayWeight(_WeightState, ArrayOperators):
 
     @data.setter
     def data(self, value: Array) -> None:
-        """Commits a copy of ``value``, which must have the weight's shape and dtype. An array of
-        another namespace or device (a CuPy array for a NumPy weight) moves the weight there, before
-        its first training step: optimizer state cannot follow it."""
+        """Commits a copy of ``value``, which must have the weight's shape and dtype (by name:
+        ``float32`` of any namespace). An array of another namespace or device (a CuPy array for a
+        NumPy weight) moves the weight there, before its first training step; once the weight has
+        optimizer state, it is an error that names ``module.to(xp)`` / ``ml.to_device``, which move
+        the state with the weight."""
         check_float_array(value, "ArrayWeight.data")
         version = read(self.head, None)
         have = version.data
         if tuple(value.shape) != tuple(have.shape) or dtype_name(value) != dtype_name(have):
             raise ShapeError(
-                f"{self!r}.data = {value.dtype} array of shape {tuple(value.shape)}: "
-                f"the weight holds {have.dtype} {tuple(have.shape)}"
+                f"{self!r}.data = {dtype_name(value)} array of shape {tuple(value.shape)}: "
+                f"the weight holds {dtype_name(have)} {tuple(have.shape)}"
             )
         moved = type(value) is not type(have) or device_of(value) != device_of(have)
         if moved and version.state is not None:
             raise ValueError(
-                f"{self!r}.data = an array on {device_of(value)}: the weight, on {device_of(have)}, has "
-                "optimizer state, which cannot move with it; move weights before training"
+                f"{self!r}.data = an array of {_library(value)} on {device_of(value)}: the weight, of "
+                f"{_library(have)} on {device_of(have)}, has optimizer state, which an assignment "
+                "cannot move; move the model with module.to(xp, device=...) or ml.to_device(model, "
+                "xp), which move the state with the weights"
             )
         self._assign(freeze(namespace(value).asarray(value, copy=True)))
 
@@ -155,16 +174,20 @@ class ArrayWeight(_WeightState, ArrayOperators):
         optimizer: Optimizer | None = None,
         name: str = "",
         trainable: bool = True,
+        xp: Any = np,
+        device: Any = None,
     ) -> ArrayWeight:
         """Normally distributed values, deterministic under ``seed``. The default ``std`` is
         ``sqrt(2 / fan_in)`` (He et al. 2015), with fan-in the first dimension. ``optimizer``,
-        ``name`` and ``trainable`` as for the constructor."""
+        ``name`` and ``trainable`` as for the constructor. Drawn by NumPy's generator whatever
+        ``xp`` (so a seed gives the same values on every device), then copied to ``xp`` (on
+        ``device``) once."""
         rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         shape = tuple(shape)
         if std is None:
             std = float(np.sqrt(2.0 / max(shape[0] if shape else 1, 1)))
         data = (rng.standard_normal(shape) * std).astype(dtype)
-        return cls(data, optimizer=optimizer, name=name, trainable=trainable)
+        return cls(data, optimizer=optimizer, name=name, trainable=trainable, xp=xp, device=device)
 
     @classmethod
     def zeros(
@@ -175,13 +198,22 @@ class ArrayWeight(_WeightState, ArrayOperators):
         optimizer: Optimizer | None = None,
         name: str = "",
         trainable: bool = True,
+        xp: Any = np,
+        device: Any = None,
     ) -> ArrayWeight:
-        """Zeros (for biases). ``optimizer``, ``name`` and ``trainable`` as for the constructor."""
-        return cls(np.zeros(tuple(shape), dtype=dtype), optimizer=optimizer, name=name, trainable=trainable)
+        """Zeros (for biases), in the namespace ``xp`` (on ``device``). ``optimizer``, ``name`` and
+        ``trainable`` as for the constructor."""
+        zeros = np.zeros(tuple(shape), dtype=dtype)
+        return cls(zeros, optimizer=optimizer, name=name, trainable=trainable, xp=xp, device=device)
 
     def __repr__(self) -> str:
         named = f", name={self.name!r}" if self.name else ""
         return f"ArrayWeight(shape={tuple(self.data.shape)}, dtype={self.data.dtype}{named})"
+
+
+def _library(array: object) -> str:
+    """The library of an array, by its top module's name (``numpy``, ``cupy``, ``array_api_strict``)."""
+    return type(array).__module__.partition(".")[0]
 
 
 def _checked_float(data: object) -> float:

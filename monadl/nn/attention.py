@@ -54,11 +54,15 @@ class MultiHeadAttention(Module):
         seed: Seed = 0,
         dtype: type[np.floating[Any]] = np.float32,
         bias: bool = True,
+        xp: Any = np,
+        device: Any = None,
     ) -> MultiHeadAttention:
-        """Projections drawn as :meth:`Linear.new` draws them (``qkv`` first), zero biases."""
+        """Projections drawn as :meth:`Linear.new` draws them (``qkv`` first), zero biases; ``xp``
+        and ``device`` as its."""
         rng = generator(seed)
-        qkv = Linear.new(features, 3 * features, seed=rng, dtype=dtype, bias=bias)
-        return cls(qkv, Linear.new(features, features, seed=rng, dtype=dtype, bias=bias), heads)
+        qkv = Linear.new(features, 3 * features, seed=rng, dtype=dtype, bias=bias, xp=xp, device=device)
+        out = Linear.new(features, features, seed=rng, dtype=dtype, bias=bias, xp=xp, device=device)
+        return cls(qkv, out, heads)
 
     @property
     def features(self) -> int:
@@ -98,18 +102,20 @@ class TransformerEncoderLayer(Module):
         norm_first: bool = False,
         seed: Seed = 0,
         dtype: type[np.floating[Any]] = np.float32,
+        xp: Any = np,
+        device: Any = None,
     ) -> TransformerEncoderLayer:
         """A layer of ``features`` (the model's width), ``heads`` heads and a feed-forward block of
         ``feedforward`` units (default 4 * features), its weights drawn from one generator in the
-        order of the fields."""
+        order of the fields (``xp`` and ``device`` as :meth:`Linear.new`'s)."""
         rng = generator(seed)
         hidden = 4 * features if feedforward is None else feedforward
         return cls(
-            MultiHeadAttention.new(features, heads, seed=rng, dtype=dtype),
-            LayerNorm.new(features, dtype=dtype),
-            LayerNorm.new(features, dtype=dtype),
-            Linear.new(features, hidden, seed=rng, dtype=dtype),
-            Linear.new(hidden, features, seed=rng, dtype=dtype),
+            MultiHeadAttention.new(features, heads, seed=rng, dtype=dtype, xp=xp, device=device),
+            LayerNorm.new(features, dtype=dtype, xp=xp, device=device),
+            LayerNorm.new(features, dtype=dtype, xp=xp, device=device),
+            Linear.new(features, hidden, seed=rng, dtype=dtype, xp=xp, device=device),
+            Linear.new(hidden, features, seed=rng, dtype=dtype, xp=xp, device=device),
             activation,
             norm_first,
         )

@@ -56,17 +56,20 @@ class _BatchNorm(Module):
         momentum: float = 0.1,
         eps: float = 1e-5,
         dtype: type[np.floating[Any]] = np.float32,
+        xp: Any = np,
+        device: Any = None,
     ) -> Self:
         """A layer of ``channels`` channels: scale ones, shift zeros, running mean zeros and
-        running variance ones (PyTorch's start). Move it elsewhere with ``.to(xp)``."""
+        running variance ones (PyTorch's start), weights and running statistics in the namespace
+        ``xp`` (on ``device``), as :meth:`~monadl.nn.Linear.new`'s."""
         if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
             raise ValueError(f"{cls.__name__}.new: channels must be a positive int, got {channels!r}")
         ones = np.ones((channels,), dtype=dtype)
         return cls(
-            ArrayWeight(ones),
-            ArrayWeight.zeros((channels,), dtype=dtype),
-            ArrayBuffer(np.zeros((channels,), dtype=dtype)),
-            ArrayBuffer(ones),
+            ArrayWeight(ones, xp=xp, device=device),
+            ArrayWeight.zeros((channels,), dtype=dtype, xp=xp, device=device),
+            ArrayBuffer(np.zeros((channels,), dtype=dtype), xp=xp, device=device),
+            ArrayBuffer(ones, xp=xp, device=device),
             momentum=float(momentum),
             eps=float(eps),
         )

@@ -23,7 +23,15 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from monadl.runtime.versions import COMMIT_LOCK, Version, publish, read
-from monadl.typeclasses.backend import ShapeError, dtype_name, is_array, namespace, to_numpy
+from monadl.typeclasses.backend import (
+    NUMPY,
+    ShapeError,
+    dtype_name,
+    is_array,
+    namespace,
+    to_namespace,
+    to_numpy,
+)
 
 __all__ = ["JSON", "ArrayBuffer", "Buffer", "BufferState", "GeneratorBuffer"]
 
@@ -64,7 +72,8 @@ class Buffer(ABC):
 class ArrayBuffer(Buffer):
     """An array that gradients do not train (a running mean, a counter): a read-only copy of
     ``data``, an array of bools, integers or floats (NumPy's, or any array API namespace's: a CuPy
-    array on a GPU), whose shape and dtype it keeps.
+    array on a GPU), whose shape and dtype it keeps. ``xp`` and ``device``: the namespace (None:
+    ``data``'s own) and device to hold the copy in, as ``module.to(xp, device=device)`` would.
 
     Its value is versioned as a weight's is (``monadl.runtime.versions``): an op of a training step
     may stage a new value (:func:`monadl.stage_buffer`), committed with the step's weights, all or
@@ -73,8 +82,14 @@ class ArrayBuffer(Buffer):
     __slots__ = ("head",)
     kind = "array"
 
-    def __init__(self, data: np.ndarray[Any, Any]) -> None:
-        self.head = Version(0, _frozen_copy(_checked_array(data, "ArrayBuffer")), None, None)
+    def __init__(self, data: np.ndarray[Any, Any], *, xp: Any = None, device: Any = None) -> None:
+        checked = _checked_array(data, "ArrayBuffer")
+        target = namespace(checked) if xp is None and device is not None else xp
+        if target is None or target is np or target is NUMPY:
+            copy = _frozen_copy(checked if target is None else to_numpy(checked))
+        else:
+            copy = to_namespace(checked, target, device)  # (the conversion is the copy)
+        self.head = Version(0, copy, None, None)
 
     @property
     def data(self) -> np.ndarray[Any, Any]:
@@ -115,9 +130,12 @@ class ArrayBuffer(Buffer):
         return None
 
     def load_state(self, state: BufferState) -> None:
-        have = self.data
+        have: Any = self.data  # (typed NumPy's; of the namespace the buffer was moved to)
         array = state.arrays["data"]
-        self._commit(_frozen_copy(array if isinstance(have, np.ndarray) else namespace(have).asarray(array)))
+        if isinstance(have, np.ndarray):
+            self._commit(_frozen_copy(array))
+        else:  # on the model's namespace and device (the conversion is the copy)
+            self._commit(to_namespace(array, namespace(have), getattr(have, "device", None)))
 
     def __repr__(self) -> str:
         data = self.data

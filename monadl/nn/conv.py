@@ -39,6 +39,8 @@ def _kernel_weights(
     seed: Seed,
     dtype: type[np.floating[Any]],
     bias: bool,
+    xp: Any,
+    device: Any,
 ) -> tuple[ArrayWeight, ArrayWeight | None]:
     """Normal kernels of std ``1 / sqrt(fan_in)`` (fan_in: ``inputs // groups`` times the kernel's
     size, LeCun's initialisation, as :class:`~monadl.nn.Linear`'s), and a zero bias."""
@@ -46,10 +48,9 @@ def _kernel_weights(
     if groups < 1 or inputs % groups or outputs % groups:
         raise ValueError(f"{name}: {inputs} inputs and {outputs} outputs do not divide into {groups} groups")
     fan_in = inputs // groups * math.prod(kernel)
-    w = ArrayWeight.normal(
-        (outputs, inputs // groups, *kernel), std=fan_in**-0.5, seed=generator(seed), dtype=dtype
-    )
-    return w, ArrayWeight.zeros((outputs,), dtype=dtype) if bias else None
+    shape = (outputs, inputs // groups, *kernel)
+    w = ArrayWeight.normal(shape, std=fan_in**-0.5, seed=generator(seed), dtype=dtype, xp=xp, device=device)
+    return w, ArrayWeight.zeros((outputs,), dtype=dtype, xp=xp, device=device) if bias else None
 
 
 def _check(name: str, spatial: int, w: ArrayWeight, b: ArrayWeight | None) -> None:
@@ -110,10 +111,15 @@ class Conv2d(_Conv):
         bias: bool = True,
         seed: Seed = 0,
         dtype: type[np.floating[Any]] = np.float32,
+        xp: Any = np,
+        device: Any = None,
     ) -> Conv2d:
         """``inputs`` channels to ``outputs``, kernels of ``kernel_size`` (an int: square), drawn
-        normal with std ``1 / sqrt(fan_in)``; a zero bias (none if not ``bias``)."""
-        w, b = _kernel_weights("Conv2d", 2, inputs, outputs, kernel_size, groups, seed, dtype, bias)
+        normal with std ``1 / sqrt(fan_in)``; a zero bias (none if not ``bias``). ``xp`` and
+        ``device``: where the weights are, as :meth:`Linear.new`'s."""
+        w, b = _kernel_weights(
+            "Conv2d", 2, inputs, outputs, kernel_size, groups, seed, dtype, bias, xp, device
+        )
         return cls(w, b, stride, padding, dilation, groups)
 
 
@@ -138,9 +144,13 @@ class Conv1d(_Conv):
         bias: bool = True,
         seed: Seed = 0,
         dtype: type[np.floating[Any]] = np.float32,
+        xp: Any = np,
+        device: Any = None,
     ) -> Conv1d:
         """As :meth:`Conv2d.new`, with kernels of ``kernel_size`` along one axis."""
-        w, b = _kernel_weights("Conv1d", 1, inputs, outputs, kernel_size, groups, seed, dtype, bias)
+        w, b = _kernel_weights(
+            "Conv1d", 1, inputs, outputs, kernel_size, groups, seed, dtype, bias, xp, device
+        )
         return cls(w, b, stride, padding, dilation, groups)
 
 

@@ -35,16 +35,24 @@ class Embedding(Module):
         std: float | None = None,
         optimizer: Optimizer | None = None,
         init: Initializer | None = None,
+        xp: Any = np,
+        device: Any = None,
     ) -> Embedding:
         """Normal rows of ``std`` (default ``1 / sqrt(dim)``), or drawn by ``init`` (of shape (count,
         dim): the fans ``count`` and ``dim``, as a :class:`Linear` from one-hot ids); ``optimizer``
-        overrides the model's for the table (embeddings often learn at a rate of their own)."""
+        overrides the model's for the table (embeddings often learn at a rate of their own). ``xp``
+        and ``device``: where the table is, as :meth:`Linear.new`'s."""
         if init is not None:
             if std is not None:
                 raise ValueError(f"Embedding.new: give std or init, not both (std={std}, init={init!r})")
-            return cls(ArrayWeight(init((count, dim), seed=seed, dtype=dtype), optimizer=optimizer))
+            drawn = init((count, dim), seed=seed, dtype=dtype)
+            return cls(ArrayWeight(drawn, optimizer=optimizer, xp=xp, device=device))
         std = dim**-0.5 if std is None else std
-        return cls(ArrayWeight.normal((count, dim), std=std, seed=seed, dtype=dtype, optimizer=optimizer))
+        return cls(
+            ArrayWeight.normal(
+                (count, dim), std=std, seed=seed, dtype=dtype, optimizer=optimizer, xp=xp, device=device
+            )
+        )
 
     @property
     def count(self) -> int:

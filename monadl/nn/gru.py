@@ -62,13 +62,16 @@ class GRUCell(Module):
         seed: Seed = 0,
         dtype: type[np.floating[Any]] = np.float32,
         init: Initializer | None = None,
+        xp: Any = np,
+        device: Any = None,
     ) -> GRUCell:
         """Gates drawn by :meth:`Linear.new` in the order r, z, n_x, n_h (by ``init`` if given);
-        zero biases."""
+        zero biases. ``xp`` and ``device`` as :meth:`Linear.new`'s."""
         rng = generator(seed)
-        r, z = (Linear.new(inputs + hidden, hidden, seed=rng, dtype=dtype, init=init) for _ in range(2))
-        n_x = Linear.new(inputs, hidden, seed=rng, dtype=dtype, init=init)
-        n_h = Linear.new(hidden, hidden, seed=rng, dtype=dtype, init=init)
+        shared: dict[str, Any] = {"seed": rng, "dtype": dtype, "init": init, "xp": xp, "device": device}
+        r, z = (Linear.new(inputs + hidden, hidden, **shared) for _ in range(2))
+        n_x = Linear.new(inputs, hidden, **shared)
+        n_h = Linear.new(hidden, hidden, **shared)
         return cls(r, z, n_x, n_h)
 
     @property

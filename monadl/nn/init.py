@@ -1,7 +1,9 @@
 """Initialisers: functions that draw a weight's initial NumPy array of a shape, as ``torch.nn.init``.
 
 Each takes the ``shape``, a ``seed`` (an int, or a ``numpy.random.Generator`` that the draw advances)
-and a ``dtype``, and returns a new array. The builders of ``monadl.nn`` take one as ``init=``
+and a ``dtype``, and returns a new array: NumPy's, or, given ``xp=`` (``cupy``, ``array_api_strict``)
+and ``device=``, a copy of the same draw in that namespace (NumPy's generator draws on every device,
+so a seed gives the same values everywhere). The builders of ``monadl.nn`` take one as ``init=``
 (``Linear.new(3, 2, init=nn.init.xavier_uniform)``); pass a gain or a mode with
 ``functools.partial``.
 
@@ -20,6 +22,8 @@ from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
 import numpy as np
+
+from monadl.typeclasses.backend import to_namespace
 
 Seed = int | np.random.Generator
 FloatArray = np.ndarray[Any, np.dtype[np.floating[Any]]]
@@ -80,6 +84,15 @@ def _fans(shape: Sequence[int], given: tuple[int, int] | None, name: str) -> tup
     return fan_in, fan_out
 
 
+def _placed(drawn: FloatArray, xp: Any, device: Any) -> FloatArray:
+    """A NumPy draw as the initialisers return it: itself for NumPy, else a copy in ``xp`` (on
+    ``device``), converted as ``module.to(xp)`` converts."""
+    if xp is np and device is None:
+        return drawn
+    converted: FloatArray = to_namespace(drawn, xp, device)
+    return converted
+
+
 def _uniform(shape: Sequence[int], bound: float, seed: Seed, dtype: type[np.floating[Any]]) -> FloatArray:
     drawn: FloatArray = _generator(seed).uniform(-bound, bound, tuple(shape)).astype(dtype)
     return drawn
@@ -97,11 +110,13 @@ def xavier_uniform(
     seed: Seed = 0,
     dtype: type[np.floating[Any]] = np.float32,
     fans: tuple[int, int] | None = None,
+    xp: Any = np,
+    device: Any = None,
 ) -> FloatArray:
     """Uniform on ``[-a, a]``, ``a = gain * sqrt(6 / (fan_in + fan_out))`` (Glorot and Bengio, 2010):
     the variance ``gain^2 * 2 / (fan_in + fan_out)``."""
     fan_in, fan_out = _fans(shape, fans, "xavier_uniform")
-    return _uniform(shape, gain * math.sqrt(6.0 / (fan_in + fan_out)), seed, dtype)
+    return _placed(_uniform(shape, gain * math.sqrt(6.0 / (fan_in + fan_out)), seed, dtype), xp, device)
 
 
 def xavier_normal(
@@ -111,10 +126,12 @@ def xavier_normal(
     seed: Seed = 0,
     dtype: type[np.floating[Any]] = np.float32,
     fans: tuple[int, int] | None = None,
+    xp: Any = np,
+    device: Any = None,
 ) -> FloatArray:
     """Normal of mean 0 and ``std = gain * sqrt(2 / (fan_in + fan_out))`` (Glorot and Bengio, 2010)."""
     fan_in, fan_out = _fans(shape, fans, "xavier_normal")
-    return _normal(shape, gain * math.sqrt(2.0 / (fan_in + fan_out)), seed, dtype)
+    return _placed(_normal(shape, gain * math.sqrt(2.0 / (fan_in + fan_out)), seed, dtype), xp, device)
 
 
 def _kaiming_std(
@@ -141,12 +158,14 @@ def kaiming_uniform(
     seed: Seed = 0,
     dtype: type[np.floating[Any]] = np.float32,
     fans: tuple[int, int] | None = None,
+    xp: Any = np,
+    device: Any = None,
 ) -> FloatArray:
     """Uniform on ``[-b, b]``, ``b = gain * sqrt(3 / fan)`` (He et al., 2015), ``fan`` the fan-in or
     the fan-out (``mode``), ``gain = calculate_gain(nonlinearity, a)`` (``a``: leaky_relu's negative
     slope; the defaults give ``sqrt(2)``, for relu): the variance ``gain^2 / fan``."""
     std = _kaiming_std(shape, a, mode, nonlinearity, fans, "kaiming_uniform")
-    return _uniform(shape, math.sqrt(3.0) * std, seed, dtype)
+    return _placed(_uniform(shape, math.sqrt(3.0) * std, seed, dtype), xp, device)
 
 
 def kaiming_normal(
@@ -158,11 +177,13 @@ def kaiming_normal(
     seed: Seed = 0,
     dtype: type[np.floating[Any]] = np.float32,
     fans: tuple[int, int] | None = None,
+    xp: Any = np,
+    device: Any = None,
 ) -> FloatArray:
     """Normal of mean 0 and ``std = gain / sqrt(fan)`` (He et al., 2015), ``fan`` and ``gain`` as
     :func:`kaiming_uniform`'s."""
     std = _kaiming_std(shape, a, mode, nonlinearity, fans, "kaiming_normal")
-    return _normal(shape, std, seed, dtype)
+    return _placed(_normal(shape, std, seed, dtype), xp, device)
 
 
 def orthogonal(
@@ -171,6 +192,8 @@ def orthogonal(
     gain: float = 1.0,
     seed: Seed = 0,
     dtype: type[np.floating[Any]] = np.float32,
+    xp: Any = np,
+    device: Any = None,
 ) -> FloatArray:
     """A (semi-)orthogonal matrix times ``gain`` (Saxe et al., 2014), as PyTorch draws it: the Q of
     the QR decomposition of a normal matrix, signs fixed by R's diagonal so that the draw is uniform
@@ -188,4 +211,4 @@ def orthogonal(
     if rows < columns:
         q = q.T
     drawn: FloatArray = (gain * q).reshape(shape).astype(dtype)
-    return drawn
+    return _placed(drawn, xp, device)

@@ -5,6 +5,11 @@ so ``module.weights()`` names them by path (``"layers.0.w"``), and a ``new`` cla
 its initial weights. ``seed`` is an int or a ``numpy.random.Generator``: a module of several weights
 draws them all from one generator, in the order of its fields, so the same generator gives the same
 weights. Modules compare and hash by identity, as weights do.
+
+Every ``new`` takes ``xp=`` (an array namespace: ``cupy``, ``array_api_strict``; default NumPy) and
+``device=``, with the meaning of ``module.to(xp, device=device)``: the weights are drawn by NumPy's
+generator as they are for NumPy (a seed gives the same values on every device), then each is copied
+to ``xp`` once, as ``to`` would copy it.
 """
 
 from __future__ import annotations
@@ -60,19 +65,22 @@ class Linear(Module):
         bias: bool = True,
         std: float | None = None,
         init: Initializer | None = None,
+        xp: Any = np,
+        device: Any = None,
     ) -> Linear:
         """Normal weights of ``std`` (default ``1 / sqrt(inputs)``, LeCun's initialisation, as
         ``examples/tree_lstm.py``'s), or drawn by ``init`` (``nn.init.xavier_uniform``: of shape
-        (inputs, outputs), the fans ``inputs`` and ``outputs``); a zero bias (none if not ``bias``)."""
+        (inputs, outputs), the fans ``inputs`` and ``outputs``); a zero bias (none if not ``bias``).
+        ``xp`` and ``device``: where the weights are (see the module)."""
         if init is not None:
             if std is not None:
                 raise ValueError(f"Linear.new: give std or init, not both (std={std}, init={init!r})")
-            w = ArrayWeight(init((inputs, outputs), seed=seed, dtype=dtype))
+            w = ArrayWeight(init((inputs, outputs), seed=seed, dtype=dtype), xp=xp, device=device)
         else:
-            w = ArrayWeight.normal(
-                (inputs, outputs), std=inputs**-0.5 if std is None else std, seed=seed, dtype=dtype
-            )
-        return cls(w, ArrayWeight.zeros((outputs,), dtype=dtype) if bias else None)
+            std = inputs**-0.5 if std is None else std
+            w = ArrayWeight.normal((inputs, outputs), std=std, seed=seed, dtype=dtype, xp=xp, device=device)
+        b = ArrayWeight.zeros((outputs,), dtype=dtype, xp=xp, device=device) if bias else None
+        return cls(w, b)
 
     @property
     def inputs(self) -> int:
@@ -107,13 +115,18 @@ class MLP(Module):
         seed: Seed = 0,
         dtype: type[np.floating[Any]] = np.float32,
         init: Initializer | None = None,
+        xp: Any = np,
+        device: Any = None,
     ) -> MLP:
         """Layers of ``sizes[k] -> sizes[k + 1]`` (``[4, 16, 3]``: two layers), drawn in order from
-        one generator (see :meth:`Linear.new`; ``init`` for every layer)."""
+        one generator (see :meth:`Linear.new`; ``init``, ``xp`` and ``device`` for every layer)."""
         if len(sizes) < 2:
             raise ValueError(f"MLP.new: sizes needs an input and an output size at least, got {list(sizes)}")
         rng = generator(seed)
-        layers = [Linear.new(n, m, seed=rng, dtype=dtype, init=init) for n, m in pairwise(sizes)]
+        layers = [
+            Linear.new(n, m, seed=rng, dtype=dtype, init=init, xp=xp, device=device)
+            for n, m in pairwise(sizes)
+        ]
         return cls(layers, activation)
 
     def __call__(self, x: AnyArray) -> ArrayLayer:

@@ -54,14 +54,18 @@ class LSTMCell(Module):
         seed: Seed = 0,
         dtype: type[np.floating[Any]] = np.float32,
         init: Initializer | None = None,
+        xp: Any = np,
+        device: Any = None,
     ) -> LSTMCell:
         """Gates drawn by :meth:`Linear.new` in the order i, f, o, u (by ``init`` if given, each
         gate's (inputs + hidden, hidden) matrix), zero biases but the forget gate's, 1.0: the cell
         keeps its memory at first, which helps gradients flow through long sequences (Gers et al.
-        2000; Jozefowicz et al. 2015)."""
+        2000; Jozefowicz et al. 2015). ``xp`` and ``device`` as :meth:`Linear.new`'s."""
         rng = generator(seed)
-        i, f, o, u = (Linear.new(inputs + hidden, hidden, seed=rng, dtype=dtype, init=init) for _ in range(4))
-        f = Linear(f.w, ArrayWeight(np.ones((hidden,), dtype=dtype)))
+        shared: dict[str, Any] = {"seed": rng, "dtype": dtype, "init": init, "xp": xp, "device": device}
+        # The forget gate gets no zero bias: it would be replaced by ones.
+        i, f, o, u = (Linear.new(inputs + hidden, hidden, bias=gate != 1, **shared) for gate in range(4))
+        f = Linear(f.w, ArrayWeight(np.ones((hidden,), dtype=dtype), xp=xp, device=device))
         return cls(i, f, o, u)
 
     @property

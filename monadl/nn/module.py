@@ -24,7 +24,7 @@ import numpy as np
 from monadl.dsl.weights import ArrayWeight, FloatWeight
 from monadl.nn.buffer import ArrayBuffer, Buffer
 from monadl.runtime.versions import COMMIT_LOCK, publish, read
-from monadl.typeclasses.backend import NUMPY, dtype_name, freeze, is_array, to_numpy
+from monadl.typeclasses.backend import dtype_name, freeze, is_array, to_namespace
 from monadl.typeclasses.sparse import SparseRows
 
 Weight = FloatWeight | ArrayWeight
@@ -195,36 +195,33 @@ def to_device(structure: object, xp: Any, *, device: Any = None) -> None:
             version = read(weight.head, None)
             data = version.data
             if not isinstance(data, float):
-                data = freeze(_moved(data, xp, device))
+                data = freeze(moved_to(data, xp, device))
             state = version.state
             if state is not None:
                 optimizer, held = state
-                state = (optimizer, _moved(held, xp, device))
+                state = (optimizer, moved_to(held, xp, device))
             writes.append((weight, data, state))
         for buffer in buffers_of(structure).values():
             if isinstance(buffer, ArrayBuffer):
-                moved = _moved(buffer.data, xp, device)
+                moved = moved_to(buffer.data, xp, device)
                 if isinstance(moved, np.ndarray):
                     moved.flags.writeable = False
                 writes.append((buffer, moved, None))
         publish(writes)
 
 
-def _moved(value: Any, xp: Any, device: Any) -> Any:
+def moved_to(value: Any, xp: Any, device: Any = None) -> Any:
     """``value`` with every array in it (an optimizer state: tuples, lists and dicts of arrays and
-    numbers) copied to ``xp`` (on ``device``)."""
+    numbers) copied to ``xp`` (on ``device``) by :func:`~monadl.typeclasses.backend.to_namespace`."""
     if isinstance(value, tuple):
-        items = [_moved(item, xp, device) for item in value]
+        items = [moved_to(item, xp, device) for item in value]
         return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
     if isinstance(value, list):
-        return [_moved(item, xp, device) for item in value]
+        return [moved_to(item, xp, device) for item in value]
     if isinstance(value, dict):
-        return {key: _moved(item, xp, device) for key, item in value.items()}
+        return {key: moved_to(item, xp, device) for key, item in value.items()}
     if isinstance(value, SparseRows):
-        return SparseRows(_moved(value.indices, xp, device), _moved(value.values, xp, device), value.shape)
-    if not is_array(value):
-        return value
-    if xp is np or xp is NUMPY:
-        return np.array(to_numpy(value), copy=True)
-    host = value if isinstance(value, np.ndarray) else to_numpy(value)
-    return xp.asarray(host, copy=True) if device is None else xp.asarray(host, copy=True, device=device)
+        return SparseRows(
+            moved_to(value.indices, xp, device), moved_to(value.values, xp, device), value.shape
+        )
+    return to_namespace(value, xp, device) if is_array(value) else value

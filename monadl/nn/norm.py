@@ -40,12 +40,15 @@ class LayerNorm(Module):
         eps: float = 1e-5,
         affine: bool = True,
         dtype: type[np.floating[Any]] = np.float32,
+        xp: Any = np,
+        device: Any = None,
     ) -> LayerNorm:
-        """A weight of ones and a bias of zeros, as PyTorch's (none if not ``affine``)."""
+        """A weight of ones and a bias of zeros, as PyTorch's (none if not ``affine``), in the
+        namespace ``xp`` (on ``device``), as :meth:`~monadl.nn.Linear.new`'s."""
         if not affine:
             return cls(None, None, eps)
-        ones = ArrayWeight(np.ones((features,), dtype=dtype))
-        return cls(ones, ArrayWeight.zeros((features,), dtype=dtype), eps)
+        ones = ArrayWeight(np.ones((features,), dtype=dtype), xp=xp, device=device)
+        return cls(ones, ArrayWeight.zeros((features,), dtype=dtype, xp=xp, device=device), eps)
 
     def __call__(self, x: AnyArray) -> ArrayLayer:
         return layer_norm(x, self.weight, self.bias, eps=self.eps)

@@ -82,7 +82,9 @@ def _steps(name: str, inputs: int, index: int, sequence: Steps) -> list[AnyArray
                 f"{name}: sequence {index} is an array of shape {tuple(shape)}, "
                 f"not (length, {inputs}) (a list of sequences takes [array] for one)"
             )
-        steps: list[AnyArray] = [sequence[t] for t in range(int(shape[0]))]
+        # ``[t, ...]``: the array API's index names every axis (array-api-strict refuses ``[t]``)
+        rows: Any = sequence
+        steps: list[AnyArray] = [rows[t, ...] for t in range(int(shape[0]))]
     elif isinstance(sequence, (list, tuple)):
         steps = list(sequence)
     else:
@@ -175,6 +177,8 @@ def _stack(
     seed: Seed,
     dtype: type[np.floating[Any]],
     init: Initializer | None,
+    xp: Any,
+    device: Any,
 ) -> tuple[list[C], list[C]]:
     """The forward and backward cells of a ``name.new``, drawn by ``cell.new`` from one generator,
     layer by layer, the forward cell before the backward one."""
@@ -185,9 +189,9 @@ def _stack(
     backward: list[C] = []
     for layer in range(layers):
         n = inputs if layer == 0 else _directions(bidirectional) * hidden
-        forward.append(cell.new(n, hidden, seed=rng, dtype=dtype, init=init))
+        forward.append(cell.new(n, hidden, seed=rng, dtype=dtype, init=init, xp=xp, device=device))
         if bidirectional:
-            backward.append(cell.new(n, hidden, seed=rng, dtype=dtype, init=init))
+            backward.append(cell.new(n, hidden, seed=rng, dtype=dtype, init=init, xp=xp, device=device))
     return forward, backward
 
 
@@ -239,10 +243,14 @@ class LSTM(_Stacked[LSTMCell]):
         seed: Seed = 0,
         dtype: type[np.floating[Any]] = np.float32,
         init: Initializer | None = None,
+        xp: Any = np,
+        device: Any = None,
     ) -> LSTM:
         """Cells drawn by :meth:`LSTMCell.new` from one generator, layer by layer, the forward
-        cell before the backward one."""
-        forward, backward = _stack("LSTM", LSTMCell, inputs, hidden, layers, bidirectional, seed, dtype, init)
+        cell before the backward one (``xp`` and ``device`` as :meth:`~monadl.nn.Linear.new`'s)."""
+        forward, backward = _stack(
+            "LSTM", LSTMCell, inputs, hidden, layers, bidirectional, seed, dtype, init, xp, device
+        )
         return cls(forward, backward)
 
     def __call__(self, sequences: Sequence[Steps]) -> SequenceOutput[LSTMState]:
@@ -280,9 +288,13 @@ class GRU(_Stacked[GRUCell]):
         seed: Seed = 0,
         dtype: type[np.floating[Any]] = np.float32,
         init: Initializer | None = None,
+        xp: Any = np,
+        device: Any = None,
     ) -> GRU:
         """Cells drawn by :meth:`GRUCell.new` from one generator, as :meth:`LSTM.new` draws."""
-        forward, backward = _stack("GRU", GRUCell, inputs, hidden, layers, bidirectional, seed, dtype, init)
+        forward, backward = _stack(
+            "GRU", GRUCell, inputs, hidden, layers, bidirectional, seed, dtype, init, xp, device
+        )
         return cls(forward, backward)
 
     def __call__(self, sequences: Sequence[Steps]) -> SequenceOutput[ArrayLayer]:

@@ -52,13 +52,16 @@ class TreeLSTMCell(Module):
         seed: Seed = 0,
         dtype: type[np.floating[Any]] = np.float32,
         init: Initializer | None = None,
+        xp: Any = np,
+        device: Any = None,
     ) -> TreeLSTMCell:
         """Weights drawn by :meth:`Linear.new` (std ``1 / sqrt(inputs)``, or by ``init``; zero
         biases) in the order of the fields: from one generator, the weights of
-        ``examples/tree_lstm.py``'s ``Cell.new``."""
+        ``examples/tree_lstm.py``'s ``Cell.new`` (``xp`` and ``device`` as :meth:`Linear.new`'s)."""
         rng = generator(seed)
-        leaf = [Linear.new(embedding, hidden, seed=rng, dtype=dtype, init=init) for _ in range(2)]
-        inner = [Linear.new(2 * hidden, hidden, seed=rng, dtype=dtype, init=init) for _ in range(5)]
+        shared: dict[str, Any] = {"seed": rng, "dtype": dtype, "init": init, "xp": xp, "device": device}
+        leaf = [Linear.new(embedding, hidden, **shared) for _ in range(2)]
+        inner = [Linear.new(2 * hidden, hidden, **shared) for _ in range(5)]
         return cls(*leaf, *inner)
 
     @property

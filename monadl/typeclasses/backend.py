@@ -287,3 +287,13 @@ def to_numpy(array: Any) -> Any:
         return np.from_dlpack(array)
     except (TypeError, AttributeError, BufferError, RuntimeError):
         return np.asarray(array)
+
+
+def to_namespace(array: Any, xp: Any, device: Any = None) -> Any:
+    """A copy of ``array`` (of any namespace) in the array namespace ``xp``, on ``device`` where
+    given (else ``xp``'s default; NumPy's is the host's): through the host, by :func:`to_numpy`.
+    The one conversion of ``module.to(xp)``, the builders' ``xp=`` and a checkpoint's load."""
+    if xp is np or xp is NUMPY:
+        return np.array(to_numpy(array), copy=True)
+    host = array if isinstance(array, np.ndarray) else to_numpy(array)
+    return xp.asarray(host, copy=True) if device is None else xp.asarray(host, copy=True, device=device)
