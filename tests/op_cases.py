@@ -462,3 +462,14 @@ CASES += [
     ),
     OpCase("lstm_h", lambda c, o, m: monadl.lstm_h(o, m), (_u(88, (3, 4)), _u(89, (3, 4)))),
 ]
+
+# Cross-attention (issue 30): queries and keys of different lengths, a mask of shape (Lq, Lk) for
+# every batch row and head, and keys that broadcast over the queries' batch axis.
+_CROSS_KEEP = np.array([[1, 0, 1, 1, 0], [0, 1, 0, 0, 1]], dtype=bool)
+CASES += [
+    OpCase(
+        "scaled_dot_product_attention cross, (Lq, Lk) mask, heads",
+        lambda c, q, k, v: monadl.scaled_dot_product_attention(q, k, v, c(_CROSS_KEEP), heads=2),
+        (_u(80, (3, 2, 4)), _u(81, (5, 4)), _u(82, (5, 6))),
+    ),
+]

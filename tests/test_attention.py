@@ -5,6 +5,7 @@ own) equal to calls on their own, and errors that name the op."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ from batching_check import assert_close, gradients_of
 from op_cases import predict
 
 import monadl as ml
-from monadl import ArrayWeight, FloatLayer, nn
+from monadl import ArrayLayer, ArrayWeight, FloatLayer, nn
 from monadl.dsl.attention import self_attention
 
 F64 = np.ndarray[Any, np.dtype[np.float64]]
@@ -45,6 +46,8 @@ def reference(
 
 MASK = np.random.default_rng(0).uniform(size=(3, 5)) < 0.6
 MASK[:, 0] = True  # every query keeps a key
+CROSS_MASK = np.random.default_rng(2).uniform(size=(6, 3)) < 0.6  # 6 queries, 3 keys
+CROSS_MASK[:, 1] = True
 
 CASES: dict[str, dict[str, Any]] = {
     "plain": {"shapes": ((3, 4), (5, 4), (5, 2))},
@@ -61,6 +64,12 @@ CASES: dict[str, dict[str, Any]] = {
         "mask": np.stack([MASK, MASK[::-1]]),
     },
     "heads, causal, scale": {"shapes": ((4, 6), (4, 6), (4, 3)), "heads": 3, "causal": True, "scale": 0.3},
+    "cross: more queries than keys, (Lq, Lk) mask, heads": {
+        "shapes": ((2, 6, 8), (2, 3, 8), (2, 3, 4)),
+        "heads": 2,
+        "mask": CROSS_MASK,
+    },
+    "cross: more queries than keys, causal": {"shapes": ((2, 5, 4), (3, 4), (3, 6)), "causal": True},
 }
 
 
@@ -304,3 +313,214 @@ def test_self_attention_calls_merge_with_masks_of_their_own() -> None:
 def test_self_attention_errors_name_it() -> None:
     with pytest.raises(ml.ShapeError, match="self_attention: qkv must have 2 dimensions at least"):
         predict(self_attention(uniform(1, 3, 4)))
+
+
+# ----------------------------------------------------------------------------------- cross-attention
+
+
+def cross_module(kdim: int | None, vdim: int | None, seed: int = 3) -> nn.MultiHeadAttention:
+    """A float64 module of 8 features and 2 heads, its weights (biases too) away from their draw."""
+    mha = nn.MultiHeadAttention.new(8, 2, kdim=kdim, vdim=vdim, seed=seed, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    for w in mha.weights().values():
+        data = np.asarray(w.data)
+        w.data = data + rng.uniform(-0.2, 0.2, data.shape)
+    return mha
+
+
+def torch_attention(mha: nn.MultiHeadAttention, torch: Any) -> Any:
+    """PyTorch's ``nn.MultiheadAttention`` with ``mha``'s weights: packed (``in_proj_weight``) or,
+    with a ``kdim`` or ``vdim`` of their own, one projection each."""
+    t = torch.nn.MultiheadAttention(
+        mha.features,
+        mha.heads,
+        kdim=mha.kdim,
+        vdim=mha.vdim,
+        batch_first=True,
+        dtype=torch.float64,
+    )
+
+    def tensor(w: Any) -> Any:
+        return torch.tensor(np.asarray(w.data))
+
+    with torch.no_grad():
+        if mha.k is None or mha.v is None:
+            t.in_proj_weight.copy_(tensor(mha.qkv.w).T)
+            t.in_proj_bias.copy_(tensor(mha.qkv.b))
+        else:
+            t.q_proj_weight.copy_(tensor(mha.qkv.w).T)
+            t.k_proj_weight.copy_(tensor(mha.k.w).T)
+            t.v_proj_weight.copy_(tensor(mha.v.w).T)
+            t.in_proj_bias.copy_(torch.cat([tensor(mha.qkv.b), tensor(mha.k.b), tensor(mha.v.b)]))
+        t.out_proj.weight.copy_(tensor(mha.out.w).T)
+        t.out_proj.bias.copy_(tensor(mha.out.b))
+    return t
+
+
+DIMS = [(None, None), (6, 10)]
+
+
+@pytest.mark.parametrize(("kdim", "vdim"), DIMS)
+@pytest.mark.parametrize("masking", ["none", "boolean", "causal"])
+def test_cross_attention_values_and_gradients_are_pytorchs(
+    kdim: int | None, vdim: int | None, masking: str
+) -> None:
+    """Queries of length 3 attending to keys and values of length 5, as PyTorch's layer does with
+    the same weights: values, and gradients of the three inputs and of every weight."""
+    torch = pytest.importorskip("torch")
+    mha = cross_module(kdim, vdim)
+    query, key, value = uniform(130, 2, 3, 8), uniform(131, 2, 5, mha.kdim), uniform(132, 2, 5, mha.vdim)
+    probe = uniform(133, 2, 3, 8)
+    mask = MASK if masking == "boolean" else None
+    causal = masking == "causal"
+    inputs = [ArrayWeight(a) for a in (query, key, value)]
+    out = mha(inputs[0], inputs[1], inputs[2], mask, causal=causal)
+    loss, gradients = ml.compute_gradients(ml.sum(out * probe))
+
+    t = torch_attention(mha, torch)
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (query, key, value))
+    if masking == "boolean":
+        t_out, _ = t(tq, tk, tv, attn_mask=torch.tensor(~MASK), need_weights=False)  # True: masked out
+    elif causal:
+        drop = torch.tensor(np.triu(np.ones((3, 5), dtype=bool), 1))
+        t_out, _ = t(tq, tk, tv, attn_mask=drop, need_weights=False)
+    else:
+        t_out, _ = t(tq, tk, tv, need_weights=False)
+    t_loss = (t_out * torch.tensor(probe)).sum()
+    t_loss.backward()
+    assert loss == pytest.approx(t_loss.item(), rel=1e-12)
+    for weight, tensor in zip(inputs, (tq, tk, tv), strict=True):
+        np.testing.assert_allclose(gradients[weight], tensor.grad.numpy(), rtol=1e-9, atol=1e-12)
+    if mha.k is None or mha.v is None:
+        theirs = {"qkv.w": t.in_proj_weight.grad.T, "qkv.b": t.in_proj_bias.grad}
+    else:
+        e = mha.features
+        theirs = {
+            "qkv.w": t.q_proj_weight.grad.T,
+            "qkv.b": t.in_proj_bias.grad[:e],
+            "k.w": t.k_proj_weight.grad.T,
+            "k.b": t.in_proj_bias.grad[e : 2 * e],
+            "v.w": t.v_proj_weight.grad.T,
+            "v.b": t.in_proj_bias.grad[2 * e :],
+        }
+    theirs |= {"out.w": t.out_proj.weight.grad.T, "out.b": t.out_proj.bias.grad}
+    assert set(theirs) == set(mha.weights())
+    for name, w in mha.weights().items():
+        np.testing.assert_allclose(gradients[w], theirs[name].numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def rebuilt(mha: nn.MultiHeadAttention, weights: tuple[ArrayWeight, ...]) -> nn.MultiHeadAttention:
+    """A module of ``mha``'s layout on ``weights``, in the order of ``mha.weights()``."""
+    linears = [nn.Linear(weights[i], weights[i + 1]) for i in range(0, len(weights), 2)]
+    return nn.MultiHeadAttention(linears[0], linears[1], mha.heads, *linears[2:])
+
+
+@pytest.mark.parametrize(("kdim", "vdim"), DIMS)
+def test_cross_attention_gradients_are_finite_differences(kdim: int | None, vdim: int | None) -> None:
+    """Lq (2) other than Lk (4), an additive (Lq, Lk) mask, keys and values that are one array (as a
+    decoder's memory) where their features agree: every input's and weight's gradient."""
+    mha = cross_module(kdim, vdim, seed=4)
+    names = list(mha.weights())
+    values = [np.asarray(w.data) for w in mha.weights().values()]
+    bias = uniform(140, 2, 4)
+    probe = uniform(141, 3, 2, 8)
+    memory = uniform(142, 3, 4, mha.kdim)
+
+    if kdim is None:
+
+        def loss(query: ArrayWeight, memory: ArrayWeight, *weights: ArrayWeight) -> FloatLayer:
+            return ml.sum(rebuilt(mha, weights)(query, memory, mask=bias) * probe)
+
+        ml.check_gradients(loss, uniform(143, 3, 2, 8), memory, *values)
+    else:
+
+        def loss3(
+            query: ArrayWeight, key: ArrayWeight, value: ArrayWeight, *weights: ArrayWeight
+        ) -> FloatLayer:
+            return ml.sum(rebuilt(mha, weights)(query, key, value, bias) * probe)
+
+        ml.check_gradients(loss3, uniform(143, 3, 2, 8), memory, uniform(144, 3, 4, mha.vdim), *values)
+    assert names[:4] == ["qkv.w", "qkv.b", "out.w", "out.b"]
+
+
+@pytest.mark.parametrize(("kdim", "vdim"), DIMS)
+def test_a_batch_equals_its_sequences_one_by_one(kdim: int | None, vdim: int | None) -> None:
+    """A batch of 3 (one (Lq, Lk) mask for all) gives each sequence's result alone; and calls on the
+    sequences, merged by dynamic batching, give the same values and gradients as run one by one."""
+    mha = cross_module(kdim, vdim, seed=5)
+    query, key, value = uniform(150, 3, 4, 8), uniform(151, 3, 6, mha.kdim), uniform(152, 3, 6, mha.vdim)
+    keep = (np.random.default_rng(0).uniform(size=(4, 6)) < 0.6) | np.eye(4, 6, dtype=bool)
+    batched = predict(mha(query, key, value, keep))
+    for b in range(3):
+        alone = predict(mha(query[b], key[b], value[b], keep))
+        np.testing.assert_allclose(batched[b], alone, rtol=1e-12, atol=1e-12)
+
+    def loss() -> FloatLayer:
+        weights = [ArrayWeight(a) for a in (query, key, value)]
+        return ml.add_n(
+            [
+                ml.sum(mha(weights[0][b], weights[1][b], weights[2][b], keep) * uniform(153 + b, 4, 8))
+                for b in range(3)
+            ]
+        )
+
+    merged, alone = gradients_of(loss(), True), gradients_of(loss(), False)
+    name = "scaled_dot_product_attention"
+    assert merged.stats.kinds[name] < alone.stats.kinds[name] == 3
+    assert_close(merged.value, alone.value, "loss")
+    for a, b in zip(merged.gradients.values(), alone.gradients.values(), strict=True):
+        assert_close(a, b, "gradient")
+
+
+def test_self_attention_keeps_its_fused_op() -> None:
+    """``mha(x)`` and ``mha(x, x, x)`` run the fused ``self_attention``; keys equal to the queries
+    but another array run the projections apart, with the same values."""
+    mha = cross_module(None, None, seed=6)
+    x = uniform(160, 2, 5, 8)
+    ex = ml.Executor(batching=False)
+    values = {}
+    calls: dict[str, Callable[[], ArrayLayer]] = {
+        "x": lambda: mha(x, causal=True),
+        "x, x, x": lambda: mha(x, x, x, causal=True),
+        "x, copy": lambda: mha(x, x.copy(), causal=True),
+    }
+    for name, call in calls.items():
+        values[name] = call().predict_blocking(executor=ex).unwrap()
+        fused = name != "x, copy"
+        assert ex.last_stats.kinds.get("self_attention", 0) == (1 if fused else 0), name
+        assert ex.last_stats.kinds.get("scaled_dot_product_attention", 0) == (0 if fused else 1), name
+    np.testing.assert_array_equal(values["x"], values["x, x, x"])
+    np.testing.assert_allclose(values["x, copy"], values["x"], rtol=1e-12, atol=1e-12)
+
+
+def test_cross_attention_modules_check_their_shapes() -> None:
+    mha = nn.MultiHeadAttention.new(8, 2, kdim=6, vdim=10)
+    assert list(mha.weights()) == ["qkv.w", "qkv.b", "out.w", "out.b", "k.w", "k.b", "v.w", "v.b"]
+    assert (mha.features, mha.kdim, mha.vdim) == (8, 6, 10)
+    assert (mha.qkv.w.data.shape, mha.k.w.data.shape, mha.v.w.data.shape) == ((8, 8), (6, 8), (10, 8))  # type: ignore[union-attr]
+    assert nn.MultiHeadAttention.new(8, 2, kdim=8).k is None  # kdim and vdim of features: packed
+    with pytest.raises(ValueError, match="MultiHeadAttention: k and v are both projections or both None"):
+        nn.MultiHeadAttention(nn.Linear.new(8, 8), nn.Linear.new(8, 8), 2, nn.Linear.new(6, 8))
+    with pytest.raises(ValueError, match=r"MultiHeadAttention: projections q \(8, 8\), k \(6, 4\)"):
+        nn.MultiHeadAttention(
+            nn.Linear.new(8, 8), nn.Linear.new(8, 8), 2, nn.Linear.new(6, 4), nn.Linear.new(10, 8)
+        )
+    query = np.ones((3, 8), dtype=np.float32)
+    with pytest.raises(ml.ShapeError, match="linear"):  # keys of 8 features for a kdim of 6
+        predict(mha(query, np.ones((5, 8), dtype=np.float32), np.ones((5, 10), dtype=np.float32)))
+    with pytest.raises(TypeError, match="MultiHeadAttention: key is a boolean array: pass a mask as mask="):
+        nn.MultiHeadAttention.new(8, 2)(query, np.ones((3, 3), dtype=bool))
+
+
+def test_cross_attention_reads_the_weights_data_of_each_run() -> None:
+    """Training steps change the packed ``qkv`` the cross-attention's projections are sliced from:
+    each step reads the weights as they are (as a module built afresh on them does)."""
+    mha = cross_module(None, None, seed=7)
+    query, memory = uniform(170, 3, 8), uniform(171, 5, 8)
+    before = predict(mha(query, memory))
+    for _ in range(3):
+        assert ml.sum(mha(query, memory) ** 2.0).train_blocking(ml.SGD(0.1)).unwrap() > 0.0
+    after = predict(mha(query, memory))
+    fresh = nn.MultiHeadAttention(mha.qkv, mha.out, mha.heads)
+    np.testing.assert_array_equal(after, predict(fresh(query, memory)))
+    assert np.abs(after - before).max() > 1e-3

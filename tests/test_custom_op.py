@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from returns.result import Failure, Success
 
 import monadl as ml
+from monadl.dsl.custom import ShapeRuleError
 
 softplus = ml.custom_op(
     "softplus",
@@ -92,3 +95,68 @@ def test_a_finite_difference_that_is_not_finite_fails_the_check() -> None:
     bad_log = ml.custom_op("bad_log", lambda xp, x: xp.log(x), (lambda xp, d, o, x: d * 0.0,))
     with pytest.raises(ml.GradientMismatch):
         ml.check_gradients(lambda w: ml.sum(bad_log(w)), np.array([1e-9, 1.0]))
+
+
+# Static shapes (custom_op(shape_rule=)): an op's .shape and .dtype before it runs.
+summed = ml.custom_op(  # weighted_sum with a rule of its parameter: the summed axis dropped
+    "summed",
+    forward=weighted_sum.primitive.forward,
+    vjps=weighted_sum.primitive.vjps,
+    shape_rule=lambda x, w, axis: x[:axis] + x[axis + 1 :],
+)
+
+
+def test_a_shape_rule_gives_the_runs_shape_and_dtype_before_it_runs() -> None:
+    rng = np.random.default_rng(2)
+    x, w = rng.normal(size=(3, 4, 5)), ml.ArrayWeight(rng.normal(size=(5,)).astype(np.float32))
+    for axis in (0, 1):
+        y = summed(x * w, w, axis=axis)
+        z = ml.sum(y * 2.0, axis=0)  # a library op on it knows its shape too
+        assert y.shape is not None and z.shape is not None
+        value = y.predict_blocking().unwrap()
+        assert (y.shape, y.dtype) == (value.shape, value.dtype)
+        assert z.shape == z.predict_blocking().unwrap().shape
+
+
+def test_without_a_rule_the_shape_is_not_known() -> None:
+    y = weighted_sum(np.ones((3, 4)), np.ones(4), axis=1)
+    assert y.shape is None and y.dtype is None
+    assert (y * 2.0).shape is None
+
+
+def test_a_float_ops_result_is_a_float_for_the_layers_built_on_it() -> None:
+    x = np.ones((2, 3), dtype=np.float32)
+    y = cube(ml.FloatWeight(0.5)) * x
+    assert (y.shape, y.dtype) == ((2, 3), np.float32)
+
+
+def test_a_wrong_rule_is_named_where_the_shape_is_asked() -> None:
+    raises = ml.custom_op(
+        "raises", forward=lambda xp, x: x, vjps=(lambda xp, d, out, x: d,), shape_rule=lambda x: (x[3],)
+    )
+
+    def as_list(x: tuple[int, ...]) -> Any:  # (mypy rejects a rule typed as giving a list)
+        return list(x)
+
+    listed = ml.custom_op(
+        "listed", forward=lambda xp, x: x, vjps=(lambda xp, d, out, x: d,), shape_rule=as_list
+    )
+    x = np.ones((2, 3))
+    with pytest.raises(ShapeRuleError, match=r"custom_op raises: shape_rule raised IndexError.*\(2, 3\)"):
+        _ = raises(x).shape
+    with pytest.raises(TypeError, match=r"custom_op listed: shape_rule must return a tuple .* got \[2, 3\]"):
+        _ = (listed(x) + 1.0).dtype  # asked through a layer built on it
+    np.testing.assert_array_equal(raises(x).predict_blocking().unwrap(), x)  # the run does not ask it
+
+
+def test_a_shape_rule_must_be_callable_and_for_an_array_op() -> None:
+    with pytest.raises(TypeError, match="custom_op bad: shape_rule must be callable or None, got tuple"):
+        ml.custom_op("bad", lambda xp, x: x, (lambda xp, d, out, x: d,), shape_rule=(3,))  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="custom_op bad: shape_rule is for ArrayLayer ops"):
+        ml.custom_op(
+            "bad",
+            lambda xp, s: s,
+            (lambda xp, d, out, s: d,),
+            result=ml.FloatLayer,  # type: ignore[arg-type]
+            shape_rule=lambda s: s,
+        )

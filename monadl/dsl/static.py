@@ -14,8 +14,10 @@ access of ``.shape`` or ``.dtype``, never while the graph is built) and applies 
   and advanced indexing; ``softmax``, ``log_softmax``, ``batch_norm``, ``layer_norm``,
   ``scaled_dot_product_attention``; ``conv1d``/``conv2d`` and the pools.
 
-Everything else gives None: ops without a rule (a user's ``custom_op``), ``@batchable`` calls
-(their body's graph is built only when they run), and anything built from ``Do`` combinators.
+Everything else gives None: ops without a rule (a user's ``custom_op`` made without
+``shape_rule=``), ``@batchable`` calls (their body's graph is built only when they run), and
+anything built from ``Do`` combinators. A library rule that finds operands that do not fit gives
+None too (the run reports them); a user's rule that fails raises :class:`ShapeRuleError`.
 
 The dtype follows the run's rule: a constant operand (one that depends on no weight) wider than
 the op's layers and weights reads as their dtype (``scheduler.cast_constants``: a float32 model
@@ -52,6 +54,11 @@ FLOAT: Final[Info] = ((), float, None)
 """A Python float's information."""
 _UNKNOWN: Final = object()  # an input whose information is not known: the result's is not either
 _NONE: Final[tuple[Info | None, bool]] = (None, False)  # an op's record where its info is not known
+
+
+class ShapeRuleError(TypeError):
+    """A user's shape rule (``custom_op(shape_rule=)``) raised or gave no shape: ``.shape`` and
+    ``.dtype`` raise it, naming the op, rather than read the op's shape as unknown."""
 
 
 def static_info(node: Node) -> Info | None:
@@ -126,6 +133,8 @@ def _apply(node: Apply) -> tuple[Info | None, bool]:
         weighted.append(w)
     try:
         return rule(*_cast_constants(inputs, weighted), **node.params), any(weighted)
+    except ShapeRuleError:  # a wrong rule, not operands that do not fit
+        raise
     except (
         ValueError,
         TypeError,

@@ -1,48 +1,70 @@
 """Attention layers: :class:`MultiHeadAttention` and :class:`TransformerEncoderLayer`.
 
-Both take ``x`` of shape (..., length, features) (a sequence, or a batch of them) and give the same
-shape. The heads of a :class:`MultiHeadAttention` are one fused projection ``x @ qkv.w`` (queries,
-keys and values side by side) and one attention op on it (``self_attention``: the fused
+Queries ``query`` of shape (..., Lq, features) attend to keys and values of shape (..., Lk, kdim)
+and (..., Lk, vdim) (self-attention: the queries themselves), giving (..., Lq, features). In
+self-attention the heads of a :class:`MultiHeadAttention` are one fused projection ``x @ qkv.w``
+(queries, keys and values side by side) and one attention op on it (``self_attention``: the fused
 :func:`~monadl.scaled_dot_product_attention` of its thirds, with ``heads``): no reshapes,
-transposes or slices of its own, and one delta for the projection.
+transposes or slices of its own, and one delta for the projection. Cross-attention projects the
+queries, keys and values apart and calls :func:`~monadl.scaled_dot_product_attention`.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from monadl.dsl.attention import self_attention
+from monadl.dsl.attention import scaled_dot_product_attention, self_attention
 from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.ops import relu
+from monadl.dsl.ops import linear, matmul, relu
 from monadl.nn.linear import Activation, Linear, Seed, generator
 from monadl.nn.module import Module
 from monadl.nn.norm import LayerNorm
-from monadl.typeclasses.backend import AnyNDArray
+from monadl.typeclasses.backend import AnyNDArray, is_array, namespace
 
 __all__ = ["MultiHeadAttention", "TransformerEncoderLayer"]
 
 
 @dataclass(frozen=True, eq=False)
 class MultiHeadAttention(Module):
-    """Self-attention of ``heads`` heads: ``q, k, v = split(x @ qkv.w + qkv.b, 3)``, each head
-    attending over its slice of ``features // heads``, and the heads' results joined by ``out``.
-    ``qkv`` maps features to 3 * features, ``out`` features to features."""
+    """Attention of ``heads`` heads, as PyTorch's ``nn.MultiheadAttention``: queries, keys and
+    values projected to ``features`` each, each head attending over its slice of ``features //
+    heads``, and the heads' results joined by ``out`` (features to features).
+
+    Keys and values of ``features`` (the default): ``qkv`` maps features to 3 * features, the three
+    projections side by side (PyTorch's ``in_proj_weight``, transposed), and ``k``, ``v`` are None.
+    Keys of ``kdim`` or values of ``vdim`` features otherwise: ``qkv`` maps features to features (the
+    queries' projection alone), ``k`` kdim to features and ``v`` vdim to features."""
 
     qkv: Linear
     out: Linear
     heads: int
+    k: Linear | None = None
+    v: Linear | None = None
 
     def __post_init__(self) -> None:
         features = self.out.outputs
         if self.heads < 1 or features % self.heads:
             raise ValueError(f"MultiHeadAttention: {self.heads} heads do not divide {features} features")
-        if (self.qkv.inputs, self.qkv.outputs, self.out.inputs) != (features, 3 * features, features):
+        if (self.k is None) != (self.v is None):
+            raise ValueError("MultiHeadAttention: k and v are both projections or both None")
+        if self.k is None or self.v is None:
+            if (self.qkv.inputs, self.qkv.outputs, self.out.inputs) != (features, 3 * features, features):
+                raise ValueError(
+                    f"MultiHeadAttention: qkv of shape {tuple(self.qkv.w.data.shape)} and out of shape "
+                    f"{tuple(self.out.w.data.shape)} do not fit (expected (n, 3n) and (n, n))"
+                )
+            return
+        parts = {"q": self.qkv, "k": self.k, "v": self.v, "out": self.out}
+        square = (self.qkv.inputs, self.out.inputs) == (features, features)
+        if not square or any(p.outputs != features for p in parts.values()):
+            shapes = ", ".join(f"{name} {tuple(p.w.data.shape)}" for name, p in parts.items())
             raise ValueError(
-                f"MultiHeadAttention: qkv of shape {tuple(self.qkv.w.data.shape)} and out of shape "
-                f"{tuple(self.out.w.data.shape)} do not fit (expected (n, 3n) and (n, n))"
+                f"MultiHeadAttention: projections {shapes} do not fit (expected q (n, n), k (kdim, n), "
+                f"v (vdim, n), out (n, n))"
             )
 
     @classmethod
@@ -51,27 +73,106 @@ class MultiHeadAttention(Module):
         features: int,
         heads: int,
         *,
+        kdim: int | None = None,
+        vdim: int | None = None,
         seed: Seed = 0,
         dtype: type[np.floating[Any]] = np.float32,
         bias: bool = True,
         xp: Any = np,
         device: Any = None,
     ) -> MultiHeadAttention:
-        """Projections drawn as :meth:`Linear.new` draws them (``qkv`` first), zero biases; ``xp``
-        and ``device`` as its."""
+        """Projections drawn as :meth:`Linear.new` draws them, in the order of the fields, zero
+        biases; ``xp`` and ``device`` as its. ``kdim`` and ``vdim``, the keys' and values'
+        features, default to ``features`` (as PyTorch's); either one other than it gives separate
+        projections ``k`` and ``v``."""
         rng = generator(seed)
-        qkv = Linear.new(features, 3 * features, seed=rng, dtype=dtype, bias=bias, xp=xp, device=device)
-        out = Linear.new(features, features, seed=rng, dtype=dtype, bias=bias, xp=xp, device=device)
-        return cls(qkv, out, heads)
+        kdim = features if kdim is None else kdim
+        vdim = features if vdim is None else vdim
+        if kdim == vdim == features:
+            qkv = Linear.new(features, 3 * features, seed=rng, dtype=dtype, bias=bias, xp=xp, device=device)
+            out = Linear.new(features, features, seed=rng, dtype=dtype, bias=bias, xp=xp, device=device)
+            return cls(qkv, out, heads)
+        q, out, k, v = (
+            Linear.new(n, features, seed=rng, dtype=dtype, bias=bias, xp=xp, device=device)
+            for n in (features, features, kdim, vdim)
+        )
+        return cls(q, out, heads, k, v)
 
     @property
     def features(self) -> int:
         return self.out.outputs
 
-    def __call__(self, x: AnyArray, mask: AnyNDArray | None = None, *, causal: bool = False) -> ArrayLayer:
-        """Each position of ``x`` (..., length, features) attending to every position (``causal``:
-        to itself and those before it; ``mask``: as :func:`~monadl.scaled_dot_product_attention`)."""
-        return self.out(self_attention(self.qkv(x), mask, causal=causal, heads=self.heads))
+    @property
+    def kdim(self) -> int:
+        """The keys' features."""
+        return self.features if self.k is None else self.k.inputs
+
+    @property
+    def vdim(self) -> int:
+        """The values' features."""
+        return self.features if self.v is None else self.v.inputs
+
+    def __call__(
+        self,
+        query: AnyArray,
+        key: AnyArray | None = None,
+        value: AnyArray | None = None,
+        mask: AnyNDArray | None = None,
+        *,
+        causal: bool = False,
+    ) -> ArrayLayer:
+        """Each position of ``query`` (..., Lq, features) attending to every position of ``key``
+        (..., Lk, kdim) and ``value`` (..., Lk, vdim): ``key`` defaults to ``query``
+        (self-attention) and ``value`` to ``key``. ``causal``: query i attends to keys ``j <= i``
+        only; ``mask``, of a shape that broadcasts against (..., Lq, Lk): as
+        :func:`~monadl.scaled_dot_product_attention`'s. The leading axes broadcast."""
+        if key is not None and _is_boolean_array(key):
+            raise TypeError(
+                "MultiHeadAttention: key is a boolean array: pass a mask as mask= (the arguments are "
+                "query, key, value, mask)"
+            )
+        key = query if key is None else key
+        value = key if value is None else value
+        if self.k is None or self.v is None:
+            if key is query and value is query:  # self-attention: one fused projection and op
+                return self.out(self_attention(self.qkv(query), mask, causal=causal, heads=self.heads))
+            q, k, v = (self._packed(i, x) for i, x in enumerate((query, key, value)))
+        else:
+            q, k, v = self.qkv(query), self.k(key), self.v(value)
+        return self.out(scaled_dot_product_attention(q, k, v, mask, causal=causal, heads=self.heads))
+
+    def _packed(self, part: int, x: AnyArray) -> ArrayLayer:
+        """``x`` projected by the ``part``-th third of ``qkv`` (0: queries, 1: keys, 2: values)."""
+        thirds = _THIRDS.get(self)
+        if thirds is None:
+            thirds = _THIRDS[self] = _thirds(self.qkv, self.features)
+        w, b = thirds[part]
+        return matmul(x, w) if b is None else linear(x, w, b)
+
+
+_Third = tuple[ArrayLayer, ArrayLayer | None]
+
+_THIRDS: weakref.WeakKeyDictionary[MultiHeadAttention, tuple[_Third, _Third, _Third]] = (
+    weakref.WeakKeyDictionary()
+)
+"""The column slices of a module's packed ``qkv`` (weight and bias), made once per module: every
+cross-attention call of a run then reads the same slices, each computed once, and its delta is one
+scatter of the calls' summed deltas. Kept apart from the module, which stays a plain dataclass of
+weights (copied, pickled and compared as one)."""
+
+
+def _thirds(qkv: Linear, n: int) -> tuple[_Third, _Third, _Third]:
+    def third(part: int) -> _Third:
+        columns = slice(part * n, (part + 1) * n)
+        return qkv.w[:, columns], None if qkv.b is None else qkv.b[columns]
+
+    return third(0), third(1), third(2)
+
+
+def _is_boolean_array(x: object) -> bool:
+    """Whether ``x`` is an array of booleans (a mask where a key was expected). A layer is none:
+    its ``dtype`` would be worked out from its graph."""
+    return not isinstance(x, ArrayLayer) and is_array(x) and getattr(x, "dtype", None) == namespace(x).bool
 
 
 @dataclass(frozen=True, eq=False)
@@ -124,7 +225,7 @@ class TransformerEncoderLayer(Module):
         """The layer on ``x`` of shape (..., length, features); ``mask`` and ``causal`` as
         :meth:`MultiHeadAttention.__call__`'s."""
         if self.norm_first:
-            h = self.attention(self.norm1(x), mask, causal=causal) + x
+            h = self.attention(self.norm1(x), mask=mask, causal=causal) + x
             return self.ff2(self.activation(self.ff1(self.norm2(h)))) + h
-        h = self.norm1(self.attention(x, mask, causal=causal) + x)
+        h = self.norm1(self.attention(x, mask=mask, causal=causal) + x)
         return self.norm2(self.ff2(self.activation(self.ff1(h))) + h)
