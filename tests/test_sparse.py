@@ -12,6 +12,8 @@ from typing import Any
 import array_api_strict as xps
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from op_cases import probe
 from peak_memory import gradients_with_peak
 
@@ -19,7 +21,7 @@ import monadl as ml
 from monadl import ArrayWeight, FloatLayer
 from monadl.dsl.optimizers import SGD, Adagrad, Adam, Momentum, Optimizer
 from monadl.gradcheck import check_gradients
-from monadl.typeclasses.sparse import SparseRows
+from monadl.typeclasses.sparse import SparseRows, row_sums
 from monadl.typeclasses.sparse import add as _add
 from monadl.typeclasses.sparse import add_into as _add_into
 
@@ -229,3 +231,33 @@ def test_take_rows_gradient_on_array_api_strict_uses_the_fallback() -> None:
     expected = before.copy()
     expected[3] -= 0.5
     np.testing.assert_allclose(after, expected, rtol=1e-12, atol=1e-14)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(1, 40),
+    st.integers(0, 200),
+    st.sampled_from([np.float32, np.float64]),
+    st.integers(0, 2**32 - 1),
+)
+def test_row_sums_are_the_dense_gradients_rows(table: int, n: int, dtype: Any, seed: int) -> None:
+    """Below and above the sorting threshold, with repeats, -0.0s and values of every magnitude:
+    the summed rows are ``np.add.at``'s into zeros to rounding, and ``to_dense`` holds them bit for
+    bit (the optimizers' sparse updates rely on it), zeros elsewhere."""
+    rng = np.random.default_rng(seed)
+    indices = rng.integers(0, table, n)
+    values = (rng.standard_normal((n, 3)) * 10.0 ** rng.integers(-8, 8, (n, 1))).astype(dtype)
+    values[rng.random((n, 3)) < 0.1] = -0.0
+    rows, summed = row_sums(indices, values)
+    expected = np.zeros((table, 3), dtype=dtype)
+    np.add.at(expected, indices, values)
+    np.testing.assert_array_equal(rows, np.unique(indices))
+    assert summed.dtype == dtype and summed.shape == (rows.shape[0], 3)
+    magnitude = np.zeros((table, 3))
+    np.add.at(magnitude, indices, np.abs(values.astype(np.float64)))
+    bound = 2 * n * np.finfo(dtype).eps * magnitude[rows]
+    assert np.all(np.abs(summed.astype(np.float64) - expected[rows]) <= bound)
+    assert not np.any(np.signbit(summed) & (summed == 0.0))  # a sum into zeros: +0.0
+    dense = SparseRows(indices, values, (table, 3)).to_dense()
+    assert dense[rows].tobytes() == summed.tobytes()
+    assert not np.any(np.delete(dense, rows, axis=0))

@@ -63,7 +63,7 @@ import numpy as np
 
 from monadl.dsl.schedules import LearningRate
 from monadl.typeclasses.backend import namespace
-from monadl.typeclasses.sparse import SparseRows, dense
+from monadl.typeclasses.sparse import SparseRows, dense, row_sums
 
 
 class Optimizer(Protocol):
@@ -115,6 +115,9 @@ def _summed_rows(gradient: Any) -> tuple[Any, Any, Any] | None:
     add_at = getattr(getattr(xp, "add", None), "at", None)
     if add_at is None:  # the array API has no scatter: densify
         return None
+    if type(values) is np.ndarray:
+        rows, summed = row_sums(gradient.indices, values)
+        return xp, rows, summed
     rows, inverse = xp.unique(gradient.indices, return_inverse=True)
     summed = xp.zeros((rows.shape[0], *values.shape[1:]), dtype=values.dtype)
     add_at(summed, xp.reshape(inverse, (-1,)), values)
