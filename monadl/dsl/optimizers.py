@@ -357,11 +357,11 @@ class Adam:
         if _same_arrays(data, g, m, v):
             new, m, v = _adam_in_chunks(data, g, m, v, b1, b2, t, rate, self.epsilon)
             return new, (m, v, t)
-        m = _kept(b1 * m + (1.0 - b1) * g, data)
-        v = _kept(b2 * v + (1.0 - b2) * (g * g), data)
-        m_hat = m / (1.0 - b1**t)
-        v_hat = v / (1.0 - b2**t)
-        return _kept(data - rate * m_hat / (v_hat**0.5 + self.epsilon), data), (m, v, t)
+        if _small_arrays(data, g, m, v):
+            new, m, v = _adam_small(data, g, m, v, b1, b2, t, rate, self.epsilon)
+            return new, (m, v, t)
+        new, m, v = adam_rule(data, g, m, v, b1, b2, t, rate, self.epsilon)
+        return _kept(new, data), (_kept(m, data), _kept(v, data), t)
 
 
 _CHUNK = 1 << 15
@@ -380,6 +380,50 @@ def _same_arrays(*arrays: Any) -> bool:
         if not a.flags.c_contiguous:
             return False
     return True
+
+
+def _small_arrays(*arrays: Any) -> bool:
+    """Whether these are NumPy arrays (not 0-d) of one shape and dtype (updated by ``_adam_small``)."""
+    first = arrays[0]
+    if type(first) is not np.ndarray or not first.ndim:
+        return False
+    for a in arrays:
+        if type(a) is not np.ndarray or a.shape != first.shape or a.dtype != first.dtype:
+            return False
+    return True
+
+
+def adam_rule(
+    data: Any, g: Any, m: Any, v: Any, b1: float, b2: float, t: int, rate: float, epsilon: float
+) -> Any:
+    """Adam's dense rule as written, on any arrays: ``(new data, m, v)`` (what the fast paths equal)."""
+    m = b1 * m + (1.0 - b1) * g
+    v = b2 * v + (1.0 - b2) * (g * g)
+    m_hat = m / (1.0 - b1**t)
+    v_hat = v / (1.0 - b2**t)
+    return data - rate * m_hat / (v_hat**0.5 + epsilon), m, v
+
+
+def _adam_small(
+    data: Any, g: Any, m: Any, v: Any, b1: float, b2: float, t: int, rate: float, epsilon: float
+) -> tuple[Any, Any, Any]:
+    """:func:`adam_rule` on NumPy arrays of one shape and dtype: the same operations in the same
+    order (the same bits), into 6 fresh arrays instead of 14 temporaries (a model of many small
+    weights spends its update on allocations)."""
+    m_new = np.multiply(m, b1)  # m = b1 * m + (1 - b1) * g
+    scratch = np.multiply(g, 1.0 - b1)
+    m_new += scratch
+    v_new = np.multiply(v, b2)  # v = b2 * v + (1 - b2) * (g * g)
+    np.multiply(g, g, out=scratch)
+    scratch *= 1.0 - b2
+    v_new += scratch
+    step = np.divide(m_new, 1.0 - b1**t)  # m_hat
+    denominator = np.divide(v_new, 1.0 - b2**t, out=scratch)  # v_hat
+    np.sqrt(denominator, out=denominator)
+    denominator += epsilon
+    step *= rate  # rate * m_hat / (v_hat ** 0.5 + epsilon)
+    step /= denominator
+    return np.subtract(data, step), m_new, v_new
 
 
 def _adam_in_chunks(
