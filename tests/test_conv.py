@@ -144,6 +144,16 @@ def _merged_calls(build: Callable[[Any], ArrayLayer], inputs: list[Any]) -> ml.F
             (2, 4, 6, 5),
             lambda w, b: lambda x: ml.avg_pool2d(ml.conv2d(x, w, b, groups=2), 2, padding=1),
         ),
+        (
+            "max_pool1d",
+            (2, 4, 9),
+            lambda w, b: lambda x: ml.max_pool1d(ml.conv1d(x, w, b, groups=2), 3, stride=2),
+        ),
+        (
+            "avg_pool1d",
+            (2, 4, 9),
+            lambda w, b: lambda x: ml.avg_pool1d(ml.conv1d(x, w, b, groups=2), 2, padding=1),
+        ),
     ],
 )
 def test_batched_conv_and_pooling_equal_unbatched(

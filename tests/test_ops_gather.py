@@ -138,6 +138,24 @@ def test_advanced_indexing_merged_calls_equal_calls_alone(before: int) -> None:
     assert off.stats.kinds["getitem_arrays"] == calls, off.stats
 
 
+def test_mask_indexing_merged_calls_equal_calls_alone() -> None:
+    """Boolean masks of one count of True entries (each call its own positions) merge."""
+    w = ArrayWeight(_values((4, 5, 3), 9))
+    rng = np.random.default_rng(12)
+    calls = 4
+    terms = []
+    for i in range(calls):
+        mask = np.zeros((4, 5), dtype=bool)
+        mask.reshape(-1)[rng.choice(20, 6, replace=False)] = True
+        terms.append(ml.sum(w[mask] * probe((6, 3), i)))
+    loss = ml.add_n(terms)
+    on, off = gradients_of(loss, True), gradients_of(loss, False)
+    assert_close(on.value, off.value, "loss")
+    assert_close(on.gradients[w], off.gradients[w], "w")
+    assert on.stats.kinds["getitem_arrays"] == 1, on.stats
+    assert off.stats.kinds["getitem_arrays"] == calls, off.stats
+
+
 def test_errors_name_the_op() -> None:
     w = ArrayWeight(np.ones((3, 4)))
     with pytest.raises(TypeError, match=r"^take_along_axis: expected integer indices, got dtype float64"):
