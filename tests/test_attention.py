@@ -81,6 +81,17 @@ def options(case: dict[str, Any]) -> dict[str, Any]:
     return {key: case[key] for key in ("causal", "heads", "scale") if key in case}
 
 
+def assert_attention_merges(loss: Callable[[], FloatLayer]) -> None:
+    """``loss()``'s three attention calls merge, and its value and gradients are those of the calls
+    run alone."""
+    merged, alone = gradients_of(loss(), True), gradients_of(loss(), False)
+    name = "scaled_dot_product_attention"
+    assert merged.stats.kinds[name] < alone.stats.kinds[name] == 3
+    assert_close(merged.value, alone.value, "loss")
+    for a, b in zip(merged.gradients.values(), alone.gradients.values(), strict=True):
+        assert_close(a, b, "gradient")
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_values_are_numpys(name: str) -> None:
     case = CASES[name]
@@ -146,12 +157,7 @@ def test_merged_calls_equal_calls_on_their_own(masked: bool) -> None:
             terms.append(ml.sum(out * uniform(50 + k, 2, 5, 8)))
         return ml.add_n(terms)
 
-    merged, alone = gradients_of(loss(), True), gradients_of(loss(), False)
-    name = "scaled_dot_product_attention"
-    assert merged.stats.kinds[name] < alone.stats.kinds[name] == 3
-    assert_close(merged.value, alone.value, "loss")
-    for a, b in zip(merged.gradients.values(), alone.gradients.values(), strict=True):
-        assert_close(a, b, "gradient")
+    assert_attention_merges(loss)
 
 
 def test_calls_of_different_ranks_do_not_merge() -> None:
@@ -464,12 +470,7 @@ def test_a_batch_equals_its_sequences_one_by_one(kdim: int | None, vdim: int | N
             ]
         )
 
-    merged, alone = gradients_of(loss(), True), gradients_of(loss(), False)
-    name = "scaled_dot_product_attention"
-    assert merged.stats.kinds[name] < alone.stats.kinds[name] == 3
-    assert_close(merged.value, alone.value, "loss")
-    for a, b in zip(merged.gradients.values(), alone.gradients.values(), strict=True):
-        assert_close(a, b, "gradient")
+    assert_attention_merges(loss)
 
 
 def test_self_attention_keeps_its_fused_op() -> None:

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
+from returns.result import Failure, Result
+
 from monadl.cli import non_negative_int, positive_int
 from monadl.typeclasses.backend import to_numpy
 
@@ -280,3 +282,11 @@ def add_device_option(parser: argparse.ArgumentParser) -> None:
         help="cpu: NumPy (and torch on the CPU); cuda: CuPy against PyTorch on CUDA, synchronised around "
         "every timed segment; array-api-strict: a stand-in namespace that tests the plumbing (default cpu)",
     )
+
+
+def raised(result: Result[Any, Exception]) -> Any:
+    """The value of ``result``, or its original exception raised (the benchmarks' models fail as
+    plain Python code does)."""
+    if isinstance(result, Failure):
+        raise result.failure()
+    return result.unwrap()

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import numpy as np
-from returns.result import Failure, Result
 
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, nn
+from monadl.bench.common import raised
 from monadl.bench.suite_data import START, Sentence, TaggedSentence
 from monadl.data import sst
 from monadl.data.trees import Tree
@@ -39,13 +39,6 @@ I = TypeVar("I")  # noqa: E741  (an instance: a sentence or a tree)
 
 ADAM = ml.Adam(0.001)
 F32 = np.float32
-
-
-def _raised(result: Result[Any, Exception]) -> Any:
-    """The value of ``result``, or its exception raised."""
-    if isinstance(result, Failure):
-        raise result.failure()
-    return result.unwrap()
 
 
 def label(value: int) -> np.ndarray:
@@ -77,13 +70,13 @@ class SuiteModel(ml.Module, Generic[I]):
     def step(self, batch: Sequence[I]) -> float:
         """One Adam step on the summed loss of ``batch``; returns that loss (before the step)."""
         with ml.gc_paused():  # as the examples do: a batch's graph is many small objects
-            value: float = _raised(self.total(batch).train_blocking(ADAM))
+            value: float = raised(self.total(batch).train_blocking(ADAM))
         return value
 
     def evaluate(self, batch: Sequence[I]) -> float:
         """The summed loss of ``batch``, a forward pass only."""
         with ml.gc_paused():
-            value: float = _raised(self.total(batch).predict_blocking())
+            value: float = raised(self.total(batch).predict_blocking())
         return value
 
 

@@ -14,18 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from returns.result import Failure, Result
 
 import monadl as ml
 from monadl import ArrayLayer, FloatLayer, nn
+from monadl.bench.common import raised
 from monadl.bench.suite_data import TaggedSentence
-
-
-def _raised(result: Result[Any, Exception]) -> Any:
-    """The value of ``result``, or its original exception raised."""
-    if isinstance(result, Failure):
-        raise result.failure()
-    return result.unwrap()
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,7 +69,7 @@ class Tagger(ml.Module):
         or raises what failed the step (then nothing changed)."""
         with ml.gc_paused():  # a batch's graph is many small objects
             total, count = self.loss(sentences)
-            mean: float = _raised((total * (1.0 / count)).train_blocking(optimizer, executor=executor))
+            mean: float = raised((total * (1.0 / count)).train_blocking(optimizer, executor=executor))
         return mean, count
 
     def predict(
@@ -86,7 +79,7 @@ class Tagger(ml.Module):
         with ml.gc_paused():
             scores = self.scores(sentences)
             flat = np.asarray(
-                _raised(ml.stack([s for ss in scores for s in ss]).predict_blocking(executor=executor))
+                raised(ml.stack([s for ss in scores for s in ss]).predict_blocking(executor=executor))
             )
         tags = np.argmax(flat, axis=-1)
         cuts = np.cumsum([len(s.words) for s in sentences])[:-1]

@@ -20,19 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from returns.result import Failure, Result
 
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, nn
+from monadl.bench.common import raised
 
 Ids = np.ndarray[Any, np.dtype[np.int64]]
-
-
-def _raised(result: Result[Any, Exception]) -> Any:
-    """The value of ``result``, or its original exception raised."""
-    if isinstance(result, Failure):
-        raise result.failure()
-    return result.unwrap()
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,4 +78,4 @@ class TransformerLm(ml.Module):
 
     def nats(self, windows: Ids, executor: ml.Executor | None = None) -> float:
         """The mean loss per predicted character of ``windows`` (a forward pass only)."""
-        return float(_raised(self.loss(windows).predict_blocking(executor=executor)))
+        return float(raised(self.loss(windows).predict_blocking(executor=executor)))

@@ -55,10 +55,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from returns.result import Failure, Result
 
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, nn
+from monadl.bench.common import raised
 from monadl.data.trees import Tree
 from monadl.nn.module import Weight
 
@@ -81,13 +81,6 @@ class ArrayWeights(dict[str, ArrayWeight]):
 
     def __call__(self) -> dict[str, Weight]:
         return dict[str, Weight](self)
-
-
-def _raised(result: Result[Any, Exception]) -> Any:
-    """The value of ``result``, or its original exception raised."""
-    if isinstance(result, Failure):
-        raise result.failure()
-    return result.unwrap()
 
 
 class TreeLstm(ml.Module):
@@ -180,7 +173,7 @@ class TreeLstm(ml.Module):
 
     def _step(self, trees: Sequence[Tree], word_id: WordId) -> float:
         mean = self.loss(trees, word_id) * (1.0 / len(trees))
-        value: float = _raised(mean.train_blocking(self.optimizer, executor=self.executor))
+        value: float = raised(mean.train_blocking(self.optimizer, executor=self.executor))
         return value
 
     def root_logits(self, tree: Tree, word_id: WordId) -> np.ndarray:
@@ -199,7 +192,7 @@ class TreeLstm(ml.Module):
     def _predict_roots(self, trees: Sequence[Tree], word_id: WordId) -> np.ndarray:
         roots = [self.classifier(self.states(tree, word_id)[-1][1].h) for tree in trees]
         scores = ml.reshape(ml.concatenate(roots), (len(trees), self.classes))
-        scores_data: np.ndarray = _raised(scores.predict_blocking(executor=self.executor))
+        scores_data: np.ndarray = raised(scores.predict_blocking(executor=self.executor))
         return scores_data  # in the weights' namespace: a CuPy array where they are on a GPU
 
     def predict(self, tree: Tree, word_id: WordId) -> int:
