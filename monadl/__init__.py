@@ -71,7 +71,7 @@ from monadl.dsl.optimizers import (
     clip_by_value,
     global_norm,
 )
-from monadl.dsl.recurrent import lstm_c, lstm_h
+from monadl.dsl.recurrent import gru_h, lstm_c, lstm_h
 from monadl.dsl.reductions import argmax, argmin, logsumexp, max, min, std, var
 from monadl.dsl.schedules import Constant, CosineDecay, LearningRate, LinearWarmup, Schedule, StepDecay
 from monadl.dsl.selection import take_along_axis, where
@@ -222,6 +222,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "lstm_c",
     "lstm_h",
+    "gru_h",
 ]
 
 if compiled():  # mypyc keeps no docstrings and no annotated signatures: the build recorded them

@@ -461,6 +461,11 @@ CASES += [
         (_u(84, (2, 3)), _u(85, (2, 3)), _u(86, (2, 3)), _u(87, (3,))),
     ),
     OpCase("lstm_h", lambda c, o, m: monadl.lstm_h(o, m), (_u(88, (3, 4)), _u(89, (3, 4)))),
+    OpCase(
+        "gru_h state broadcast",
+        lambda c, r, z, nx, nh, h: monadl.gru_h(r, z, nx, nh, h),
+        (_u(90, (2, 3)), _u(91, (2, 3)), _u(92, (2, 3)), _u(93, (2, 3)), _u(94, (3,))),
+    ),
 ]
 
 # Cross-attention (issue 30): queries and keys of different lengths, a mask of shape (Lq, Lk) for

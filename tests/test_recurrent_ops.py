@@ -1,6 +1,6 @@
-"""The LSTM cell's fused gate ops, ``lstm_c`` and ``lstm_h`` (monadl.dsl.recurrent): values against
-the elementwise ops they replace, gradients against finite differences, merged calls against calls
-on their own, errors, and the cell built on them."""
+"""The recurrent cells' fused gate ops, ``lstm_c``, ``lstm_h`` and ``gru_h`` (monadl.dsl.recurrent):
+values against the elementwise ops they replace, gradients against finite differences, merged
+calls against calls on their own, errors, and the cells built on them."""
 
 from __future__ import annotations
 
@@ -98,3 +98,53 @@ def test_errors_name_the_op() -> None:
         predict(ml.lstm_c(uniform(1, 2, 3), uniform(2, 2, 4), uniform(3, 2, 3), uniform(4, 2, 3)))
     with pytest.raises(TypeError, match=r"lstm_h: expected an array .* for o"):
         ml.lstm_h("o", uniform(1, 3))  # type: ignore[arg-type]
+
+
+def gru_reference(r: Any, z: Any, n_x: Any, n_h: Any, h: Any) -> Any:
+    return (1.0 - sigmoid(z)) * np.tanh(n_x + sigmoid(r) * n_h) + sigmoid(z) * h
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 5), (2, 3, 4)])
+def test_gru_h_is_the_cells_arithmetic(shape: tuple[int, ...]) -> None:
+    parts = [uniform(90 + k, *shape) for k in range(5)]
+    np.testing.assert_allclose(predict(ml.gru_h(*parts)), gru_reference(*parts), rtol=1e-14, atol=1e-15)
+    assert ml.gru_h(*parts).shape == shape
+
+
+@pytest.mark.parametrize("state", [(3, 4), (4,)])
+def test_gru_h_gradients_are_finite_differences(state: tuple[int, ...]) -> None:
+    probe_h = uniform(11, 3, 4)
+
+    def loss(
+        r: ArrayWeight, z: ArrayWeight, n_x: ArrayWeight, n_h: ArrayWeight, h: ArrayWeight
+    ) -> FloatLayer:
+        return ml.sum(ml.gru_h(r, z, n_x, n_h, h) * probe_h)
+
+    ml.check_gradients(loss, *(uniform(100 + k, 3, 4) for k in range(4)), uniform(110, *state))
+
+
+def test_gru_merged_calls_equal_calls_on_their_own() -> None:
+    def loss() -> FloatLayer:
+        cell = nn.GRUCell.new(3, 4, seed=3, dtype=np.float64)
+        terms = []
+        for s in range(4):
+            h = cell.zeros_state()
+            for t in range(2 + s):
+                h = cell(uniform(120 + 10 * s + t, 3), h)
+            terms.append(ml.sum(h * uniform(170 + s, 4)))
+        return ml.add_n(terms)
+
+    merged, alone = gradients_of(loss(), True), gradients_of(loss(), False)
+    assert merged.stats.merged > 0 and alone.stats.merged == 0
+    assert merged.stats.kinds.get("gru_h", 0) < alone.stats.kinds["gru_h"]
+    assert_close(merged.value, alone.value, "loss")
+    for a, b in zip(merged.gradients.values(), alone.gradients.values(), strict=True):
+        assert_close(a, b, "gradient")
+
+
+def test_gru_h_errors_name_the_op() -> None:
+    good = uniform(1, 2, 3)
+    with pytest.raises(ml.ShapeError, match=r"gru_h: operands of shapes"):
+        predict(ml.gru_h(good, good, good, uniform(2, 2, 4), good))
+    with pytest.raises(TypeError, match=r"gru_h: expected an array .* for n_h"):
+        ml.gru_h(good, good, good, "n_h", good)  # type: ignore[arg-type]

@@ -1,4 +1,5 @@
-"""An LSTM cell's gate arithmetic as two fused ops: :func:`lstm_c` and :func:`lstm_h`.
+"""Recurrent cells' gate arithmetic as fused ops: :func:`lstm_c` and :func:`lstm_h` (an LSTM's),
+:func:`gru_h` (a GRU's).
 
 From the gates' pre-activations ``i``, ``f``, ``o``, ``u`` (each ``W [x; h] + b``) and the memory
 ``c``, an LSTM step computes ``c' = sigmoid(i) * tanh(u) + sigmoid(f) * c`` and
@@ -8,6 +9,11 @@ these two ops do it in two kernels forward and six vjps, as DyNet's ``vanilla_ls
 ``vanilla_lstm_h`` do. Each saves its activations for its vjps. They are elementwise in all their
 operands (broadcasting as NumPy does), so their calls merge under dynamic batching as the
 elementwise ops' do. :class:`monadl.nn.LSTMCell` is built on them.
+
+A GRU step, from the reset and update gates' pre-activations ``r`` and ``z``, the candidate's
+input and hidden parts ``n_x`` (``W_nx x + b_nx``) and ``n_h`` (``W_nh h + b_nh``) and the state
+``h``, is ``h' = (1 - sigmoid(z)) * tanh(n_x + sigmoid(r) * n_h) + sigmoid(z) * h``: seven
+elementwise kernels forward, one with :func:`gru_h`, which has five vjps. :class:`monadl.nn.GRUCell` is built on it.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from monadl.dsl.arguments import array_operand
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
 from monadl.dsl.primitives import ELEMENTWISE, Primitive, sigmoid_of
 
-__all__ = ["lstm_c", "lstm_h"]
+__all__ = ["gru_h", "lstm_c", "lstm_h"]
 
 
 def _c_forward(xp: Any, i: Any, f: Any, u: Any, c: Any) -> tuple[Any, tuple[Any, Any, Any]]:
@@ -60,6 +66,54 @@ def _h_vjp_c(xp: Any, d: Any, saved: tuple[Any, Any], *_: Any) -> Any:
     return d * so * (1.0 - tc * tc)
 
 
+def _gru_forward(xp: Any, r: Any, z: Any, n_x: Any, n_h: Any, h: Any) -> tuple[Any, tuple[Any, Any, Any]]:
+    sr, sz = sigmoid_of(xp, r), sigmoid_of(xp, z)
+    n = xp.tanh(n_x + sr * n_h)
+    return (1.0 - sz) * n + sz * h, (sr, sz, n)
+
+
+def _gru_d_candidate(d: Any, saved: tuple[Any, Any, Any]) -> Any:
+    """The delta of the candidate's pre-activation ``n_x + sigmoid(r) * n_h``."""
+    _sr, sz, n = saved
+    return d * (1.0 - sz) * (1.0 - n * n)
+
+
+def _gru_vjp_r(
+    xp: Any, d: Any, saved: tuple[Any, Any, Any], r: Any, z: Any, n_x: Any, n_h: Any, h: Any
+) -> Any:
+    sr = saved[0]
+    return _gru_d_candidate(d, saved) * n_h * sr * (1.0 - sr)
+
+
+def _gru_vjp_z(
+    xp: Any, d: Any, saved: tuple[Any, Any, Any], r: Any, z: Any, n_x: Any, n_h: Any, h: Any
+) -> Any:
+    _sr, sz, n = saved
+    return d * (h - n) * sz * (1.0 - sz)
+
+
+def _gru_vjp_n_x(xp: Any, d: Any, saved: tuple[Any, Any, Any], *_: Any) -> Any:
+    return _gru_d_candidate(d, saved)
+
+
+def _gru_vjp_n_h(xp: Any, d: Any, saved: tuple[Any, Any, Any], *_: Any) -> Any:
+    return _gru_d_candidate(d, saved) * saved[0]
+
+
+def _gru_vjp_h(xp: Any, d: Any, saved: tuple[Any, Any, Any], *_: Any) -> Any:
+    return d * saved[1]
+
+
+GRU_H: Final = Primitive(
+    "gru_h",
+    _gru_forward,
+    (_gru_vjp_r, _gru_vjp_z, _gru_vjp_n_x, _gru_vjp_n_h, _gru_vjp_h),
+    True,
+    saves=True,
+    batch=ELEMENTWISE,
+    fresh=True,
+    own=True,
+)
 LSTM_C: Final = Primitive(
     "lstm_c",
     _c_forward,
@@ -89,3 +143,12 @@ def lstm_h(o: AnyArray, c: AnyArray) -> ArrayLayer:
     array_operand("lstm_h", o, "o")
     array_operand("lstm_h", c, "c")
     return apply_array(LSTM_H, o, c)
+
+
+def gru_h(r: AnyArray, z: AnyArray, n_x: AnyArray, n_h: AnyArray, h: AnyArray) -> ArrayLayer:
+    """A GRU step's next state ``(1 - sigmoid(z)) * tanh(n_x + sigmoid(r) * n_h) + sigmoid(z) * h``,
+    from the reset and update gates' pre-activations, the candidate's input and hidden parts (the
+    reset gate scales the hidden part after its product, as PyTorch's) and the state: one op."""
+    for name, x in (("r", r), ("z", z), ("n_x", n_x), ("n_h", n_h), ("h", h)):
+        array_operand("gru_h", x, name)
+    return apply_array(GRU_H, r, z, n_x, n_h, h)

@@ -339,7 +339,7 @@ def install() -> None:
         P.add, P.sub, P.mul, P.div, P.power, P.maximum, P.minimum, P.neg, P.exp, P.log, P.sqrt,
         P.absolute, P.tanh, P.sigmoid, P.relu, activations.softplus_, activations.silu_,
         activations.gelu_, activations.leaky_relu_, activations.elu_, activations.clip_,
-        recurrent.LSTM_C, recurrent.LSTM_H,
+        recurrent.LSTM_C, recurrent.LSTM_H, recurrent.GRU_H,
     ):  # fmt: skip
         prim.shape_rule = elementwise
     rules: dict[Primitive, ShapeRule] = {
