@@ -13,7 +13,8 @@ elementwise ops' do. :class:`monadl.nn.LSTMCell` is built on them.
 A GRU step, from the reset and update gates' pre-activations ``r`` and ``z``, the candidate's
 input and hidden parts ``n_x`` (``W_nx x + b_nx``) and ``n_h`` (``W_nh h + b_nh``) and the state
 ``h``, is ``h' = (1 - sigmoid(z)) * tanh(n_x + sigmoid(r) * n_h) + sigmoid(z) * h``: seven
-elementwise kernels forward, one with :func:`gru_h`, which has five vjps. :class:`monadl.nn.GRUCell` is built on it.
+elementwise kernels forward, one with :func:`gru_h`, which has five vjps.
+:class:`monadl.nn.GRUCell` is built on it.
 """
 
 from __future__ import annotations
