@@ -190,8 +190,9 @@ def test_adam_updates_a_large_table_from_its_sparse_gradient_as_from_the_dense_o
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape", [(1,), (48,), (7, 5), (2, 3, 4), (200, 200)])
 def test_adams_numpy_paths_are_its_rule_bit_for_bit(shape: tuple[int, ...], dtype: Any) -> None:
-    """Adam's in-place NumPy paths (small weights at once, large ones in chunks) give the rule as
-    written (``adam_rule``) in every bit, over steps whose moments and gradients vary widely."""
+    """Adam's update, on small weights and on large ones (in place, a chunk of rows at a time),
+    gives the rule as written (``adam_rule``) in every bit, over steps whose moments and gradients
+    vary widely."""
     from monadl.dsl.optimizers import adam_rule
 
     rng = np.random.default_rng(len(shape))

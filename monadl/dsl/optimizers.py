@@ -112,16 +112,8 @@ def _summed_rows(gradient: Any) -> tuple[Any, Any, Any] | None:
         return None
     values = gradient.values
     xp = namespace(values)
-    add_at = getattr(getattr(xp, "add", None), "at", None)
-    if add_at is None:  # the array API has no scatter: densify
-        return None
-    if type(values) is np.ndarray:
-        rows, summed = row_sums(gradient.indices, values)
-        return xp, rows, summed
-    rows, inverse = xp.unique(gradient.indices, return_inverse=True)
-    summed = xp.zeros((rows.shape[0], *values.shape[1:]), dtype=values.dtype)
-    add_at(summed, xp.reshape(inverse, (-1,)), values)
-    return xp, rows, summed
+    sums = row_sums(xp, gradient.indices, values)
+    return None if sums is None else (xp, *sums)  # (None: the array API has no scatter: densify)
 
 
 def _lazy_rows(gradient: Any, data: Any, weight_decay: float) -> tuple[Any, Any, Any] | None:
@@ -357,9 +349,6 @@ class Adam:
         if _same_arrays(data, g, m, v):
             new, m, v = _adam_in_chunks(data, g, m, v, b1, b2, t, rate, self.epsilon)
             return new, (m, v, t)
-        if _small_arrays(data, g, m, v):
-            new, m, v = _adam_small(data, g, m, v, b1, b2, t, rate, self.epsilon)
-            return new, (m, v, t)
         new, m, v = adam_rule(data, g, m, v, b1, b2, t, rate, self.epsilon)
         return _kept(new, data), (_kept(m, data), _kept(v, data), t)
 
@@ -382,48 +371,16 @@ def _same_arrays(*arrays: Any) -> bool:
     return True
 
 
-def _small_arrays(*arrays: Any) -> bool:
-    """Whether these are NumPy arrays (not 0-d) of one shape and dtype (updated by ``_adam_small``)."""
-    first = arrays[0]
-    if type(first) is not np.ndarray or not first.ndim:
-        return False
-    for a in arrays:
-        if type(a) is not np.ndarray or a.shape != first.shape or a.dtype != first.dtype:
-            return False
-    return True
-
-
 def adam_rule(
     data: Any, g: Any, m: Any, v: Any, b1: float, b2: float, t: int, rate: float, epsilon: float
 ) -> Any:
-    """Adam's dense rule as written, on any arrays: ``(new data, m, v)`` (what the fast paths equal)."""
+    """Adam's dense rule as written, on any arrays: ``(new data, m, v)`` (what the chunked NumPy
+    path equals bit for bit)."""
     m = b1 * m + (1.0 - b1) * g
     v = b2 * v + (1.0 - b2) * (g * g)
     m_hat = m / (1.0 - b1**t)
     v_hat = v / (1.0 - b2**t)
     return data - rate * m_hat / (v_hat**0.5 + epsilon), m, v
-
-
-def _adam_small(
-    data: Any, g: Any, m: Any, v: Any, b1: float, b2: float, t: int, rate: float, epsilon: float
-) -> tuple[Any, Any, Any]:
-    """:func:`adam_rule` on NumPy arrays of one shape and dtype: the same operations in the same
-    order (the same bits), into 6 fresh arrays instead of 14 temporaries (a model of many small
-    weights spends its update on allocations)."""
-    m_new = np.multiply(m, b1)  # m = b1 * m + (1 - b1) * g
-    scratch = np.multiply(g, 1.0 - b1)
-    m_new += scratch
-    v_new = np.multiply(v, b2)  # v = b2 * v + (1 - b2) * (g * g)
-    np.multiply(g, g, out=scratch)
-    scratch *= 1.0 - b2
-    v_new += scratch
-    step = np.divide(m_new, 1.0 - b1**t)  # m_hat
-    denominator = np.divide(v_new, 1.0 - b2**t, out=scratch)  # v_hat
-    np.sqrt(denominator, out=denominator)
-    denominator += epsilon
-    step *= rate  # rate * m_hat / (v_hat ** 0.5 + epsilon)
-    step /= denominator
-    return np.subtract(data, step), m_new, v_new
 
 
 def _adam_in_chunks(

@@ -45,26 +45,30 @@ def scatter_add(xp: Any, out: Any, indices: Any, values: Any) -> Any:
 
 
 _SORTED_SUMS_FROM: Final = 64
-"""Rows from which :func:`row_sums` sorts (fewer: ``add.at``'s per-row cost is lower than a sort's)."""
+"""Rows from which :func:`row_sums` sorts on NumPy (fewer: ``add.at``'s per-row cost is lower)."""
 
 
-def row_sums(indices: Any, values: Any) -> tuple[Any, Any]:
-    """On NumPy: the distinct ``indices``, sorted, and for each the sum of ``values``' rows there.
-    Where there are many rows, one stable sort and one ``add.reduceat`` (``add.at`` adds rows of a
-    table element by element, 2-4x slower), which may sum a row's terms in another order than
-    ``add.at`` (the last bits). :meth:`SparseRows.to_dense` and the optimizers' summed rows both
-    come from here, so they agree bit for bit."""
-    if indices.shape[0] < _SORTED_SUMS_FROM:
-        rows, inverse = np.unique(indices, return_inverse=True)
-        summed = np.zeros((rows.shape[0], *values.shape[1:]), dtype=values.dtype)
-        np.add.at(summed, inverse.reshape(-1), values)
-        return rows, summed
-    order = np.argsort(indices, kind="stable")
-    ordered = indices[order]
-    starts = np.flatnonzero(np.concatenate((np.ones(1, dtype=bool), ordered[1:] != ordered[:-1])))
-    summed = np.add.reduceat(values[order], starts, axis=0)
-    summed += 0.0  # as a sum into zeros would: a row of -0.0s gives +0.0
-    return ordered[starts], summed
+def row_sums(xp: Any, indices: Any, values: Any) -> tuple[Any, Any] | None:
+    """The distinct ``indices``, sorted, and for each the sum of ``values``' rows there; None where
+    the namespace has no scatter (the array API). On NumPy, where there are many rows, one stable
+    sort and one ``add.reduceat`` (``add.at`` adds rows of a table element by element, slower),
+    which may sum a row's terms in another order than ``add.at`` (the last bits);
+    :meth:`SparseRows.to_dense` sums from here too, so a dense gradient's rows equal these bit for
+    bit. Elsewhere ``unique`` and ``add.at``."""
+    if type(values) is np.ndarray and indices.shape[0] >= _SORTED_SUMS_FROM:
+        order = np.argsort(indices, kind="stable")
+        ordered = indices[order]
+        starts = np.flatnonzero(np.concatenate((np.ones(1, dtype=bool), ordered[1:] != ordered[:-1])))
+        summed = np.add.reduceat(values[order], starts, axis=0)
+        summed += 0.0  # as a sum into zeros would: a row of -0.0s gives +0.0
+        return ordered[starts], summed
+    add_at = _add_at(xp)
+    if add_at is None:
+        return None
+    rows, inverse = xp.unique(indices, return_inverse=True)
+    summed = xp.zeros((rows.shape[0], *values.shape[1:]), dtype=values.dtype)
+    add_at(summed, xp.reshape(inverse, (-1,)), values)
+    return rows, summed
 
 
 class SparseRows:
@@ -133,9 +137,10 @@ class SparseRows:
         values = self.values
         xp = namespace(values) if xp is None else xp
         if type(values) is np.ndarray and xp is NUMPY:
-            rows, summed = row_sums(self.indices, values)
+            sums = row_sums(xp, self.indices, values)
+            assert sums is not None  # (NumPy has a scatter)
             out = np.zeros(self.shape, dtype=values.dtype)
-            out[rows] = summed
+            out[sums[0]] = sums[1]
             return out
         if _add_at(xp) is not None:
             out = xp.zeros(self.shape, dtype=values.dtype)
