@@ -202,16 +202,7 @@ def _conv_vjp_x(
 
 
 def _conv_vjp_w(
-    xp: Any,
-    d: Any,
-    cols: Any,
-    x: Any,
-    w: Any,
-    b: Any,
-    stride: tuple[int, ...],
-    padding: tuple[Pair, ...],
-    dilation: tuple[int, ...],
-    groups: int,
+    xp: Any, d: Any, cols: Any, x: Any, w: Any, b: Any, stride: tuple[int, ...], groups: int, **_: Any
 ) -> Any:
     # (cols @ d.T).T, not d @ cols.T: the same product with the long side (the positions) as its
     # inner dimension on the right, which BLAS kernels with wide registers run faster, others alike
@@ -220,23 +211,12 @@ def _conv_vjp_w(
     return xp.reshape(dw, tuple(w.shape))
 
 
-def _conv_vjp_b(
-    xp: Any,
-    d: Any,
-    cols: Any,
-    x: Any,
-    w: Any,
-    b: Any,
-    stride: tuple[int, ...],
-    padding: tuple[Pair, ...],
-    dilation: tuple[int, ...],
-    groups: int,
-) -> Any:
+def _conv_vjp_b(xp: Any, d: Any, cols: Any, x: Any, w: Any, b: Any, stride: tuple[int, ...], **_: Any) -> Any:
     spatial = len(stride)
     o = d.shape[d.ndim - spatial - 1]
     positions = math.prod(d.shape[d.ndim - spatial :])
     # each channel's sum as a product with a vector of ones: BLAS sums a (B, O, positions) stack in
-    # one vectorised pass, 3x faster than a reduction over the batch and spatial axes together
+    # one vectorised pass, faster than a reduction over the batch and spatial axes together
     per_row = xp.matmul(xp.reshape(d, (-1, o, positions)), xp.ones((positions,), dtype=d.dtype))
     g = xp.sum(per_row, axis=0)
     return float(xp.sum(g)) if type(b) is float else g
