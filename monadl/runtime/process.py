@@ -68,8 +68,8 @@ def gc_paused() -> Iterator[None]:
 
 FULL_COLLECTION_AFTER: Final = 1_000_000
 """Objects moved to the oldest generation between full collections (see
-:func:`_age_tracked_objects`): a full collection walks what lives, so at this spacing it costs a
-few nanoseconds per object moved, where a pass over the young generation costs about 25."""
+:func:`_age_tracked_objects`): a full collection walks what lives, so spread over this many
+objects moved it costs a small part of the young-generation passes it saves."""
 
 _aged = 0
 
