@@ -15,7 +15,7 @@ from monadl.dsl.apply_gradients import apply_gradients
 from monadl.dsl.attention import scaled_dot_product_attention
 from monadl.dsl.batch_norm import batch_norm
 from monadl.dsl.conv import avg_pool1d, avg_pool2d, conv1d, conv2d, max_pool1d, max_pool2d
-from monadl.dsl.custom import CustomOp, custom_op
+from monadl.dsl.custom import CustomOp, ShapeRuleError, custom_op
 from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.direct import direct, parallel
 from monadl.dsl.layers import (
@@ -128,6 +128,7 @@ __all__ = [
     "NonFiniteLossError",
     "Optimizer",
     "ShapeError",
+    "ShapeRuleError",
     "abs",
     "check_gradients",
     "compute_gradients",

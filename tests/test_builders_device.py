@@ -33,6 +33,16 @@ def total(layers: list[ml.ArrayLayer]) -> ml.FloatLayer:
     return functools.reduce(operator.add, means)
 
 
+class Place:
+    """array-api-strict on one of its devices: where a case's inputs are put."""
+
+    def __init__(self, device: Any = None) -> None:
+        self.device = device
+
+    def asarray(self, array: np.ndarray[Any, Any]) -> Any:
+        return xp.asarray(array, device=self.device)
+
+
 def on(array: np.ndarray[Any, Any], space: Any) -> Any:
     return array if space is np else space.asarray(array)
 
@@ -129,19 +139,25 @@ def train_step(model: Any, forward: Forward, space: Any) -> float:
     return value
 
 
+@pytest.mark.parametrize("device", [None, "device1"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_builder_with_xp_builds_there_and_trains_as_on_numpy(case: str) -> None:
+def test_a_builder_with_xp_builds_there_and_trains_as_on_numpy(case: str, device: str | None) -> None:
+    """On the default device and on another one: every array a kernel makes (a padding, a delta's
+    zeros, a label's one-hot, an initial state) is made where its operands live."""
     build, forward = CASES[case]
-    there, here = build({"xp": xp}), build({})
+    where = xp.Device(device) if device is not None else xp.Device("CPU_DEVICE")
+    there, here = build({"xp": xp, "device": where}), build({})
     built = arrays_of(there)
     assert built.keys() == arrays_of(here).keys()
     for name, array in built.items():
         assert type(array) is STRICT, f"{case}: {name} is a {type(array).__name__}"
+        assert array.device == where, f"{case}: {name} is on {array.device}"
         assert dtype_name(array) == dtype_name(arrays_of(here)[name]), name
         np.testing.assert_array_equal(host(array), arrays_of(here)[name], err_msg=f"{case}: {name}")
-    assert train_step(there, forward, xp) == pytest.approx(train_step(here, forward, np), abs=1e-6)
+    assert train_step(there, forward, Place(where)) == pytest.approx(train_step(here, forward, np), abs=1e-6)
     for name, array in arrays_of(there).items():
         assert type(array) is STRICT, f"{case}: {name} left the namespace in the step"
+        assert array.device == where, f"{case}: {name} left the device in the step"
         np.testing.assert_allclose(host(array), arrays_of(here)[name], rtol=0, atol=1e-6, err_msg=name)
 
 

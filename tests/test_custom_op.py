@@ -9,7 +9,6 @@ import pytest
 from returns.result import Failure, Success
 
 import monadl as ml
-from monadl.dsl.custom import ShapeRuleError
 
 softplus = ml.custom_op(
     "softplus",
@@ -142,7 +141,7 @@ def test_a_wrong_rule_is_named_where_the_shape_is_asked() -> None:
         "listed", forward=lambda xp, x: x, vjps=(lambda xp, d, out, x: d,), shape_rule=as_list
     )
     x = np.ones((2, 3))
-    with pytest.raises(ShapeRuleError, match=r"custom_op raises: shape_rule raised IndexError.*\(2, 3\)"):
+    with pytest.raises(ml.ShapeRuleError, match=r"custom_op raises: shape_rule raised IndexError.*\(2, 3\)"):
         _ = raises(x).shape
     with pytest.raises(TypeError, match=r"custom_op listed: shape_rule must return a tuple .* got \[2, 3\]"):
         _ = (listed(x) + 1.0).dtype  # asked through a layer built on it

@@ -27,6 +27,12 @@ def _strict_to_numpy(x: Any) -> F64:
 
 
 STRICT = Backend("array_api_strict", xps.asarray, _strict_to_numpy)
+OTHER_DEVICE = xps.Device("device1")
+STRICT_ELSEWHERE = Backend(
+    "array_api_strict on device1", lambda a: xps.asarray(a, device=OTHER_DEVICE), _strict_to_numpy
+)
+"""The same on a device other than the default: an array a kernel makes on the default device (a
+padding, a delta's zeros, a one-hot, an index) cannot be combined with its operands there."""
 
 
 def _on(device: Any, values: list[float]) -> Any:
@@ -41,9 +47,14 @@ def test_op_matches_numpy(case: OpCase) -> None:
     _assert_same_as_numpy(case)
 
 
-def _assert_same_as_numpy(case: OpCase) -> None:
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_op_matches_numpy_on_another_device(case: OpCase) -> None:
+    _assert_same_as_numpy(case, STRICT_ELSEWHERE)
+
+
+def _assert_same_as_numpy(case: OpCase, backend: Backend = STRICT) -> None:
     expected_forward, expected_loss, expected_grads = run_case(case, NUMPY)
-    forward, loss, grads = run_case(case, STRICT)
+    forward, loss, grads = run_case(case, backend)
     if isinstance(expected_forward, float):
         assert type(forward) is float
     else:

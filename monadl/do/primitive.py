@@ -28,6 +28,7 @@ from monadl.typeclasses.backend import (
     device_of,
     is_float_array,
     namespace,
+    on_device,
     shape_of,
     stack_arrays,
     unbroadcast,
@@ -474,7 +475,7 @@ def _sum_rows_forward(xp: Any, x: Any, scalar: bool) -> Any:
 
 
 def _sum_rows_vjp(xp: Any, d: Any, o: Any, x: Any, scalar: bool) -> Any:
-    return xp.broadcast_to(xp.asarray(d, dtype=x.dtype), x.shape)
+    return xp.broadcast_to(xp.asarray(d, dtype=x.dtype, **on_device(xp, x)), x.shape)
 
 
 ROWS_SUM = Primitive("add_n", _sum_rows_forward, (_sum_rows_vjp,), fresh=True, own=True)

@@ -17,7 +17,7 @@ from monadl.do.record import Program, Run, row_value
 from monadl.do.tape import Tape
 from monadl.runtime.pool import Dispatcher, draining
 from monadl.runtime.versions import data_of
-from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, host_in, namespace, shape_of
+from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, host_in, namespace, on_device, shape_of
 
 
 class Step:
@@ -390,12 +390,14 @@ class StackStep(Step):
                 picks = self.picks[j]
                 data = datas[source]
                 if picks is None:
-                    parts.append(xp.reshape(xp.asarray(data, dtype=dtype), (1, *row_shape)))
+                    parts.append(
+                        xp.reshape(xp.asarray(data, dtype=dtype, **on_device(xp, first)), (1, *row_shape))
+                    )
                 else:
-                    parts.append(xp.take(data, host_in(xp, picks), axis=0))
+                    parts.append(xp.take(data, host_in(xp, picks, first), axis=0))
             order = np.argsort(np.concatenate(self.places), kind="stable")
             joined = xp.concat(parts, axis=0) if len(parts) > 1 else parts[0]
-            out = xp.take(joined, xp.asarray(order), axis=0)
+            out = xp.take(joined, xp.asarray(order, **on_device(xp, joined)), axis=0)
         if self.shape is not None:
             out = xp.reshape(out, self.shape)
         o = self.out

@@ -31,7 +31,16 @@ import numpy as np
 from monadl.do.primitive import Batching, Primitive
 from monadl.dsl.arguments import array_operand, flag_param, int_param
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
-from monadl.typeclasses.backend import NUMPY, AnyNDArray, ShapeError, host_in, is_array, namespace, shape_of
+from monadl.typeclasses.backend import (
+    NUMPY,
+    AnyNDArray,
+    ShapeError,
+    host_in,
+    is_array,
+    namespace,
+    on_device,
+    shape_of,
+)
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -85,14 +94,15 @@ def _masked(xp: Any, s: Any, mask: Any, causal: bool, heads: int) -> Any:
         if xp is NUMPY:
             s += _causal_bias(lq, lk, s.dtype)
         else:
-            keep = xp.reshape(xp.arange(lq), (lq, 1)) >= xp.reshape(xp.arange(lk), (1, lk))
-            s = xp.where(keep, s, xp.asarray(-math.inf, dtype=s.dtype))
+            on = on_device(xp, s)
+            keep = xp.reshape(xp.arange(lq, **on), (lq, 1)) >= xp.reshape(xp.arange(lk, **on), (1, lk))
+            s = xp.where(keep, s, xp.asarray(-math.inf, dtype=s.dtype, **on))
     if mask is not None:
-        mask = host_in(xp, mask)
+        mask = host_in(xp, mask, s)
         if heads > 1 and mask.ndim >= 2:  # the same for every head
             mask = xp.expand_dims(mask, axis=-3)
         if mask.dtype == xp.bool:
-            s = xp.where(mask, s, xp.asarray(-math.inf, dtype=s.dtype))
+            s = xp.where(mask, s, xp.asarray(-math.inf, dtype=s.dtype, **on_device(xp, s)))
         else:
             s = s + xp.astype(mask, s.dtype)
     return s
@@ -132,7 +142,7 @@ def _stacked_forward(
     against the stacked scores as each call's did, then :func:`_forward`."""
     if mask is not None:
         rank = q.ndim - 1  # one call's scores' rank: (..., Lq, Lk)
-        m = host_in(xp, mask)
+        m = host_in(xp, mask, q)
         mask = xp.reshape(m, (m.shape[0], *(1,) * (rank - m.ndim + 1), *m.shape[1:]))
     return _forward(xp, q, k, v, scale, causal, heads, mask)
 

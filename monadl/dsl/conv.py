@@ -32,7 +32,7 @@ from typing import Any, Final
 from monadl.dsl.arguments import array_operand, as_index
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, apply_array
 from monadl.dsl.primitives import Batching, Primitive
-from monadl.typeclasses.backend import ShapeError, shape_of
+from monadl.typeclasses.backend import ShapeError, on_device, shape_of
 
 __all__ = ["avg_pool1d", "avg_pool2d", "conv1d", "conv2d", "max_pool1d", "max_pool2d"]
 
@@ -56,7 +56,9 @@ def _windows(
     ow = _out_size(w, kernel[1], stride[1], pads[1], dilation[1])
     if pads != ((0, 0), (0, 0)):
         (top, bottom), (left, right) = pads
-        padded = xp.full((*x.shape[:-2], h + top + bottom, w + left + right), fill, dtype=x.dtype)
+        padded = xp.full(
+            (*x.shape[:-2], h + top + bottom, w + left + right), fill, dtype=x.dtype, **on_device(xp, x)
+        )
         padded[..., top : top + h, left : left + w] = x
         x = padded
     return [x[(..., *_key(i, j, oh, ow, stride, dilation))] for i, j in _offsets(kernel)], oh, ow
@@ -86,11 +88,15 @@ def _col2im(
     if stride == kernel and dilation == (1, 1) and (h, w) == (oh * kernel[0], ow * kernel[1]):
         # windows that tile the input (pads are then zero): each offset's delta is written, not
         # added, into its own interleaved slot of (..., OH, KH, OW, KW), contiguous at the end
-        tiles = xp.empty((*shape[:-2], oh, kernel[0], ow, kernel[1]), dtype=parts[0].dtype)
+        tiles = xp.empty(
+            (*shape[:-2], oh, kernel[0], ow, kernel[1]), dtype=parts[0].dtype, **on_device(xp, parts[0])
+        )
         for k, (i, j) in enumerate(_offsets(kernel)):
             tiles[..., i, :, j] = parts[k]
         return xp.reshape(tiles, tuple(shape))
-    g = xp.zeros((*shape[:-2], h + top + bottom, w + left + right), dtype=parts[0].dtype)
+    g = xp.zeros(
+        (*shape[:-2], h + top + bottom, w + left + right), dtype=parts[0].dtype, **on_device(xp, parts[0])
+    )
     for k, (i, j) in enumerate(_offsets(kernel)):
         key = (..., *_key(i, j, oh, ow, stride, dilation))
         g[key] += parts[k]
@@ -217,7 +223,9 @@ def _conv_vjp_b(xp: Any, d: Any, cols: Any, x: Any, w: Any, b: Any, stride: tupl
     positions = math.prod(d.shape[d.ndim - spatial :])
     # each channel's sum as a product with a vector of ones: BLAS sums a (B, O, positions) stack in
     # one vectorised pass, faster than a reduction over the batch and spatial axes together
-    per_row = xp.matmul(xp.reshape(d, (-1, o, positions)), xp.ones((positions,), dtype=d.dtype))
+    per_row = xp.matmul(
+        xp.reshape(d, (-1, o, positions)), xp.ones((positions,), dtype=d.dtype, **on_device(xp, d))
+    )
     g = xp.sum(per_row, axis=0)
     return float(xp.sum(g)) if type(b) is float else g
 
@@ -311,7 +319,7 @@ def _max_pool_forward(
     # maximum; the offsets come in increasing order, so the latest greater one is the largest index.
     index = xp.int8 if len(parts) <= 127 else xp.int32
     top = xp.asarray(parts[0], copy=True) if len(parts) == 1 else parts[0]
-    first = xp.zeros(tuple(top.shape), dtype=index)
+    first = xp.zeros(tuple(top.shape), dtype=index, **on_device(xp, top))
     for k, part in enumerate(parts[1:], start=1):
         first = xp.maximum(first, xp.astype(part > top, index) * k)
         top = xp.maximum(top, part)

@@ -29,6 +29,7 @@ from monadl.typeclasses.backend import (
     host_in,
     minus_zeros,
     namespace_of_type,
+    on_device,
     shape_of,
     unbroadcast,
 )
@@ -43,7 +44,7 @@ __all__ = ["ELEMENTWISE", "Batching", "FanOut", "Primitive", "Rule", "add_n", "e
 def expand_to(xp: Any, delta: Any, x: Any, axis: int | tuple[int, ...] | None, keepdims: bool) -> Any:
     """``delta`` of a reduction of ``x`` over ``axis``, broadcast back to ``x``'s shape."""
     if type(delta) is float or getattr(delta, "ndim", 1) == 0:
-        return minus_zeros(xp, x.shape, x.dtype) + delta  # -0.0 + d is d, a -0.0 included
+        return minus_zeros(xp, x.shape, x.dtype, x) + delta  # -0.0 + d is d, a -0.0 included
     if not keepdims and axis is not None:
         axes = (axis,) if isinstance(axis, int) else axis
         kept = list(x.shape)
@@ -347,7 +348,7 @@ def _scatter_rows(xp: Any, table: Any, indices: Any, d: Any) -> SparseRows:
     """The delta of ``take(table, indices, axis=0)``: the rows of ``d`` at ``indices``, as a
     :class:`~monadl.typeclasses.sparse.SparseRows` (no dense table: repeated indices add when it
     is summed or densified)."""
-    flat = xp.reshape(host_in(xp, indices), (-1,))
+    flat = xp.reshape(host_in(xp, indices, d), (-1,))
     rows = xp.reshape(d, (flat.shape[0], *table.shape[1:]))
     return SparseRows(flat, rows, table.shape)
 
@@ -383,7 +384,7 @@ def _check_take_merged(inputs: tuple[Any, ...], merged: dict[str, Any]) -> None:
 take_rows = Primitive(
     "take_rows",
     lambda xp, table, indices: xp.reshape(
-        xp.take(table, xp.reshape(host_in(xp, indices), (-1,)), axis=0),
+        xp.take(table, xp.reshape(host_in(xp, indices, table), (-1,)), axis=0),
         tuple(indices.shape) + tuple(table.shape[1:]),
     ),
     (lambda xp, d, o, table, indices: _scatter_rows(xp, table, indices, d),),
@@ -753,7 +754,7 @@ def _fan_linear(xp: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
             out[j] += b[j]
     else:  # one batched matmul: on a GPU, one launch for the k products
         ws = xp.stack(w)
-        bs = xp.asarray(b, dtype=ws.dtype) if type(b[0]) is float else xp.stack(b)
+        bs = xp.asarray(b, dtype=ws.dtype, **on_device(xp, ws)) if type(b[0]) is float else xp.stack(b)
         out = xp.matmul(rows, ws) + xp.reshape(bs, (k, 1, -1))
     return xp.reshape(out, (k, *x.shape[:-1], outputs))
 
@@ -932,9 +933,9 @@ def _targets(
     xp: Any, logits: Any, targets: Any, labels: tuple[int, int] | list[tuple[int, int]] | None
 ) -> Any:
     """One-hot (or soft) targets of ``logits``' shape, from probabilities or integer labels."""
-    targets = host_in(xp, targets)  # labels made NumPy arrays, logits on a GPU
+    targets = host_in(xp, targets, logits)  # labels made NumPy arrays, logits on a GPU
     if labels is not None:
-        classes = xp.arange(logits.shape[-1])
+        classes = xp.arange(logits.shape[-1], **on_device(xp, logits))
         return xp.astype(xp.expand_dims(targets, axis=-1) == classes, logits.dtype)
     return targets
 

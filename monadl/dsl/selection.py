@@ -29,6 +29,7 @@ from monadl.typeclasses.backend import (
     is_array,
     namespace,
     namespace_of_type,
+    on_device,
     shape_of,
 )
 
@@ -37,7 +38,7 @@ __all__ = ["take_along_axis", "where"]
 
 def _where(xp: Any, a: Any, b: Any, condition: Any) -> Any:
     if type(a) is float and type(b) is float:  # (the array API selects between arrays: one at least)
-        a = xp.asarray(a, dtype=condition.dtype)
+        a = xp.asarray(a, dtype=condition.dtype, **on_device(xp, condition))
     return xp.where(condition > 0.5, a, b)
 
 
@@ -116,7 +117,7 @@ def _linear(xp: Any, indices: Any, shape: tuple[int, ...], axis: int) -> Any:
     flat = indices * strides[axis]
     for a, n in enumerate(shape):
         if a != axis and n > 1:
-            steps = xp.arange(n, dtype=indices.dtype) * strides[a]
+            steps = xp.arange(n, dtype=indices.dtype, **on_device(xp, indices)) * strides[a]
             flat = flat + xp.reshape(steps, tuple(n if b == a else 1 for b in range(len(shape))))
     return flat
 
@@ -138,13 +139,17 @@ def _scatter_along(xp: Any, shape: tuple[int, ...], indices: Any, d: Any, axis: 
         lin = _linear(np, np.broadcast_to(indices, d.shape), lanes, axis)
         summed = np.bincount(lin.reshape(-1), weights=d.reshape(-1), minlength=math.prod(lanes))
         return summed.astype(d.dtype, copy=False).reshape(lanes)
-    indices = xp.broadcast_to(host_in(xp, indices), tuple(d.shape))
+    indices = xp.broadcast_to(host_in(xp, indices, d), tuple(d.shape))
     add_at = getattr(getattr(xp, "add", None), "at", None)
     if add_at is not None:  # CuPy
-        g = xp.zeros(shape, dtype=d.dtype)
+        g = xp.zeros(shape, dtype=d.dtype, **on_device(xp, d))
         grids = []
         for a, m in enumerate(d.shape):
-            grids.append(indices if a == axis else xp.reshape(xp.arange(m), (*ones[:a], m, *ones[a + 1 :])))
+            grids.append(
+                indices
+                if a == axis
+                else xp.reshape(xp.arange(m, **on_device(xp, d)), (*ones[:a], m, *ones[a + 1 :]))
+            )
         add_at(g, tuple(grids), d)
         return g
     last_d = xp.moveaxis(d, axis, -1)
@@ -192,7 +197,7 @@ def _take_along(xp: Any, x: Any, indices: Any, axis: int = -1) -> Any:
         return np.take_along_axis(x, indices, axis)
     x_shape, i_shape = _lanes(x, indices, axis)
     x = xp.broadcast_to(xp.reshape(x, (1,) * (len(x_shape) - len(x.shape)) + tuple(x.shape)), x_shape)
-    indices = xp.broadcast_to(host_in(xp, indices), i_shape)
+    indices = xp.broadcast_to(host_in(xp, indices, x), i_shape)
     take_along = getattr(xp, "take_along_axis", None)
     if take_along is not None:
         return take_along(x, indices, axis=axis)
@@ -306,7 +311,7 @@ def _parts(x: Any, indices: Any, axis: int) -> tuple[tuple[int, ...], tuple[int,
 
 def _gather(xp: Any, x: Any, indices: Any, axis: int = 0) -> Any:
     before, dims, after = _parts(x, indices, axis)
-    flat = host_in(xp, _flat(namespace_of_type(type(indices), indices), indices, dims))
+    flat = host_in(xp, _flat(namespace_of_type(type(indices), indices), indices, dims), x)
     rows = xp.reshape(x, (*before, math.prod(dims), *after))
     out = xp.take(rows, xp.reshape(flat, (-1,)), axis=axis)
     return xp.reshape(out, (*before, *flat.shape, *after))
@@ -314,7 +319,7 @@ def _gather(xp: Any, x: Any, indices: Any, axis: int = 0) -> Any:
 
 def _gather_vjp(xp: Any, d: Any, o: Any, x: Any, indices: Any, axis: int = 0) -> Any:
     before, dims, after = _parts(x, indices, axis)
-    flat = host_in(xp, _flat(namespace_of_type(type(indices), indices), indices, dims))
+    flat = host_in(xp, _flat(namespace_of_type(type(indices), indices), indices, dims), d)
     f = math.prod(flat.shape)
     lanes = xp.reshape(d, (math.prod(before), f, math.prod(after)))
     g = _scatter_along(

@@ -36,7 +36,7 @@ from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array, is_float_kind
 from monadl.dsl.training import is_training
 from monadl.nn.buffer import GeneratorBuffer
 from monadl.nn.module import Module
-from monadl.typeclasses.backend import NUMPY
+from monadl.typeclasses.backend import NUMPY, on_device
 
 __all__ = ["Dropout"]
 
@@ -72,7 +72,7 @@ class Dropout(Module):
         keep = self.generator.random(tuple(x.shape)) >= self.p
         if xp is NUMPY:
             return np.multiply(keep, scale, dtype=x.dtype)
-        return xp.astype(xp.asarray(keep), x.dtype) * scale
+        return xp.astype(xp.asarray(keep, **on_device(xp, x)), x.dtype) * scale
 
     def __repr__(self) -> str:
         return f"Dropout(p={self.p})"

@@ -14,7 +14,7 @@ from monadl.dsl.recurrent import gru_h
 from monadl.nn.init import Initializer
 from monadl.nn.linear import Linear, Seed, generator
 from monadl.nn.module import Module
-from monadl.typeclasses.backend import Array, namespace
+from monadl.typeclasses.backend import Array, namespace, on_device
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,7 +88,8 @@ class GRUCell(Module):
         dtype and array type."""
         w = self.n_h.w.data
         shape = (self.hidden,) if rows is None else (rows, self.hidden)
-        zeros: Array = namespace(w).zeros(shape, dtype=w.dtype)
+        xp = namespace(w)
+        zeros: Array = xp.zeros(shape, dtype=w.dtype, **on_device(xp, w))
         return lift_array(zeros)
 
     @batchable

@@ -15,7 +15,7 @@ from monadl.dsl.weights import ArrayWeight
 from monadl.nn.init import Initializer
 from monadl.nn.linear import Linear, Seed, generator
 from monadl.nn.module import Module
-from monadl.typeclasses.backend import Array, namespace
+from monadl.typeclasses.backend import Array, namespace, on_device
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,7 +81,8 @@ class LSTMCell(Module):
         dtype and array type."""
         w = self.i.w.data
         shape = (self.hidden,) if rows is None else (rows, self.hidden)
-        zeros: Array = namespace(w).zeros(shape, dtype=w.dtype)
+        xp = namespace(w)
+        zeros: Array = xp.zeros(shape, dtype=w.dtype, **on_device(xp, w))
         return lift_array(zeros), lift_array(zeros)
 
     @batchable

@@ -48,7 +48,7 @@ from monadl.do.steps import (
 )
 from monadl.runtime.pool import Dispatcher, draining
 from monadl.runtime.versions import data_of
-from monadl.typeclasses.backend import NDARRAY, NUMPY, minus_zeros, namespace
+from monadl.typeclasses.backend import NDARRAY, NUMPY, minus_zeros, namespace, on_device
 from monadl.typeclasses.sparse import SparseRows, add, add_into, scatter_add
 
 ALL: Final = True
@@ -221,7 +221,7 @@ class Backward:
         held = self.deltas[slot]
         data = self.run.datas[slot]
         if held is None:
-            held = minus_zeros(namespace(data), tuple(data.shape), data.dtype)
+            held = minus_zeros(namespace(data), tuple(data.shape), data.dtype, data)
         elif type(held) is SparseRows:
             held = held.to_dense(namespace(data))
         elif not self.owned[slot]:
@@ -239,7 +239,10 @@ class Backward:
             held[row] += g
         else:  # the array API assigns to no index: a scatter
             xp = namespace(held)
-            self.deltas[slot] = scatter_add(xp, held, xp.asarray([row]), xp.reshape(xp.asarray(g), (1, -1)))
+            on = on_device(xp, held)
+            self.deltas[slot] = scatter_add(
+                xp, held, xp.asarray([row], **on), xp.reshape(xp.asarray(g, **on), (1, -1))
+            )
         self.mark(slot, np.asarray([row]))
 
     def mark(self, slot: int, rows: Any) -> None:
@@ -464,11 +467,13 @@ def _stack(b: Backward, step: StackStep) -> None:
         if step.single:
             picked = d
         else:
-            picked = xp.take(d, xp.asarray(places), axis=0) if xp is not NUMPY else d[places]
+            picked = (
+                xp.take(d, xp.asarray(places, **on_device(xp, d)), axis=0) if xp is not NUMPY else d[places]
+            )
         if xp is NUMPY and step.unique[j]:
             held[picks] += picked
         else:
-            b.deltas[source] = scatter_add(xp, held, xp.asarray(picks), picked)
+            b.deltas[source] = scatter_add(xp, held, xp.asarray(picks, **on_device(xp, held)), picked)
         if b.present[source] is not ALL:
             b.mark(source, picks if present is ALL else picks[present[places]])
 

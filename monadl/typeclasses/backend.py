@@ -194,14 +194,31 @@ def device_of(x: object) -> object:
     return getattr(x, "device", "cpu")
 
 
-def host_in(xp: Any, a: Any) -> Any:
+_NO_ARGS: Final[dict[str, Any]] = {}
+
+
+def on_device(xp: Any, like: Any) -> dict[str, Any]:
+    """The keyword arguments that make a new array of ``xp`` on the device ``like`` lives on:
+    ``xp.zeros(shape, **on_device(xp, like))``. None on NumPy (one device), for floats, or on CuPy,
+    whose creation functions make arrays on the current device and take no ``device=``; elsewhere
+    (array-api-strict, PyTorch through array-api-compat) ``device=like.device``: an array made on
+    the default device cannot be combined with one that lives on another."""
+    if xp is NUMPY or xp is FLOATS:
+        return _NO_ARGS
+    device = getattr(like, "device", None)
+    if device is None or str(getattr(xp, "__name__", "")).startswith(("cupy", "array_api_compat.cupy")):
+        return _NO_ARGS
+    return {"device": device}
+
+
+def host_in(xp: Any, a: Any, like: Any = None) -> Any:
     """``a``, an array an op keeps on the host (NumPy: a lookup's indices, a loss's labels), as an
-    array of namespace ``xp``. Ops keep them on the host to stack the ones of merged calls and to
-    check their range, and a table or logits of another namespace (a CuPy array on a GPU,
-    array-api-strict) take only arrays of their own."""
+    array of namespace ``xp`` on the device of ``like`` (the table or logits). Ops keep them on the
+    host to stack the ones of merged calls and to check their range, and a table or logits of
+    another namespace (a CuPy array on a GPU, array-api-strict) take only arrays of their own."""
     if xp is NUMPY or type(a) is not NDARRAY:
         return a
-    return xp.asarray(a)
+    return xp.asarray(a, **on_device(xp, like))
 
 
 def stack_arrays(values: list[Any]) -> Any:
@@ -213,15 +230,16 @@ def stack_arrays(values: list[Any]) -> Any:
     return namespace(first).stack(values)
 
 
-def minus_zeros(xp: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+def minus_zeros(xp: Any, shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
     """An array of -0.0, to sum deltas into: -0.0 is the exact identity of addition, where 0.0 is
     not (``0.0 + -0.0`` is ``0.0``), so an element given one delta holds that delta as it is, a
-    -0.0 included. (On NumPy ``empty`` and ``fill``: ``full`` costs more.)"""
+    -0.0 included. (On NumPy ``empty`` and ``fill``: ``full`` costs more.) ``like``: an array
+    whose device it is made on (see :func:`on_device`)."""
     if xp is NUMPY:
         out = np.empty(shape, dtype=dtype)
         out.fill(-0.0)
         return out
-    return xp.full(shape, -0.0, dtype=dtype)
+    return xp.full(shape, -0.0, dtype=dtype, **on_device(xp, like))
 
 
 def unbroadcast(xp: Any, delta: Any, like: Any) -> Any:

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Final
 
 import numpy as np
 
-from monadl.typeclasses.backend import NUMPY, namespace
+from monadl.typeclasses.backend import NUMPY, namespace, on_device
 
 
 def _add_at(xp: Any) -> Any:
@@ -39,7 +39,7 @@ def scatter_add(xp: Any, out: Any, indices: Any, values: Any) -> Any:
     if add_at is not None:
         add_at(out, indices, rows)
         return out
-    onehot = xp.astype(indices[:, None] == xp.arange(out.shape[0])[None, :], rows.dtype)
+    onehot = xp.astype(indices[:, None] == xp.arange(out.shape[0], **on_device(xp, out))[None, :], rows.dtype)
     summed = xp.matmul(xp.matrix_transpose(onehot), xp.reshape(rows, (indices.shape[0], -1)))
     return out + xp.reshape(summed, out.shape)
 
