@@ -641,6 +641,51 @@ def test_fanned_out_linears_have_the_gradients_of_finite_differences() -> None:
     assert kinds["linear"] == 1, kinds
 
 
+def fan_of(x: Any, weights: list[Any], biases: list[Any]) -> ArrayLayer:
+    """The k linears of ``x`` (a fan), their results side by side."""
+    h = ml.tanh(x)
+    return ml.concatenate([ml.linear(h, w, b) for w, b in zip(weights, biases, strict=True)], axis=-1)
+
+
+def test_a_fan_follows_its_weights_new_versions_and_arrays_changed_in_place() -> None:
+    """On NumPy a fan of small weights runs as one product by the weights joined, joined once and
+    kept: a training step's new weights, other float biases, or a writeable constant changed in
+    place must give the values the linears give alone."""
+    rng = np.random.default_rng(7)
+    x = ArrayWeight(rng.normal(size=(5, 3)))
+    weights = [ArrayWeight(rng.normal(size=(3, 2))) for _ in range(3)]
+    biases = [ArrayWeight(rng.normal(size=2)) for _ in range(3)]
+    on, off = ml.Executor(batching=True), ml.Executor(batching=False)
+
+    def expected(ws: list[Any], bs: list[Any]) -> Any:
+        h = np.tanh(x.data)
+        return np.concatenate(
+            [h @ np.asarray(w) + np.asarray(b) for w, b in zip(ws, bs, strict=True)], axis=-1
+        )
+
+    for _ in range(3):
+        layer = fan_of(x, weights, biases)
+        np.testing.assert_allclose(
+            value_of(layer, on), expected([w.data for w in weights], [b.data for b in biases]), rtol=1e-12
+        )
+        assert on.last_stats.kinds["linear"] == 1
+        np.testing.assert_allclose(value_of(layer, on), value_of(layer, off), rtol=1e-12)
+        assert isinstance(ml.sum(layer * layer).train_blocking(ml.SGD(0.1), executor=on), Success)
+    ws = [w.data for w in weights]
+    for floats in ([0.5, -1.0, 0.5], [0.5, 2.0, 0.5]):  # the same weights, other float biases
+        np.testing.assert_allclose(
+            value_of(fan_of(x, weights, list(floats)), on), expected(ws, floats), rtol=1e-12
+        )
+    constant = rng.normal(size=(3, 2))  # writeable: never kept joined
+    layer = fan_of(x, [weights[0], constant, weights[2]], biases)
+    first = np.asarray(value_of(layer, on))
+    constant *= 2.0
+    np.testing.assert_allclose(
+        value_of(layer, on), expected([ws[0], constant, ws[2]], [b.data for b in biases]), rtol=1e-12
+    )
+    assert not np.allclose(first, value_of(layer, on))
+
+
 def test_a_shape_error_in_fanned_out_linears_names_the_call() -> None:
     x = ArrayWeight(np.ones(3))
     w1, w2 = ArrayWeight(np.ones((4, 2))), ArrayWeight(np.ones((4, 2)))  # 3 != 4

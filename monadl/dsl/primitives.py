@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -741,13 +741,60 @@ def _rows(xp: Any, a: Any) -> Any:
     return a if a.ndim == 2 else xp.reshape(a, (math.prod(a.shape[:-1]), a.shape[-1]))
 
 
+_JOINED_MAX_BYTES: Final = 1 << 18
+"""The largest weights (together) whose joined copy :func:`_joined` keeps: where a product's fixed
+cost matters (a recurrent cell's gates on a few rows), the joined copy is small."""
+_JOINED_KEPT: Final = 16
+"""How many joined weights :func:`_joined` keeps (the oldest goes first): the fans of one step."""
+_joined_weights: dict[tuple[object, ...], tuple[tuple[Any, ...], Any, Any]] = {}
+
+
+def _joined(w: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, Any] | None:
+    """The k weights of a fan side by side, (inputs, k * outputs), and their biases as one vector;
+    None unless they are small frozen NumPy arrays of one dtype (the biases such arrays or floats).
+
+    A recurrent cell's k gates run once per step of every sequence with the same weights: joining
+    them once (a copy of the weights, about as long as a product of a few rows) makes each run one
+    product instead of k. Frozen (read-only) arrays never change, and each is kept alive with its
+    joined copy, so an array's identity stands for its contents; a weight's next version is a new
+    array (an optimizer writes fresh ones)."""
+    first = w[0]
+    dtype = first.dtype
+    if dtype.itemsize * first.size * len(w) > _JOINED_MAX_BYTES:
+        return None
+    key: list[object] = []
+    for a in (*w, *b):
+        if type(a) is float:
+            key.append((1, a))
+        elif type(a) is not NDARRAY or a.flags.writeable or a.dtype != dtype:
+            return None
+        else:
+            key.append((0, id(a)))
+    found = _joined_weights.get(tuple(key))
+    if found is not None:
+        return found[1], found[2]
+    outputs = first.shape[1]
+    joined = np.concatenate(w, axis=1)
+    biases = np.concatenate([np.broadcast_to(np.asarray(v, dtype=dtype), (outputs,)) for v in b])
+    joined.flags.writeable = biases.flags.writeable = False
+    if len(_joined_weights) >= _JOINED_KEPT:
+        del _joined_weights[next(iter(_joined_weights))]
+    _joined_weights[tuple(key)] = ((*w, *b), joined, biases)
+    return joined, biases
+
+
 def _fan_linear(xp: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
-    """k calls ``x @ w[j] + b[j]`` of one ``x``, as a (k, ..., outputs) array. On NumPy a matmul per
-    weight into one result: a copy of the weights into one stack would cost more than the products
-    of a few rows."""
+    """k calls ``x @ w[j] + b[j]`` of one ``x``, as a (k, ..., outputs) array. On NumPy one product
+    by the joined weights where they are small (:func:`_joined`), else a matmul per weight into one
+    result (a copy of large weights would cost more than the products of a few rows)."""
     rows = _rows(xp, x)
     k, outputs = len(w), w[0].shape[1]
-    if xp is NUMPY:
+    joined = _joined(w, b) if xp is NUMPY and type(rows) is NDARRAY and rows.dtype == w[0].dtype else None
+    if joined is not None:
+        product = np.dot(rows, joined[0])
+        product += joined[1]
+        out = np.ascontiguousarray(product.reshape(rows.shape[0], k, outputs).transpose(1, 0, 2))
+    elif xp is NUMPY:
         out = np.empty((k, rows.shape[0], outputs), dtype=np.result_type(rows, w[0], b[0]))
         for j in range(k):
             np.matmul(rows, w[j], out=out[j])
@@ -766,6 +813,10 @@ def _fan_linear_rows(xp: Any, d: Any, w: tuple[Any, ...]) -> Any:
 
 def _fan_linear_vjp_x(xp: Any, d: Any, o: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
     d = _fan_linear_rows(xp, d, w)
+    joined = _joined(w, b) if xp is NUMPY and type(d) is NDARRAY and d.dtype == w[0].dtype else None
+    if joined is not None:  # one product by the joined weights: the k deltas side by side
+        sides = d.transpose(1, 0, 2).reshape(d.shape[1], d.shape[0] * d.shape[2])
+        return np.dot(sides, joined[0].T).reshape(x.shape)
     g = _mm(xp, d[0, ...], w[0].mT)
     for j in range(1, len(w)):
         g = g + _mm(xp, d[j, ...], w[j].mT)
