@@ -757,22 +757,22 @@ def _joined(w: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, Any] | None:
     them once (a copy of the weights, about as long as a product of a few rows) makes each run one
     product instead of k. Frozen (read-only) arrays never change, and each is kept alive with its
     joined copy, so an array's identity stands for its contents; a weight's next version is a new
-    array (an optimizer writes fresh ones)."""
+    array (an optimizer writes fresh ones). (The key: an array's id, a float bias as a 1-tuple.)"""
+    key: list[object] = []
+    for a in w:
+        key.append(id(a))
+    for a in b:
+        key.append((a,) if type(a) is float else id(a))
+    found = _joined_weights.get(tuple(key))
+    if found is not None:  # (its arrays are alive, kept by the entry: the ids are still theirs)
+        return found[1], found[2]
     first = w[0]
     dtype = first.dtype
     if dtype.itemsize * first.size * len(w) > _JOINED_MAX_BYTES:
         return None
-    key: list[object] = []
     for a in (*w, *b):
-        if type(a) is float:
-            key.append((1, a))
-        elif type(a) is not NDARRAY or a.flags.writeable or a.dtype != dtype:
+        if type(a) is not float and (type(a) is not NDARRAY or a.flags.writeable or a.dtype != dtype):
             return None
-        else:
-            key.append((0, id(a)))
-    found = _joined_weights.get(tuple(key))
-    if found is not None:
-        return found[1], found[2]
     outputs = first.shape[1]
     joined = np.concatenate(w, axis=1)
     biases = np.concatenate([np.broadcast_to(np.asarray(v, dtype=dtype), (outputs,)) for v in b])
