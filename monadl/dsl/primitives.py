@@ -15,6 +15,7 @@ than in computing (a batch's softmax): they are tested equal to the generic rule
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -747,6 +748,7 @@ cost matters (a recurrent cell's gates on a few rows), the joined copy is small.
 _JOINED_KEPT: Final = 16
 """How many joined weights :func:`_joined` keeps (the oldest goes first): the fans of one step."""
 _joined_weights: dict[tuple[object, ...], tuple[tuple[Any, ...], Any, Any]] = {}
+_JOINING: Final = threading.Lock()
 
 
 def _joined(w: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, Any] | None:
@@ -777,9 +779,10 @@ def _joined(w: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, Any] | None:
     joined = np.concatenate(w, axis=1)
     biases = np.concatenate([np.broadcast_to(np.asarray(v, dtype=dtype), (outputs,)) for v in b])
     joined.flags.writeable = biases.flags.writeable = False
-    if len(_joined_weights) >= _JOINED_KEPT:
-        del _joined_weights[next(iter(_joined_weights))]
-    _joined_weights[tuple(key)] = ((*w, *b), joined, biases)
+    with _JOINING:  # (kernels may run on a pool: one eviction at a time)
+        if len(_joined_weights) >= _JOINED_KEPT:
+            del _joined_weights[next(iter(_joined_weights))]
+        _joined_weights[tuple(key)] = ((*w, *b), joined, biases)
     return joined, biases
 
 

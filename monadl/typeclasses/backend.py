@@ -199,8 +199,8 @@ _NO_ARGS: Final[dict[str, Any]] = {}
 
 def on_device(xp: Any, like: Any) -> dict[str, Any]:
     """The keyword arguments that make a new array of ``xp`` on the device ``like`` lives on:
-    ``xp.zeros(shape, **on_device(xp, like))``. None on NumPy (one device), for floats, or on CuPy,
-    whose creation functions make arrays on the current device and take no ``device=``; elsewhere
+    ``xp.zeros(shape, **on_device(xp, like))``. No keyword on NumPy (one device), for floats, or on
+    CuPy, whose creation functions make arrays on the current device and take no ``device=``; else
     (array-api-strict, PyTorch through array-api-compat) ``device=like.device``: an array made on
     the default device cannot be combined with one that lives on another."""
     if xp is NUMPY or xp is FLOATS:
