@@ -193,6 +193,22 @@ def test_sigmoid_of_a_float_and_its_extremes() -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(), (1,), (16, 50), (2, 3, 4)])
+def test_the_numpy_sigmoids_are_the_generic_rule_bit_for_bit(dtype: Any, shape: tuple[int, ...]) -> None:
+    """NumPy arrays take an in-place path (the same operations in the same order): every bit and
+    the dtype are the rule's as written, the extremes included; two at once give the same."""
+    rng = np.random.default_rng(len(shape))
+    x = (rng.standard_normal(shape) * 40.0).astype(dtype)
+    if x.size:
+        x.flat[0] = -1000.0
+    with np.errstate(over="ignore"):
+        expected = 1.0 / (1.0 + np.exp(-x))
+    for got in (P.sigmoid_of(NUMPY, x), *P.sigmoids_of(NUMPY, x, x)):
+        assert np.asarray(got).dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected, strict=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_sigmoid_vjp_accuracy(dtype: Any) -> None:
     """The vjp ``d * s * (1 - s)``: relative error of a few eps where s <= 1/2 (x <= 0), where
     ``1 - s`` is in [1/2, 1]; for x > 0 ``1 - s`` cancels, to an absolute error of at most an eps

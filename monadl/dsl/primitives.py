@@ -177,7 +177,24 @@ def sigmoid_of(xp: Any, x: Any) -> Any:
     ``exp(-|x|)`` form, which cannot overflow, needs a select (``where``), which costs NumPy twice
     as much as the exp itself."""
     with np.errstate(over="ignore"):
-        return 1.0 / (1.0 + xp.exp(-x))
+        return _sigmoid(xp, x)
+
+
+def sigmoids_of(xp: Any, a: Any, b: Any) -> tuple[Any, Any]:
+    """:func:`sigmoid_of` of two arrays (an LSTM's or a GRU's gates), under one ``errstate``."""
+    with np.errstate(over="ignore"):
+        return _sigmoid(xp, a), _sigmoid(xp, b)
+
+
+def _sigmoid(xp: Any, x: Any) -> Any:
+    """``1 / (1 + exp(-x))``; on a NumPy array of its own dimensions the same operations in the same
+    order in one new array (the same bits, half the time on a few rows)."""
+    if xp is NUMPY and type(x) is NDARRAY and x.ndim:
+        t = np.negative(x)
+        np.exp(t, out=t)
+        t += 1.0
+        return np.divide(1.0, t, out=t)
+    return 1.0 / (1.0 + xp.exp(-x))
 
 
 # d * s * (1 - s), as PyTorch and JAX compute it. Where s <= 1/2 (x <= 0), 1 - s is in [1/2, 1]

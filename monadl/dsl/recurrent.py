@@ -23,13 +23,13 @@ from typing import Any, Final
 
 from monadl.dsl.arguments import array_operand
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
-from monadl.dsl.primitives import ELEMENTWISE, Primitive, sigmoid_of
+from monadl.dsl.primitives import ELEMENTWISE, Primitive, sigmoid_of, sigmoids_of
 
 __all__ = ["gru_h", "lstm_c", "lstm_h"]
 
 
 def _c_forward(xp: Any, i: Any, f: Any, u: Any, c: Any) -> tuple[Any, tuple[Any, Any, Any]]:
-    si, sf, tu = sigmoid_of(xp, i), sigmoid_of(xp, f), xp.tanh(u)
+    (si, sf), tu = sigmoids_of(xp, i, f), xp.tanh(u)
     return si * tu + sf * c, (si, sf, tu)
 
 
@@ -68,7 +68,7 @@ def _h_vjp_c(xp: Any, d: Any, saved: tuple[Any, Any], *_: Any) -> Any:
 
 
 def _gru_forward(xp: Any, r: Any, z: Any, n_x: Any, n_h: Any, h: Any) -> tuple[Any, tuple[Any, Any, Any]]:
-    sr, sz = sigmoid_of(xp, r), sigmoid_of(xp, z)
+    sr, sz = sigmoids_of(xp, r, z)
     n = xp.tanh(n_x + sr * n_h)
     return (1.0 - sz) * n + sz * h, (sr, sz, n)
 
