@@ -32,7 +32,7 @@ from typing import Any, Final
 from monadl.dsl.arguments import array_operand, as_index
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, apply_array
 from monadl.dsl.primitives import Batching, Primitive
-from monadl.typeclasses.backend import ShapeError, on_device, shape_of
+from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, on_device, shape_of
 
 __all__ = ["avg_pool1d", "avg_pool2d", "conv1d", "conv2d", "max_pool1d", "max_pool2d"]
 
@@ -153,7 +153,10 @@ def _conv_forward(
     out = _mm(xp, wm, cols)  # (G, O // G, B * OH * OW)
     out = xp.reshape(out, (o, bsz * oh * ow))
     if type(b) is not float:
-        out = out + xp.reshape(b, (o, 1))
+        if xp is NUMPY and type(b) is NDARRAY and b.dtype == out.dtype:
+            out += b.reshape((o, 1))  # into the product's own array: no second array of the output's size
+        else:
+            out = out + xp.reshape(b, (o, 1))
     elif b != 0.0:
         out = out + b
     out = xp.permute_dims(xp.reshape(out, (o, bsz, oh, ow)), (1, 0, 2, 3))
