@@ -762,8 +762,9 @@ def _rows(xp: Any, a: Any) -> Any:
 _JOINED_MAX_BYTES: Final = 1 << 18
 """The largest weights (together) whose joined copy :func:`_joined` keeps: where a product's fixed
 cost matters (a recurrent cell's gates on a few rows), the joined copy is small."""
-_JOINED_KEPT: Final = 16
-"""How many joined weights :func:`_joined` keeps (the oldest goes first): the fans of one step."""
+_JOINED_KEPT: Final = 64
+"""How many joined weights :func:`_joined` keeps (the oldest goes first): the fans of one step, of
+a 32-layer bidirectional LSTM's cells too (at most 32 MB, with the arrays they were joined from)."""
 _joined_weights: dict[tuple[object, ...], tuple[tuple[Any, ...], Any, Any]] = {}
 _JOINING: Final = threading.Lock()
 
