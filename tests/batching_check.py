@@ -3,6 +3,7 @@ op batching (test_batching) and of batchable operations (test_batchable)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,17 @@ def gradients_of(loss: Layer, batching: bool, replay: bool = True) -> Gradients:
     executor = ml.Executor(batching=batching, replay=replay)
     value, gradients = ml.compute_gradients(loss, executor=executor)
     return Gradients(value, {w: dense(g) for w, g in gradients.items()}, executor.stats)
+
+
+def merged_and_alone(make_loss: Callable[[], Layer]) -> tuple[Gradients, Gradients]:
+    """The value and gradients of ``make_loss()`` with batching on and off, each on a graph of its
+    own built the same way (so that the weights pair up in order), asserted equal; both are
+    returned, for the caller's checks of what merged."""
+    merged, alone = gradients_of(make_loss(), True), gradients_of(make_loss(), False)
+    assert_close(merged.value, alone.value, "loss")
+    for a, b in zip(merged.gradients.values(), alone.gradients.values(), strict=True):
+        assert_close(a, b, "gradient")
+    return merged, alone
 
 
 def assert_merged_like_alone(loss: Layer, w: Weight, name: str, calls: int) -> None:
