@@ -154,7 +154,7 @@ def _scatter_along(xp: Any, shape: tuple[int, ...], indices: Any, d: Any, axis: 
         return g
     last_d = xp.moveaxis(d, axis, -1)
     last_i = xp.moveaxis(indices, axis, -1)
-    onehot = xp.astype(last_i[..., None] == xp.arange(n, device=last_i.device), d.dtype)
+    onehot = xp.astype(last_i[..., None] == xp.arange(n, **on_device(xp, last_i)), d.dtype)
     g = xp.matmul(last_d[..., None, :], onehot)[..., 0, :]
     return xp.moveaxis(g, -1, axis)
 

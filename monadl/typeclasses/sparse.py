@@ -142,10 +142,7 @@ class SparseRows:
             out = np.zeros(self.shape, dtype=values.dtype)
             out[sums[0]] = sums[1]
             return out
-        if _add_at(xp) is not None:
-            out = xp.zeros(self.shape, dtype=values.dtype)
-        else:
-            out = xp.zeros(self.shape, dtype=values.dtype, device=values.device)
+        out = xp.zeros(self.shape, dtype=values.dtype, **on_device(xp, values))
         return scatter_add(xp, out, self.indices, values)
 
     def add_dense(self, dense: Any) -> Any:
