@@ -767,6 +767,25 @@ def test_probability_targets_and_integer_labels_do_not_merge() -> None:
     assert_same_gradients(loss)
 
 
+def test_lookups_and_products_of_one_computed_value_merge_reading_it_once() -> None:
+    """A table or a weight that is an op's result (a layer's output rows, a weight scaled), not a
+    weight itself, is one value for all the calls that read it whole: the lookups merge into one,
+    the products by it into one, and its delta is summed once."""
+    w = ArrayWeight(np.random.default_rng(0).normal(size=(5, 3)))
+    xs = [ArrayWeight(np.random.default_rng(k).normal(size=(3,))) for k in range(1, 5)]
+    table = ml.tanh(w * 2.0)
+    rows = [ml.take_rows(table, r) for r in (4, 0, 4, 2)]
+    top = table[:3, :]
+    products = [ml.linear(x, top, 0.5) for x in xs]
+    loss = ml.add_n([ml.sum(r * p) for r, p in zip(rows, products, strict=True)])
+    on, off = gradients_of(loss, True), gradients_of(loss, False)
+    assert_close(on.value, off.value, "loss")
+    for weight in (w, *xs):
+        assert_close(on.gradients[weight], off.gradients[weight], "gradient")
+    assert off.stats.kinds["take_rows"] == 4 and off.stats.kinds["linear"] == 4, off.stats.kinds
+    assert on.stats.kinds["take_rows"] == 1 and on.stats.kinds["linear"] == 1, on.stats.kinds
+
+
 # -------------------------------------------------------------------------------------- failures
 
 

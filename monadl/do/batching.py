@@ -57,6 +57,9 @@ def signature(run: Run, entry: Entry, min_cost: float) -> Hashable | None:
             if type(data) is float and not run.wants[slot]:
                 key.append((float_key(data),))  # one float constant for all the calls
                 continue
+            if i in shared:
+                key.append((slot,))  # one computed value read whole by all the calls (a table)
+                continue
         if i in shared:
             return None
         key.append(run.kind(slot, e.row))
@@ -139,7 +142,7 @@ def merged(run: Run, group: list[Entry], bound: dict[Node, int], min_cost: float
     pads: list[int] = []
     wants = False
     for i, e in enumerate(ins0):
-        if (spec.elementwise or i in spec.shared) and e.row < 0 and is_shared(run, e.slot):
+        if e.row < 0 and (i in spec.shared or (spec.elementwise and is_shared(run, e.slot))):
             slot = e.slot
             stacked.append(False)
             pads.append(0)

@@ -80,7 +80,8 @@ class Batching:
     whose delta is then summed once per group instead of once per call)."""
 
     shared: tuple[int, ...] = ()
-    """Inputs that must be shared (a weight or a float constant), such as ``linear``'s weight."""
+    """Inputs that must be shared (a weight, a float constant or one computed value read whole by
+    every call), such as ``linear``'s weight or ``take_rows``' table."""
     row_params: tuple[str, ...] = ()
     """Parameters stacked like inputs (arrays of one shape per call), such as ``take_rows``' indices."""
     elementwise: bool = False
