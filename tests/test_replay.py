@@ -277,6 +277,38 @@ def test_a_change_of_structure_is_not_replayed_from_the_wrong_program() -> None:
     check(w3, 2.0, np.array([4.0, 5.0, -6.0]), "tanh", 1)  # another constant of the same kind
 
 
+def test_an_executor_stops_looking_for_programs_of_graphs_that_keep_changing_and_looks_again() -> None:
+    """After ``MISSES`` runs in a row of new structures (a model whose graph follows its data), an
+    executor no longer works out structures, so a graph run again is not replayed at first; every
+    ``RETRY`` runs it looks again, and a graph that stopped changing is replayed again from then on.
+    Every run computes the same gradients either way."""
+    executor = ml.Executor()
+    w = ArrayWeight(np.array([0.5, -1.0]))
+
+    def chain(n: int) -> FloatLayer:
+        x: ArrayLayer = w * 1.0
+        for _ in range(n):
+            x = ml.tanh(x)
+        return ml.sum(x)
+
+    def run(n: int) -> int:
+        _, gradients = ml.compute_gradients(chain(n), executor=executor)
+        expected = np.ones(2)
+        y = w.data
+        for _ in range(n):  # the chain rule through n tanhs, from the inside out
+            y = np.tanh(y)
+            expected = expected * (1.0 - y**2)
+        np.testing.assert_allclose(gradients[w], expected, rtol=1e-12)
+        return executor.last_stats.replayed
+
+    assert [run(n) for n in range(1, executor.MISSES + 1)] == [0] * executor.MISSES
+    again = [run(3) for _ in range(2 * executor.RETRY)]
+    assert again[:2] == [0, 0]  # (an executor that always looks replays the second run)
+    first = again.index(1)  # the run after the first look again
+    assert first <= executor.RETRY + 1 and again[first - 1] == 0
+    assert again[first:] == [1] * (len(again) - first)
+
+
 def _dsigmoid(y: NDArray[Any]) -> NDArray[Any]:
     s = 1.0 / (1.0 + np.exp(-y))
     return np.asarray(s * (1.0 - s))

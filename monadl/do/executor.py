@@ -156,6 +156,8 @@ class Executor:
         self._programs = Recent(self.PROGRAMS)
         self._seen = Recent(self.SEEN)  # roots run lately: their keys and structures
         self._bodies = Recent(self.BODIES)
+        self._misses = 0  # runs in a row that walked a graph and found no program for it
+        self._runs = 0
         self._pool = WorkerPool(workers) if workers > 1 else None
         self._blas_limit: Any = None
         if self._pool is not None and limit_blas:
@@ -169,6 +171,12 @@ class Executor:
     """How many roots an executor remembers by identity (holding their graphs)."""
     BODIES = 256
     """How many programs of batchable bodies an executor keeps."""
+    MISSES = 8
+    """After this many runs in a row whose graphs had no program (a model whose graph changes with
+    its data: sentences of other lengths, other trees), an executor stops working out graphs'
+    structures, which then cost a walk of every graph and keep programs never replayed; it tries
+    again once every :attr:`RETRY` runs, so a graph that stops changing is replayed again."""
+    RETRY = 32
 
     def paused(self) -> AbstractContextManager[None]:
         """The garbage-collector pause of this executor's runs (``pause_gc``)."""
@@ -212,12 +220,14 @@ class Executor:
         structure = None
         if seen is not None and seen[0][:2] == settings and seen[1].unchanged():
             key, structure = seen  # the same graph again: no walk
-        elif self.replay:
+        elif self.replay and self._walks():
             structure = structure_of(root)
             key = None if structure is None else (*settings, structure.key)
+            self._misses += 1  # until its program is found
         if structure is not None and key is not None:
             program = self._programs.get(key)
             if program is not None:
+                self._misses = 0
                 run = Run(structure.nodes, dispatcher, stats, snap)
                 run.reserve(program.slots)
                 run.steps = program.steps
@@ -251,6 +261,16 @@ class Executor:
             )
             self._seen.put(root, (key, structure))
         return Evaluation(run, slot, row, value)
+
+    def _walks(self) -> bool:
+        """Whether this run works out its graph's structure (see :attr:`MISSES`)."""
+        self._runs += 1
+        if self._misses < self.MISSES:
+            return True
+        if self._runs % self.RETRY:
+            return False
+        self._misses = self.MISSES - 2  # this run and the next walk: the next finds this one's program
+        return True
 
     def publish(self, stats: RunStats) -> None:
         """Makes ``stats`` the last run's and adds them to the executor's total."""
