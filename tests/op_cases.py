@@ -21,6 +21,7 @@ from returns.result import Result
 import monadl
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.dsl.attention import self_attention
+from monadl.dsl.packed_lstm import packed_lstm
 from monadl.gradcheck import ATOL, RTOL, check_gradients, gradients_of, make_weights
 
 F64 = NDArray[np.float64]
@@ -461,6 +462,18 @@ CASES += [
         (_u(84, (2, 3)), _u(85, (2, 3)), _u(86, (2, 3)), _u(87, (3,))),
     ),
     OpCase("lstm_h", lambda c, o, m: monadl.lstm_h(o, m), (_u(88, (3, 4)), _u(89, (3, 4)))),
+    # nn.LSTM's whole layer (monadl.dsl.packed_lstm): x (steps, 2), hidden 3, gates (5, 3) and
+    # biases (3,) per direction; sequences of unequal lengths, not sorted (final memories included)
+    OpCase(
+        "packed_lstm bidirectional",
+        lambda c, x, *w: packed_lstm(x, (2, 3, 1), *w),
+        (_u(95, (6, 2)), *[_u(96 + k, (5, 3) if k % 8 < 4 else (3,)) for k in range(16)]),
+    ),
+    OpCase(
+        "packed_lstm one sequence",
+        lambda c, x, *w: packed_lstm(x, (3,), *w),
+        (_u(112, (3, 2)), *[_u(113 + k, (5, 3) if k < 4 else (3,)) for k in range(8)]),
+    ),
     OpCase(
         "gru_h state broadcast",
         lambda c, r, z, nx, nh, h: monadl.gru_h(r, z, nx, nh, h),

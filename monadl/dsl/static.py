@@ -12,7 +12,7 @@ access of ``.shape`` or ``.dtype``, never while the graph is built) and applies 
   ``logsumexp``, ``var``, ``std``, with ``axis`` and ``keepdims``); ``reshape`` (a -1 solved),
   ``transpose``, ``concatenate``, ``stack``, ``split``; ``take_rows``, ``take_along_axis``, basic
   and advanced indexing; ``softmax``, ``log_softmax``, ``batch_norm``, ``layer_norm``,
-  ``scaled_dot_product_attention``; ``conv1d``/``conv2d`` and the pools.
+  ``scaled_dot_product_attention``; ``conv1d``/``conv2d`` and the pools; ``nn.LSTM``'s layers.
 
 Everything else gives None: ops without a rule (a user's ``custom_op`` made without
 ``shape_rule=``), ``@batchable`` calls (their body's graph is built only when they run), and
@@ -333,7 +333,17 @@ def _pool(
 def install() -> None:
     """Gives the library's primitives their shape rules (those made on demand, one per arity,
     get theirs from :func:`_per_arity`). A user's primitive may set its own ``shape_rule``."""
-    from monadl.dsl import activations, attention, batch_norm, conv, norm, recurrent, reductions, selection
+    from monadl.dsl import (
+        activations,
+        attention,
+        batch_norm,
+        conv,
+        norm,
+        packed_lstm,
+        recurrent,
+        reductions,
+        selection,
+    )
 
     for prim in (
         P.add, P.sub, P.mul, P.div, P.power, P.maximum, P.minimum, P.neg, P.exp, P.log, P.sqrt,
@@ -374,6 +384,7 @@ def install() -> None:
         attention.ATTENTION_MASKED: _attention,
         attention.SELF_ATTENTION: _self_attention,
         attention.SELF_ATTENTION_MASKED: _self_attention,
+        **dict.fromkeys(packed_lstm.PACKED_LSTM.values(), _packed_lstm),
     }
     for prim, rule in rules.items():
         prim.shape_rule = rule
@@ -389,6 +400,12 @@ def _attention(q: Info, k: Info, v: Info, *_: Any, **__: Any) -> Info:
 def _self_attention(qkv: Info, *_: Any, **__: Any) -> Info:
     """(..., L, 3n) -> (..., L, n): q, k and v side by side in the last axis."""
     return (*qkv[0][:-1], qkv[0][-1] // 3), qkv[1], qkv[2]
+
+
+def _packed_lstm(x: Info, *weights: Info, lengths: tuple[int, ...]) -> Info:
+    """(N, inputs) and D directions' gates -> (N + S, D hidden) (see ``monadl.dsl.packed_lstm``)."""
+    directions = len(weights) // 8
+    return (x[0][0] + len(lengths), directions * weights[-1][0][0]), *promoted(x, *weights)
 
 
 def _per_arity(prim: Primitive) -> ShapeRule | None:

@@ -4,12 +4,17 @@ stacked, over a list of sequences of any lengths (DyNet's ``transduce``, PyTorch
 
 There is no padding and no mask. Each sequence is a list of steps, each anything an op takes of
 shape (inputs,) (an array, a weight, a layer: an embedding lookup), or a 2-D array (length, inputs)
-of data whose rows are the steps. The layer calls its cells once per step of every sequence and
-direction, and nothing more: the cells' calls are batchable operations, so the executor's dynamic
-batching merges the calls of one step across the sequences (a short sequence simply stops taking
-part), and the elementwise work of the two directions, which have the same number of calls at each
-step, merges too. Layer ``k + 1`` reads, at each step, layer ``k``'s outputs of both directions
-concatenated, forward first.
+of data whose rows are the steps. Layer ``k + 1`` reads, at each step, layer ``k``'s outputs of
+both directions concatenated, forward first.
+
+An :class:`LSTM` runs each layer, both directions and every sequence, as one op
+(:func:`~monadl.dsl.packed_lstm.packed_lstm`, as PyTorch's ``nn.LSTM`` over a packed batch): its
+cells' arithmetic on stacked rows, one time step after another, with a hand-written backward
+pass. Its steps' outputs are one lookup each in the layer's result, and those lookups merge under
+dynamic batching. A :class:`GRU` calls its cells once per step of every sequence and direction:
+the cells' calls are batchable operations, so dynamic batching merges the calls of one step across
+the sequences (a short sequence simply stops taking part), and the elementwise work of the two
+directions, which have the same number of calls at each step, merges too.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.ops import concatenate
+from monadl.dsl.ops import concatenate, stack, take_rows
+from monadl.dsl.packed_lstm import packed_lstm
 from monadl.dsl.weights import ArrayWeight
 from monadl.nn.gru import GRUCell
 from monadl.nn.init import Initializer
@@ -106,6 +112,18 @@ def _steps(name: str, inputs: int, index: int, sequence: Steps) -> list[AnyArray
     return steps
 
 
+def _sequences(name: str, inputs: int, sequences: Sequence[Steps]) -> list[list[AnyArray]]:
+    """The steps of every sequence of ``sequences``, checked."""
+    if isinstance(sequences, (str, bytes)) or not isinstance(sequences, (list, tuple)):
+        what = (
+            f"an array of shape {tuple(sequences.shape)}"
+            if hasattr(sequences, "shape")
+            else (type(sequences).__name__)
+        )
+        raise TypeError(f"{name}: takes a list of sequences, got {what} (pass [x] for one sequence)")
+    return [_steps(name, inputs, s, sequence) for s, sequence in enumerate(sequences)]
+
+
 def _transduce(
     name: str,
     forward: Sequence[C],
@@ -115,15 +133,7 @@ def _transduce(
     zeros: Callable[[C], S],
 ) -> SequenceOutput[S]:
     """Every layer and direction of cells over every sequence (see the module)."""
-    if isinstance(sequences, (str, bytes)) or not isinstance(sequences, (list, tuple)):
-        what = (
-            f"an array of shape {tuple(sequences.shape)}"
-            if hasattr(sequences, "shape")
-            else (type(sequences).__name__)
-        )
-        raise TypeError(f"{name}: takes a list of sequences, got {what} (pass [x] for one sequence)")
-    inputs = forward[0].inputs
-    xs: list[Sequence[AnyArray]] = [_steps(name, inputs, s, sequence) for s, sequence in enumerate(sequences)]
+    xs: list[Sequence[AnyArray]] = list(_sequences(name, forward[0].inputs, sequences))
     directions = [forward, backward] if backward else [forward]
     states: list[list[S]] = [[] for _ in sequences]
     outputs: list[list[ArrayLayer]] = []
@@ -151,6 +161,45 @@ def _transduce(
             ]
         xs = list[Sequence[AnyArray]](outputs)
     return SequenceOutput(outputs, states)
+
+
+def _packed(
+    forward: Sequence[LSTMCell], backward: Sequence[LSTMCell], sequences: Sequence[Steps]
+) -> SequenceOutput[LSTMState]:
+    """Every layer of an LSTM over every sequence, each layer (both directions) one
+    :func:`~monadl.dsl.packed_lstm.packed_lstm` op."""
+    steps = _sequences("LSTM", forward[0].inputs, sequences)
+    if not steps:
+        return SequenceOutput([], [])
+    lengths = tuple(len(s) for s in steps)
+    starts = [sum(lengths[:s]) for s in range(len(lengths))]
+    total = sum(lengths)
+    x: AnyArray = stack([step for s in steps for step in s])
+    hidden = forward[0].hidden
+    states: list[list[LSTMState]] = [[] for _ in lengths]
+    out = x
+    for layer in range(len(forward)):
+        cells = [forward[layer], backward[layer]] if backward else [forward[layer]]
+        out = packed_lstm(x, lengths, *_lstm_weights(cells))
+        for s, (start, n) in enumerate(zip(starts, lengths, strict=True)):
+            for d, at in enumerate([start + n - 1, start][: len(cells)]):
+                part = slice(d * hidden, (d + 1) * hidden)
+                states[s].append((out[at, part], out[total + s, part]))
+        x = out[:total]
+    outputs = [
+        [take_rows(out, start + t) for t in range(n)] for start, n in zip(starts, lengths, strict=True)
+    ]
+    return SequenceOutput(outputs, states)
+
+
+def _lstm_weights(cells: Sequence[LSTMCell]) -> list[ArrayWeight]:
+    """Each cell's gates' weights, then their biases, in the order i, f, o, u."""
+    weights: list[ArrayWeight] = []
+    for cell in cells:
+        gates = (cell.i, cell.f, cell.o, cell.u)
+        weights += [gate.w for gate in gates]
+        weights += [gate.b for gate in gates if gate.b is not None]
+    return weights
 
 
 def _lstm_step(cell: LSTMCell, x: AnyArray, state: LSTMState) -> tuple[ArrayLayer, LSTMState]:
@@ -224,7 +273,9 @@ class LSTM(_Stacked[LSTMCell]):
     """A stacked, optionally bidirectional LSTM over a list of sequences of any lengths (see the
     module): ``lstm(sequences)`` is a :class:`SequenceOutput` of states ``(h, c)``. Layer ``k`` of
     the forward direction is ``forward_cells[k]``, of the backward one ``backward_cells[k]`` (no
-    backward cells: unidirectional); each an :class:`LSTMCell` from zeros."""
+    backward cells: unidirectional); each an :class:`LSTMCell` from zeros. Each layer runs as one
+    op over the whole batch (see the module): the cells' values and gradients, but for the order of
+    the sums."""
 
     forward_cells: list[LSTMCell]
     backward_cells: list[LSTMCell]
@@ -255,14 +306,7 @@ class LSTM(_Stacked[LSTMCell]):
 
     def __call__(self, sequences: Sequence[Steps]) -> SequenceOutput[LSTMState]:
         """Every step's output and the final states of ``sequences`` (see :class:`SequenceOutput`)."""
-        return _transduce(
-            "LSTM",
-            self.forward_cells,
-            self.backward_cells,
-            sequences,
-            _lstm_step,
-            LSTMCell.zeros_state,
-        )
+        return _packed(self.forward_cells, self.backward_cells, sequences)
 
 
 @dataclass(frozen=True, eq=False)
