@@ -256,6 +256,7 @@ UNARIES = {u.name: u for u in UNARY}
 #   ("unary", name, node, k)       ("map", name, nodes, k): the same Unary on several nodes
 #   ("binary", "+" | "-" | "*", node, node)
 #   ("add_n", nodes)               ("concatenate", node, node)      ("take_rows", index)
+#   ("stack", node, node)          two vectors stacked
 #   ("fan", node, gates)           linears of one node by several gate weights (they fan out)
 #   ("loss", on_path, off_path)    the loss; off_path nodes are evaluated but not differentiated
 Program = list[tuple[Any, ...]]
@@ -289,7 +290,7 @@ def programs(draw: st.DrawFn) -> Program:
         program.append(("lanes", tuple(indices), tuple(names)))
         shapes += [shape] * lanes
     for _ in range(draw(st.integers(1, 10))):
-        kinds = ["unary", "map", "binary", "add_n", "concatenate", "take_rows", "fan"]
+        kinds = ["unary", "map", "binary", "add_n", "concatenate", "stack", "take_rows", "fan"]
         kind = draw(st.sampled_from(kinds))
         nodes = st.integers(0, len(shapes) - 1)
         if kind == "fan":
@@ -328,6 +329,10 @@ def programs(draw: st.DrawFn) -> Program:
             others = draw(st.lists(st.sampled_from(same), min_size=1, max_size=2))
             program.append(("add_n", (first, *others)))
             shapes.append(shapes[first])
+        elif kind == "stack":
+            vectors = st.sampled_from([n for n, s in enumerate(shapes) if s == V])
+            program.append(("stack", draw(vectors), draw(vectors)))  # (lanes' rows: one gather)
+            shapes.append(M)
         else:
             i, j = draw(nodes), draw(nodes)
             if shapes[i] != shapes[j] or shapes[i] not in (V, M):
@@ -384,6 +389,8 @@ def build(program: Program, inputs: Inputs) -> tuple[FloatLayer, int]:
         elif kind == "concatenate":
             _, i, j = instruction
             add(ml.concatenate([pool[i], pool[j]], axis=-1), (*shapes[i][:-1], 8))
+        elif kind == "stack":
+            add(ml.stack([pool[instruction[1]], pool[instruction[2]]]), M)
         elif kind == "fan":
             _, n, gates = instruction
             for g in gates:
@@ -425,8 +432,9 @@ def test_random_dags_have_equal_gradients_with_batching_on_and_off(program: Prog
 
 
 def test_the_dag_generator_makes_lanes_and_reuse() -> None:
-    """The strategy above is not vacuous: it draws lanes, shared nodes, off-path nodes and fans."""
-    seen: dict[str, int] = {"lanes": 0, "reuse": 0, "off path": 0, "fan": 0}
+    """The strategy above is not vacuous: it draws lanes, shared nodes, off-path nodes, fans and
+    stacks of lanes' rows."""
+    seen: dict[str, int] = {"lanes": 0, "reuse": 0, "off path": 0, "fan": 0, "stacked lanes": 0}
 
     @settings(max_examples=60, deadline=None)
     @given(programs())
@@ -436,6 +444,9 @@ def test_the_dag_generator_makes_lanes_and_reuse() -> None:
         seen["reuse"] += len(reads) != len(set(reads))
         seen["off path"] += bool(program[-1][2])
         seen["fan"] += any(ins[0] == "fan" for ins in program)
+        if program[0][0] == "lanes" and isinstance(program[0][1][0], int):  # lanes of vectors
+            lanes = range(len(POOL), len(POOL) + len(program[0][1]))
+            seen["stacked lanes"] += any(ins[0] == "stack" and ins[1] in lanes for ins in program)
 
     count()
     assert all(n > 5 for n in seen.values()), seen
@@ -447,7 +458,7 @@ def _reads(instruction: tuple[Any, ...]) -> Iterator[int]:
         yield instruction[2]
     elif kind == "map":
         yield from instruction[2]
-    elif kind in ("binary", "concatenate"):
+    elif kind in ("binary", "concatenate", "stack"):
         yield from instruction[-2:]
     elif kind == "add_n":
         yield from instruction[1]

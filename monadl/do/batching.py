@@ -216,12 +216,12 @@ def alone(run: Run, entry: Entry, bound: dict[Node, int], min_cost: float) -> St
     prim = node.prim
     spec = prim.batch
     inputs = entry.inputs
-    if spec is not None and (spec.sums_rows or spec.joins_rows):
+    if spec is not None and (spec.sums_rows or spec.joins_rows or spec.stacks_rows):
         for e in inputs:
             if e.row >= 0:
                 if spec.sums_rows:
                     return sum_rows(run, inputs)
-                step = join_rows(run, node, inputs)
+                step = join_rows(run, node, inputs, spec.stacks_rows)
                 if step is not None:
                     return step
                 break
@@ -270,19 +270,26 @@ def sum_rows(run: Run, inputs: list[Entry]) -> Step:
     return OpStep(add_n(len(parts)), parts, run.new_slot(wants), {}, -1, wants)
 
 
-def join_rows(run: Run, node: Apply, inputs: list[Entry]) -> Step | None:
-    """A concatenation of arrays of one kind along their first axis, as one gather; None if it is
-    not one."""
+def join_rows(run: Run, node: Apply, inputs: list[Entry], stacks: bool) -> Step | None:
+    """A concatenation of arrays of one kind along their first axis (``stacks``: a stack along a
+    new first axis), as one gather; None if it is not one."""
     kind = run.kind(inputs[0].slot, inputs[0].row)
     rank = kind_rank(kind)
     axis = node.params.get("axis", 0)
-    if rank == 0 or axis not in (0, -rank):
+    if stacks:
+        if axis not in (0, -rank - 1):
+            return None
+    elif rank == 0 or axis not in (0, -rank):
         return None
     for e in inputs:
         if run.kind(e.slot, e.row) != kind:
             return None
+    slots = [e.slot for e in inputs]
+    rows = [e.row for e in inputs]
+    if stacks:
+        return stack_step(run, slots, rows, None)
     first = run.value(inputs[0].slot, inputs[0].row)
-    return stack_step(run, [e.slot for e in inputs], [e.row for e in inputs], (-1, *first.shape[1:]))
+    return stack_step(run, slots, rows, (-1, *first.shape[1:]))
 
 
 def stack_rows(run: Run, slots: list[int], rows: list[int]) -> int:

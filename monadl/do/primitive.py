@@ -115,6 +115,9 @@ class Batching:
     joins_rows: bool = False
     """The op joins arrays along their first axis (``concatenate``): rows of groups among its
     operands are gathered, not taken out one by one."""
+    stacks_rows: bool = False
+    """The op stacks arrays along a new first axis (``stack``): rows of groups among its operands
+    are gathered, not taken out one by one."""
 
 
 ELEMENTWISE = Batching(elementwise=True, scalar="inputs")

@@ -639,8 +639,9 @@ def stack(n: int) -> Primitive:
             lambda xp, *xs, axis=0: xp.stack(xs, axis=axis),
             tuple(_stack_vjp(i) for i in range(n)),
             check=_check_stack,
-            # the new axis counts past the rows' axis (a negative one, from the end, is the same)
-            batch=Batching(axis=True, axis_default=0),
+            # the new axis counts past the rows' axis (a negative one, from the end, is the same);
+            # alone, rows of groups are gathered (the steps of a sequence layer)
+            batch=Batching(axis=True, axis_default=0, stacks_rows=True),
             fresh=True,
             own=True,
         )
