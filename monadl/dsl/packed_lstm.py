@@ -171,6 +171,7 @@ def _deltas(xp: Any, d: Any, saved: list[Any], x: Any, *weights: Any, lengths: t
     dc_final = xp.stack(
         [xp.take(d[n_rows:, dd * hidden : (dd + 1) * hidden], order, axis=0) for dd in range(directions)]
     )
+    w_h_t = xp.matrix_transpose(w_h)
     dh_first = xp.zeros_like(dc_final)
     dh_next, dc_next = dh_first, dc_final  # the deltas each sequence's next step gives back to h and c
     dgs: list[Any] = []
@@ -181,22 +182,18 @@ def _deltas(xp: Any, d: Any, saved: list[Any], x: Any, *weights: Any, lengths: t
         si, sf, so = s[..., :hidden], s[..., hidden : 2 * hidden], s[..., 2 * hidden :]
         dh = dh_out[:, o : o + n, :] + dh_next[:, :n, :]
         dc = dc_next[:, :n, :] + dh * so * (1.0 - tc * tc)
-        c_prev = c_all[:, packing.offsets[t - 1] : packing.offsets[t - 1] + n, :] if t else None
-        dg = xp.concat(
-            [
-                dc * u * si * (1.0 - si),
-                dc * c_prev * sf * (1.0 - sf) if c_prev is not None else xp.zeros_like(dc),
-                dh * tc * so * (1.0 - so),
-                dc * si * (1.0 - u * u),
-            ],
-            axis=-1,
-        )
+        # the sigmoid gates' deltas at once (a step's cost is its number of kernels, not their size)
+        c_prev = c_all[:, packing.offsets[t - 1] : packing.offsets[t - 1] + n, :] if t else xp.zeros_like(dc)
+        d_sigmoids = xp.concat([dc * u, dc * c_prev, dh * tc], axis=-1) * s * (1.0 - s)
+        dg = xp.concat([d_sigmoids, dc * si * (1.0 - u * u)], axis=-1)
         dgs.append(dg)
         if t:
-            # sequences whose last step is t - 1 join with their final memories' deltas
-            joined = slice(n, packing.batch[t - 1])
-            dh_next = xp.concat([xp.matmul(dg, xp.matrix_transpose(w_h)), dh_first[:, joined, :]], axis=1)
-            dc_next = xp.concat([dc * sf, dc_final[:, joined, :]], axis=1)
+            dh_next = xp.matmul(dg, w_h_t)
+            dc_next = dc * sf
+            if packing.batch[t - 1] > n:  # sequences whose last step is t - 1 join, with their
+                joined = slice(n, packing.batch[t - 1])  # final memories' deltas
+                dh_next = xp.concat([dh_next, dh_first[:, joined, :]], axis=1)
+                dc_next = xp.concat([dc_next, dc_final[:, joined, :]], axis=1)
     dg_all = xp.concat(dgs[::-1], axis=1)  # (D, N, 4 hidden), packed
     # each step's previous h, packed (zeros before the first step)
     h_prev = xp.concat(
