@@ -21,6 +21,7 @@ from returns.result import Result
 import monadl
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.dsl.attention import self_attention
+from monadl.dsl.packed_gru import packed_gru
 from monadl.dsl.packed_lstm import packed_lstm
 from monadl.gradcheck import ATOL, RTOL, check_gradients, gradients_of, make_weights
 
@@ -473,6 +474,23 @@ CASES += [
         "packed_lstm one sequence",
         lambda c, x, *w: packed_lstm(x, (3,), *w),
         (_u(112, (3, 2)), *[_u(113 + k, (5, 3) if k < 4 else (3,)) for k in range(8)]),
+    ),
+    # nn.GRU's whole layer (monadl.dsl.packed_gru): r and z (5, 3), n_x (2, 3), n_h (3, 3), biases
+    OpCase(
+        "packed_gru bidirectional",
+        lambda c, x, *w: packed_gru(x, (2, 3, 1), *w),
+        (
+            _u(121, (6, 2)),
+            *[_u(122 + k, ((5, 3), (5, 3), (2, 3), (3, 3))[k % 8] if k % 8 < 4 else (3,)) for k in range(16)],
+        ),
+    ),
+    OpCase(
+        "packed_gru one sequence",
+        lambda c, x, *w: packed_gru(x, (3,), *w),
+        (
+            _u(138, (3, 2)),
+            *[_u(139 + k, ((5, 3), (5, 3), (2, 3), (3, 3))[k] if k < 4 else (3,)) for k in range(8)],
+        ),
     ),
     OpCase(
         "gru_h state broadcast",

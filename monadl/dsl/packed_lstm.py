@@ -24,76 +24,17 @@ The values are the cells': the same arithmetic, summed in another order.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
 from typing import Any, Final
-
-import numpy as np
 
 from monadl.do.primitive import Primitive
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
+from monadl.dsl.packing import indices, packing
 from monadl.dsl.primitives import sigmoid_of
 from monadl.typeclasses.backend import ShapeError, on_device, shape_of
 
 __all__ = ["packed_lstm"]
 
 GATES: Final = 4  # i, f, o, u: the three sigmoid gates first, so one sigmoid takes them at once
-
-
-@dataclass(frozen=True)
-class _Packing:
-    """Where each sequence's steps go when the batch is packed by time step (as PyTorch's
-    ``PackedSequence``): the sequences sorted by length, longest first (ties in their order)."""
-
-    batch: tuple[int, ...]
-    """``batch[t]``: how many sequences have a step ``t`` (the first ``batch[t]`` in sorted order)."""
-    offsets: tuple[int, ...]
-    """``offsets[t]``: the packed row of step ``t``'s first sequence."""
-    order: np.ndarray[Any, np.dtype[np.intp]]
-    """The sequences in sorted order."""
-    forward: np.ndarray[Any, np.dtype[np.intp]]
-    """For each packed row, the row of ``x`` the forward direction reads there."""
-    backward: np.ndarray[Any, np.dtype[np.intp]]
-    """For each packed row, the row of ``x`` the backward direction reads there (each sequence's
-    steps from its last)."""
-    forward_rows: np.ndarray[Any, np.dtype[np.intp]]
-    """The inverse of ``forward``: for each row of ``x``, its packed row."""
-    backward_rows: np.ndarray[Any, np.dtype[np.intp]]
-    """The inverse of ``backward``."""
-    last: np.ndarray[Any, np.dtype[np.intp]]
-    """For each sequence, the packed row of its last step (in either direction)."""
-
-
-@functools.lru_cache(maxsize=256)
-def _packing(lengths: tuple[int, ...]) -> _Packing:
-    order = sorted(range(len(lengths)), key=lambda s: -lengths[s])
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.intp)
-    batch = tuple(sum(1 for n in lengths if n > t) for t in range(max(lengths)))
-    offsets = tuple(int(o) for o in np.concatenate([[0], np.cumsum(batch)[:-1]]))
-    forward = np.empty(sum(lengths), dtype=np.intp)
-    backward = np.empty_like(forward)
-    last = np.empty(len(lengths), dtype=np.intp)
-    for rank, s in enumerate(order):
-        n = lengths[s]
-        steps = np.asarray(offsets[:n], dtype=np.intp) + rank
-        forward[steps] = starts[s] + np.arange(n)
-        backward[steps] = starts[s] + np.arange(n)[::-1]
-        last[s] = steps[-1]
-    return _Packing(
-        batch,
-        offsets,
-        np.asarray(order, dtype=np.intp),
-        forward,
-        backward,
-        np.argsort(forward).astype(np.intp),
-        np.argsort(backward).astype(np.intp),
-        last,
-    )
-
-
-def _indices(xp: Any, like: Any, *arrays: Any) -> list[Any]:
-    """NumPy index arrays as ``xp``'s, on ``like``'s device."""
-    return [xp.asarray(a, **on_device(xp, like)) for a in arrays]
 
 
 def _joined(xp: Any, weights: tuple[Any, ...], inputs: int, directions: int) -> tuple[Any, Any, Any]:
@@ -113,18 +54,18 @@ def _joined(xp: Any, weights: tuple[Any, ...], inputs: int, directions: int) -> 
 def _forward(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[Any, list[Any]]:
     directions = len(weights) // (2 * GATES)
     inputs = x.shape[1]
-    packing = _packing(lengths)
+    layout = packing(lengths)
     w_x, w_h, bias = _joined(xp, weights, inputs, directions)
     hidden = w_h.shape[1]
-    reads = _indices(xp, x, packing.forward, packing.backward)[:directions]
+    reads = indices(xp, x, layout.forward, layout.backward)[:directions]
     xs = xp.stack([xp.take(x, r, axis=0) for r in reads])  # (D, N, inputs), packed
     pre = xp.matmul(xs, w_x) + bias  # every step's input projection: (D, N, 4 hidden)
     hs: list[Any] = []
     cs: list[Any] = []
     acts: list[tuple[Any, Any, Any]] = []
     h = c = None
-    for t, n in enumerate(packing.batch):
-        g = pre[:, packing.offsets[t] : packing.offsets[t] + n, :]
+    for t, n in enumerate(layout.batch):
+        g = pre[:, layout.offsets[t] : layout.offsets[t] + n, :]
         if h is not None:
             g = g + xp.matmul(h[:, :n, :], w_h)
         s = sigmoid_of(xp, g[..., : 3 * hidden])  # i, f, o
@@ -140,8 +81,8 @@ def _forward(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[
         cs.append(c)
         acts.append((s, u, tc))
     h_all, c_all = xp.concat(hs, axis=1), xp.concat(cs, axis=1)  # (D, N, hidden), packed
-    rows = _indices(xp, x, packing.forward_rows, packing.backward_rows)[:directions]
-    (last,) = _indices(xp, x, packing.last)
+    rows = indices(xp, x, layout.forward_rows, layout.backward_rows)[:directions]
+    (last,) = indices(xp, x, layout.last)
     out = xp.concat(
         [
             xp.concat([xp.take(h_all[d, ...], rows[d], axis=0) for d in range(directions)], axis=1),
@@ -161,9 +102,9 @@ def _deltas(xp: Any, d: Any, saved: list[Any], x: Any, *weights: Any, lengths: t
     xs, w_x, w_h, h_all, c_all, acts = saved[:-1]
     directions, n_rows = xs.shape[0], xs.shape[1]
     hidden = w_h.shape[1]
-    packing = _packing(lengths)
-    reads = _indices(xp, x, packing.forward, packing.backward)[:directions]
-    (order,) = _indices(xp, x, packing.order)
+    layout = packing(lengths)
+    reads = indices(xp, x, layout.forward, layout.backward)[:directions]
+    (order,) = indices(xp, x, layout.order)
     # the outputs' deltas, packed: (D, N, hidden); the final memories', in sorted order: (D, S, hidden)
     dh_out = xp.stack(
         [xp.take(d[:n_rows, dd * hidden : (dd + 1) * hidden], reads[dd], axis=0) for dd in range(directions)]
@@ -175,32 +116,32 @@ def _deltas(xp: Any, d: Any, saved: list[Any], x: Any, *weights: Any, lengths: t
     dh_first = xp.zeros_like(dc_final)
     dh_next, dc_next = dh_first, dc_final  # the deltas each sequence's next step gives back to h and c
     dgs: list[Any] = []
-    for t in range(len(packing.batch) - 1, -1, -1):
-        n = packing.batch[t]
-        o = packing.offsets[t]
+    for t in range(len(layout.batch) - 1, -1, -1):
+        n = layout.batch[t]
+        o = layout.offsets[t]
         s, u, tc = acts[t]
         si, sf, so = s[..., :hidden], s[..., hidden : 2 * hidden], s[..., 2 * hidden :]
         dh = dh_out[:, o : o + n, :] + dh_next[:, :n, :]
         dc = dc_next[:, :n, :] + dh * so * (1.0 - tc * tc)
         # the sigmoid gates' deltas at once (a step's cost is its number of kernels, not their size)
-        c_prev = c_all[:, packing.offsets[t - 1] : packing.offsets[t - 1] + n, :] if t else xp.zeros_like(dc)
+        c_prev = c_all[:, layout.offsets[t - 1] : layout.offsets[t - 1] + n, :] if t else xp.zeros_like(dc)
         d_sigmoids = xp.concat([dc * u, dc * c_prev, dh * tc], axis=-1) * s * (1.0 - s)
         dg = xp.concat([d_sigmoids, dc * si * (1.0 - u * u)], axis=-1)
         dgs.append(dg)
         if t:
             dh_next = xp.matmul(dg, w_h_t)
             dc_next = dc * sf
-            if packing.batch[t - 1] > n:  # sequences whose last step is t - 1 join, with their
-                joined = slice(n, packing.batch[t - 1])  # final memories' deltas
+            if layout.batch[t - 1] > n:  # sequences whose last step is t - 1 join, with their
+                joined = slice(n, layout.batch[t - 1])  # final memories' deltas
                 dh_next = xp.concat([dh_next, dh_first[:, joined, :]], axis=1)
                 dc_next = xp.concat([dc_next, dc_final[:, joined, :]], axis=1)
     dg_all = xp.concat(dgs[::-1], axis=1)  # (D, N, 4 hidden), packed
     # each step's previous h, packed (zeros before the first step)
     h_prev = xp.concat(
-        [xp.zeros((directions, packing.batch[0], hidden), dtype=h_all.dtype, **on_device(xp, h_all))]
+        [xp.zeros((directions, layout.batch[0], hidden), dtype=h_all.dtype, **on_device(xp, h_all))]
         + [
-            h_all[:, packing.offsets[t - 1] : packing.offsets[t - 1] + n, :]
-            for t, n in enumerate(packing.batch)
+            h_all[:, layout.offsets[t - 1] : layout.offsets[t - 1] + n, :]
+            for t, n in enumerate(layout.batch)
             if t
         ],
         axis=1,
@@ -209,7 +150,7 @@ def _deltas(xp: Any, d: Any, saved: list[Any], x: Any, *weights: Any, lengths: t
     d_wh = xp.matmul(xp.matrix_transpose(h_prev), dg_all)  # (D, hidden, 4 hidden)
     d_b = xp.sum(dg_all, axis=1)  # (D, 4 hidden)
     dxs = xp.matmul(dg_all, xp.matrix_transpose(w_x))  # (D, N, inputs), packed
-    rows = _indices(xp, x, packing.forward_rows, packing.backward_rows)[:directions]
+    rows = indices(xp, x, layout.forward_rows, layout.backward_rows)[:directions]
     dx = xp.take(dxs[0, ...], rows[0], axis=0)
     if directions == 2:
         dx = dx + xp.take(dxs[1, ...], rows[1], axis=0)

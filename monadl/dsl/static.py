@@ -12,7 +12,8 @@ access of ``.shape`` or ``.dtype``, never while the graph is built) and applies 
   ``logsumexp``, ``var``, ``std``, with ``axis`` and ``keepdims``); ``reshape`` (a -1 solved),
   ``transpose``, ``concatenate``, ``stack``, ``split``; ``take_rows``, ``take_along_axis``, basic
   and advanced indexing; ``softmax``, ``log_softmax``, ``batch_norm``, ``layer_norm``,
-  ``scaled_dot_product_attention``; ``conv1d``/``conv2d`` and the pools; ``nn.LSTM``'s layers.
+  ``scaled_dot_product_attention``; ``conv1d``/``conv2d`` and the pools; ``nn.LSTM``'s and
+  ``nn.GRU``'s layers.
 
 Everything else gives None: ops without a rule (a user's ``custom_op`` made without
 ``shape_rule=``), ``@batchable`` calls (their body's graph is built only when they run), and
@@ -339,6 +340,7 @@ def install() -> None:
         batch_norm,
         conv,
         norm,
+        packed_gru,
         packed_lstm,
         recurrent,
         reductions,
@@ -385,6 +387,7 @@ def install() -> None:
         attention.SELF_ATTENTION: _self_attention,
         attention.SELF_ATTENTION_MASKED: _self_attention,
         **dict.fromkeys(packed_lstm.PACKED_LSTM.values(), _packed_lstm),
+        **dict.fromkeys(packed_gru.PACKED_GRU.values(), _packed_gru),
     }
     for prim, rule in rules.items():
         prim.shape_rule = rule
@@ -406,6 +409,12 @@ def _packed_lstm(x: Info, *weights: Info, lengths: tuple[int, ...]) -> Info:
     """(N, inputs) and D directions' gates -> (N + S, D hidden) (see ``monadl.dsl.packed_lstm``)."""
     directions = len(weights) // 8
     return (x[0][0] + len(lengths), directions * weights[-1][0][0]), *promoted(x, *weights)
+
+
+def _packed_gru(x: Info, *weights: Info, lengths: tuple[int, ...]) -> Info:
+    """(N, inputs) and D directions' gates -> (N, D hidden) (see ``monadl.dsl.packed_gru``)."""
+    directions = len(weights) // 8
+    return (x[0][0], directions * weights[-1][0][0]), *promoted(x, *weights)
 
 
 def _per_arity(prim: Primitive) -> ShapeRule | None:

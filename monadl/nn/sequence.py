@@ -7,14 +7,13 @@ shape (inputs,) (an array, a weight, a layer: an embedding lookup), or a 2-D arr
 of data whose rows are the steps. Layer ``k + 1`` reads, at each step, layer ``k``'s outputs of
 both directions concatenated, forward first.
 
-An :class:`LSTM` runs each layer, both directions and every sequence, as one op
-(:func:`~monadl.dsl.packed_lstm.packed_lstm`, as PyTorch's ``nn.LSTM`` over a packed batch): its
-cells' arithmetic on stacked rows, one time step after another, with a hand-written backward
-pass. Its steps' outputs are one lookup each in the layer's result, and those lookups merge under
-dynamic batching. A :class:`GRU` calls its cells once per step of every sequence and direction:
-the cells' calls are batchable operations, so dynamic batching merges the calls of one step across
-the sequences (a short sequence simply stops taking part), and the elementwise work of the two
-directions, which have the same number of calls at each step, merges too.
+Each layer, both directions and every sequence, runs as one op (as PyTorch's ``nn.LSTM`` and
+``nn.GRU`` over a packed batch): :func:`~monadl.dsl.packed_lstm.packed_lstm` or
+:func:`~monadl.dsl.packed_gru.packed_gru`, the cells' arithmetic on stacked rows, one time step
+after another, with a hand-written backward pass. The cells hold the weights (their names and
+checkpoints are the cells'). A layer's steps' outputs are one lookup each in its result, and those
+lookups merge under dynamic batching. (A model that calls a cell itself, one step at a time, has
+its calls merged by dynamic batching instead: the cells are batchable operations.)
 """
 
 from __future__ import annotations
@@ -26,7 +25,8 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.ops import concatenate, stack, take_rows
+from monadl.dsl.ops import stack, take_rows
+from monadl.dsl.packed_gru import packed_gru
 from monadl.dsl.packed_lstm import packed_lstm
 from monadl.dsl.weights import ArrayWeight
 from monadl.nn.gru import GRUCell
@@ -124,51 +124,19 @@ def _sequences(name: str, inputs: int, sequences: Sequence[Steps]) -> list[list[
     return [_steps(name, inputs, s, sequence) for s, sequence in enumerate(sequences)]
 
 
-def _transduce(
+def _packed(
     name: str,
     forward: Sequence[C],
     backward: Sequence[C],
     sequences: Sequence[Steps],
-    step: Callable[[C, AnyArray, S], tuple[ArrayLayer, S]],
-    zeros: Callable[[C], S],
+    layer_op: Callable[..., ArrayLayer],
+    state: Callable[[ArrayLayer, int, int, slice], S],
 ) -> SequenceOutput[S]:
-    """Every layer and direction of cells over every sequence (see the module)."""
-    xs: list[Sequence[AnyArray]] = list(_sequences(name, forward[0].inputs, sequences))
-    directions = [forward, backward] if backward else [forward]
-    states: list[list[S]] = [[] for _ in sequences]
-    outputs: list[list[ArrayLayer]] = []
-    for layer in range(len(forward)):
-        runs: list[list[list[ArrayLayer]]] = []  # per direction, per sequence, per step
-        for d, cells in enumerate(directions):
-            cell = cells[layer]
-            initial = zeros(cell)  # one zero state per cell, shared by the sequences
-            run = []
-            for s, steps in enumerate(xs):
-                state = initial
-                hs = []
-                for x in steps if d == 0 else reversed(steps):
-                    h, state = step(cell, x, state)
-                    hs.append(h)
-                run.append(hs if d == 0 else hs[::-1])
-                states[s].append(state)
-            runs.append(run)
-        if len(runs) == 1:
-            outputs = runs[0]
-        else:
-            outputs = [
-                [concatenate([f, b]) for f, b in zip(fs, bs, strict=True)]
-                for fs, bs in zip(runs[0], runs[1], strict=True)
-            ]
-        xs = list[Sequence[AnyArray]](outputs)
-    return SequenceOutput(outputs, states)
-
-
-def _packed(
-    forward: Sequence[LSTMCell], backward: Sequence[LSTMCell], sequences: Sequence[Steps]
-) -> SequenceOutput[LSTMState]:
-    """Every layer of an LSTM over every sequence, each layer (both directions) one
-    :func:`~monadl.dsl.packed_lstm.packed_lstm` op."""
-    steps = _sequences("LSTM", forward[0].inputs, sequences)
+    """Every layer of cells over every sequence, each layer (both directions) one ``layer_op``
+    (``packed_lstm`` or ``packed_gru``) on the cells' weights; ``state(out, at, final, part)``: a
+    direction's final state in the layer's result ``out``, from its output at row ``at`` (and for an
+    LSTM, its memories at row ``final``), the direction's columns ``part``."""
+    steps = _sequences(name, forward[0].inputs, sequences)
     if not steps:
         return SequenceOutput([], [])
     lengths = tuple(len(s) for s in steps)
@@ -176,40 +144,38 @@ def _packed(
     total = sum(lengths)
     x: AnyArray = stack([step for s in steps for step in s])
     hidden = forward[0].hidden
-    states: list[list[LSTMState]] = [[] for _ in lengths]
+    states: list[list[S]] = [[] for _ in lengths]
     out = x
     for layer in range(len(forward)):
         cells = [forward[layer], backward[layer]] if backward else [forward[layer]]
-        out = packed_lstm(x, lengths, *_lstm_weights(cells))
+        out = layer_op(x, lengths, *[w for cell in cells for w in _cell_weights(cell)])
         for s, (start, n) in enumerate(zip(starts, lengths, strict=True)):
             for d, at in enumerate([start + n - 1, start][: len(cells)]):
-                part = slice(d * hidden, (d + 1) * hidden)
-                states[s].append((out[at, part], out[total + s, part]))
-        x = out[:total]
+                states[s].append(state(out, at, total + s, slice(d * hidden, (d + 1) * hidden)))
+        x = out[:total] if isinstance(cells[0], LSTMCell) else out  # (an LSTM's final memories after)
     outputs = [
         [take_rows(out, start + t) for t in range(n)] for start, n in zip(starts, lengths, strict=True)
     ]
     return SequenceOutput(outputs, states)
 
 
-def _lstm_weights(cells: Sequence[LSTMCell]) -> list[ArrayWeight]:
-    """Each cell's gates' weights, then their biases, in the order i, f, o, u."""
-    weights: list[ArrayWeight] = []
-    for cell in cells:
-        gates = (cell.i, cell.f, cell.o, cell.u)
-        weights += [gate.w for gate in gates]
-        weights += [gate.b for gate in gates if gate.b is not None]
-    return weights
+def _cell_weights(cell: LSTMCell | GRUCell) -> list[ArrayWeight]:
+    """A cell's gates' weights, then their biases: an LSTM's in the order i, f, o, u, a GRU's r, z,
+    n_x, n_h."""
+    gates = (
+        (cell.i, cell.f, cell.o, cell.u)
+        if isinstance(cell, LSTMCell)
+        else (cell.r, cell.z, cell.n_x, cell.n_h)
+    )
+    return [gate.w for gate in gates] + [gate.b for gate in gates if gate.b is not None]
 
 
-def _lstm_step(cell: LSTMCell, x: AnyArray, state: LSTMState) -> tuple[ArrayLayer, LSTMState]:
-    h, c = cell(x, *state)
-    return h, (h, c)
+def _lstm_state(out: ArrayLayer, at: int, final: int, part: slice) -> LSTMState:
+    return out[at, part], out[final, part]
 
 
-def _gru_step(cell: GRUCell, x: AnyArray, state: ArrayLayer) -> tuple[ArrayLayer, ArrayLayer]:
-    h = cell(x, state)
-    return h, h
+def _gru_state(out: ArrayLayer, at: int, final: int, part: slice) -> ArrayLayer:
+    return out[at, part]
 
 
 def _directions(bidirectional: bool) -> int:
@@ -306,14 +272,14 @@ class LSTM(_Stacked[LSTMCell]):
 
     def __call__(self, sequences: Sequence[Steps]) -> SequenceOutput[LSTMState]:
         """Every step's output and the final states of ``sequences`` (see :class:`SequenceOutput`)."""
-        return _packed(self.forward_cells, self.backward_cells, sequences)
+        return _packed("LSTM", self.forward_cells, self.backward_cells, sequences, packed_lstm, _lstm_state)
 
 
 @dataclass(frozen=True, eq=False)
 class GRU(_Stacked[GRUCell]):
     """A stacked, optionally bidirectional GRU over a list of sequences of any lengths (see the
     module): ``gru(sequences)`` is a :class:`SequenceOutput` of states ``h``. Its cells are
-    :class:`GRUCell` s, laid out as :class:`LSTM`'s."""
+    :class:`GRUCell` s, laid out as :class:`LSTM`'s, each layer one op as an LSTM's."""
 
     forward_cells: list[GRUCell]
     backward_cells: list[GRUCell]
@@ -343,11 +309,4 @@ class GRU(_Stacked[GRUCell]):
 
     def __call__(self, sequences: Sequence[Steps]) -> SequenceOutput[ArrayLayer]:
         """Every step's output and the final states of ``sequences`` (see :class:`SequenceOutput`)."""
-        return _transduce(
-            "GRU",
-            self.forward_cells,
-            self.backward_cells,
-            sequences,
-            _gru_step,
-            GRUCell.zeros_state,
-        )
+        return _packed("GRU", self.forward_cells, self.backward_cells, sequences, packed_gru, _gru_state)

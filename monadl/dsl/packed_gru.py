@@ -1,0 +1,202 @@
+"""A whole GRU layer over a batch of sequences as one op: :func:`packed_gru`, the op under
+:class:`monadl.nn.GRU` (see :mod:`monadl.dsl.packed_lstm`, whose scheme it follows: the batch
+packed by time step, every step's input projection in one product, one product by the hidden
+weights per step for both directions, and the same loop in reverse for the deltas).
+
+Its operands are the inputs ``x`` (every sequence's steps, one after another: (N, inputs)) and, per
+direction, a :class:`~monadl.nn.GRUCell`'s weights ``r``, ``z`` (each (inputs + hidden, hidden), the
+input's rows first), ``n_x`` (inputs, hidden) and ``n_h`` (hidden, hidden), then their biases in
+the same order. Its result is every step's output, (N, D * hidden) (each direction's ``h``, the
+forward one's first); a sequence's final state is its last step's output in the forward direction
+and its first step's in the backward one. The values are the cells': the same arithmetic, summed in
+another order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from monadl.do.primitive import Primitive
+from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
+from monadl.dsl.packing import indices, packing
+from monadl.dsl.primitives import sigmoid_of
+from monadl.typeclasses.backend import ShapeError, on_device, shape_of
+
+__all__ = ["packed_gru"]
+
+PER_DIRECTION: Final = 8  # r, z, n_x, n_h: the weights, then the biases
+
+
+def _joined(xp: Any, weights: tuple[Any, ...], inputs: int, directions: int) -> tuple[Any, ...]:
+    """Each direction's gates joined (the reset, update and candidate parts side by side): ``W_x``
+    (D, inputs, 3 hidden), ``W_h`` (D, hidden, 3 hidden), the input side's biases (D, 1, 3 hidden)
+    and the candidate's hidden bias (D, 1, hidden)."""
+    wx, wh, bx, bh = [], [], [], []
+    for d in range(directions):
+        r, z, n_x, n_h, b_r, b_z, b_nx, b_nh = weights[PER_DIRECTION * d : PER_DIRECTION * (d + 1)]
+        wx.append(xp.concat([r[:inputs, :], z[:inputs, :], n_x], axis=1))
+        wh.append(xp.concat([r[inputs:, :], z[inputs:, :], n_h], axis=1))
+        bx.append(xp.reshape(xp.concat([b_r, b_z, b_nx], axis=0), (1, -1)))
+        bh.append(xp.reshape(b_nh, (1, -1)))
+    return xp.stack(wx), xp.stack(wh), xp.stack(bx), xp.stack(bh)
+
+
+def _forward(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[Any, list[Any]]:
+    directions = len(weights) // PER_DIRECTION
+    layout = packing(lengths)
+    w_x, w_h, b_x, b_nh = _joined(xp, weights, x.shape[1], directions)
+    hidden = w_h.shape[1]
+    reads = indices(xp, x, layout.forward, layout.backward)[:directions]
+    xs = xp.stack([xp.take(x, r, axis=0) for r in reads])  # (D, N, inputs), packed
+    pre = xp.matmul(xs, w_x) + b_x  # every step's input side: (D, N, 3 hidden)
+    hs: list[Any] = []
+    acts: list[tuple[Any, Any, Any]] = []
+    h = None
+    for t, n in enumerate(layout.batch):
+        g = pre[:, layout.offsets[t] : layout.offsets[t] + n, :]
+        if h is None:  # h = 0: its products are 0, the candidate's hidden side is its bias
+            rz = sigmoid_of(xp, g[..., : 2 * hidden])
+            n_h = b_nh + xp.zeros_like(rz[..., :hidden])
+        else:
+            gh = xp.matmul(h[:, :n, :], w_h)
+            rz = sigmoid_of(xp, g[..., : 2 * hidden] + gh[..., : 2 * hidden])
+            n_h = gh[..., 2 * hidden :] + b_nh
+        candidate = xp.tanh(g[..., 2 * hidden :] + rz[..., :hidden] * n_h)
+        z = rz[..., hidden:]
+        h = (1.0 - z) * candidate if h is None else (1.0 - z) * candidate + z * h[:, :n, :]
+        hs.append(h)
+        acts.append((rz, n_h, candidate))
+    h_all = xp.concat(hs, axis=1)  # (D, N, hidden), packed
+    rows = indices(xp, x, layout.forward_rows, layout.backward_rows)[:directions]
+    out = xp.concat([xp.take(h_all[d, ...], rows[d], axis=0) for d in range(directions)], axis=1)
+    # the vjps' shared work is done once, by the first of them: its result is kept in the last slot
+    return out, [xs, w_x, w_h, h_all, acts, None]
+
+
+def _deltas(xp: Any, d: Any, saved: list[Any], x: Any, *weights: Any, lengths: tuple[int, ...]) -> list[Any]:
+    """Every operand's delta (backpropagation through time), worked out once per delta ``d``."""
+    cached = saved[-1]
+    if cached is not None and cached[0] is d:
+        return cached[1]  # type: ignore[no-any-return]
+    xs, w_x, w_h, h_all, acts = saved[:-1]
+    directions = xs.shape[0]
+    hidden = w_h.shape[1]
+    layout = packing(lengths)
+    reads = indices(xp, x, layout.forward, layout.backward)[:directions]
+    # the outputs' deltas, packed: (D, N, hidden)
+    dh_out = xp.stack(
+        [xp.take(d[:, k * hidden : (k + 1) * hidden], reads[k], axis=0) for k in range(directions)]
+    )
+    w_h_t = xp.matrix_transpose(w_h)
+    zeros = xp.zeros((directions, len(lengths), hidden), dtype=dh_out.dtype, **on_device(xp, dh_out))
+    dh_next = zeros  # the delta each sequence's next step gives back to h
+    dgx: list[Any] = []
+    dgh: list[Any] = []
+    for t in range(len(layout.batch) - 1, -1, -1):
+        n = layout.batch[t]
+        rz, n_h, candidate = acts[t]
+        r, z = rz[..., :hidden], rz[..., hidden:]
+        previous = layout.offsets[t - 1]
+        h_prev = h_all[:, previous : previous + n, :] if t else xp.zeros_like(z)
+        dh = dh_out[:, layout.offsets[t] : layout.offsets[t] + n, :] + dh_next[:, :n, :]
+        d_candidate = dh * (1.0 - z) * (1.0 - candidate * candidate)  # its pre-activation's
+        d_rz = xp.concat([d_candidate * n_h, dh * (h_prev - candidate)], axis=-1) * rz * (1.0 - rz)
+        dgx.append(xp.concat([d_rz, d_candidate], axis=-1))
+        dgh.append(xp.concat([d_rz, d_candidate * r], axis=-1))
+        if t:
+            dh_next = dh * z + xp.matmul(dgh[-1], w_h_t)
+            if layout.batch[t - 1] > n:  # sequences whose last step is t - 1 join
+                dh_next = xp.concat([dh_next, zeros[:, n : layout.batch[t - 1], :]], axis=1)
+    dgx_all, dgh_all = xp.concat(dgx[::-1], axis=1), xp.concat(dgh[::-1], axis=1)  # (D, N, 3 hidden)
+    # each step's previous h, packed (zeros before the first step)
+    h_prev_all = xp.concat(
+        [zeros[:, : layout.batch[0], :]]
+        + [
+            h_all[:, layout.offsets[t - 1] : layout.offsets[t - 1] + n, :]
+            for t, n in enumerate(layout.batch)
+            if t
+        ],
+        axis=1,
+    )
+    d_wx = xp.matmul(xp.matrix_transpose(xs), dgx_all)  # (D, inputs, 3 hidden)
+    d_wh = xp.matmul(xp.matrix_transpose(h_prev_all), dgh_all)  # (D, hidden, 3 hidden)
+    d_bx = xp.sum(dgx_all, axis=1)  # (D, 3 hidden)
+    d_bnh = xp.sum(dgh_all[..., 2 * hidden :], axis=1)  # (D, hidden)
+    dxs = xp.matmul(dgx_all, xp.matrix_transpose(w_x))  # (D, N, inputs), packed
+    rows = indices(xp, x, layout.forward_rows, layout.backward_rows)[:directions]
+    dx = xp.take(dxs[0, ...], rows[0], axis=0)
+    if directions == 2:
+        dx = dx + xp.take(dxs[1, ...], rows[1], axis=0)
+    deltas = [dx]
+    reset, update, candidate = (slice(k * hidden, (k + 1) * hidden) for k in range(3))
+    for k in range(directions):
+        deltas += [xp.concat([d_wx[k, :, g], d_wh[k, :, g]], axis=0) for g in (reset, update)]
+        deltas += [d_wx[k, :, candidate], d_wh[k, :, candidate]]
+        deltas += [d_bx[k, reset], d_bx[k, update], d_bx[k, candidate], d_bnh[k, :]]
+    saved[-1] = (d, deltas)  # one assignment: a vjp on another thread sees the pair or nothing
+    return deltas
+
+
+def _vjp(k: int) -> Any:
+    def vjp(xp: Any, d: Any, saved: list[Any], *inputs: Any, lengths: tuple[int, ...]) -> Any:
+        return _deltas(xp, d, saved, *inputs, lengths=lengths)[k]
+
+    return vjp
+
+
+def _check(x: Any, *weights: Any, lengths: tuple[int, ...]) -> None:
+    if len(weights) not in (PER_DIRECTION, 2 * PER_DIRECTION):
+        raise ShapeError(f"packed_gru: takes 8 weights a direction, got {len(weights)}")
+    n_x, n_h = weights[2], weights[3]
+    if type(n_x) is float or type(n_h) is float or n_x.ndim != 2 or n_h.ndim != 2:
+        raise ShapeError(
+            f"packed_gru: n_x must be (inputs, hidden) and n_h (hidden, hidden), "
+            f"got {shape_of(n_x)} and {shape_of(n_h)}"
+        )
+    inputs, hidden = n_x.shape
+    wants = ((inputs + hidden, hidden),) * 2 + ((inputs, hidden), (hidden, hidden)) + ((hidden,),) * 4
+    for k, w in enumerate(weights):
+        want = wants[k % PER_DIRECTION]
+        if tuple(getattr(w, "shape", ())) != want:
+            raise ShapeError(f"packed_gru: gate array {k} must be {want} as n_x's, got {shape_of(w)}")
+    if type(x) is float or x.ndim != 2 or x.shape[1] != inputs:
+        raise ShapeError(
+            f"packed_gru: the steps must be (steps, {inputs}) for these cells, got {shape_of(x)}"
+        )
+    if not lengths or min(lengths) < 1 or sum(lengths) != x.shape[0]:
+        raise ShapeError(
+            f"packed_gru: lengths {list(lengths)} do not add up to the {x.shape[0]} steps of {shape_of(x)}"
+        )
+
+
+def _cost(x: Any, *weights: Any, **_: Any) -> float:
+    """Multiplications and additions of the products: each step's gates, in each direction."""
+    inputs, hidden = weights[2].shape
+    return float(2 * x.shape[0] * 3 * (inputs + hidden) * hidden * (len(weights) // PER_DIRECTION))
+
+
+# One primitive a number of directions (one vjp an operand); its calls never merge: each is a whole
+# layer over a batch already.
+PACKED_GRU: Final = {
+    n: Primitive(
+        "packed_gru",
+        _forward,
+        tuple(_vjp(k) for k in range(1 + n)),
+        saves=True,
+        cost=_cost,
+        check=_check,
+        fresh=True,
+        own=True,
+    )
+    for n in (PER_DIRECTION, 2 * PER_DIRECTION)
+}
+
+
+def packed_gru(x: AnyArray, lengths: tuple[int, ...], *weights: AnyArray) -> ArrayLayer:
+    """One GRU layer, one or two directions, over ``len(lengths)`` sequences whose steps are the
+    rows of ``x`` one sequence after another; ``weights`` are each direction's ``r, z, n_x, n_h``
+    weights, then their biases. Gives every step's output (see the module)."""
+    prim = PACKED_GRU.get(len(weights))
+    if prim is None:
+        raise ValueError(f"packed_gru: takes 8 weights a direction, got {len(weights)}")
+    return apply_array(prim, x, *weights, lengths=tuple(int(n) for n in lengths))
