@@ -263,3 +263,30 @@ def test_row_sums_are_the_dense_gradients_rows(table: int, n: int, dtype: Any, s
     dense = SparseRows(indices, values, (table, 3)).to_dense()
     assert dense[rows].tobytes() == summed.tobytes()
     assert not np.any(np.delete(dense, rows, axis=0))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 200), st.floats(-4.0, 4.0), st.integers(0, 2**32 - 1))
+def test_sums_worked_out_once_and_shared_by_scaled_rows_are_row_sums_bit_for_bit(
+    table: int, n: int, factor: float, seed: int
+) -> None:
+    """``summed()`` keeps its result, and rows of the same indices made by ``with_values`` (a
+    clipped gradient's) sum in the sort already worked out: both give ``row_sums``' bits, as does
+    their ``to_dense``. The arrays are not changed."""
+    rng = np.random.default_rng(seed)
+    indices = rng.integers(0, table, n)
+    values = rng.standard_normal((n, 3)).astype(np.float32)
+    gradient = SparseRows(indices, values.copy(), (table, 3))
+    first = gradient.summed()
+    assert first is not None and gradient.summed() is first
+    expected = row_sums(np, indices, values)
+    assert expected is not None
+    for got, want in zip(first, expected, strict=True):
+        assert got.tobytes() == want.tobytes()
+    scaled = gradient.with_values(values * np.float32(factor))
+    sums, again = scaled.summed(), row_sums(np, indices, values * np.float32(factor))
+    assert sums is not None and again is not None
+    for got, want in zip(sums, again, strict=True):
+        assert got.tobytes() == want.tobytes()
+    assert scaled.to_dense()[again[0]].tobytes() == again[1].tobytes()
+    assert values.tobytes() == gradient.values.tobytes()

@@ -63,7 +63,7 @@ import numpy as np
 
 from monadl.dsl.schedules import LearningRate
 from monadl.typeclasses.backend import namespace
-from monadl.typeclasses.sparse import SparseRows, dense, row_sums
+from monadl.typeclasses.sparse import SparseRows, dense
 
 
 class Optimizer(Protocol):
@@ -110,10 +110,8 @@ def _summed_rows(gradient: Any) -> tuple[Any, Any, Any] | None:
     None for a dense gradient, or where the namespace has no scatter (the array API)."""
     if type(gradient) is not SparseRows:
         return None
-    values = gradient.values
-    xp = namespace(values)
-    sums = row_sums(xp, gradient.indices, values)
-    return None if sums is None else (xp, *sums)  # (None: the array API has no scatter: densify)
+    sums = gradient.summed()
+    return None if sums is None else (namespace(sums[1]), *sums)  # (None: the array API: densify)
 
 
 def _lazy_rows(gradient: Any, data: Any, weight_decay: float) -> tuple[Any, Any, Any] | None:
@@ -515,7 +513,7 @@ def global_norm(gradients: Sequence[Any]) -> float:
 
 def _scaled(gradient: Any, factor: float) -> Any:
     if type(gradient) is SparseRows:
-        return SparseRows(gradient.indices, gradient.values * factor, gradient.shape)
+        return gradient.with_values(gradient.values * factor)
     return gradient * factor
 
 

@@ -48,20 +48,29 @@ _SORTED_SUMS_FROM: Final = 64
 """Rows from which :func:`row_sums` sorts on NumPy (fewer: ``add.at``'s per-row cost is lower)."""
 
 
-def row_sums(xp: Any, indices: Any, values: Any) -> tuple[Any, Any] | None:
+def sorted_layout(indices: Any) -> tuple[Any, Any, Any]:
+    """How :func:`row_sums` sums rows at NumPy ``indices``: the stable order that sorts them, the
+    distinct indices, sorted, and where each one's run starts in that order."""
+    order = np.argsort(indices, kind="stable")
+    ordered = indices[order]
+    starts = np.flatnonzero(np.concatenate((np.ones(1, dtype=bool), ordered[1:] != ordered[:-1])))
+    return order, ordered[starts], starts
+
+
+def row_sums(
+    xp: Any, indices: Any, values: Any, layout: tuple[Any, Any, Any] | None = None
+) -> tuple[Any, Any] | None:
     """The distinct ``indices``, sorted, and for each the sum of ``values``' rows there; None where
     the namespace has no scatter (the array API). On NumPy, where there are many rows, one stable
-    sort and one ``add.reduceat`` (``add.at`` adds rows of a table element by element, slower),
-    which may sum a row's terms in another order than ``add.at`` (the last bits);
-    :meth:`SparseRows.to_dense` sums from here too, so a dense gradient's rows equal these bit for
-    bit. Elsewhere ``unique`` and ``add.at``."""
+    sort (``layout``: :func:`sorted_layout`'s, if already known) and one ``add.reduceat``
+    (``add.at`` adds rows of a table element by element, slower), which may sum a row's terms in
+    another order than ``add.at`` (the last bits); :meth:`SparseRows.to_dense` sums from here too,
+    so a dense gradient's rows equal these bit for bit. Elsewhere ``unique`` and ``add.at``."""
     if type(values) is np.ndarray and indices.shape[0] >= _SORTED_SUMS_FROM:
-        order = np.argsort(indices, kind="stable")
-        ordered = indices[order]
-        starts = np.flatnonzero(np.concatenate((np.ones(1, dtype=bool), ordered[1:] != ordered[:-1])))
+        order, rows, starts = sorted_layout(indices) if layout is None else layout
         summed = np.add.reduceat(values[order], starts, axis=0)
         summed += 0.0  # as a sum into zeros would: a row of -0.0s gives +0.0
-        return ordered[starts], summed
+        return rows, summed
     add_at = _add_at(xp)
     if add_at is None:
         return None
@@ -77,7 +86,7 @@ class SparseRows:
     ``indices``: a 1-d integer array; ``values``: shape ``(len(indices), *shape[1:])``; repeated
     indices add. Immutable: sums make new objects and never change their operands."""
 
-    __slots__ = ("_chunks", "_indices", "_values", "shape")
+    __slots__ = ("_chunks", "_indices", "_layout", "_summed", "_sums", "_values", "shape")
     __array_ufunc__: ClassVar[None] = None  # ``ndarray + SparseRows`` calls our ``__radd__``, not a ufunc
 
     def __init__(self, indices: Any, values: Any, shape: Sequence[int]) -> None:
@@ -91,6 +100,10 @@ class SparseRows:
         self._indices: Any = indices
         self._values: Any = values
         self._chunks: tuple[tuple[Any, Any], ...] | None = None
+        # worked out once: how the rows are summed (shared by a gradient scaled or cast), the sums
+        self._layout: tuple[Any, Any, Any] | None = None
+        self._sums: tuple[Any, Any] | None = None
+        self._summed = False
 
     @classmethod
     def _joined(cls, chunks: tuple[tuple[Any, Any], ...], shape: tuple[int, ...]) -> SparseRows:
@@ -132,12 +145,32 @@ class SparseRows:
     def ndim(self) -> int:
         return len(self.shape)
 
+    def summed(self) -> tuple[Any, Any] | None:
+        """:func:`row_sums` of the rows (worked out once): the distinct indices, sorted, and each
+        one's rows summed; None where the namespace has no scatter (the array API)."""
+        if not self._summed:
+            values = self.values
+            indices = self.indices
+            layout = self._layout
+            if layout is None and type(values) is np.ndarray and indices.shape[0] >= _SORTED_SUMS_FROM:
+                layout = self._layout = sorted_layout(indices)
+            self._sums = row_sums(namespace(values), indices, values, layout)
+            self._summed = True
+        return self._sums
+
+    def with_values(self, values: Any) -> SparseRows:
+        """The same indices with other rows of the same shape (scaled, cast): the way their rows
+        are summed, once worked out, is shared."""
+        new = SparseRows(self.indices, values, self.shape)
+        new._layout = self._layout
+        return new
+
     def to_dense(self, xp: Any = None) -> Any:
         """The equivalent dense array: the rows scatter-added into zeros."""
         values = self.values
         xp = namespace(values) if xp is None else xp
         if type(values) is np.ndarray and xp is NUMPY:
-            sums = row_sums(xp, self.indices, values)
+            sums = self.summed()
             assert sums is not None  # (NumPy has a scatter)
             out = np.zeros(self.shape, dtype=values.dtype)
             out[sums[0]] = sums[1]
