@@ -26,6 +26,7 @@ from test_op_fuzz import FUZZ_SETTINGS, _reduction, outcome
 
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, ShapeError
+from monadl.dsl.primitives import expand_to
 
 Reference = Callable[..., Any]
 
@@ -223,3 +224,19 @@ def test_a_reduction_works_or_names_itself(
     name: str, data: st.DataObject, merged: bool, train: bool, batching: bool
 ) -> None:
     outcome(_reduction(name)(data), merged, train, batching)
+
+
+@pytest.mark.parametrize("delta", [1.0, -0.0, 0.0, 3.5e-39, -2.5, 1e-50])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_full_reductions_delta_is_the_delta_in_every_element_laid_out_as_its_input(
+    delta: float, dtype: Any
+) -> None:
+    """A float delta broadcast back over a sum's input: ``-0.0 + d`` in the input's dtype, bit for
+    bit (a -0.0 and a value that rounds to zero or a subnormal included), with the input's memory
+    layout (a transposed view's delta is transposed the same way, so an op that made the view reads
+    it without a copy)."""
+    x = np.arange(24, dtype=dtype).reshape(4, 6).T  # a transposed view, as a convolution's output
+    got = expand_to(np, delta, x, None, False)
+    expected = np.full(x.shape, -0.0, dtype=dtype) + delta
+    assert got.dtype == dtype and got.tobytes() == np.ascontiguousarray(expected).tobytes()
+    assert got.strides == x.strides

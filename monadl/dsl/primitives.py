@@ -44,6 +44,11 @@ __all__ = ["ELEMENTWISE", "Batching", "FanOut", "Primitive", "Rule", "add_n", "e
 
 def expand_to(xp: Any, delta: Any, x: Any, axis: int | tuple[int, ...] | None, keepdims: bool) -> Any:
     """``delta`` of a reduction of ``x`` over ``axis``, broadcast back to ``x``'s shape."""
+    if type(delta) is float and type(x) is NDARRAY:
+        # d itself in x's dtype (as -0.0 + d gives it) in one pass, laid out as x is: a
+        # convolution's output is a transposed view, and its delta in the same layout is the
+        # convolution's own product layout (its vjps then read it without a transposing copy)
+        return np.full_like(x, delta)
     if type(delta) is float or getattr(delta, "ndim", 1) == 0:
         return minus_zeros(xp, x.shape, x.dtype, x) + delta  # -0.0 + d is d, a -0.0 included
     if not keepdims and axis is not None:
