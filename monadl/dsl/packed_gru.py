@@ -16,15 +16,22 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from monadl.do.primitive import Primitive
-from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
-from monadl.dsl.packing import indices, packing
+from monadl.dsl.layers import AnyArray, ArrayLayer
+from monadl.dsl.packing import (
+    PER_DIRECTION,
+    apply_layer,
+    check_steps,
+    layer_ops,
+    packed_deltas,
+    packed_rows,
+    packing,
+    previous_steps,
+    unpacked_rows,
+)
 from monadl.dsl.primitives import sigmoid_of
-from monadl.typeclasses.backend import ShapeError, on_device, shape_of
+from monadl.typeclasses.backend import ShapeError, shape_of
 
 __all__ = ["packed_gru"]
-
-PER_DIRECTION: Final = 8  # r, z, n_x, n_h: the weights, then the biases
 
 
 def _joined(xp: Any, weights: tuple[Any, ...], inputs: int, directions: int) -> tuple[Any, ...]:
@@ -46,8 +53,7 @@ def _forward(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[
     layout = packing(lengths)
     w_x, w_h, b_x, b_nh = _joined(xp, weights, x.shape[1], directions)
     hidden = w_h.shape[1]
-    reads = indices(xp, x, layout.forward, layout.backward)[:directions]
-    xs = xp.stack([xp.take(x, r, axis=0) for r in reads])  # (D, N, inputs), packed
+    xs = packed_rows(xp, x, layout, directions)  # (D, N, inputs)
     pre = xp.matmul(xs, w_x) + b_x  # every step's input side: (D, N, 3 hidden)
     hs: list[Any] = []
     acts: list[tuple[Any, Any, Any]] = []
@@ -67,28 +73,18 @@ def _forward(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[
         hs.append(h)
         acts.append((rz, n_h, candidate))
     h_all = xp.concat(hs, axis=1)  # (D, N, hidden), packed
-    rows = indices(xp, x, layout.forward_rows, layout.backward_rows)[:directions]
-    out = xp.concat([xp.take(h_all[d, ...], rows[d], axis=0) for d in range(directions)], axis=1)
-    # the vjps' shared work is done once, by the first of them: its result is kept in the last slot
-    return out, [xs, w_x, w_h, h_all, acts, None]
+    return unpacked_rows(xp, h_all, layout, False), [xs, w_x, w_h, h_all, acts, None]  # (see layer_ops)
 
 
 def _deltas(xp: Any, d: Any, saved: list[Any], x: Any, *weights: Any, lengths: tuple[int, ...]) -> list[Any]:
-    """Every operand's delta (backpropagation through time), worked out once per delta ``d``."""
-    cached = saved[-1]
-    if cached is not None and cached[0] is d:
-        return cached[1]  # type: ignore[no-any-return]
+    """Every operand's delta (backpropagation through time)."""
     xs, w_x, w_h, h_all, acts = saved[:-1]
     directions = xs.shape[0]
     hidden = w_h.shape[1]
     layout = packing(lengths)
-    reads = indices(xp, x, layout.forward, layout.backward)[:directions]
-    # the outputs' deltas, packed: (D, N, hidden)
-    dh_out = xp.stack(
-        [xp.take(d[:, k * hidden : (k + 1) * hidden], reads[k], axis=0) for k in range(directions)]
-    )
+    dh_out = packed_deltas(xp, d, layout, directions, hidden)
     w_h_t = xp.matrix_transpose(w_h)
-    zeros = xp.zeros((directions, len(lengths), hidden), dtype=dh_out.dtype, **on_device(xp, dh_out))
+    zeros = xp.zeros_like(dh_out[:, : len(lengths), :])
     dh_next = zeros  # the delta each sequence's next step gives back to h
     dgx: list[Any] = []
     dgh: list[Any] = []
@@ -108,45 +104,22 @@ def _deltas(xp: Any, d: Any, saved: list[Any], x: Any, *weights: Any, lengths: t
             if layout.batch[t - 1] > n:  # sequences whose last step is t - 1 join
                 dh_next = xp.concat([dh_next, zeros[:, n : layout.batch[t - 1], :]], axis=1)
     dgx_all, dgh_all = xp.concat(dgx[::-1], axis=1), xp.concat(dgh[::-1], axis=1)  # (D, N, 3 hidden)
-    # each step's previous h, packed (zeros before the first step)
-    h_prev_all = xp.concat(
-        [zeros[:, : layout.batch[0], :]]
-        + [
-            h_all[:, layout.offsets[t - 1] : layout.offsets[t - 1] + n, :]
-            for t, n in enumerate(layout.batch)
-            if t
-        ],
-        axis=1,
-    )
     d_wx = xp.matmul(xp.matrix_transpose(xs), dgx_all)  # (D, inputs, 3 hidden)
-    d_wh = xp.matmul(xp.matrix_transpose(h_prev_all), dgh_all)  # (D, hidden, 3 hidden)
+    d_wh = xp.matmul(xp.matrix_transpose(previous_steps(xp, h_all, layout)), dgh_all)  # (D, hidden, 3 hidden)
     d_bx = xp.sum(dgx_all, axis=1)  # (D, 3 hidden)
     d_bnh = xp.sum(dgh_all[..., 2 * hidden :], axis=1)  # (D, hidden)
-    dxs = xp.matmul(dgx_all, xp.matrix_transpose(w_x))  # (D, N, inputs), packed
-    rows = indices(xp, x, layout.forward_rows, layout.backward_rows)[:directions]
-    dx = xp.take(dxs[0, ...], rows[0], axis=0)
-    if directions == 2:
-        dx = dx + xp.take(dxs[1, ...], rows[1], axis=0)
-    deltas = [dx]
+    deltas = [unpacked_rows(xp, xp.matmul(dgx_all, xp.matrix_transpose(w_x)), layout, True)]
     reset, update, candidate = (slice(k * hidden, (k + 1) * hidden) for k in range(3))
     for k in range(directions):
         deltas += [xp.concat([d_wx[k, :, g], d_wh[k, :, g]], axis=0) for g in (reset, update)]
         deltas += [d_wx[k, :, candidate], d_wh[k, :, candidate]]
         deltas += [d_bx[k, reset], d_bx[k, update], d_bx[k, candidate], d_bnh[k, :]]
-    saved[-1] = (d, deltas)  # one assignment: a vjp on another thread sees the pair or nothing
     return deltas
-
-
-def _vjp(k: int) -> Any:
-    def vjp(xp: Any, d: Any, saved: list[Any], *inputs: Any, lengths: tuple[int, ...]) -> Any:
-        return _deltas(xp, d, saved, *inputs, lengths=lengths)[k]
-
-    return vjp
 
 
 def _check(x: Any, *weights: Any, lengths: tuple[int, ...]) -> None:
     if len(weights) not in (PER_DIRECTION, 2 * PER_DIRECTION):
-        raise ShapeError(f"packed_gru: takes 8 weights a direction, got {len(weights)}")
+        raise ShapeError(f"packed_gru: takes {PER_DIRECTION} weights a direction, got {len(weights)}")
     n_x, n_h = weights[2], weights[3]
     if type(n_x) is float or type(n_h) is float or n_x.ndim != 2 or n_h.ndim != 2:
         raise ShapeError(
@@ -159,14 +132,7 @@ def _check(x: Any, *weights: Any, lengths: tuple[int, ...]) -> None:
         want = wants[k % PER_DIRECTION]
         if tuple(getattr(w, "shape", ())) != want:
             raise ShapeError(f"packed_gru: gate array {k} must be {want} as n_x's, got {shape_of(w)}")
-    if type(x) is float or x.ndim != 2 or x.shape[1] != inputs:
-        raise ShapeError(
-            f"packed_gru: the steps must be (steps, {inputs}) for these cells, got {shape_of(x)}"
-        )
-    if not lengths or min(lengths) < 1 or sum(lengths) != x.shape[0]:
-        raise ShapeError(
-            f"packed_gru: lengths {list(lengths)} do not add up to the {x.shape[0]} steps of {shape_of(x)}"
-        )
+    check_steps("packed_gru", x, inputs, lengths)
 
 
 def _cost(x: Any, *weights: Any, **_: Any) -> float:
@@ -175,28 +141,11 @@ def _cost(x: Any, *weights: Any, **_: Any) -> float:
     return float(2 * x.shape[0] * 3 * (inputs + hidden) * hidden * (len(weights) // PER_DIRECTION))
 
 
-# One primitive a number of directions (one vjp an operand); its calls never merge: each is a whole
-# layer over a batch already.
-PACKED_GRU: Final = {
-    n: Primitive(
-        "packed_gru",
-        _forward,
-        tuple(_vjp(k) for k in range(1 + n)),
-        saves=True,
-        cost=_cost,
-        check=_check,
-        fresh=True,
-        own=True,
-    )
-    for n in (PER_DIRECTION, 2 * PER_DIRECTION)
-}
+PACKED_GRU: Final = layer_ops("packed_gru", _forward, _deltas, _cost, _check)
 
 
 def packed_gru(x: AnyArray, lengths: tuple[int, ...], *weights: AnyArray) -> ArrayLayer:
     """One GRU layer, one or two directions, over ``len(lengths)`` sequences whose steps are the
     rows of ``x`` one sequence after another; ``weights`` are each direction's ``r, z, n_x, n_h``
     weights, then their biases. Gives every step's output (see the module)."""
-    prim = PACKED_GRU.get(len(weights))
-    if prim is None:
-        raise ValueError(f"packed_gru: takes 8 weights a direction, got {len(weights)}")
-    return apply_array(prim, x, *weights, lengths=tuple(int(n) for n in lengths))
+    return apply_layer(PACKED_GRU, x, lengths, weights)

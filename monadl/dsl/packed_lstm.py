@@ -26,11 +26,21 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from monadl.do.primitive import Primitive
-from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
-from monadl.dsl.packing import indices, packing
+from monadl.dsl.layers import AnyArray, ArrayLayer
+from monadl.dsl.packing import (
+    PER_DIRECTION,
+    apply_layer,
+    check_steps,
+    indices,
+    layer_ops,
+    packed_deltas,
+    packed_rows,
+    packing,
+    previous_steps,
+    unpacked_rows,
+)
 from monadl.dsl.primitives import sigmoid_of
-from monadl.typeclasses.backend import ShapeError, on_device, shape_of
+from monadl.typeclasses.backend import ShapeError, shape_of
 
 __all__ = ["packed_lstm"]
 
@@ -42,8 +52,8 @@ def _joined(xp: Any, weights: tuple[Any, ...], inputs: int, directions: int) -> 
     and the biases (D, 1, 4 hidden)."""
     wx, wh, b = [], [], []
     for d in range(directions):
-        ws = weights[2 * GATES * d : 2 * GATES * d + GATES]
-        bs = weights[2 * GATES * d + GATES : 2 * GATES * (d + 1)]
+        ws = weights[PER_DIRECTION * d : PER_DIRECTION * d + GATES]
+        bs = weights[PER_DIRECTION * d + GATES : PER_DIRECTION * (d + 1)]
         w = xp.concat(ws, axis=1)
         wx.append(w[:inputs, :])
         wh.append(w[inputs:, :])
@@ -52,13 +62,11 @@ def _joined(xp: Any, weights: tuple[Any, ...], inputs: int, directions: int) -> 
 
 
 def _forward(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[Any, list[Any]]:
-    directions = len(weights) // (2 * GATES)
-    inputs = x.shape[1]
+    directions = len(weights) // PER_DIRECTION
     layout = packing(lengths)
-    w_x, w_h, bias = _joined(xp, weights, inputs, directions)
+    w_x, w_h, bias = _joined(xp, weights, x.shape[1], directions)
     hidden = w_h.shape[1]
-    reads = indices(xp, x, layout.forward, layout.backward)[:directions]
-    xs = xp.stack([xp.take(x, r, axis=0) for r in reads])  # (D, N, inputs), packed
+    xs = packed_rows(xp, x, layout, directions)  # (D, N, inputs)
     pre = xp.matmul(xs, w_x) + bias  # every step's input projection: (D, N, 4 hidden)
     hs: list[Any] = []
     cs: list[Any] = []
@@ -81,36 +89,23 @@ def _forward(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[
         cs.append(c)
         acts.append((s, u, tc))
     h_all, c_all = xp.concat(hs, axis=1), xp.concat(cs, axis=1)  # (D, N, hidden), packed
-    rows = indices(xp, x, layout.forward_rows, layout.backward_rows)[:directions]
     (last,) = indices(xp, x, layout.last)
-    out = xp.concat(
-        [
-            xp.concat([xp.take(h_all[d, ...], rows[d], axis=0) for d in range(directions)], axis=1),
-            xp.concat([xp.take(c_all[d, ...], last, axis=0) for d in range(directions)], axis=1),
-        ],
-        axis=0,
-    )
-    # the vjps' shared work is done once, by the first of them: its result is kept in the last slot
-    return out, [xs, w_x, w_h, h_all, c_all, acts, None]
+    finals = xp.concat([xp.take(c_all[d, ...], last, axis=0) for d in range(directions)], axis=1)
+    out = xp.concat([unpacked_rows(xp, h_all, layout, False), finals], axis=0)
+    return out, [xs, w_x, w_h, h_all, c_all, acts, None]  # (the last slot: see layer_ops)
 
 
 def _deltas(xp: Any, d: Any, saved: list[Any], x: Any, *weights: Any, lengths: tuple[int, ...]) -> list[Any]:
-    """Every operand's delta (backpropagation through time), worked out once per delta ``d``."""
-    cached = saved[-1]
-    if cached is not None and cached[0] is d:
-        return cached[1]  # type: ignore[no-any-return]
+    """Every operand's delta (backpropagation through time)."""
     xs, w_x, w_h, h_all, c_all, acts = saved[:-1]
-    directions, n_rows = xs.shape[0], xs.shape[1]
+    directions, steps = xs.shape[0], xs.shape[1]
     hidden = w_h.shape[1]
     layout = packing(lengths)
-    reads = indices(xp, x, layout.forward, layout.backward)[:directions]
+    dh_out = packed_deltas(xp, d, layout, directions, hidden)
+    # the final memories' deltas, the sequences in sorted order: (D, S, hidden)
     (order,) = indices(xp, x, layout.order)
-    # the outputs' deltas, packed: (D, N, hidden); the final memories', in sorted order: (D, S, hidden)
-    dh_out = xp.stack(
-        [xp.take(d[:n_rows, dd * hidden : (dd + 1) * hidden], reads[dd], axis=0) for dd in range(directions)]
-    )
     dc_final = xp.stack(
-        [xp.take(d[n_rows:, dd * hidden : (dd + 1) * hidden], order, axis=0) for dd in range(directions)]
+        [xp.take(d[steps:, k * hidden : (k + 1) * hidden], order, axis=0) for k in range(directions)]
     )
     w_h_t = xp.matrix_transpose(w_h)
     dh_first = xp.zeros_like(dc_final)
@@ -136,43 +131,20 @@ def _deltas(xp: Any, d: Any, saved: list[Any], x: Any, *weights: Any, lengths: t
                 dh_next = xp.concat([dh_next, dh_first[:, joined, :]], axis=1)
                 dc_next = xp.concat([dc_next, dc_final[:, joined, :]], axis=1)
     dg_all = xp.concat(dgs[::-1], axis=1)  # (D, N, 4 hidden), packed
-    # each step's previous h, packed (zeros before the first step)
-    h_prev = xp.concat(
-        [xp.zeros((directions, layout.batch[0], hidden), dtype=h_all.dtype, **on_device(xp, h_all))]
-        + [
-            h_all[:, layout.offsets[t - 1] : layout.offsets[t - 1] + n, :]
-            for t, n in enumerate(layout.batch)
-            if t
-        ],
-        axis=1,
-    )
     d_wx = xp.matmul(xp.matrix_transpose(xs), dg_all)  # (D, inputs, 4 hidden)
-    d_wh = xp.matmul(xp.matrix_transpose(h_prev), dg_all)  # (D, hidden, 4 hidden)
+    d_wh = xp.matmul(xp.matrix_transpose(previous_steps(xp, h_all, layout)), dg_all)  # (D, hidden, 4 hidden)
     d_b = xp.sum(dg_all, axis=1)  # (D, 4 hidden)
-    dxs = xp.matmul(dg_all, xp.matrix_transpose(w_x))  # (D, N, inputs), packed
-    rows = indices(xp, x, layout.forward_rows, layout.backward_rows)[:directions]
-    dx = xp.take(dxs[0, ...], rows[0], axis=0)
-    if directions == 2:
-        dx = dx + xp.take(dxs[1, ...], rows[1], axis=0)
-    deltas = [dx]
+    deltas = [unpacked_rows(xp, xp.matmul(dg_all, xp.matrix_transpose(w_x)), layout, True)]
     for dd in range(directions):
         gates = [slice(k * hidden, (k + 1) * hidden) for k in range(GATES)]
         deltas += [xp.concat([d_wx[dd, :, k], d_wh[dd, :, k]], axis=0) for k in gates]
         deltas += [d_b[dd, k] for k in gates]
-    saved[-1] = (d, deltas)  # one assignment: a vjp on another thread sees the pair or nothing
     return deltas
 
 
-def _vjp(k: int) -> Any:
-    def vjp(xp: Any, d: Any, saved: list[Any], *inputs: Any, lengths: tuple[int, ...]) -> Any:
-        return _deltas(xp, d, saved, *inputs, lengths=lengths)[k]
-
-    return vjp
-
-
 def _check(x: Any, *weights: Any, lengths: tuple[int, ...]) -> None:
-    if len(weights) not in (2 * GATES, 4 * GATES):
-        raise ShapeError(f"packed_lstm: takes 8 weights a direction, got {len(weights)}")
+    if len(weights) not in (PER_DIRECTION, 2 * PER_DIRECTION):
+        raise ShapeError(f"packed_lstm: takes {PER_DIRECTION} weights a direction, got {len(weights)}")
     first, bias = weights[0], weights[GATES]
     if type(first) is float or type(bias) is float or first.ndim != 2 or bias.shape != first.shape[1:]:
         raise ShapeError(
@@ -182,39 +154,18 @@ def _check(x: Any, *weights: Any, lengths: tuple[int, ...]) -> None:
     hidden = first.shape[1]
     inputs = first.shape[0] - hidden
     for k, w in enumerate(weights):
-        want = (inputs + hidden, hidden) if k % (2 * GATES) < GATES else (hidden,)
+        want = (inputs + hidden, hidden) if k % PER_DIRECTION < GATES else (hidden,)
         if tuple(getattr(w, "shape", ())) != want:
             raise ShapeError(f"packed_lstm: gate array {k} must be {want} as the first, got {shape_of(w)}")
-    if type(x) is float or x.ndim != 2 or x.shape[1] != inputs:
-        raise ShapeError(
-            f"packed_lstm: the steps must be (steps, {inputs}) for these cells, got {shape_of(x)}"
-        )
-    if not lengths or min(lengths) < 1 or sum(lengths) != x.shape[0]:
-        raise ShapeError(
-            f"packed_lstm: lengths {list(lengths)} do not add up to the {x.shape[0]} steps of {shape_of(x)}"
-        )
+    check_steps("packed_lstm", x, inputs, lengths)
 
 
 def _cost(x: Any, *weights: Any, **_: Any) -> float:
     """Multiplications and additions of the products: each step's gates, in each direction."""
-    return float(2 * x.shape[0] * GATES * weights[0].size * (len(weights) // (2 * GATES)))
+    return float(2 * x.shape[0] * GATES * weights[0].size * (len(weights) // PER_DIRECTION))
 
 
-# One primitive a number of directions (one vjp an operand); its calls never merge: each is a whole
-# layer over a batch already.
-PACKED_LSTM: Final = {
-    n: Primitive(
-        "packed_lstm",
-        _forward,
-        tuple(_vjp(k) for k in range(1 + n)),
-        saves=True,
-        cost=_cost,
-        check=_check,
-        fresh=True,
-        own=True,
-    )
-    for n in (2 * GATES, 4 * GATES)
-}
+PACKED_LSTM: Final = layer_ops("packed_lstm", _forward, _deltas, _cost, _check)
 
 
 def packed_lstm(x: AnyArray, lengths: tuple[int, ...], *weights: AnyArray) -> ArrayLayer:
@@ -222,7 +173,4 @@ def packed_lstm(x: AnyArray, lengths: tuple[int, ...], *weights: AnyArray) -> Ar
     rows of ``x`` one sequence after another; ``weights`` are each direction's ``w_i, w_f, w_o, w_u,
     b_i, b_f, b_o, b_u``. Gives every step's output, then each sequence's final memories (see the
     module)."""
-    prim = PACKED_LSTM.get(len(weights))
-    if prim is None:
-        raise ValueError(f"packed_lstm: takes 8 weights a direction, got {len(weights)}")
-    return apply_array(prim, x, *weights, lengths=tuple(int(n) for n in lengths))
+    return apply_layer(PACKED_LSTM, x, lengths, weights)

@@ -1,5 +1,7 @@
 """Sequences of different lengths packed by time step, as PyTorch's ``PackedSequence``: the
-layout of the whole-layer recurrent ops (:mod:`monadl.dsl.packed_lstm`, :mod:`monadl.dsl.packed_gru`).
+layout of the whole-layer recurrent ops (:mod:`monadl.dsl.packed_lstm`, :mod:`monadl.dsl.packed_gru`),
+and what those ops share: their operands' checks, the moves between the sequences' order and the
+packed one, and their primitives, whose vjps share one backward pass.
 
 The sequences' steps come one sequence after another (the rows of ``x``); packed, the steps of time
 ``t`` of every sequence that has one are consecutive rows, the sequences sorted by length, longest
@@ -10,14 +12,20 @@ reads each sequence from its last step, so it has its own packing of the same sh
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
-from monadl.typeclasses.backend import on_device
+from monadl.do.primitive import Primitive
+from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
+from monadl.typeclasses.backend import ShapeError, on_device, shape_of
 
-__all__ = ["Packing", "indices", "packing"]
+__all__ = ["Packing", "indices", "layer_ops", "packing"]
+
+PER_DIRECTION: Final = 8
+"""Operands a direction of a layer op takes: its cell's four gates' weights, then their biases."""
 
 
 @dataclass(frozen=True)
@@ -75,3 +83,97 @@ def packing(lengths: tuple[int, ...]) -> Packing:
 def indices(xp: Any, like: Any, *arrays: Any) -> list[Any]:
     """NumPy index arrays as ``xp``'s, on ``like``'s device."""
     return [xp.asarray(a, **on_device(xp, like)) for a in arrays]
+
+
+def packed_rows(xp: Any, x: Any, layout: Packing, directions: int) -> Any:
+    """The rows of ``x`` (N, ...) in each direction's packed order: (D, N, ...)."""
+    reads = indices(xp, x, layout.forward, layout.backward)[:directions]
+    return xp.stack([xp.take(x, r, axis=0) for r in reads])
+
+
+def packed_deltas(xp: Any, d: Any, layout: Packing, directions: int, hidden: int) -> Any:
+    """The outputs' deltas: the first N rows of ``d``, each direction's ``hidden`` columns, in its
+    packed order (D, N, hidden)."""
+    reads = indices(xp, d, layout.forward, layout.backward)[:directions]
+    steps = layout.forward.shape[0]
+    return xp.stack(
+        [xp.take(d[:steps, k * hidden : (k + 1) * hidden], reads[k], axis=0) for k in range(directions)]
+    )
+
+
+def unpacked_rows(xp: Any, packed: Any, layout: Packing, summed: bool) -> Any:
+    """Each direction's packed rows (D, N, k) back in the sequences' order: side by side, (N, D k),
+    or ``summed``, (N, k) (an input's delta, read by both directions)."""
+    rows = indices(xp, packed, layout.forward_rows, layout.backward_rows)[: packed.shape[0]]
+    parts = [xp.take(packed[d, ...], rows[d], axis=0) for d in range(packed.shape[0])]
+    if not summed:
+        return xp.concat(parts, axis=1)
+    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
+
+
+def previous_steps(xp: Any, h: Any, layout: Packing) -> Any:
+    """Each packed row's previous step's ``h`` (D, N, hidden), zeros before the first step."""
+    first = xp.zeros((h.shape[0], layout.batch[0], h.shape[2]), dtype=h.dtype, **on_device(xp, h))
+    steps = [
+        h[:, layout.offsets[t - 1] : layout.offsets[t - 1] + n, :] for t, n in enumerate(layout.batch) if t
+    ]
+    return xp.concat([first, *steps], axis=1)
+
+
+def check_steps(op: str, x: Any, inputs: int, lengths: tuple[int, ...]) -> None:
+    """Raises a ShapeError naming ``op`` unless ``x`` is (sum of ``lengths``, ``inputs``)."""
+    if type(x) is float or x.ndim != 2 or x.shape[1] != inputs:
+        raise ShapeError(f"{op}: the steps must be (steps, {inputs}) for these cells, got {shape_of(x)}")
+    if not lengths or min(lengths) < 1 or sum(lengths) != x.shape[0]:
+        raise ShapeError(
+            f"{op}: lengths {list(lengths)} do not add up to the {x.shape[0]} steps of {shape_of(x)}"
+        )
+
+
+def _vjp(deltas: Callable[..., list[Any]], k: int) -> Callable[..., Any]:
+    def vjp(xp: Any, d: Any, saved: list[Any], *inputs: Any, lengths: tuple[int, ...]) -> Any:
+        cached = saved[-1]
+        if cached is None or cached[0] is not d:
+            cached = (d, deltas(xp, d, saved, *inputs, lengths=lengths))
+            saved[-1] = cached  # one assignment: a vjp on another thread sees the pair or nothing
+        return cached[1][k]
+
+    return vjp
+
+
+def layer_ops(
+    name: str,
+    forward: Callable[..., tuple[Any, list[Any]]],
+    deltas: Callable[..., list[Any]],
+    cost: Callable[..., float],
+    check: Callable[..., None],
+) -> dict[int, Primitive]:
+    """A whole-layer op's primitives, one a number of directions (one vjp an operand), by their
+    number of weights. ``forward(xp, x, *weights, lengths)`` gives the result and what it saves, a
+    list whose last slot is kept for the deltas; ``deltas(xp, d, saved, x, *weights, lengths)``
+    gives every operand's delta at once, worked out by the first vjp that asks. Its calls never
+    merge: each is a whole layer over a batch already."""
+    return {
+        n: Primitive(
+            name,
+            forward,
+            tuple(_vjp(deltas, k) for k in range(1 + n)),
+            saves=True,
+            cost=cost,
+            check=check,
+            fresh=True,
+            own=True,
+        )
+        for n in (PER_DIRECTION, 2 * PER_DIRECTION)
+    }
+
+
+def apply_layer(
+    ops: dict[int, Primitive], x: AnyArray, lengths: tuple[int, ...], weights: tuple[AnyArray, ...]
+) -> ArrayLayer:
+    """The layer op of ``ops`` for ``len(weights)`` on ``x`` and ``weights``."""
+    prim = ops.get(len(weights))
+    if prim is None:
+        name = next(iter(ops.values())).name
+        raise ValueError(f"{name}: takes {PER_DIRECTION} weights a direction, got {len(weights)}")
+    return apply_array(prim, x, *weights, lengths=tuple(int(n) for n in lengths))
