@@ -12,8 +12,10 @@ Each layer, both directions and every sequence, runs as one op (as PyTorch's ``n
 :func:`~monadl.dsl.packed_gru.packed_gru`, the cells' arithmetic on stacked rows, one time step
 after another, with a hand-written backward pass. The cells hold the weights (their names and
 checkpoints are the cells'). A layer's steps' outputs are one lookup each in its result, and those
-lookups merge under dynamic batching. (A model that calls a cell itself, one step at a time, has
-its calls merged by dynamic batching instead: the cells are batchable operations.)
+lookups merge under dynamic batching. Give a layer all the sequences of a batch in one call:
+separate calls of it are separate ops, which do not merge. (A model that calls a cell itself, one
+step at a time, has its calls merged by dynamic batching instead: the cells are batchable
+operations.)
 """
 
 from __future__ import annotations
