@@ -4,6 +4,8 @@ by finite differences, batched equal to unbatched (and merged), variable lengths
 from __future__ import annotations
 
 import dataclasses
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,7 @@ from returns.result import Failure
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, nn
 from monadl.bench.suite_dynet import fused_lstm
+from monadl.dsl.packing import layer_ops
 from monadl.gradcheck import check_gradients
 
 LENGTHS = (5, 2, 3, 1)
@@ -305,3 +308,38 @@ def test_bad_input_is_an_error_naming_the_sequence_and_the_shapes() -> None:
     result = ml.stack(lstm([[table[1], table[2]], [table[3]]]).outputs[0]).predict_blocking()
     assert isinstance(result, Failure) and isinstance(result.failure(), ml.ShapeError)
     assert "packed_lstm: the steps must be (steps, 3) for these cells, got (3, 5)" in str(result.failure())
+
+
+def test_a_layer_ops_vjps_on_several_threads_work_out_its_deltas_once() -> None:
+    """A whole-layer op's vjps share one backward pass: run at once on a pool's threads, the first
+    works it out and the others wait for it (none repeats it)."""
+    calls: list[Any] = []
+
+    def forward(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[Any, tuple[Any, ...]]:
+        return x, ("saved",)
+
+    def deltas(xp: Any, d: Any, saved: Any, *inputs: Any, lengths: tuple[int, ...]) -> list[Any]:
+        calls.append(saved)
+        time.sleep(0.05)  # long enough for every thread to ask meanwhile
+        return [k * d for k in range(9)]
+
+    prim = layer_ops("fake", forward, deltas, lambda *_, **__: 0.0, lambda *_, **__: None)[8]
+    operands = (np.ones(2), *[np.ones(1)] * 8)
+    _, saved = prim.forward(np, *operands, lengths=(2,))
+    d = np.ones(2)
+    with ThreadPoolExecutor(9) as pool:
+        got = list(pool.map(lambda k: prim.vjps[k](np, d, saved, *operands, lengths=(2,)), range(9)))
+    assert calls == [("saved",)]
+    for k, delta in enumerate(got):
+        np.testing.assert_array_equal(delta, k * d)
+
+
+def test_with_a_pool_a_layers_gradients_are_those_of_one_thread() -> None:
+    model = nn.LSTM.new(3, 4, bidirectional=True, seed=15, dtype=np.float64)
+    xs = sequences(3, seed=16)
+    alone = ml.compute_gradients(scalar(model(xs), 4), executor=ml.Executor())
+    with ml.Executor(workers=2, min_pool_cost=0.0) as executor:
+        pooled = ml.compute_gradients(scalar(model(xs), 4), executor=executor)
+    assert pooled[0] == alone[0]
+    for weight, gradient in alone[1].items():
+        np.testing.assert_array_equal(pooled[1][weight], gradient)

@@ -48,7 +48,7 @@ def _joined(xp: Any, weights: tuple[Any, ...], inputs: int, directions: int) -> 
     return xp.stack(wx), xp.stack(wh), xp.stack(bx), xp.stack(bh)
 
 
-def _forward(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[Any, list[Any]]:
+def _forward(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[Any, tuple[Any, ...]]:
     directions = len(weights) // PER_DIRECTION
     layout = packing(lengths)
     w_x, w_h, b_x, b_nh = _joined(xp, weights, x.shape[1], directions)
@@ -73,12 +73,14 @@ def _forward(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[
         hs.append(h)
         acts.append((rz, n_h, candidate))
     h_all = xp.concat(hs, axis=1)  # (D, N, hidden), packed
-    return unpacked_rows(xp, h_all, layout, False), [xs, w_x, w_h, h_all, acts, None]  # (see layer_ops)
+    return unpacked_rows(xp, h_all, layout, False), (xs, w_x, w_h, h_all, acts)
 
 
-def _deltas(xp: Any, d: Any, saved: list[Any], x: Any, *weights: Any, lengths: tuple[int, ...]) -> list[Any]:
+def _deltas(
+    xp: Any, d: Any, saved: tuple[Any, ...], x: Any, *weights: Any, lengths: tuple[int, ...]
+) -> list[Any]:
     """Every operand's delta (backpropagation through time)."""
-    xs, w_x, w_h, h_all, acts = saved[:-1]
+    xs, w_x, w_h, h_all, acts = saved
     directions = xs.shape[0]
     hidden = w_h.shape[1]
     layout = packing(lengths)

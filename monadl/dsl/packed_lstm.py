@@ -61,7 +61,7 @@ def _joined(xp: Any, weights: tuple[Any, ...], inputs: int, directions: int) -> 
     return xp.stack(wx), xp.stack(wh), xp.stack(b)
 
 
-def _forward(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[Any, list[Any]]:
+def _forward(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[Any, tuple[Any, ...]]:
     directions = len(weights) // PER_DIRECTION
     layout = packing(lengths)
     w_x, w_h, bias = _joined(xp, weights, x.shape[1], directions)
@@ -92,12 +92,14 @@ def _forward(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[
     (last,) = indices(xp, x, layout.last)
     finals = xp.concat([xp.take(c_all[d, ...], last, axis=0) for d in range(directions)], axis=1)
     out = xp.concat([unpacked_rows(xp, h_all, layout, False), finals], axis=0)
-    return out, [xs, w_x, w_h, h_all, c_all, acts, None]  # (the last slot: see layer_ops)
+    return out, (xs, w_x, w_h, h_all, c_all, acts)
 
 
-def _deltas(xp: Any, d: Any, saved: list[Any], x: Any, *weights: Any, lengths: tuple[int, ...]) -> list[Any]:
+def _deltas(
+    xp: Any, d: Any, saved: tuple[Any, ...], x: Any, *weights: Any, lengths: tuple[int, ...]
+) -> list[Any]:
     """Every operand's delta (backpropagation through time)."""
-    xs, w_x, w_h, h_all, c_all, acts = saved[:-1]
+    xs, w_x, w_h, h_all, c_all, acts = saved
     directions, steps = xs.shape[0], xs.shape[1]
     hidden = w_h.shape[1]
     layout = packing(lengths)

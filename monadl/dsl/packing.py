@@ -12,6 +12,7 @@ reads each sequence from its last step, so it has its own packing of the same sh
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -130,12 +131,26 @@ def check_steps(op: str, x: Any, inputs: int, lengths: tuple[int, ...]) -> None:
         )
 
 
+def _saving(forward: Callable[..., tuple[Any, tuple[Any, ...]]]) -> Callable[..., tuple[Any, list[Any]]]:
+    """``forward``, whose saved values go with a lock and a slot for the deltas worked out from
+    them (see :func:`layer_ops`)."""
+
+    def run(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[Any, list[Any]]:
+        out, saved = forward(xp, x, *weights, lengths=lengths)
+        return out, [saved, threading.Lock(), None]
+
+    return run
+
+
 def _vjp(deltas: Callable[..., list[Any]], k: int) -> Callable[..., Any]:
     def vjp(xp: Any, d: Any, saved: list[Any], *inputs: Any, lengths: tuple[int, ...]) -> Any:
-        cached = saved[-1]
+        cached = saved[2]
         if cached is None or cached[0] is not d:
-            cached = (d, deltas(xp, d, saved, *inputs, lengths=lengths))
-            saved[-1] = cached  # one assignment: a vjp on another thread sees the pair or nothing
+            with saved[1]:  # the vjps of one call may run on several threads of a pool: one computes
+                cached = saved[2]
+                if cached is None or cached[0] is not d:
+                    cached = (d, deltas(xp, d, saved[0], *inputs, lengths=lengths))
+                    saved[2] = cached
         return cached[1][k]
 
     return vjp
@@ -143,20 +158,20 @@ def _vjp(deltas: Callable[..., list[Any]], k: int) -> Callable[..., Any]:
 
 def layer_ops(
     name: str,
-    forward: Callable[..., tuple[Any, list[Any]]],
+    forward: Callable[..., tuple[Any, tuple[Any, ...]]],
     deltas: Callable[..., list[Any]],
     cost: Callable[..., float],
     check: Callable[..., None],
 ) -> dict[int, Primitive]:
     """A whole-layer op's primitives, one a number of directions (one vjp an operand), by their
-    number of weights. ``forward(xp, x, *weights, lengths)`` gives the result and what it saves, a
-    list whose last slot is kept for the deltas; ``deltas(xp, d, saved, x, *weights, lengths)``
-    gives every operand's delta at once, worked out by the first vjp that asks. Its calls never
+    number of weights. ``forward(xp, x, *weights, lengths)`` gives the result and what it saves;
+    ``deltas(xp, d, saved, x, *weights, lengths)`` gives every operand's delta at once, worked out
+    once, by the first vjp that asks (the others wait for it, then read theirs). Its calls never
     merge: each is a whole layer over a batch already."""
     return {
         n: Primitive(
             name,
-            forward,
+            _saving(forward),
             tuple(_vjp(deltas, k) for k in range(1 + n)),
             saves=True,
             cost=cost,
