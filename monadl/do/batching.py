@@ -58,7 +58,7 @@ def signature(run: Run, entry: Entry, min_cost: float) -> Hashable | None:
                 key.append((float_key(data),))  # one float constant for all the calls
                 continue
             if i in shared:
-                key.append((slot,))  # one computed value read whole by all the calls (a table)
+                key.append(("value", slot))  # one computed value read whole by all the calls
                 continue
         if i in shared:
             return None
