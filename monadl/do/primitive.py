@@ -271,11 +271,10 @@ class Primitive:
         exact: bool = False,
     ) -> Any:
         """The delta of input ``i`` of an application (inputs' data ``datas``; ``saved``: what it
-        saved, or its result), given the result's ``delta``. ``dense``: the input takes dense
+        saved, or its result), given the result's ``delta``, dense (the backward pass makes a
+        looked-up result's delta dense once for all its inputs). ``dense``: the input takes dense
         deltas only (not a ``SparseRows``). ``exact``: the input is a NumPy array of the result's
         shape, so a broadcasting op's delta for it needs no sum (known from an earlier run)."""
-        if type(delta) is SparseRows:  # the result was looked up (take_rows): the rules want dense
-            delta = delta.to_dense(xp)
         rule = self.vjps[i]
         try:
             g = call_vjp(rule, xp, delta, saved, datas, params)

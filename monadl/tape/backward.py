@@ -348,8 +348,7 @@ def _op(b: Backward, step: OpStep) -> None:
         if passes and type(args[j]) is float:  # the delta passes through: no kernel
             b.give(slot, d, False)
             continue
-        if type(d) is SparseRows:  # the rules want it dense: made so once, not once per input
-            d = d.to_dense(xp)
+        d = _dense(d)  # the rules want it dense: made so once (kept for the next inputs)
         stats.kernels += 1
         tally(stats.vjps, prim.name)
         rule = prim.products.get(j)
