@@ -48,6 +48,11 @@ _SORTED_SUMS_FROM: Final = 64
 """Rows from which :func:`row_sums` sorts on NumPy (fewer: ``add.at``'s per-row cost is lower)."""
 
 
+def _sorts(indices: Any, values: Any) -> bool:
+    """Whether :func:`row_sums` sums these rows by sorting them (NumPy, many rows)."""
+    return type(values) is np.ndarray and indices.shape[0] >= _SORTED_SUMS_FROM
+
+
 def sorted_layout(indices: Any) -> tuple[Any, Any, Any]:
     """How :func:`row_sums` sums rows at NumPy ``indices``: the stable order that sorts them, the
     distinct indices, sorted, and where each one's run starts in that order."""
@@ -66,7 +71,7 @@ def row_sums(
     (``add.at`` adds rows of a table element by element, slower), which may sum a row's terms in
     another order than ``add.at`` (the last bits); :meth:`SparseRows.to_dense` sums from here too,
     so a dense gradient's rows equal these bit for bit. Elsewhere ``unique`` and ``add.at``."""
-    if type(values) is np.ndarray and indices.shape[0] >= _SORTED_SUMS_FROM:
+    if _sorts(indices, values):
         order, rows, starts = sorted_layout(indices) if layout is None else layout
         summed = np.add.reduceat(values[order], starts, axis=0)
         summed += 0.0  # as a sum into zeros would: a row of -0.0s gives +0.0
@@ -152,7 +157,7 @@ class SparseRows:
             values = self.values
             indices = self.indices
             layout = self._layout
-            if layout is None and type(values) is np.ndarray and indices.shape[0] >= _SORTED_SUMS_FROM:
+            if layout is None and _sorts(indices, values):
                 layout = self._layout = sorted_layout(indices)
             self._sums = row_sums(namespace(values), indices, values, layout)
             self._summed = True
