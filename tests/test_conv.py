@@ -40,6 +40,10 @@ CONV_CASES: list[tuple[str, tuple[int, ...], tuple[int, ...], dict[str, Any]]] =
     ("same", (2, 3, 6, 5), (2, 3, 4, 3), {"padding": "same", "dilation": 2}),
     ("1d", (2, 3, 11), (4, 3, 3), {"stride": 2, "padding": 2, "dilation": 2}),
     ("1d groups", (2, 4, 7), (6, 2, 2), {"groups": 2}),
+    # windows that tile the padded input (stride = kernel): the input's delta is written, not added
+    ("tiles the padded input", (2, 3, 4, 7), (4, 3, 3, 3), {"stride": 3, "padding": 1}),
+    ("tiles the input, padded", (2, 3, 6, 6), (4, 3, 3, 3), {"stride": 3, "padding": 1}),
+    ("1d tiles the padded input", (2, 3, 7), (4, 3, 3), {"stride": 3, "padding": 1}),
 ]
 
 
@@ -72,6 +76,12 @@ POOL_CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
     ("avg_pool2d", (3, 5, 4), {"kernel_size": 2}),
     ("max_pool1d", (2, 3, 9), {"kernel_size": 3, "stride": 2, "padding": 1}),
     ("avg_pool1d", (2, 3, 9), {"kernel_size": 2}),
+    # stride = kernel, padded: windows that tile the padded input, or the unpadded one
+    ("max_pool2d", (2, 3, 4, 4), {"kernel_size": 3, "padding": 1}),
+    ("max_pool2d", (2, 3, 6, 6), {"kernel_size": 3, "padding": 1}),
+    ("avg_pool2d", (2, 3, 4, 7), {"kernel_size": 3, "padding": 1}),
+    ("avg_pool1d", (1, 1, 9), {"kernel_size": 3, "padding": 1}),
+    ("max_pool1d", (2, 3, 7), {"kernel_size": 3, "padding": 1}),
 ]
 
 
@@ -115,6 +125,22 @@ def test_conv_gradients_equal_finite_differences(
         return ml.sum(ml.tanh(conv(x, w, b, **params)) * weighting)
 
     check_gradients(loss, _u(*x_shape), _u(*w_shape), _u(w_shape[0]))
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=lambda c: f"{c[0]} {c[1]} {c[2]}")
+def test_pool_gradients_equal_finite_differences(case: tuple[str, tuple[int, ...], dict[str, Any]]) -> None:
+    name, shape, params = case
+    x = RNG.permutation(int(np.prod(shape))).reshape(shape) / 10.0  # ties would have no derivative
+    pool = getattr(ml, name)
+    weighting = probe(predict(pool(x, **params)).shape)
+    check_gradients(lambda w: ml.sum(pool(w, **params) * weighting), x)
+
+
+def test_an_avg_pool_tiling_the_padded_input_sends_each_element_its_windows_delta() -> None:
+    w = ArrayWeight(np.zeros((1, 1, 9)))
+    _, grads = ml.compute_gradients(ml.sum(ml.avg_pool1d(w, 3, padding=1) * np.array([1.0, 2.0, 3.0])))
+    # windows [pad, 0, 1], [2, 3, 4], [5, 6, 7]; element 8 is in none
+    np.testing.assert_allclose(grads[w].ravel() * 3.0, [1, 1, 2, 2, 2, 3, 3, 3, 0])
 
 
 # ------------------------------------------------------------------------------------- batching

@@ -85,21 +85,21 @@ def _col2im(
     (top, bottom), (left, right) = pads
     h, w = shape[-2], shape[-1]
     oh, ow = parts[0].shape[-2], parts[0].shape[-1]
-    if stride == kernel and dilation == (1, 1) and (h, w) == (oh * kernel[0], ow * kernel[1]):
-        # windows that tile the input (pads are then zero): each offset's delta is written, not
-        # added, into its own interleaved slot of (..., OH, KH, OW, KW), contiguous at the end
+    padded = (*shape[:-2], h + top + bottom, w + left + right)
+    if stride == kernel and dilation == (1, 1) and padded[-2:] == (oh * kernel[0], ow * kernel[1]):
+        # windows that tile the padded input: each offset's delta is written, not added, into its
+        # own interleaved slot of (..., OH, KH, OW, KW), which is the padded input's layout
         tiles = xp.empty(
             (*shape[:-2], oh, kernel[0], ow, kernel[1]), dtype=parts[0].dtype, **on_device(xp, parts[0])
         )
         for k, (i, j) in enumerate(_offsets(kernel)):
             tiles[..., i, :, j] = parts[k]
-        return xp.reshape(tiles, tuple(shape))
-    g = xp.zeros(
-        (*shape[:-2], h + top + bottom, w + left + right), dtype=parts[0].dtype, **on_device(xp, parts[0])
-    )
-    for k, (i, j) in enumerate(_offsets(kernel)):
-        key = (..., *_key(i, j, oh, ow, stride, dilation))
-        g[key] += parts[k]
+        g = xp.reshape(tiles, padded)
+    else:
+        g = xp.zeros(padded, dtype=parts[0].dtype, **on_device(xp, parts[0]))
+        for k, (i, j) in enumerate(_offsets(kernel)):
+            key = (..., *_key(i, j, oh, ow, stride, dilation))
+            g[key] += parts[k]
     if pads != ((0, 0), (0, 0)):
         g = g[..., top : top + h, left : left + w]
     return g
