@@ -527,3 +527,38 @@ def test_a_body_that_keeps_the_rows_gives_batched_what_its_calls_give_alone(
     loss = _loss_of(body)
     merged = loss.predict_blocking(executor=_MODES["merged"]()).unwrap()
     assert merged == pytest.approx(loss.predict_blocking(executor=_MODES["unbatched"]()).unwrap(), rel=1e-12)
+
+
+# A weight read only inside a body has its own optimizer: the step's other weights' SGD rate must not
+# be folded into its gradient (the step folds a rate only where every weight it reaches folds it).
+
+
+@pytest.mark.parametrize(
+    "own",
+    [ml.SGD(0.5), ml.Adam(0.1), ml.Adagrad(0.3), ml.Momentum(0.2, 0.9)],
+    ids=lambda o: type(o).__name__,
+)
+@pytest.mark.parametrize("decorated", [True, False], ids=["batchable", "plain"])
+def test_a_weight_with_its_own_optimizer_inside_a_body_is_moved_by_that_optimizer(
+    own: Any, decorated: bool
+) -> None:
+    rng = np.random.default_rng(3)
+    inner = ArrayWeight(rng.normal(size=(3, 3)), optimizer=own)
+    outer = ArrayWeight(rng.normal(size=(3,)))
+    xs = rows(4)
+
+    def cell(x: ArrayLayer | F64) -> ArrayLayer:
+        return ml.tanh(ml.linear(x, inner, np.zeros(3)))
+
+    body = ml.batchable(cell) if decorated else cell
+    default = ml.SGD(0.05)
+    for _ in range(2):
+        loss = ml.sum(ml.concatenate([body(x) * outer for x in xs], axis=-1))
+        _, grads = ml.compute_gradients(loss)
+        held = inner.optimizer_state
+        state = own.init(inner.data) if held is None else held[1]
+        expected_inner, _ = own.update(inner.data, grads[inner], state)
+        expected_outer = outer.data - 0.05 * grads[outer]
+        assert isinstance(ml.train_blocking(loss, default), Success)
+        np.testing.assert_allclose(inner.data, expected_inner, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(outer.data, expected_outer, rtol=1e-12, atol=1e-14)

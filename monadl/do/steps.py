@@ -536,6 +536,8 @@ class BodyStep(Step):
             run.wants[out] = frame.wants[slot]
             run.scalar_rows[out] = self.scalars[j] if self.n else frame.scalar_rows[slot]
         run.datas[self.out] = frame
+        if frame.leaves:  # the weights the body read are the step's too (its optimizers' rates)
+            run.leaves.extend(frame.leaves)
         if not frame.replayable:
             run.replayable = False
 

@@ -369,6 +369,12 @@ def _updated(
     converted = _in_dtype_of(gradient, weight.data)
     mine = (weight in owned or converted is not gradient) and _fits(converted, weight.data)
     if rate is not None:
+        fold = getattr(optimizer, "folded_rate", None)
+        if fold is None or fold() != rate:  # the step folded a rate this weight's optimizer does not
+            raise RuntimeError(
+                f"monadl: {weight!r}'s gradient was scaled by a learning rate ({rate}) that its "
+                f"optimizer {optimizer!r} does not fold; no weight was changed (please report this)"
+            )
         data, state = optimizer.update_folded(weight.data, converted, state, mine)
     else:
         update_owned = getattr(optimizer, "update_owned", None)
