@@ -5,6 +5,7 @@ many were left half-applied. Run as a script, in a process of its own, by ``test
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import signal
@@ -50,15 +51,22 @@ def main(mode: str, tries: int, seed: int) -> dict[str, int]:
     step = sorted(times)[2]  # the median: one slow step would send the timer past most steps
     signal.signal(signal.SIGALRM, _interrupt)
     rng = random.Random(seed)
-    interrupted = half_applied = mixed_states = 0
+    interrupted = half_applied = mixed_states = collector_off = 0
     for _ in range(tries):
         before = np.array([w.data for w in weights])
         try:
-            signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.0, step))
+            # half the interrupts anywhere in a step, half around its end (its commit, the
+            # collector switched back on)
+            late = rng.random() < 0.5
+            delay = rng.uniform(0.8, 1.2) * step if late else rng.uniform(0.0, step)
+            signal.setitimer(signal.ITIMER_REAL, delay)
             loss.train_blocking(optimizer, executor=executor)
             signal.setitimer(signal.ITIMER_REAL, 0.0)
         except KeyboardInterrupt:
             interrupted += 1
+        signal.setitimer(signal.ITIMER_REAL, 0.0)
+        collector_off += not gc.isenabled()  # the step's pause of the collector ended with it
+        gc.enable()
         changed = int(np.any(np.array([w.data for w in weights]) != before, axis=1).sum())
         half_applied += 0 < changed < WEIGHTS
         counts = {state[1][2] for w in weights if (state := w.optimizer_state) is not None}
@@ -73,6 +81,7 @@ def main(mode: str, tries: int, seed: int) -> dict[str, int]:
         "interrupted": interrupted,
         "half_applied": half_applied,
         "mixed_states": mixed_states,
+        "collector_off": collector_off,
         "usable_after": int(after_ok and all_moved),
     }
 

@@ -101,3 +101,13 @@ def test_objects_the_process_froze_stay_frozen() -> None:
         assert len(kept) == 1_000
     finally:
         gc.unfreeze()
+
+
+def test_an_interrupt_while_the_pause_ends_leaves_the_collector_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted() -> None:  # Ctrl-C landing in the ageing (a Python call: interrupts are taken)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(process, "_age_tracked_objects", interrupted)
+    with pytest.raises(KeyboardInterrupt), ml.gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()

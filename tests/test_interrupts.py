@@ -37,4 +37,5 @@ def test_interrupted_steps_are_all_or_nothing_and_return(mode: str) -> None:
     assert counts["interrupted"] >= TRIES // 4  # the timer did land inside steps
     assert counts["half_applied"] == 0
     assert counts["mixed_states"] == 0
+    assert counts["collector_off"] == 0
     assert counts["usable_after"] == 1

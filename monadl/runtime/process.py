@@ -54,16 +54,22 @@ def tune_allocator() -> bool:
 @contextmanager
 def gc_paused() -> Iterator[None]:
     """Pauses the cyclic garbage collector inside the block (process-wide, as ``gc.disable``), and
-    restores it after. Nests; does nothing if the collector is already off."""
+    restores it after. Nests; does nothing if the collector is already off.
+
+    An interrupt (Ctrl-C) at any moment leaves the collector as it was: the pause begins inside
+    the ``try``, and the collector is switched back on in a ``finally`` of its own, which runs even
+    where the interrupt lands in the ageing before it (a Python call, where interrupts are taken)."""
     paused = gc.isenabled()
-    if paused:
-        gc.disable()
     try:
+        if paused:
+            gc.disable()
         yield
     finally:
         if paused:
-            _age_tracked_objects()
-            gc.enable()
+            try:
+                _age_tracked_objects()
+            finally:
+                gc.enable()
 
 
 FULL_COLLECTION_AFTER: Final = 1_000_000
