@@ -111,6 +111,14 @@ def structure_of(root: Node) -> Structure | None:
     return Structure(tuple(key), bound, index, weights)
 
 
+_REMOVED = {
+    "planning": "Executor(planning=...) was removed: there is no planner; one scheduler runs every "
+    "graph, merging equal calls as they become ready (Executor(batching=...)), and a graph of static "
+    "structure replays its compiled program (Executor(replay=...))",
+}
+"""Keywords of ``Executor`` removed before the deprecation policy: each fails naming its replacement."""
+
+
 class Executor:
     """Runs ``Do`` computations.
 
@@ -137,7 +145,10 @@ class Executor:
         replay: bool = True,
         pause_gc: bool = True,
         check_finite: bool = True,
+        **removed: object,
     ) -> None:
+        for name in removed:
+            raise TypeError(_REMOVED.get(name, f"Executor() got an unexpected keyword argument {name!r}"))
         if isinstance(workers, bool) or not isinstance(workers, int):
             raise TypeError(f"Executor: workers must be an int, got {type(workers).__name__}")
         if workers < 1:

@@ -29,6 +29,14 @@ class RunStats:
     vjps: dict[str, int] = field(default_factory=dict)
     """Vjp kernels by the op's name (one per input that wants a delta)."""
 
+    @property
+    def planned(self) -> int:
+        """Removed: no run is planned (see :attr:`replayed`, :attr:`groups` and :attr:`merged`)."""
+        raise AttributeError(
+            "RunStats.planned was removed (no run is planned): RunStats.replayed counts the runs that "
+            "replayed a compiled program, RunStats.groups and RunStats.merged the merged calls"
+        )
+
     def add(self, other: RunStats) -> None:
         """Adds ``other``'s counts to these (statistics over several runs)."""
         self.kernels += other.kernels

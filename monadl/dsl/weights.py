@@ -57,6 +57,13 @@ class _WeightState:
         state: tuple[Optimizer, Any] | None = read(self.head, None).state
         return state
 
+    @optimizer_state.setter
+    def optimizer_state(self, value: object) -> None:
+        raise AttributeError(
+            "a weight's optimizer_state cannot be assigned: it changes only in a training step's "
+            "commit, or by loading a checkpoint (ml.load), which checks it against the optimizer"
+        )
+
     def _assign(self, data: Any) -> None:
         """Commits ``data``, keeping the optimizer state."""
         with COMMIT_LOCK:
