@@ -77,6 +77,7 @@ from monadl.dsl.schedules import Constant, CosineDecay, LearningRate, LinearWarm
 from monadl.dsl.selection import take_along_axis, where
 from monadl.dsl.static import static_info as _static_info  # noqa: F401 - it gives layers their .shape
 from monadl.dsl.training import (
+    NonFiniteBufferError,
     NonFiniteGradientError,
     NonFiniteLossError,
     NoOptimizerError,
@@ -124,6 +125,7 @@ __all__ = [
     "Module",
     "Momentum",
     "NoOptimizerError",
+    "NonFiniteBufferError",
     "NonFiniteGradientError",
     "NonFiniteLossError",
     "Optimizer",

@@ -119,6 +119,32 @@ def test_a_failed_step_leaves_the_running_statistics_as_they_were() -> None:
     assert all(have is had for have, had in zip(state(norm), before, strict=True))
 
 
+def test_a_step_whose_running_statistics_would_not_be_finite_fails_and_changes_nothing() -> None:
+    norm = BatchNorm1d.new(3)  # float32: a variance of inputs of 1e20 overflows
+    before = state(norm)
+    x = np.full((4, 3), 1e20, dtype=np.float32) * np.array([1.0, -1.0, 1.0, -1.0], dtype=np.float32)[:, None]
+    result = ml.sum(norm(x) * 0.0).train_blocking(ml.SGD(0.1))
+    assert isinstance(result.failure(), ml.NonFiniteBufferError)
+    assert "ArrayBuffer" in str(result.failure()) and "not finite" in str(result.failure())
+    assert all(have is had for have, had in zip(state(norm), before, strict=True))
+    ok = ml.sum(norm(np.ones((4, 3), dtype=np.float32))).train_blocking(ml.SGD(0.1))
+    assert is_successful(ok)
+
+
+def test_an_empty_batch_leaves_the_running_statistics_and_a_batch_of_one_is_refused_as_pytorch() -> None:
+    norm = BatchNorm1d.new(3, dtype=np.float64)
+    before = state(norm)
+    empty = ml.sum(norm(np.zeros((0, 3)))).train_blocking(ml.SGD(0.1))
+    assert is_successful(empty)
+    for have, had in zip(state(norm)[:2], before[:2], strict=True):
+        np.testing.assert_array_equal(have, had)
+    one = ml.sum(norm(np.ones((1, 3)))).train_blocking(ml.SGD(0.1))
+    assert isinstance(one.failure(), ValueError)
+    assert "more than 1 value per channel" in str(one.failure())
+    prediction = norm(np.ones((1, 3))).predict_blocking()  # evaluation: the running statistics
+    assert is_successful(prediction)
+
+
 def test_predictions_read_the_running_statistics_and_stage_nothing() -> None:
     norm = BatchNorm1d.new(2, eps=1e-3, dtype=np.float64)
     norm.running_mean.data = np.array([1.0, -1.0])

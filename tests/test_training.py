@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import pickle
 import sys
 import traceback
+import warnings
 from typing import Any
 
 import numpy as np
 import pytest
 from cycles import cyclic_garbage
 from returns.io import IOSuccess
+from returns.primitives.exceptions import UnwrapFailedError
 from returns.result import Failure, Success
 
 import monadl as ml
@@ -174,11 +177,31 @@ def test_loss_decreases_on_a_regression() -> None:
     np.testing.assert_allclose(w.data, [1.0, -2.0, 0.5], atol=1e-2)
 
 
-def test_array_loss_trains_on_its_sum() -> None:
+def test_a_loss_of_many_elements_is_refused_naming_its_shape_and_changes_nothing() -> None:
     w = ml.ArrayWeight(np.array([1.0, 2.0]))
     result = (w * 3.0).train_blocking(ml.SGD(0.1))
-    np.testing.assert_array_equal(result.unwrap(), [3.0, 6.0])
-    np.testing.assert_allclose(w.data, [0.7, 1.7])
+    assert isinstance(result, Failure)
+    error = result.failure()
+    assert isinstance(error, ValueError)
+    assert "one number" in str(error) and "(2,)" in str(error)
+    np.testing.assert_array_equal(w.data, [1.0, 2.0])
+    with pytest.raises(ValueError, match=r"one number.*\(2,\)"):
+        ml.compute_gradients(w * 3.0)
+
+
+def test_a_loss_of_one_element_trains_as_its_number() -> None:
+    w = ml.ArrayWeight(np.array([[1.0]]))
+    result = (w * 3.0).train_blocking(ml.SGD(0.1))
+    np.testing.assert_array_equal(result.unwrap(), [[3.0]])
+    np.testing.assert_allclose(w.data, [[0.7]])
+
+
+def test_compute_gradients_gives_true_gradients_whatever_the_weights_optimizers() -> None:
+    w = ml.ArrayWeight(np.array([1.0, 2.0]), optimizer=ml.SGD(0.1))
+    v = ml.FloatWeight(3.0, optimizer=ml.SGD(0.1))
+    _, grads = ml.compute_gradients(ml.sum(w * w) * v)
+    np.testing.assert_allclose(grads[w], [6.0, 12.0])
+    assert grads[v] == pytest.approx(5.0)
 
 
 def test_train_and_predict_are_future_results() -> None:
@@ -528,3 +551,53 @@ def test_a_float32_weight_gets_a_float32_gradient_from_a_graph_that_promotes_to_
     np.testing.assert_array_equal(rows.to_dense(), expected)
     assert loss.train_blocking(ml.Adam(0.1)).unwrap() == pytest.approx(2 * c.sum())
     assert w.data.dtype == np.float32 and table.data.dtype == np.float32
+
+
+def test_a_training_step_never_awaited_warns_that_it_never_ran() -> None:
+    w = ml.FloatWeight(1.0)
+    step = (w * w).train(ml.SGD(0.25))
+    with pytest.warns(RuntimeWarning, match=r"training step.*never awaited"):
+        del step
+        gc.collect()
+    assert w.data == 1.0
+
+
+def test_an_awaited_training_step_or_an_unawaited_prediction_does_not_warn() -> None:
+    w = ml.FloatWeight(1.0)
+
+    async def step() -> None:
+        await (w * w).train(ml.SGD(0.25)).awaitable()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        asyncio.run(step())
+        prediction = (w * w).predict()
+        del prediction
+        gc.collect()
+    assert w.data == pytest.approx(0.5)
+
+
+def test_unwrapping_a_failed_step_names_the_error_on_the_tracebacks_last_line() -> None:
+    a, b = ml.ArrayWeight(np.zeros((3, 4))), ml.ArrayWeight(np.zeros((5, 2)))
+    result = ml.sum(ml.matmul(a, b)).train_blocking(ml.SGD(0.1))
+    assert isinstance(result, Failure)
+    error = result.failure()
+    assert isinstance(error, ml.ShapeError)
+    assert result == Failure(error) and repr(result).startswith("<Failure: ")
+    with pytest.raises(UnwrapFailedError) as raised:
+        result.unwrap()
+    assert raised.value.__cause__ is error
+    last = traceback.format_exception(raised.value)[-1]
+    assert "ShapeError" in last and "(3, 4)" in last and "(5, 2)" in last
+
+
+def test_names_removed_before_the_deprecation_policy_fail_naming_their_replacement() -> None:
+    with pytest.raises(TypeError, match=r"planning=.*removed.*replay="):
+        ml.Executor(planning=True)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'plan'"):
+        ml.Executor(plan=True)
+    with pytest.raises(AttributeError, match=r"planned was removed.*replayed"):
+        _ = ml.Executor().last_stats.planned
+    w = ml.FloatWeight(1.0)
+    with pytest.raises(AttributeError, match=r"optimizer_state cannot be assigned.*ml\.load"):
+        w.optimizer_state = (ml.SGD(0.1), 0)

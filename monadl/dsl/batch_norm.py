@@ -66,10 +66,14 @@ def _forward(xp: Any, x: Any, gamma: Any, beta: Any, *, eps: float, stats: Runni
         centred = x - mean
         var = xp.mean(centred * centred, axis=axes, keepdims=True)
         inv = 1.0 / xp.sqrt(var + eps)
-        if stats is not None:
-            _stage(
-                xp, stats, xp.reshape(mean, (-1,)), xp.reshape(var, (-1,)), math.prod(x.shape) // x.shape[1]
+        n = math.prod(x.shape) // x.shape[1] if x.shape[1] else 0
+        if stats is not None and n == 1:  # (its variance would pull the running one towards 0)
+            raise ValueError(
+                f"{stats!r}: expected more than 1 value per channel when training, got an input of "
+                f"shape {shape_of(x)}"
             )
+        if stats is not None and n:  # (an empty batch has no statistics: the running ones stay)
+            _stage(xp, stats, xp.reshape(mean, (-1,)), xp.reshape(var, (-1,)), n)
         x_hat = centred * inv
         batch = True
     else:

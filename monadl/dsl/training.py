@@ -38,21 +38,20 @@ escape from ``IO``, ``unsafe_perform_io(IO.from_ioresult(io_result))``, gives th
 
 from __future__ import annotations
 
-import asyncio
 import math
-from collections.abc import Callable, Generator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 from mypy_extensions import mypyc_attr
 from returns.future import FutureResult
-from returns.result import Failure, Result, Success
+from returns.result import Result, Success
 
 from monadl.do.executor import Executor, default_executor
 from monadl.do.stats import RunStats
 from monadl.do.tape import Tape
 from monadl.dsl.optimizers import Optimizer, state_kind
+from monadl.dsl.results import Deferred, failed
 from monadl.runtime.staging import staging
 from monadl.runtime.versions import COMMIT_LOCK, Snapshot, data_of, publish
 from monadl.tape.backward import NonFiniteDelta, backward
@@ -76,6 +75,12 @@ class NonFiniteGradientError(ArithmeticError):
     gave the first delta of NaN or infinity (``origin``; None where unknown)."""
 
     origin: str | None = None
+
+
+@mypyc_attr(native_class=False)
+class NonFiniteBufferError(ArithmeticError):
+    """A buffer's new value staged by a training step (batch norm's running statistics) was NaN or
+    infinite; no weight and no buffer was changed."""
 
 
 @mypyc_attr(native_class=False)
@@ -113,6 +118,11 @@ def _all_finite(x: Any) -> bool:
         return bool(np.isfinite(x).all())
     xp = namespace(x)
     return bool(xp.all(xp.isfinite(x)))
+
+
+def _is_float_array(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and namespace(x).isdtype(dtype, "real floating")
 
 
 def _non_finite(weight: Any, gradient: Any, data: Any) -> NonFiniteGradientError:
@@ -162,7 +172,7 @@ def compute_gradients(
     Raises :class:`NonFiniteLossError` for a non-finite loss, or whatever the forward or backward
     pass raised.
     """
-    value, gradients, _, _, _ = _step(loss, executor, None)
+    value, gradients, _, _, _ = _step(loss, executor, False)
     return value, gradients
 
 
@@ -190,6 +200,12 @@ def _step(
             finally:
                 _TRAINING.reset(mode)
             value = evaluation.value
+            if type(value) is not float and math.prod(value.shape) != 1:
+                raise ValueError(
+                    f"the loss must be one number (a FloatLayer, or an array of one element), not an "
+                    f"array of shape {tuple(value.shape)}: reduce it first (ml.sum, ml.mean); no weight "
+                    "was changed"
+                )
             if not _is_finite(value):
                 raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
             assert evaluation.slot >= 0  # own_root: the root's value has a slot of its own
@@ -272,6 +288,11 @@ def _apply(
     committed if one fails). The caller holds ``COMMIT_LOCK``."""
     updates = _updates(gradients, default, owned, rate, check)
     for buffer, data in staged.items():
+        if check and _is_float_array(data) and not _all_finite(data):
+            raise NonFiniteBufferError(
+                f"{buffer!r}: the step's new value of it is not finite (an empty or extreme batch's "
+                "statistics?); no weight and no buffer was changed"
+            )
         updates.append((buffer, data, None))
     publish(updates)
 
@@ -443,9 +464,9 @@ def train_blocking(
         with COMMIT_LOCK:
             _apply(gradients, optimizer, owned, rate, ex.check_finite, staged)
     except NonFiniteGradientError as non_finite:  # (its own name: mypyc types a name once)
-        return Failure(_located(non_finite, loss, ex, optimizer))
+        return failed(_located(non_finite, loss, ex, optimizer))
     except Exception as e:  # noqa: BLE001 - every failure is the caller's Failure, not a crash
-        return Failure(e)
+        return failed(e)
     return Success(value)
 
 
@@ -486,23 +507,10 @@ def predict_blocking(
         if isinstance(value, Tape):  # a literal's or a user's own tape, the root of a dynamic graph
             value = value.data
     except Exception as e:  # noqa: BLE001
-        return Failure(e)
+        return failed(e)
     finally:
         ex.publish(stats)
     return Success(value)
-
-
-class _InThread:
-    """An awaitable that runs ``fn`` in a worker thread when first awaited, once (awaitable again)."""
-
-    def __init__(self, fn: Callable[[], Result[Any, Exception]]) -> None:
-        self._fn = fn
-        self._future: asyncio.Future[Result[Any, Exception]] | None = None
-
-    def __await__(self) -> Generator[Any, None, Result[Any, Exception]]:
-        if self._future is None:
-            self._future = asyncio.get_running_loop().run_in_executor(None, self._fn)
-        return self._future.__await__()
 
 
 @overload
@@ -524,7 +532,9 @@ def train(
     ``IOSuccess(loss)``, or ``IOFailure(exception)`` with no weight changed, where
     :func:`train_blocking` returns ``Success(loss)`` or ``Failure(exception)``
     (``unsafe_perform_io(IO.from_ioresult(io_result))`` is that ``Result``)."""
-    return FutureResult(_InThread(lambda: train_blocking(loss, optimizer, executor=executor)))
+    return FutureResult(
+        Deferred(lambda: train_blocking(loss, optimizer, executor=executor), "a training step (train)")
+    )
 
 
 @overload
@@ -538,4 +548,4 @@ def predict(
     awaited (in an asyncio loop). Awaiting it (or its ``awaitable()``) gives an ``IOResult``:
     ``IOSuccess(value)`` or ``IOFailure(exception)``, where :func:`predict_blocking` returns
     ``Success(value)`` or ``Failure(exception)``."""
-    return FutureResult(_InThread(lambda: predict_blocking(layer, executor=executor)))
+    return FutureResult(Deferred(lambda: predict_blocking(layer, executor=executor), None))
