@@ -562,3 +562,31 @@ def test_a_weight_with_its_own_optimizer_inside_a_body_is_moved_by_that_optimize
         assert isinstance(ml.train_blocking(loss, default), Success)
         np.testing.assert_allclose(inner.data, expected_inner, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(outer.data, expected_outer, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("batching", [True, False], ids=["batching on", "batching off"])
+def test_a_body_is_recorded_once_per_signature_and_replayed_as_documented(batching: bool) -> None:
+    ran: list[int] = []
+
+    def counted(x: ArrayLayer | F64) -> ArrayLayer:
+        ran.append(1)  # Python in the body: runs when a signature is recorded, not per call
+        return ml.tanh(x * 2.0)
+
+    op = ml.batchable(counted)
+    executor = ml.Executor(batching=batching)
+    xs = rows(3)
+    for _ in range(3):
+        value = predict_with(ml.concatenate([op(x) for x in xs], axis=-1), executor)
+        np.testing.assert_allclose(value, np.tanh(np.concatenate(xs) * 2.0))
+    first = len(ran)
+    for _ in range(3):
+        predict_with(ml.concatenate([op(x) for x in xs], axis=-1), executor)
+    assert len(ran) == first  # replayed: the body's Python ran for none of these calls
+    predict_with(op(rows(1, shape=(5,))[0]), executor)  # a new signature is recorded
+    assert len(ran) > first
+
+
+def predict_with(layer: ArrayLayer, executor: ml.Executor) -> Any:
+    result = layer.predict_blocking(executor=executor)
+    assert isinstance(result, Success)
+    return result.unwrap()

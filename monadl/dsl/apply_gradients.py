@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from returns.result import Failure, Result, Success
+from returns.result import Result, Success
 
 from monadl.dsl.optimizers import Optimizer
+from monadl.dsl.results import failed
 from monadl.dsl.training import commit_gradients
 from monadl.dsl.weights import ArrayWeight, FloatWeight
 from monadl.typeclasses.backend import is_array
@@ -55,7 +56,7 @@ def apply_gradients(
     try:
         commit_gradients(_checked(gradients), optimizer, check_finite=check_finite)
     except Exception as e:  # noqa: BLE001 - every failure is the caller's Failure, not a crash
-        return Failure(e)
+        return failed(e)
     return Success(None)
 
 

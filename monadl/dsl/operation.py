@@ -12,7 +12,11 @@ merged too: it is the body's backward, on the stacked rows.
 
 The body must treat a leading axis as the rows' axis: ``linear``, elementwise ops and
 ``concatenate(..., axis=-1)`` do. A call that merges with no other (and every call when batching is
-off) runs the body on its own arguments, exactly as the undecorated function would. The first call
+off) runs the body on its own arguments: it computes what the undecorated function computes. Merged
+or not, a body is recorded once per signature (per executor) and its program replayed for the later
+calls of that signature, so Python code in the body (a branch on outside state, a print, a raise)
+runs when the signature is first met, not at every call: keep the body a function of its
+arguments, as for ``jax.jit``. The first call
 of an operation also builds the body's graph once, and drops it, to learn its result's structure (a
 layer, or a tuple of layers), which must be the same for every call; it is then recorded as every
 call is, so that a process's first run computes (and rounds) as every later one does. The body must
