@@ -594,8 +594,6 @@ def test_unwrapping_a_failed_step_names_the_error_on_the_tracebacks_last_line() 
 def test_names_removed_before_the_deprecation_policy_fail_naming_their_replacement() -> None:
     with pytest.raises(TypeError, match=r"planning=.*removed.*replay="):
         ml.Executor(planning=True)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'plan'"):
-        ml.Executor(plan=True)
     with pytest.raises(AttributeError, match=r"planned was removed.*replayed"):
         _ = ml.Executor().last_stats.planned
     w = ml.FloatWeight(1.0)

@@ -111,12 +111,11 @@ def structure_of(root: Node) -> Structure | None:
     return Structure(tuple(key), bound, index, weights)
 
 
-_REMOVED = {
-    "planning": "Executor(planning=...) was removed: there is no planner; one scheduler runs every "
-    "graph, merging equal calls as they become ready (Executor(batching=...)), and a graph of static "
-    "structure replays its compiled program (Executor(replay=...))",
-}
-"""Keywords of ``Executor`` removed before the deprecation policy: each fails naming its replacement."""
+_REMOVED_PLANNING = (
+    "Executor(planning=...) was removed: there is no planner; one scheduler runs every graph, merging "
+    "equal calls as they become ready (Executor(batching=...)), and a graph of static structure "
+    "replays its compiled program (Executor(replay=...))"
+)
 
 
 class Executor:
@@ -132,7 +131,7 @@ class Executor:
     ``pause_gc``: pause Python's cyclic garbage collector during a run (``monadl.runtime.process``).
     ``check_finite``: a training step whose new weight values are not all finite (a gradient of
     NaN or infinity) fails and changes nothing; off, it is applied (one pass over each updated
-    weight saved).
+    weight saved). ``planning``: removed (passing it raises a ``TypeError`` naming what replaced it).
     """
 
     def __init__(
@@ -145,10 +144,10 @@ class Executor:
         replay: bool = True,
         pause_gc: bool = True,
         check_finite: bool = True,
-        **removed: object,
+        planning: object = None,
     ) -> None:
-        for name in removed:
-            raise TypeError(_REMOVED.get(name, f"Executor() got an unexpected keyword argument {name!r}"))
+        if planning is not None:
+            raise TypeError(_REMOVED_PLANNING)
         if isinstance(workers, bool) or not isinstance(workers, int):
             raise TypeError(f"Executor: workers must be an int, got {type(workers).__name__}")
         if workers < 1:
