@@ -28,7 +28,6 @@ from examples.tree_lstm import TreeLstm
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.data.trees import Tree
 from monadl.do.batching import merge_params
-from monadl.do.do import Apply
 from monadl.dsl import primitives as P
 from monadl.dsl.layers import apply_array
 from monadl.dsl.primitives import ELEMENTWISE, Primitive
@@ -844,9 +843,9 @@ def _fails(check: Callable[[], object]) -> bool:
 
 def _recorded_params(layer: ArrayLayer | FloatLayer) -> dict[str, Any]:
     """The parameters recording gave an op's call."""
-    node = layer.forward
-    assert isinstance(node, Apply)
-    return node.params
+    assert layer.graph is not None
+    params: dict[str, Any] = layer.graph.params[layer.row]
+    return params
 
 
 def _merged_check_agrees(prim: Primitive, first: tuple[Any, ...], calls: list[dict[str, Any]]) -> None:

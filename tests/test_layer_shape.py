@@ -18,7 +18,6 @@ from returns.pipeline import is_successful
 import monadl
 import monadl.nn
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
-from monadl.do.do import Apply
 
 STRICT = Backend("array_api_strict", xps.asarray, lambda x: np.asarray(np.from_dlpack(x)))
 
@@ -121,12 +120,12 @@ def test_ops_without_a_rule_give_none() -> None:
 def test_shapes_are_not_worked_out_while_building() -> None:
     """Building records no static information: it is found on the first access, and kept."""
     x = monadl.tanh(_layer(_X)) * 2.0
-    node = x.forward
-    assert isinstance(node, Apply) and not hasattr(node, "static")
-    inner = node.sources[0]
-    assert isinstance(inner, Apply) and not hasattr(inner, "static")
+    graph = x.graph
+    assert graph is not None
+    inner = graph.inputs(x.row)[0]
+    assert x.row not in graph.statics and inner not in graph.statics
     assert x.shape == (2, 3, 4)
-    assert getattr(node, "static", None) is not None and getattr(inner, "static", None) is not None
+    assert graph.statics[x.row][0] is not None and graph.statics[inner][0] is not None
 
 
 def test_a_deep_graph_is_no_recursion() -> None:

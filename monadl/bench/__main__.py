@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
-from monadl.bench import columns, distributed, models, overhead, suite, threads, treelstm
+from monadl.bench import columns, distributed, models, overhead, phases, suite, threads, treelstm
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("distributed", distributed, "data-parallel Tree-LSTM on Ray: steps/s by workers, Ray's overhead"),
         ("suite", suite, "the DyNet benchmark suite's four tasks against DyNet and PyTorch"),
         ("models", models, "the example models' steps (conv, CNN, Transformer, BiLSTM) against PyTorch"),
+        ("phases", phases, "where a training step of the suite's models spends its time, phase by phase"),
     ]
     for name, module, summary in benchmarks:
         sub = commands.add_parser(

@@ -15,41 +15,48 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from monadl.do.do import Apply, Call, Node
+from monadl.do.do import Call
 from monadl.do.primitive import ROWS_SUM, Primitive, add_n, float_key
-from monadl.do.record import Entry, Run, kind_rank
+from monadl.do.record import Run, kind_rank
 from monadl.do.steps import FanStep, MergedStep, OpStep, RowStep, StackStep, Step
+
+if TYPE_CHECKING:
+    from monadl.do.scheduler import Scheduler
 
 NO_POOL = math.inf
 """The ``min_cost`` of a run without a pool: no kernel is worth it."""
 
 
-def signature(run: Run, entry: Entry, min_cost: float) -> Hashable | None:
-    """An op's signature (see the module): equal ones merge; None runs it alone. ``min_cost``: a
-    call worth the pool on its own runs beside the others instead (``NO_POOL``: there is none).
-    (A parameter that is unhashable makes the signature so: the caller runs it alone.)"""
-    node = entry.node
-    assert type(node) is Apply
-    prim = node.prim
+def signature(s: Scheduler, r: int) -> Hashable | None:
+    """An op's signature (see the module): equal ones merge; None runs it alone. A call worth the
+    pool on its own runs beside the others instead. (A parameter that is unhashable makes the
+    signature so: the caller runs it alone.)"""
+    graph = s.graph
+    prim: Primitive = graph.objs[r]
     spec = prim.batch
     if spec is None:
         return None
-    inputs = entry.inputs
-    if spec.mergeable is not None and not spec.mergeable(*[run.value(e.slot, e.row) for e in inputs]):
+    run = s.run
+    lo, hi = graph.starts[r], graph.starts[r + 1]
+    in_slots, in_rows = s.in_slots, s.in_rows
+    if spec.mergeable is not None and not spec.mergeable(*_values(s, lo, hi)):
         return None
+    params = graph.params[r]
     key: list[Any] = [prim]
-    if node.params:
-        key.append(prim.static_items(node.params))
+    if params:
+        key.append(prim.static_items(params))
     stacked = bool(spec.row_params)
     shared = spec.shared
     any_input = spec.elementwise
-    for i, e in enumerate(inputs):
-        slot = e.slot
-        if (any_input or i in shared) and e.row < 0:
+    for k in range(lo, hi):
+        i = k - lo
+        slot = in_slots[k]
+        row = in_rows[k]
+        if (any_input or i in shared) and row < 0:
             if run.weights[slot] is not None:
                 key.append(-1 - slot)  # one weight for all the calls
                 continue
@@ -62,76 +69,84 @@ def signature(run: Run, entry: Entry, min_cost: float) -> Hashable | None:
                 continue
         if i in shared:
             return None
-        key.append(run.kind(slot, e.row))
+        key.append(run.kind(slot, row))
         stacked = True
     if not stacked:
         return None
-    if (
-        min_cost < NO_POOL
-        and cost_of(prim, [run.value(e.slot, e.row) for e in inputs], node.params) >= min_cost
-    ):
+    if s.min_cost < NO_POOL and cost_of(prim, _values(s, lo, hi), params) >= s.min_cost:
         return None  # worth the pool on its own: run beside the others, not merged with them
     return tuple(key)
 
 
-def fan_signature(run: Run, entry: Entry) -> Hashable | None:
+def _values(s: Scheduler, lo: int, hi: int) -> list[Any]:
+    """The values of the inputs ``lo`` to ``hi`` (of the graph's ``args``) of a ready row."""
+    run = s.run
+    values = []
+    for k in range(lo, hi):
+        values.append(run.value(s.in_slots[k], s.in_rows[k]))
+    return values
+
+
+def fan_signature(s: Scheduler, r: int) -> Hashable | None:
     """The signature of an op that merged with nothing: calls that read one value with different
     others merge by fanning out."""
-    node = entry.node
-    assert type(node) is Apply
-    spec = node.prim.batch
+    graph = s.graph
+    prim: Primitive = graph.objs[r]
+    spec = prim.batch
     fan = None if spec is None else spec.fan
     if fan is None:
         return None
-    key: list[Any] = ["fan", node.prim, node.prim.static_items(node.params)]
-    for i, e in enumerate(entry.inputs):
-        key.append((e.slot, e.row) if i in fan.shared else run.kind(e.slot, e.row))
+    lo, hi = graph.starts[r], graph.starts[r + 1]
+    key: list[Any] = ["fan", prim, prim.static_items(graph.params[r])]
+    for k in range(lo, hi):
+        slot, row = s.in_slots[k], s.in_rows[k]
+        key.append((slot, row) if k - lo in fan.shared else s.run.kind(slot, row))
     return tuple(key)
 
 
-def call_signature(run: Run, entry: Entry) -> Hashable | None:
+def call_signature(s: Scheduler, r: int) -> Hashable | None:
     """A batchable call's signature: its static part and its rows' kinds; None where the rows
     differ in rank (stacked, a float against an array, or a vector against a matrix, would no
     longer broadcast as they did in the call)."""
-    node = entry.node
-    assert type(node) is Call
-    key: list[Any] = [node.static]
+    graph = s.graph
+    call: Call = graph.objs[r]
+    key: list[Any] = [call.static]
     rank = -1
-    for e in entry.inputs:
-        k = run.kind(e.slot, e.row)
-        r = kind_rank(k)
-        if rank >= 0 and r != rank:
+    for k in range(graph.starts[r], graph.starts[r + 1]):
+        kind = s.run.kind(s.in_slots[k], s.in_rows[k])
+        rk = kind_rank(kind)
+        if rank >= 0 and rk != rank:
             return None
-        rank = r
-        key.append(k)
+        rank = rk
+        key.append(kind)
     return tuple(key)
 
 
 # ------------------------------------------------------------------------------------------- groups
 
 
-def merged(run: Run, group: list[Entry], bound: dict[Node, int], min_cost: float) -> MergedStep:
+def merged(s: Scheduler, group: list[int]) -> MergedStep:
     """Calls of one primitive with equal signatures, as one call on their stacked rows (call k's
-    value: row k of the step's slot). ``bound``: the bound nodes' positions (a static graph's);
-    ``min_cost``: the cost worth the pool (``NO_POOL``: there is none)."""
-    first = group[0].node
-    assert type(first) is Apply
-    prim = first.prim
+    value: row k of the step's slot)."""
+    graph = s.graph
+    run = s.run
+    first = group[0]
+    prim: Primitive = graph.objs[first]
     spec = prim.batch
     assert spec is not None
     n = len(group)
-    ins0 = group[0].inputs
-    datas0 = [run.value(e.slot, e.row) for e in ins0]
+    lo0, hi0 = graph.starts[first], graph.starts[first + 1]
+    datas0 = _values(s, lo0, hi0)
+    first_params = graph.params[first]
     if prim.check is not None:  # equal signatures: the first call's shapes stand for all
-        prim.check(*datas0, **first.params)
+        prim.check(*datas0, **first_params)
     calls = []
     members = []
-    for entry in group:
-        node = entry.node
-        assert type(node) is Apply
-        calls.append(node.params)
+    bound = s.bound
+    for r in group:
+        calls.append(graph.params[r])
         if bound:
-            members.append(bound.get(node, -1))
+            members.append(bound.get(r, -1))
     params = merge_params(prim, calls, datas0[0])
     rank = 0
     for d in datas0:
@@ -141,13 +156,17 @@ def merged(run: Run, group: list[Entry], bound: dict[Node, int], min_cost: float
     stacked: list[bool] = []
     pads: list[int] = []
     wants = False
-    for i, e in enumerate(ins0):
-        if e.row < 0 and (i in spec.shared or (spec.elementwise and is_shared(run, e.slot))):
-            slot = e.slot
+    in_slots, in_rows, starts = s.in_slots, s.in_rows, graph.starts
+    for i in range(hi0 - lo0):
+        k0 = lo0 + i
+        if in_rows[k0] < 0 and (i in spec.shared or (spec.elementwise and is_shared(run, in_slots[k0]))):
+            slot = in_slots[k0]
             stacked.append(False)
             pads.append(0)
         else:
-            slot = stack_rows(run, [c.inputs[i].slot for c in group], [c.inputs[i].row for c in group])
+            column_slots = [in_slots[starts[c] + i] for c in group]
+            column_rows = [in_rows[starts[c] + i] for c in group]
+            slot = stack_rows(run, column_slots, column_rows)
             stacked.append(True)
             d = datas0[i]
             row_rank = 0 if type(d) is float else len(d.shape)
@@ -158,102 +177,105 @@ def merged(run: Run, group: list[Entry], bound: dict[Node, int], min_cost: float
             wants = True
     out = run.new_slot(wants)
     step = MergedStep(
-        prim, ins, stacked, pads, params, members, n, scalar_result(prim, datas0, first.params), out, wants
+        prim, ins, stacked, pads, params, members, n, scalar_result(prim, datas0, first_params), out, wants
     )
     step.calls = calls
     step.row_shapes = [() if type(d) is float else tuple(d.shape) for d in datas0]
-    if min_cost < NO_POOL:
-        weigh(run, step, prim, step.args(run), params, ins, min_cost)
+    if s.min_cost < NO_POOL:
+        weigh(run, step, prim, step.args(run), params, ins, s.min_cost)
     stats = run.stats
     stats.groups += 1
     stats.merged += n
     return step
 
 
-def fan(run: Run, group: list[Entry], min_cost: float) -> FanStep:
+def fan(s: Scheduler, group: list[int]) -> FanStep:
     """Calls of one primitive reading one value with different others, as one kernel."""
-    first = group[0].node
-    assert type(first) is Apply
-    prim = first.prim
+    graph = s.graph
+    run = s.run
+    first = group[0]
+    prim: Primitive = graph.objs[first]
     spec = prim.batch
     assert spec is not None and spec.fan is not None
     fan_out = spec.fan
-    first_inputs = group[0].inputs
+    starts = graph.starts
     if prim.check is not None:  # every call's own check, so that an error names its shapes
-        for entry in group:
-            node = entry.node
-            assert type(node) is Apply
-            prim.check(*[run.value(e.slot, e.row) for e in entry.inputs], **node.params)
+        for r in group:
+            prim.check(*_values(s, starts[r], starts[r + 1]), **graph.params[r])
     ins: list[list[int]] = []
     wants = False
-    for i in range(len(first_inputs)):
+    for i in range(starts[first + 1] - starts[first]):
         if i in fan_out.shared:
-            slots = [slot_of(run, first_inputs[i].slot, first_inputs[i].row)]
+            k = starts[first] + i
+            slots = [slot_of(run, s.in_slots[k], s.in_rows[k])]
         else:
-            slots = [slot_of(run, c.inputs[i].slot, c.inputs[i].row) for c in group]
-        for s in slots:
-            if run.wants[s]:
+            slots = [slot_of(run, s.in_slots[starts[c] + i], s.in_rows[starts[c] + i]) for c in group]
+        for slot in slots:
+            if run.wants[slot]:
                 wants = True
         ins.append(slots)
-    step = FanStep(prim, fan_out, ins, first.params, len(group), run.new_slot(wants), wants)
-    if min_cost < NO_POOL:
+    params = graph.params[first]
+    step = FanStep(prim, fan_out, ins, params, len(group), run.new_slot(wants), wants)
+    if s.min_cost < NO_POOL:
         total = 0.0
-        for entry in group:
-            total += cost_of(prim, [run.value(e.slot, e.row) for e in entry.inputs], first.params)
-        step.heavy = total >= min_cost
+        for r in group:
+            total += cost_of(prim, _values(s, starts[r], starts[r + 1]), params)
+        step.heavy = total >= s.min_cost
     stats = run.stats
     stats.groups += 1
     stats.merged += len(group)
     return step
 
 
-def alone(run: Run, entry: Entry, bound: dict[Node, int], min_cost: float) -> Step:
+def alone(s: Scheduler, r: int) -> Step:
     """An op that merges with nothing: its own step (rows of groups taken out first, but for sums
     and concatenations of rows, which take them as gathered arrays). Its value is the returned
     step's slot."""
-    node = entry.node
-    assert type(node) is Apply
-    prim = node.prim
+    graph = s.graph
+    run = s.run
+    prim: Primitive = graph.objs[r]
     spec = prim.batch
-    inputs = entry.inputs
+    lo, hi = graph.starts[r], graph.starts[r + 1]
+    in_slots, in_rows = s.in_slots, s.in_rows
     if spec is not None and (spec.sums_rows or spec.joins_rows or spec.stacks_rows):
-        for e in inputs:
-            if e.row >= 0:
+        for k in range(lo, hi):
+            if in_rows[k] >= 0:
                 if spec.sums_rows:
-                    return sum_rows(run, inputs)
-                step = join_rows(run, node, inputs, spec.stacks_rows)
+                    return sum_rows(run, in_slots[lo:hi], in_rows[lo:hi])
+                step = join_rows(run, graph.params[r], in_slots[lo:hi], in_rows[lo:hi], spec.stacks_rows)
                 if step is not None:
                     return step
                 break
     ins = []
     wants = False
-    for e in inputs:
-        slot = slot_of(run, e.slot, e.row)
+    for k in range(lo, hi):
+        slot = slot_of(run, in_slots[k], in_rows[k])
         ins.append(slot)
         if run.wants[slot]:
             wants = True
-    step = OpStep(prim, ins, run.new_slot(wants), node.params, bound.get(node, -1), wants)
-    if min_cost < NO_POOL:
-        weigh(run, step, prim, step.args(run), node.params, ins, min_cost)
+    params = graph.params[r]
+    step = OpStep(prim, ins, run.new_slot(wants), params, s.bound.get(r, -1), wants)
+    if s.min_cost < NO_POOL:
+        weigh(run, step, prim, step.args(run), params, ins, s.min_cost)
     return step
 
 
-def sum_rows(run: Run, inputs: list[Entry]) -> Step:
+def sum_rows(run: Run, slots: list[int], rows: list[int]) -> Step:
     """An n-ary sum over rows of groups: each group's rows gathered and summed as one array, then
     the parts summed (the sum of a loss over every node of a batch of trees)."""
     parts: list[int] = []
     by_group: dict[int, list[int]] = {}
-    for e in inputs:
-        if e.row >= 0:
-            rows = by_group.get(e.slot)
-            if rows is None:
-                by_group[e.slot] = [e.row]
+    for slot, row in zip(slots, rows, strict=True):
+        if row >= 0:
+            picked = by_group.get(slot)
+            if picked is None:
+                by_group[slot] = [row]
             else:
-                rows.append(e.row)
+                picked.append(row)
         else:
-            parts.append(e.slot)
-    for slot, rows in by_group.items():
-        gathered = stack_rows(run, [slot] * len(rows), rows)
+            parts.append(slot)
+    for slot, picked in by_group.items():
+        gathered = stack_rows(run, [slot] * len(picked), picked)
         wants = run.wants[gathered]
         step = OpStep(
             ROWS_SUM, [gathered], run.new_slot(wants), {"scalar": run.scalar_rows[gathered]}, -1, wants
@@ -270,25 +292,25 @@ def sum_rows(run: Run, inputs: list[Entry]) -> Step:
     return OpStep(add_n(len(parts)), parts, run.new_slot(wants), {}, -1, wants)
 
 
-def join_rows(run: Run, node: Apply, inputs: list[Entry], stacks: bool) -> Step | None:
+def join_rows(
+    run: Run, params: dict[str, Any], slots: list[int], rows: list[int], stacks: bool
+) -> Step | None:
     """A concatenation of arrays of one kind along their first axis (``stacks``: a stack along a
     new first axis), as one gather; None if it is not one."""
-    kind = run.kind(inputs[0].slot, inputs[0].row)
+    kind = run.kind(slots[0], rows[0])
     rank = kind_rank(kind)
-    axis = node.params.get("axis", 0)
+    axis = params.get("axis", 0)
     if stacks:
         if axis not in (0, -rank - 1):
             return None
     elif rank == 0 or axis not in (0, -rank):
         return None
-    for e in inputs:
-        if run.kind(e.slot, e.row) != kind:
+    for slot, row in zip(slots, rows, strict=True):
+        if run.kind(slot, row) != kind:
             return None
-    slots = [e.slot for e in inputs]
-    rows = [e.row for e in inputs]
     if stacks:
         return stack_step(run, slots, rows, None)
-    first = run.value(inputs[0].slot, inputs[0].row)
+    first = run.value(slots[0], rows[0])
     return stack_step(run, slots, rows, (-1, *first.shape[1:]))
 
 

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from monadl.do import batching
 from monadl.do.do import Call, Operation
-from monadl.do.record import Entry, Program, Run, RunTape, forward_stats
+from monadl.do.graph import Graph, swap_recording
+from monadl.do.record import Program, Run, RunTape, forward_stats
 from monadl.do.stats import RunStats, tally
 from monadl.do.steps import BodyStep, MergedStep, OpStep, StackStep
 from monadl.do.tape import Tape
@@ -24,22 +25,26 @@ if TYPE_CHECKING:
     from monadl.do.scheduler import Scheduler
 
 
-def run_calls(scheduler: Scheduler, group: list[Entry]) -> None:
+def run_calls(scheduler: Scheduler, group: list[int]) -> None:
     """Runs calls of one batchable operation (one call alone: its body on its own arguments, as the
     plain function) as one step; each call's results are rows of the step's."""
     run = scheduler.run
-    first = group[0].node
-    assert type(first) is Call
+    graph = scheduler.graph
+    starts = graph.starts
+    in_slots, in_rows = scheduler.in_slots, scheduler.in_rows
+    head = group[0]
+    first: Call = graph.objs[head]
     op = first.op
     n = len(group) if len(group) > 1 else 0
     tally(run.stats.kinds, op.name)
     ins = []
-    for j, e in enumerate(group[0].inputs):
+    for i in range(starts[head + 1] - starts[head]):
         if n:
-            slots = [c.inputs[j].slot for c in group]
-            ins.append(batching.stack_rows(run, slots, [c.inputs[j].row for c in group]))
+            slots = [in_slots[starts[c] + i] for c in group]
+            ins.append(batching.stack_rows(run, slots, [in_rows[starts[c] + i] for c in group]))
         else:
-            ins.append(batching.slot_of(run, e.slot, e.row))
+            k = starts[head] + i
+            ins.append(batching.slot_of(run, in_slots[k], in_rows[k]))
     kinds = tuple([run.kind(s, 0 if n else -1) for s in ins])  # (stacked: a row's kind, not the rows')
     wants = tuple([run.wants[s] for s in ins])
     key = (first.static, kinds, wants, n == 0, scheduler.batching, scheduler.min_cost)
@@ -57,8 +62,8 @@ def run_calls(scheduler: Scheduler, group: list[Entry]) -> None:
                 raise
             # A weight given as an argument is one value for all the calls: a body that uses it as
             # a row (concatenates it with rows) cannot run on the calls' stacked rows.
-            for entry in group:
-                run_calls(scheduler, [entry])
+            for r in group:
+                run_calls(scheduler, [r])
             return
     outs = [run.new_slot(False) for _ in program.outputs]
     step = BodyStep(op.name, program, ins, outs, op.scalars, n, run.new_slot(False))
@@ -82,16 +87,18 @@ def run_calls(scheduler: Scheduler, group: list[Entry]) -> None:
         run.stats.groups += 1
         run.stats.merged += n
     more = step.outs[1:]
-    for k, entry in enumerate(group):
-        entry.more = more
-        scheduler.resolve(entry, step.outs[0], k if n else -1, None)
+    out = step.outs[0]
+    for k, r in enumerate(group):
+        scheduler.more[r] = more
+        scheduler.resolve(r, out, k if n else -1, None)
 
 
 def record(scheduler: Scheduler, op: Operation, call: Call, ins: list[int]) -> tuple[Program, Run]:
-    """The body of ``op`` run on the slots ``ins`` in a new frame, by a scheduler of its own: its
-    program (with what its forward pass counted, which a replay counts again), and the frame."""
+    """The body of ``op`` run on the slots ``ins`` in a new frame, by a scheduler of its own over a
+    graph of its own: its program (with what its forward pass counted, which a replay counts
+    again), and the frame."""
     run = scheduler.run
-    frame = Run([], run.dispatcher, RunStats(), run.snapshot)
+    frame = Run(run.dispatcher, RunStats(), run.snapshot)
     tapes: list[Tape[Any, Any]] = []
     for source in ins:
         slot = frame.new_slot(run.wants[source])
@@ -99,15 +106,19 @@ def record(scheduler: Scheduler, op: Operation, call: Call, ins: list[int]) -> t
         frame.xps[slot] = run.xps[source]
         frame.scalar_rows[slot] = run.scalar_rows[source]
         tapes.append(RunTape(frame, slot, -1))
-    inner = scheduler.nested(frame, op.name)
-    roots = op.expand(call, tapes)
+    body = Graph(op.name)
+    previous = swap_recording(body)
+    try:
+        roots = [body.node(node) for node in op.expand(call, tapes)]
+    finally:
+        swap_recording(previous)
+    inner = scheduler.nested(body, frame, op.name)
     inner.execute(roots)
     outputs = []
     for root in roots:
-        entry = inner.ids[root]
-        if entry.slot < 0:
-            inner.place(entry, call)
-        outputs.append((batching.slot_of(frame, entry.slot, entry.row), -1))
+        if inner.slots[root] < 0:
+            inner.place(root, -1)
+        outputs.append((batching.slot_of(frame, inner.slots[root], inner.rows[root]), -1))
     scheduler.signatures.update(inner.signatures)
     run.stats.add(frame.stats)
     program = Program(

@@ -1,9 +1,8 @@
 """``Do[A]``: an immutable, lazy description of a computation that yields an ``A``.
 
-Nothing runs until an :class:`~monadl.do.executor.Executor` interprets it. A ``Do`` is a graph of
-nodes, each a small final class with a ``tag`` that the scheduler dispatches on. Two families:
-
-The monad's own nodes, whose graph is known only once they ran (user code runs inside them):
+Nothing runs until an :class:`~monadl.do.executor.Executor` interprets it. A ``Do`` is a small graph
+of nodes, each a final class with a ``tag`` that the scheduler dispatches on: the monad's own nodes,
+whose graph is known only once they ran (user code runs inside them):
 
 ==========  =================================================================================
 Pure        a value that is already known (``Pure(Tape(x))``: a constant of the program)
@@ -13,33 +12,26 @@ Bind        waits for its ``sources`` (independent, possibly concurrent), then `
             ``f(*values)`` is the value; ``FLAT``: it is the next ``Do``; ``KERNEL_MAP``: it is
             numeric work the executor may run on its pool
 Kernel      ``fn(*args)``: numeric work for the pool (or inline, if too small)
+Variable    a weight, read as of the run's snapshot (a weight's ``forward``)
+Ref         a row of a :class:`~monadl.do.graph.Graph`: a layer's ``forward``
 ==========  =================================================================================
 
-The differentiable program's nodes, which the scheduler reads as data (their values are slots of
-the run's record, see ``record.py``):
-
-==========  =================================================================================
-Variable    a weight, read as of the run's snapshot
-Apply       a primitive (``primitive.py``) applied to ``sources`` with static ``params``
-Call        a call of a batchable operation; its value is its first result
-Result      result ``index`` (1 or more) of a ``Call``
-==========  =================================================================================
-
-Within one run, a node reached through several paths is evaluated once (nodes are compared by
-identity). ``Do`` itself is a protocol, for the type checker: the nodes are plain classes, so that
-compiled they need no instance dictionary.
+The differentiable program itself (ops, batchable calls and their results) is no node here: it is
+rows of a graph (``graph.py``), one row per op, which a ``Ref`` names. Within one run, a node reached
+through several paths is evaluated once (nodes are compared by identity, rows by graph and index).
+``Do`` itself is a protocol, for the type checker: the nodes are plain classes, so that compiled they
+need no instance dictionary.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
-from types import CodeType
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, final, overload
 
 from mypy_extensions import mypyc_attr
 
 if TYPE_CHECKING:
-    from monadl.do.primitive import Primitive
+    from monadl.do.graph import Graph
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -54,9 +46,7 @@ DEFER: Final = 2
 BIND: Final = 3
 KERNEL: Final = 4
 VARIABLE: Final = 5
-APPLY: Final = 6
-CALL: Final = 7
-RESULT: Final = 8
+REF: Final = 6
 
 # Bind modes.
 MAP: Final = 0
@@ -137,40 +127,6 @@ class Pure(Node):
         return f"Pure({self.value!r})"
 
 
-_MARK: Final[Node] = Pure(None)  # on a walk's stack: the node below it has had its sources walked
-
-
-def postorder(root: Node, seen: dict[Node, Any], walked: Any, static: bool = False) -> list[Node] | None:
-    """The nodes of ``root``'s graph not in ``seen``, each after its sources, walked iteratively (a
-    graph 100,000 nodes deep is a loop, not a recursion); each is added to ``seen``, as ``walked``.
-    ``static``: None as soon as a node is not an op, a weight or a constant."""
-    order: list[Node] = []
-    stack: list[Node] = [root]
-    below: list[Node] = []  # the nodes of the marks on the stack, in the same order
-    while stack:
-        node = stack.pop()
-        if node is _MARK:
-            order.append(below.pop())
-            continue
-        if node in seen:
-            continue
-        if static and node.tag != APPLY and node.tag != VARIABLE and node.tag != PURE:
-            return None
-        seen[node] = walked
-        sources = node.sources
-        stack.append(_MARK)  # below its sources: it is added after them
-        base = len(stack)
-        for i in range(len(sources) - 1, -1, -1):  # walked in order
-            if sources[i] not in seen:
-                stack.append(sources[i])
-        if len(stack) == base:  # its sources were all walked: added at once
-            stack.pop()
-            order.append(node)
-        else:
-            below.append(node)
-    return order
-
-
 @final
 class Delay(Node):
     def __init__(self, thunk: Callable[[], Any]) -> None:
@@ -226,73 +182,17 @@ class Variable(Node):
 
 
 @final
-class Apply(Node):
-    """``prim`` applied to the values of ``sources`` with static ``params``; ``code`` and
-    ``instruction``: where the user's code made it (None where unknown), named by its errors.
-    ``static``: its result's static shape, dtype and namespace (or None), set on the first
-    ``layer.shape`` that needs it (``monadl.dsl.static``); unset until then, so building costs
-    nothing more."""
+class Ref(Node):
+    """Row ``row`` of ``graph``: a layer's ``forward`` (see ``graph.py``)."""
 
-    static: Any
+    def __init__(self, graph: Graph, row: int) -> None:
+        self.tag = REF
+        self.sources = ()
+        self.graph = graph
+        self.row = row
 
-    def __init__(
-        self,
-        prim: Primitive,
-        sources: tuple[Node, ...],
-        params: dict[str, Any],
-        code: CodeType | None = None,
-        instruction: int = 0,
-    ) -> None:
-        self.tag = APPLY
-        self.prim = prim
-        self.sources = sources
-        self.params = params
-        self.code = code
-        self.instruction = instruction
-
-    def made_at(self) -> str | None:
-        """``file:line`` of the user's code that made the op (None if unknown)."""
-        code = self.code
-        if code is None:
-            return None
-        for start, end, line in code.co_lines():
-            if start <= self.instruction < end and line is not None:
-                return f"{code.co_filename}:{line}"
-        return code.co_filename
-
-
-@final
-class Call(Node):
-    """A call of the batchable operation ``op``: ``sources`` are the forwards of its row (layer)
-    arguments, at positions ``row_args`` of ``args``; ``static`` is its signature's known part (the
-    operation, its other arguments). Its value is its first result; :class:`Result` gives others."""
-
-    def __init__(
-        self,
-        op: Operation,
-        sources: tuple[Node, ...],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        row_args: list[int],
-        static: tuple[Any, ...],
-    ) -> None:
-        self.tag = CALL
-        self.op = op
-        self.sources = sources
-        self.args = args
-        self.kwargs = kwargs
-        self.row_args = row_args
-        self.static = static
-
-
-@final
-class Result(Node):
-    """Result ``index`` (1 or more) of ``call``."""
-
-    def __init__(self, call: Call, index: int) -> None:
-        self.tag = RESULT
-        self.sources = (call,)
-        self.index = index
+    def __repr__(self) -> str:
+        return f"Ref({self.row})"
 
 
 @mypyc_attr(native_class=False)  # subclassed by dsl's BatchableOperation, a Python class
@@ -311,6 +211,27 @@ class Operation:
         """The forwards of the body's results, the body run on ``inputs`` (tapes) in place of
         ``call``'s row arguments."""
         raise NotImplementedError
+
+
+@final
+class Call:
+    """What a call of a batchable operation keeps (its row's object, see ``graph.py``): the
+    operation, its arguments (its row arguments, at positions ``row_args``, are the row's inputs)
+    and ``static``, its signature's known part (the operation, its other arguments)."""
+
+    def __init__(
+        self,
+        op: Operation,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        row_args: list[int],
+        static: tuple[Any, ...],
+    ) -> None:
+        self.op = op
+        self.args = args
+        self.kwargs = kwargs
+        self.row_args = row_args
+        self.static = static
 
 
 UNIT: Do[None] = Pure(None)

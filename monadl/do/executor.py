@@ -23,13 +23,13 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 from monadl.do.batching import slot_of
-from monadl.do.do import Apply, Do, Node, Pure, Variable, as_node, postorder
-from monadl.do.primitive import float_key, value_key
+from monadl.do.do import Do, as_node
+from monadl.do.graph import CONST, OP, WEIGHT, Graph, recording, row_of, running, swap_recording
+from monadl.do.primitive import Primitive, float_key, value_key
 from monadl.do.record import Program, Recent, Run, RunTape, forward_stats
-from monadl.do.scheduler import Scheduler
+from monadl.do.scheduler import DONE, Scheduler
 from monadl.do.stats import RunStats
 from monadl.do.steps import replay_steps
-from monadl.do.tape import Tape
 from monadl.runtime.pool import Dispatcher, WorkerPool
 from monadl.runtime.process import gc_paused, tune_allocator
 from monadl.runtime.versions import data_of, snapshot
@@ -49,66 +49,68 @@ class Evaluation:
 
 
 class Structure:
-    """A static graph's key and its *bound nodes*: the nodes whose values a replay reads from the
+    """A static graph's key and its *bound rows*: the rows whose values a replay reads from the
     graph at hand (its weights, constants and ops with per-run parameters: a lookup's indices, a
-    loss's labels), in walk order; ``index``: a bound node's position; ``weights``: each weight's
-    value key, in order (a graph run again replays only while they hold)."""
+    loss's labels), in order; ``index``: a bound row's position; ``weights``: each weight's value
+    key, in order (a graph run again replays only while they hold)."""
 
     def __init__(
-        self, key: tuple[Any, ...], nodes: list[Node], index: dict[Node, int], weights: list[Any]
+        self, key: tuple[Any, ...], graph: Graph, bound: list[int], index: dict[int, int], weights: list[Any]
     ) -> None:
         self.key = key
-        self.nodes = nodes
+        self.graph = graph
+        self.bound = bound
         self.index = index
         self.weights = weights
 
     def unchanged(self) -> bool:
         """Whether every weight still has the shape and dtype it had."""
+        graph = self.graph
         i = 0
-        for node in self.nodes:
-            if type(node) is Variable:
-                if value_key(data_of(node.weight, None)) != self.weights[i]:
+        for row in self.bound:
+            if graph.tags[row] == WEIGHT:
+                if value_key(data_of(graph.objs[row], None)) != self.weights[i]:
                     return False
                 i += 1
         return True
 
 
-def structure_of(root: Node) -> Structure | None:
-    """``root``'s graph's structure, or None if it is not static (a node of another kind met).
-    Its key: its ops in walk order, each with its primitive, the static part of its parameters and
-    the places of its inputs; its weights' and constants' value kinds; its float constants' values
-    (they decide merges)."""
-    order: dict[Node, Any] = {}  # a node's position in the key
-    nodes = postorder(root, order, -1, static=True)
-    if nodes is None:
-        return None
+def structure_of(graph: Graph, root: int) -> Structure | None:
+    """The structure of the rows ``root`` reads, or None if they are not static (a row of another
+    kind than an op, a weight or a constant). Its key: its ops in order, each with its primitive,
+    the static part of its parameters and the places of its inputs; its weights' and constants'
+    value kinds; its float constants' values (they decide merges)."""
+    rows = graph.postorder(root)
+    order: dict[int, int] = {}  # a row's position in the key
     key: list[Any] = []
-    bound: list[Node] = []
-    index: dict[Node, int] = {}
+    bound: list[int] = []
+    index: dict[int, int] = {}
     weights: list[Any] = []
-    for node in nodes:
-        if type(node) is Apply:
-            pkey = node.prim.static_key(node.params)
+    tags, objs, starts, args = graph.tags, graph.objs, graph.starts, graph.args
+    for r in rows:
+        tag = tags[r]
+        if tag == OP:
+            prim: Primitive = objs[r]
+            pkey = prim.static_key(graph.params[r])
             if pkey is None:  # an unhashable parameter: no key
                 return None
-            key.append((node.prim, pkey, tuple([order[s] for s in node.sources])))
-            if not node.prim.per_run:
-                order[node] = len(key) - 1
+            key.append((prim, pkey, tuple([order[args[k]] for k in range(starts[r], starts[r + 1])])))
+            if not prim.per_run:
+                order[r] = len(key) - 1
                 continue
-        elif type(node) is Variable:
-            weight_key = value_key(data_of(node.weight, None))
+        elif tag == WEIGHT:
+            weight_key = value_key(data_of(objs[r], None))
             key.append(("v", weight_key))
             weights.append(weight_key)
-        else:
-            assert type(node) is Pure
-            if type(node.value) is not Tape:
-                return None
-            data = node.value.data
+        elif tag == CONST:
+            data = objs[r]
             key.append(("f", float_key(data)) if type(data) is float else ("c", value_key(data)))
-        order[node] = len(key) - 1
-        index[node] = len(bound)
-        bound.append(node)
-    return Structure(tuple(key), bound, index, weights)
+        else:
+            return None
+        order[r] = len(key) - 1
+        index[r] = len(bound)
+        bound.append(r)
+    return Structure(tuple(key), graph, bound, index, weights)
 
 
 _REMOVED_PLANNING = (
@@ -221,45 +223,54 @@ class Executor:
         """The forward run of ``do``, counted in ``stats`` (published by the caller): replayed from a
         compiled program where one fits, else interpreted by the scheduler. ``own_root``: the
         root's value in a slot of its own (a backward pass is seeded there)."""
-        root = as_node(do)
+        graph, root = row_of(as_node(do))
+        if graph is recording() and not running():
+            swap_recording(None)  # what the user records next goes to a graph of its own
+        if graph.dynamic:
+            with graph.lock:  # (a run of a graph with rows of the monad's own may add rows to it)
+                return self._evaluate(graph, root, stats, batching, own_root)
+        return self._evaluate(graph, root, stats, batching, own_root)
+
+    def _evaluate(
+        self, graph: Graph, root: int, stats: RunStats, batching: bool | None, own_root: bool
+    ) -> Evaluation:
         dispatcher = self.dispatcher()
         snap = snapshot()  # every weight as of the newest commit, for the whole run
         batch = self.batching if batching is None else batching
         settings = (batch, own_root)
-        seen = self._seen.get(root)
+        seen = self._seen.get((graph, root))
         structure = None
         if seen is not None and seen[0][:2] == settings and seen[1].unchanged():
             key, structure = seen  # the same graph again: no walk
-        elif self.replay and self._walks():
-            structure = structure_of(root)
+        elif self.replay and not graph.dynamic and self._walks():
+            structure = structure_of(graph, root)
             key = None if structure is None else (*settings, structure.key)
             self._misses += 1  # until its program is found
         if structure is not None and key is not None:
             program = self._programs.get(key)
             if program is not None:
                 self._misses = 0
-                run = Run(structure.nodes, dispatcher, stats, snap)
+                run = Run(dispatcher, stats, snap, graph, structure.bound)
                 run.reserve(program.slots)
                 run.steps = program.steps
                 stats.add(program.stats)  # its launches, as they are attempted
                 stats.replayed += 1
                 replay_steps(run, False)
-                self._seen.put(root, (key, structure))
+                self._seen.put((graph, root), (key, structure))
                 slot, row = program.outputs[0]
                 return Evaluation(run, slot, row, run.value(slot, row))
-        run = Run([] if structure is None else structure.nodes, dispatcher, stats, snap)
-        scheduler = Scheduler(run, batch, {} if structure is None else structure.index, self._bodies)
+        run = Run(dispatcher, stats, snap, graph, None if structure is None else structure.bound)
+        scheduler = Scheduler(graph, run, batch, {} if structure is None else structure.index, self._bodies)
         scheduler.execute([root])
-        entry = scheduler.ids[root]
-        if not entry.done:  # pragma: no cover - a scheduler bug, not a user's
-            raise RuntimeError("monadl: the computation did not complete (a node was never run)")
-        value = scheduler.user_value(entry)
+        if scheduler.state[root] != DONE:  # pragma: no cover - a scheduler bug, not a user's
+            raise RuntimeError("monadl: the computation did not complete (a row was never run)")
+        value = scheduler.user_value(root)
         slot, row = -1, -1
         if type(value) is RunTape and value.run is run:  # a tape of the program's, or handed back
             slot, row = value.slot, value.row
         elif own_root:
-            scheduler.place(entry, "the root")
-            slot, row = entry.slot, entry.row
+            scheduler.place(root, -1)
+            slot, row = scheduler.slots[root], scheduler.rows[root]
         if slot >= 0:
             if own_root and row >= 0:
                 slot, row = slot_of(run, slot, row), -1
@@ -269,7 +280,7 @@ class Executor:
             self._programs.put(
                 key, Program(run.steps, len(run.datas), [], [(slot, row)], forward_stats(stats))
             )
-            self._seen.put(root, (key, structure))
+            self._seen.put((graph, root), (key, structure))
         return Evaluation(run, slot, row, value)
 
     def _walks(self) -> bool:

@@ -16,12 +16,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 from mypy_extensions import mypyc_attr
 
-from monadl.do.do import Bind, Node, Pure
+from monadl.do.do import Bind, Pure
 from monadl.do.primitive import value_key
 from monadl.do.stats import RunStats
 from monadl.do.tape import Tape
@@ -29,6 +29,7 @@ from monadl.runtime.versions import Snapshot
 from monadl.typeclasses.backend import NDARRAY
 
 if TYPE_CHECKING:
+    from monadl.do.graph import Graph
     from monadl.do.steps import Step
     from monadl.runtime.pool import Dispatcher
 
@@ -38,11 +39,17 @@ class Run:
     namespace, whether it depends on a weight (``wants``: it takes a delta), and the steps."""
 
     def __init__(
-        self, nodes: list[Node], dispatcher: Dispatcher | None, stats: RunStats, snapshot: Snapshot
+        self,
+        dispatcher: Dispatcher | None,
+        stats: RunStats,
+        snapshot: Snapshot,
+        graph: Graph | None = None,
+        bound: list[int] | None = None,
     ) -> None:
-        self.nodes = nodes
-        """The bound nodes of a static graph (its leaves and ops with per-run parameters), where a
-        replayed step reads its own (``executor.structure_of``)."""
+        self.graph = graph
+        self.bound: list[int] = [] if bound is None else bound
+        """The bound rows of ``graph``, a static graph (its leaves and ops with per-run parameters),
+        where a replayed step reads its own (``executor.structure_of``)."""
         self.datas: list[Any] = []
         self.saved: list[Any] = []
         self.xps: list[Any] = []
@@ -285,27 +292,3 @@ def interned_kinds() -> int:
 def kind_of(value: Any) -> int:
     """The interned kind of a value."""
     return kind_id(value_key(value), 0 if type(value) is float else len(getattr(value, "shape", ())))
-
-
-@final
-class Entry:
-    """A node as one run sees it: where its value is (``slot`` and ``row``; for a node of the
-    monad's own, ``value``), and its place in the scheduler's agenda (``scheduler.py``)."""
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.slot = -1
-        self.row = -1
-        self.value: Any = None
-        self.done = False
-        self.pending = 0  # its sources not yet done; -1: it takes the value of the one it waits for
-        self.consumer: Entry | None = None  # the first entry waiting for it
-        self.consumers: list[Entry] | None = None  # the others
-        self.depth = 0
-        self.inputs: list[Entry] = _NO_INPUTS  # its sources' entries
-        self.dynamic = False  # an input is a node of the monad's own (its value is made a slot)
-        self.bucket = -1  # where it waits on the agenda
-        self.more: list[int] | None = None  # a call's other results' slots (its first is ``slot``)
-
-
-_NO_INPUTS: list[Entry] = []  # a leaf's (never changed)

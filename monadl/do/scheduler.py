@@ -1,40 +1,36 @@
-"""The scheduler: one loop that runs a ``Do``, an agenda of ready work whose equal calls merge.
+"""The scheduler: one loop that runs rows of a graph, an agenda of ready work whose equal calls merge.
 
-It walks the graph from the root (iteratively: a graph 100,000 nodes deep is a loop, not a
-recursion), gives every node an :class:`~monadl.do.record.Entry`, and counts for each the sources
-not yet done. A node whose sources are done is *ready*. Ready nodes of the monad's own (``map``,
-``flat_map``, kernels, ``delay``, ``defer``) run first, since what they reveal may join the agenda;
-ready ops and batchable calls wait on the agenda in *buckets*, one per primitive or batchable
-operation, and the loop runs one bucket at a time, its calls of equal signature merged
-(``batching.py``). The bucket whose calls lie shallowest on average runs first (DyNet's agenda), so
-that a deep kind of call (a classifier over every state of an LSTM) waits until all its calls are
-ready, while the ops of the chains that feed it run level by level.
+It walks the rows a run needs from its roots (over the graph's columns: integers, no objects), and
+keeps for each row, in lists indexed by the row, its state, the inputs not yet done, its value's
+place, and its consumers (a linked list of edges in two more lists). A row whose inputs are done is
+*ready*. Ready rows of the monad's own (``map``, ``flat_map``, kernels, ``delay``, ``defer``) run
+first, since what they reveal may join the graph; ready ops and batchable calls wait on the agenda
+in *buckets*, one per primitive or batchable operation, and the loop runs one bucket at a time, its
+calls of equal signature merged (``batching.py``). The bucket whose calls lie shallowest on average
+runs first (DyNet's agenda), so that a deep kind of call (a classifier over every state of an LSTM)
+waits until all its calls are ready, while the ops of the chains that feed it run level by level.
 
 Everything the loop computes is a step appended to the run's record (``record.py``). A group of a
 batchable operation's calls runs the operation's body on their stacked rows, in a frame of its own:
-the body's program, recorded on the first group of its signature and replayed for the later ones.
+the body's program, recorded on the first group of its signature and replayed for the later ones
+(``bodies.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from monadl.do import batching
 from monadl.do.bodies import run_calls
 from monadl.do.do import (
-    APPLY,
     BIND,
-    CALL,
     DEFER,
     DELAY,
     FLAT,
     KERNEL,
     MAP,
     PURE,
-    RESULT,
-    VARIABLE,
-    Apply,
     Bind,
     Call,
     Defer,
@@ -42,18 +38,18 @@ from monadl.do.do import (
     Kernel,
     Node,
     Pure,
-    Result,
-    Variable,
-    postorder,
 )
-from monadl.do.record import Entry, Recent, Run, RunTape
+from monadl.do.graph import CALL, CONST, NODE, OP, RESULT, WEIGHT, Graph, enter_run, leave_run, swap_recording
+from monadl.do.record import Recent, Run, RunTape
 from monadl.do.stats import tally
 from monadl.do.steps import CastStep, ForeignStep, LeafStep, Step
 from monadl.do.tape import Tape
 from monadl.runtime.pool import Dispatcher, affinity_of, draining
 from monadl.typeclasses.backend import namespace
 
-_WALKED: Final = Entry(Pure(None))  # a node walked whose entry is not made yet
+UNWALKED: Final = 0
+WAITING: Final = 1
+DONE: Final = 2
 
 
 class Bucket:
@@ -61,25 +57,27 @@ class Bucket:
     walked so far (its priority is their mean), ``order``: its place among equals."""
 
     def __init__(self, order: int) -> None:
-        self.ready: list[Entry] = []
+        self.ready: list[int] = []
         self.total = 0
         self.count = 0
         self.order = order
 
 
 class Scheduler:
-    """One frame's interpretation of a ``Do`` (see the module). ``bound``: the positions of a static
-    graph's bound nodes (``executor.structure_of``), which its steps name so that a replay reads its
-    own; ``outer``: the scheduler of the run whose batchable body this one records."""
+    """One frame's interpretation of rows of ``graph`` (see the module). ``bound``: a static graph's
+    rows that a replay reads, by position (``executor.structure_of``), which its steps name;
+    ``outer``: the scheduler of the run whose batchable body this one records."""
 
     def __init__(
         self,
+        graph: Graph,
         run: Run,
         batching_on: bool,
-        bound: dict[Node, int],
+        bound: dict[int, int],
         bodies: Recent,
         outer: Scheduler | None = None,
     ) -> None:
+        self.graph = graph
         self.run = run
         self.batching = batching_on
         self.bound = bound
@@ -87,172 +85,218 @@ class Scheduler:
         self.outer = outer
         self.dispatcher: Dispatcher | None = run.dispatcher
         self.min_cost = batching.NO_POOL if run.dispatcher is None else run.dispatcher.min_cost
-        self.ids: dict[Node, Entry] = {}
-        self.immediate: list[Entry] = []  # ready nodes of the monad's own
+        # By row: its state, its inputs not done (-1: it takes the value of the one it follows),
+        # where its value is (a slot and a row of it, or a value of the monad's own), its bucket,
+        # whether an input is a node of the monad's own (made a slot when the row runs), and the
+        # first and last of its consumers' edges.
+        self.state: list[int] = []
+        self.pending: list[int] = []
+        self.slots: list[int] = []
+        self.rows: list[int] = []
+        self.values: list[Any] = []
+        self.buckets_of: list[int] = []
+        self.dynamic: list[bool] = []
+        self.head: list[int] = []
+        self.tail: list[int] = []
+        # The consumers' edges: its consumer (a follower: -1 - row), the next edge of its row.
+        self.edge_to: list[int] = []
+        self.edge_next: list[int] = []
+        # By an input of a row (its index into the graph's ``args``): the slot and row it reads.
+        self.in_slots: list[int] = []
+        self.in_rows: list[int] = []
+        self.more: dict[int, list[int]] = {}  # a call's other results' slots (its first is its slot)
+        self.immediate: list[int] = []  # ready rows of the monad's own
         self.buckets: list[Bucket] = []
         self.bucket_of: dict[object, int] = {}  # a primitive or operation -> its bucket
         self.active: list[Bucket] = []  # the buckets with ready calls
-        self.after: dict[Step, list[Entry]] = {}  # a step on the pool -> the entries it computes
+        self.after: dict[Step, list[int]] = {}  # a step on the pool -> the rows it computes
         self.signatures: set[int] = set()
         self.body = ""  # the operation whose body this scheduler records (with ``outer``)
+        self.grow()
+
+    def grow(self) -> None:
+        """Room in the per-row lists for every row of the graph (rows appended while it runs)."""
+        n = len(self.graph.tags) - len(self.state)
+        if n > 0:
+            self.state.extend([UNWALKED] * n)
+            self.pending.extend([0] * n)
+            self.slots.extend([-1] * n)
+            self.rows.extend([-1] * n)
+            self.values.extend([None] * n)
+            self.buckets_of.extend([-1] * n)
+            self.dynamic.extend([False] * n)
+            self.head.extend([-1] * n)
+            self.tail.extend([-1] * n)
+        m = len(self.graph.args) - len(self.in_slots)
+        if m > 0:
+            self.in_slots.extend([-1] * m)
+            self.in_rows.extend([-1] * m)
 
     # ------------------------------------------------------------------------------------- walk
 
-    def walk(self, root: Node) -> None:
-        """Gives the nodes of ``root``'s graph not walked yet their entries: leaves are done at once,
-        the others wait for their sources (``post``)."""
-        ids = self.ids
-        order = postorder(root, ids, _WALKED)
-        assert order is not None
-        for node in order:
-            tag = node.tag
-            if tag >= APPLY or tag == BIND:
-                if self.outer is not None and node in self.outer.ids:
-                    raise RuntimeError(
-                        f"batchable {self.body}: its body reads a layer computed outside it: pass "
-                        "that layer to it as an argument"
-                    )
-                entry = ids[node] = Entry(node)
-                self.post(entry)
-            elif tag == VARIABLE:
-                assert type(node) is Variable
-                self.leaf(node, node.weight, None)
-            elif tag == PURE:
-                assert type(node) is Pure
-                value = node.value
-                if type(value) is Tape:
-                    self.leaf(node, None, value.data)
-                else:
-                    entry = ids[node] = Entry(node)
-                    self.resolve(entry, -1, -1, value)
-            else:  # a delay, a defer or a kernel: run by the loop
-                entry = ids[node] = Entry(node)
-                self.immediate.append(entry)
+    def walk(self, root: int) -> None:
+        """Gives the rows ``root`` reads that are not walked yet their state: leaves are done at
+        once, the others wait for their inputs (``post``). Iterative: a graph 100,000 rows deep is
+        a loop."""
+        self.grow()
+        state = self.state
+        if state[root] != UNWALKED:
+            return
+        graph = self.graph
+        starts, args = graph.starts, graph.args
+        found: list[int] = []
+        stack = [root]
+        while stack:
+            r = stack.pop()
+            if state[r] != UNWALKED:
+                continue
+            state[r] = WAITING
+            found.append(r)
+            for k in range(starts[r], starts[r + 1]):
+                a = args[k]
+                if state[a] == UNWALKED:
+                    stack.append(a)
+        if len(found) > 1:
+            found.sort()  # inputs before their consumers: rows are made after their inputs
+        tags = graph.tags
+        for r in found:
+            tag = tags[r]
+            if tag == WEIGHT:
+                self.leaf(r, graph.objs[r], None)
+            elif tag == CONST:
+                self.leaf(r, None, graph.objs[r])
+            elif tag == NODE:
+                node = graph.objs[r]
+                ntag = node.tag
+                if ntag == BIND:
+                    self.post(r, tag)
+                elif ntag == PURE:
+                    assert type(node) is Pure
+                    self.resolve(r, -1, -1, node.value)
+                else:  # a delay, a defer or a kernel: run by the loop
+                    self.immediate.append(r)
+            else:
+                self.post(r, tag)
 
-    def post(self, entry: Entry) -> None:
-        """An entry whose sources have been walked: its count of sources not done, its depth, its
-        bucket; ready at once if it waits for nothing."""
-        node = entry.node
-        ids = self.ids
+    def post(self, r: int, tag: int) -> None:
+        """A row whose inputs have been walked: its count of inputs not done, its bucket; ready at
+        once if it waits for nothing."""
+        graph = self.graph
+        state = self.state
+        tags = graph.tags
+        args = graph.args
         pending = 0
-        depth = 0
-        inputs = [ids[s] for s in node.sources]
-        for e in inputs:
-            if e.slot < 0 and e.node.tag < VARIABLE:
-                entry.dynamic = True  # an input of the monad's own: made a slot when it runs
-            if not e.done:
+        for k in range(graph.starts[r], graph.starts[r + 1]):
+            a = args[k]
+            if tags[a] == NODE and self.slots[a] < 0:
+                self.dynamic[r] = True  # an input of the monad's own: made a slot when it runs
+            if state[a] != DONE:
                 pending += 1
-                if e.consumer is None:
-                    e.consumer = entry
-                elif e.consumers is None:
-                    e.consumers = [entry]
-                else:
-                    e.consumers.append(entry)
-            if e.depth > depth:
-                depth = e.depth
-        entry.inputs = inputs
-        entry.pending = pending
-        tag = node.tag
-        if tag == APPLY or tag == CALL:
-            depth += 1
-            # a bucket per primitive or operation (their calls' signatures are told apart when they run)
-            key: object = node.prim if type(node) is Apply else cast(Call, node).op
+                self.edge(a, r)
+        self.pending[r] = pending
+        if tag == OP or tag == CALL:
+            key: object = graph.objs[r] if tag == OP else graph.objs[r].op
             b = self.bucket_of.get(key, -1)
             if b < 0:
                 b = self.bucket_of[key] = len(self.buckets)
                 self.buckets.append(Bucket(b))
             bucket = self.buckets[b]
-            bucket.total += depth
+            bucket.total += graph.depths[r]
             bucket.count += 1
-            entry.bucket = b
-        elif tag != RESULT:
-            depth += 1
-        entry.depth = depth
+            self.buckets_of[r] = b
         if not pending:
-            self.ready(entry)
+            self.ready(r)
 
-    def leaf(self, node: Node, weight: Any, data: Any) -> None:
-        """A weight's or a constant's node: done at once, its slot read now."""
+    def edge(self, source: int, consumer: int) -> None:
+        """``consumer`` (or, negative, a follower: -1 - row) waits for ``source``."""
+        e = len(self.edge_to)
+        self.edge_to.append(consumer)
+        self.edge_next.append(-1)
+        last = self.tail[source]
+        if last < 0:
+            self.head[source] = e
+        else:
+            self.edge_next[last] = e
+        self.tail[source] = e
+
+    def leaf(self, r: int, weight: Any, data: Any) -> None:
+        """A weight's or a constant's row: done at once, its slot read now."""
         run = self.run
         slot = run.new_slot(weight is not None)
-        step = LeafStep(slot, self.bound.get(node, -1), weight, data)
+        step = LeafStep(slot, self.bound.get(r, -1), weight, data)
         run.steps.append(step)
         step.forward(run, True)
-        entry = self.ids[node] = Entry(node)
-        self.resolve(entry, slot, -1, None)
+        self.resolve(r, slot, -1, None)
 
-    def ready(self, entry: Entry) -> None:
-        tag = entry.node.tag
-        if tag == APPLY or tag == CALL:
-            bucket = self.buckets[entry.bucket]
+    def ready(self, r: int) -> None:
+        tag = self.graph.tags[r]
+        if tag == OP or tag == CALL:
+            bucket = self.buckets[self.buckets_of[r]]
             if not bucket.ready:
                 self.active.append(bucket)
-            bucket.ready.append(entry)
+            bucket.ready.append(r)
         elif tag == RESULT:
-            call = entry.inputs[0]
-            more = call.more
-            assert more is not None and type(entry.node) is Result
-            self.resolve(entry, more[entry.node.index - 1], call.row, None)
+            call = self.graph.args[self.graph.starts[r]]
+            more = self.more[call]
+            self.resolve(r, more[self.graph.params[r] - 1], self.rows[call], None)
         else:
-            self.immediate.append(entry)
+            self.immediate.append(r)
 
-    def resolve(self, entry: Entry, slot: int, row: int, value: Any) -> None:
-        """Records ``entry``'s value and wakes what waited for it; an entry that follows it (its
-        value is this one's) is resolved in a loop (a chain of 100,000 flat_maps is no recursion)."""
-        while True:
-            entry.slot = slot
-            entry.row = row
-            entry.value = value
-            entry.done = True
-            first = entry.consumer
-            if first is None:
-                return
-            entry.consumer = None
-            follower = self.wake(first)
-            consumers = entry.consumers
-            if consumers is not None:
-                entry.consumers = None
-                for c in consumers:
-                    then = self.wake(c)
-                    if then is not None:
-                        if follower is not None:
-                            self.resolve(follower, slot, row, value)
-                        follower = then
-            if follower is None:
-                return
-            entry = follower
+    def resolve(self, r: int, slot: int, row: int, value: Any) -> None:
+        """Records row ``r``'s value and wakes what waited for it; a row that follows it (its value
+        is this one's) is resolved in the same loop (a chain of 100,000 flat_maps is no recursion)."""
+        state, slots, rows, values = self.state, self.slots, self.rows, self.values
+        pending = self.pending
+        edge_to, edge_next, head = self.edge_to, self.edge_next, self.head
+        todo = [r]
+        while todo:
+            r = todo.pop()
+            state[r] = DONE
+            slots[r] = slot
+            rows[r] = row
+            values[r] = value
+            e = head[r]
+            head[r] = -1
+            self.tail[r] = -1
+            while e >= 0:
+                c = edge_to[e]
+                e = edge_next[e]
+                if c < 0:  # a follower: the same value
+                    todo.append(-1 - c)
+                    continue
+                p = pending[c] - 1
+                pending[c] = p
+                if not p:
+                    self.ready(c)
 
-    def wake(self, consumer: Entry) -> Entry | None:
-        """One source of ``consumer`` is done: it is ready if that was the last. Returns it instead
-        if it follows that source (its value is the source's: the caller resolves it)."""
-        if consumer.pending < 0:
-            return consumer
-        consumer.pending -= 1
-        if not consumer.pending:
-            self.ready(consumer)
-        return None
-
-    def follow(self, entry: Entry, then: Node) -> None:
-        """``entry``'s value is ``then``'s (a defer, a flat_map's result)."""
-        if then not in self.ids:
-            self.walk(then)
-        target = self.ids[then]
-        if target.done:
-            self.resolve(entry, target.slot, target.row, target.value)
+    def follow(self, r: int, then: object) -> None:
+        """Row ``r``'s value is that of the ``Do`` ``then`` (a defer's, a flat_map's result)."""
+        if not isinstance(then, Node):
+            raise TypeError(f"defer: the thunk returned {type(then).__name__}, not a Do")
+        target = self.row_of(then)
+        self.walk(target)
+        if self.state[target] == DONE:
+            self.resolve(r, self.slots[target], self.rows[target], self.values[target])
         else:
-            entry.pending = -1  # (it follows the one entry it waits for)
-            if target.consumer is None:
-                target.consumer = entry
-            elif target.consumers is None:
-                target.consumers = [entry]
-            else:
-                target.consumers.append(entry)
+            self.pending[r] = -1
+            self.edge(target, -1 - r)
+
+    def row_of(self, node: Node) -> int:
+        """The row here of a ``Do`` that user code gave back."""
+        graph = self.graph
+        previous = swap_recording(graph)
+        try:
+            return graph.node(node)
+        finally:
+            swap_recording(previous)
 
     # ------------------------------------------------------------------------------------- loop
 
-    def execute(self, roots: list[Node]) -> None:
-        """Walks ``roots`` and runs until nothing is left: ready nodes of the monad's own first,
-        then (with nothing in flight on the pool) the agenda's next bucket."""
+    def execute(self, roots: list[int]) -> None:
+        """Walks ``roots`` and runs until nothing is left: ready rows of the monad's own first,
+        then (with nothing in flight on the pool) the agenda's next bucket. The graph is the
+        thread's recording graph meanwhile: the ops user code makes in a ``flat_map`` join it."""
+        previous = enter_run(self.graph)
         try:
             with draining(self.dispatcher):
                 for root in roots:
@@ -261,13 +305,11 @@ class Scheduler:
         except BaseException:
             self.discard()
             raise
+        finally:
+            leave_run(previous)
 
     def discard(self) -> None:
-        """Drops what a failed run leaves waiting (an entry's consumers hold entries that hold it
-        among their inputs: a reference cycle, which a finished run never leaves)."""
-        for entry in self.ids.values():
-            entry.consumer = None
-            entry.consumers = None
+        """Drops what a failed run leaves waiting."""
         for bucket in self.buckets:
             bucket.ready = []
         self.immediate = []
@@ -310,7 +352,7 @@ class Scheduler:
         return best
 
     def collect(self) -> None:
-        """Takes one result from the pool: a step's value, or a kernel node's."""
+        """Takes one result from the pool: a step's value, or a kernel row's."""
         dispatcher = self.dispatcher
         assert dispatcher is not None
         token, owner, result = dispatcher.collect()
@@ -319,43 +361,45 @@ class Scheduler:
             return
         step: Step = token
         step.store(self.run, result)
-        entries = self.after.pop(step)
-        self.settle(step, entries)
+        rows = self.after.pop(step)
+        self.settle(step, rows)
 
-    def run_dynamic(self, entry: Entry) -> None:
-        """Runs a ready node of the monad's own."""
-        node = entry.node
+    def run_dynamic(self, r: int) -> None:
+        """Runs a ready row of the monad's own (user code: the ops it makes join the graph)."""
+        node = self.graph.objs[r]
         tag = node.tag
         if tag == DELAY:
             assert type(node) is Delay
-            self.resolve(entry, -1, -1, node.thunk())
+            value = node.thunk()
+            self.grow()
+            self.resolve(r, -1, -1, value)
         elif tag == DEFER:
             assert type(node) is Defer
-            then = node.thunk()
-            if not isinstance(then, Node):
-                raise TypeError(f"defer: the thunk returned {type(then).__name__}, not a Do")
-            self.follow(entry, then)
+            self.follow(r, node.thunk())
         elif tag == KERNEL:
             assert type(node) is Kernel
-            self.kernel(entry, node.fn, node.args, node.cost)
+            self.kernel(r, node.fn, node.args, node.cost)
         else:
             assert type(node) is Bind
+            graph = self.graph
             args = []
-            for e in entry.inputs:
-                args.append(self.user_value(e))
+            for k in range(graph.starts[r], graph.starts[r + 1]):
+                args.append(self.user_value(graph.args[k]))
             mode = node.mode
             if mode == MAP:
-                self.resolve(entry, -1, -1, node.f(*args))
+                value = node.f(*args)
+                self.grow()
+                self.resolve(r, -1, -1, value)
             elif mode == FLAT:
                 then = node.f(*args)
                 if not isinstance(then, Node):
                     name = getattr(node.f, "__qualname__", node.f)
                     raise TypeError(f"flat_map: {name!r} returned {type(then).__name__}, not a Do")
-                self.follow(entry, then)
+                self.follow(r, then)
             else:
-                self.kernel(entry, node.f, tuple(args), node.cost)
+                self.kernel(r, node.f, tuple(args), node.cost)
 
-    def kernel(self, entry: Entry, fn: Any, args: tuple[Any, ...], cost: Any) -> None:
+    def kernel(self, r: int, fn: Any, args: tuple[Any, ...], cost: Any) -> None:
         """A kernel of the user's own: inline, or on the pool if its cost is worth it."""
         self.run.stats.kernels += 1
         dispatcher = self.dispatcher
@@ -363,106 +407,112 @@ class Scheduler:
             if type(cost) is not float and type(cost) is not int:
                 cost = cost()
             if cost >= dispatcher.min_cost:
-                dispatcher.submit(fn, args, entry, None, affinity_of(fn))
+                dispatcher.submit(fn, args, r, None, affinity_of(fn))
                 return
-        self.resolve(entry, -1, -1, fn(*args))
+        self.resolve(r, -1, -1, fn(*args))
 
-    def user_value(self, entry: Entry) -> Any:
-        """A node's value as user code sees it: a tape for a node of the program (whose value is a
+    def user_value(self, r: int) -> Any:
+        """A row's value as user code sees it: a tape for a row of the program (whose value is a
         slot, not a value of the monad's own)."""
-        if entry.value is None and entry.slot >= 0:
-            return RunTape(self.run, entry.slot, entry.row)
-        return entry.value
+        if self.values[r] is None and self.slots[r] >= 0:
+            return RunTape(self.run, self.slots[r], self.rows[r])
+        return self.values[r]
 
     # ------------------------------------------------------------------------------------ groups
 
-    def run_ready(self, entries: list[Entry]) -> None:
+    def inputs(self, r: int) -> None:
+        """Row ``r``'s inputs' places, read into ``in_slots`` and ``in_rows`` (a monad's value made
+        a slot first; a constant wider than the row's layers cast, see :func:`cast_constants`)."""
+        graph = self.graph
+        args = graph.args
+        slots, rows = self.slots, self.rows
+        lo, hi = graph.starts[r], graph.starts[r + 1]
+        if self.dynamic[r]:
+            for k in range(lo, hi):
+                if slots[args[k]] < 0:
+                    self.place(args[k], r)
+        in_slots, in_rows = self.in_slots, self.in_rows
+        for k in range(lo, hi):
+            a = args[k]
+            in_slots[k] = slots[a]
+            in_rows[k] = rows[a]
+        if hi - lo > 1 and graph.tags[r] == OP:
+            cast_constants(self, lo, hi)
+
+    def run_ready(self, ready: list[int]) -> None:
         """Runs a bucket's ready calls: calls of equal signature as one group each; an op that
         merges with nothing may still fan out with others; the rest alone."""
-        run = self.run
-        groups: dict[Hashable, list[Entry]] = {}
-        fans: dict[Hashable, list[Entry]] = {}
-        alone: list[Entry] = []
-        for entry in entries:
-            if entry.dynamic:
-                self.place_inputs(entry)
-            if entry.node.tag == APPLY and len(entry.inputs) > 1:
-                cast_constants(run, entry)
+        graph = self.graph
+        tags = graph.tags
+        groups: dict[Hashable, list[int]] = {}
+        fans: dict[Hashable, list[int]] = {}
+        alone: list[int] = []
+        for r in ready:
+            self.inputs(r)
             if not self.batching:
-                alone.append(entry)
+                alone.append(r)
                 continue
-            is_op = entry.node.tag == APPLY
-            key = (
-                batching.signature(run, entry, self.min_cost)
-                if is_op
-                else batching.call_signature(run, entry)
-            )
+            is_op = tags[r] == OP
+            key = batching.signature(self, r) if is_op else batching.call_signature(self, r)
             try:
                 if key is None:
-                    if is_op and _join(fans, batching.fan_signature(run, entry), entry):
+                    if is_op and _join(fans, batching.fan_signature(self, r), r):
                         continue
-                    alone.append(entry)
+                    alone.append(r)
                 else:
-                    _join(groups, key, entry)
+                    _join(groups, key, r)
             except TypeError:  # an unhashable parameter: it runs alone
-                alone.append(entry)
+                alone.append(r)
         for key, group in groups.items():
             if len(group) > 1:
                 self.signatures.add(hash(key))
-                if group[0].node.tag == APPLY:
+                if tags[group[0]] == OP:
                     self.run_ops(group, False)
                 else:
                     run_calls(self, group)
                 continue
-            entry = group[0]
-            if entry.node.tag == APPLY and _join(fans, batching.fan_signature(run, entry), entry):
+            r = group[0]
+            if tags[r] == OP and _join(fans, batching.fan_signature(self, r), r):
                 continue
             self.signatures.add(hash(key))
-            alone.append(entry)
+            alone.append(r)
         for key, group in fans.items():
             self.signatures.add(hash(key))
             if len(group) > 1:
                 self.run_ops(group, True)
             else:
                 alone.append(group[0])
-        for entry in alone:
-            if entry.node.tag == APPLY:
-                self.run_ops([entry], False)
+        for r in alone:
+            if tags[r] == OP:
+                self.run_ops([r], False)
             else:
-                run_calls(self, [entry])
+                run_calls(self, [r])
 
-    def run_ops(self, group: list[Entry], fan: bool) -> None:
+    def run_ops(self, group: list[int], fan: bool) -> None:
         """Runs a group of ops (one alone, merged calls, or a fan), an error noted with where the
         user's code made its first op."""
-        run = self.run
-        node = group[0].node
-        assert type(node) is Apply
+        graph = self.graph
+        first = group[0]
         try:
             if fan:
-                step: Step = batching.fan(run, group, self.min_cost)
+                step: Step = batching.fan(self, group)
             elif len(group) > 1:
-                step = batching.merged(run, group, self.bound, self.min_cost)
+                step = batching.merged(self, group)
             else:
-                step = batching.alone(run, group[0], self.bound, self.min_cost)
-            tally(self.run.stats.kinds, node.prim.name)
+                step = batching.alone(self, first)
+            tally(self.run.stats.kinds, graph.objs[first].name)
             self.launch(step, group)
         except Exception as error:
-            note_where(error, node)
+            note_where(error, graph, first)
             raise
 
-    def place_inputs(self, entry: Entry) -> None:
-        """Gives each of a node's inputs a slot (a dynamic node's tape made one)."""
-        for e in entry.inputs:
-            if e.slot < 0:
-                self.place(e, entry.node)
-
-    def place(self, entry: Entry, consumer: object) -> None:
-        """A dynamic node's value as a slot: a tape of this run is its own slot; a literal's a
+    def place(self, r: int, consumer: int) -> None:
+        """A monad row's value as a slot: a tape of this run is its own slot; a literal's a
         constant's; a tape of the user's own a slot whose backward is the tape's own."""
         run = self.run
-        value = entry.value
+        value = self.values[r]
         if type(value) is RunTape and value.run is run:
-            entry.slot, entry.row = value.slot, value.row
+            self.slots[r], self.rows[r] = value.slot, value.row
             return
         slot = run.new_slot(False)
         step: Step
@@ -474,36 +524,50 @@ class Scheduler:
             step = ForeignStep(value, slot)
         else:
             raise TypeError(
-                f"{name_of(consumer)}: expected a layer's value (a tape), got {type(value).__name__}"
+                f"{self.name_of(consumer)}: expected a layer's value (a tape), got {type(value).__name__}"
             )
         run.steps.append(step)
         step.forward(run, True)
-        entry.slot, entry.row = slot, -1
+        self.slots[r], self.rows[r] = slot, -1
 
-    def launch(self, step: Step, entries: list[Entry]) -> None:
-        """Appends ``step`` to the run and runs it (on the pool if it is heavy); then the entries it
-        computes are done (one entry: the slot; several: their rows of it)."""
+    def name_of(self, r: int) -> str:
+        """A row's name for messages."""
+        if r < 0:
+            return "the root"
+        tag = self.graph.tags[r]
+        obj = self.graph.objs[r]
+        if tag == OP:
+            return str(obj.name)
+        if tag == CALL:
+            assert type(obj) is Call
+            return f"batchable {obj.op.name}"
+        return type(obj).__name__
+
+    def launch(self, step: Step, rows: list[int]) -> None:
+        """Appends ``step`` to the run and runs it (on the pool if it is heavy); then the rows it
+        computes are done (one row: the slot; several: their rows of it)."""
         run = self.run
         run.steps.append(step)
         dispatcher = self.dispatcher
         if step.heavy and dispatcher is not None:
-            self.after[step] = entries
+            self.after[step] = rows
             step.submit(run, dispatcher, True)
             return
         step.forward(run, True)
-        self.settle(step, entries)
+        self.settle(step, rows)
 
-    def settle(self, step: Step, entries: list[Entry]) -> None:
-        """The entries a step computed are done: one alone is its slot; a group's, its rows."""
-        if len(entries) == 1:
-            self.resolve(entries[0], step.out, -1, None)
+    def settle(self, step: Step, rows: list[int]) -> None:
+        """The rows a step computed are done: one alone is its slot; a group's, its rows."""
+        if len(rows) == 1:
+            self.resolve(rows[0], step.out, -1, None)
             return
-        for k, entry in enumerate(entries):
-            self.resolve(entry, step.out, k, None)
+        out = step.out
+        for k, r in enumerate(rows):
+            self.resolve(r, out, k, None)
 
-    def nested(self, frame: Run, name: str) -> Scheduler:
+    def nested(self, graph: Graph, frame: Run, name: str) -> Scheduler:
         """A scheduler of its own for the body of batchable operation ``name``, run in ``frame``."""
-        inner = Scheduler(frame, self.batching, {}, self.bodies, self)
+        inner = Scheduler(graph, frame, self.batching, {}, self.bodies, self)
         inner.body = name
         return inner
 
@@ -511,56 +575,47 @@ class Scheduler:
 # ------------------------------------------------------------------------------------------ helpers
 
 
-def name_of(consumer: object) -> str:
-    """A node's (or an operation's) name for messages."""
-    if type(consumer) is str:
-        return consumer
-    if type(consumer) is Apply:
-        return consumer.prim.name
-    if type(consumer) is Call:
-        return f"batchable {consumer.op.name}"
-    return type(consumer).__name__
-
-
-def note_where(error: Exception, node: Node) -> None:
-    """Adds to ``error`` where the user's code made the op that raised it (the first such note
-    stands: an error passing through a body's run keeps the innermost op's)."""
-    if type(node) is not Apply or getattr(error, "__notes__", None):
+def note_where(error: Exception, graph: Graph, r: int) -> None:
+    """Adds to ``error`` where the user's code made the op of row ``r`` that raised it (the first
+    such note stands: an error passing through a body's run keeps the innermost op's)."""
+    if graph.tags[r] != OP or getattr(error, "__notes__", None):
         return
-    where = node.made_at()
+    where = graph.made_at(r)
     if where is not None:
-        error.add_note(f"{node.prim.name} was made at {where}")
+        error.add_note(f"{graph.objs[r].name} was made at {where}")
 
 
-def cast_constants(run: Run, entry: Entry) -> None:
+def cast_constants(scheduler: Scheduler, lo: int, hi: int) -> None:
     """Makes an op's constant operands that are wider than its layers (a float64 array where the
     layers are float32) read as the layers' dtype: a model stays in its own dtype when it meets a
     constant, as a Python float already keeps an array's dtype. Layers (and weights) of different
     dtypes promote one another as the array namespace does. Only a step recorded here costs
     anything on later runs of the same structure (a replay runs its ``CastStep``); operands of one
-    dtype cost a look at each dtype."""
-    datas = run.datas
+    dtype cost a look at each dtype. (``lo``, ``hi``: the op's inputs in ``in_slots``.)"""
+    datas = scheduler.run.datas
+    in_slots = scheduler.in_slots
     first: Any = None
-    for e in entry.inputs:
-        d = datas[e.slot]
+    for k in range(lo, hi):
+        d = datas[in_slots[k]]
         if type(d) is not float:
             dtype = d.dtype
             if first is None:
                 first = dtype
             elif dtype is not first and (type(dtype) is not type(first) or dtype != first):
                 # (dtypes of two libraries are not compared: array-api-strict warns)
-                _cast_wide(run, entry)
+                _cast_wide(scheduler, lo, hi)
                 return
 
 
-def _cast_wide(run: Run, entry: Entry) -> None:
+def _cast_wide(scheduler: Scheduler, lo: int, hi: int) -> None:
     """``cast_constants`` for an op whose array operands' dtypes differ."""
+    run = scheduler.run
     datas = run.datas
     wants = run.wants
-    inputs = entry.inputs
+    in_slots, in_rows = scheduler.in_slots, scheduler.in_rows
     xp: Any = None
-    for e in inputs:
-        d = datas[e.slot]
+    for k in range(lo, hi):
+        d = datas[in_slots[k]]
         if type(d) is not float:
             x = namespace(d)
             if xp is None:
@@ -568,42 +623,41 @@ def _cast_wide(run: Run, entry: Entry) -> None:
             elif x is not xp:
                 return  # arrays of two namespaces: the op itself says they do not mix
     layers: Any = None  # the dtype the layers' operands promote to
-    for e in inputs:
-        d = datas[e.slot]
-        if type(d) is not float and wants[e.slot]:
+    for k in range(lo, hi):
+        d = datas[in_slots[k]]
+        if type(d) is not float and wants[in_slots[k]]:
             layers = d.dtype if layers is None else xp.result_type(layers, d.dtype)
     if layers is None:  # constants alone (or with float layers): the namespace's promotion
         return
-    for i, e in enumerate(inputs):
-        d = datas[e.slot]
-        if type(d) is float or wants[e.slot]:
+    for k in range(lo, hi):
+        s = in_slots[k]
+        d = datas[s]
+        if type(d) is float or wants[s]:
             continue
         dtype = d.dtype
         if dtype == layers or not xp.isdtype(dtype, "real floating"):
             continue
         if xp.result_type(layers, dtype) == layers:
             continue  # narrower: the op's promotion keeps the layers' dtype anyway
-        key = (e.slot, e.row, str(layers))
+        key = (s, in_rows[k], str(layers))
         slot = run.casts.get(key, -1)
         if slot < 0:
-            source = batching.slot_of(run, e.slot, e.row)
+            source = batching.slot_of(run, s, in_rows[k])
             slot = run.casts[key] = run.new_slot(False)
             step = CastStep(source, layers, slot)
             run.steps.append(step)
             step.forward(run, True)
-        cast = Entry(e.node)
-        cast.slot = slot
-        cast.done = True
-        inputs[i] = cast
+        in_slots[k] = slot
+        in_rows[k] = -1
 
 
-def _join(groups: dict[Hashable, list[Entry]], key: Hashable | None, entry: Entry) -> bool:
-    """Adds ``entry`` to the group of ``key``; False if there is no key."""
+def _join(groups: dict[Hashable, list[int]], key: Hashable | None, r: int) -> bool:
+    """Adds row ``r`` to the group of ``key``; False if there is no key."""
     if key is None:
         return False
     group = groups.get(key)
     if group is None:
-        groups[key] = [entry]
+        groups[key] = [r]
     else:
-        group.append(entry)
+        group.append(r)
     return True

@@ -11,7 +11,7 @@ from typing import Any, final
 
 import numpy as np
 
-from monadl.do.do import Apply, Pure, Variable
+from monadl.do.graph import WEIGHT
 from monadl.do.primitive import FanOut, Primitive, Rule, call_forward
 from monadl.do.record import Program, Run, row_value
 from monadl.do.tape import Tape
@@ -72,13 +72,14 @@ class LeafStep(Step):
     def forward(self, run: Run, checked: bool) -> None:
         weight = self.weight
         if self.node >= 0:
-            node = run.nodes[self.node]
-            if type(node) is Variable:
-                weight = node.weight
+            graph = run.graph
+            assert graph is not None
+            row = run.bound[self.node]
+            if graph.tags[row] == WEIGHT:
+                weight = graph.objs[row]
                 data = data_of(weight, run.snapshot)
             else:
-                assert type(node) is Pure
-                data = node.value.data
+                data = graph.objs[row]
         elif weight is not None:
             data = data_of(weight, run.snapshot)
         else:
@@ -118,10 +119,11 @@ class OpStep(Step):
         backward pass; else the program's."""
         if checked or self.node < 0:
             return self.params
-        node = run.nodes[self.node]
-        assert type(node) is Apply
-        run.params[self.out] = node.params
-        return node.params
+        graph = run.graph
+        assert graph is not None
+        params: dict[str, Any] = graph.params[run.bound[self.node]]
+        run.params[self.out] = params
+        return params
 
     def params_of(self, run: Run) -> dict[str, Any]:
         """The parameters this run's forward used (for its vjps)."""
@@ -215,11 +217,11 @@ class MergedStep(Step):
         for the backward pass); else the program's."""
         if checked or not self.members:
             return self.params
+        graph = run.graph
+        assert graph is not None
         calls = []
         for k in self.members:
-            node = run.nodes[k]
-            assert type(node) is Apply
-            calls.append(node.params)
+            calls.append(graph.params[run.bound[k]])
         params = run.params[self.out] = self.prim.stack_params(calls, self.params)
         return params
 
@@ -508,7 +510,7 @@ class BodyStep(Step):
 
     def forward(self, run: Run, checked: bool) -> None:
         program = self.program
-        frame = Run([], run.dispatcher, run.stats, run.snapshot)
+        frame = Run(run.dispatcher, run.stats, run.snapshot)
         frame.reserve(program.slots)
         frame.steps = program.steps
         for j, slot in enumerate(program.inputs):

@@ -1,12 +1,12 @@
-"""Recording an op: a primitive applied to operands becomes an ``Apply`` node of the program.
+"""Recording an op: a primitive applied to operands becomes a row of the recording graph.
 
-Nothing runs here: ``apply_primitive`` turns each operand into its forward computation (a layer's
-or a weight's own, or a literal's constant tape) and makes one node of the primitive, its inputs
-and its static parameters. The scheduler (``monadl.do.scheduler``) runs it, merged with the ops of
-equal signature that are ready with it.
+Nothing runs here: ``apply_primitive`` finds each operand's row (a layer's own, a weight's, a new
+constant's for a literal) in the calling thread's recording graph (``monadl.do.graph``) and appends
+one row of the primitive, its inputs and its static parameters. The scheduler
+(``monadl.do.scheduler``) runs it, merged with the ops of equal signature that are ready with it.
 
-The node records where it was made: the file and line of the nearest caller outside monadl (the
-user's line, through ``ops.py`` and ``monadl.nn``), so that an error found when it runs names
+The row records where it was made: the code and instruction of the nearest caller outside monadl
+(the user's line, through ``ops.py`` and ``monadl.nn``), so that an error found when it runs names
 that line (a note on the exception: ``e.__notes__``, printed with its traceback).
 """
 
@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from types import FrameType
-from typing import Any, Final, cast
+from types import CodeType, FrameType
+from typing import Any, Final
 
-from monadl.do.do import Apply, Node, Pure, as_node
+from monadl.do.do import Node, as_node
+from monadl.do.graph import Graph, recording
 from monadl.do.primitive import Primitive
-from monadl.do.tape import Tape
 from monadl.dsl.base import Differentiable
 from monadl.dsl.deep_learning import DeepLearning
 from monadl.typeclasses.backend import NDARRAY, check_float_array, is_array
@@ -32,32 +32,43 @@ def forward_of(x: object, where: str) -> Node:
     Raises a TypeError naming ``where`` for anything that is not a float, a floating-point array,
     a weight or a layer.
     """
+    graph = recording()
+    return graph.ref(row_in(graph, x, where))
+
+
+def row_in(graph: Graph, x: object, where: str) -> int:
+    """The row of an operand in ``graph``: a layer's own (taken from its graph if another), a
+    weight's, or a new constant's for a literal. Raises a TypeError naming ``where`` for anything
+    that is not a float, a floating-point array, a weight or a layer."""
     if isinstance(x, Differentiable):
-        return cast(Node, x.forward)
+        own = x.graph
+        if own is graph:  # a layer of this graph: the commonest operand, first
+            return x.row
+        if own is not None:  # a layer of another graph
+            return graph.take(own, x.row)
+        return graph.node(x.node())  # a weight
     if type(x) is NDARRAY and x.dtype.kind == "f":  # the common constant, without the general checks
-        return Pure(Tape(x))
+        return graph.const(x)
     if isinstance(x, (float, int)) and not isinstance(x, bool):
-        return Pure(Tape(float(x)))
+        return graph.const(float(x))
     if is_array(x):
         check_float_array(x, where)
-        return Pure(Tape(x))
+        return graph.const(x)
     if isinstance(x, DeepLearning):  # a user's own differentiable type
-        return as_node(x.forward)
+        return graph.node(as_node(x.forward))
     raise TypeError(
         f"{where}: expected a float, a floating-point array, a weight or a layer, got {type(x).__name__}"
     )
 
 
-def apply_primitive(prim: Primitive, operands: Sequence[object], params: dict[str, Any]) -> Node:
-    """The forward computation of ``prim`` applied to ``operands``: one ``Apply`` node."""
-    sources = []
+def apply_primitive(prim: Primitive, operands: Sequence[object], params: dict[str, Any]) -> tuple[Graph, int]:
+    """``prim`` applied to ``operands``: its row in the recording graph."""
+    graph = recording()
+    rows = []
     for x in operands:  # a loop, not a comprehension (a call of its own in Python 3.11): every op
-        sources.append(forward_of(x, prim.name))
-    frame = _users_frame()
-    if frame is None:
-        return Apply(prim, tuple(sources), params)
-    # The code and the instruction, not the line: the line is looked up only if an error needs it.
-    return Apply(prim, tuple(sources), params, frame.f_code, frame.f_lasti)
+        rows.append(row_in(graph, x, prim.name))
+    code, lasti = users_code()
+    return graph, graph.op(prim, rows, params, code, lasti)
 
 
 # The package's folder (from its __init__, which is never compiled: a compiled module's own
@@ -65,16 +76,24 @@ def apply_primitive(prim: Primitive, operands: Sequence[object], params: dict[st
 _LIBRARY: Final = os.path.dirname(os.path.abspath(str(sys.modules["monadl"].__file__))) + os.sep
 _getframe: Final = sys._getframe
 _CLIENTS: Final = _LIBRARY + "bench" + os.sep  # monadl's benchmarks use it as a user does
+_library_code: dict[int, bool] = {}  # id(code) -> whether it is the library's (not a user's)
+_codes: list[CodeType] = []  # the code objects of ``_library_code``, kept so that ids stay theirs
 
 
-def _users_frame() -> FrameType | None:
-    """The nearest frame of code outside monadl (compiled functions have no frames: from one, the
-    first frame is its interpreted caller's). (Each frame's file name is compared, not looked up:
-    a code object's hash is computed from its contents on every lookup.)"""
+def users_code() -> tuple[CodeType | None, int]:
+    """The code and instruction of the nearest frame of code outside monadl (compiled functions
+    have no frames: from one, the first frame is its interpreted caller's); ``(None, 0)`` if none.
+    Whether a code object is the library's is worked out once per code object."""
     frame: FrameType | None = _getframe(0)
+    known = _library_code
     while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(_LIBRARY) or name.startswith(_CLIENTS):
-            return frame
+        code = frame.f_code
+        library = known.get(id(code))
+        if library is None:
+            name = code.co_filename
+            library = known[id(code)] = name.startswith(_LIBRARY) and not name.startswith(_CLIENTS)
+            _codes.append(code)
+        if not library:
+            return code, frame.f_lasti
         frame = frame.f_back
-    return None
+    return None, 0

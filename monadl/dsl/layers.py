@@ -17,7 +17,8 @@ from numpy.typing import NDArray
 from returns.future import FutureResult
 from returns.result import Result
 
-from monadl.do.do import Do, Node
+from monadl.do.do import Do, Node, Ref, as_node
+from monadl.do.graph import Graph, row_of
 from monadl.do.executor import Executor
 from monadl.do.primitive import Primitive
 from monadl.do.tape import Tape
@@ -48,21 +49,33 @@ def is_float_kind(x: object) -> bool:
 
 def apply(prim: Primitive, *operands: object, **params: Any) -> FloatLayer | ArrayLayer:
     """``prim`` applied to ``operands``: a ``FloatLayer`` if all are floats, else an ``ArrayLayer``."""
-    forward = apply_primitive(prim, operands, params)
+    graph, row = apply_primitive(prim, operands, params)
     for x in operands:  # a loop, not all() of a generator: this runs for every op recorded
         if not is_float_kind(x):
-            return ArrayLayer(forward)
-    return FloatLayer(forward)
+            return array_layer(graph, row)
+    return float_layer(graph, row)
 
 
 def apply_array(prim: Primitive, *operands: object, **params: Any) -> ArrayLayer:
     """``prim`` applied to ``operands``, known to give an array."""
-    return ArrayLayer(apply_primitive(prim, operands, params))
+    graph, row = apply_primitive(prim, operands, params)
+    return array_layer(graph, row)
 
 
 def apply_float(prim: Primitive, *operands: object, **params: Any) -> FloatLayer:
     """``prim`` applied to ``operands``, known to give a float."""
-    return FloatLayer(apply_primitive(prim, operands, params))
+    graph, row = apply_primitive(prim, operands, params)
+    return float_layer(graph, row)
+
+
+def float_layer(graph: Graph, row: int) -> FloatLayer:
+    """The layer of row ``row`` of ``graph``, a float."""
+    return FloatLayer(Ref(graph, row))
+
+
+def array_layer(graph: Graph, row: int) -> ArrayLayer:
+    """The layer of row ``row`` of ``graph``, an array."""
+    return ArrayLayer(Ref(graph, row))
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -70,10 +83,14 @@ class FloatOperators(Differentiable):
     """Operators of float-typed differentiable values (``FloatLayer``, ``FloatWeight``)."""
 
     __slots__ = ()
-    forward: Do[Tape[float, float]]
+
+    @property
+    def forward(self) -> Do[Tape[float, float]]:
+        """The lazy forward pass: a tape of the value and of the way back to its weights."""
+        return cast(Do[Tape[float, float]], self.node())
 
     def __await__(self) -> Generator[Node, Any, float]:
-        tape: Tape[float, float] = yield cast(Node, self.forward)
+        tape: Tape[float, float] = yield self.node()
         return tape.data
 
     @overload
@@ -169,10 +186,14 @@ class ArrayOperators(Differentiable):
     """Operators of array-typed differentiable values (``ArrayLayer``, ``ArrayWeight``)."""
 
     __slots__ = ()
-    forward: Do[Tape[Array, Array]]
+
+    @property
+    def forward(self) -> Do[Tape[Array, Array]]:
+        """The lazy forward pass: a tape of the value and of the way back to its weights."""
+        return cast(Do[Tape[Array, Array]], self.node())
 
     def __await__(self) -> Generator[Node, Any, Array]:
-        tape: Tape[Array, Array] = yield cast(Node, self.forward)
+        tape: Tape[Array, Array] = yield self.node()
         return tape.data
 
     def __add__(self, other: AnyFloat | AnyArray) -> ArrayLayer:
@@ -264,7 +285,7 @@ class ArrayOperators(Differentiable):
         return apply_array(P.take_rows, self, indices=row_indices(cast(RowIndices, key)))
 
 
-STATIC_INFO: Final[list[Callable[[Node], tuple[tuple[int, ...], Any, Any] | None]]] = []
+STATIC_INFO: Final[list[Callable[[Graph, int], tuple[tuple[int, ...], Any, Any] | None]]] = []
 """What ``.shape`` and ``.dtype`` ask: :func:`monadl.dsl.static.static_info`, registered by that
 module, whose rules build on the op modules that build on this one; ``monadl`` imports it."""
 
@@ -272,7 +293,11 @@ module, whose rules build on the op modules that build on this one; ``monadl`` i
 def _static(x: ArrayOperators) -> tuple[tuple[int, ...], Any, Any] | None:
     if not STATIC_INFO:
         return None  # (monadl.dsl.static not imported: nothing is known)
-    return STATIC_INFO[0](cast(Node, x.forward))
+    graph = x.graph
+    if graph is not None:
+        return STATIC_INFO[0](graph, x.row)
+    graph = Graph()  # a weight's: its own row
+    return STATIC_INFO[0](graph, graph.node(x.node()))
 
 
 def _has_arrays(key: tuple[Any, ...]) -> bool:
@@ -303,7 +328,11 @@ class FloatLayer(FloatOperators):
     __slots__ = ()
 
     def __init__(self, forward: Do[Tape[float, float]]) -> None:
-        self.forward = forward
+        if type(forward) is Ref:  # (a row's own layer: the commonest, first)
+            self.graph, self.row = forward.graph, forward.row
+        else:
+            self.graph, self.row = row_of(as_node(forward))
+        self.variable = None
 
     def predict(self, *, executor: Executor | None = None) -> FutureResult[float, Exception]:
         """The forward value, as a ``FutureResult`` (computed when awaited): awaited, an
@@ -335,7 +364,11 @@ class ArrayLayer(ArrayOperators):
     __slots__ = ()
 
     def __init__(self, forward: Do[Tape[Array, Array]]) -> None:
-        self.forward = forward
+        if type(forward) is Ref:  # (a row's own layer: the commonest, first)
+            self.graph, self.row = forward.graph, forward.row
+        else:
+            self.graph, self.row = row_of(as_node(forward))
+        self.variable = None
 
     def predict(self, *, executor: Executor | None = None) -> FutureResult[Array, Exception]:
         """The forward value, as a ``FutureResult`` (computed when awaited): awaited, an

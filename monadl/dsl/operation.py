@@ -33,10 +33,11 @@ from typing import Any, Final, Generic, ParamSpec, TypeVar, cast
 
 from mypy_extensions import mypyc_attr
 
-from monadl.do.do import Call, Node, Operation, Pure, Result
+from monadl.do.do import Call, Node, Operation, Pure, Ref
+from monadl.do.graph import CALL, RESULT, recording
 from monadl.do.primitive import float_key
 from monadl.do.tape import Tape
-from monadl.dsl.apply import forward_of
+from monadl.dsl.apply import forward_of, row_in
 from monadl.dsl.base import Differentiable
 from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.layers import ArrayLayer, FloatLayer
@@ -79,9 +80,10 @@ class BatchableOperation(Operation, Generic[P, R]):
             # call is recorded below like any other (run directly, it would round differently).
             structure = self._learn(self.f(*args, **kwargs))
         # Recording one call: this runs once per node of every tree, so it is written out.
+        graph = recording()
         row_args: list[int] = []
         statics: list[Hashable] = []
-        sources: list[Node] = []
+        rows: list[int] = []
         for i, a in enumerate(args):
             kind = type(a)
             row = _row_kinds.get(kind)
@@ -89,13 +91,9 @@ class BatchableOperation(Operation, Generic[P, R]):
                 row = _row_kind(a)
             # The signature's static part has an entry per argument, a row's a marker: f(x, w) and
             # f(w, x) (a layer and a weight swapped) do not merge.
-            if row == _LAYER_ROW:
+            if row == _LAYER_ROW or row == _VALUE_ROW:
                 row_args.append(i)
-                sources.append(cast(Node, a.forward))
-                statics.append(_ROW)
-            elif row == _VALUE_ROW:
-                row_args.append(i)
-                sources.append(forward_of(a, self.name))
+                rows.append(row_in(graph, a, self.name))
                 statics.append(_ROW)
             else:
                 statics.append(_static_key(a))
@@ -104,12 +102,17 @@ class BatchableOperation(Operation, Generic[P, R]):
         else:
             kwargs = _NO_KWARGS  # (the call's own empty dict is freed now, not with the graph)
         statics.append(self)
-        call = Call(self, tuple(sources), args, kwargs, row_args, tuple(statics))
+        # The call keeps its arguments but its rows (its row's inputs): a layer held by its own
+        # graph would be a reference cycle.
+        kept = list(args)
+        for i in row_args:
+            kept[i] = None
+        call = graph.add(CALL, Call(self, tuple(kept), kwargs, row_args, tuple(statics)), None, rows, None, 0)
         if self.single:
-            return structure[0](call)
-        results = [structure[0](call)]
+            return structure[0](Ref(graph, call))
+        results = [structure[0](Ref(graph, call))]
         for j in range(1, len(structure)):  # a loop: a comprehension is a call of its own in 3.11
-            results.append(structure[j](Result(call, j)))
+            results.append(structure[j](Ref(graph, graph.add(RESULT, None, j, [call], None, 0))))
         return tuple(results)
 
     def _learn(self, result: object) -> tuple[type[Layer], ...]:

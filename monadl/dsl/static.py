@@ -26,7 +26,7 @@ stays float32 beside a float64 array); then NumPy 2's promotion (``result_type``
 operands' dtypes, a Python float (a float literal, a ``FloatWeight``, a ``FloatLayer``) keeping an
 array's dtype. A rule gives ``(shape, dtype, xp)``: ``xp`` is the array namespace that promotes
 dtypes (None for a float, whose ``(shape, dtype)`` is ``((), float)``); it sees its operands
-already cast. An ``Apply`` node keeps ``(info, weighted)`` in its ``static`` attribute:
+already cast. A graph keeps an op row's ``(info, weighted)`` (``Graph.statics``):
 ``weighted`` says whether its value depends on a weight (so is no constant for the op that reads
 it).
 """
@@ -39,7 +39,8 @@ from typing import Any, Final
 
 import numpy as np
 
-from monadl.do.do import APPLY, PURE, VARIABLE, Apply, Node
+from monadl.do.do import PURE
+from monadl.do.graph import CONST, NODE, OP, WEIGHT, Graph
 from monadl.do.primitive import Primitive, add_n
 from monadl.dsl import layers
 from monadl.dsl import primitives as P
@@ -53,7 +54,6 @@ or None where it is not known."""
 
 FLOAT: Final[Info] = ((), float, None)
 """A Python float's information."""
-_UNKNOWN: Final = object()  # an input whose information is not known: the result's is not either
 _NONE: Final[tuple[Info | None, bool]] = (None, False)  # an op's record where its info is not known
 
 
@@ -62,44 +62,46 @@ class ShapeRuleError(TypeError):
     ``.dtype`` raise it, naming the op, rather than read the op's shape as unknown."""
 
 
-def static_info(node: Node) -> Info | None:
-    """The static shape, dtype and namespace of ``node``'s value, or None where they are not known
-    before it runs. An ``Apply`` node keeps its result, so each node is worked out once; the walk
-    is a loop (a graph as deep as a long sequence is no recursion)."""
-    if node.tag != APPLY:
-        return _leaf(node)
-    stack = [node]
+def static_info(graph: Graph, row: int) -> Info | None:
+    """The static shape, dtype and namespace of row ``row``'s value, or None where they are not
+    known before it runs. The graph keeps each op's result, so each row is worked out once; the
+    walk is a loop (a graph as deep as a long sequence is no recursion)."""
+    statics = graph.statics
+    found: tuple[Info | None, bool] | None = statics.get(row)
+    if found is not None:
+        return found[0]
+    tags = graph.tags
+    if tags[row] != OP:
+        return _leaf(graph, row)[0]
+    stack = [row]
     while stack:
         top = stack[-1]
-        if not isinstance(top, Apply) or _known(top):
+        if top in statics:
             stack.pop()
             continue
-        pending = [s for s in top.sources if isinstance(s, Apply) and not _known(s)]
+        pending = [a for a in graph.inputs(top) if tags[a] == OP and a not in statics]
         if pending:
             stack.extend(pending)
             continue
         stack.pop()
-        top.static = _apply(top)
-    return _cached(node)[0]
+        statics[top] = _apply(graph, top)
+    info: Info | None = statics[row][0]
+    return info
 
 
-def _known(node: Apply) -> bool:
-    return getattr(node, "static", _UNKNOWN) is not _UNKNOWN
-
-
-def _cached(node: Node) -> tuple[Info | None, bool]:
-    found: tuple[Info | None, bool] = getattr(node, "static", _NONE)
-    return found
-
-
-def _leaf(node: Node) -> Info | None:
-    """A weight's or a constant's information; None for another node that is not an op."""
-    tag = node.tag
-    if tag == PURE:
-        return _of_data(getattr(getattr(node, "value", None), "data", None))
-    if tag == VARIABLE:
-        return _of_data(getattr(node, "weight").data)  # noqa: B009 (a compiled node's attribute)
-    return None
+def _leaf(graph: Graph, row: int) -> tuple[Info | None, bool]:
+    """A weight's or a constant's information, and whether it is a weight; None for another row
+    that is not an op (a batchable call's, a result's; a node of the monad's, unless its value is
+    a tape already)."""
+    tag = graph.tags[row]
+    obj = graph.objs[row]
+    if tag == CONST:
+        return _of_data(obj), False
+    if tag == WEIGHT:
+        return _of_data(obj.data), True
+    if tag == NODE and obj.tag == PURE:
+        return _of_data(getattr(getattr(obj, "value", None), "data", None)), False
+    return _NONE
 
 
 def _of_data(data: object) -> Info | None:
@@ -113,9 +115,9 @@ def _of_data(data: object) -> Info | None:
     return (tuple(shape), getattr(data, "dtype", None), namespace(data))
 
 
-def _apply(node: Apply) -> tuple[Info | None, bool]:
-    """``node``'s information and whether it depends on a weight."""
-    prim = node.prim
+def _apply(graph: Graph, row: int) -> tuple[Info | None, bool]:
+    """Row ``row``'s information (an op's) and whether it depends on a weight."""
+    prim: Primitive = graph.objs[row]
     rule: ShapeRule | None = prim.shape_rule
     if rule is None:
         rule = _per_arity(prim)
@@ -123,17 +125,17 @@ def _apply(node: Apply) -> tuple[Info | None, bool]:
             return _NONE
     inputs = []
     weighted = []
-    for source in node.sources:
-        if source.tag == APPLY:
-            info, w = _cached(source)
+    for source in graph.inputs(row):
+        if graph.tags[source] == OP:
+            info, w = graph.statics[source]
         else:
-            info, w = _leaf(source), source.tag == VARIABLE
+            info, w = _leaf(graph, source)
         if info is None:
             return _NONE
         inputs.append(info)
         weighted.append(w)
     try:
-        return rule(*_cast_constants(inputs, weighted), **node.params), any(weighted)
+        return rule(*_cast_constants(inputs, weighted), **graph.params[row]), any(weighted)
     except ShapeRuleError:  # a wrong rule, not operands that do not fit
         raise
     except (

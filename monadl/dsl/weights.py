@@ -93,7 +93,9 @@ class FloatWeight(_WeightState, FloatOperators):
         self.optimizer = optimizer
         self.trainable = trainable
         self.name = name
-        self.forward = Variable(self)
+        self.graph = None
+        self.row = -1
+        self.variable = Variable(self)
 
     @property
     def data(self) -> float:
@@ -137,7 +139,9 @@ class ArrayWeight(_WeightState, ArrayOperators):
         self.optimizer = optimizer
         self.trainable = trainable
         self.name = name
-        self.forward = Variable(self)
+        self.graph = None
+        self.row = -1
+        self.variable = Variable(self)
 
     @property
     def data(self) -> Array:

@@ -31,6 +31,7 @@ import numpy as np
 from mypy_extensions import mypyc_attr
 
 from monadl.do.do import Node, Pure, as_node
+from monadl.do.graph import Graph
 from monadl.do.primitive import call_vjp
 from monadl.do.record import Recent, Run, row_value
 from monadl.do.scheduler import Scheduler
@@ -540,8 +541,10 @@ RULES: dict[type, Callable[[Backward, Any], None]] = {
 
 def run_do(b: Backward, do: Node) -> None:
     """Runs a ``Do`` of a user's tape's backward (it may give deltas to this run's tapes)."""
-    scheduler = Scheduler(Run([], b.dispatcher, b.stats, b.run.snapshot), False, {}, Recent(0))
-    scheduler.execute([do])
+    graph = Graph()
+    root = graph.node(do)
+    run = Run(b.dispatcher, b.stats, b.run.snapshot)
+    Scheduler(graph, run, False, {}, Recent(0)).execute([root])
 
 
 def backward(

@@ -1,0 +1,342 @@
+"""The node store: a graph as rows of a few growable columns, not a Python object per node.
+
+Every node of the differentiable program is a *row* of a :class:`Graph`, appended when the user's
+code makes it (an op called, a batchable function called, a weight or a constant read by one), and
+named by its index. A layer the user holds is a handle: its graph and its row. A row's inputs are
+rows made before it, so the rows are in topological order as they are made, and a run walks no
+objects: its scheduler reads the columns (``scheduler.py``). Freeing a graph is dropping its columns.
+
+========  ======================================================================================
+tag       a row is
+========  ======================================================================================
+OP        a primitive (its object) applied to its input rows, with static ``params``
+CALL      a call of a batchable operation (its object: a ``do.Call``); its value is its first
+          result
+RESULT    result ``params`` (1 or more) of the CALL row it reads
+WEIGHT    a weight (its object), read as of the run's snapshot: one row per weight per graph
+CONST     a constant: its object is the data (a literal's tape's)
+NODE      a node of the monad (its object: a ``Pure``, ``Delay``, ``Defer``, ``Bind`` or
+          ``Kernel``), whose inputs are the rows of its sources
+========  ======================================================================================
+
+Where rows go: each thread records into its *recording graph* (:func:`recording`), made when first
+needed. A run detaches the graph it runs from its thread, so what the user records next goes to a
+fresh graph and a step's graph is freed with the step's layers; while it runs, the run's graph is
+its thread's recording graph, so that the ops a ``flat_map`` makes join the graph they read. A layer
+of another graph used by an op is *taken*: its rows (those it reads, transitively) are copied into
+the recording graph once, and shared there as the layer would be.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import CodeType
+from typing import Any, Final, final
+
+from monadl.do.do import BIND, PURE, REF, VARIABLE, Bind, Node, Pure, Ref, Variable
+from monadl.do.tape import Tape
+
+OP: Final = 0
+CALL: Final = 1
+RESULT: Final = 2
+WEIGHT: Final = 3
+CONST: Final = 4
+NODE: Final = 5
+
+NO_PARAMS: Final[dict[str, Any]] = {}
+"""The parameters of a row that has none (shared: never changed)."""
+
+
+@final
+class Graph:
+    """Rows of a program (see the module). Columns, by row: ``tags``; ``objs`` (a row's primitive,
+    call, weight, constant data or monad node); ``params`` (an op's parameters, a result's index);
+    its inputs ``args[starts[r]:starts[r + 1]]``; ``depths`` (ops and calls count one, leaves zero);
+    where the user's code made it (``codes``, ``lastis``: a code object and an instruction).
+    ``body``: the batchable operation whose body this graph records ("" for a step's graph): it
+    may not take layers computed elsewhere."""
+
+    def __init__(self, body: str = "") -> None:
+        self.tags: list[int] = []
+        self.objs: list[Any] = []
+        self.params: list[Any] = []
+        self.starts: list[int] = [0]
+        self.args: list[int] = []
+        self.depths: list[int] = []
+        self.codes: list[CodeType | None] = []
+        self.lastis: list[int] = []
+        self.leaves: dict[Any, int] = {}  # weight -> its row
+        self.imported: dict[Node, int] = {}  # a node of the monad (or a weight's) -> its row
+        self.copies: dict[Graph, dict[int, int]] = {}  # another graph -> its rows' rows here
+        self.statics: dict[int, Any] = {}  # a row's static shape and dtype, once asked for
+        self.body = body
+        self.dynamic = False  # a NODE row was recorded: a run may append rows (``flat_map``)
+        self.lock = threading.RLock()  # held by a run that may append rows (a nested run too)
+
+    def __len__(self) -> int:
+        return len(self.tags)
+
+    def add(self, tag: int, obj: Any, params: Any, args: list[int], code: CodeType | None, lasti: int) -> int:
+        """Appends a row, after its inputs ``args``; returns its index."""
+        row = len(self.tags)
+        depths = self.depths
+        depth = 0
+        for a in args:
+            d = depths[a]
+            if d > depth:
+                depth = d
+        if tag != RESULT:
+            depth += 1
+        self.tags.append(tag)
+        self.objs.append(obj)
+        self.params.append(params)
+        self.args.extend(args)
+        self.starts.append(len(self.args))
+        depths.append(depth)
+        self.codes.append(code)
+        self.lastis.append(lasti)
+        return row
+
+    def op(self, prim: Any, args: list[int], params: Any, code: CodeType | None, lasti: int) -> int:
+        """An op's row (``add`` for the commonest row, written out)."""
+        row = len(self.tags)
+        depths = self.depths
+        depth = 0
+        for a in args:
+            d = depths[a]
+            if d > depth:
+                depth = d
+        self.tags.append(OP)
+        self.objs.append(prim)
+        self.params.append(params)
+        self.args.extend(args)
+        self.starts.append(len(self.args))
+        depths.append(depth + 1)
+        self.codes.append(code)
+        self.lastis.append(lasti)
+        return row
+
+    def leaf(self, weight: Any) -> int:
+        """The row of ``weight`` (one per graph)."""
+        row = self.leaves.get(weight)
+        if row is None:
+            row = self.leaves[weight] = self._leaf_row(WEIGHT, weight)
+        return row
+
+    def const(self, data: Any) -> int:
+        """A new constant's row."""
+        return self._leaf_row(CONST, data)
+
+    def _leaf_row(self, tag: int, obj: Any) -> int:
+        row = len(self.tags)
+        self.tags.append(tag)
+        self.objs.append(obj)
+        self.params.append(None)
+        self.starts.append(len(self.args))
+        self.depths.append(0)
+        self.codes.append(None)
+        self.lastis.append(0)
+        return row
+
+    def postorder(self, root: int) -> list[int]:
+        """The rows ``root`` reads (itself included), each after its inputs, in the order a walk
+        from ``root`` over the inputs in their order meets them: the same for two graphs of one
+        structure, however their rows are numbered. Iterative (a graph 100,000 rows deep)."""
+        seen = [False] * (root + 1)
+        order: list[int] = []
+        starts, args = self.starts, self.args
+        stack = [root]  # a row, or -1 - row: its inputs are walked, it comes next
+        while stack:
+            r = stack.pop()
+            if r < 0:
+                order.append(-1 - r)
+                continue
+            if seen[r]:
+                continue
+            seen[r] = True
+            stack.append(-1 - r)
+            for k in range(starts[r + 1] - 1, starts[r] - 1, -1):  # the first input walked first
+                a = args[k]
+                if not seen[a]:
+                    stack.append(a)
+        return order
+
+    def ref(self, row: int) -> Ref:
+        """The ``Do`` of row ``row``."""
+        return Ref(self, row)
+
+    def inputs(self, row: int) -> list[int]:
+        """The input rows of ``row``."""
+        return self.args[self.starts[row] : self.starts[row + 1]]
+
+    # ------------------------------------------------------------------------------- imports
+
+    def node(self, root: Node) -> int:
+        """The row of a ``Do`` (a layer's or a weight's forward, or the monad's nodes over them):
+        its nodes not imported yet become rows, once each (walked iteratively)."""
+        imported = self.imported
+        row = imported.get(root)
+        if row is not None:
+            return row
+        tag = root.tag
+        if tag == REF:
+            assert type(root) is Ref
+            return root.row if root.graph is self else self.take(root.graph, root.row)
+        if tag == VARIABLE:
+            assert type(root) is Variable
+            return self.leaf(root.weight)
+        stack: list[Node] = [root]
+        while stack:
+            node = stack[-1]
+            if node in imported:
+                stack.pop()
+                continue
+            waiting = False
+            for source in node.sources:
+                if source not in imported and source.tag != REF and source.tag != VARIABLE:
+                    stack.append(source)
+                    waiting = True
+            if waiting:
+                continue
+            stack.pop()
+            imported[node] = self._import(node)
+        return imported[root]
+
+    def _import(self, node: Node) -> int:
+        """The row of ``node``, whose sources have rows."""
+        tag = node.tag
+        if tag == PURE:
+            assert type(node) is Pure
+            value = node.value
+            if type(value) is Tape:  # a literal: a constant
+                return self.const(value.data)
+        elif tag == REF:
+            assert type(node) is Ref
+            return node.row if node.graph is self else self.take(node.graph, node.row)
+        elif tag == VARIABLE:
+            assert type(node) is Variable
+            return self.leaf(node.weight)
+        args: list[int] = []
+        if tag == BIND:
+            assert type(node) is Bind
+            for source in node.sources:
+                args.append(self.node(source))
+        self.dynamic = True
+        return self.add(NODE, node, None, args, None, 0)
+
+    def take(self, other: Graph, root: int) -> int:
+        """The row here of row ``root`` of ``other``: its rows and those they read, copied (once
+        per row of ``other``; weights map to this graph's)."""
+        mapping = self.copies.get(other)
+        if mapping is None:
+            mapping = self.copies[other] = {}
+        found = mapping.get(root)
+        if found is not None:
+            return found
+        # The rows ``root`` reads that have no copy yet, in their order (inputs first).
+        needed: list[int] = []
+        seen: set[int] = set()
+        stack = [root]
+        tags, starts, args = other.tags, other.starts, other.args
+        while stack:
+            r = stack.pop()
+            if r in seen or r in mapping:
+                continue
+            seen.add(r)
+            needed.append(r)
+            for k in range(starts[r], starts[r + 1]):
+                stack.append(args[k])
+        needed.sort()
+        for r in needed:
+            tag = tags[r]
+            if self.body and (tag == OP or tag == CALL or tag == RESULT or tag == NODE):
+                raise RuntimeError(
+                    f"batchable {self.body}: its body reads a layer computed outside it: pass "
+                    "that layer to it as an argument"
+                )
+            obj = other.objs[r]
+            if tag == WEIGHT:
+                mapping[r] = self.leaf(obj)
+                continue
+            if tag == CONST:
+                mapping[r] = self.const(obj)
+                continue
+            ins = [mapping[args[k]] for k in range(starts[r], starts[r + 1])]
+            mapping[r] = self.add(tag, obj, other.params[r], ins, other.codes[r], other.lastis[r])
+            if tag == NODE:
+                self.dynamic = True
+                self.imported.setdefault(obj, mapping[r])
+        return mapping[root]
+
+    def made_at(self, row: int) -> str | None:
+        """``file:line`` of the user's code that made row ``row`` (None if unknown)."""
+        code = self.codes[row]
+        if code is None:
+            return None
+        lasti = self.lastis[row]
+        for start, end, line in code.co_lines():
+            if start <= lasti < end and line is not None:
+                return f"{code.co_filename}:{line}"
+        return code.co_filename
+
+
+class _Recording(threading.local):
+    """Each thread's recording graph (None until it records), and how many schedulers it runs."""
+
+    graph: Graph | None = None
+    depth: int = 0
+
+
+_recording = _Recording()
+
+
+def recording() -> Graph:
+    """The graph the calling thread records into (see the module)."""
+    graph = _recording.graph
+    if graph is None:
+        graph = _recording.graph = Graph()
+    return graph
+
+
+def swap_recording(graph: Graph | None) -> Graph | None:
+    """Makes ``graph`` the calling thread's recording graph (None: a fresh one when next needed);
+    returns the one it replaces."""
+    previous = _recording.graph
+    _recording.graph = graph
+    return previous
+
+
+def running() -> bool:
+    """Whether the calling thread is running a scheduler (a run inside a run's user code)."""
+    return _recording.depth > 0
+
+
+def enter_run(graph: Graph) -> Graph | None:
+    """A scheduler starts on the calling thread: ``graph`` is its recording graph until
+    :func:`leave_run` restores the one returned."""
+    _recording.depth += 1
+    return swap_recording(graph)
+
+
+def leave_run(previous: Graph | None) -> None:
+    _recording.depth -= 1
+    _recording.graph = previous
+
+
+def ref(graph: Graph, row: int) -> Ref:
+    """A ``Do`` naming ``row`` of ``graph``."""
+    return Ref(graph, row)
+
+
+def row_of(node: Node) -> tuple[Graph, int]:
+    """The graph and row of a ``Do``: its own where it names a row, else the recording graph's
+    import of it."""
+    if type(node) is Ref:
+        return node.graph, node.row
+    graph = recording()
+    return graph, graph.node(node)
+
+
+def as_pure(value: Any) -> Pure:
+    """A known value as a node (a tape the scheduler gave user code, handed back)."""
+    return Pure(value)
