@@ -22,9 +22,10 @@ file's arrays on the host, then puts each on the namespace and device of the mod
 buffer: a file written on the CPU loads onto a model built with ``xp=cupy`` or moved there.
 
 What is saved is what is loaded. Metadata are JSON values that come back equal: dicts with str
-keys, lists, str, int, bool, None and finite floats, nested at most :data:`MAX_DEPTH` (64) deep; a
-tuple, a set, a non-str key or NaN is refused at save (a ``TypeError`` naming its key path), not
-changed into something else. An optimizer is saved by its settings, so its classes must be
+keys, lists, str, int (of 4,300 digits at most: what Python's json reads), bool, None and finite
+floats, nested at most :data:`MAX_DEPTH` (64) deep; a tuple, a set, a non-str key, NaN or a longer
+int is refused at save (a ``TypeError`` naming its key path), not changed into something else. An
+optimizer is saved by its settings, each of the type its class declares, so its classes must be
 monadl's: a learning-rate schedule must be one of :mod:`monadl.dsl.schedules`' classes
 (``Constant``, ``StepDecay``, ``CosineDecay``, ``LinearWarmup``); a plain function trains, but
 ``save`` refuses it, naming the weight and the schedule.
@@ -35,15 +36,21 @@ exception (a ``KeyboardInterrupt`` too) leaves no temporary file behind.
 
 A load validates before it changes anything: every name, shape and dtype against the model (a
 mismatch names the weight; a missing or unexpected name is an error unless ``partial=True``), and
-the file itself: a SHA-256 digest of the description and of every array, written at save, is
-checked (a flipped bit is an error, not another model), NaN and infinite values in the weights,
-their optimizer state or the buffers are refused unless ``allow_non_finite=True``, and a
-truncated, malformed or too deeply nested file is a :class:`CheckpointError` naming the file and
-the problem, never a crash. Buffers are checked the same way (a buffer of another kind, or whose
-state its :meth:`~monadl.nn.Buffer.check_state` refuses, is an error naming it). Files written
-before digests existed (format 1) still load, unverified, and files written before buffers were
-saved (formats 1 and 2) load with the model's buffers left as they are. Then every weight and its
-state are committed at once, as a training step's are, and the buffers loaded.
+the file itself: a SHA-256 digest of the description and of every array, written at save, is checked
+(a flipped bit is an error, not another model), NaN and infinite values in the weights, their
+optimizer state or the buffers are refused unless ``allow_non_finite=True``, and a truncated,
+malformed or too deeply nested file is a :class:`CheckpointError` naming the file and the problem,
+never a crash. So is a number the description's JSON reads as infinity (``1e999``) or an int of more
+than 4,300 digits, and an optimizer whose settings are not all there (a default would stand in for
+the one saved) or not of the types its class declares; each optimizer checks its state
+(:meth:`~monadl.dsl.optimizers.Adam.check_state`: step counts from 0 to ``2**63 - 1``, second
+moments and sums of squares >= 0). Buffers are checked the same way (a buffer of another kind, or
+whose state its :meth:`~monadl.nn.Buffer.check_state` refuses, such as batch norm's running variance
+with a negative entry, is an error naming it). Files written before digests existed (format 1) still
+load, unverified (their Momentum and Adam, written before ``lazy`` existed, load as not lazy), and
+files written before buffers were saved (formats 1 and 2) load with the model's buffers left as they
+are. Then every weight and its state are committed at once, as a training step's are, and the
+buffers loaded.
 """
 
 from __future__ import annotations
@@ -727,8 +734,8 @@ def _settings(cls: type) -> dict[str, Any]:
 
 def _fits(value: object, hint: Any) -> bool:
     """Whether a setting is of the type ``hint`` its class declares: an int is a float (as in
-    Python's typing), a bool is neither, a protocol (a schedule, an optimizer) is any value with
-    the protocol's methods."""
+    Python's typing) where it converts to one, a bool is neither, a protocol (a schedule, an
+    optimizer) is any value with the protocol's methods."""
     args = typing.get_args(hint)
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         return any(_fits(value, arm) for arm in args)
@@ -736,13 +743,26 @@ def _fits(value: object, hint: Any) -> bool:
         return value is None
     if hint is bool:
         return isinstance(value, bool)
-    if hint is int or hint is float:
-        return isinstance(value, int if hint is int else (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, float) or (
+            isinstance(value, int) and not isinstance(value, bool) and _is_float(value)
+        )
     if typing.get_origin(hint) is tuple:  # (``tuple[X, ...]``: the one kind of tuple a setting is)
         return isinstance(value, tuple) and all(_fits(item, args[0]) for item in value)
     if typing.Protocol in getattr(hint, "__mro__", ()):
         return all(callable(getattr(value, name, None)) for name in _methods(hint))
     return isinstance(value, hint)
+
+
+def _is_float(value: int) -> bool:
+    """Whether an int converts to a float (else every rule that computes with it fails)."""
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def _methods(protocol: type) -> list[str]:

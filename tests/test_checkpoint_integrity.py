@@ -512,6 +512,12 @@ def test_an_optimizer_setting_missing_from_the_file_is_a_checkpoint_error(settin
         (ml.Adam(0.01), ["lazy"], "yes", r"Adam\.lazy is 'yes', not a bool"),
         (ml.Adam(0.01), ["lazy"], 1, r"Adam\.lazy is 1, not a bool"),
         (ml.Adam(0.01), ["epsilon"], None, r"Adam\.epsilon is None, not a float"),
+        (
+            ml.Adam(0.01),
+            ["weight_decay"],
+            10**400,
+            r"Adam\.weight_decay is 10+\.\.\. \(401 characters\), not a float",
+        ),
         (ml.Adam(0.01), ["beta1"], "0.9", r"Adam\.beta1 is '0\.9', not a float"),
         (ml.Adam(0.01), ["learning_rate"], True, r"Adam\.learning_rate is True, not a float or a Schedule"),
         (
@@ -545,6 +551,7 @@ def test_an_optimizer_setting_missing_from_the_file_is_a_checkpoint_error(settin
         "lazy str",
         "lazy int",
         "epsilon None",
+        "weight decay past a float",
         "beta1 str",
         "rate bool",
         "rate transform",
