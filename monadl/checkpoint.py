@@ -734,8 +734,8 @@ def _settings(cls: type) -> dict[str, Any]:
 
 def _fits(value: object, hint: Any) -> bool:
     """Whether a setting is of the type ``hint`` its class declares: an int is a float (as in
-    Python's typing) where it converts to one, a bool is neither, a protocol (a schedule, an
-    optimizer) is any value with the protocol's methods."""
+    Python's typing), and either only where it converts to a float; a bool is neither; a protocol
+    (a schedule, an optimizer) is any value with the protocol's methods."""
     args = typing.get_args(hint)
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         return any(_fits(value, arm) for arm in args)
@@ -743,12 +743,10 @@ def _fits(value: object, hint: Any) -> bool:
         return value is None
     if hint is bool:
         return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, float) or (
-            isinstance(value, int) and not isinstance(value, bool) and _is_float(value)
-        )
+    if hint is int or hint is float:  # (an int past a float's range fails every rule using it)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return _is_float(value)
+        return hint is float and isinstance(value, float)
     if typing.get_origin(hint) is tuple:  # (``tuple[X, ...]``: the one kind of tuple a setting is)
         return isinstance(value, tuple) and all(_fits(item, args[0]) for item in value)
     if typing.Protocol in getattr(hint, "__mro__", ()):
@@ -783,6 +781,8 @@ def _type_name(hint: Any) -> str:
         return "None"
     if typing.get_origin(hint) is tuple:
         return f"a tuple of {_type_name(args[0])[2:].lstrip()}s"
+    if hint is int:
+        return "an int that converts to a float"
     name = getattr(hint, "__name__", str(hint))
     return f"{'an' if name[:1] in 'AEIOUaeiou' else 'a'} {name}"
 

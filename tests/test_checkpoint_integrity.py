@@ -530,13 +530,19 @@ def test_an_optimizer_setting_missing_from_the_file_is_a_checkpoint_error(settin
             ml.SGD(ml.CosineDecay(0.1, 40)),
             ["learning_rate", "fields", "steps"],
             40.0,
-            r"CosineDecay\.steps is 40\.0, not an int",
+            r"CosineDecay\.steps is 40\.0, not an int that converts",
         ),
         (
             ml.SGD(ml.LinearWarmup(0.1, 4)),
             ["learning_rate", "fields", "then"],
             5,
             r"LinearWarmup\.then is 5, not a Schedule or None",
+        ),
+        (
+            ml.SGD(ml.LinearWarmup(0.1, 4)),
+            ["learning_rate", "fields", "steps"],
+            10**400,
+            r"LinearWarmup\.steps is 10+\.\.\. \(401 characters\), not an int that converts to a float",
         ),
         (
             ml.chain(ml.clip_by_value(1.0), ml.SGD(0.1)),
@@ -557,6 +563,7 @@ def test_an_optimizer_setting_missing_from_the_file_is_a_checkpoint_error(settin
         "rate transform",
         "steps float",
         "then int",
+        "warm-up steps past a float",
         "transforms schedule",
         "Adam epsilon < 0",
         "Adagrad epsilon < 0",
