@@ -49,7 +49,8 @@ gives a scalar, so a 0-d weight's results (data and state) are made 0-d arrays a
 **States are checked** where they come from outside a training step (a checkpoint):
 ``check_state(state, data)`` says what is wrong with ``state`` for a weight holding ``data``
 (``None`` if nothing): its shape, the type, shape and dtype of its arrays (the weight's, for every
-optimizer here, lazy ones included), step counts (Python ints >= 0), sums of squares >= 0.
+optimizer here, lazy ones included), step counts (Python ints from 0 to ``2**63 - 1``), sums of
+squares >= 0.
 """
 
 from __future__ import annotations
@@ -90,8 +91,13 @@ class GradientTransform(Protocol):
 def _check(learning_rate: LearningRate, weight_decay: float) -> None:
     if not callable(learning_rate) and not learning_rate > 0.0:
         raise ValueError(f"learning_rate must be > 0 or a schedule, got {learning_rate}")
-    if weight_decay < 0.0:
+    if not weight_decay >= 0.0:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+
+
+def _check_epsilon(epsilon: float) -> None:
+    if not epsilon >= 0.0:  # (a negative one can cancel the denominator's root: a division by 0)
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
 
 
 def _rate(learning_rate: LearningRate, step: int) -> float:
@@ -149,10 +155,18 @@ def _parts_problem(state: object, names: tuple[str, ...]) -> str | None:
     return None
 
 
+_MAX_STEP = 2**63 - 1
+"""The largest step count a state may hold (a signed 64-bit counter's): more updates than any run
+makes, and an exponent that the bias correction's ``beta ** step`` takes (``10**400`` overflows
+Python's float there, and every later update would fail)."""
+
+
 def _step_problem(step: object) -> str | None:
     """What is wrong with a step count (a schedule's argument, the bias correction's exponent)."""
     if type(step) is not int or step < 0:
         return f"the step count is {_shown(step)}, not an int >= 0"
+    if step > _MAX_STEP:
+        return f"the step count is an int of {step.bit_length()} bits, more than 2**63 - 1"
     return None
 
 
@@ -304,6 +318,7 @@ class Adam:
         _check(self.learning_rate, self.weight_decay)
         if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
             raise ValueError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}")
+        _check_epsilon(self.epsilon)
 
     def init(self, data: Any) -> tuple[Any, Any, int]:
         return _kept(data * 0.0, data), _kept(data * 0.0, data), 0
@@ -458,6 +473,7 @@ class Adagrad:
 
     def __post_init__(self) -> None:
         _check(self.learning_rate, self.weight_decay)
+        _check_epsilon(self.epsilon)
 
     def init(self, data: Any) -> tuple[Any, int]:
         return _kept(data * 0.0, data), 0
