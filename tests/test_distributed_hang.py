@@ -381,9 +381,11 @@ def test_a_worker_that_hangs_again_after_its_restore_is_named(ray_session: Any, 
         assert_close(trainer, reference(batches, ml.Adam(0.01)))
 
 
-def test_the_reply_and_restart_timeouts_are_checked(ray_session: Any) -> None:
-    for name in ("reply_timeout_s", "restart_timeout_s"):
-        for bad in (0, -1.0, float("nan"), None):
-            message = rf"{name} must be a positive number of seconds, got {bad!r}"
-            with pytest.raises(ValueError, match=message):
-                DataParallel(build, loss, ml.SGD(0.1), 1, **{name: bad})
+def test_the_reply_and_restart_timeouts_are_checked() -> None:
+    bad: Any
+    for bad in (0, -1.0, float("nan"), None):
+        message = rf"must be a positive number of seconds, got {bad!r}"
+        with pytest.raises(ValueError, match=f"reply_timeout_s {message}"):
+            DataParallel(build, loss, ml.SGD(0.1), 1, reply_timeout_s=bad)
+        with pytest.raises(ValueError, match=f"restart_timeout_s {message}"):
+            DataParallel(build, loss, ml.SGD(0.1), 1, restart_timeout_s=bad)
