@@ -47,7 +47,9 @@ the replicas and committed with the step, alike on every replica:
   layer) travel with its gradients and are pooled exactly, and every replica updates its running
   statistics from the pooled ones as one process does from the whole batch's. Where the layer's
   input is the same as one process's (the first step, or a layer on the data itself), its running
-  statistics are one process's, but for rounding.
+  statistics are one process's, but for rounding. A shard must hold more than one value per
+  channel (the layer refuses to train on one), and a new running statistic that is not finite
+  fails the step with :class:`~monadl.NonFiniteBufferError`, as in one process.
 - another floating buffer a step stages (an op of your own, :func:`monadl.stage_buffer`): the mean
   of the replicas' values weighted by their shards' sizes (for a statistic linear in the batch,
   such as a mean, the whole batch's); a buffer of integers or bools: the value every replica
@@ -111,7 +113,13 @@ from returns.result import Failure, Result, Success
 from monadl import checkpoint
 from monadl.data.files import atomic_write_bytes, read_regular_file
 from monadl.dsl.batch_norm import Statistics, recording_statistics, stage_statistics
-from monadl.dsl.training import NonFiniteGradientError, Update, commit_updates, staged_updates
+from monadl.dsl.training import (
+    NonFiniteBufferError,
+    NonFiniteGradientError,
+    Update,
+    commit_updates,
+    staged_updates,
+)
 from monadl.dsl.training import _step as gradients_and_buffers
 from monadl.nn.buffer import GeneratorBuffer
 from monadl.nn.module import buffers_of, weights_of
@@ -411,9 +419,11 @@ class _BufferUpdates:
                 disagreed.add(name)
         return _BufferUpdates(pooled, averaged, agreed, frozenset(disagreed))
 
-    def updates(self, buffers: dict[str, Any]) -> list[Update]:
+    def updates(self, buffers: dict[str, Any], check: bool) -> list[Update]:
         """The buffers' new values, staged as one process's step on the whole batch would stage
-        them (from the statistics pooled; the replicas' average; the one value agreed)."""
+        them (from the statistics pooled; the replicas' average; the one value agreed). ``check``:
+        a floating one that is not finite is a :class:`~monadl.NonFiniteBufferError`, as in a
+        step of one process."""
         if self.disagreed:
             names = ", ".join(repr(name) for name in sorted(self.disagreed))
             raise ValueError(
@@ -436,6 +446,14 @@ class _BufferUpdates:
             )
         for name, value in self.agreed.items():
             staged[buffers[name]] = value
+        name_of = {id(buffer): name for name, buffer in buffers.items()}
+        for buffer, data in staged.items():
+            xp = namespace(data)
+            if check and dtype_name(data).startswith("float") and not bool(xp.all(xp.isfinite(data))):
+                raise NonFiniteBufferError(
+                    f"the buffer {name_of[id(buffer)]!r} ({buffer!r}): the step's new value of it is not "
+                    "finite (an extreme batch's statistics?); no weight and no buffer was changed"
+                )
         return [(buffer, data, None) for buffer, data in staged.items()]
 
 
@@ -640,7 +658,7 @@ class _Replica:
                 if g is not None
             }
             updates = staged_updates(gradients, self._optimizer, check_finite=self._check)
-            self._staged = updates + buffers.updates(self._buffers)
+            self._staged = updates + buffers.updates(self._buffers, self._check)
         except Exception as e:  # noqa: BLE001
             return ("error", _portable(e, self._rank))
         return ("ok", perf_counter() - started)

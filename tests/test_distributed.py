@@ -482,6 +482,12 @@ def test_batch_norm_running_statistics_are_the_whole_batchs(ray_session: Any) ->
         assert identical(trainer)
         net = build_norm()
         trainer.copy_to(net)
+        # Statistics past float64's range: the step fails as one process's does, changing nothing.
+        digests = trainer.digests()
+        error = trainer.step((batches[0][0] * 1e200, batches[0][1])).failure()
+        assert isinstance(error, WorkerError) and isinstance(error.cause, ml.NonFiniteBufferError)
+        assert "the buffer 'norm.running_var' (ArrayBuffer(float64 (3,)))" in str(error.cause)
+        assert trainer.digests() == digests and trainer.steps == 5
     expected = build_norm()
     for b in batches:
         assert isinstance(ml.train_blocking(norm_loss(expected, b) * (1.0 / 7), ml.SGD(0.1)), Success)
