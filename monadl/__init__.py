@@ -27,6 +27,16 @@ from monadl.dsl.layers import (
     FloatLayer,
     FloatOperators,
 )
+from monadl.dsl.losses import (
+    Reduction,
+    binary_cross_entropy,
+    binary_cross_entropy_with_logits,
+    huber_loss,
+    l1_loss,
+    mse_loss,
+    nll_loss,
+    smooth_l1_loss,
+)
 from monadl.dsl.norm import layer_norm
 from monadl.dsl.operation import batchable
 from monadl.dsl.ops import (
@@ -141,6 +151,15 @@ __all__ = [
     "custom_op",
     "concatenate",
     "cross_entropy",
+    # losses, beside cross_entropy
+    "Reduction",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "huber_loss",
+    "l1_loss",
+    "mse_loss",
+    "nll_loss",
+    "smooth_l1_loss",
     "default_executor",
     "direct",
     "dot",
