@@ -487,7 +487,7 @@ def test_class_loss_gradients_are_finite_differences(
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(shape)
     weight = rng.uniform(0.5, 2.0, shape[-1]) if weighted else None
-    if labels:
+    if labels or not logits:  # (nll_loss takes labels only)
         t: Any = rng.integers(0, shape[-1], shape[:-1])
         if ignore is not None and t.ndim:
             t.reshape(-1)[0] = ignore  # one ignored, the rest counted
@@ -764,6 +764,11 @@ def test_bad_values_when_the_loss_runs(make: Callable[[], Layer], message: str) 
             r"cross_entropy: expected integer labels or floating-point probabilities, got dtype bool",
         ),
         (
+            lambda: ml.nll_loss(np.zeros((2, 3)), np.full((2, 3), 1 / 3)),
+            TypeError,
+            r"nll_loss: expected integer labels, got targets of dtype float64",
+        ),
+        (
             lambda: ml.mse_loss(1.0, np.zeros(2)),  # type: ignore[call-overload]
             TypeError,
             r"mse_loss: expected an array layer, .* for predictions",
@@ -784,6 +789,7 @@ def test_bad_values_when_the_loss_runs(make: Callable[[], Layer], message: str) 
         "weight 2-d",
         "targets list",
         "bool targets",
+        "nll probabilities",
         "float predictions",
         "str targets",
     ],
@@ -867,3 +873,43 @@ def test_on_array_api_strict_as_on_numpy(name: str, make: Callable[..., Layer], 
     assert got_loss == pytest.approx(want_loss, rel=TOL, abs=TOL)
     for g, w in zip(got_grads, want_grads, strict=True):
         np.testing.assert_allclose(g, w, rtol=TOL, atol=TOL)
+
+
+TREE_LOSSES: list[tuple[str, Callable[[ArrayLayer, int], Layer]]] = [
+    (
+        "cross_entropy",
+        lambda h, k: ml.cross_entropy(h, k % 4, reduction="sum", label_smoothing=0.1, ignore_index=3),
+    ),
+    ("nll_loss", lambda h, k: ml.nll_loss(ml.log_softmax(h), k % 4, reduction="sum", weight=WEIGHT)),
+    ("binary_cross_entropy_with_logits", lambda h, k: ml.binary_cross_entropy_with_logits(h, _targets(k))),
+    ("smooth_l1_loss", lambda h, k: ml.smooth_l1_loss(h, _targets(k), reduction="none", beta=0.2)),
+]
+
+
+@pytest.mark.parametrize(("kind", "loss"), TREE_LOSSES, ids=[t[0] for t in TREE_LOSSES])
+def test_per_node_losses_of_a_tree_merge_and_equal_the_calls_alone(
+    kind: str, loss: Callable[[ArrayLayer, int], Layer]
+) -> None:
+    """A loss at every node of a binary tree of 8 leaves (15 nodes at 4 depths): at most one call
+    per depth (as the library's fused cross_entropy of labels merges in this tree)."""
+
+    def tree() -> FloatLayer:
+        rng = np.random.default_rng(8)
+        table = ArrayWeight(rng.standard_normal((8, 4)))
+        w = ArrayWeight(rng.standard_normal((8, 4)) * 0.4)
+        nodes: list[ArrayLayer] = [ml.take_rows(table, k) for k in range(8)]
+        level = nodes
+        while len(level) > 1:
+            level = [
+                ml.tanh(ml.concatenate([a, b]) @ w) for a, b in zip(level[::2], level[1::2], strict=True)
+            ]
+            nodes += level
+        terms: list[FloatLayer] = []
+        for k, h in enumerate(nodes):
+            out = loss(h, k)
+            terms.append(ml.sum(out * probe((4,))) if isinstance(out, ArrayLayer) else out)
+        return ml.add_n(terms)
+
+    merged, alone = merged_and_alone(tree)
+    assert alone.stats.kinds[kind] == 15
+    assert merged.stats.kinds[kind] <= 4, merged.stats.kinds

@@ -108,12 +108,14 @@ def _row_sums(xp: Any, v: Any) -> Any:
 
 
 def _check_pair(name: str, what: str) -> Callable[..., None]:
+    """The check of a pointwise loss named ``name`` of ``what`` (predictions, probabilities,
+    logits): two arrays of one shape. (A float is refused when the op is made; a user's own
+    differentiable value shows its kind only when it runs.)"""
+
     def check(x: Any, t: Any, *_: Any, **__: Any) -> None:
-        if type(x) is float or type(t) is float:
-            raise ShapeError(
-                f"{name}: expected arrays, got {'a float' if type(x) is float else 'an array'} "
-                f"{what} and {'a float' if type(t) is float else 'an array'} of targets"
-            )
+        for operand, a in ((what, x), ("targets", t)):
+            if type(a) is float:
+                raise ShapeError(f"{name}: expected an array of {operand}, got a float")
         if tuple(x.shape) != tuple(t.shape):
             raise ShapeError(
                 f"{name}: {what} of shape {tuple(x.shape)} and targets of shape {tuple(t.shape)} differ "
@@ -145,7 +147,6 @@ class _Pointwise:
         dx: Callable[..., Any],
         dt: Callable[..., Any],
         check_values: Callable[..., None] | None = None,
-        check_merged: Callable[[tuple[Any, ...], dict[str, Any]], None] | None = None,
     ) -> None:
         self.what, self.value, self.dx, self.dt = what, value, dx, dt
         check = _check_pair(name, what)
@@ -154,7 +155,7 @@ class _Pointwise:
             value,
             (self._none_vjp_x, self._none_vjp_t),
             check=check,
-            batch=Batching(elementwise=True, check_merged=check_merged),
+            batch=Batching(elementwise=True),
             check_values=check_values,
             fresh=True,
             own=True,
@@ -169,7 +170,6 @@ class _Pointwise:
                 scalar="always",
                 forward=self._rows,
                 vjps=(self._rows_vjp_x, self._rows_vjp_t),
-                check_merged=check_merged,
             ),
             check_values=check_values,
             fresh=True,
@@ -215,10 +215,6 @@ class _Pointwise:
         return self.dt(xp, x, t, **params) * self._row_scale(xp, d, x, mean)
 
 
-def _sign(xp: Any, z: Any) -> Any:
-    return xp.sign(z)
-
-
 # mean squared error: (x - t)^2
 _MSE = _Pointwise(
     "mse_loss",
@@ -233,8 +229,8 @@ _L1 = _Pointwise(
     "l1_loss",
     "predictions",
     lambda xp, x, t: xp.abs(x - t),
-    lambda xp, x, t: _sign(xp, x - t),
-    lambda xp, x, t: -_sign(xp, x - t),
+    lambda xp, x, t: xp.sign(x - t),
+    lambda xp, x, t: -xp.sign(x - t),
 )
 
 
@@ -265,7 +261,7 @@ def _smooth_l1(xp: Any, x: Any, t: Any, beta: float) -> Any:
 
 def _smooth_l1_dx(xp: Any, x: Any, t: Any, beta: float) -> Any:
     if beta == 0.0:
-        return _sign(xp, x - t)
+        return xp.sign(x - t)
     return xp.clip((x - t) / beta, -1.0, 1.0)
 
 
@@ -790,6 +786,8 @@ def class_loss(
     labels = None
     if integral(t):
         labels = label_range(t, ignore)
+    elif not loss.logits:
+        raise TypeError(f"{op}: expected integer labels, got targets of dtype {t.dtype}")
     elif not is_float_array(t):
         raise TypeError(f"{op}: expected integer labels or floating-point probabilities, got dtype {t.dtype}")
     elif ignore is not None:
