@@ -527,8 +527,7 @@ class AdamW:
         _check(self.learning_rate, self.weight_decay)
         if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
             raise ValueError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}")
-        if not self.epsilon >= 0.0:
-            raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
+        _check_epsilon(self.epsilon)
 
     def init(self, data: Any) -> tuple[Any, Any, Any, int]:
         return _kept(data * 0.0, data), _kept(data * 0.0, data), None, 0
@@ -616,8 +615,7 @@ class RMSprop:
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-        if not self.epsilon >= 0.0:
-            raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
+        _check_epsilon(self.epsilon)
 
     def init(self, data: Any) -> tuple[Any, Any, Any, int]:
         return _kept(data * 0.0, data), None, None, 0
