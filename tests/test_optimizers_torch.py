@@ -328,3 +328,24 @@ def test_adamw_on_a_large_tables_sparse_gradient_is_its_dense_rule_bit_for_bit(d
     assert data.dtype == dtype and state[2] is None and state[3] == 3
     for got, want in ((data, expected), (state[0], m), (state[1], v)):
         assert got.tobytes() == np.asarray(want, dtype=dtype).tobytes()
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "setting", "value", "message"),
+    [
+        (ml.RMSprop(0.01), "alpha", 2.0, r"settings do not make a RMSprop: alpha must be in \[0, 1\]"),
+        (ml.RMSprop(0.01), "centered", 1, r"setting RMSprop.centered is 1, not a bool"),
+        (ml.AdamW(), "amsgrad", "yes", r"setting AdamW.amsgrad is 'yes', not a bool"),
+        (ml.AdamW(), "epsilon", -1.0, r"settings do not make a AdamW: epsilon must be >= 0"),
+    ],
+    ids=["alpha", "centered", "amsgrad", "epsilon"],
+)
+def test_a_checkpoint_with_a_setting_out_of_range_is_refused(
+    optimizer: Any, setting: str, value: Any, message: str
+) -> None:
+    def change(described: dict[str, Any]) -> None:
+        described["weights"]["w1"]["optimizer"]["fields"][setting] = value
+
+    raw = _edited(to_bytes(train_monadl(optimizer, range(2))), change)
+    with pytest.raises(CheckpointError, match=rf"weight 'w1': its optimizer's {message}"):
+        from_bytes(raw, net())
