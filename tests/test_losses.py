@@ -913,3 +913,35 @@ def test_per_node_losses_of_a_tree_merge_and_equal_the_calls_alone(
     merged, alone = merged_and_alone(tree)
     assert alone.stats.kinds[kind] == 15
     assert merged.stats.kinds[kind] <= 4, merged.stats.kinds
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    logits=st.booleans(),
+    shape=st.sampled_from([(5,), (4, 5), (2, 3, 5), (0, 5)]),
+    smoothing=st.sampled_from([0.0, 0.3]),
+    weighted=st.booleans(),
+    ignore=st.sampled_from([None, 2, -100]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_labels_picked_on_numpy_are_the_generic_rule(
+    logits: bool, shape: tuple[int, ...], smoothing: float, weighted: bool, ignore: int | None, seed: int
+) -> None:
+    """The NumPy path of the class losses' rule (each label picked by indexing) gives what the
+    generic one (a one-hot, as on any array namespace) gives: losses, delta and counts."""
+    xps = pytest.importorskip("array_api_strict")
+    from monadl.dsl.losses import _class_terms
+    from monadl.typeclasses.backend import NUMPY
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    t = rng.integers(0, shape[-1], shape[:-1])
+    if ignore is not None and t.size:
+        t.reshape(-1)[::2] = ignore
+    weight = rng.uniform(0.5, 2.0, shape[-1]) if weighted else None
+    s = 0.0 if not logits else smoothing
+    picked = _class_terms(NUMPY, x, t, (0, 0), weight, ignore, s, logits)
+    x_s, w_s = xps.asarray(x), None if weight is None else xps.asarray(weight)
+    generic = _class_terms(xps, x_s, xps.asarray(t), (0, 0), w_s, ignore, s, logits)
+    for a, b in zip(picked, generic, strict=True):
+        np.testing.assert_allclose(a, np.asarray(np.from_dlpack(b)), rtol=1e-13, atol=1e-15)

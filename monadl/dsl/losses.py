@@ -102,9 +102,11 @@ def _row_sums(xp: Any, v: Any) -> Any:
 
 # --------------------------------------------------------------------------------- pointwise losses
 #
-# A pointwise loss is ``value(x, t)`` of each element and its partial derivatives ``dx`` and ``dt``.
-# It makes two primitives: ``none`` (the losses of the elements; its calls merge as elementwise ops
-# do) and ``reduced`` (their mean or sum: a float; merged, one per row).
+# A pointwise loss is ``value(x, t)`` of each element and its partial derivatives times a delta,
+# ``dx(x, t, scale)`` and ``dt(x, t, scale)`` (``scale``: a float, or an array of deltas; folded into
+# the rule, so a constant factor costs no pass of its own). It makes two primitives: ``none`` (the
+# losses of the elements; its calls merge as elementwise ops do) and ``reduced`` (their mean or
+# sum: a float; merged, one per row).
 
 
 def _check_pair(name: str, what: str) -> Callable[..., None]:
@@ -136,8 +138,8 @@ def _float_info(*_: Any, **__: Any) -> Info:
 
 
 class _Pointwise:
-    """A pointwise loss's rules (``value``, ``dx``, ``dt``: ``(xp, x, t, **params)``) and its two
-    primitives."""
+    """A pointwise loss's rules (``value(xp, x, t, **params)``, ``dx`` and ``dt``: ``(xp, x, t,
+    scale, **params)``) and its two primitives."""
 
     def __init__(
         self,
@@ -178,10 +180,10 @@ class _Pointwise:
         )
 
     def _none_vjp_x(self, xp: Any, d: Any, o: Any, x: Any, t: Any, **params: Any) -> Any:
-        return d * self.dx(xp, x, t, **params)
+        return self.dx(xp, x, t, d, **params)
 
     def _none_vjp_t(self, xp: Any, d: Any, o: Any, x: Any, t: Any, **params: Any) -> Any:
-        return d * self.dt(xp, x, t, **params)
+        return self.dt(xp, x, t, d, **params)
 
     def _reduced(self, xp: Any, x: Any, t: Any, mean: bool, **params: Any) -> float:
         total = float(xp.sum(self.value(xp, x, t, **params)))
@@ -193,10 +195,10 @@ class _Pointwise:
         return (d / n if n else 0.0) if mean else d
 
     def _reduced_vjp_x(self, xp: Any, d: float, o: Any, x: Any, t: Any, mean: bool, **params: Any) -> Any:
-        return self.dx(xp, x, t, **params) * self._scale(d, x, mean)
+        return self.dx(xp, x, t, self._scale(d, x, mean), **params)
 
     def _reduced_vjp_t(self, xp: Any, d: float, o: Any, x: Any, t: Any, mean: bool, **params: Any) -> Any:
-        return self.dt(xp, x, t, **params) * self._scale(d, x, mean)
+        return self.dt(xp, x, t, self._scale(d, x, mean), **params)
 
     def _rows(self, xp: Any, x: Any, t: Any, mean: bool, **params: Any) -> Any:
         totals = _row_sums(xp, self.value(xp, x, t, **params))
@@ -209,28 +211,33 @@ class _Pointwise:
         return (scale / n if n else scale * 0.0) if mean else scale
 
     def _rows_vjp_x(self, xp: Any, d: Any, o: Any, x: Any, t: Any, mean: bool, **params: Any) -> Any:
-        return self.dx(xp, x, t, **params) * self._row_scale(xp, d, x, mean)
+        return self.dx(xp, x, t, self._row_scale(xp, d, x, mean), **params)
 
     def _rows_vjp_t(self, xp: Any, d: Any, o: Any, x: Any, t: Any, mean: bool, **params: Any) -> Any:
-        return self.dt(xp, x, t, **params) * self._row_scale(xp, d, x, mean)
+        return self.dt(xp, x, t, self._row_scale(xp, d, x, mean), **params)
 
 
-# mean squared error: (x - t)^2
+def _mse(xp: Any, x: Any, t: Any) -> Any:
+    z = x - t
+    return z * z
+
+
+# squared error (x - t)^2, whose derivative is 2 (x - t)
 _MSE = _Pointwise(
     "mse_loss",
     "predictions",
-    lambda xp, x, t: (x - t) * (x - t),
-    lambda xp, x, t: 2.0 * (x - t),
-    lambda xp, x, t: -2.0 * (x - t),
+    _mse,
+    lambda xp, x, t, scale: (x - t) * (2.0 * scale),
+    lambda xp, x, t, scale: (t - x) * (2.0 * scale),
 )
 
-# mean absolute error: |x - t| (derivative 0 where x == t, as PyTorch's)
+# absolute error |x - t| (derivative 0 where x == t, as PyTorch's)
 _L1 = _Pointwise(
     "l1_loss",
     "predictions",
     lambda xp, x, t: xp.abs(x - t),
-    lambda xp, x, t: xp.sign(x - t),
-    lambda xp, x, t: -xp.sign(x - t),
+    lambda xp, x, t, scale: xp.sign(x - t) * scale,
+    lambda xp, x, t, scale: xp.sign(t - x) * scale,
 )
 
 
@@ -239,16 +246,12 @@ def _huber(xp: Any, x: Any, t: Any, delta: float) -> Any:
     return xp.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta))
 
 
-def _huber_dx(xp: Any, x: Any, t: Any, delta: float) -> Any:
-    return xp.clip(x - t, -delta, delta)
-
-
 _HUBER = _Pointwise(
     "huber_loss",
     "predictions",
     _huber,
-    _huber_dx,
-    lambda xp, x, t, delta: -_huber_dx(xp, x, t, delta),
+    lambda xp, x, t, scale, delta: xp.clip(x - t, -delta, delta) * scale,
+    lambda xp, x, t, scale, delta: xp.clip(t - x, -delta, delta) * scale,
 )
 
 
@@ -259,18 +262,20 @@ def _smooth_l1(xp: Any, x: Any, t: Any, beta: float) -> Any:
     return xp.where(z < beta, (0.5 / beta) * z * z, z - 0.5 * beta)
 
 
-def _smooth_l1_dx(xp: Any, x: Any, t: Any, beta: float) -> Any:
+def _smooth_l1_d(xp: Any, z: Any, scale: Any, beta: float) -> Any:
+    """The derivative of the smooth L1 loss at a difference ``z``, times ``scale``:
+    ``clip(z / beta, -1, 1)``, the sign of ``z`` for ``beta`` 0."""
     if beta == 0.0:
-        return xp.sign(x - t)
-    return xp.clip((x - t) / beta, -1.0, 1.0)
+        return xp.sign(z) * scale
+    return xp.clip(z, -beta, beta) * (scale / beta)
 
 
 _SMOOTH_L1 = _Pointwise(
     "smooth_l1_loss",
     "predictions",
     _smooth_l1,
-    _smooth_l1_dx,
-    lambda xp, x, t, beta: -_smooth_l1_dx(xp, x, t, beta),
+    lambda xp, x, t, scale, beta: _smooth_l1_d(xp, x - t, scale, beta),
+    lambda xp, x, t, scale, beta: _smooth_l1_d(xp, t - x, scale, beta),
 )
 
 # Binary cross entropy of probabilities, as PyTorch computes it: each log clamped at -100 (a
@@ -291,13 +296,13 @@ def _bce(xp: Any, p: Any, t: Any) -> Any:
     return (t - 1.0) * log_q - t * log_p
 
 
-def _bce_dp(xp: Any, p: Any, t: Any) -> Any:
-    return (p - t) / xp.maximum((1.0 - p) * p, _BCE_EPSILON)
+def _bce_dp(xp: Any, p: Any, t: Any, scale: Any) -> Any:
+    return (p - t) / xp.maximum((1.0 - p) * p, _BCE_EPSILON) * scale
 
 
-def _bce_dt(xp: Any, p: Any, t: Any) -> Any:
+def _bce_dt(xp: Any, p: Any, t: Any, scale: Any) -> Any:
     log_p, log_q = _clamped_logs(xp, p)
-    return log_q - log_p
+    return (log_q - log_p) * scale
 
 
 def _check_bce_values(p: Any, t: Any, *_: Any, **__: Any) -> None:
@@ -327,8 +332,8 @@ _BCE_LOGITS = _Pointwise(
     "binary_cross_entropy_with_logits",
     "logits",
     _bce_logits,
-    lambda xp, x, t: P.sigmoid_of(xp, x) - t,
-    lambda xp, x, t: -x,
+    lambda xp, x, t, scale: (P.sigmoid_of(xp, x) - t) * scale,
+    lambda xp, x, t, scale: x * -scale,
 )
 
 
@@ -527,6 +532,8 @@ def _class_terms(
     targets, where every element counts 1)."""
     classes = x.shape[-1]
     log_p = P.log_softmax.forward(xp, x, -1) if logits else x
+    if labels is not None and xp is NUMPY and (weight is None or weight.ndim == 1):
+        return _picked_terms(x, log_p, targets, weight, ignore_index, smoothing, logits)
     counted = None
     if labels is not None:
         t = host_in(xp, targets, x)
@@ -558,6 +565,49 @@ def _class_terms(
     else:
         delta = -a
     return losses, delta, counted
+
+
+def _picked_terms(
+    x: Any, log_p: Any, targets: Any, weight: Any, ignore_index: int | None, smoothing: float, logits: bool
+) -> tuple[Any, Any, Any]:
+    """:func:`_class_terms` of labels on NumPy, each element's label picked by indexing instead of
+    multiplied by a one-hot (a pass over the classes less, and no one-hot made): the label's term
+    ``(1 - s) w_y log_p_y``, the smoothing's ``(s / C) sum(w log_p)``, the delta scattered."""
+    classes = x.shape[-1]
+    lead = x.shape[:-1]
+    m = math.prod(lead)
+    lp = log_p.reshape(m, classes)
+    t = targets.reshape(m)
+    keep = None
+    if ignore_index is not None:
+        keep = t != ignore_index
+        t = np.where(keep, t, 0)  # (any label in range: its terms are taken out by ``keep``)
+    rows = np.arange(m)
+    counted = np.ones(m, dtype=x.dtype) if weight is None else weight[t]
+    if keep is not None:
+        counted = counted * keep
+    coefficient = counted * (1.0 - smoothing) if smoothing else counted  # of the label's term
+    with np.errstate(invalid="ignore"):  # (log-probabilities of -inf, where the coefficient is 0)
+        picked = coefficient * lp[rows, t]
+    if not logits:
+        picked = np.where(coefficient == 0.0, 0.0, picked)
+    losses = -picked
+    total = coefficient  # the sum of each row's coefficients
+    if smoothing:
+        uniform = np.full(m, smoothing / classes, dtype=x.dtype)
+        if keep is not None:
+            uniform = uniform * keep
+        weighted = lp if weight is None else lp * weight
+        losses = losses - uniform * np.add.reduce(weighted, axis=1)
+        total = total + uniform * (classes if weight is None else np.add.reduce(weight))
+    if logits:
+        delta = np.exp(lp) * total[:, None]
+        if smoothing:
+            delta -= uniform[:, None] if weight is None else uniform[:, None] * weight
+    else:
+        delta = np.zeros((m, classes), dtype=x.dtype)
+    delta[rows, t] -= coefficient
+    return losses.reshape(lead), delta.reshape(x.shape), counted.reshape(lead)
 
 
 def _class_weight(xp: Any, weight: Any, x: Any) -> Any:
