@@ -15,31 +15,25 @@ named by the first): a field ``encoder`` holding a ``Linear`` gives ``encoder.we
 tuples and dicts of modules are PyTorch's ``ModuleList`` and ``ModuleDict`` (``layers.0.weight``).
 Each module kind below is converted as a whole, in the layout of its PyTorch counterpart:
 
-==============================  ==========================================================================
-monadl                          PyTorch (keys; layouts)
-==============================  ==========================================================================
-``nn.Linear``                   ``nn.Linear``: ``weight`` (out, in) is ``w`` (in, out) transposed, ``bias``
-``nn.MLP``                      ``nn.Sequential(Linear, activation, Linear, ...)``: layer ``k`` at index
-                                ``2k`` (``0.weight``, ``2.weight``, ...; activations have no parameters)
-``nn.Embedding``                ``nn.Embedding``: ``weight`` is ``table``
-``nn.Conv1d``, ``nn.Conv2d``    ``nn.Conv1d``, ``nn.Conv2d``: ``weight`` (O, C // groups, ...) is ``w``
-``nn.BatchNorm1d``, ``2d``      ``nn.BatchNorm1d``, ``2d``: ``weight``, ``bias``, ``running_mean``,
-                                ``running_var``, ``num_batches_tracked``
-``nn.LayerNorm``                ``nn.LayerNorm`` (over the last axis): ``weight``, ``bias``
-``nn.LSTM``, ``nn.GRU``         ``nn.LSTM``, ``nn.GRU`` (``bias=True``): ``weight_ih_l{k}``,
-                                ``weight_hh_l{k}``, ``bias_ih_l{k}``, ``bias_hh_l{k}``, and
-                                ``..._l{k}_reverse`` for the backward direction
-``nn.LSTMCell``, ``GRUCell``    ``nn.LSTMCell``, ``nn.GRUCell``: ``weight_ih``, ``weight_hh``, ``bias_ih``,
-                                ``bias_hh``
-``nn.MultiHeadAttention``       ``nn.MultiheadAttention``: ``in_proj_weight`` (3E, E) is ``qkv.w``
-                                transposed (``q_proj_weight``, ``k_proj_weight``, ``v_proj_weight`` when
-                                kdim or vdim is not E), ``in_proj_bias``, ``out_proj.weight``, ``.bias``
-``nn.TransformerEncoderLayer``  ``nn.TransformerEncoderLayer``: ``self_attn.*``, ``linear1.*`` (``ff1``),
-                                ``linear2.*`` (``ff2``), ``norm1.*``, ``norm2.*``
-an ``ArrayWeight``, a           an ``nn.Parameter`` or a registered buffer of the same name, as it is
-``FloatWeight``, an
-``ArrayBuffer`` field
-==============================  ==========================================================================
+| ``monadl.nn`` | ``torch.nn``: keys (layouts) |
+|---|---|
+| ``Linear`` | ``Linear``: ``weight`` (out, in: ``w`` transposed), ``bias`` |
+| ``MLP`` | ``Sequential(Linear, act, Linear, ...)``: layer ``k`` at index ``2k`` (``0.weight``, ...) |
+| ``Embedding`` | ``Embedding``: ``weight`` (the ``table``) |
+| ``Conv1d``, ``Conv2d`` | the same: ``weight`` (O, C // groups, ...), ``bias`` |
+| ``BatchNorm1d``, ``2d`` | the same: ``weight``, ``bias``, ``running_mean``, ``running_var``, |
+| | ``num_batches_tracked`` |
+| ``LayerNorm`` | the same, over the last axis: ``weight``, ``bias`` |
+| ``LSTM``, ``GRU`` | the same: ``weight_ih_l{k}``, ``weight_hh_l{k}``, ``bias_ih_l{k}``, ``bias_hh_l{k}`` |
+| | (``..._l{k}_reverse``: the backward direction) |
+| ``LSTMCell``, ``GRUCell`` | the same: ``weight_ih``, ``weight_hh``, ``bias_ih``, ``bias_hh`` |
+| ``MultiHeadAttention`` | ``MultiheadAttention``: ``in_proj_weight`` (3E, E: ``qkv.w`` transposed), |
+| | ``in_proj_bias``, ``out_proj.weight``, ``out_proj.bias`` |
+| | (``q_proj_weight``, ``k_proj_weight``, ``v_proj_weight`` when kdim or vdim is not E) |
+| ``TransformerEncoderLayer`` | the same: ``self_attn.*`` (``attention``), ``linear1.*`` (``ff1``), |
+| | ``linear2.*`` (``ff2``), ``norm1.*``, ``norm2.*`` |
+| an ``ArrayWeight``, | an ``nn.Parameter`` or a registered buffer of its name, as it is |
+| ``FloatWeight``, ``ArrayBuffer`` | |
 
 Other modules (a ``Module`` of your own, ``Dropout``, pooling) are walked into by their fields.
 State that PyTorch has no place for (a dropout's generator, a buffer of your own kind) is left out.
