@@ -587,10 +587,13 @@ def _as_numpy(caller: str, key: object, value: object) -> NDArray:
         return value
     if type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach"):
         tensor: Any = value
-        tensor = tensor.detach().cpu()
-        if str(tensor.dtype) == "torch.bfloat16":
-            tensor = tensor.float()
-        return np.asarray(tensor.numpy())
+        try:
+            tensor = tensor.detach().cpu()
+            if str(tensor.dtype) == "torch.bfloat16":
+                tensor = tensor.float()
+            return np.asarray(tensor.numpy())
+        except (TypeError, RuntimeError) as e:  # a dtype NumPy lacks (float8), a tensor without data
+            raise InteropError(f"{caller}: {key!r} cannot be read as a NumPy array ({e})") from None
     if isinstance(value, (np.generic, int, float)) and not isinstance(value, bool):
         return np.asarray(value)
     if is_array(value):

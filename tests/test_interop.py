@@ -672,3 +672,13 @@ def test_a_model_of_another_namespace_exports_through_the_host_and_loads_onto_it
     for (name, w), theirs in zip(model.weights().items(), source.weights().values(), strict=True):
         assert type(w.data) is not np.ndarray, name  # still the model's namespace
         np.testing.assert_array_equal(np.asarray(w.data), theirs.data, err_msg=name)
+
+
+def test_a_tensor_numpy_cannot_hold_is_an_error_naming_its_key(torch: Any) -> None:
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("this PyTorch has no float8")
+    model = nn.Linear.new(2, 2)
+    with pytest.raises(InteropError, match="'weight' cannot be read as a NumPy array"):
+        interop.load_state_dict(
+            model, {"weight": torch.zeros(2, 2).to(torch.float8_e4m3fn), "bias": np.zeros(2)}
+        )
