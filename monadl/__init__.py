@@ -9,6 +9,7 @@ training step; independent sub-graphs run in parallel on the executor's thread p
 # module of the package is imported (see monadl/_compiled.py). ``monadl.compiled()`` tells which.
 from monadl._compiled import compiled as compiled
 from monadl.checkpoint import CheckpointError, load, save
+from monadl.data.loader import DataLoader
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
 from monadl.dsl.activations import clip, elu, gelu, leaky_relu, silu, softplus
 from monadl.dsl.apply_gradients import apply_gradients
@@ -249,6 +250,8 @@ __all__ = [
     "lstm_c",
     "lstm_h",
     "gru_h",
+    # batches of a data set (monadl.data.loader)
+    "DataLoader",
 ]
 
 if compiled():  # mypyc keeps no docstrings and no annotated signatures: the build recorded them
