@@ -34,8 +34,6 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 import monadl as ml
 from monadl.bench.suite_data import Missing, TaskData, load_task, synthetic_task
 from monadl.bench.tagger_model import Tagger
@@ -108,14 +106,15 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
     adam = ml.Adam(args.learning_rate)
     losses: list[float] = []
     accuracies: list[float] = []
+    # Each epoch's order from the seed and the epoch alone.
+    batches = ml.DataLoader(train, args.batch, shuffle=True, seed=args.seed, collate=list)
     with ml.Executor(args.workers) as executor:
         for epoch in range(args.epochs):
-            order = np.random.default_rng([args.seed, epoch]).permutation(len(train))
             total, seen = 0.0, 0
             start = time.perf_counter()
             with Progress(words, desc=f"epoch {epoch}", unit="words", enabled=not args.no_progress) as bar:
-                for k in range(0, len(train), args.batch):
-                    mean, count = model.step([train[i] for i in order[k : k + args.batch]], adam, executor)
+                for batch in batches.epoch(epoch):
+                    mean, count = model.step(batch, adam, executor)
                     total, seen = total + mean * count, seen + count
                     bar.update(count, loss=total / seen)
             seconds = time.perf_counter() - start

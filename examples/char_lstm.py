@@ -273,19 +273,16 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
     with ml.Executor(args.workers) as executor:
         if not perplexities:
             print(f"before training: held-out perplexity {model.perplexity(held_out, executor):.2f}")
+        # The order of an epoch's sentences depends on the seed and the epoch alone: a resumed run
+        # takes the same batches as one that never stopped.
+        batches = ml.DataLoader(train, args.batch, shuffle=True, seed=args.seed, collate=list)
         for epoch in range(first, args.epochs):
-            # The order of an epoch's sentences depends on the seed and the epoch alone: a resumed
-            # run takes the same batches as one that never stopped.
-            order = np.random.default_rng([args.seed, epoch]).permutation(len(train))
-            batches = [
-                [train[k] for k in order[i : i + args.batch]] for i in range(0, len(train), args.batch)
-            ]
             total, seen = 0.0, 0
             start = time.perf_counter()
             with Progress(
                 characters, desc=f"epoch {epoch}", unit="chars", enabled=not args.no_progress
             ) as bar:
-                for batch in batches:
+                for batch in batches.epoch(epoch):
                     mean, count = model.step(batch, adam, executor)
                     total, seen = total + mean * count, seen + count
                     bar.update(count, loss=total / seen)

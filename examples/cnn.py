@@ -55,11 +55,9 @@ def load(data: cifar100.Cifar100, limit: int | None) -> tuple[Images, Labels]:
 def accuracy(model: CNN, images: Images, labels: Labels, executor: ml.Executor) -> float:
     """The fraction of ``images`` whose most probable class is their label."""
     right = 0
-    for start in range(0, len(images), EVALUATION_BATCH):
-        logits = ml.predict_blocking(model(images[start : start + EVALUATION_BATCH]), executor=executor)
-        right += int(
-            np.sum(np.argmax(np.asarray(logits.unwrap()), axis=1) == labels[start : start + EVALUATION_BATCH])
-        )
+    for batch, truth in ml.DataLoader((images, labels), EVALUATION_BATCH):
+        logits = ml.predict_blocking(model(batch), executor=executor)
+        right += int(np.sum(np.argmax(np.asarray(logits.unwrap()), axis=1) == truth))
     return right / len(images)
 
 
@@ -89,23 +87,25 @@ def main(argv: Sequence[str] | None = None) -> list[tuple[float, float]]:
     x_test, y_test = load(test, args.test_size)
     model = CNN.new(args.channels, seed=args.seed)
     optimizer = ml.Adam(args.learning_rate)
-    rng = np.random.default_rng(args.seed)
+    # Shuffled batches of whole size (the last short one dropped), each epoch's order the seed's
+    # generator's next permutation.
+    batches = ml.DataLoader(
+        (x, y), args.batch, shuffle=True, seed=np.random.default_rng(args.seed), drop_last=True
+    )
     history: list[tuple[float, float]] = []
-    steps = len(x) // args.batch
+    steps = len(batches)
     with ml.Executor() as executor:
         print(f"held-out accuracy before training: {accuracy(model, x_test, y_test, executor):.3f}")
         for epoch in range(1, args.epochs + 1):
-            order = rng.permutation(len(x))
             total = 0.0
             with Progress(
                 steps * args.batch, desc=f"epoch {epoch}", unit="images", enabled=not args.no_progress
             ) as bar:
-                for step in range(steps):
-                    batch = order[step * args.batch : (step + 1) * args.batch]
-                    loss = ml.cross_entropy(model(x[batch]), y[batch])
+                for step, (images, labels) in enumerate(batches):
+                    loss = ml.cross_entropy(model(images), labels)
                     value = ml.train_blocking(loss, optimizer, executor=executor).unwrap()
                     total += value
-                    bar.update(len(batch), loss=total / (step + 1))
+                    bar.update(len(images), loss=total / (step + 1))
             held_out = accuracy(model, x_test, y_test, executor)
             history.append((total / max(steps, 1), held_out))
             print(

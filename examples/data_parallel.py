@@ -83,8 +83,7 @@ INTERRUPTED = 130
 def epoch_batches(trees: Sequence[Tree], batch_size: int, seed: int, epoch: int) -> list[list[Tree]]:
     """An epoch's global batches: ``trees`` in an order drawn from ``seed`` and ``epoch`` alone (a
     resumed run takes the batches of one that never stopped), ``batch_size`` at a time."""
-    order = np.random.default_rng([seed, epoch]).permutation(len(trees))
-    return [[trees[k] for k in order[i : i + batch_size]] for i in range(0, len(trees), batch_size)]
+    return list(ml.DataLoader(trees, batch_size, shuffle=True, seed=seed, collate=list).epoch(epoch))
 
 
 def model_builder(vocabulary_size: int, args: argparse.Namespace) -> Callable[[], TreeLstm]:

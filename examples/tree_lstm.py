@@ -111,17 +111,18 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
     )
     fine, binary = model.accuracy(dev, vocabulary.index)
     print(f"before training: dev root accuracy {fine:.3f} fine-grained, {binary:.3f} binary", flush=True)
-    rng = np.random.default_rng(args.seed)
+    # Each epoch's order the seed's generator's next permutation.
+    loader = ml.DataLoader(
+        train, args.batch, shuffle=True, seed=np.random.default_rng(args.seed), collate=list
+    )
     losses: list[float] = []
     accuracies: list[tuple[float, float]] = []  # dev: fine-grained, binary
     best: tuple[float, int, dict[str, Any]] | None = None  # dev accuracy, epoch, the weights' data
     for epoch in range(args.epochs):
-        order = rng.permutation(len(train))
-        batches = [[train[k] for k in order[i : i + args.batch]] for i in range(0, len(train), args.batch)]
         start = time.perf_counter()
         total, seen = 0.0, 0
         with Progress(len(train), desc=f"epoch {epoch}", unit="trees", enabled=not args.no_progress) as bar:
-            for batch in batches:
+            for batch in loader:
                 total += model.step(batch, vocabulary.index) * len(batch)
                 seen += len(batch)
                 bar.update(len(batch), loss=total / seen)

@@ -9,6 +9,7 @@ training step; independent sub-graphs run in parallel on the executor's thread p
 # module of the package is imported (see monadl/_compiled.py). ``monadl.compiled()`` tells which.
 from monadl._compiled import compiled as compiled
 from monadl.checkpoint import CheckpointError, load, save
+from monadl.data.loader import DataLoader
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
 from monadl.dsl.activations import clip, elu, gelu, leaky_relu, silu, softplus
 from monadl.dsl.apply_gradients import apply_gradients
@@ -26,6 +27,16 @@ from monadl.dsl.layers import (
     ArrayOperators,
     FloatLayer,
     FloatOperators,
+)
+from monadl.dsl.losses import (
+    Reduction,
+    binary_cross_entropy,
+    binary_cross_entropy_with_logits,
+    huber_loss,
+    l1_loss,
+    mse_loss,
+    nll_loss,
+    smooth_l1_loss,
 )
 from monadl.dsl.norm import layer_norm
 from monadl.dsl.operation import batchable
@@ -62,10 +73,12 @@ from monadl.dsl.optimizers import (
     SGD,
     Adagrad,
     Adam,
+    AdamW,
     Chain,
     GradientTransform,
     Momentum,
     Optimizer,
+    RMSprop,
     chain,
     clip_by_global_norm,
     clip_by_value,
@@ -105,6 +118,7 @@ __all__ = [
     "SGD",
     "Adagrad",
     "Adam",
+    "AdamW",
     "AnyArray",
     "AnyFloat",
     "Array",
@@ -129,6 +143,7 @@ __all__ = [
     "NonFiniteGradientError",
     "NonFiniteLossError",
     "Optimizer",
+    "RMSprop",
     "ShapeError",
     "ShapeRuleError",
     "abs",
@@ -137,6 +152,15 @@ __all__ = [
     "custom_op",
     "concatenate",
     "cross_entropy",
+    # losses, beside cross_entropy
+    "Reduction",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "huber_loss",
+    "l1_loss",
+    "mse_loss",
+    "nll_loss",
+    "smooth_l1_loss",
     "default_executor",
     "direct",
     "dot",
@@ -226,6 +250,8 @@ __all__ = [
     "lstm_c",
     "lstm_h",
     "gru_h",
+    # batches of a data set (monadl.data.loader)
+    "DataLoader",
 ]
 
 if compiled():  # mypyc keeps no docstrings and no annotated signatures: the build recorded them

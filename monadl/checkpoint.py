@@ -22,9 +22,10 @@ file's arrays on the host, then puts each on the namespace and device of the mod
 buffer: a file written on the CPU loads onto a model built with ``xp=cupy`` or moved there.
 
 What is saved is what is loaded. Metadata are JSON values that come back equal: dicts with str
-keys, lists, str, int, bool, None and finite floats, nested at most :data:`MAX_DEPTH` (64) deep; a
-tuple, a set, a non-str key or NaN is refused at save (a ``TypeError`` naming its key path), not
-changed into something else. An optimizer is saved by its settings, so its classes must be
+keys, lists, str, int (of 4,300 digits at most: what Python's json reads), bool, None and finite
+floats, nested at most :data:`MAX_DEPTH` (64) deep; a tuple, a set, a non-str key, NaN or a longer
+int is refused at save (a ``TypeError`` naming its key path), not changed into something else. An
+optimizer is saved by its settings, each of the type its class declares, so its classes must be
 monadl's: a learning-rate schedule must be one of :mod:`monadl.dsl.schedules`' classes
 (``Constant``, ``StepDecay``, ``CosineDecay``, ``LinearWarmup``); a plain function trains, but
 ``save`` refuses it, naming the weight and the schedule.
@@ -35,23 +36,32 @@ exception (a ``KeyboardInterrupt`` too) leaves no temporary file behind.
 
 A load validates before it changes anything: every name, shape and dtype against the model (a
 mismatch names the weight; a missing or unexpected name is an error unless ``partial=True``), and
-the file itself: a SHA-256 digest of the description and of every array, written at save, is
-checked (a flipped bit is an error, not another model), NaN and infinite values in the weights,
-their optimizer state or the buffers are refused unless ``allow_non_finite=True``, and a
-truncated, malformed or too deeply nested file is a :class:`CheckpointError` naming the file and
-the problem, never a crash. Buffers are checked the same way (a buffer of another kind, or whose
-state its :meth:`~monadl.nn.Buffer.check_state` refuses, is an error naming it). Files written
-before digests existed (format 1) still load, unverified, and files written before buffers were
-saved (formats 1 and 2) load with the model's buffers left as they are. Then every weight and its
-state are committed at once, as a training step's are, and the buffers loaded.
+the file itself: a SHA-256 digest of the description and of every array, written at save, is checked
+(a flipped bit is an error, not another model), NaN and infinite values in the weights, their
+optimizer state or the buffers are refused unless ``allow_non_finite=True``, and a truncated,
+malformed or too deeply nested file is a :class:`CheckpointError` naming the file and the problem,
+never a crash. So is a number the description's JSON reads as infinity (``1e999``) or an int of more
+than 4,300 digits, and an optimizer whose settings are not all there (a default would stand in for
+the one saved) or not of the types its class declares; each optimizer checks its state
+(:meth:`~monadl.dsl.optimizers.Adam.check_state`: step counts from 0 to ``2**63 - 1``, second
+moments and sums of squares >= 0). Buffers are checked the same way (a buffer of another kind, or
+whose state its :meth:`~monadl.nn.Buffer.check_state` refuses, such as batch norm's running variance
+with a negative entry, is an error naming it). Files written before digests existed (format 1) still
+load, unverified (their Momentum and Adam, written before ``lazy`` existed, load as not lazy), and
+files written before buffers were saved (formats 1 and 2) load with the model's buffers left as they
+are. Then every weight and its state are committed at once, as a training step's are, and the
+buffers loaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, cast
@@ -83,6 +93,10 @@ MAX_DEPTH = 64
 enough for any real use, shallow enough that no walk of a file's description can overflow the
 stack."""
 _HEADER_DEPTH = MAX_DEPTH + 3  # the description's own levels: itself, "weights", a weight's entry
+_MAX_INT_DIGITS = 4300
+"""The most digits an int of a description may have: Python's default limit on converting an int
+to or from text (``sys.get_int_max_str_digits``), under which every process reads the file back."""
+_INT_BOUND = 10**_MAX_INT_DIGITS
 MetadataValue = None | bool | int | float | str | Sequence["MetadataValue"] | Mapping[str, "MetadataValue"]
 """A metadata value :func:`save` takes: a JSON value, typed read-only so that a ``list[float]`` or a
 ``dict[str, int]`` is one (``list`` and ``dict`` are invariant). A tuple, also a ``Sequence``, is
@@ -226,8 +240,14 @@ def _refuse_at_save(where: str, problem: str) -> NoReturn:
 def _check_json(value: object, where: str, level: int, refuse: Any) -> None:
     """Calls ``refuse(where, problem)`` unless ``value`` is JSON that comes back from a file equal to
     itself, nested at most ``MAX_DEPTH`` deep below ``level`` 0 (the metadata mapping)."""
-    if isinstance(value, bool) or value is None or isinstance(value, (str, int)):
-        return  # (a subclass of int or str comes back as one, equal)
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return  # (a subclass of str comes back as one, equal)
+    if isinstance(value, int):
+        if abs(value) >= _INT_BOUND:
+            refuse(
+                where, f"is an int of more than {_MAX_INT_DIGITS} digits, which Python's json does not read"
+            )
+        return  # (a subclass of int comes back as one, equal)
     if isinstance(value, float):
         if not math.isfinite(value):
             refuse(where, f"is {value!r}, which JSON has no exact form for")
@@ -286,10 +306,23 @@ def _plain(value: Any, weight: str, level: int) -> Any:
                 "monadl's optimizers, transformations or schedules: a checkpoint names no code of "
                 "its own"
             )
-        fields = {f.name: _plain(getattr(value, f.name), weight, level + 1) for f in dataclasses.fields(cls)}
+        fields = {}
+        for name, hint in _settings(cls).items():
+            setting = getattr(value, name)
+            if not _fits(setting, hint):  # a load would refuse it
+                raise TypeError(
+                    f"save: the optimizer of {weight!r} has the setting {cls.__name__}.{name} = "
+                    f"{_brief(setting)}, not {_type_name(hint)}"
+                )
+            fields[name] = _plain(setting, weight, level + 1)
         return {"class": cls.__name__, "fields": fields}
     if isinstance(value, tuple):
         return {"tuple": [_plain(v, weight, level + 1) for v in value]}
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _INT_BOUND:
+        raise TypeError(
+            f"save: the optimizer of {weight!r} has an int of more than {_MAX_INT_DIGITS} digits, "
+            "which Python's json does not read"
+        )
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float) and math.isfinite(value):
@@ -313,6 +346,10 @@ def _encode_state(state: Any, arrays: list[np.ndarray[Any, Any]], weight: str, l
     if isinstance(state, bool) or state is None:
         return {"value": state}
     if isinstance(state, int):
+        if abs(state) >= _INT_BOUND:
+            raise TypeError(
+                f"save: the optimizer state of {weight!r} holds an int of more than {_MAX_INT_DIGITS} digits"
+            )
         return {"int": state}
     if isinstance(state, float):
         arrays.append(np.asarray(state, dtype=np.float64))
@@ -357,10 +394,11 @@ def _load(
     saved_buffers: dict[str, Any] = header.get("buffers", {})
     if "buffers" in header:  # (a file of an earlier format has none: the model's stay as they are)
         _match(path, "buffers", buffers, saved_buffers, partial)
+    legacy = header["format"] == 1
     writes = []
     for name, weight in weights.items():
         if name in saved:
-            writes.append((weight, *_restore(path, name, weight, saved[name], tensors)))
+            writes.append((weight, *_restore(path, name, weight, saved[name], tensors, legacy)))
     loads = [
         (buffer, _restore_buffer(path, name, buffer, saved_buffers[name], tensors))
         for name, buffer in buffers.items()
@@ -463,6 +501,19 @@ def _parse(text: str, path: str) -> Any:
     def no_constant(name: str) -> NoReturn:
         raise ValueError(f"{name} is not a finite number")
 
+    def finite(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):  # a float's range exceeded (1e999) is infinity to Python
+            shown = text if len(text) <= 30 else f"{text[:20]}... ({len(text)} characters)"
+            raise ValueError(f"{shown} is not a finite number")
+        return value
+
+    def bounded(text: str) -> int:
+        digits = len(text) - text.startswith("-")
+        if digits > _MAX_INT_DIGITS:
+            raise ValueError(f"an int of {digits} digits (more than {_MAX_INT_DIGITS})")
+        return int(text)
+
     def an_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         value = dict(pairs)
         if len(value) != len(pairs):
@@ -470,7 +521,13 @@ def _parse(text: str, path: str) -> Any:
         return value
 
     try:
-        return json.loads(text, parse_constant=no_constant, object_pairs_hook=an_object)
+        return json.loads(
+            text,
+            parse_constant=no_constant,
+            parse_float=finite,
+            parse_int=bounded,
+            object_pairs_hook=an_object,
+        )
     except RecursionError:
         raise CheckpointError(f"{path}: the checkpoint's description nests too deeply") from None
     except ValueError as e:
@@ -514,9 +571,15 @@ def _metadata_of(raw: bytes) -> dict[str, str]:
 
 
 def _restore(
-    path: str, name: str, weight: Weight, entry: Any, tensors: dict[str, np.ndarray[Any, Any]]
+    path: str,
+    name: str,
+    weight: Weight,
+    entry: Any,
+    tensors: dict[str, np.ndarray[Any, Any]],
+    legacy: bool,
 ) -> tuple[Any, Any]:
-    """The data and optimizer state the checkpoint holds for ``weight``, checked against it."""
+    """The data and optimizer state the checkpoint holds for ``weight``, checked against it
+    (``legacy``: a file of format 1)."""
 
     def bad(problem: str) -> CheckpointError:
         return CheckpointError(f"{path}: weight {name!r}: {problem}")
@@ -546,7 +609,7 @@ def _restore(
         data = _frozen(np.array(array, copy=True))
     if "optimizer" not in entry:
         return _placed(data, current.data), None
-    optimizer = _rebuild_optimizer(entry["optimizer"], bad)
+    optimizer = _rebuild_optimizer(entry["optimizer"], bad, legacy)
     # A schedule, a tuple or a bare value would be taken for the weight's optimizer, and its next
     # step would restart the state (another kind) or fail: only monadl's optimizers are.
     if not isinstance(optimizer, optimizers.OPTIMIZER_CLASSES):
@@ -624,10 +687,12 @@ _OPTIMIZERS: dict[str, type] = {
 names no code of its own to run)."""
 
 
-def _rebuild_optimizer(described: Any, bad: Any) -> Any:
-    """The optimizer a checkpoint describes, made from its settings."""
+def _rebuild_optimizer(described: Any, bad: Any, legacy: bool) -> Any:
+    """The optimizer a checkpoint describes, made from its settings: every setting of its class
+    given, each of the type the class declares (``legacy``: a file of format 1, written before
+    ``lazy`` existed, whose optimizers were not lazy)."""
     if isinstance(described, dict) and set(described) == {"tuple"} and isinstance(described["tuple"], list):
-        return tuple(_rebuild_optimizer(item, bad) for item in described["tuple"])
+        return tuple(_rebuild_optimizer(item, bad, legacy) for item in described["tuple"])
     if not isinstance(described, dict) or set(described) != {"class", "fields"}:
         if described is None or isinstance(described, (bool, int, float, str)):
             return described
@@ -636,11 +701,99 @@ def _rebuild_optimizer(described: Any, bad: Any) -> Any:
     cls = _OPTIMIZERS.get(str(described["class"]))
     if cls is None or not isinstance(fields, dict):
         known = ", ".join(_OPTIMIZERS)
-        raise bad(f"its optimizer names {described['class']!r}, not one of monadl's ({known})")
+        raise bad(f"its optimizer names {_brief(described['class'])}, not one of monadl's ({known})")
+    hints = _settings(cls)
+    if legacy and "lazy" in hints:
+        fields = {"lazy": False, **fields}
+    if set(fields) != set(hints):  # (a default would silently stand for a setting the file lost)
+        missing, unknown = sorted(set(hints) - set(fields)), sorted(set(fields) - set(hints))
+        raise bad(
+            f"its optimizer's settings are not those of {cls.__name__}: missing {missing or 'none'}, "
+            f"unknown {[_brief(name) for name in unknown] or 'none'}"
+        )
+    settings = {name: _rebuild_optimizer(value, bad, legacy) for name, value in fields.items()}
+    for name, setting in settings.items():
+        if not _fits(setting, hints[name]):
+            raise bad(
+                f"its optimizer's setting {cls.__name__}.{name} is {_brief(setting)}, "
+                f"not {_type_name(hints[name])}"
+            )
     try:
-        return cls(**{name: _rebuild_optimizer(value, bad) for name, value in fields.items()})
+        return cls(**settings)
     except (TypeError, ValueError) as e:
         raise bad(f"its optimizer's settings do not make a {cls.__name__}: {e}") from None
+
+
+@functools.cache
+def _settings(cls: type) -> dict[str, Any]:
+    """The settings of one of monadl's optimizer, transformation or schedule classes (its
+    dataclass fields, all of them arguments of its constructor), each with its declared type."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _fits(value: object, hint: Any) -> bool:
+    """Whether a setting is of the type ``hint`` its class declares: an int is a float (as in
+    Python's typing), and either only where it converts to a float; a bool is neither; a protocol
+    (a schedule, an optimizer) is any value with the protocol's methods."""
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return any(_fits(value, arm) for arm in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int or hint is float:  # (an int past a float's range fails every rule using it)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return _is_float(value)
+        return hint is float and isinstance(value, float)
+    if typing.get_origin(hint) is tuple:  # (``tuple[X, ...]``: the one kind of tuple a setting is)
+        return isinstance(value, tuple) and all(_fits(item, args[0]) for item in value)
+    if typing.Protocol in getattr(hint, "__mro__", ()):
+        return all(callable(getattr(value, name, None)) for name in _methods(hint))
+    return isinstance(value, hint)
+
+
+def _is_float(value: int) -> bool:
+    """Whether an int converts to a float (else every rule that computes with it fails)."""
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
+def _methods(protocol: type) -> list[str]:
+    """The methods a protocol declares (``__call__`` a schedule's)."""
+    return [
+        name
+        for name, member in vars(protocol).items()
+        if callable(member) and (name == "__call__" or not name.startswith("_"))
+    ]
+
+
+def _type_name(hint: Any) -> str:
+    """A declared type in words, as errors name it: ``a float or a Schedule``."""
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return " or ".join(_type_name(arm) for arm in args)
+    if hint is type(None):
+        return "None"
+    if typing.get_origin(hint) is tuple:
+        return f"a tuple of {_type_name(args[0])[2:].lstrip()}s"
+    if hint is int:
+        return "an int that converts to a float"
+    name = getattr(hint, "__name__", str(hint))
+    return f"{'an' if name[:1] in 'AEIOUaeiou' else 'a'} {name}"
+
+
+def _brief(value: object) -> str:
+    """``value``'s repr as an error message shows it: shortened where long."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long for Python to write in decimal
+        return f"a {type(value).__name__} too long to show"
+    return text if len(text) <= 60 else f"{text[:50]}... ({len(text)} characters)"
 
 
 def _decode_state(encoded: Any, tensors: dict[str, np.ndarray[Any, Any]], prefix: str, bad: Any) -> Any:

@@ -17,7 +17,8 @@ step splits the global batch into one shard per worker (:func:`shard_batch`), ev
 its shard's gradients of ``sum / n`` (``n``: the examples in the global batch) with monadl's engine,
 the gradients are summed, and every replica applies the same update: the trainer minimises the mean
 loss over the global batch, the same objective as one process on the whole batch (the same result
-but for rounding: the terms of a sum are added in another order).
+but for rounding: the terms of a sum are added in another order), but where a layer's output
+depends on the rest of the batch: batch norm (see **Buffers**).
 
 **Exactness.** The sum has a fixed order, whatever finishes first: ``reduction="tree"`` (the default)
 adds worker ``i + d``'s partial sum into worker ``i``'s for ``d = 1, 2, 4, ...`` (a binary tree of
@@ -34,6 +35,33 @@ weight, a worker's process dying) is aborted everywhere: no replica and no optim
 and the step returns ``Failure(WorkerError)`` naming the worker, with the original exception as its
 ``cause``.
 
+**Buffers.** What a step stages besides the weights (:mod:`monadl.runtime.staging`) is combined over
+the replicas and committed with the step, alike on every replica:
+
+- batch norm (:class:`~monadl.nn.BatchNorm1d`, ``BatchNorm2d``): each replica's forward pass
+  normalises its shard by the shard's own statistics, as PyTorch's ``DistributedDataParallel``
+  without ``SyncBatchNorm`` does (so its gradients are those of the shards' normalisations, not
+  one process's on the whole batch: the same only with one worker, or shards of the whole batch's
+  statistics). The running statistics, though, are the whole batch's: each replica's shard
+  statistics (its values' count, mean and squared deviations, per channel and per use of the
+  layer) travel with its gradients and are pooled exactly, and every replica updates its running
+  statistics from the pooled ones as one process does from the whole batch's. Where the layer's
+  input is the same as one process's (the first step, or a layer on the data itself), its running
+  statistics are one process's, but for rounding. A shard must hold more than one value per
+  channel (the layer refuses to train on one), and a new running statistic that is not finite
+  fails the step with :class:`~monadl.NonFiniteBufferError`, as in one process.
+- another floating buffer a step stages (an op of your own, :func:`monadl.stage_buffer`): the mean
+  of the replicas' values weighted by their shards' sizes (for a statistic linear in the batch,
+  such as a mean, the whole batch's); a buffer of integers or bools: the value every replica
+  staged (a step where they differ fails, naming the buffer).
+
+Random streams (the :class:`~monadl.nn.GeneratorBuffer` of a :class:`~monadl.nn.Dropout`): each
+replica draws a step's masks from a stream of its own (so replicas drop different units, as the
+rows of one process's mask differ), seeded by a key drawn from the committed generator and split by
+the worker's rank. The committed generator advances by that key once per committed step, alike on
+every replica: a replica's masks depend only on the seed, the steps committed and its rank, so a
+failed step run again draws the same ones, and a checkpoint resumes them.
+
 **Faults.** A worker whose process dies is restarted by Ray (``max_restarts``; once those are spent,
 the trainer starts a new actor) and restored from a surviving replica's committed state, sent in the
 checkpoint format (:func:`monadl.checkpoint.to_bytes`); where no worker survives, from the last
@@ -48,6 +76,13 @@ restored like lost ones (where every worker hung, from the last checkpoint), and
 ``Failure(WorkerError)`` with ``lost = True`` and a ``TimeoutError`` as its ``cause``. The timeout
 is the greater of ``step_timeout_s`` (5 minutes by default; None: no timeout) and 10 times the
 median of the last 20 successful steps' times.
+
+A request outside a step (:meth:`~DataParallel.save`, :meth:`~DataParallel.copy_to`,
+:meth:`~DataParallel.weights`, :meth:`~DataParallel.digests`, :meth:`~DataParallel.pids`, and a
+restore) waits at most ``reply_timeout_s`` (a minute by default) for each worker: one that hung is
+killed, restarted and restored, one whose process died (even while answering) is restored, and the
+request is asked again, from the committed state; a worker that fails it again is named by a
+:class:`WorkerUnavailableError`. No exception of Ray's reaches the caller.
 
 Ctrl-C on the driver aborts the step in flight (or completes its commit, if every worker had
 already agreed) and raises ``KeyboardInterrupt``: the replicas hold the last committed state, which
@@ -66,7 +101,7 @@ import statistics
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
 from types import TracebackType
@@ -77,21 +112,34 @@ from returns.result import Failure, Result, Success
 
 from monadl import checkpoint
 from monadl.data.files import atomic_write_bytes, read_regular_file
+from monadl.dsl.batch_norm import Statistics, recording_statistics, stage_statistics
 from monadl.dsl.training import (
+    NonFiniteBufferError,
     NonFiniteGradientError,
     Update,
     commit_updates,
-    compute_gradients,
     staged_updates,
 )
-from monadl.nn.module import weights_of
+from monadl.dsl.training import _step as gradients_and_buffers
+from monadl.nn.buffer import GeneratorBuffer
+from monadl.nn.module import buffers_of, weights_of
+from monadl.runtime.staging import staging
+from monadl.typeclasses.backend import dtype_name, namespace
 from monadl.typeclasses.sparse import SparseRows
 
 if TYPE_CHECKING:
     from monadl.dsl.layers import FloatLayer
     from monadl.dsl.optimizers import Optimizer
 
-__all__ = ["DataParallel", "StepStats", "WorkerError", "WorkersLostError", "batch_size", "shard_batch"]
+__all__ = [
+    "DataParallel",
+    "StepStats",
+    "WorkerError",
+    "WorkerUnavailableError",
+    "WorkersLostError",
+    "batch_size",
+    "shard_batch",
+]
 
 M = TypeVar("M")
 B = TypeVar("B")
@@ -135,12 +183,47 @@ class WorkersLostError(RuntimeError):
     """Every worker was lost at once and no checkpoint is there to restore them from."""
 
 
+class WorkerUnavailableError(RuntimeError):
+    """A worker did not answer a request of the trainer (``call``: ``save``, ``digests``, ...): it
+    hung past ``reply_timeout_s`` or its process died, and it did again after it was restarted and
+    restored. ``worker``: its rank; ``cause``: what the last try met (also ``__cause__``)."""
+
+    def __init__(self, worker: int, workers: int, call: str, cause: BaseException) -> None:
+        super().__init__(
+            f"DataParallel.{call}: worker {worker} of {workers} did not answer, and did not after it "
+            f"was restarted and restored either: {type(cause).__name__}: {cause}"
+        )
+        self.worker = worker
+        self.call = call
+        self.cause = cause
+        self.__cause__ = cause
+
+
+class _Unanswered(Exception):
+    """Workers that did not answer a request in time (``hung``: to kill) or whose process died
+    (``lost``), each with what was met."""
+
+    def __init__(self, hung: list[int], failed: list[tuple[int, BaseException]]) -> None:
+        super().__init__(f"workers {[rank for rank, _ in failed]} did not answer")
+        self.hung = hung
+        self.failed = failed
+
+
 STEP_TIMEOUT_FACTOR = 10.0
 """A step may take this many times the median of the recent steps' times (at least
 ``step_timeout_s``) before the workers still in it are taken as hung: far above a step's normal
 spread (an uneven shard, a garbage collection), so a slow but live worker is not killed."""
 STEP_TIMEOUT_WINDOW = 20
 """The number of recent successful steps whose median time sets the timeout."""
+RECOVERY_ROUNDS = 3
+"""How many times a recovery restores the lost workers where one is lost again meanwhile."""
+
+
+def _check_seconds(name: str, value: object, other: str = "") -> None:
+    if not (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    ):
+        raise ValueError(f"DataParallel: {name} must be a positive number of seconds{other}, got {value!r}")
 
 
 # ----------------------------------------------------------------------------------------- batches
@@ -203,7 +286,8 @@ def batch_size(batch: Any) -> int:
 
 # Gradients travel as a list in the order of the model's weight names, an entry per weight: None
 # (the shard did not reach it), a float, an array, or a table's rows as ("rows", indices, values,
-# shape) (a compiled SparseRows is not pickled).
+# shape) (a compiled SparseRows is not pickled); then one entry more, the buffers' updates
+# (_BufferUpdates, summed alike).
 Packed = list[Any]
 
 
@@ -249,6 +333,147 @@ def _finite(gradient: Any) -> bool:
     return bool(np.isfinite(values).all())
 
 
+# ----------------------------------------------------------------------------------------- buffers
+
+
+@dataclass
+class _RunningStats:
+    """A batch norm module's running statistics as a replica finds them by name (what
+    :func:`~monadl.dsl.batch_norm.stage_statistics` reads)."""
+
+    running_mean: Any
+    running_var: Any
+    momentum: float
+    ranks: tuple[int, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"the running statistics {self.running_mean!r}, {self.running_var!r}"
+
+
+Pooled = tuple[float, int, Any, Any]
+"""Batch statistics pooled over shards: the module's momentum, the number of values per channel,
+their mean and the sum of their squared deviations from it."""
+
+
+@dataclass(frozen=True)
+class _BufferUpdates:
+    """The buffer updates of a shard's step, or those of several shards combined (in rank order,
+    as gradients are summed), to be staged alike on every replica.
+
+    ``pooled``: each running-statistics update of a batch norm module, by the names of its two
+    buffers and its use in the step (0, 1, ...), from the statistics of every shard's values
+    together (Chan's pairwise combination): the whole batch's, as one process computes them.
+    ``averaged``: any other floating buffer a step staged, by name: the sum of each replica's
+    value times its share of the batch, and the sum of those shares. ``agreed``: a buffer of
+    integers or bools, by name: the one value every replica staged (``disagreed``: the names of
+    those where they differ)."""
+
+    pooled: dict[tuple[str, str, int], Pooled] = field(default_factory=dict)
+    averaged: dict[str, tuple[float, Any]] = field(default_factory=dict)
+    agreed: dict[str, Any] = field(default_factory=dict)
+    disagreed: frozenset[str] = frozenset()
+
+    @staticmethod
+    def of_shard(
+        recorded: list[Statistics], staged: dict[Any, Any], names: dict[int, str], share: float
+    ) -> _BufferUpdates:
+        """A shard's updates: its batch norm modules' statistics (``recorded``), and the other
+        buffers of the model that it ``staged``; ``share``: its share of the global batch."""
+        pooled: dict[tuple[str, str, int], Pooled] = {}
+        covered: set[int] = set()
+        for stats, mean, var, n in recorded:
+            mean_name, var_name = names.get(id(stats.running_mean)), names.get(id(stats.running_var))
+            if mean_name is None or var_name is None:
+                continue  # a module outside the model: nothing of it is kept
+            use = 0
+            while (mean_name, var_name, use) in pooled:
+                use += 1
+            pooled[mean_name, var_name, use] = (float(stats.momentum), n, mean, var * n)
+            covered.update((id(stats.running_mean), id(stats.running_var)))
+        averaged: dict[str, tuple[float, Any]] = {}
+        agreed: dict[str, Any] = {}
+        for buffer, data in staged.items():
+            name = names.get(id(buffer))
+            if name is None or id(buffer) in covered:
+                continue
+            if dtype_name(data).startswith("float"):
+                averaged[name] = (share, data * share)
+            else:
+                agreed[name] = data
+        return _BufferUpdates(pooled, averaged, agreed)
+
+    def __add__(self, other: _BufferUpdates) -> _BufferUpdates:
+        pooled = dict(self.pooled)
+        for key, b in other.pooled.items():
+            a = pooled.get(key)
+            pooled[key] = b if a is None else _pool(a, b)
+        averaged = dict(self.averaged)
+        for name, (share, total) in other.averaged.items():
+            have = averaged.get(name)
+            averaged[name] = (share, total) if have is None else (have[0] + share, have[1] + total)
+        agreed = dict(self.agreed)
+        disagreed = set(self.disagreed | other.disagreed)
+        for name, value in other.agreed.items():
+            have = agreed.setdefault(name, value)
+            if have is not value and not _equal(have, value):
+                disagreed.add(name)
+        return _BufferUpdates(pooled, averaged, agreed, frozenset(disagreed))
+
+    def updates(self, buffers: dict[str, Any], check: bool) -> list[Update]:
+        """The buffers' new values, staged as one process's step on the whole batch would stage
+        them (from the statistics pooled; the replicas' average; the one value agreed). ``check``:
+        a floating one that is not finite is a :class:`~monadl.NonFiniteBufferError`, as in a
+        step of one process."""
+        if self.disagreed:
+            names = ", ".join(repr(name) for name in sorted(self.disagreed))
+            raise ValueError(
+                f"DataParallel: the replicas staged different values for the buffer(s) {names}: a "
+                "buffer of integers or bools must be staged alike on every replica (a floating one "
+                "gets the mean of their values, weighted by their shards' sizes)"
+            )
+        with staging() as staged:
+            for (mean_name, var_name, _), (momentum, n, mean, squares) in self.pooled.items():
+                if n > 0:
+                    stats = _RunningStats(buffers[mean_name], buffers[var_name], momentum)
+                    stage_statistics(stats, mean, squares / n, n)
+        for name, (share, total) in self.averaged.items():
+            buffer = buffers[name]
+            average = total if share == 1.0 else total / share
+            staged[buffer] = (
+                average
+                if dtype_name(average) == dtype_name(buffer.data)
+                else (namespace(average).astype(average, buffer.data.dtype))
+            )
+        for name, value in self.agreed.items():
+            staged[buffers[name]] = value
+        name_of = {id(buffer): name for name, buffer in buffers.items()}
+        for buffer, data in staged.items():
+            xp = namespace(data)
+            if check and dtype_name(data).startswith("float") and not bool(xp.all(xp.isfinite(data))):
+                raise NonFiniteBufferError(
+                    f"the buffer {name_of[id(buffer)]!r} ({buffer!r}): the step's new value of it is not "
+                    "finite (an extreme batch's statistics?); no weight and no buffer was changed"
+                )
+        return [(buffer, data, None) for buffer, data in staged.items()]
+
+
+def _equal(a: Any, b: Any) -> bool:
+    return tuple(a.shape) == tuple(b.shape) and bool(namespace(a).all(a == b))
+
+
+def _pool(a: Pooled, b: Pooled) -> Pooled:
+    """Two shards' statistics as one: their values' count, mean and squared deviations."""
+    momentum, n_a, mean_a, squares_a = a
+    _, n_b, mean_b, squares_b = b
+    if n_b == 0:
+        return a
+    if n_a == 0:
+        return b
+    n = n_a + n_b
+    delta = mean_b - mean_a
+    return momentum, n, mean_a + delta * (n_b / n), squares_a + squares_b + delta * delta * (n_a * n_b / n)
+
+
 # ----------------------------------------------------------------------------------------- worker
 
 
@@ -288,21 +513,43 @@ class _Replica:
         self._weights = list(weights_of(self._model).items())
         if not self._weights:
             raise ValueError("DataParallel: build() made a model without weights")
+        self._buffers = buffers_of(self._model)
+        self._names = {id(buffer): name for name, buffer in self._buffers.items()}
+        # The random streams: each bit generator once (two buffers may share one).
+        generators = {
+            id(b.bit_generator): b.bit_generator for b in self._buffers.values() if type(b) is GeneratorBuffer
+        }
+        self._generators = list(generators.values())
         self._loss = loss
         self._optimizer = optimizer
         self._check = check_finite
         self._incarnation = os.urandom(8).hex()  # a new one each time the process starts
-        self._committed = 0
+        self._committed = -1  # a fresh build(), until a state is restored into it
         self._clear(0)
 
     def _clear(self, step: int) -> None:
         self._step = step  # the step in progress (0: none)
         self._pending: Packed | None = None  # its gradients: this shard's, then partial sums
         self._staged: list[Update] | None = None  # its update, computed, not committed
+        self._streams: list[Mapping[str, Any]] | None = None  # its generators' next committed states
 
     def hello(self) -> tuple[str, int, int]:
-        """Who this is: the process's incarnation, the last committed step, the process id."""
+        """Who this is: the process's incarnation, the last committed step (-1: none, a fresh
+        replica), the process id."""
         return self._incarnation, self._committed, os.getpid()
+
+    def read(self, what: str, *args: Any) -> Outcome:
+        """``("ok", incarnation, last committed step, answer)``, the answer that of the method
+        ``what`` (``state``, ``weights``, ``digest``, ``pid``), or ``("error", exception)``."""
+        try:
+            answer = getattr(self, what)(*args)
+        except Exception as e:  # noqa: BLE001 - every failure goes back to the driver
+            return ("error", _portable(e, self._rank))
+        return ("ok", self._incarnation, self._committed, answer)
+
+    def pid(self) -> int:
+        """The process id."""
+        return os.getpid()
 
     def compute(self, step: int, shard: Any, scale: float, commit: int = 0, incarnation: str = "") -> Outcome:
         """The shard's loss times ``scale`` and its gradients, kept for the reduction. ``commit``:
@@ -317,16 +564,35 @@ class _Replica:
             self.commit(commit)
         self._clear(step)
         started = perf_counter()
+        committed = [generator.state for generator in self._generators]
         try:
+            self._streams = self._own_streams()
             value, packed = self._gradients(shard, scale)
         except Exception as e:  # noqa: BLE001 - every failure goes back to the driver
             return ("error", _portable(e, self._rank))
+        finally:  # the draws of the step were its stream's: the committed states stay
+            for generator, state in zip(self._generators, committed, strict=True):
+                generator.state = state
         self._pending = packed
         return ("ok", value, perf_counter() - started)
 
+    def _own_streams(self) -> list[Mapping[str, Any]]:
+        """Puts this replica's stream of the step in each random generator of the model, and
+        returns the generators' next committed states. A step's streams come from a key drawn
+        from the committed state (the same on every replica), split by rank: each replica draws
+        its own masks, and a run (or a step run again after a failure) draws the same ones."""
+        following: list[Mapping[str, Any]] = []
+        for generator in self._generators:
+            key = [int(k) for k in generator.random_raw(2)]
+            following.append(generator.state)
+            stream = np.random.SeedSequence(key, spawn_key=(self._rank,))
+            generator.state = type(generator)(stream).state
+        return following
+
     def _gradients(self, shard: Any, scale: float) -> tuple[float, Packed]:
-        if batch_size(shard) == 0:
-            return 0.0, [None] * len(self._weights)
+        size = batch_size(shard)
+        if size == 0:
+            return 0.0, [None] * len(self._weights) + [_BufferUpdates()]
         from monadl.dsl.layers import FloatLayer
 
         layer = self._loss(self._model, shard)
@@ -335,7 +601,8 @@ class _Replica:
                 f"DataParallel: loss(model, shard) must return a FloatLayer (the sum of the shard's "
                 f"losses), got {type(layer).__name__}"
             )
-        value, gradients = compute_gradients(layer * scale)
+        with recording_statistics() as recorded:
+            value, gradients, _, _, staged = gradients_and_buffers(layer * scale, None, False)
         packed: Packed = []
         for name, weight in self._weights:
             gradient = gradients.get(weight)
@@ -345,6 +612,7 @@ class _Replica:
                     "no weight was changed"
                 )
             packed.append(None if gradient is None else _pack(gradient))
+        packed.append(_BufferUpdates.of_shard(recorded, staged, self._names, size * scale))
         return float(value), packed
 
     def compute_and_send(
@@ -383,12 +651,14 @@ class _Replica:
             return ("skipped",)
         started = perf_counter()
         try:
+            *summed, buffers = total
             gradients = {
                 weight: _unpack(g)
-                for (_, weight), g in zip(self._weights, total, strict=True)
+                for (_, weight), g in zip(self._weights, summed, strict=True)
                 if g is not None
             }
-            self._staged = staged_updates(gradients, self._optimizer, check_finite=self._check)
+            updates = staged_updates(gradients, self._optimizer, check_finite=self._check)
+            self._staged = updates + buffers.updates(self._buffers, self._check)
         except Exception as e:  # noqa: BLE001
             return ("error", _portable(e, self._rank))
         return ("ok", perf_counter() - started)
@@ -397,6 +667,8 @@ class _Replica:
         """Commits the staged update of ``step`` (again: nothing)."""
         if step == self._step and self._staged is not None:
             commit_updates(self._staged)
+            for generator, state in zip(self._generators, self._streams or (), strict=False):
+                generator.state = state
             self._committed = step
             self._clear(0)
         return self._committed
@@ -407,8 +679,10 @@ class _Replica:
             self._clear(0)
 
     def state(self, metadata: dict[str, Any] | None = None) -> bytes:
-        """The replica's committed state as a checkpoint (the step in its metadata)."""
-        return checkpoint.to_bytes(self._model, metadata={**(metadata or {}), "step": self._committed})
+        """The replica's committed state as a checkpoint (the step in its metadata: 0 for a fresh
+        replica's, the state before any step)."""
+        step = max(self._committed, 0)
+        return checkpoint.to_bytes(self._model, metadata={**(metadata or {}), "step": step})
 
     def restore(self, data: bytes) -> Outcome:
         """Loads a checkpoint's state; its metadata's ``step`` becomes the last committed step."""
@@ -491,6 +765,9 @@ class DataParallel(Generic[M, B]):
     by and pays the workers' one-off costs (imports, the first run of the model): a false alarm
     kills a live worker and fails the step again each time it is run, while a late one only waits.
     ``restart_timeout_s``: how long a lost worker may take to come back before it is replaced.
+    ``reply_timeout_s``: how long a worker may take to answer a request outside a step (its state
+    for :meth:`save`, :meth:`copy_to` and :meth:`weights`, :meth:`digests`, :meth:`pids`) or to
+    load a state; one that has not (hung) is killed, restarted and restored, and asked again.
 
     ``build``, ``loss`` and the batches are pickled to the workers (Ray's cloudpickle): a function
     defined in an importable module is sent by name, so that module must be importable where the
@@ -512,18 +789,13 @@ class DataParallel(Generic[M, B]):
         max_restarts: int = 3,
         restart_timeout_s: float = 120.0,
         step_timeout_s: float | None = 300.0,
+        reply_timeout_s: float = 60.0,
         count_bytes: bool = False,
     ) -> None:
-        if step_timeout_s is not None and not (
-            isinstance(step_timeout_s, (int, float))
-            and not isinstance(step_timeout_s, bool)
-            and math.isfinite(step_timeout_s)
-            and step_timeout_s > 0
-        ):
-            raise ValueError(
-                "DataParallel: step_timeout_s must be a positive number of seconds or None, "
-                f"got {step_timeout_s!r}"
-            )
+        if step_timeout_s is not None:
+            _check_seconds("step_timeout_s", step_timeout_s, " or None")
+        _check_seconds("restart_timeout_s", restart_timeout_s)
+        _check_seconds("reply_timeout_s", reply_timeout_s)
         if workers < 1:
             raise ValueError(f"DataParallel: workers must be at least 1, got {workers}")
         if reduction not in ("tree", "driver"):
@@ -544,7 +816,8 @@ class DataParallel(Generic[M, B]):
         self._split = split or shard_batch
         self._args = (build, loss, optimizer, check_finite)
         self._max_restarts = max_restarts
-        self._restart_timeout = restart_timeout_s
+        self._restart_timeout = float(restart_timeout_s)
+        self._reply_timeout = float(reply_timeout_s)
         self._step_timeout = None if step_timeout_s is None else float(step_timeout_s)
         self._recent: deque[float] = deque(maxlen=STEP_TIMEOUT_WINDOW)  # successful steps' seconds
         self._in_flight: _InFlight | None = None  # a step Ctrl-C interrupted, until settled
@@ -553,6 +826,7 @@ class DataParallel(Generic[M, B]):
         self._decided = False  # whether the step in flight is to be committed everywhere
         self._unsent = False  # whether the last step's commit is still to be sent
         self._checkpoint: Path | None = None
+        self._reload = False  # whether a load was cut short: every replica is to load the checkpoint
         self.last_stats: StepStats | None = None
         """Where the last successful step's time went."""
         self._actors: list[Any] = []
@@ -561,7 +835,11 @@ class DataParallel(Generic[M, B]):
             self._actors = [self._spawn(rank) for rank in range(workers)]
             self._incarnations = [self._hello(rank)[0] for rank in range(workers)]
             # Every replica starts from worker 0's model, as it stands after build().
-            self._restore(list(range(1, workers)), self._actors[0].state.remote())
+            try:
+                self._restore(list(range(workers)), self._actors[0].state.remote())
+            except _Unanswered as e:
+                rank, cause = e.failed[0]
+                raise RuntimeError(f"DataParallel: worker {rank} could not start: {cause}") from cause
         except BaseException:
             self.shutdown()
             raise
@@ -587,15 +865,47 @@ class DataParallel(Generic[M, B]):
             raise RuntimeError(f"DataParallel: worker {rank} could not start: {e}") from e
         return hello
 
-    def _restore(self, ranks: list[int], state: Any) -> int:
-        """Loads ``state`` (a checkpoint's bytes, or a reference to them) into the given workers;
-        returns its step."""
-        outcomes = self._ray.get([self._actors[rank].restore.remote(state) for rank in ranks])
+    def _restore(self, ranks: list[int], state: Any, source: int | None = None) -> int:
+        """Loads ``state`` (a checkpoint's bytes, or a reference to worker ``source``'s) into the
+        given workers; returns its step. Raises :class:`_Unanswered` where a worker did not load
+        it within the reply timeout (the source, where its state is not ready: it hung) or died."""
+        refs = [self._actors[rank].restore.remote(state) for rank in ranks]
+        outcomes = self._answers(ranks, refs, self._reply_timeout)
+        failed = [(rank, o) for rank, o in zip(ranks, outcomes, strict=True) if isinstance(o, BaseException)]
+        if failed:
+            hung = [rank for rank, o in failed if isinstance(o, TimeoutError)]
+            if hung and source is not None:
+                ready, _ = self._ray.wait([state], timeout=0, fetch_local=False)
+                hung = hung if ready else [source]
+            raise _Unanswered(hung, failed)
         for outcome in outcomes:
             if outcome[0] != "ok":
                 raise outcome[1]  # (the same error on each: a checkpoint that does not fit the model)
         step: int = outcomes[0][1] if outcomes else self._committed
         return step
+
+    def _answers(self, ranks: list[int], refs: list[Any], timeout: float) -> list[Any]:
+        """Each reference's value, waited for at most ``timeout`` seconds in all: a worker's
+        answer, or the exception that stands for it (a ``TimeoutError`` where it did not answer in
+        time; Ray's error where its process died)."""
+        ray = self._ray
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=True)
+        done = set(ready)
+        answers: list[Any] = []
+        for rank, ref in zip(ranks, refs, strict=True):
+            if ref not in done:
+                answers.append(TimeoutError(f"worker {rank} did not answer within {timeout:g} s"))
+                continue
+            try:
+                answers.append(ray.get(ref))
+            except ray.exceptions.RayError as e:
+                answers.append(e)
+        return answers
+
+    def _kill(self, ranks: list[int]) -> None:
+        """Kills hung workers, for Ray to restart them (:meth:`_recover` restores them)."""
+        for rank in ranks:
+            self._ray.kill(self._actors[rank], no_restart=False)
 
     @property
     def steps(self) -> int:
@@ -623,6 +933,8 @@ class DataParallel(Generic[M, B]):
         if count == 0:
             raise ValueError("DataParallel.step: the batch is empty")
         self._drain()
+        if self._reload:
+            self._recover()
         step = self._committed + 1
         self._decided = False
         started = perf_counter()
@@ -895,45 +1207,73 @@ class DataParallel(Generic[M, B]):
     def _recover(self) -> list[int]:
         """Restarts the workers that were lost and restores them to the last committed state: from
         a surviving replica, or, where none survived, from the last checkpoint. Returns the ranks
-        of the workers that had been restarted."""
-        ray = self._ray
+        of the workers that had been restarted. A worker that hangs or dies meanwhile is killed
+        and replaced in turn, a few times at most; past that, :class:`WorkerUnavailableError`."""
         self._flush()
-        stale: list[int] = []  # restarted, or (a worker that missed a commit) behind
-        restarted: list[int] = []
-        survivors: list[int] = []
-        for rank in range(self.workers):
+        restarted: set[int] = set()
+        for _ in range(RECOVERY_ROUNDS):
+            stale, survivors = self._survey(restarted)
+            if not stale:
+                return sorted(restarted)
             try:
-                incarnation, committed, _ = ray.get(
-                    self._actors[rank].hello.remote(), timeout=self._restart_timeout
-                )
-            except ray.exceptions.RayError:
-                # Ray's restarts are spent (or it did not come back in time): a new actor.
-                ray.kill(self._actors[rank], no_restart=True)
-                self._actors[rank] = self._spawn(rank)
-                incarnation, committed, _ = self._hello(rank)
+                if survivors:
+                    source = survivors[0]
+                    self._restore(stale, self._actors[source].state.remote(), source)
+                elif self._checkpoint is None:
+                    raise WorkersLostError(
+                        f"DataParallel: every worker was lost after step {self._committed}, and no "
+                        "checkpoint was saved to restore them from (DataParallel.save)"
+                    )
+                else:
+                    self._load_everywhere(read_regular_file(self._checkpoint))
+            except _Unanswered as e:
+                self._kill(e.hung)
+                failed = e.failed[0]
+                continue
+            return sorted(restarted)
+        raise WorkerUnavailableError(failed[0], self.workers, "restore", failed[1])
+
+    def _survey(self, restarted: set[int]) -> tuple[list[int], list[int]]:
+        """Asks every worker who it is (within the restart timeout: one may be coming back); one
+        that does not answer is replaced by a new actor. Returns the workers that do not hold the
+        last committed state (restarted, fresh or behind) and those that do; adds those restarted
+        since the driver last knew them to ``restarted``."""
+        ray = self._ray
+        ranks = list(range(self.workers))
+        hellos = [actor.hello.remote() for actor in self._actors]
+        answers = self._answers(ranks, hellos, self._restart_timeout)
+        missing = [rank for rank in ranks if isinstance(answers[rank], BaseException)]
+        for rank in missing:  # Ray's restarts are spent, or it did not come back in time: a new actor
+            ray.kill(self._actors[rank], no_restart=True)
+            self._actors[rank] = self._spawn(rank)
+        for rank in missing:
+            answers[rank] = self._hello(rank)
+        stale: list[int] = []
+        survivors: list[int] = []
+        for rank in ranks:
+            incarnation, committed, _ = answers[rank]
             if incarnation != self._incarnations[rank]:
-                restarted.append(rank)
-            if incarnation == self._incarnations[rank] and committed == self._committed:
+                restarted.add(rank)
+            if incarnation == self._incarnations[rank] and committed == self._committed and not self._reload:
                 survivors.append(rank)
             else:
                 stale.append(rank)
             self._incarnations[rank] = incarnation
-        if not stale:
-            return restarted
-        if survivors:
-            self._restore(stale, self._actors[survivors[0]].state.remote())
-            return restarted
-        if self._checkpoint is None:
-            raise WorkersLostError(
-                f"DataParallel: every worker was lost after step {self._committed}, and no checkpoint "
-                "was saved to restore them from (DataParallel.save)"
-            )
-        self._load_everywhere(read_regular_file(self._checkpoint))
-        return restarted
+        return stale, survivors
 
     def _load_everywhere(self, data: bytes) -> None:
-        """Loads a checkpoint's bytes into every replica; its step becomes the last committed."""
-        self._committed = self._restore(list(range(self.workers)), self._ray.put(data))
+        """Loads a checkpoint's bytes into every replica; its step becomes the last committed. Cut
+        short (a worker that does not answer, Ctrl-C), it leaves some replicas loaded and some not:
+        until it succeeds, every replica is stale, to be loaded from the last checkpoint."""
+        self._reload = True
+        try:
+            self._committed = self._restore(list(range(self.workers)), self._ray.put(data))
+        except (_Unanswered, KeyboardInterrupt):
+            raise
+        except BaseException:
+            self._reload = False  # refused by every replica (it does not fit): nothing changed
+            raise
+        self._reload = False
 
     # -- training
 
@@ -960,25 +1300,45 @@ class DataParallel(Generic[M, B]):
 
     # -- state
 
-    def _first(self) -> Any:
-        """Worker 0, checked to hold the last committed state. One that Ray restarted since (a fresh
-        replica of ``build()``, with no task of the driver's failing) or that fell behind is
-        restored first, as a step would, so that what is read from it is never that replica."""
-        ray = self._ray
-        try:
-            incarnation, committed, _ = ray.get(self._actors[0].hello.remote(), timeout=self._restart_timeout)
-        except ray.exceptions.RayError:
-            incarnation, committed = "", -1  # lost: _recover replaces it
-        if incarnation != self._incarnations[0] or committed != self._committed:
+    def _read(self, call: str, what: str, *args: Any, ranks: list[int] | None = None) -> list[Any]:
+        """Each worker's (or each of ``ranks``') answer to ``what`` (a method of the replica: its
+        ``state``, ``weights``, ``digest``, ``pid``), read from the last committed state. A worker
+        that does not answer within the reply timeout (hung: it is killed), whose process died, or
+        that does not hold that state (Ray restarted it since, a fresh replica; or it is behind)
+        is restored (:meth:`_recover`) and asked again, once; then :class:`WorkerUnavailableError`
+        names it and ``call``. An exception the method raised is raised here."""
+        self._flush()
+        if self._reload:
             self._recover()
-        return self._actors[0]
+        ranks = list(range(self.workers)) if ranks is None else ranks
+        for attempt in range(2):
+            refs = [self._actors[rank].read.remote(what, *args) for rank in ranks]
+            answers = self._answers(ranks, refs, self._reply_timeout)
+            values: list[Any] = []
+            failed: list[tuple[int, BaseException]] = []
+            for rank, answer in zip(ranks, answers, strict=True):
+                if isinstance(answer, BaseException):
+                    failed.append((rank, answer))
+                elif answer[0] == "error":
+                    raise answer[1]
+                elif answer[1] != self._incarnations[rank] or answer[2] != self._committed:
+                    failed.append((rank, RuntimeError(f"worker {rank} does not hold step {self._committed}")))
+                else:
+                    values.append(answer[3])
+            if not failed:
+                return values
+            # (A hung worker is killed even when this call gives up: the next restores it.)
+            self._kill([rank for rank, error in failed if isinstance(error, TimeoutError)])
+            if attempt:
+                raise WorkerUnavailableError(failed[0][0], self.workers, call, failed[0][1])
+            self._recover()
+        raise AssertionError("unreachable")
 
     def save(self, path: str | Path, *, metadata: Mapping[str, Any] | None = None) -> None:
         """Writes the last committed state (weights and optimizer state) to a checkpoint, atomically
         (``monadl.checkpoint``'s format; its metadata's ``step`` is :attr:`steps`). Where every worker
         is lost later, the trainer restores them from this file."""
-        self._flush()
-        data = self._ray.get(self._first().state.remote(dict(metadata or {})))
+        (data,) = self._read("save", "state", dict(metadata or {}), ranks=[0])
         atomic_write_bytes(Path(path), data)
         self._checkpoint = Path(path)
 
@@ -986,31 +1346,36 @@ class DataParallel(Generic[M, B]):
         """Loads a checkpoint into every replica (validated first: a mismatch changes nothing)."""
         data = read_regular_file(Path(path))
         self._flush()
-        self._load_everywhere(data)
-        self._checkpoint = Path(path)
+        previous, self._checkpoint = self._checkpoint, Path(path)
+        try:
+            self._load_everywhere(data)
+        except _Unanswered as e:  # every replica is loaded from the file, as a recovery would
+            self._kill(e.hung)
+            self._recover()
+        except BaseException:
+            if not self._reload:
+                self._checkpoint = previous
+            raise
 
     def copy_to(self, model: object) -> None:
         """Copies the last committed state into a local ``model`` of the same structure (to evaluate
         it in the driver)."""
-        self._flush()
-        checkpoint.from_bytes(self._ray.get(self._first().state.remote()), model)
+        (data,) = self._read("copy_to", "state", ranks=[0])
+        checkpoint.from_bytes(data, model)
 
     def weights(self) -> dict[str, Any]:
         """Worker 0's weights' data by dotted name."""
-        self._flush()
-        weights: dict[str, Any] = self._ray.get(self._first().weights.remote())
-        return weights
+        (weights,) = self._read("weights", "weights", ranks=[0])
+        return dict(weights)
 
     def digests(self) -> list[str]:
-        """Each replica's hash of its weights and optimizer state: equal while they are identical."""
-        self._flush()
-        digests: list[str] = self._ray.get([actor.digest.remote() for actor in self._actors])
-        return digests
+        """Each replica's hash of its weights, optimizer state and buffers: equal while they are
+        identical."""
+        return [str(digest) for digest in self._read("digests", "digest")]
 
     def pids(self) -> list[int]:
         """The workers' process ids (to watch them, or to test faults)."""
-        self._flush()
-        return [hello[2] for hello in self._ray.get([actor.hello.remote() for actor in self._actors])]
+        return [int(pid) for pid in self._read("pids", "pid")]
 
     def shutdown(self) -> None:
         """Stops the workers (their replicas go with them: :meth:`save` first)."""

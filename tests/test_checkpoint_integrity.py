@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from returns.result import Success
 from safetensors.numpy import load as decode
 from safetensors.numpy import save as encode
 from test_checkpoint import buffer_states, model, same, train
@@ -138,8 +139,22 @@ def test_nesting_deeper_than_json_parses_is_a_checkpoint_error() -> None:
         ({"a": nested(5000)}, r"metadata\['a'\](\[0\])+ nests deeper than 64 levels"),
         ({"a": nested(65)}, r"nests deeper than 64 levels"),
         ({"a": np.ones(2)}, r"metadata\['a'\] is a ndarray, not a JSON value"),
+        ({"a": {"b": 10**4300}}, r"metadata\['a'\]\['b'\] is an int of more than 4300 digits"),
+        ({"a": [-(10**5000)]}, r"metadata\['a'\]\[0\] is an int of more than 4300 digits"),
     ],
-    ids=["int key", "tuple", "pairs", "set", "nan", "inf", "5000 deep", "65 deep", "array"],
+    ids=[
+        "int key",
+        "tuple",
+        "pairs",
+        "set",
+        "nan",
+        "inf",
+        "5000 deep",
+        "65 deep",
+        "array",
+        "4301 digits",
+        "5001",
+    ],
 )
 def test_metadata_that_would_not_come_back_equal_is_refused_at_save(
     metadata: dict[Any, Any], message: str, tmp_path: Path
@@ -155,6 +170,7 @@ def test_metadata_that_would_not_come_back_equal_is_refused_at_save(
 def test_json_metadata_comes_back_equal_and_of_the_same_types() -> None:
     metadata: dict[str, Any] = {
         "step": 2**80,
+        "digits": [10**4300 - 1, -(10**4300) + 1],  # 4,300 digits: what json reads in every process
         "flags": [True, False, None],
         "rate": -0.0,
         "tiny": 5e-324,
@@ -176,6 +192,35 @@ def test_a_non_finite_number_in_the_description_is_a_checkpoint_error(constant: 
         legacy=legacy,
     )
     refused(raw, rf"the checkpoint's description is not exact JSON: {constant} is not a finite number")
+
+
+@pytest.mark.parametrize(
+    "number", ["1e999", "-1e999", "1" + "0" * 400 + ".0"], ids=["1e999", "-1e999", "10**400."]
+)
+@pytest.mark.parametrize("where", ["metadata", "learning rate", "step count"])
+@pytest.mark.parametrize("legacy", [False, True], ids=["format2", "format1"])
+def test_a_number_json_reads_as_infinity_is_a_checkpoint_error(number: str, where: str, legacy: bool) -> None:
+    # Python's json reads a number beyond a float's range as infinity, with no parse_constant call.
+    raw = ml.checkpoint.to_bytes(trained(ml.Adam(0.0123)), metadata={"loss": 1.5})
+    found = {"metadata": "1.5", "learning rate": "0.0123", "step count": '"int": 2'}[where]
+    new = number if where != "step count" else f'"int": {number}'
+    refused(
+        rewrite(raw, text=lambda t: t.replace(found, new), legacy=legacy),
+        rf"<checkpoint bytes>: the checkpoint's description is not exact JSON: {number[:20]}.* is not a "
+        "finite number",
+    )
+
+
+@pytest.mark.parametrize("digits", [4301, 5001])
+@pytest.mark.parametrize("where", ["metadata", "step count"])
+def test_an_int_of_more_than_4300_digits_is_a_checkpoint_error(digits: int, where: str) -> None:
+    raw = ml.checkpoint.to_bytes(trained(), metadata={"step": 7})
+    found = {"metadata": '"step": 7', "step count": '"int": 2'}[where]
+    new = found[:-1] + "1" * digits
+    refused(
+        rewrite(raw, text=lambda t: t.replace(found, new)),
+        rf"the checkpoint's description is not exact JSON: an int of {digits} digits \(more than 4300\)",
+    )
 
 
 def test_a_key_given_twice_is_a_checkpoint_error() -> None:
@@ -366,3 +411,197 @@ def test_one_model_is_the_same_bytes_from_every_process() -> None:
     command = [sys.executable, "-c", script]
     runs = {subprocess.run(command, capture_output=True, text=True, check=True).stdout for _ in range(4)}
     assert len(runs) == 1
+
+
+# ---------------------------------------------------------------- values and settings in range
+
+
+def batch_norm(seed: int = 0) -> Any:
+    """A batch-norm layer whose running statistics a step moved from their start."""
+    norm = ml.nn.BatchNorm1d.new(3, dtype=np.float64)
+    x = np.random.default_rng(seed).normal(size=(8, 3)) * (seed + 2)
+    assert isinstance(ml.sum(norm(x) * x).train_blocking(ml.SGD(0.1)), Success)
+    return norm
+
+
+def statistics(norm: Any) -> tuple[bytes, ...]:
+    return tuple(np.asarray(a).tobytes() for a in (norm.running_mean.data, norm.running_var.data))
+
+
+@pytest.mark.parametrize("allow_non_finite", [False, True])
+def test_a_negative_running_variance_is_a_checkpoint_error(allow_non_finite: bool) -> None:
+    def negative(tensors: dict[str, np.ndarray[Any, Any]]) -> None:
+        tensors["buffer/running_var/data"][1] = -1e-3
+
+    raw = rewrite(ml.checkpoint.to_bytes(batch_norm()), arrays=negative)
+    target = batch_norm(seed=5)
+    before = statistics(target), np.asarray(target.weight.data).tobytes()
+    with pytest.raises(
+        ml.CheckpointError,
+        match=r"<checkpoint bytes>: buffer 'running_var': its state does not fit it: a running variance "
+        r"has a negative entry",
+    ):
+        ml.checkpoint.from_bytes(raw, target, allow_non_finite=allow_non_finite)
+    assert (statistics(target), np.asarray(target.weight.data).tobytes()) == before
+
+    def zero(tensors: dict[str, np.ndarray[Any, Any]]) -> None:  # 0 is a variance: it loads
+        tensors["buffer/running_var/data"][1] = 0.0
+
+    ml.checkpoint.from_bytes(rewrite(raw, arrays=zero), target)
+    assert target.running_var.data[1] == 0.0
+    assert np.isfinite(target(np.ones((2, 3))).predict_blocking().unwrap()).all()
+
+
+def with_step(raw: bytes, step: int) -> bytes:
+    def change(header: Header) -> None:
+        for entry in header["weights"].values():
+            state = entry["state"]
+            if "tuple" in state:
+                state["tuple"][-1] = {"int": step}
+            else:
+                entry["state"] = {"int": step}
+
+    return rewrite(raw, change)
+
+
+@pytest.mark.parametrize(
+    "optimizer", [ml.Adam(0.01), ml.SGD(0.1), ml.Adagrad(0.1), ml.Momentum(0.1)], ids=repr
+)
+def test_a_step_count_past_2_63_is_a_checkpoint_error_and_one_below_trains(optimizer: Any) -> None:
+    raw = ml.checkpoint.to_bytes(trained(optimizer))
+    for step in (10**400, 2**63):
+        refused(
+            with_step(raw, step),
+            rf"weight 'w': its optimizer state does not fit its {type(optimizer).__name__}: the step count "
+            rf"is an int of {step.bit_length()} bits, more than 2\*\*63 - 1",
+        )
+    back = model(seed=9)
+    ml.checkpoint.from_bytes(with_step(raw, 2**63 - 1), back)
+    train(back, optimizer, range(2))  # every update's rule takes such a step count
+    assert all(np.isfinite(np.asarray(w.data)).all() for w in back.weights().values())
+
+
+def with_settings(raw: bytes, change: Callable[[dict[str, Any]], object], legacy: bool = False) -> bytes:
+    """``raw`` with ``change`` applied to the settings (``fields``) of each weight's optimizer."""
+
+    def apply(header: Header) -> None:
+        for entry in header["weights"].values():
+            change(entry["optimizer"]["fields"])
+
+    return rewrite(raw, apply, legacy=legacy)
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["format2", "format1"])
+@pytest.mark.parametrize("setting", ["learning_rate", "beta2", "lazy"])
+def test_an_optimizer_setting_missing_from_the_file_is_a_checkpoint_error(setting: str, legacy: bool) -> None:
+    raw = ml.checkpoint.to_bytes(trained(ml.Adam(0.01, beta2=0.99, lazy=True)))
+    damaged = with_settings(raw, lambda fields: fields.pop(setting), legacy)
+    if legacy and setting == "lazy":  # format 1 was written before ``lazy``, when none was lazy
+        back = model(seed=9)
+        ml.checkpoint.from_bytes(damaged, back)
+        assert back.w.optimizer_state is not None and back.w.optimizer_state[0] == ml.Adam(0.01, beta2=0.99)
+        return
+    refused(
+        damaged, rf"weight '\w+': its optimizer's settings are not those of Adam: missing \['{setting}'\]"
+    )
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "path", "value", "message"),
+    [
+        (ml.Adam(0.01), ["lazy"], "yes", r"Adam\.lazy is 'yes', not a bool"),
+        (ml.Adam(0.01), ["lazy"], 1, r"Adam\.lazy is 1, not a bool"),
+        (ml.Adam(0.01), ["epsilon"], None, r"Adam\.epsilon is None, not a float"),
+        (
+            ml.Adam(0.01),
+            ["weight_decay"],
+            10**400,
+            r"Adam\.weight_decay is 10+\.\.\. \(401 characters\), not a float",
+        ),
+        (ml.Adam(0.01), ["beta1"], "0.9", r"Adam\.beta1 is '0\.9', not a float"),
+        (ml.Adam(0.01), ["learning_rate"], True, r"Adam\.learning_rate is True, not a float or a Schedule"),
+        (
+            ml.Adam(0.01),
+            ["learning_rate"],
+            {"class": "ClipByValue", "fields": {"limit": 1.0}},
+            r"Adam\.learning_rate is ClipByValue\(limit=1\.0\), not a float or a Schedule",
+        ),
+        (
+            ml.SGD(ml.CosineDecay(0.1, 40)),
+            ["learning_rate", "fields", "steps"],
+            40.0,
+            r"CosineDecay\.steps is 40\.0, not an int that converts",
+        ),
+        (
+            ml.SGD(ml.LinearWarmup(0.1, 4)),
+            ["learning_rate", "fields", "then"],
+            5,
+            r"LinearWarmup\.then is 5, not a Schedule or None",
+        ),
+        (
+            ml.SGD(ml.LinearWarmup(0.1, 4)),
+            ["learning_rate", "fields", "steps"],
+            10**400,
+            r"LinearWarmup\.steps is 10+\.\.\. \(401 characters\), not an int that converts to a float",
+        ),
+        (
+            ml.chain(ml.clip_by_value(1.0), ml.SGD(0.1)),
+            ["transforms", "tuple", 0],
+            {"class": "Constant", "fields": {"value": 1.0}},
+            r"Chain\.transforms is \(Constant\(value=1\.0\),\), not a tuple of GradientTransforms",
+        ),
+        (ml.Adam(0.01), ["epsilon"], -1e-8, r"do not make a Adam: epsilon must be >= 0, got -1e-08"),
+        (ml.Adagrad(0.1), ["epsilon"], -1.0, r"do not make a Adagrad: epsilon must be >= 0, got -1\.0"),
+    ],
+    ids=[
+        "lazy str",
+        "lazy int",
+        "epsilon None",
+        "weight decay past a float",
+        "beta1 str",
+        "rate bool",
+        "rate transform",
+        "steps float",
+        "then int",
+        "warm-up steps past a float",
+        "transforms schedule",
+        "Adam epsilon < 0",
+        "Adagrad epsilon < 0",
+    ],
+)
+def test_an_optimizer_setting_of_another_type_or_range_is_a_checkpoint_error(
+    optimizer: Any, path: list[Any], value: Any, message: str
+) -> None:
+    def change(fields: dict[str, Any]) -> None:
+        where: Any = fields
+        for key in path[:-1]:
+            where = where[key]
+        where[path[-1]] = value
+
+    refused(
+        with_settings(ml.checkpoint.to_bytes(trained(optimizer)), change),
+        rf"weight '\w+': its optimizer's (setting )?.*{message}",
+    )
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "message"),
+    [
+        (ml.Adam(0.01, lazy="yes"), r"Adam\.lazy = 'yes', not a bool"),  # type: ignore[arg-type]
+        (ml.Momentum(0.1, lazy=1), r"Momentum\.lazy = 1, not a bool"),  # type: ignore[arg-type]
+    ],
+    ids=["str", "int"],
+)
+def test_an_optimizer_setting_of_another_type_is_a_type_error_at_save(optimizer: Any, message: str) -> None:
+    m = model()
+    train(m, optimizer, range(1))  # it trains: only its description would not load
+    with pytest.raises(TypeError, match=rf"save: the optimizer of 'w' has the setting {message}"):
+        ml.checkpoint.to_bytes(m)
+
+
+@pytest.mark.parametrize("cls", [ml.Adam, ml.Adagrad])
+def test_a_negative_epsilon_or_a_nan_weight_decay_is_refused_when_made(cls: Any) -> None:
+    with pytest.raises(ValueError, match=r"epsilon must be >= 0, got -1e-08"):
+        cls(0.01, epsilon=-1e-8)
+    with pytest.raises(ValueError, match=r"weight_decay must be >= 0, got nan"):
+        cls(0.01, weight_decay=float("nan"))

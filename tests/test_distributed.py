@@ -9,6 +9,7 @@ puts ``tests/`` on their path)."""
 from __future__ import annotations
 
 import _thread
+import math
 import os
 import signal
 import threading
@@ -26,6 +27,8 @@ from returns.result import Failure, Success
 import monadl as ml
 from monadl import nn
 from monadl.distributed import DataParallel, StepStats, WorkerError, batch_size, shard_batch
+from monadl.do.primitive import Primitive
+from monadl.dsl.layers import apply_array
 
 Batch = tuple[np.ndarray, np.ndarray, np.ndarray]
 POISON = 999.0  # an input value that makes the loss raise
@@ -439,3 +442,159 @@ def test_a_checkpoint_that_does_not_fit_changes_nothing(ray_session: Any, tmp_pa
         net = build()
         trainer.copy_to(net)
         assert_close(trainer, net, tolerance=0.0)
+
+
+# ----------------------------------------------------------------------------------------- buffers
+
+
+@dataclass
+class NormNet(ml.Module):
+    norm: nn.BatchNorm1d
+    out: nn.Linear
+
+
+def build_norm() -> NormNet:
+    return NormNet(nn.BatchNorm1d.new(3, dtype=np.float64), nn.Linear.new(12, 3, seed=5, dtype=np.float64))
+
+
+NormBatch = tuple[np.ndarray, np.ndarray]
+
+
+def norm_batch(k: int, n: int = 7) -> NormBatch:
+    rng = np.random.default_rng(200 + k)
+    return rng.normal(1.0 + k, 2.0, size=(n, 3, 4)), rng.integers(0, 3, size=n)
+
+
+def norm_loss(net: NormNet, shard: NormBatch) -> ml.FloatLayer:
+    """The batch norm layer first (its statistics do not depend on the weights), used twice."""
+    x, y = shard
+    h = net.norm(x) + net.norm(x * 3.0 + 1.0)
+    return ml.cross_entropy(net.out(ml.reshape(h, (len(y), 12))), y) * float(len(y))
+
+
+def test_batch_norm_running_statistics_are_the_whole_batchs(ray_session: Any) -> None:
+    """Each replica's statistics are pooled: the running statistics are those of one process on the
+    whole batch (7 examples in shards of 3 + 2 + 2, 4 values per example and channel, the layer
+    used twice a step), on every replica alike."""
+    batches = [norm_batch(k) for k in range(5)]
+    with DataParallel(build_norm, norm_loss, ml.SGD(0.1), 3) as trainer:
+        assert isinstance(trainer.train(batches), Success)
+        assert identical(trainer)
+        net = build_norm()
+        trainer.copy_to(net)
+        # Statistics past float64's range: the step fails as one process's does, changing nothing.
+        digests = trainer.digests()
+        error = trainer.step((batches[0][0] * 1e200, batches[0][1])).failure()
+        assert isinstance(error, WorkerError) and isinstance(error.cause, ml.NonFiniteBufferError)
+        assert "the buffer 'norm.running_var' (ArrayBuffer(float64 (3,)))" in str(error.cause)
+        assert trainer.digests() == digests and trainer.steps == 5
+    expected = build_norm()
+    for b in batches:
+        assert isinstance(ml.train_blocking(norm_loss(expected, b) * (1.0 / 7), ml.SGD(0.1)), Success)
+    for name in ("running_mean", "running_var"):
+        got, want = getattr(net.norm, name).data, getattr(expected.norm, name).data
+        assert np.abs(want - (0.0 if name == "running_mean" else 1.0)).max() > 0.5  # they moved
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@dataclass(eq=False)
+class Tracker(ml.Module):
+    """A module whose op stages buffers of its own: the batch's mean (floats) and a count of the
+    steps (integers); with ``rows``, the batch's size too (integers that differ between shards)."""
+
+    mean: ml.ArrayBuffer
+    steps: ml.ArrayBuffer
+    rows: ml.ArrayBuffer
+
+    def __call__(self, x: Any, *, rows: bool = False) -> ml.ArrayLayer:
+        return apply_array(TRACK, x, tracker=self, rows=rows)
+
+
+def _track(xp: Any, x: Any, *, tracker: Tracker, rows: bool) -> Any:
+    ml.stage_buffer(tracker.mean, xp.mean(x, axis=0))
+    ml.stage_buffer(tracker.steps, ml.staged_data(tracker.steps) + 1)
+    if rows:
+        ml.stage_buffer(tracker.rows, np.array([x.shape[0]]))
+    return x
+
+
+TRACK = Primitive("track", _track, (lambda xp, d, out, x, **_: d,), cost=lambda *_, **__: -math.inf)
+
+
+@dataclass
+class TrackNet(ml.Module):
+    tracker: Tracker
+    out: nn.Linear
+
+
+def build_tracked() -> TrackNet:
+    zeros = np.zeros(4)
+    tracker = Tracker(
+        ml.ArrayBuffer(zeros), ml.ArrayBuffer(np.zeros(1, np.int64)), ml.ArrayBuffer(np.zeros(1, np.int64))
+    )
+    return TrackNet(tracker, nn.Linear.new(4, 3, seed=1, dtype=np.float64))
+
+
+def tracked_loss(net: TrackNet, shard: Batch, rows: bool = False) -> ml.FloatLayer:
+    x, _, y = shard
+    return ml.cross_entropy(net.out(net.tracker(x, rows=rows)), y) * float(len(y))
+
+
+def rows_loss(net: TrackNet, shard: Batch) -> ml.FloatLayer:
+    return tracked_loss(net, shard, rows=True)
+
+
+def test_a_buffer_a_step_stages_gets_the_replicas_weighted_mean_or_their_one_value(ray_session: Any) -> None:
+    """A floating buffer staged by an op of the user's: the replicas' values weighted by their
+    shards' sizes (here the whole batch's mean, as one process's); integers: the value every
+    replica staged, and a step whose replicas staged different ones fails, changing nothing."""
+    batches = [batch(k) for k in range(3)]
+    with DataParallel(build_tracked, tracked_loss, ml.SGD(0.1), 3) as trainer:
+        assert isinstance(trainer.train(batches), Success)
+        assert identical(trainer)
+        net = build_tracked()
+        trainer.copy_to(net)
+    np.testing.assert_allclose(net.tracker.mean.data, batches[-1][0].mean(axis=0), rtol=0, atol=1e-15)
+    assert net.tracker.steps.data.tolist() == [3]
+    with DataParallel(build_tracked, rows_loss, ml.SGD(0.1), 3) as trainer:
+        digests = trainer.digests()
+        error = trainer.step(batches[0]).failure()
+        assert isinstance(error, WorkerError) and not error.lost
+        assert "staged different values for the buffer(s) 'tracker.rows'" in str(error.cause)
+        assert trainer.steps == 0 and trainer.digests() == digests
+
+
+@dataclass
+class DropNet(ml.Module):
+    w: ml.ArrayWeight
+    drop: ml.Dropout
+
+
+def build_dropped() -> DropNet:
+    return DropNet(ml.ArrayWeight(np.zeros((1, 64))), ml.Dropout(0.5, seed=3))
+
+
+def dropped_loss(net: DropNet, shard: np.ndarray) -> ml.FloatLayer:
+    """``w``'s gradient is the sum of the shard's rows' masks (times 2: 1 / (1 - p))."""
+    return ml.sum(net.drop(shard) * net.w)
+
+
+def test_each_replica_draws_its_own_dropout_masks_deterministically(ray_session: Any) -> None:
+    """Two workers on one row each: with SGD(1), each of ``w``'s entries moves by the two
+    replicas' masks' sum (0, 1 or 2): a 1 is an entry one replica dropped and the other kept. The
+    masks are the seed's: a second trainer, and a step run again after one that failed having
+    drawn its masks (a non-finite loss), draw the same ones."""
+    ones = np.ones((2, 64))
+    runs = []
+    for fail_first in (False, True):
+        with DataParallel(build_dropped, dropped_loss, ml.SGD(1.0), 2) as trainer:
+            if fail_first:
+                error = trainer.step(np.full((2, 64), np.nan)).failure()
+                assert isinstance(error.cause, ml.NonFiniteLossError)
+            assert isinstance(trainer.train([ones, ones]), Success)
+            assert identical(trainer)
+            runs.append(trainer.weights()["w"])
+    first = -runs[0]  # two steps: the sum of four masks, each entry 0 or 1
+    assert set(np.unique(first).tolist()) <= {0.0, 1.0, 2.0, 3.0, 4.0}
+    assert np.any(first % 2 == 1)  # the replicas' masks differ
+    np.testing.assert_array_equal(runs[1], runs[0])

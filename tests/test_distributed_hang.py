@@ -8,12 +8,13 @@ blocking the run; leaving the trainer's ``with`` block kills every worker, the h
 from __future__ import annotations
 
 import _thread
+import os
 import signal
 import statistics
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -36,7 +37,7 @@ from test_distributed import (
 )
 
 import monadl as ml
-from monadl.distributed import STEP_TIMEOUT_FACTOR, DataParallel, WorkerError
+from monadl.distributed import STEP_TIMEOUT_FACTOR, DataParallel, WorkerError, WorkerUnavailableError
 
 HANG = 4444.0  # an input value that makes the loss block for ever (once: see HangOnce)
 TIMEOUT = 3.0  # the tests' step_timeout_s: the steps here take well under a tenth of it
@@ -92,9 +93,10 @@ class Sleepy:
         return loss(net, shard)
 
 
-def committed(path: Path, batches: list[Batch]) -> None:
-    """Checks that the checkpoint at ``path`` holds the weights of a run on ``batches``."""
-    net = build()
+def committed(path: Path, batches: list[Batch], make: Callable[[], Net] = build) -> None:
+    """Checks that the checkpoint at ``path`` holds the weights of a run on ``batches`` (loaded
+    into a model ``make()`` gives)."""
+    net = make()
     ml.load(path, net)
     expected = reference(batches, ml.Adam(0.01)).weights()
     for name, weight in net.weights().items():
@@ -206,3 +208,184 @@ def test_the_step_timeout_has_a_default_and_is_checked(ray_session: Any) -> None
     for bad in (0, -1.0, float("nan"), float("inf"), True):
         with pytest.raises(ValueError, match=rf"step_timeout_s must be a positive number .*got {bad!r}"):
             DataParallel(build, loss, ml.SGD(0.1), 1, step_timeout_s=bad)
+
+
+# ----------------------------------------------------------------------------------------- requests
+
+REPLY = 2.0  # the tests' reply_timeout_s: a request here takes well under a tenth of it
+
+
+class Probe(ml.Buffer):
+    """A buffer whose state (read by ``save``, ``copy_to`` and ``digests``) hangs for ever, or kills
+    its process, while a file in ``folder`` says so: ``hang`` every time, ``hang-once`` and
+    ``die-once`` once (the first process to read it takes it); and whose loading (``load``, a
+    restore) does so once for ``load-hang-once`` and ``load-die-once``."""
+
+    kind = "test-probe"
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def state(self) -> ml.BufferState:
+        if (self.folder / "hang").exists():
+            threading.Event().wait()
+        self._act("")
+        return ml.BufferState({}, {})
+
+    def check_state(self, state: ml.BufferState) -> str | None:
+        return None if not state.arrays and not state.info else "a probe has no state"
+
+    def load_state(self, state: ml.BufferState) -> None:
+        self._act("load-")
+
+    def _act(self, prefix: str) -> None:
+        if _take(self.folder / f"{prefix}hang-once"):
+            threading.Event().wait()
+        if _take(self.folder / f"{prefix}die-once"):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _take(path: Path) -> bool:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+@dataclass
+class ProbedNet(Net):
+    probe: Probe
+
+
+@dataclass(frozen=True)
+class BuildProbed:
+    folder: str
+
+    def __call__(self) -> ProbedNet:
+        net = build()
+        return ProbedNet(net.table, net.hidden, net.out, net.gain, Probe(self.folder))
+
+
+def probed_trainer(folder: Path, workers: int = 2) -> DataParallel[Any, Any]:
+    return DataParallel(
+        BuildProbed(str(folder)), loss, ml.Adam(0.01), workers, reply_timeout_s=REPLY, restart_timeout_s=60.0
+    )
+
+
+@contextmanager
+def stopped(pid: int, seconds: float) -> Iterator[None]:
+    """The process ``pid`` stopped (SIGSTOP) for ``seconds``. (Stopped for good, it would hang the
+    driver as long, but Ray would take longer to kill it: it lets a process exit on its own first.)"""
+    os.kill(pid, signal.SIGSTOP)
+    timer = threading.Timer(seconds, _go_on, (pid,))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        _go_on(pid)
+
+
+def _go_on(pid: int) -> None:
+    with suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_a_stopped_worker_is_replaced_within_the_reply_timeout(ray_session: Any, tmp_path: Path) -> None:
+    """A worker that does not answer (its process stopped past the deadline) is killed, restarted
+    and restored after ``reply_timeout_s``, and the call answers from the committed state: each
+    call in turn, with a worker it reads stopped (``save``, ``copy_to`` and ``weights`` read worker
+    0; ``digests`` and ``pids`` every worker)."""
+    batches = [batch(k) for k in range(2)]
+    expected = reference(batches, ml.Adam(0.01))
+    with bounded(), probed_trainer(tmp_path) as trainer:
+        assert isinstance(trainer.train(batches), Success)
+        digests = trainer.digests()
+        for call, rank in [("digests", 1), ("pids", 0), ("weights", 0)]:
+            pids = trainer.pids()
+            started = time.perf_counter()
+            with stopped(pids[rank], REPLY + 2.0):
+                answer = getattr(trainer, call)()
+            assert REPLY <= time.perf_counter() - started < REPLY + 30.0, call
+            new_pids = trainer.pids()
+            assert [new != old for new, old in zip(new_pids, pids, strict=True)] == [
+                k == rank for k in range(2)
+            ]
+            assert trainer.digests() == digests and trainer.steps == 2
+            if call == "digests":
+                assert answer == digests
+            elif call == "pids":
+                assert answer == new_pids
+            else:
+                assert set(answer) == set(expected.weights())
+        assert_close(trainer, expected)
+
+
+@pytest.mark.parametrize("what", ["hang-once", "die-once"])
+def test_a_worker_that_hangs_or_dies_while_answering_is_restored_and_asked_again(
+    ray_session: Any, tmp_path: Path, what: str
+) -> None:
+    """The first worker asked for its state hangs in it, or its process dies: it is restored and
+    asked again (``save``, ``copy_to`` and ``digests`` in turn); one that does so loading a
+    checkpoint is restored, and every replica loads it (``load``). No exception of Ray's comes
+    out."""
+    batches = [batch(k) for k in range(2)]
+    expected = reference(batches, ml.Adam(0.01))
+    with bounded(), probed_trainer(tmp_path) as trainer:
+        assert isinstance(trainer.train(batches), Success)
+        digests = trainer.digests()
+        for call in ("save", "copy_to", "digests", "load"):
+            pids = trainer.pids()
+            marker = tmp_path / (f"load-{what}" if call == "load" else what)
+            marker.touch()
+            if call == "save":
+                trainer.save(tmp_path / "saved.safetensors")
+            elif call == "copy_to":
+                net = BuildProbed(str(tmp_path))()
+                trainer.copy_to(net)
+                for name, weight in expected.weights().items():
+                    np.testing.assert_allclose(net.weights()[name].data, weight.data, rtol=0, atol=1e-12)
+            elif call == "digests":
+                assert trainer.digests() == digests
+            else:
+                trainer.load(tmp_path / "saved.safetensors")
+            assert not marker.exists()
+            assert sum(new != old for new, old in zip(trainer.pids(), pids, strict=True)) == 1, call
+            assert trainer.digests() == digests and trainer.steps == 2
+        assert isinstance(trainer.step(batch(2)), Success)
+        assert identical(trainer)
+    committed(tmp_path / "saved.safetensors", batches, BuildProbed(str(tmp_path)))
+
+
+def test_a_worker_that_hangs_again_after_its_restore_is_named(ray_session: Any, tmp_path: Path) -> None:
+    """Every replica hangs in its state: restored from the checkpoint, they hang again, and
+    ``digests`` names the worker and the call; once they no longer hang, the trainer goes on."""
+    batches = [batch(k) for k in range(3)]
+    with bounded(), probed_trainer(tmp_path) as trainer:
+        assert isinstance(trainer.train(batches[:2]), Success)
+        digests = trainer.digests()
+        trainer.save(tmp_path / "saved.safetensors")
+        (tmp_path / "hang").touch()
+        started = time.perf_counter()
+        message = r"DataParallel\.digests: worker 0 of 2 did not answer"
+        with pytest.raises(WorkerUnavailableError, match=message) as caught:
+            trainer.digests()
+        assert 2 * REPLY <= time.perf_counter() - started < 2 * REPLY + 30.0
+        assert (caught.value.worker, caught.value.call) == (0, "digests")
+        assert isinstance(caught.value.cause, TimeoutError)
+        (tmp_path / "hang").unlink()
+        assert trainer.digests() == digests and trainer.steps == 2
+        assert isinstance(trainer.train(batches[2:]), Success)
+        assert identical(trainer)
+        assert_close(trainer, reference(batches, ml.Adam(0.01)))
+
+
+def test_the_reply_and_restart_timeouts_are_checked() -> None:
+    bad: Any
+    for bad in (0, -1.0, float("nan"), None):
+        message = rf"must be a positive number of seconds, got {bad!r}"
+        with pytest.raises(ValueError, match=f"reply_timeout_s {message}"):
+            DataParallel(build, loss, ml.SGD(0.1), 1, reply_timeout_s=bad)
+        with pytest.raises(ValueError, match=f"restart_timeout_s {message}"):
+            DataParallel(build, loss, ml.SGD(0.1), 1, restart_timeout_s=bad)

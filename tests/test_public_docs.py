@@ -29,6 +29,7 @@ PUBLIC_MODULES = [
     "monadl.checkpoint",
     "monadl.gradcheck",
     "monadl.distributed",
+    "monadl.interop",
 ]
 MYPYC_FILLER = "mypyc filler docstring"  # what mypyc gives a class compiled as a Python class
 

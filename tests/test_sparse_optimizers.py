@@ -43,7 +43,15 @@ def _parts(state: Any) -> list[Any]:
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(
     "optimizer",
-    [ml.Momentum(0.1), ml.Momentum(0.1, weight_decay=0.01), ml.Adam(0.1), ml.Adam(0.1, weight_decay=0.01)],
+    [
+        ml.Momentum(0.1),
+        ml.Momentum(0.1, weight_decay=0.01),
+        ml.Adam(0.1),
+        ml.Adam(0.1, weight_decay=0.01),
+        ml.AdamW(0.1),
+        ml.AdamW(0.1, amsgrad=True),
+        ml.RMSprop(0.1, momentum=0.5, centered=True, weight_decay=0.01),
+    ],
     ids=repr,
 )
 def test_a_sparse_gradient_gives_the_dense_gradients_step_bit_for_bit(optimizer: Any, dtype: Any) -> None:

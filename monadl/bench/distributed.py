@@ -268,7 +268,7 @@ def measure_throughput(args: argparse.Namespace, info: dict[str, Any]) -> list[T
         args.batch_size * args.steps, seed=args.seed, min_leaves=args.min_leaves, max_leaves=args.max_leaves
     )
     vocabulary = sst.Vocabulary.from_trees(trees)
-    batches = [trees[i : i + args.batch_size] for i in range(0, len(trees), args.batch_size)]
+    batches = list(ml.DataLoader(trees, args.batch_size, collate=list))
     leaves = [len(tree) for tree in trees]
     info["model"] = (
         f"Tree-LSTM of examples/tree_lstm.py: embedding {args.embedding}, hidden {args.hidden}, "
@@ -352,7 +352,7 @@ def plain_alone(args: argparse.Namespace) -> list[float]:
         args.batch_size * args.steps, seed=args.seed, min_leaves=args.min_leaves, max_leaves=args.max_leaves
     )
     vocabulary = sst.Vocabulary.from_trees(trees)
-    batches = [trees[i : i + args.batch_size] for i in range(0, len(trees), args.batch_size)]
+    batches = list(ml.DataLoader(trees, args.batch_size, collate=list))
     build = TreeLstmBuild(len(vocabulary), args.embedding, args.hidden, args.seed)
     loss = TreeLoss(vocabulary)
     model = build.model()

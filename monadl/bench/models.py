@@ -197,7 +197,7 @@ class Batches:
     """The sentences in batches of ``size``, in turn, from the first again after the last."""
 
     def __init__(self, sentences: Sequence[TaggedSentence], size: int) -> None:
-        self.batches = [sentences[k : k + size] for k in range(0, len(sentences) - size + 1, size)]
+        self.batches = list(ml.DataLoader(sentences, size, drop_last=True, collate=list))
         self.next = 0
 
     def take(self) -> Sequence[TaggedSentence]:

@@ -16,7 +16,7 @@ Modes, in microseconds per op (a call's time / the chain's length), median and m
   build     constructing the layers of the chain (weights made beforehand); no baseline
   forward   predict_blocking on a graph built once | NumPy forward | torch forward under no_grad
   fwd+bwd   compute_gradients on the same graph | NumPy forward and hand-written backward | torch
-            backward; the loss is the sum of the output (the backward is seeded with ones)
+            backward; the loss is the sum of the output (``ml.sum``: the backward is seeded with ones)
   train     train_blocking with SGD | the baselines' fwd+bwd plus the same SGD update
 
 With ``--device cuda`` the arrays are CuPy's, the baseline is the same math in plain CuPy and the
@@ -460,14 +460,24 @@ def _unwrap(case: Case, what: str, result: Result[Any, Exception]) -> Any:
     return result.unwrap()
 
 
+def loss_of(layer: FloatLayer | ArrayLayer) -> FloatLayer:
+    """A chain's loss: its value, or the sum of its array (whose delta is ones, as the baselines')."""
+    return layer if isinstance(layer, FloatLayer) else monadl.sum(layer)
+
+
 def check_case(case: Case, executor: Executor) -> None:
     """Raises unless monadl's (and torch's) forward value and gradients equal NumPy's."""
     layer = case.build()
     value = _unwrap(case, "predict_blocking", predict_blocking(layer, executor=executor))
     _check_close(case, "the forward value", value, case.numpy_forward())
-    loss, grads = compute_gradients(layer, executor=executor)
+    loss, grads = compute_gradients(loss_of(layer), executor=executor)
     want_loss, want_grads = case.numpy_gradients()
-    _check_close(case, "compute_gradients' value", loss, want_loss)
+    _check_close(
+        case,
+        "compute_gradients' value",
+        loss,
+        want_loss if type(want_loss) is float else host_array(want_loss).sum(),
+    )
     if len(grads) != len(case.weights):
         raise AssertionError(f"{case.key}: {len(grads)} gradients for {len(case.weights)} weights")
     for i, w in enumerate(case.weights):
@@ -746,6 +756,7 @@ def _measure_case(
     )
 
     layer = case.build()
+    loss = loss_of(layer)
     optimizer = SGD(LEARNING_RATE)
     tc = case.torch
     modes: list[tuple[str, dict[str, Thunk]]] = [
@@ -755,12 +766,12 @@ def _measure_case(
         ),
         (
             "fwd+bwd",
-            {"monadl": lambda: compute_gradients(layer, executor=executor), "numpy": case.numpy_gradients},
+            {"monadl": lambda: compute_gradients(loss, executor=executor), "numpy": case.numpy_gradients},
         ),
         (
             "train",
             {
-                "monadl": lambda: train_blocking(layer, optimizer, executor=executor),
+                "monadl": lambda: train_blocking(loss, optimizer, executor=executor),
                 "numpy": case.numpy_train,
             },
         ),
@@ -774,7 +785,7 @@ def _measure_case(
         stats = measure(fns, ops, repeats, min_time, synchronize)
         rows.append(Row(case.key, case.title, mode, stats["monadl"], stats["numpy"], stats.get("torch")))
     # The timed calls ignore their results: make sure that training still succeeds (finite loss).
-    _unwrap(case, "train_blocking", train_blocking(layer, optimizer, executor=executor))
+    _unwrap(case, "train_blocking", train_blocking(loss, optimizer, executor=executor))
     return rows
 
 
@@ -826,11 +837,12 @@ def profile_case(key: str, chain: int, mode: str = "fwd+bwd", calls: int = 50, t
     with threadpool_limits(limits=1, user_api="blas"), Executor(workers=1) as executor:
         check_case(case, executor)
         layer = case.build()
+        loss = loss_of(layer)
         fns: dict[str, Thunk] = {
             "build": case.build,
             "forward": lambda: predict_blocking(layer, executor=executor),
-            "fwd+bwd": lambda: compute_gradients(layer, executor=executor),
-            "train": lambda: train_blocking(layer, SGD(LEARNING_RATE), executor=executor),
+            "fwd+bwd": lambda: compute_gradients(loss, executor=executor),
+            "train": lambda: train_blocking(loss, SGD(LEARNING_RATE), executor=executor),
         }
         fn = fns[mode]
         for _ in range(3):

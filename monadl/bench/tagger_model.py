@@ -90,8 +90,7 @@ class Tagger(ml.Module):
     ) -> float:
         """The share of the words of ``sentences`` whose predicted tag is right."""
         right = words = 0
-        for k in range(0, len(sentences), batch):
-            part = sentences[k : k + batch]
+        for part in ml.DataLoader(sentences, batch, collate=list):
             for sentence, predicted in zip(part, self.predict(part, executor), strict=True):
                 right += int(np.sum(predicted == np.asarray(sentence.tags)))
                 words += len(sentence.tags)

@@ -205,7 +205,7 @@ class TreeLstm(ml.Module):
         middle are more probable together than those below it."""
         middle = self.classes // 2  # the neutral class (2 of 0-4)
         fine = binary = binary_total = 0
-        chunks = [self.predict_roots(trees[i : i + 256], word_id) for i in range(0, len(trees), 256)]
+        chunks = [self.predict_roots(part, word_id) for part in ml.DataLoader(trees, 256, collate=list)]
         for tree, logits in zip(trees, (row for chunk in chunks for row in chunk), strict=True):
             fine += int(np.argmax(logits)) == tree.label
             if tree.label != middle:

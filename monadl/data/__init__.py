@@ -1,4 +1,6 @@
-"""Data sets for monadl's examples and benchmarks.
+"""Data sets for monadl's examples and benchmarks, and :class:`DataLoader`, which batches any data
+set (arrays, or a sequence of examples) for training, epoch after epoch (see
+:mod:`monadl.data.loader`).
 
 ``cifar100``: the official binary CIFAR-100 release (``train.bin``, ``test.bin`` or the
 ``cifar-100-binary.tar.gz`` archive), validated and read a batch at a time, batched by coarse class
@@ -31,8 +33,14 @@ from monadl.data.cifar100 import (
     open_dataset as open_cifar100,
 )
 from monadl.data.files import NotARegularFileError
+from monadl.data.loader import DataLoader, Examples, default_collate
 
 __all__ = [
+    # batching (monadl.data.loader)
+    "DataLoader",
+    "Examples",
+    "default_collate",
+    # CIFAR-100
     "COARSE_TO_FINE",
     "FINE_PER_COARSE",
     "FINE_TO_COARSE",

@@ -8,11 +8,18 @@ update staged for the step's commit (``monadl.runtime.staging``); in a predictio
 
 Its calls never merge under dynamic batching: the statistics are each call's own batch's, and a
 merged call would mix them.
+
+Data-parallel training (``monadl.distributed``) pools the running statistics' updates of its
+replicas: :func:`recording_statistics` collects the batch statistics each update was made from,
+and :func:`stage_statistics` stages the update of statistics pooled over every replica's shard.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 from monadl.do.primitive import Primitive, elementwise_cost
@@ -21,7 +28,7 @@ from monadl.dsl.training import is_training
 from monadl.runtime.staging import stage_buffer, staged_data
 from monadl.typeclasses.backend import ShapeError, namespace, shape_of
 
-__all__ = ["BATCH_NORM", "RunningStats", "batch_norm"]
+__all__ = ["BATCH_NORM", "RunningStats", "batch_norm", "recording_statistics", "stage_statistics"]
 
 
 class RunningStats(Protocol):
@@ -95,9 +102,38 @@ def _running(xp: Any, data: Any, x: Any, stats: RunningStats) -> Any:
     return data if data.dtype == x.dtype else xp.astype(data, x.dtype)
 
 
+Statistics = tuple[RunningStats, Any, Any, int]
+"""A running-statistics update's batch statistics: the module, the batch's mean and biased variance
+(each of shape ``(C,)``) and the number of values per channel they are taken over."""
+
+_RECORDED: ContextVar[list[Statistics] | None] = ContextVar("monadl_batch_statistics", default=None)
+
+
+@contextmanager
+def recording_statistics() -> Iterator[list[Statistics]]:
+    """Collects the batch statistics of every running-statistics update staged in the calling thread
+    while the block runs, in the order staged (a module used twice in a step: twice)."""
+    recorded: list[Statistics] = []
+    token = _RECORDED.set(recorded)
+    try:
+        yield recorded
+    finally:
+        _RECORDED.reset(token)
+
+
+def stage_statistics(stats: RunningStats, mean: Any, var: Any, n: int) -> None:
+    """Stages the update of ``stats``' running statistics by a batch's mean and biased variance over
+    ``n`` values per channel, as a training step's forward pass does (after any update the step
+    staged before it)."""
+    _stage(namespace(mean), stats, mean, var, n)
+
+
 def _stage(xp: Any, stats: RunningStats, mean: Any, var: Any, n: int) -> None:
     """Stages the running statistics' update, PyTorch's: ``(1 - momentum) * running + momentum *
     batch``, the variance the batch's unbiased one (``var * n / (n - 1)``)."""
+    recorded = _RECORDED.get()
+    if recorded is not None:
+        recorded.append((stats, mean, var, n))
     m = stats.momentum
     unbiased = var * (n / (n - 1)) if n > 1 else var
     for buffer, batch in ((stats.running_mean, mean), (stats.running_var, unbiased)):

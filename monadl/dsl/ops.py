@@ -6,9 +6,8 @@ Each accepts any mix of literal, weight and layer. Elementwise functions keep th
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Any, cast, overload
+from typing import Literal, cast, overload
 
 import numpy as np
 
@@ -36,7 +35,8 @@ from monadl.dsl.layers import (
     apply_float,
     is_float_kind,
 )
-from monadl.typeclasses.backend import NUMPY, AnyNDArray, IndexArray, RowIndices, is_array, namespace
+from monadl.dsl.losses import CROSS_ENTROPY, Reduction, class_loss, class_targets, label_range
+from monadl.typeclasses.backend import AnyNDArray, Array, IndexArray, RowIndices
 
 __all__ = [
     "abs",
@@ -347,46 +347,59 @@ def log_softmax(x: AnyArray, axis: int = -1) -> ArrayLayer:
     return apply_array(P.log_softmax, x, axis=int_param("log_softmax", "axis", axis))
 
 
-def _label_range(xp: Any, labels: Any) -> tuple[int, int]:
-    """The smallest and the largest label (on NumPy by the ufuncs' reductions: ``np.min`` and
-    ``np.max`` add microseconds of Python each, to every training step that makes the op)."""
-    if xp is NUMPY:
-        return int(np.minimum.reduce(labels, axis=None)), int(np.maximum.reduce(labels, axis=None))
-    return int(xp.min(labels)), int(xp.max(labels))
-
-
-_LABEL_RANGES = [(label, label) for label in range(256)]  # one label's range, made once (one per tree node)
-
-
-def _label_array(label: int) -> Any:
-    """A Python int label as a 0-d int64 array (read-only: one per label, shared)."""
-    array = np.asarray(label, dtype=np.int64)
-    array.flags.writeable = False
-    return array
-
-
-_LABEL_ARRAYS = [_label_array(label) for label in range(256)]
-
-
-def cross_entropy(logits: AnyArray, targets: AnyNDArray | int) -> FloatLayer:
-    """Mean over the batch of ``-sum(targets * log_softmax(logits))`` over the last axis.
+@overload
+def cross_entropy(
+    logits: AnyArray,
+    targets: AnyNDArray | int,
+    *,
+    reduction: Literal["mean", "sum"] = "mean",
+    weight: Array | None = None,
+    ignore_index: int | None = None,
+    label_smoothing: float = 0.0,
+) -> FloatLayer: ...
+@overload
+def cross_entropy(
+    logits: AnyArray,
+    targets: AnyNDArray | int,
+    *,
+    reduction: Literal["none"],
+    weight: Array | None = None,
+    ignore_index: int | None = None,
+    label_smoothing: float = 0.0,
+) -> ArrayLayer: ...
+def cross_entropy(
+    logits: AnyArray,
+    targets: AnyNDArray | int,
+    *,
+    reduction: Reduction = "mean",
+    weight: Array | None = None,
+    ignore_index: int | None = None,
+    label_smoothing: float = 0.0,
+) -> FloatLayer | ArrayLayer:
+    """``-sum(targets * log_softmax(logits))`` over the last axis (the classes), of each element,
+    reduced: by default their mean (PyTorch's ``cross_entropy``, with the class axis last).
 
     ``targets`` are probabilities (one-hot or soft) of ``logits``' shape, or integer class labels of
     shape ``logits.shape[:-1]``: an integer array, or a Python int for one example's logits of shape
-    ``(classes,)``. They are constants: no delta flows into them.
+    ``(classes,)``. They are constants: no delta flows into them. A label out of range is an error
+    when the op runs.
+
+    ``reduction``: ``"mean"``, ``"sum"`` (a ``FloatLayer``) or ``"none"`` (an ``ArrayLayer`` of
+    each element's loss, of shape ``logits.shape[:-1]``). ``label_smoothing``: ``s`` in [0, 1]
+    mixes the targets with the uniform distribution, ``(1 - s) * targets + s / classes``.
+    ``weight``: a weight per class (a 1-d array, a constant), multiplying each class's term; with
+    labels, the mean divides by the summed weights of the elements' labels (PyTorch's weighted
+    mean), with probabilities by the number of elements. ``ignore_index``: for labels, a label whose
+    elements add nothing (loss 0, not counted by the mean; PyTorch's default is -100, pass it for
+    that behaviour). The mean over no counted label is NaN, as PyTorch's. (See
+    :func:`~monadl.nll_loss` for log-probabilities.)
     """
-    array_operand("cross_entropy", logits)
-    if type(targets) is int:  # one example's label (``type``: a bool is no label)
-        label: int = targets
-        targets = _LABEL_ARRAYS[label] if 0 <= label < len(_LABEL_ARRAYS) else _label_array(label)
-    targets = cast(AnyNDArray, targets)
-    if type(targets) is not np.ndarray and not is_array(targets):  # NumPy's arrays first: one per node
-        raise TypeError(f"cross_entropy: expected an array of targets, got {type(targets).__name__}")
-    labels = None
-    if integral(targets):  # checked once here, not at every run
-        if not targets.shape:  # one label (a node of a tree): no reduction needed
-            label = int(targets)
-            labels = _LABEL_RANGES[label] if 0 <= label < len(_LABEL_RANGES) else (label, label)
-        else:
-            labels = _label_range(namespace(targets), targets) if math.prod(targets.shape) else (0, 0)
-    return apply_float(P.cross_entropy, logits, targets=targets, labels=labels)
+    if reduction == "mean" and weight is None and ignore_index is None and label_smoothing == 0.0:
+        # the common case: one fused op, NumPy's rows picked by their labels
+        array_operand("cross_entropy", logits)
+        t = class_targets("cross_entropy", targets)
+        labels = None
+        if integral(t):  # checked once here, not at every run
+            labels = label_range(t, None)
+        return apply_float(P.cross_entropy, logits, targets=t, labels=labels)
+    return class_loss(CROSS_ENTROPY, logits, targets, reduction, weight, ignore_index, label_smoothing)

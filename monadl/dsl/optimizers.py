@@ -49,7 +49,8 @@ gives a scalar, so a 0-d weight's results (data and state) are made 0-d arrays a
 **States are checked** where they come from outside a training step (a checkpoint):
 ``check_state(state, data)`` says what is wrong with ``state`` for a weight holding ``data``
 (``None`` if nothing): its shape, the type, shape and dtype of its arrays (the weight's, for every
-optimizer here, lazy ones included), step counts (Python ints >= 0), sums of squares >= 0.
+optimizer here, lazy ones included), step counts (Python ints from 0 to ``2**63 - 1``), sums of
+squares >= 0.
 """
 
 from __future__ import annotations
@@ -90,8 +91,13 @@ class GradientTransform(Protocol):
 def _check(learning_rate: LearningRate, weight_decay: float) -> None:
     if not callable(learning_rate) and not learning_rate > 0.0:
         raise ValueError(f"learning_rate must be > 0 or a schedule, got {learning_rate}")
-    if weight_decay < 0.0:
+    if not weight_decay >= 0.0:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+
+
+def _check_epsilon(epsilon: float) -> None:
+    if not epsilon >= 0.0:  # (a negative one can cancel the denominator's root: a division by 0)
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
 
 
 def _rate(learning_rate: LearningRate, step: int) -> float:
@@ -149,10 +155,18 @@ def _parts_problem(state: object, names: tuple[str, ...]) -> str | None:
     return None
 
 
+_MAX_STEP = 2**63 - 1
+"""The largest step count a state may hold (a signed 64-bit counter's): more updates than any run
+makes, and an exponent that the bias correction's ``beta ** step`` takes (``10**400`` overflows
+Python's float there, and every later update would fail)."""
+
+
 def _step_problem(step: object) -> str | None:
     """What is wrong with a step count (a schedule's argument, the bias correction's exponent)."""
     if type(step) is not int or step < 0:
         return f"the step count is {_shown(step)}, not an int >= 0"
+    if step > _MAX_STEP:
+        return f"the step count is an int of {step.bit_length()} bits, more than 2**63 - 1"
     return None
 
 
@@ -304,6 +318,7 @@ class Adam:
         _check(self.learning_rate, self.weight_decay)
         if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
             raise ValueError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}")
+        _check_epsilon(self.epsilon)
 
     def init(self, data: Any) -> tuple[Any, Any, int]:
         return _kept(data * 0.0, data), _kept(data * 0.0, data), 0
@@ -458,6 +473,7 @@ class Adagrad:
 
     def __post_init__(self) -> None:
         _check(self.learning_rate, self.weight_decay)
+        _check_epsilon(self.epsilon)
 
     def init(self, data: Any) -> tuple[Any, int]:
         return _kept(data * 0.0, data), 0
@@ -485,6 +501,160 @@ class Adagrad:
         g = _decayed(gradient, data, self.weight_decay)
         total = _kept(total + g * g, data)
         return _kept(data - rate * g / (total**0.5 + self.epsilon), data), (total, step + 1)
+
+
+@dataclass(frozen=True)
+class AdamW:
+    """AdamW (Loshchilov and Hutter 2019): Adam with decoupled weight decay, as
+    ``torch.optim.AdamW`` (its defaults too). Each update first shrinks the data, ``data * (1 -
+    learning_rate * weight_decay)``, then takes Adam's step on the gradient alone: the decay is not
+    in the moments, where :class:`Adam`'s ``weight_decay`` (L2) puts it. ``amsgrad``: the step
+    divides by the largest second moment so far (Reddi et al. 2018). State: the first and second
+    moments, the largest second moment (None until ``amsgrad`` needs it) and the step count.
+
+    A sparse gradient gives bit for bit what its dense equivalent gives (the decay touches every
+    row, so there is no lazy form); without ``amsgrad``, a large NumPy weight's update reads the
+    sparse rows as Adam's does, without making a dense gradient."""
+
+    learning_rate: LearningRate = 0.001
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+    weight_decay: float = 0.01
+    amsgrad: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.learning_rate, self.weight_decay)
+        if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
+            raise ValueError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}")
+        _check_epsilon(self.epsilon)
+
+    def init(self, data: Any) -> tuple[Any, Any, Any, int]:
+        return _kept(data * 0.0, data), _kept(data * 0.0, data), None, 0
+
+    def check_state(self, state: object, data: Any) -> str | None:
+        """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must be
+        ``(first moment, second moment, largest second moment or None, step count)``, the moments
+        of the weight's shape and dtype, the second ones >= 0."""
+        names = ("first moment", "second moment", "largest second moment", "step count")
+        problem = _parts_problem(state, names)
+        if problem is not None or not isinstance(state, tuple):
+            return problem
+        return (
+            _array_problem("first moment", state[0], data)
+            or _array_problem("second moment", state[1], data, non_negative=True)
+            or (None if state[2] is None else _array_problem(names[2], state[2], data, non_negative=True))
+            or _step_problem(state[3])
+        )
+
+    def update(
+        self, data: Any, gradient: Any, state: tuple[Any, Any, Any, int]
+    ) -> tuple[Any, tuple[Any, Any, Any, int]]:
+        m, v, v_max, t = state
+        rate = _rate(self.learning_rate, t)
+        t += 1
+        b1, b2 = self.beta1, self.beta2
+        decayed = _kept(data * (1.0 - rate * self.weight_decay), data) if self.weight_decay else data
+        if not self.amsgrad:
+            if type(gradient) is SparseRows and _same_arrays(decayed, m, v):
+                summed = _summed_rows(gradient)
+                if summed is not None and type(summed[2]) is np.ndarray and summed[2].dtype == data.dtype:
+                    new, m, v = _adam_in_chunks(
+                        decayed, summed[2], m, v, b1, b2, t, rate, self.epsilon, summed[1]
+                    )
+                    return new, (m, v, v_max, t)
+            g = dense(gradient)
+            if _same_arrays(decayed, g, m, v):
+                new, m, v = _adam_in_chunks(decayed, g, m, v, b1, b2, t, rate, self.epsilon)
+                return new, (m, v, v_max, t)
+            new, m, v = adam_rule(decayed, g, m, v, b1, b2, t, rate, self.epsilon)
+            return _kept(new, data), (_kept(m, data), _kept(v, data), v_max, t)
+        g = dense(gradient)
+        m = _kept(b1 * m + (1.0 - b1) * g, data)
+        v = _kept(b2 * v + (1.0 - b2) * (g * g), data)
+        v_max = _kept(_maximum(v if v_max is None else v_max, v), data)
+        new = decayed - rate * (m / (1.0 - b1**t)) / ((v_max / (1.0 - b2**t)) ** 0.5 + self.epsilon)
+        return _kept(new, data), (m, v, v_max, t)
+
+
+def _sqrt(x: Any) -> Any:
+    """``x ** 0.5``, NaN for a negative float (Python's power would give a complex number)."""
+    if isinstance(x, float):
+        return math.sqrt(x) if x >= 0.0 else math.nan
+    return x**0.5
+
+
+def _maximum(a: Any, b: Any) -> Any:
+    """The elementwise maximum of two arrays of one namespace, or of two floats."""
+    if isinstance(a, float):
+        return b if b > a else a
+    return namespace(a).maximum(a, b)
+
+
+@dataclass(frozen=True)
+class RMSprop:
+    """RMSprop (Hinton 2012), as ``torch.optim.RMSprop`` (its defaults too): the gradient divided by
+    the root of a running mean of its squares, ``mean = alpha * mean + (1 - alpha) * g * g``,
+    ``data -= learning_rate * g / (sqrt(mean) + epsilon)``. ``centered``: the running mean of the
+    gradient is taken off (its variance, not its second moment); ``momentum``: the divided gradient
+    is accumulated in a velocity, which the step takes. ``weight_decay`` adds L2 to the gradient.
+    State: the mean of the squares, the velocity and the mean of the gradient (each None until
+    ``momentum`` or ``centered`` needs it) and the step count. A sparse gradient is made dense (the
+    mean decays on every row)."""
+
+    learning_rate: LearningRate = 0.01
+    alpha: float = 0.99
+    epsilon: float = 1e-8
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    centered: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.learning_rate, self.weight_decay)
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        _check_epsilon(self.epsilon)
+
+    def init(self, data: Any) -> tuple[Any, Any, Any, int]:
+        return _kept(data * 0.0, data), None, None, 0
+
+    def check_state(self, state: object, data: Any) -> str | None:
+        """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must be
+        ``(mean of squares, velocity or None, mean gradient or None, step count)``, the arrays of
+        the weight's shape and dtype, the mean of squares >= 0."""
+        names = ("mean of squares", "velocity", "mean gradient", "step count")
+        problem = _parts_problem(state, names)
+        if problem is not None or not isinstance(state, tuple):
+            return problem
+        return (
+            _array_problem(names[0], state[0], data, non_negative=True)
+            or (None if state[1] is None else _array_problem(names[1], state[1], data))
+            or (None if state[2] is None else _array_problem(names[2], state[2], data))
+            or _step_problem(state[3])
+        )
+
+    def update(
+        self, data: Any, gradient: Any, state: tuple[Any, Any, Any, int]
+    ) -> tuple[Any, tuple[Any, Any, Any, int]]:
+        square, velocity, mean, step = state
+        rate = _rate(self.learning_rate, step)
+        alpha = self.alpha
+        g = _decayed(gradient, data, self.weight_decay)
+        square = _kept(alpha * square + (1.0 - alpha) * (g * g), data)
+        if self.centered:
+            if mean is None:
+                mean = _kept(data * 0.0, data)
+            mean = _kept(mean + (1.0 - alpha) * (g - mean), data)
+            root = _sqrt(square - mean * mean)  # (a variance that rounds below 0: NaN, as PyTorch's)
+        else:
+            root = square**0.5
+        scaled = g / (root + self.epsilon)
+        if self.momentum > 0.0:
+            velocity = _kept(scaled if velocity is None else self.momentum * velocity + scaled, data)
+            return _kept(data - rate * velocity, data), (square, velocity, mean, step + 1)
+        return _kept(data - rate * scaled, data), (square, velocity, mean, step + 1)
 
 
 # --------------------------------------------------------------------------- gradient transforms
@@ -631,11 +801,13 @@ def chain(*parts: GradientTransform | Optimizer) -> Chain:
     return Chain(tuple(transforms), optimizer)  # type: ignore[arg-type]
 
 
-OPTIMIZER_CLASSES: tuple[type[SGD | Momentum | Adam | Adagrad | Chain], ...] = (
+OPTIMIZER_CLASSES: tuple[type[SGD | Momentum | Adam | AdamW | Adagrad | RMSprop | Chain], ...] = (
     SGD,
     Momentum,
     Adam,
+    AdamW,
     Adagrad,
+    RMSprop,
     Chain,
 )
 """monadl's optimizers (each has ``check_state``): what a checkpoint may rebuild as a weight's."""

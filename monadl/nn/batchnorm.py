@@ -10,7 +10,9 @@ in training mode (the batch's statistics) but commits nothing, so the running st
 change there.
 
 The running statistics are :class:`~monadl.nn.ArrayBuffer`\\ s (``running_mean``,
-``running_var``): not trainable, saved and loaded by checkpoints, moved by ``module.to(xp)``.
+``running_var``): not trainable, saved and loaded by checkpoints, moved by ``module.to(xp)``. A
+checkpoint's running variance with a negative entry is refused (``check_state``): normalising by it
+would make predictions NaN.
 """
 
 from __future__ import annotations
@@ -23,10 +25,23 @@ import numpy as np
 from monadl.dsl.batch_norm import BATCH_NORM
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array, is_float_kind
 from monadl.dsl.weights import ArrayWeight
-from monadl.nn.buffer import ArrayBuffer
+from monadl.nn.buffer import ArrayBuffer, BufferState
 from monadl.nn.module import Module
 
 __all__ = ["BatchNorm1d", "BatchNorm2d"]
+
+
+class _Variance(ArrayBuffer):
+    """A running variance: an :class:`ArrayBuffer` whose state from outside (a checkpoint's) is
+    refused where an entry is negative (its square root is taken). NaN is the finite check's."""
+
+    __slots__ = ()
+
+    def check_state(self, state: BufferState) -> str | None:
+        problem = super().check_state(state)
+        if problem is None and bool(np.any(state.arrays["data"] < 0)):
+            return "a running variance has a negative entry"
+        return problem
 
 
 @dataclass(eq=False)
@@ -69,7 +84,7 @@ class _BatchNorm(Module):
             ArrayWeight(ones, xp=xp, device=device),
             ArrayWeight.zeros((channels,), dtype=dtype, xp=xp, device=device),
             ArrayBuffer(np.zeros((channels,), dtype=dtype), xp=xp, device=device),
-            ArrayBuffer(ones, xp=xp, device=device),
+            _Variance(ones, xp=xp, device=device),
             momentum=float(momentum),
             eps=float(eps),
         )

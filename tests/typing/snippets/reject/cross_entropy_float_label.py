@@ -1,5 +1,6 @@
 """cross_entropy takes a Python int label, not a float one."""
-# expect: Argument 2 to "cross_entropy" has incompatible type "float" [arg-type]
+# expect: No overload variant of "cross_entropy" matches argument types
+# expect: "float" [call-overload]
 
 import numpy as np
 
