@@ -20,7 +20,6 @@ and the graph's size: its rows (``nodes``), the run's slots and steps, the kerne
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import time
 from pathlib import Path
@@ -106,7 +105,7 @@ def measure(
 def run_cli(args: argparse.Namespace) -> int:
     with threadpool_limits(limits=1, user_api="blas"):
         result = measure(args.task, args.batch, args.steps, args.warmup, args.data, args.smoke)
-    print(f"{args.task}, {args.batch} per step ({ml.compiled() and 'compiled' or 'pure'} engine)")
+    print(f"{args.task}, {args.batch} per step ({(ml.compiled() and 'compiled') or 'pure'} engine)")
     print(" ".join(f"{name} {result[name]:.2f}" for name in PHASES) + " ms")
     print(" ".join(f"{name} {result[name]:.0f}" for name in ("nodes", "slots", "steps", "kernels", "groups")))
     print(f"{result['us/node']:.2f} us per node")

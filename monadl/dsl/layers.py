@@ -18,8 +18,8 @@ from returns.future import FutureResult
 from returns.result import Result
 
 from monadl.do.do import Do, Node, Ref, as_node
-from monadl.do.graph import Graph, row_of
 from monadl.do.executor import Executor
+from monadl.do.graph import Graph, row_of
 from monadl.do.primitive import Primitive
 from monadl.do.tape import Tape
 from monadl.dsl import primitives as P
