@@ -40,6 +40,7 @@ from setuptools.command.build_ext import build_ext
 # tests spy on), direct, data/, bench/, cli (not hot).
 COMPILED_MODULES = [
     "monadl/do/do.py",
+    "monadl/do/graph.py",
     "monadl/do/primitive.py",
     "monadl/runtime/versions.py",
     "monadl/do/record.py",

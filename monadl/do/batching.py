@@ -240,9 +240,11 @@ def alone(s: Scheduler, r: int) -> Step:
     if spec is not None and (spec.sums_rows or spec.joins_rows or spec.stacks_rows):
         for k in range(lo, hi):
             if in_rows[k] >= 0:
+                slots = [in_slots[j] for j in range(lo, hi)]
+                rows = [in_rows[j] for j in range(lo, hi)]
                 if spec.sums_rows:
-                    return sum_rows(run, in_slots[lo:hi], in_rows[lo:hi])
-                step = join_rows(run, graph.params[r], in_slots[lo:hi], in_rows[lo:hi], spec.stacks_rows)
+                    return sum_rows(run, slots, rows)
+                step = join_rows(run, graph.params[r], slots, rows, spec.stacks_rows)
                 if step is not None:
                     return step
                 break

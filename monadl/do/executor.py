@@ -80,7 +80,9 @@ def structure_of(graph: Graph, root: int) -> Structure | None:
     kind than an op, a weight or a constant). Its key: its ops in order, each with its primitive,
     the static part of its parameters and the places of its inputs; its weights' and constants'
     value kinds; its float constants' values (they decide merges)."""
-    rows = graph.postorder(root)
+    rows = graph.postorder(root, static=True)
+    if rows is None:
+        return None
     order: dict[int, int] = {}  # a row's position in the key
     key: list[Any] = []
     bound: list[int] = []

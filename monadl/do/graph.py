@@ -33,15 +33,18 @@ import threading
 from types import CodeType
 from typing import Any, Final, final
 
+from librt.vecs import append, vec
+from mypy_extensions import i64
+
 from monadl.do.do import BIND, PURE, REF, VARIABLE, Bind, Node, Pure, Ref, Variable
 from monadl.do.tape import Tape
 
-OP: Final = 0
-CALL: Final = 1
-RESULT: Final = 2
-WEIGHT: Final = 3
-CONST: Final = 4
-NODE: Final = 5
+OP: Final[i64] = 0
+CALL: Final[i64] = 1
+RESULT: Final[i64] = 2
+WEIGHT: Final[i64] = 3
+CONST: Final[i64] = 4
+NODE: Final[i64] = 5
 
 NO_PARAMS: Final[dict[str, Any]] = {}
 """The parameters of a row that has none (shared: never changed)."""
@@ -57,14 +60,17 @@ class Graph:
     may not take layers computed elsewhere."""
 
     def __init__(self, body: str = "") -> None:
-        self.tags: list[int] = []
+        # The integer columns are vectors of machine integers (librt's ``vec``, mypyc's native
+        # type): compiled, reading or writing one is a load or a store, where a list of Python
+        # ints boxes every value above 256.
+        self.tags = vec[i64]()
         self.objs: list[Any] = []
         self.params: list[Any] = []
-        self.starts: list[int] = [0]
-        self.args: list[int] = []
-        self.depths: list[int] = []
+        self.starts = vec[i64]([0])
+        self.args = vec[i64]()
+        self.depths = vec[i64]()
         self.codes: list[CodeType | None] = []
-        self.lastis: list[int] = []
+        self.lastis = vec[i64]()
         self.leaves: dict[Any, int] = {}  # weight -> its row
         self.imported: dict[Node, int] = {}  # a node of the monad (or a weight's) -> its row
         self.copies: dict[Graph, dict[int, int]] = {}  # another graph -> its rows' rows here
@@ -76,45 +82,32 @@ class Graph:
     def __len__(self) -> int:
         return len(self.tags)
 
-    def add(self, tag: int, obj: Any, params: Any, args: list[int], code: CodeType | None, lasti: int) -> int:
+    def add(self, tag: i64, obj: Any, params: Any, args: list[int], code: CodeType | None, lasti: i64) -> i64:
         """Appends a row, after its inputs ``args``; returns its index."""
-        row = len(self.tags)
+        row: i64 = len(self.tags)
         depths = self.depths
-        depth = 0
+        depth: i64 = 0
+        inputs = self.args
         for a in args:
             d = depths[a]
             if d > depth:
                 depth = d
+            inputs = append(inputs, a)
         if tag != RESULT:
             depth += 1
-        self.tags.append(tag)
+        self.args = inputs
+        self.tags = append(self.tags, tag)
         self.objs.append(obj)
         self.params.append(params)
-        self.args.extend(args)
-        self.starts.append(len(self.args))
-        depths.append(depth)
+        self.starts = append(self.starts, len(inputs))
+        self.depths = append(depths, depth)
         self.codes.append(code)
-        self.lastis.append(lasti)
+        self.lastis = append(self.lastis, lasti)
         return row
 
-    def op(self, prim: Any, args: list[int], params: Any, code: CodeType | None, lasti: int) -> int:
-        """An op's row (``add`` for the commonest row, written out)."""
-        row = len(self.tags)
-        depths = self.depths
-        depth = 0
-        for a in args:
-            d = depths[a]
-            if d > depth:
-                depth = d
-        self.tags.append(OP)
-        self.objs.append(prim)
-        self.params.append(params)
-        self.args.extend(args)
-        self.starts.append(len(self.args))
-        depths.append(depth + 1)
-        self.codes.append(code)
-        self.lastis.append(lasti)
-        return row
+    def op(self, prim: Any, args: list[int], params: Any, code: CodeType | None, lasti: i64) -> i64:
+        """An op's row."""
+        return self.add(OP, prim, params, args, code, lasti)
 
     def leaf(self, weight: Any) -> int:
         """The row of ``weight`` (one per graph)."""
@@ -127,22 +120,23 @@ class Graph:
         """A new constant's row."""
         return self._leaf_row(CONST, data)
 
-    def _leaf_row(self, tag: int, obj: Any) -> int:
-        row = len(self.tags)
-        self.tags.append(tag)
+    def _leaf_row(self, tag: i64, obj: Any) -> i64:
+        row: i64 = len(self.tags)
+        self.tags = append(self.tags, tag)
         self.objs.append(obj)
         self.params.append(None)
-        self.starts.append(len(self.args))
-        self.depths.append(0)
+        self.starts = append(self.starts, len(self.args))
+        self.depths = append(self.depths, 0)
         self.codes.append(None)
-        self.lastis.append(0)
+        self.lastis = append(self.lastis, 0)
         return row
 
-    def postorder(self, root: int) -> list[int]:
+    def postorder(self, root: i64, static: bool = False) -> list[int] | None:
         """The rows ``root`` reads (itself included), each after its inputs, in the order a walk
         from ``root`` over the inputs in their order meets them: the same for two graphs of one
-        structure, however their rows are numbered. Iterative (a graph 100,000 rows deep)."""
-        seen = [False] * (root + 1)
+        structure, however their rows are numbered. Iterative (a graph 100,000 rows deep).
+        ``static``: None as soon as a row is not an op, a weight or a constant."""
+        seen = vec[bool]([False] * (root + 1))
         order: list[int] = []
         starts, args = self.starts, self.args
         stack = [root]  # a row, or -1 - row: its inputs are walked, it comes next
@@ -153,6 +147,10 @@ class Graph:
                 continue
             if seen[r]:
                 continue
+            if static:
+                tag = self.tags[r]
+                if tag != OP and tag != WEIGHT and tag != CONST:
+                    return None
             seen[r] = True
             stack.append(-1 - r)
             for k in range(starts[r + 1] - 1, starts[r] - 1, -1):  # the first input walked first
@@ -165,9 +163,10 @@ class Graph:
         """The ``Do`` of row ``row``."""
         return Ref(self, row)
 
-    def inputs(self, row: int) -> list[int]:
+    def inputs(self, row: i64) -> list[int]:
         """The input rows of ``row``."""
-        return self.args[self.starts[row] : self.starts[row + 1]]
+        args = self.args
+        return [args[k] for k in range(self.starts[row], self.starts[row + 1])]
 
     # ------------------------------------------------------------------------------- imports
 
@@ -280,46 +279,43 @@ class Graph:
         return code.co_filename
 
 
-class _Recording(threading.local):
-    """Each thread's recording graph (None until it records), and how many schedulers it runs."""
-
-    graph: Graph | None = None
-    depth: int = 0
-
-
-_recording = _Recording()
+_recording = threading.local()
+"""Each thread's recording graph (``graph``, unset until it records) and how many schedulers it
+runs (``depth``)."""
 
 
 def recording() -> Graph:
     """The graph the calling thread records into (see the module)."""
-    graph = _recording.graph
+    graph: Graph | None = getattr(_recording, "graph", None)
     if graph is None:
-        graph = _recording.graph = Graph()
+        graph = Graph()
+        _recording.graph = graph
     return graph
 
 
 def swap_recording(graph: Graph | None) -> Graph | None:
     """Makes ``graph`` the calling thread's recording graph (None: a fresh one when next needed);
     returns the one it replaces."""
-    previous = _recording.graph
+    previous: Graph | None = getattr(_recording, "graph", None)
     _recording.graph = graph
     return previous
 
 
 def running() -> bool:
     """Whether the calling thread is running a scheduler (a run inside a run's user code)."""
-    return _recording.depth > 0
+    depth: int = getattr(_recording, "depth", 0)
+    return depth > 0
 
 
 def enter_run(graph: Graph) -> Graph | None:
     """A scheduler starts on the calling thread: ``graph`` is its recording graph until
     :func:`leave_run` restores the one returned."""
-    _recording.depth += 1
+    _recording.depth = getattr(_recording, "depth", 0) + 1
     return swap_recording(graph)
 
 
 def leave_run(previous: Graph | None) -> None:
-    _recording.depth -= 1
+    _recording.depth = getattr(_recording, "depth", 1) - 1
     _recording.graph = previous
 
 

@@ -21,6 +21,9 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any, Final
 
+from librt.vecs import append, extend, vec
+from mypy_extensions import i64
+
 from monadl.do import batching
 from monadl.do.bodies import run_calls
 from monadl.do.do import (
@@ -47,9 +50,10 @@ from monadl.do.tape import Tape
 from monadl.runtime.pool import Dispatcher, affinity_of, draining
 from monadl.typeclasses.backend import namespace
 
-UNWALKED: Final = 0
-WAITING: Final = 1
-DONE: Final = 2
+UNWALKED: Final[i64] = 0
+WAITING: Final[i64] = 1
+DONE: Final[i64] = 2
+FOUND: Final[i64] = 3  # met by a walk, not posted yet
 
 
 class Bucket:
@@ -89,21 +93,21 @@ class Scheduler:
         # where its value is (a slot and a row of it, or a value of the monad's own), its bucket,
         # whether an input is a node of the monad's own (made a slot when the row runs), and the
         # first and last of its consumers' edges.
-        self.state: list[int] = []
-        self.pending: list[int] = []
-        self.slots: list[int] = []
-        self.rows: list[int] = []
+        self.state = vec[i64]()
+        self.pending = vec[i64]()
+        self.slots = vec[i64]()
+        self.rows = vec[i64]()
         self.values: list[Any] = []
-        self.buckets_of: list[int] = []
-        self.dynamic: list[bool] = []
-        self.head: list[int] = []
-        self.tail: list[int] = []
+        self.buckets_of = vec[i64]()
+        self.dynamic = vec[bool]()
+        self.head = vec[i64]()
+        self.tail = vec[i64]()
         # The consumers' edges: its consumer (a follower: -1 - row), the next edge of its row.
-        self.edge_to: list[int] = []
-        self.edge_next: list[int] = []
+        self.edge_to = vec[i64]()
+        self.edge_next = vec[i64]()
         # By an input of a row (its index into the graph's ``args``): the slot and row it reads.
-        self.in_slots: list[int] = []
-        self.in_rows: list[int] = []
+        self.in_slots = vec[i64]()
+        self.in_rows = vec[i64]()
         self.more: dict[int, list[int]] = {}  # a call's other results' slots (its first is its slot)
         self.immediate: list[int] = []  # ready rows of the monad's own
         self.buckets: list[Bucket] = []
@@ -116,25 +120,27 @@ class Scheduler:
 
     def grow(self) -> None:
         """Room in the per-row lists for every row of the graph (rows appended while it runs)."""
-        n = len(self.graph.tags) - len(self.state)
+        n: i64 = len(self.graph.tags) - len(self.state)
         if n > 0:
-            self.state.extend([UNWALKED] * n)
-            self.pending.extend([0] * n)
-            self.slots.extend([-1] * n)
-            self.rows.extend([-1] * n)
+            self.state = extend(self.state, vec[i64]([UNWALKED] * n))
+            self.pending = extend(self.pending, vec[i64]([0] * n))
+            minus = vec[i64]([-1] * n)
+            self.slots = extend(self.slots, minus)
+            self.rows = extend(self.rows, minus)
             self.values.extend([None] * n)
-            self.buckets_of.extend([-1] * n)
-            self.dynamic.extend([False] * n)
-            self.head.extend([-1] * n)
-            self.tail.extend([-1] * n)
-        m = len(self.graph.args) - len(self.in_slots)
+            self.buckets_of = extend(self.buckets_of, minus)
+            self.dynamic = extend(self.dynamic, vec[bool]([False] * n))
+            self.head = extend(self.head, minus)
+            self.tail = extend(self.tail, minus)
+        m: i64 = len(self.graph.args) - len(self.in_slots)
         if m > 0:
-            self.in_slots.extend([-1] * m)
-            self.in_rows.extend([-1] * m)
+            minus = vec[i64]([-1] * m)
+            self.in_slots = extend(self.in_slots, minus)
+            self.in_rows = extend(self.in_rows, minus)
 
     # ------------------------------------------------------------------------------------- walk
 
-    def walk(self, root: int) -> None:
+    def walk(self, root: i64) -> None:
         """Gives the rows ``root`` reads that are not walked yet their state: leaves are done at
         once, the others wait for their inputs (``post``). Iterative: a graph 100,000 rows deep is
         a loop."""
@@ -144,51 +150,60 @@ class Scheduler:
             return
         graph = self.graph
         starts, args = graph.starts, graph.args
-        found: list[int] = []
+        lowest: i64 = root
+        count: i64 = 0
         stack = [root]
         while stack:
-            r = stack.pop()
+            r: i64 = stack.pop()
             if state[r] != UNWALKED:
                 continue
-            state[r] = WAITING
-            found.append(r)
+            state[r] = FOUND
+            count += 1
+            if r < lowest:
+                lowest = r
             for k in range(starts[r], starts[r + 1]):
                 a = args[k]
                 if state[a] == UNWALKED:
                     stack.append(a)
-        if len(found) > 1:
-            found.sort()  # inputs before their consumers: rows are made after their inputs
+        # In their order (inputs before their consumers: rows are made after their inputs), by a
+        # scan of the rows between: the rows a step's loss reads are most of its graph.
         tags = graph.tags
-        for r in found:
-            tag = tags[r]
-            if tag == WEIGHT:
-                self.leaf(r, graph.objs[r], None)
-            elif tag == CONST:
-                self.leaf(r, None, graph.objs[r])
-            elif tag == NODE:
-                node = graph.objs[r]
-                ntag = node.tag
-                if ntag == BIND:
+        r = lowest
+        while count:
+            if state[r] == FOUND:
+                count -= 1
+                state[r] = WAITING
+                tag = tags[r]
+                if tag == WEIGHT:
+                    self.leaf(r, graph.objs[r], None)
+                elif tag == CONST:
+                    self.leaf(r, None, graph.objs[r])
+                elif tag == NODE:
+                    node = graph.objs[r]
+                    ntag = node.tag
+                    if ntag == BIND:
+                        self.post(r, tag)
+                    elif ntag == PURE:
+                        assert type(node) is Pure
+                        self.resolve(r, -1, -1, node.value)
+                    else:  # a delay, a defer or a kernel: run by the loop
+                        self.immediate.append(r)
+                else:
                     self.post(r, tag)
-                elif ntag == PURE:
-                    assert type(node) is Pure
-                    self.resolve(r, -1, -1, node.value)
-                else:  # a delay, a defer or a kernel: run by the loop
-                    self.immediate.append(r)
-            else:
-                self.post(r, tag)
+            r += 1
 
-    def post(self, r: int, tag: int) -> None:
+    def post(self, r: i64, tag: i64) -> None:
         """A row whose inputs have been walked: its count of inputs not done, its bucket; ready at
         once if it waits for nothing."""
         graph = self.graph
         state = self.state
         tags = graph.tags
         args = graph.args
-        pending = 0
+        slots = self.slots
+        pending: i64 = 0
         for k in range(graph.starts[r], graph.starts[r + 1]):
             a = args[k]
-            if tags[a] == NODE and self.slots[a] < 0:
+            if tags[a] == NODE and slots[a] < 0:
                 self.dynamic[r] = True  # an input of the monad's own: made a slot when it runs
             if state[a] != DONE:
                 pending += 1
@@ -207,11 +222,11 @@ class Scheduler:
         if not pending:
             self.ready(r)
 
-    def edge(self, source: int, consumer: int) -> None:
+    def edge(self, source: i64, consumer: i64) -> None:
         """``consumer`` (or, negative, a follower: -1 - row) waits for ``source``."""
-        e = len(self.edge_to)
-        self.edge_to.append(consumer)
-        self.edge_next.append(-1)
+        e: i64 = len(self.edge_to)
+        self.edge_to = append(self.edge_to, consumer)
+        self.edge_next = append(self.edge_next, -1)
         last = self.tail[source]
         if last < 0:
             self.head[source] = e
@@ -242,32 +257,36 @@ class Scheduler:
         else:
             self.immediate.append(r)
 
-    def resolve(self, r: int, slot: int, row: int, value: Any) -> None:
+    def resolve(self, r: i64, slot: i64, row: i64, value: Any) -> None:
         """Records row ``r``'s value and wakes what waited for it; a row that follows it (its value
         is this one's) is resolved in the same loop (a chain of 100,000 flat_maps is no recursion)."""
-        state, slots, rows, values = self.state, self.slots, self.rows, self.values
-        pending = self.pending
-        edge_to, edge_next, head = self.edge_to, self.edge_next, self.head
-        todo = [r]
-        while todo:
-            r = todo.pop()
-            state[r] = DONE
-            slots[r] = slot
-            rows[r] = row
-            values[r] = value
-            e = head[r]
-            head[r] = -1
-            self.tail[r] = -1
-            while e >= 0:
-                c = edge_to[e]
-                e = edge_next[e]
-                if c < 0:  # a follower: the same value
-                    todo.append(-1 - c)
-                    continue
-                p = pending[c] - 1
-                pending[c] = p
-                if not p:
-                    self.ready(c)
+        followers: list[i64] | None = None
+        while True:
+            self.state[r] = DONE
+            self.slots[r] = slot
+            self.rows[r] = row
+            self.values[r] = value
+            e = self.head[r]
+            if e >= 0:
+                self.head[r] = -1
+                self.tail[r] = -1
+                edge_to, edge_next, pending = self.edge_to, self.edge_next, self.pending
+                while e >= 0:
+                    c = edge_to[e]
+                    e = edge_next[e]
+                    if c < 0:  # a follower: the same value
+                        if followers is None:
+                            followers = [-1 - c]
+                        else:
+                            followers.append(-1 - c)
+                        continue
+                    p = pending[c] - 1
+                    pending[c] = p
+                    if not p:
+                        self.ready(c)
+            if not followers:
+                return
+            r = followers.pop()
 
     def follow(self, r: int, then: object) -> None:
         """Row ``r``'s value is that of the ``Do`` ``then`` (a defer's, a flat_map's result)."""
