@@ -30,6 +30,7 @@ the recording graph once, and shared there as the layer would be.
 from __future__ import annotations
 
 import threading
+from _thread import get_ident
 from types import CodeType
 from typing import Any, Final, final
 
@@ -284,20 +285,36 @@ _recording = threading.local()
 runs (``depth``)."""
 
 
+_last: tuple[int, Graph | None] = (-1, None)
+"""The last thread to ask for its recording graph, and that graph: most programs record on one
+thread, and a thread-local variable's lookup costs more than the op it records. One tuple, read and
+replaced whole (atomic under the GIL): never one thread's identity with another's graph."""
+
+
 def recording() -> Graph:
     """The graph the calling thread records into (see the module)."""
-    graph: Graph | None = getattr(_recording, "graph", None)
-    if graph is None:
-        graph = Graph()
-        _recording.graph = graph
-    return graph
+    global _last
+    thread = get_ident()
+    last = _last
+    if last[0] == thread:
+        graph = last[1]
+        if graph is not None:
+            return graph
+    found: Graph | None = getattr(_recording, "graph", None)
+    if found is None:
+        found = Graph()
+        _recording.graph = found
+    _last = (thread, found)
+    return found
 
 
 def swap_recording(graph: Graph | None) -> Graph | None:
     """Makes ``graph`` the calling thread's recording graph (None: a fresh one when next needed);
     returns the one it replaces."""
+    global _last
     previous: Graph | None = getattr(_recording, "graph", None)
     _recording.graph = graph
+    _last = (get_ident(), graph)
     return previous
 
 
@@ -316,7 +333,7 @@ def enter_run(graph: Graph) -> Graph | None:
 
 def leave_run(previous: Graph | None) -> None:
     _recording.depth = getattr(_recording, "depth", 1) - 1
-    _recording.graph = previous
+    swap_recording(previous)
 
 
 def ref(graph: Graph, row: int) -> Ref:

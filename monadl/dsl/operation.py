@@ -34,13 +34,13 @@ from typing import Any, Final, Generic, ParamSpec, TypeVar, cast
 from mypy_extensions import mypyc_attr
 
 from monadl.do.do import Call, Node, Operation, Pure, Ref
-from monadl.do.graph import CALL, RESULT, recording
+from monadl.do.graph import CALL, RESULT, Graph, recording
 from monadl.do.primitive import float_key
 from monadl.do.tape import Tape
 from monadl.dsl.apply import forward_of, row_in
 from monadl.dsl.base import Differentiable
 from monadl.dsl.deep_learning import DeepLearning
-from monadl.dsl.layers import ArrayLayer, FloatLayer
+from monadl.dsl.layers import ArrayLayer, FloatLayer, array_layer, float_layer
 from monadl.dsl.weights import ArrayWeight, FloatWeight
 from monadl.typeclasses.backend import is_array
 
@@ -109,10 +109,10 @@ class BatchableOperation(Operation, Generic[P, R]):
             kept[i] = None
         call = graph.add(CALL, Call(self, tuple(kept), kwargs, row_args, tuple(statics)), None, rows, None, 0)
         if self.single:
-            return structure[0](Ref(graph, call))
-        results = [structure[0](Ref(graph, call))]
+            return _layer(structure[0], graph, call)
+        results = [_layer(structure[0], graph, call)]
         for j in range(1, len(structure)):  # a loop: a comprehension is a call of its own in 3.11
-            results.append(structure[j](Ref(graph, graph.add(RESULT, None, j, [call], None, 0))))
+            results.append(_layer(structure[j], graph, graph.add(RESULT, None, j, [call], None, 0)))
         return tuple(results)
 
     def _learn(self, result: object) -> tuple[type[Layer], ...]:
@@ -143,6 +143,12 @@ class BatchableOperation(Operation, Generic[P, R]):
                 f"returned {len(structure)}"
             )
         return [forward_of(r, self.name) for r in results]
+
+
+def _layer(kind: type[Layer], graph: Graph, row: int) -> Layer:
+    """A layer of ``kind`` for row ``row`` (made natively: a type called as an object is a generic
+    call)."""
+    return array_layer(graph, row) if kind is ArrayLayer else float_layer(graph, row)
 
 
 _STATIC_ROW, _LAYER_ROW, _VALUE_ROW = range(3)
