@@ -12,15 +12,17 @@ that line (a note on the exception: ``e.__notes__``, printed with its traceback)
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
-from typing import Any
+from types import CodeType, FrameType
+from typing import Any, Final
 
 from monadl.do.do import Node, as_node
 from monadl.do.graph import Graph, recording
 from monadl.do.primitive import Primitive
 from monadl.dsl.base import Differentiable
 from monadl.dsl.deep_learning import DeepLearning
-from monadl.dsl.where import users_code
 from monadl.typeclasses.backend import NDARRAY, check_float_array, is_array
 
 
@@ -68,3 +70,30 @@ def apply_primitive(prim: Primitive, operands: Sequence[object], params: dict[st
     code, lasti = users_code()
     return graph, graph.op(prim, rows, params, code, lasti)
 
+
+# The package's folder (from its __init__, which is never compiled: a compiled module's own
+# ``__file__`` names its extension, elsewhere).
+_LIBRARY: Final = os.path.dirname(os.path.abspath(str(sys.modules["monadl"].__file__))) + os.sep
+_getframe: Final = sys._getframe
+_CLIENTS: Final = _LIBRARY + "bench" + os.sep  # monadl's benchmarks use it as a user does
+_library_code: dict[int, bool] = {}  # id(code) -> whether it is the library's (not a user's)
+_codes: list[CodeType] = []  # the code objects of ``_library_code``, kept so that ids stay theirs
+
+
+def users_code() -> tuple[CodeType | None, int]:
+    """The code and instruction of the nearest frame of code outside monadl (compiled functions
+    have no frames: from one, the first frame is its interpreted caller's); ``(None, 0)`` if none.
+    Whether a code object is the library's is worked out once per code object."""
+    frame: FrameType | None = _getframe(0)
+    known = _library_code
+    while frame is not None:
+        code = frame.f_code
+        library = known.get(id(code))
+        if library is None:
+            name = code.co_filename
+            library = known[id(code)] = name.startswith(_LIBRARY) and not name.startswith(_CLIENTS)
+            _codes.append(code)
+        if not library:
+            return code, frame.f_lasti
+        frame = frame.f_back
+    return None, 0
