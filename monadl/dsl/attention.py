@@ -196,6 +196,18 @@ def _broadcastable(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     return all(x == y or x == 1 or y == 1 for x, y in zip(reversed(a), reversed(b), strict=False))
 
 
+def _broadcast(shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...] | None:
+    """The shape ``shapes`` broadcast to (NumPy's rule), or None where they do not broadcast."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for a in range(rank):
+        sides = {s[a - rank + len(s)] for s in shapes if a - rank + len(s) >= 0} - {1}
+        if len(sides) > 1:
+            return None
+        out.append(sides.pop() if sides else 1)
+    return tuple(out)
+
+
 def _check(q: Any, k: Any, v: Any, scale: float | None, causal: bool, heads: int, mask: Any = None) -> None:
     name = "scaled_dot_product_attention"
     if any(type(x) is float or x.ndim < 2 for x in (q, k, v)):
@@ -208,11 +220,11 @@ def _check(q: Any, k: Any, v: Any, scale: float | None, causal: bool, heads: int
         raise ShapeError(f"{name}: {shapes} do not fit (q and k need one feature size, k and v one length)")
     if q.shape[-1] % heads or v.shape[-1] % heads:
         raise ShapeError(f"{name}: {heads} heads do not divide the features of {shapes}")
-    lead = (q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    if not (_broadcastable(lead[0], lead[1]) and _broadcastable(lead[0], lead[2])):
+    lead = _broadcast((tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2])))
+    if lead is None:
         raise ShapeError(f"{name}: the leading axes of {shapes} do not broadcast")
-    if mask is not None:
-        scores = (*q.shape[:-1], k.shape[-2])
+    if mask is not None:  # against the result's leading axes, which q's, k's or v's may broaden
+        scores = (*lead, q.shape[-2], k.shape[-2])
         if mask.ndim > len(scores) or not _broadcastable(tuple(mask.shape), scores):
             raise ShapeError(
                 f"{name}: mask of shape {tuple(mask.shape)} does not broadcast against the scores' "
