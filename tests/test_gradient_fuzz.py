@@ -81,14 +81,17 @@ class Case:
     reference: Callable[..., Any] | None = None
     params: dict[str, Any] = field(default_factory=dict)
     """The drawn parameters, for the report of a failing case."""
+    variant: Callable[..., Any] | None = None
+    """The op of a second call, with other data of the same shapes (indices, masks, targets,
+    conditions: what merged calls stack), or None (``op``)."""
 
 
-def _loss(case: Case, shape: tuple[int, ...] | None, seed: int = 0) -> Callable[..., FloatLayer]:
-    """``case.op`` as a scalar loss: the float itself (``shape`` None), or ``sum(out * probe)``."""
+def _loss(op: Callable[..., Any], shape: tuple[int, ...] | None, seed: int = 0) -> Callable[..., FloatLayer]:
+    """``op`` as a scalar loss: the float itself (``shape`` None), or ``sum(out * probe)``."""
     if shape is None:
-        return lambda *operands: case.op(*operands)
+        return lambda *operands: op(*operands)
     weighting = probe(shape, seed)
-    return lambda *operands: monadl.sum(case.op(*operands) * weighting)
+    return lambda *operands: monadl.sum(op(*operands) * weighting)
 
 
 def check_case(case: Case, layered: Sequence[bool]) -> None:
@@ -105,7 +108,7 @@ def check_case(case: Case, layered: Sequence[bool]) -> None:
         assert isinstance(out, ArrayLayer), type(out)
         assert isinstance(value, np.ndarray) and value.dtype == np.float64, repr(value)
         shape = tuple(value.shape)
-    gradients = check_gradients(_loss(case, shape), *case.inputs)
+    gradients = check_gradients(_loss(case.op, shape), *case.inputs)
     if torch is not None and case.reference is not None:
         _against_torch(case, value, shape, gradients)
     _merged_like_alone(case, shape, layered)
@@ -134,17 +137,20 @@ EXECUTORS = {batching: monadl.Executor(batching=batching) for batching in (True,
 
 
 def _merged_like_alone(case: Case, shape: tuple[int, ...] | None, layered: Sequence[bool]) -> None:
-    """Two calls of the op, summed: with batching (they merge where the op batches) as without."""
-    first, second = _loss(case, shape, 1), _loss(case, shape, 2)
+    """Two calls of the op, summed: with batching (they merge where the op batches) as without.
+    The layered operands differ between the calls (the second's scaled by 0.75), and so do the
+    calls' data where the case has a ``variant``: a merged step that mixed up its rows would
+    show."""
+    first, second = _loss(case.op, shape, 1), _loss(case.variant or case.op, shape, 2)
     results = []
     for batching in (True, False):
         weights = make_weights(case.inputs)
 
-        def operands(weights: list[Any] = weights) -> list[Any]:
-            return [w * 1.0 if layer else w for w, layer in zip(weights, layered, strict=True)]
+        def operands(scale: float, weights: list[Any] = weights) -> list[Any]:
+            return [w * scale if layer else w for w, layer in zip(weights, layered, strict=True)]
 
         value, gradients = monadl.compute_gradients(
-            first(*operands()) + second(*operands()), executor=EXECUTORS[batching]
+            first(*operands(1.0)) + second(*operands(0.75)), executor=EXECUTORS[batching]
         )
         results.append((value, [dense(gradients[w]) for w in weights]))
     (merged, merged_gradients), (alone, alone_gradients) = results
@@ -386,19 +392,28 @@ def _matmul(spelling: str) -> Draw:
 def _linear(d: st.DrawFn) -> Case:
     rng = d(RNGS)
     k, n = d(st.integers(1, 3)), d(st.integers(1, 3))
-    lead = d(shapes(0, 2))
-    x, w = real(rng, (*lead, k)), real(rng, (k, n))
+    x, w = real(rng, (*d(shapes(0, 2)), k)), real(rng, (k, n))
     bias = d(st.sampled_from(["array", "array", "float", "array constant", "float constant"]))
     b: Input = real(rng, (n,)) if bias.startswith("array") else float(real(rng, ()))
-    if bias.endswith("constant"):
-        return Case(
-            lambda x_, w_: monadl.linear(x_, w_, b),
-            (x, w),
-            None if torch is None else (lambda t, v: t @ v + _const(b)),
-            {"bias": bias},
-        )
+    weighted = [d(st.integers(0, 3)) > 0, True, not bias.endswith("constant")]  # x, w, b
+
+    def fill(given: Sequence[Any], constant: Callable[[Any], Any]) -> list[Any]:
+        it = iter(given)
+        return [next(it) if k else constant(v) for v, k in zip((x, w, b), weighted, strict=True)]
+
+    reference = None
+    if torch is not None:
+
+        def reference(*ts: Any) -> Any:
+            x_, w_, b_ = fill(ts, _const)
+            return x_ @ w_ + b_
+
+    inputs = tuple(v for v, k in zip((x, w, b), weighted, strict=True) if k)
     return Case(
-        monadl.linear, (x, w, b), None if torch is None else (lambda t, v, c: t @ v + c), {"bias": bias}
+        lambda *ws: monadl.linear(*fill(ws, lambda v: v)),
+        inputs,
+        reference,
+        {"bias": bias, "weighted": weighted},
     )
 
 
@@ -480,14 +495,17 @@ def _cross_entropy(d: st.DrawFn) -> Case:
     rows, classes = d(shapes(0, 2, empty=False)), d(st.integers(1, 4))  # (no rows: a ShapeError)
     logits = real(rng, (*rows, classes), -3.0, 3.0)
     kind = d(st.sampled_from(["labels", "labels", "one-hot", "soft"]))
-    labels = rng.integers(0, classes, rows)
-    targets: Any
-    if kind == "labels":
-        targets = int(labels) if not rows and d(st.booleans()) else np.asarray(labels, dtype=np.int64)
-    elif kind == "one-hot":
-        targets = np.eye(classes)[labels]
-    else:
-        targets = rng.dirichlet(np.ones(classes), size=rows)
+    as_int = not rows and d(st.booleans())
+
+    def draw_targets() -> Any:
+        labels = rng.integers(0, classes, rows)
+        if kind == "labels":
+            return int(labels) if as_int else np.asarray(labels, dtype=np.int64)
+        if kind == "one-hot":
+            return np.eye(classes)[labels]
+        return rng.dirichlet(np.ones(classes), size=rows)
+
+    targets, other = draw_targets(), draw_targets()  # the second: the other call's
     reference = None
     if torch is not None:
 
@@ -495,7 +513,13 @@ def _cross_entropy(d: st.DrawFn) -> Case:
             flat = torch.tensor(np.reshape(targets, (-1,) if kind == "labels" else (-1, classes)))
             return F.cross_entropy(t.reshape(-1, classes), flat)
 
-    return Case(lambda w: monadl.cross_entropy(w, targets), (logits,), reference, {"targets": kind})
+    return Case(
+        lambda w: monadl.cross_entropy(w, targets),
+        (logits,),
+        reference,
+        {"targets": kind},
+        lambda w: monadl.cross_entropy(w, other),
+    )
 
 
 # ---------------------------------------------------------------------------------------- shapes
@@ -640,7 +664,15 @@ def _take_rows(d: st.DrawFn) -> Case:
     else:
         indices = rng.integers(0, rows, d(shapes(0, 2)))
     reference = None if torch is None else _indexed(np.asarray(indices, dtype=np.int64), table.shape)
-    return Case(lambda w: monadl.take_rows(w, indices), (table,), reference, {"indices": form})
+    other = (rng.integers(0, rows, np.shape(indices)) + 1) % rows  # the second call's rows
+    others: Any = int(other) if form == "int" else other.tolist() if form == "list" else other
+    return Case(
+        lambda w: monadl.take_rows(w, indices),
+        (table,),
+        reference,
+        {"indices": form},
+        lambda w: monadl.take_rows(w, others),
+    )
 
 
 def _basic_key(d: st.DrawFn, shape: tuple[int, ...]) -> tuple[Any, ...]:
@@ -678,22 +710,27 @@ def _getitem_arrays(d: st.DrawFn) -> Case:
     rng = d(RNGS)
     x = real(rng, d(shapes(1, 3, empty=False)))
     before = d(st.integers(0, x.ndim - 1))
-    key: list[Any] = [slice(None)] * before
-    if d(st.integers(0, 3)) == 0:  # a boolean mask of the next axes
+    keys: list[list[Any]] = [[slice(None)] * before, [slice(None)] * before]  # the second: the other call's
+    if d(st.integers(0, 3)) == 0:  # a boolean mask of the next axes (the other: as many True)
         m = d(st.integers(1, x.ndim - before))
-        key.append(rng.uniform(size=x.shape[before : before + m]) < 0.5)
+        mask = rng.uniform(size=x.shape[before : before + m]) < 0.5
+        keys[0].append(mask)
+        keys[1].append(rng.permutation(mask.reshape(-1)).reshape(mask.shape))
     else:
         arrays = d(st.integers(1, x.ndim - before))
         index_shapes = d(broadcasting(arrays, empty=True))
-        for j, s in enumerate(index_shapes):
+        listed = d(st.integers(0, 3)) == 0
+        for j, shape in enumerate(index_shapes):
             n = x.shape[before + j]
-            index: Any = rng.integers(-n, n, s)
-            key.append(index.tolist() if index.ndim == 1 and d(st.integers(0, 3)) == 0 else index)
+            for key in keys:
+                index: Any = rng.integers(-n, n, shape)
+                key.append(index.tolist() if index.ndim == 1 and listed else index)
         if d(st.integers(0, 3)) == 0:
-            key.append(Ellipsis)
-    k = tuple(key)
+            for key in keys:
+                key.append(Ellipsis)
+    k, other = tuple(keys[0]), tuple(keys[1])
     reference = None if torch is None else _indexed(k, x.shape)
-    return Case(lambda w: w[k], (x,), reference, {"key": k})
+    return Case(lambda w: w[k], (x,), reference, {"key": k}, lambda w: w[other])
 
 
 def _take_along_axis(d: st.DrawFn) -> Case:
@@ -719,10 +756,21 @@ def _take_along_axis(d: st.DrawFn) -> Case:
         def reference(t: Any) -> Any:
             return torch.take_along_dim(t, torch.tensor(indices), dim=spelled)
 
+    other = rng.integers(0, x_shape[axis], tuple(i_shape))  # the second call's
     if d(st.integers(0, 4)) == 0 and spelled in (-1, ndim - 1):
-        return Case(lambda w: monadl.take_along_axis(w, indices), (x,), reference, {"axis": "default"})
+        return Case(
+            lambda w: monadl.take_along_axis(w, indices),
+            (x,),
+            reference,
+            {"axis": "default"},
+            lambda w: monadl.take_along_axis(w, other),
+        )
     return Case(
-        lambda w: monadl.take_along_axis(w, indices, axis=spelled), (x,), reference, {"axis": spelled}
+        lambda w: monadl.take_along_axis(w, indices, axis=spelled),
+        (x,),
+        reference,
+        {"axis": spelled},
+        lambda w: monadl.take_along_axis(w, other, axis=spelled),
     )
 
 
@@ -753,8 +801,13 @@ def _where(d: st.DrawFn) -> Case:
             return torch.where(torch.tensor(np.asarray(condition)), a, b)
 
     inputs = tuple(x for x, w in zip(operands, weighted, strict=True) if w)
+    other = ~condition  # the second call's
     return Case(
-        lambda *ws: monadl.where(condition, *fill(ws, lambda x: x)), inputs, reference, {"kinds": kinds}
+        lambda *ws: monadl.where(condition, *fill(ws, lambda x: x)),
+        inputs,
+        reference,
+        {"kinds": kinds},
+        lambda *ws: monadl.where(other, *fill(ws, lambda x: x)),
     )
 
 
@@ -930,7 +983,7 @@ def _layer_norm(d: st.DrawFn) -> Case:
 def _batch_norm(d: st.DrawFn) -> Case:
     rng = d(RNGS)
     channels = d(st.integers(1, 3))
-    spatial = d(shapes(0, 2, empty=False))
+    spatial = d(shapes(0, 3, max_side=2, empty=False))
     batch = d(st.integers(1, 3))
     x = real(rng, (batch, channels, *spatial))
     gamma, beta = real(rng, (channels,)), real(rng, (channels,))
@@ -992,8 +1045,8 @@ def _attention_params(draw: st.DrawFn, packed: bool) -> dict[str, Any]:
     rng = draw(RNGS)
     heads = draw(st.integers(1, 2))
     d, dv = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    lq = draw(st.integers(1, 3))
-    lk = lq if packed else draw(st.integers(1, 3))
+    lq = draw(st.integers(1, 3)) if draw(st.integers(0, 9)) else 0  # (no queries, no keys: empty)
+    lk = lq if packed else (draw(st.integers(1, 3)) if draw(st.integers(0, 9)) else 0)
     if packed:
         dv = d
     lead_q, lead_k, lead_v = draw(broadcasting(3, empty=True)) if not packed else [draw(shapes(0, 2))] * 3
@@ -1001,24 +1054,26 @@ def _attention_params(draw: st.DrawFn, packed: bool) -> dict[str, Any]:
     causal = draw(st.booleans())
     scale = None if packed or draw(st.booleans()) else draw(st.floats(0.2, 2.0))
     mask_form = draw(st.sampled_from(["none", "none", "bool", "bool", "additive", "additive -inf"]))
-    mask: Any = None
+    masks: list[Any] = [None, None]  # the second: the other call's
     scores = np.broadcast_shapes(lead_q, lead_k, lead_v)
     if mask_form != "none":
         lead = draw(st.sampled_from([(), scores[-1:], scores]))
         shape = (*lead, draw(st.sampled_from([lq, 1])), draw(st.sampled_from([lk, 1])))
-        if mask_form == "bool":
-            mask = rng.uniform(size=shape) < 0.6  # rows of no key included
-        else:
-            mask = real(rng, shape, -1.0, 1.0)
-            if mask_form == "additive -inf":
-                mask[rng.uniform(size=shape) < 0.4] = -math.inf
+        for j in range(2):
+            if mask_form == "bool":
+                masks[j] = rng.uniform(size=shape) < 0.6  # rows of no key included
+            else:
+                masks[j] = real(rng, shape, -1.0, 1.0)
+                if mask_form == "additive -inf":
+                    masks[j][rng.uniform(size=shape) < 0.4] = -math.inf
     return {
         "rng": rng,
         "heads": heads,
         "shapes": ((*lead_q, lq, heads * d), (*lead_k, lk, heads * d), (*lead_v, lk, heads * dv)),
         "causal": causal,
         "scale": scale,
-        "mask": mask,
+        "mask": masks[0],
+        "other mask": masks[1],
         "mask_form": mask_form,
     }
 
@@ -1041,6 +1096,7 @@ def _attention(d: st.DrawFn) -> Case:
         (q, k, v),
         reference,
         {**kwargs, "mask": p["mask_form"], "shapes": p["shapes"]},
+        lambda q_, k_, v_: monadl.scaled_dot_product_attention(q_, k_, v_, p["other mask"], **kwargs),
     )
 
 
@@ -1059,6 +1115,7 @@ def _self_attention(d: st.DrawFn) -> Case:
         (qkv,),
         reference,
         {"causal": causal, "heads": heads, "mask": p["mask_form"]},
+        lambda w: self_attention(w, p["other mask"], causal=causal, heads=heads),
     )
 
 
@@ -1300,3 +1357,15 @@ def test_take_rows_of_no_rows_is_empty(indices: list[Any]) -> None:
     check_case(Case(lambda w: monadl.take_rows(w, indices), (table,), reference), [False])
     assert value_of(monadl.take_rows(ArrayWeight(table), indices).predict_blocking()).shape == expected.shape
     assert value_of(ArrayWeight(table)[indices].predict_blocking()).shape == expected.shape
+
+
+@pytest.mark.parametrize(("lq", "lk"), [(2, 0), (0, 3), (0, 0)])
+def test_attention_over_no_keys_or_no_queries(lq: int, lk: int) -> None:
+    """No keys: every query keeps none, so its result is 0 (as PyTorch's; it was a ShapeError of
+    NumPy's maximum of nothing); no queries: an empty result."""
+    rng = np.random.default_rng(4)
+    q, k, v = real(rng, (2, lq, 2)), real(rng, (2, lk, 2)), real(rng, (2, lk, 3))
+    out = value_of(monadl.scaled_dot_product_attention(q, k, v).predict_blocking())
+    np.testing.assert_array_equal(out, np.zeros((2, lq, 3)))
+    reference = None if torch is None else _torch_attention(None, False, None, 1, lq, lk)
+    check_case(Case(monadl.scaled_dot_product_attention, (q, k, v), reference), [False, True, False])

@@ -112,7 +112,9 @@ def _masked(xp: Any, s: Any, mask: Any, causal: bool, heads: int) -> Any:
 def _softmax_last(xp: Any, s: Any) -> Any:
     """Softmax along the last axis (in place on NumPy: ``s`` is the op's own array). A row of
     ``-inf`` only (a query that keeps no key) gives weights of 0, not ``0 / 0``: its result is 0
-    and no delta flows through it."""
+    and no delta flows through it. No keys at all give no weights (and a result of 0)."""
+    if s.shape[-1] == 0:
+        return s
     if xp is NUMPY:
         top = np.maximum.reduce(s, axis=-1, keepdims=True)
         dropped = top == -np.inf
