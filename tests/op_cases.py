@@ -510,8 +510,8 @@ CASES += [
     ),
 ]
 
-# Found by the gradient fuzz (tests/test_gradient_fuzz.py), and the float bias, equal elements and
-# empty axes of issue 40: the array API's paths of each (where NumPy takes one of its own).
+# Queries of no key, a float bias, equal elements and empty axes (tests/test_gradient_fuzz.py has
+# their regression tests): the array API's paths of each, where NumPy takes one of its own.
 _NO_KEY = np.array([[1, 0, 1, 1], [0, 0, 0, 0], [1, 1, 0, 1]], dtype=bool)  # query 1 keeps no key
 _EQUAL_ROWS = np.stack([np.full(3, 0.1), _u(90, (3,)), np.full(3, 0.7)])  # the mean of 0.1s rounds
 CASES += [

@@ -134,8 +134,7 @@ def _seeded(seed: int, *shape: int) -> Any:
 @pytest.mark.parametrize("spatial", [1, 2])
 def test_a_float_bias_is_added_to_every_output(spatial: int) -> None:
     """A float bias (a ``FloatWeight``, a ``FloatLayer``, a float or an int), as the type hints
-    allow: the convolution plus that float everywhere, its gradient the sum of the output's delta
-    (a FloatWeight was refused as no array)."""
+    allow: the convolution plus that float everywhere, its gradient the sum of the output's delta."""
     conv = ml.conv2d if spatial == 2 else ml.conv1d
     x = _seeded(1, 2, 3, 5, 4) if spatial == 2 else _seeded(1, 2, 3, 6)
     w = _seeded(2, 4, 3, 2, 2) if spatial == 2 else _seeded(2, 4, 3, 2)

@@ -1324,7 +1324,7 @@ def test_the_fuzz_covers_every_public_op() -> None:
 )
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
 def test_softmax_along_an_empty_axis_is_empty(name: str, shape: tuple[int, ...], axis: int) -> None:
-    """As PyTorch's: an empty result and an empty delta (it was a ShapeError: NumPy's maximum of
+    """As PyTorch's: an empty result and an empty delta (not a ShapeError of NumPy's maximum of
     nothing)."""
     x = np.ones(shape)
     fn = getattr(monadl, name)
@@ -1340,9 +1340,8 @@ def test_softmax_along_an_empty_axis_is_empty(name: str, shape: tuple[int, ...],
 
 
 def test_an_attention_mask_broadcasts_against_every_operands_leading_axes() -> None:
-    """The leading axes of the result are q's, k's and v's broadcast: a mask may have v's (it was
-    refused as larger than q's scores), and k's and v's must broadcast with each other too (they
-    were checked against q's only)."""
+    """The leading axes of the result are q's, k's and v's broadcast: a mask may have v's (more
+    than q's scores have), and k's and v's must broadcast with each other too, not only with q's."""
     rng = np.random.default_rng(3)
     q, k, v = real(rng, (3, 4)), real(rng, (5, 4)), real(rng, (2, 5, 2))
     keep = rng.uniform(size=(2, 3, 5)) < 0.6
@@ -1368,7 +1367,7 @@ def test_an_attention_mask_broadcasts_against_every_operands_leading_axes() -> N
 @pytest.mark.parametrize("indices", [[], [[]], [[], []]])
 def test_take_rows_of_no_rows_is_empty(indices: list[Any]) -> None:
     """An empty list of rows (NumPy reads it as floats) takes none, as ``table[[]]`` does in NumPy
-    and PyTorch (it was a TypeError)."""
+    and PyTorch (not a TypeError)."""
     table = np.arange(6.0).reshape(3, 2)
     expected = table[np.asarray(indices, dtype=np.int64)]
     reference = None if torch is None else (lambda t: t[torch.tensor(indices, dtype=torch.int64)])
@@ -1379,7 +1378,7 @@ def test_take_rows_of_no_rows_is_empty(indices: list[Any]) -> None:
 
 @pytest.mark.parametrize(("lq", "lk"), [(2, 0), (0, 3), (0, 0)])
 def test_attention_over_no_keys_or_no_queries(lq: int, lk: int) -> None:
-    """No keys: every query keeps none, so its result is 0 (as PyTorch's; it was a ShapeError of
+    """No keys: every query keeps none, so its result is 0 (as PyTorch's; not a ShapeError of
     NumPy's maximum of nothing); no queries: an empty result."""
     rng = np.random.default_rng(4)
     q, k, v = real(rng, (2, lq, 2)), real(rng, (2, lk, 2)), real(rng, (2, lk, 3))

@@ -117,7 +117,7 @@ def test_the_numpy_path_is_the_array_api_ones() -> None:
 @pytest.mark.parametrize("shape", [(3, 0), (2, 1, 0), (0, 4), (0,)])
 def test_empty_axes_give_empty_results(shape: tuple[int, ...], affine: str) -> None:
     """No features (``(3, 0)``) or no rows: an empty result of x's shape and empty gradients of
-    each operand's shape, as PyTorch's ``layer_norm`` gives (it was a ZeroDivisionError)."""
+    each operand's shape, as PyTorch's ``layer_norm`` gives (not a ZeroDivisionError)."""
     n = shape[-1]
     x = uniform(50, *shape)
     w, b = uniform(51, n), uniform(52, n)

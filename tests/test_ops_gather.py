@@ -124,7 +124,7 @@ def test_take_along_axis_merged_calls_of_any_axis_take_every_valid_index(
     shared: bool, x_shape: tuple[int, ...], i_shape: tuple[int, ...], axis: int
 ) -> None:
     """Merged calls along an axis counted from the start, longer than the last axis, with indices
-    up to its end: they merge, and equal the calls alone (they were refused with a ShapeError)."""
+    up to its end: they merge, and equal the calls alone (not a ShapeError)."""
     w = ArrayWeight(_values(x_shape, 11))
     calls = 3
     terms = []
@@ -143,7 +143,7 @@ def test_take_along_axis_merged_calls_of_any_axis_take_every_valid_index(
 @pytest.mark.parametrize("shared", [True, False])
 def test_take_along_axis_merged_calls_name_an_index_out_of_range_on_their_axis(shared: bool) -> None:
     """An index past axis 0 of x (4, 6), within the last axis' length, in one of merged calls: a
-    ShapeError naming axis 0 (each call's check read axis -1, and NumPy's IndexError followed)."""
+    ShapeError naming axis 0 (each call's own check reads the call's axis), not NumPy's IndexError."""
     w = ArrayWeight(_values((4, 6), 12))
     terms = []
     for i in range(3):
