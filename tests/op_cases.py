@@ -509,3 +509,30 @@ CASES += [
         (_u(80, (3, 2, 4)), _u(81, (5, 4)), _u(82, (5, 6))),
     ),
 ]
+
+# Queries of no key, a float bias, equal elements and empty axes (tests/test_gradient_fuzz.py has
+# their regression tests): the array API's paths of each, where NumPy takes one of its own.
+_NO_KEY = np.array([[1, 0, 1, 1], [0, 0, 0, 0], [1, 1, 0, 1]], dtype=bool)  # query 1 keeps no key
+_EQUAL_ROWS = np.stack([np.full(3, 0.1), _u(90, (3,)), np.full(3, 0.7)])  # the mean of 0.1s rounds
+CASES += [
+    OpCase(
+        "scaled_dot_product_attention a query of no key",
+        lambda c, q, k, v: monadl.scaled_dot_product_attention(q, k, v, c(_NO_KEY)),
+        (_u(91, (3, 2)), _u(92, (4, 2)), _u(93, (4, 3))),
+    ),
+    OpCase(
+        "scaled_dot_product_attention no keys",
+        lambda c, q, k, v: monadl.scaled_dot_product_attention(q, k, v),
+        (_u(94, (3, 2)), _u(95, (0, 2)), _u(96, (0, 3))),
+    ),
+    OpCase(
+        "conv1d float weight bias",
+        lambda c, x, w, b: monadl.conv1d(x, w, b, padding=1),
+        (_u(97, (2, 3, 5)), _u(98, (2, 3, 3)), 0.4),
+    ),
+    OpCase("std of equal elements", lambda c, a: monadl.std(a, axis=1), (_EQUAL_ROWS,)),
+    OpCase("softmax along an empty axis", lambda c, a: monadl.softmax(a, axis=0), (_u(99, (0, 3)),)),
+    OpCase(
+        "layer_norm of no features", lambda c, x, w: monadl.layer_norm(x, w), (_u(100, (3, 0)), _u(101, (0,)))
+    ),
+]

@@ -113,6 +113,31 @@ def test_the_numpy_path_is_the_array_api_ones() -> None:
     )
 
 
+@pytest.mark.parametrize("affine", ["none", "weight", "both"])
+@pytest.mark.parametrize("shape", [(3, 0), (2, 1, 0), (0, 4), (0,)])
+def test_empty_axes_give_empty_results(shape: tuple[int, ...], affine: str) -> None:
+    """No features (``(3, 0)``) or no rows: an empty result of x's shape and empty gradients of
+    each operand's shape, as PyTorch's ``layer_norm`` gives (not a ZeroDivisionError)."""
+    n = shape[-1]
+    x = uniform(50, *shape)
+    w, b = uniform(51, n), uniform(52, n)
+    inputs = {"none": [x], "weight": [x, w], "both": [x, w, b]}[affine]
+
+    def op(*ws: Any) -> Any:
+        return ml.layer_norm(*ws)
+
+    assert predict(op(*(ArrayWeight(a) for a in inputs))).shape == shape
+    gradients = ml.check_gradients(lambda *ws: ml.sum(op(*ws)), *inputs)
+    assert [np.shape(g) for g in gradients] == [a.shape for a in inputs]
+    torch = pytest.importorskip("torch")
+    tensors = [torch.tensor(a, requires_grad=True) for a in inputs]
+    out = torch.nn.functional.layer_norm(tensors[0], (n,), *tensors[1:])
+    assert tuple(out.shape) == shape
+    out.sum().backward()
+    for g, t in zip(gradients, tensors, strict=True):
+        np.testing.assert_array_equal(g, t.grad.numpy())
+
+
 def test_errors_name_the_op() -> None:
     with pytest.raises(
         ml.ShapeError, match=r"layer_norm: weight of shape \(3,\) does not fit x of shape \(2, 4\)"

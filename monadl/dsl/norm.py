@@ -25,6 +25,10 @@ __all__ = ["layer_norm"]
 
 def _forward(xp: Any, x: Any, weight: Any, bias: Any, eps: float) -> tuple[Any, tuple[Any, Any]]:
     """The normalised ``x`` scaled and shifted, and what the vjps need: ``(xhat, rstd)``."""
+    if x.shape[-1] == 0:  # no features: an empty result, as PyTorch's (no mean to take)
+        xhat = x * 1.0
+        rstd = xp.ones_like(xp.sum(x, axis=-1, keepdims=True))
+        return (xhat if weight is None else xhat * weight + bias), (xhat, rstd)
     if xp is NUMPY:
         return _numpy_forward(x, weight, bias, eps)
     centred = x - xp.mean(x, axis=-1, keepdims=True)
@@ -65,6 +69,8 @@ def _vjp_x(xp: Any, d: Any, saved: tuple[Any, Any], x: Any, *affine: Any, eps: f
     ``xhat`` projected off the two directions the normalisation removes (the mean, the scale)."""
     xhat, rstd = saved
     g = d if not affine else d * affine[0]
+    if x.shape[-1] == 0:
+        return g * 1.0  # an empty delta
     if xp is NUMPY:  # the same arithmetic by the ufuncs, in place on arrays of its own
         inverse_n = 1.0 / x.shape[-1]
         out = g - np.add.reduce(g, axis=-1, keepdims=True) * inverse_n
@@ -131,7 +137,8 @@ def layer_norm(
     """``(x - mean) / sqrt(var + eps) * weight + bias`` over ``x``'s last axis (the features), as
     PyTorch's ``layer_norm(x, (n,), weight, bias, eps)``: ``x`` of shape (..., n), ``weight`` and
     ``bias`` of shape (n,) or None (no scale, no shift). The variance is the biased one (divided by
-    n). The result has ``x``'s shape and dtype."""
+    n). The result has ``x``'s shape and dtype; ``x`` of no features (n = 0) gives an empty result
+    and empty deltas, as PyTorch's."""
     array_operand("layer_norm", x, "x")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0.0:
         raise ValueError(f"layer_norm: eps must be a positive float, got {eps!r}")

@@ -166,11 +166,15 @@ def _var_vjp(
 def _std_vjp(
     xp: Any, d: Any, o: Any, x: Any, axis: Axis = None, keepdims: bool = False, correction: float = 0.0
 ) -> Any:
-    """``d * (x - mean) / ((n - correction) * std)``; 0 where the std is 0 (all the elements equal:
-    the std is a norm there, whose subgradients include 0), where the formula is ``0 / 0``."""
+    """``d * (x - mean) / ((n - correction) * std)``; 0 where the reduced elements are all equal
+    (the std is a norm there, whose subgradients include 0). There the formula is ``0 / 0``, or,
+    where their mean rounds, the rounding's residue over itself: about ``1 / n`` per element, all of
+    one sign, along a direction (every element moved alike) that does not change the std."""
+    axes = _axes_of(x, axis)
+    equal = xp.max(x, axis=axes, keepdims=True) == xp.min(x, axis=axes, keepdims=True)
     s = _full(xp, o, x, axis, keepdims) * (P.reduced_count(x, axis) - correction)
     with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0, selected out
-        slope = xp.where(s == 0.0, 0.0 * s, _centred(xp, x, axis) / s)
+        slope = xp.where(equal | (s == 0.0), 0.0 * s, _centred(xp, x, axis) / s)
     return _full(xp, d, x, axis, keepdims) * slope
 
 
@@ -264,8 +268,10 @@ def std(
 def std(
     x: AnyArray, axis: Axis = None, *, keepdims: bool = False, correction: float = 0.0
 ) -> FloatLayer | ArrayLayer:
-    """Standard deviation, ``sqrt(var(x, axis, correction=correction))``. Where it is 0 (all the
-    reduced elements equal) its derivative is undefined: the delta given there is 0."""
+    """Standard deviation, ``sqrt(var(x, axis, correction=correction))``. Where the reduced
+    elements are all equal it has no derivative, and the delta given there is 0 (a subgradient),
+    also where their mean rounds and the std computed is a few ulps, not 0. (PyTorch's is 0 only
+    where the std computed is exactly 0, else about ``1 / n`` per element, of the rounding's sign.)"""
     return _reduction("std", std_, x, axis, keepdims, correction=_correction("std", correction))
 
 

@@ -36,6 +36,7 @@ from monadl.nn.init import Initializer
 from monadl.nn.linear import Seed, generator
 from monadl.nn.lstm import LSTMCell
 from monadl.nn.module import Module
+from monadl.typeclasses.backend import is_array, namespace
 
 S = TypeVar("S")  # a cell's state: (h, c) for an LSTM, h for a GRU
 C = TypeVar("C", LSTMCell, GRUCell)
@@ -81,10 +82,22 @@ def _cells_check(name: str, forward: Sequence[Any], backward: Sequence[Any]) -> 
                 )
 
 
+def _floating(name: str, what: str, data: object) -> None:
+    """A TypeError naming the layer unless ``data`` (an array) is of a floating-point dtype: an
+    inner op's error would name that op, which the user did not call."""
+    dtype = getattr(data, "dtype", None)
+    if is_array(data) and not namespace(data).isdtype(dtype, "real floating"):
+        raise TypeError(
+            f"{name}: {what} is an array of dtype {dtype}, expected a floating-point one (float32 or float64)"
+        )
+
+
 def _steps(name: str, inputs: int, index: int, sequence: Steps) -> list[AnyArray]:
-    """The steps of ``sequence``, checked where their shapes are known (arrays and weights)."""
+    """The steps of ``sequence``, checked where their shapes and dtypes are known (arrays and
+    weights)."""
     shape = None if isinstance(sequence, ArrayLayer) else getattr(sequence, "shape", None)
     if shape is not None:
+        _floating(name, f"sequence {index}", sequence)
         if len(shape) != 2 or shape[1] != inputs:
             raise ValueError(
                 f"{name}: sequence {index} is an array of shape {tuple(shape)}, "
@@ -111,6 +124,7 @@ def _steps(name: str, inputs: int, index: int, sequence: Steps) -> list[AnyArray
             raise ValueError(
                 f"{name}: step {t} of sequence {index} has shape {tuple(step_shape)}, not ({inputs},)"
             )
+        _floating(name, f"step {t} of sequence {index}", data)
     return steps
 
 
