@@ -20,7 +20,7 @@ kin, values off a grid for maximum, minimum and clip (whose bounds are on it), p
 denominators away from 0. Input sides of convolutions and pooling are drawn so that the windows
 often end exactly at the padded input's end, or at the unpadded input's.
 
-CI runs a fixed set of cases (derandomized: the same every run), ``CI_EXAMPLES`` (721) in all;
+CI runs a fixed set of cases (derandomized: the same every run), ``CI_EXAMPLES`` (821) in all;
 ``MONADL_GRADFUZZ_EXAMPLES=20000`` runs about that many random ones instead, spread over the ops
 in the same proportions (``pytest -s`` prints the counts).
 """
@@ -46,11 +46,15 @@ import monadl
 from monadl import ArrayLayer, ArrayWeight, FloatLayer
 from monadl.dsl import (
     activations,
+    adaptive_pool,
     attention,
     batch_norm,
     conv,
+    conv_transpose,
+    flatten,
     norm,
     ops,
+    padding,
     recurrent,
     reductions,
     selection,
@@ -959,6 +963,141 @@ def _pool(name: str) -> Draw:
     return draw
 
 
+def _conv_transpose(d: st.DrawFn) -> Case:
+    rng = d(RNGS)
+    groups = d(st.integers(1, 3))
+    cg, og = d(st.integers(1, 2 if groups < 3 else 1)), d(st.integers(1, 2))
+    c, o = groups * cg, groups * og
+    kernel = tuple(d(KERNELS) for _ in range(2))
+    stride = tuple(d(st.integers(1, 3)) for _ in range(2))
+    dilation = tuple(d(st.sampled_from([1, 2, 1])) for _ in range(2))
+    extra = tuple(d(st.integers(0, max(s, r) - 1)) for s, r in zip(stride, dilation, strict=True))
+    pads = tuple(d(st.integers(0, 2)) for _ in range(2))
+    sizes = []
+    for k, s, r, p, e in zip(kernel, stride, dilation, pads, extra, strict=True):
+        least = 1  # an input side whose output has one element at least: (n - 1) s + r (k - 1) + e + 1 > 2p
+        while (least - 1) * s + r * (k - 1) + e + 1 - 2 * p < 1:
+            least += 1
+        sizes.append(least + d(st.integers(0, 2)))
+    lead = d(st.sampled_from([(), (1,), (2,), (2,), (0,), (2, 1)]))
+    x = real(rng, (*lead, c, *sizes))
+    w = real(rng, (c, og, *kernel))
+    bias = d(st.sampled_from(["array", "array", "none", "float weight", "float"]))
+    b: Input = real(rng, (o,)) if bias == "array" else float(real(rng, ()))
+    kwargs: dict[str, Any] = {}  # each given, as one int or a pair, or left at its default
+    for name, value, default in (
+        ("stride", stride, (1, 1)),
+        ("padding", pads, (0, 0)),
+        ("output_padding", extra, (0, 0)),
+        ("dilation", dilation, (1, 1)),
+    ):
+        if value != default or d(st.booleans()):
+            kwargs[name] = value[0] if value[0] == value[1] and d(st.booleans()) else value
+    if groups > 1 or d(st.booleans()):
+        kwargs["groups"] = groups
+    inputs: tuple[Input, ...] = (x, w) if bias in ("none", "float") else (x, w, b)
+
+    def op(*ws: Any) -> Any:
+        bias_operand = ws[2] if len(ws) == 3 else (b if bias == "float" else None)
+        return monadl.conv_transpose2d(ws[0], ws[1], bias_operand, **kwargs)
+
+    reference = None
+    if torch is not None and 0 not in lead:  # (PyTorch's transposed convolution refuses no rows)
+
+        def reference(*ts: Any) -> Any:
+            if bias == "none":
+                bias_t = None
+            elif bias == "float":
+                bias_t = torch.full((o,), b, dtype=torch.float64)
+            else:
+                bias_t = ts[2].reshape(-1).expand(o)
+            return _torch_batched(
+                ts[0],
+                2,
+                lambda t: F.conv_transpose2d(t, ts[1], bias_t, stride, pads, extra, groups, dilation),
+                True,
+            )
+
+    return Case(op, inputs, reference, {**kwargs, "bias": bias, "lead": lead})
+
+
+def _adaptive_avg_pool(d: st.DrawFn) -> Case:
+    rng = d(RNGS)
+    sides = (d(st.integers(1, 5)), d(st.integers(1, 5)))
+    lead: tuple[int, ...] = d(st.sampled_from([(), (1,), (2,), (2, 1), (1, 2), (0,)]))
+    x = real(rng, (*lead, *sides))
+    form = d(st.sampled_from(["int", "pair", "pair", "divides", "none"]))
+    size: Any
+    if form == "int":
+        size = d(st.integers(1, 5))
+    elif form == "divides":  # equal windows that tile the input (a global pool among them)
+        size = tuple(d(st.sampled_from([k for k in range(1, n + 1) if n % k == 0])) for n in sides)
+    else:
+        size = (d(st.integers(1, 5)), d(st.integers(1, 5)))
+        if form == "none":
+            size = (None, size[1]) if d(st.booleans()) else (size[0], None)
+    reference = None
+    if torch is not None and 0 not in lead:
+
+        def reference(t: Any) -> Any:
+            return _torch_batched(t, 2, lambda u: F.adaptive_avg_pool2d(u, size), False)
+
+    return Case(
+        lambda w: monadl.adaptive_avg_pool2d(w, size), (x,), reference, {"output_size": size, "lead": lead}
+    )
+
+
+def _pad(d: st.DrawFn) -> Case:
+    rng = d(RNGS)
+    mode = d(st.sampled_from(["constant", "constant", "reflect", "replicate", "circular"]))
+    padded = d(st.integers(0 if mode == "constant" else 1, 3))
+    lead = d(shapes(0, 2, empty=mode == "constant"))
+    sides = [d(st.integers(0 if mode == "constant" else 1, 3)) for _ in range(padded)]
+    widths: list[int] = []
+    for n in reversed(sides):  # PyTorch's order: the last axis first
+        for _ in range(2):
+            if mode == "constant":
+                widths.append(d(st.integers(-n, 2)) if d(st.booleans()) else d(st.integers(0, 2)))
+            elif mode == "reflect":
+                widths.append(d(st.integers(0, n - 1)))
+            elif mode == "circular":
+                widths.append(d(st.integers(0, n)))
+            else:
+                widths.append(d(st.integers(0, 2)))
+        if mode == "constant" and widths[-1] + widths[-2] < -n:  # (both sides cut: at most the side)
+            widths[-1] = -n - widths[-2]
+    x = real(rng, (*lead, *sides))
+    value = d(st.sampled_from([0.0, 0.0, 1.5, -0.5])) if mode == "constant" else 0.0
+    kwargs: dict[str, Any] = {} if mode == "constant" and d(st.booleans()) else {"mode": mode}
+    if value:
+        kwargs["value"] = value
+    reference = None
+    if torch is not None and (mode == "constant" or (widths and 0 not in lead)):
+
+        def reference(t: Any) -> Any:
+            if mode == "constant":
+                return F.pad(t, widths, value=value) if widths else t * 1.0
+            # PyTorch's other modes take (batch, channels, *padded) only: the leading axes as one
+            u = t.reshape(1, -1, *t.shape[t.ndim - padded :])
+            out = F.pad(u, widths, mode=mode)
+            return out.reshape(*t.shape[: t.ndim - padded], *out.shape[2:])
+
+    return Case(lambda w: monadl.pad(w, widths, **kwargs), (x,), reference, {"pad": widths, **kwargs})
+
+
+def _flatten(d: st.DrawFn) -> Case:
+    rng = d(RNGS)
+    x = real(rng, d(shapes(0, 4)))
+    n = max(x.ndim, 1)
+    start = d(st.integers(0, n - 1))
+    end = d(st.integers(start, n - 1))
+    spelled = (axis_spelling(d, start, n), axis_spelling(d, end, n))
+    reference = None if torch is None else (lambda t: torch.flatten(t, *spelled))
+    if spelled == (0, -1) and d(st.booleans()):
+        return Case(lambda w: monadl.flatten(w), (x,), reference, {"dims": "default"})
+    return Case(lambda w: monadl.flatten(w, *spelled), (x,), reference, {"dims": spelled})
+
+
 # -------------------------------------------------------------------------------- normalisation
 
 
@@ -1012,6 +1151,67 @@ def _batch_norm(d: st.DrawFn) -> Case:
         reference,
         {"eps": eps},
     )
+
+
+def _group_norm(d: st.DrawFn) -> Case:
+    rng = d(RNGS)
+    groups = d(st.integers(1, 3))
+    channels = groups * d(st.integers(1, 2))
+    lead = d(shapes(0, 2, max_side=2, empty=False))
+    rest = d(shapes(0, 2, max_side=3, empty=False))
+    x = real(rng, (*lead, channels, *rest))
+    axis = axis_spelling(d, len(lead), x.ndim)
+    affine = d(st.sampled_from(["none", "both", "both", "weight", "bias"]))
+    eps = d(st.sampled_from([1e-5, 0.1]))
+    weight, bias = real(rng, (channels,)), real(rng, (channels,))
+    inputs: tuple[Input, ...] = {
+        "none": (x,),
+        "both": (x, weight, bias),
+        "weight": (x, weight),
+        "bias": (x, bias),
+    }[affine]
+    kwargs: dict[str, Any] = {} if axis == 1 and d(st.booleans()) else {"axis": axis}
+    if eps != 1e-5:
+        kwargs["eps"] = eps
+
+    def op(*ws: Any) -> Any:
+        w = ws[1] if affine in ("both", "weight") else None
+        b = ws[-1] if affine in ("both", "bias") else None
+        return monadl.group_norm(ws[0], groups, w, b, **kwargs)
+
+    reference = None
+    if torch is not None and math.prod(rest) * channels // groups > 1:  # (PyTorch: a group of 2 or more)
+
+        def reference(*ts: Any) -> Any:
+            w = ts[1] if affine in ("both", "weight") else torch.ones(channels, dtype=torch.float64)
+            b = ts[-1] if affine in ("both", "bias") else None
+            out = F.group_norm(ts[0].reshape(-1, channels, *rest), groups, w, b, eps)
+            return out.reshape(ts[0].shape)
+
+    return Case(op, inputs, reference, {"groups": groups, "affine": affine, **kwargs})
+
+
+def _rms_norm(d: st.DrawFn) -> Case:
+    rng = d(RNGS)
+    lead = d(shapes(0, 2, max_side=2))
+    normalized = d(shapes(1, 2, max_side=3, empty=False))
+    x = real(rng, (*lead, *normalized))
+    eps = d(st.sampled_from([None, None, 1e-5, 0.1]))
+    weighted = d(st.integers(0, 3)) > 0
+    given: Any = normalized[0] if len(normalized) == 1 and d(st.booleans()) else normalized
+    kwargs: dict[str, Any] = {} if eps is None else {"eps": eps}
+
+    def op(*ws: Any) -> Any:
+        return monadl.rms_norm(ws[0], given, ws[1] if weighted else None, **kwargs)
+
+    reference = None
+    if torch is not None:
+
+        def reference(*ts: Any) -> Any:
+            return F.rms_norm(ts[0], normalized, ts[1] if weighted else None, eps)
+
+    inputs: tuple[Input, ...] = (x, real(rng, normalized)) if weighted else (x,)
+    return Case(op, inputs, reference, {"shape": given, "weighted": weighted, **kwargs})
 
 
 # ------------------------------------------------------------------------------------- attention
@@ -1240,7 +1440,13 @@ OPS: dict[str, Fuzzed] = {
         name: Fuzzed(_pool(name), 30, name)
         for name in ("max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d")
     },
+    "conv_transpose2d": Fuzzed(_conv_transpose, 25, "conv_transpose2d"),
+    "adaptive_avg_pool2d": Fuzzed(_adaptive_avg_pool, 15, "adaptive_avg_pool2d"),
+    "pad": Fuzzed(_pad, 25, "pad"),
+    "flatten": Fuzzed(_flatten, 8, "flatten"),
     "layer_norm": Fuzzed(_layer_norm, 12, "layer_norm"),
+    "group_norm": Fuzzed(_group_norm, 15, "group_norm"),
+    "rms_norm": Fuzzed(_rms_norm, 12, "rms_norm"),
     "batch_norm": Fuzzed(_batch_norm, 10, "batch_norm"),
     "scaled_dot_product_attention": Fuzzed(_attention, 25, "scaled_dot_product_attention"),
     "self_attention": Fuzzed(_self_attention, 10, "self_attention"),
@@ -1299,7 +1505,21 @@ def test_gradients_of_drawn_parameters(name: str) -> None:
 
 # Where each public op is: the modules of differentiable ops (argmax and argmin give integers: no
 # gradient), and the operators of layers (their ops' names).
-MODULES = (ops, activations, reductions, selection, conv, norm, attention, recurrent, batch_norm)
+MODULES = (
+    ops,
+    activations,
+    reductions,
+    selection,
+    conv,
+    conv_transpose,
+    adaptive_pool,
+    padding,
+    flatten,
+    norm,
+    attention,
+    recurrent,
+    batch_norm,
+)
 NOT_DIFFERENTIABLE = {"argmax", "argmin"}
 OPERATORS = {"add", "sub", "mul", "div", "pow", "neg", "getitem"}
 INTERNAL = {"self_attention", "packed_lstm", "packed_gru"}
