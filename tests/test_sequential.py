@@ -104,6 +104,55 @@ def test_single_examples_merge_and_equal_the_batch() -> None:
         np.testing.assert_allclose(predict(model(x)), batch[k], rtol=1e-12, atol=1e-12)
 
 
+_CNN = cnn(6)
+
+
+@ml.batchable
+def _classify(x: ml.ArrayLayer) -> ml.ArrayLayer:
+    return _CNN(x)
+
+
+@ml.batchable
+def _flatten_from_the_front(x: ml.ArrayLayer) -> ml.ArrayLayer:
+    return ml.flatten(ml.tanh(x), 0, 1)
+
+
+@ml.batchable
+def _group_norm_from_the_front(x: ml.ArrayLayer) -> ml.ArrayLayer:
+    return ml.sum(ml.group_norm(x, 2, axis=0), axis=-1)
+
+
+def test_a_batchable_body_of_the_model_runs_once_on_the_stacked_examples() -> None:
+    """A ``@batchable`` body runs once on its calls' stacked rows: the CNN, whose Flatten and
+    GroupNorm count axes from the end, gives what its calls give alone."""
+    xs = [uniform(70 + k, 2, 5, 6) for k in range(4)]
+
+    def loss() -> FloatLayer:
+        return ml.add_n([ml.sum(_classify(ml.lift_array(x)) * uniform(80 + k, 5)) for k, x in enumerate(xs)])
+
+    merged, alone = merged_and_alone(loss)
+    assert merged.stats.kinds["conv"] == 1 and alone.stats.kinds["conv"] == 4
+
+
+@pytest.mark.parametrize(
+    ("body", "op"),
+    [(_flatten_from_the_front, "flatten(axis=(0, 1))"), (_group_norm_from_the_front, "group_norm(axis=0)")],
+)
+def test_a_batchable_body_that_counts_axes_from_the_front_is_refused_naming_the_op(
+    body: Any, op: str
+) -> None:
+    """Run once on the stacked rows, ``flatten(x, 0, 1)`` would join the rows and ``group_norm`` of
+    channel axis 0 would normalise across them, each giving results of the rows' shape: the group
+    is refused, naming the op."""
+    shape = (1, 4) if body is _flatten_from_the_front else (4, 3)
+    loss = ml.add_n(
+        [ml.sum(body(ml.lift_array(uniform(90 + k, *shape))) * uniform(95 + k, 4)) for k in range(4)]
+    )
+    failure = loss.predict_blocking(executor=ml.Executor()).failure()
+    assert isinstance(failure, ShapeError) and f"its body's {op} mixes them" in str(failure), failure
+    ml.predict_blocking(loss, executor=ml.Executor(batching=False)).unwrap()  # each call alone: fine
+
+
 def test_a_sequential_trains() -> None:
     model = nn.Sequential(nn.Linear.new(3, 8, seed=1), ml.tanh, nn.Linear.new(8, 2, seed=2))
     rng = np.random.default_rng(5)

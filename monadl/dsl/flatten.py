@@ -2,9 +2,12 @@
 
 ``flatten(x, start_dim, end_dim)`` joins the axes ``start_dim`` to ``end_dim`` (both included,
 negative ones counted from the end) into one. A reshape whose target is worked out from the
-input's shape when the op runs, so the op needs no static shape; under dynamic batching the calls'
-inputs are stacked along a new leading axis and flattened as each call's would be (its axes
-counted past the rows' axis).
+input's shape when the op runs, so the op needs no static shape. The two axes are the op's
+``axis`` parameter, ``(start, end)``: under dynamic batching the calls' inputs are stacked along a
+new leading axis and an axis counted from the front is counted past it (``Batching(axis=True)``),
+so each row is flattened as its call would be; a ``@batchable`` body, which runs once on the
+calls' stacked rows, is refused where it flattens from the front (it would join the rows), and
+runs where it counts from the end (``flatten(x, -3)`` of (C, H, W)).
 """
 
 from __future__ import annotations
@@ -42,21 +45,24 @@ def flattened(shape: tuple[int, ...], start: int, end: int) -> tuple[int, ...]:
     return (*shape[:s], math.prod(shape[s : e + 1]), *shape[e + 1 :])
 
 
-def _forward(xp: Any, x: Any, start: int, end: int) -> Any:
-    return xp.reshape(x, flattened(tuple(x.shape), start, end))
+def _forward(xp: Any, x: Any, axis: tuple[int, int]) -> Any:
+    return xp.reshape(x, flattened(tuple(x.shape), *axis))
 
 
-def _stacked_forward(xp: Any, x: Any, start: int, end: int) -> Any:
-    """Merged calls: each row (one call's input) flattened as the call would flatten it."""
-    row = flattened(tuple(x.shape[1:]), start, end)
-    return xp.reshape(x, (x.shape[0], *row))
+def _stacked_forward(xp: Any, x: Any, axis: tuple[int, int]) -> Any:
+    """Merged calls (``axis`` already counted past the rows' axis): each row flattened as its call
+    would flatten it. Rows of 0-d arrays (a vector of them) each become (1,)."""
+    if x.ndim == 1:
+        return xp.reshape(x, (x.shape[0], 1))
+    return _forward(xp, x, axis)
 
 
-def _vjp(xp: Any, d: Any, o: Any, x: Any, start: int, end: int) -> Any:
+def _vjp(xp: Any, d: Any, o: Any, x: Any, axis: tuple[int, int]) -> Any:
     return xp.reshape(d, tuple(x.shape))
 
 
-def _check(x: Any, start: int, end: int) -> None:
+def _check(x: Any, axis: tuple[int, int]) -> None:
+    start, end = axis
     if type(x) is float:
         raise ShapeError("flatten: needs an array, got a float")
     if _bounds(x.ndim, start, end) is None:
@@ -66,8 +72,8 @@ def _check(x: Any, start: int, end: int) -> None:
         )
 
 
-def _shape(x: Info, start: int, end: int) -> Info:
-    return flattened(x[0], start, end), x[1], x[2]
+def _shape(x: Info, axis: tuple[int, int]) -> Info:
+    return flattened(x[0], *axis), x[1], x[2]
 
 
 FLATTEN: Final = Primitive(
@@ -76,12 +82,12 @@ FLATTEN: Final = Primitive(
     (_vjp,),
     cost=lambda *_, **__: 1.0,  # a view: no work worth a pool's thread
     check=_check,
-    batch=Batching(forward=_stacked_forward, vjps=(_vjp,)),
+    batch=Batching(axis=True, forward=_stacked_forward, vjps=(_vjp,)),
     fresh=True,
     own=True,
     shape_rule=_shape,
 )
-"""The axes ``start`` to ``end`` of ``x`` joined into one."""
+"""The axes ``axis = (start, end)`` of ``x`` joined into one."""
 
 
 def flatten(x: AnyArray, start_dim: int = 0, end_dim: int = -1) -> ArrayLayer:
@@ -90,6 +96,5 @@ def flatten(x: AnyArray, start_dim: int = 0, end_dim: int = -1) -> ArrayLayer:
     vector, ``flatten(x, 1)`` of (N, C, H, W) is (N, C * H * W), and a 0-d ``x`` becomes (1,)."""
     op = "flatten"
     array_operand(op, x, "x")
-    return apply_array(
-        FLATTEN, x, start=int_param(op, "start_dim", start_dim), end=int_param(op, "end_dim", end_dim)
-    )
+    axis = (int_param(op, "start_dim", start_dim), int_param(op, "end_dim", end_dim))
+    return apply_array(FLATTEN, x, axis=axis)
