@@ -600,3 +600,52 @@ def test_the_gradient_of_a_float_at_a_pole_is_that_of_the_array() -> None:
     weight = FloatWeight(0.0)
     _, gradients = monadl.compute_gradients(monadl.sqrt(weight) + 1.0)  # d sqrt(x) / dx = 0.5 / sqrt(x)
     assert type(gradients[weight]) is float and gradients[weight] == np.inf
+
+
+# ------------------------------------------------------------- NumPy's functions on layers, weights
+
+_LAZY = "is lazy and has no array value until it runs"
+_NO_ARRAY = "an ArrayWeight is no array"
+
+
+@pytest.mark.parametrize(
+    ("call", "expected"),
+    [
+        (
+            lambda w: np.argmax(_bad(monadl.relu(w))),
+            f"numpy.argmax: an ArrayLayer {_LAZY}: use monadl.argmax",
+        ),
+        (lambda w: np.mean(w * 2.0), f"numpy.mean: an ArrayLayer {_LAZY}: use monadl.mean on it"),
+        (lambda w: np.asarray(monadl.relu(w)), f"numpy.asarray: an ArrayLayer {_LAZY}: use monadl's ops"),
+        (lambda w: np.array(monadl.sum(w)), f"numpy.asarray: a FloatLayer {_LAZY}: use monadl's ops"),
+        (lambda w: np.dot(np.ones(3), w), f"numpy.dot: {_NO_ARRAY}: use monadl.dot on it, or its value"),
+        (
+            lambda w: np.array(w),
+            f"numpy.asarray: {_NO_ARRAY}: use monadl's ops on it, or its value, weight.data",
+        ),
+        (lambda w: np.asarray(w), f"numpy.asarray: {_NO_ARRAY}"),
+        (lambda w: np.concatenate([w, w]), f"numpy.concatenate: {_NO_ARRAY}: use monadl.concatenate"),
+        (lambda w: np.sum(_bad(FloatWeight(1.0))), "numpy.sum: a FloatWeight is no array"),
+        (lambda w: np.shape(w), f"numpy.shape: {_NO_ARRAY}"),  # (was (): an object's shape)
+    ],
+)
+def test_numpy_refuses_layers_and_weights_naming_the_monadl_op(
+    call: Callable[[ArrayWeight], Any], expected: str
+) -> None:
+    # Before, NumPy made a 0-d array of objects of them: np.argmax(layer) was 0, np.dot(x, w) and
+    # np.array(w) arrays of layers, np.mean(layer) an error about an object dtype.
+    with pytest.raises(TypeError) as raised:
+        call(_weight((3, 3)))
+    assert str(raised.value).startswith(expected), str(raised.value)
+
+
+def test_arrays_on_the_left_of_operators_still_give_layers() -> None:
+    w = _weight((3, 3))
+    for layer in (
+        np.ones(3) * w,
+        np.ones(3) + monadl.relu(w),
+        _bad(np.float32(2.0)) * w,
+        np.ones((3, 3)) @ w,
+    ):
+        assert isinstance(layer, ArrayLayer)
+    np.testing.assert_array_equal((np.ones(3) * w).predict_blocking().unwrap(), np.ones((3, 3)))

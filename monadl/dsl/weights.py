@@ -13,7 +13,7 @@ once. ``weight.data`` is the newest committed data; assigning it is a commit of 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, final
+from typing import Any, ClassVar, final
 
 import numpy as np
 
@@ -38,6 +38,9 @@ class _WeightState:
     its own, and a name."""
 
     __slots__ = ()
+    _array_value: ClassVar[str] = "weight.data"
+    """What NumPy's functions are told to use for a weight's value (they refuse the weight itself:
+    see :func:`~monadl.dsl.deep_learning.array_refusal`)."""
     head: Version
     optimizer: Optimizer | None
     name: str
