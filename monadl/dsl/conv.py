@@ -249,6 +249,8 @@ def _check_conv(
             f"{name}: needs x of shape (..., C, {'L' if spatial == 1 else 'H, W'}) and w of shape "
             f"(O, C // groups, {'K' if spatial == 1 else 'KH, KW'}), got {shape_of(x)} and {shape_of(w)}"
         )
+    if any(k < 1 for k in w.shape[2:]):
+        raise ShapeError(f"{name}: w of shape {tuple(w.shape)} has a kernel side of 0")
     c, o = x.shape[-spatial - 1], w.shape[0]
     if c != w.shape[1] * groups or o % groups:
         raise ShapeError(
