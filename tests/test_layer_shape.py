@@ -365,7 +365,7 @@ def _conv(draw: st.DrawFn) -> Build:
     )
     b = draw(st.one_of(st.none(), st.just(w[:1]), _shapes(1, 1)))
     stride, dilation = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    padding = draw(st.one_of(st.integers(0, 2), st.sampled_from(["valid", "same"])))
+    padding: Any = draw(st.one_of(st.integers(0, 2), st.sampled_from(["valid", "same"])))
     op = monadl.conv1d if spatial == 1 else monadl.conv2d
     return lambda: op(
         _w(x),

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from monadl.dsl.arguments import array_operand, as_index
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, apply_array
@@ -433,7 +433,10 @@ avg_pool: Final = Primitive(
 # ----------------------------------------------------------------------------------- public ops
 
 Size = int | Sequence[int]
-Padding = int | Sequence[int] | str
+"""A window's size along each spatial axis: one int for every axis, or one per axis."""
+Padding = int | Sequence[int] | Literal["valid", "same"]
+"""Padding: an int (or one per axis) on both sides of each axis, ``"valid"`` (none) or ``"same"``
+(the output as large as the input). Other strings are refused by the type, and when the op is made."""
 
 
 def _sizes(op: str, name: str, value: object, spatial: int, least: int) -> tuple[int, ...]:

@@ -209,6 +209,11 @@ class ArrayWeight(_WeightState, ArrayOperators):
         zeros = np.zeros(tuple(shape), dtype=dtype)
         return cls(zeros, optimizer=optimizer, name=name, trainable=trainable, xp=xp, device=device)
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the weight's data: always known (a layer's may not be)."""
+        return tuple(read(self.head, None).data.shape)
+
     def __repr__(self) -> str:
         named = f", name={self.name!r}" if self.name else ""
         return f"ArrayWeight(shape={tuple(self.data.shape)}, dtype={self.data.dtype}{named})"

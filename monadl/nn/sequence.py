@@ -36,12 +36,14 @@ from monadl.nn.init import Initializer
 from monadl.nn.linear import Seed, generator
 from monadl.nn.lstm import LSTMCell
 from monadl.nn.module import Module
+from monadl.typeclasses.backend import Array
 
 S = TypeVar("S")  # a cell's state: (h, c) for an LSTM, h for a GRU
 C = TypeVar("C", LSTMCell, GRUCell)
 
-Steps = Sequence[AnyArray] | Any
-"""One sequence: a list of steps of shape (inputs,), or a 2-D array (length, inputs) of data."""
+Steps = Sequence[AnyArray] | Array
+"""One sequence: a list of steps of shape (inputs,), or a 2-D array (length, inputs) of data (a
+NumPy array, or another namespace's: their types are no NumPy array's, and are taken at run time)."""
 
 LSTMState = tuple[ArrayLayer, ArrayLayer]
 """An LSTM's state ``(h, c)``, each (hidden,)."""
@@ -81,8 +83,9 @@ def _cells_check(name: str, forward: Sequence[Any], backward: Sequence[Any]) -> 
                 )
 
 
-def _steps(name: str, inputs: int, index: int, sequence: Steps) -> list[AnyArray]:
-    """The steps of ``sequence``, checked where their shapes are known (arrays and weights)."""
+def _steps(name: str, inputs: int, index: int, sequence: object) -> list[AnyArray]:
+    """The steps of ``sequence`` (a :data:`Steps`, checked here for untyped callers), checked where
+    their shapes are known (arrays and weights)."""
     shape = None if isinstance(sequence, ArrayLayer) else getattr(sequence, "shape", None)
     if shape is not None:
         if len(shape) != 2 or shape[1] != inputs:
@@ -114,7 +117,7 @@ def _steps(name: str, inputs: int, index: int, sequence: Steps) -> list[AnyArray
     return steps
 
 
-def _sequences(name: str, inputs: int, sequences: Sequence[Steps]) -> list[list[AnyArray]]:
+def _sequences(name: str, inputs: int, sequences: object) -> list[list[AnyArray]]:
     """The steps of every sequence of ``sequences``, checked."""
     if isinstance(sequences, (str, bytes)) or not isinstance(sequences, (list, tuple)):
         what = (
