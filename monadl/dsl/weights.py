@@ -18,6 +18,7 @@ from typing import Any, ClassVar, final
 import numpy as np
 
 from monadl.do.do import Variable
+from monadl.dsl.arguments import int_sequence
 from monadl.dsl.layers import ArrayOperators, FloatOperators
 from monadl.dsl.optimizers import Optimizer
 from monadl.runtime.versions import COMMIT_LOCK, Version, publish, read
@@ -185,8 +186,8 @@ class ArrayWeight(_WeightState, ArrayOperators):
         ``name`` and ``trainable`` as for the constructor. Drawn by NumPy's generator whatever
         ``xp`` (so a seed gives the same values on every device), then copied to ``xp`` (on
         ``device``) once."""
+        shape = _shape("ArrayWeight.normal", shape)
         rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-        shape = tuple(shape)
         if std is None:
             std = float(np.sqrt(2.0 / max(shape[0] if shape else 1, 1)))
         data = (rng.standard_normal(shape) * std).astype(dtype)
@@ -206,7 +207,7 @@ class ArrayWeight(_WeightState, ArrayOperators):
     ) -> ArrayWeight:
         """Zeros (for biases), in the namespace ``xp`` (on ``device``). ``optimizer``, ``name`` and
         ``trainable`` as for the constructor."""
-        zeros = np.zeros(tuple(shape), dtype=dtype)
+        zeros = np.zeros(_shape("ArrayWeight.zeros", shape), dtype=dtype)
         return cls(zeros, optimizer=optimizer, name=name, trainable=trainable, xp=xp, device=device)
 
     @property
@@ -222,6 +223,14 @@ class ArrayWeight(_WeightState, ArrayOperators):
 def _library(array: object) -> str:
     """The library of an array, by its top module's name (``numpy``, ``cupy``, ``array_api_strict``)."""
     return type(array).__module__.partition(".")[0]
+
+
+def _shape(where: str, shape: object) -> tuple[int, ...]:
+    """A weight's shape: ints of 0 or more (NumPy's error for a negative one names no weight)."""
+    sides = int_sequence(where, "shape", shape)
+    if any(n < 0 for n in sides):
+        raise ValueError(f"{where}: shape {sides} has a negative side")
+    return sides
 
 
 def _checked_float(data: object) -> float:
