@@ -10,6 +10,7 @@ are typed on the unions ``AnyFloat`` / ``AnyArray`` of ``monadl.dsl``, which myp
 
 from __future__ import annotations
 
+import math
 from typing import Any, NoReturn, Protocol, TypeVar, runtime_checkable
 
 from monadl.do.do import Do
@@ -73,10 +74,21 @@ def no_array(self: Any, dtype: Any = None, copy: Any = None) -> NoReturn:
     raise TypeError(array_refusal(self, "numpy.asarray", None))
 
 
-def no_array_function(self: Any, func: Any, types: Any, args: Any, kwargs: Any) -> NoReturn:
+def no_array_function(self: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
     """A layer's or a weight's ``__array_function__`` (NEP 18): every NumPy function given one
-    (``np.mean(layer)``, ``np.dot(x, weight)``) raises, naming monadl's op of that name."""
+    (``np.mean(layer)``, ``np.dot(x, weight)``) raises, naming monadl's op of that name; but
+    ``np.shape``, ``np.ndim`` and ``np.size`` of it answer from its ``.shape`` where that is known
+    (a weight's always: they read no value)."""
     name = getattr(func, "__name__", "")
+    if name in ("shape", "ndim", "size") and args and args[0] is self:
+        shape = self.shape  # (a graph that cannot run raises its error here)
+        if shape is not None:
+            if name == "shape":
+                return shape
+            if name == "ndim":
+                return len(shape)
+            axis = kwargs.get("axis", args[1] if len(args) > 1 else None)
+            return math.prod(shape) if axis is None else shape[axis]
     raise TypeError(array_refusal(self, f"numpy.{name}", name))
 
 
