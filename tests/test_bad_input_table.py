@@ -1530,6 +1530,39 @@ def _batch_norm(name: str, x: tuple[int, ...]) -> None:
 _batch_norm("BatchNorm1d", (4, 3))
 _batch_norm("BatchNorm2d", (4, 3, 2, 2))
 
+# A layer where an op takes data that is no operand (indices, a condition, targets, a mask): its
+# value is not known when the op is made.
+_LAYER: Any = ml.relu(W(2))
+rows(
+    "indexing",
+    ("a layer as rows", lambda: W(3, 4)[_LAYER], made(TypeError, "take_rows: expected integer indices")),
+)
+rows(
+    "take_along_axis",
+    (
+        "a layer of indices",
+        lambda: untyped.take_along_axis(W(3, 4), _LAYER),
+        made(TypeError, f"{_ALONG} expected integer"),
+    ),
+)
+rows("where", ("a layer condition", lambda: untyped.where(_LAYER, W(2), W(2)), made(TypeError, _CONDITION)))
+rows(
+    "cross_entropy",
+    (
+        "a layer of targets",
+        lambda: untyped.cross_entropy(W(3, 4), _LAYER),
+        made(TypeError, "cross_entropy: expected an"),
+    ),
+)
+rows(
+    _SDPA,
+    (
+        "a layer mask",
+        lambda: _sdpa(W(2, 4), W(3, 4), W(3, 4), _LAYER),
+        made(TypeError, f"{_SDPA}: mask must be"),
+    ),
+)
+
 # The builders' sizes: a size of 0 divided by 0 in an initialiser, a negative one was NumPy's error.
 _POSITIVE = "must be a positive int, got"
 rows(
