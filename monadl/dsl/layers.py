@@ -154,9 +154,9 @@ class FloatOperators(Differentiable):
 
     @property
     def shape(self) -> tuple[()]:
-        """``()``: a float has no axes (as a NumPy scalar's shape). An op whose operands cannot be
-        its raises its run's error (see :attr:`ArrayOperators.shape`)."""
-        _static(self)
+        """``()``: a float has no axes (as a NumPy scalar's shape), whatever its graph. (It raises
+        nothing: compiled, a function of this type cannot raise. An array layer's raises its run's
+        error where its graph cannot run: see :attr:`ArrayOperators.shape`.)"""
         return ()
 
     @property
@@ -274,7 +274,7 @@ STATIC_INFO: Final[list[Callable[[Node], tuple[tuple[int, ...], Any, Any] | None
 module, whose rules build on the op modules that build on this one; ``monadl`` imports it."""
 
 
-def _static(x: Differentiable) -> tuple[tuple[int, ...], Any, Any] | None:
+def _static(x: ArrayOperators) -> tuple[tuple[int, ...], Any, Any] | None:
     if not STATIC_INFO:
         return None  # (monadl.dsl.static not imported: nothing is known)
     return STATIC_INFO[0](cast(Node, x.forward))
