@@ -21,6 +21,7 @@ kinds), so the table stays complete.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -1818,6 +1819,13 @@ def test_every_public_op_and_layer_has_rows() -> None:
     assert not missing, (
         f"public ops and layers with no row in the table (add rows, or to NOT_OPS with why): {missing}"
     )
+
+
+def test_a_new_public_op_without_rows_fails_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ml, "__all__", [*ml.__all__, "new_op"])
+    monkeypatch.setattr(nn, "__all__", [*nn.__all__, "NewLayer"])
+    with pytest.raises(AssertionError, match=re.escape("['new_op', 'nn.NewLayer']")):
+        test_every_public_op_and_layer_has_rows()
 
 
 def test_the_table_names_only_what_exists() -> None:
