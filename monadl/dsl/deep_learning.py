@@ -70,7 +70,7 @@ def array_refusal(x: object, call: str, name: str | None) -> str:
 
 def no_array(self: Any, dtype: Any = None, copy: Any = None) -> NoReturn:
     """A layer's or a weight's ``__array__``: ``numpy.asarray(layer)`` would otherwise be a 0-d
-    array of objects, which NumPy's functions then compute on (``np.argmax(layer)`` was 0)."""
+    array of objects, which NumPy's functions would compute on (``np.argmax(layer)`` would be 0)."""
     raise TypeError(array_refusal(self, "numpy.asarray", None))
 
 

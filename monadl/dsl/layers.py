@@ -154,9 +154,9 @@ class FloatOperators(Differentiable):
 
     @property
     def shape(self) -> tuple[()]:
-        """``()``: a float has no axes (as a NumPy scalar's shape), whatever its graph. (It raises
-        nothing: compiled, a function of this type cannot raise. An array layer's raises its run's
-        error where its graph cannot run: see :attr:`ArrayOperators.shape`.)"""
+        """``()``: a float has no axes (as a NumPy scalar's shape), whatever its graph (an array
+        layer's raises its run's error where its graph cannot run: :attr:`ArrayOperators.shape`)."""
+        # (No check of the graph here: compiled, a getter of type tuple[()] cannot raise.)
         return ()
 
     @property
