@@ -292,7 +292,7 @@ def test_bad_input_is_an_error_naming_the_sequence_and_the_shapes() -> None:
     with pytest.raises(ValueError, match=r"LSTM: step 1 of sequence 0 has shape \(2,\), not \(3,\)"):
         lstm([[np.zeros(3), np.zeros(2)]])
     with pytest.raises(TypeError, match="GRU: sequence 0 must be a list of steps or a 2-D array"):
-        nn.GRU.new(3, 4)(["abc"])
+        nn.GRU.new(3, 4)(["abc"])  # type: ignore[list-item]
     with pytest.raises(ValueError, match=r"LSTM\.new: layers must be 1 or more, got 0"):
         nn.LSTM.new(3, 4, layers=0)
     with pytest.raises(
