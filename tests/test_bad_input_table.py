@@ -1513,12 +1513,16 @@ def _batch_norm(name: str, x: tuple[int, ...]) -> None:
         (
             "an empty batch in training",
             _train(lambda: layer(F(*none))),
-            run(f"{shown}: a training batch of shape {none} has 0 value(s) per channel"),
+            Gives(
+                lambda v: v == 0.0,
+                "a loss of 0, the running statistics as they were (PyTorch's)",
+                gradients=False,
+            ),
         ),
         (
             "one value per channel in training",
             _train(lambda: layer(F(*one))),
-            run(f"{shown}: a training batch of shape {one} has 1 value(s) per channel"),
+            run(f"{shown}: expected more than 1 value per channel when training, got a batch of shape {one}"),
         ),
         (
             "an empty batch in a prediction",
@@ -1561,6 +1565,100 @@ rows(
         "a layer mask",
         lambda: _sdpa(W(2, 4), W(3, 4), W(3, 4), _LAYER),
         made(TypeError, f"{_SDPA}: mask must be"),
+    ),
+)
+
+# The losses of monadl.dsl.losses: targets of another shape, an unknown reduction, integer data.
+for _loss, _what in (
+    ("mse_loss", "predictions"),
+    ("l1_loss", "predictions"),
+    ("huber_loss", "predictions"),
+    ("smooth_l1_loss", "predictions"),
+    ("binary_cross_entropy", "probabilities"),
+    ("binary_cross_entropy_with_logits", "logits"),
+):
+    _f = getattr(untyped, _loss)
+    rows(
+        _loss,
+        (
+            "targets of another shape",
+            lambda f=_f: f(W(3, 4, fill=0.5), np.zeros((3, 5))),
+            run(f"{_loss}: {_what} of shape (3, 4) and targets of shape (3, 5) differ"),
+        ),
+        (
+            "an unknown reduction",
+            lambda f=_f: f(W(3, 4, fill=0.5), np.zeros((3, 4)), reduction="avg"),
+            made(ValueError, f"{_loss}: reduction must be 'mean', 'sum' or 'none', got 'avg'"),
+        ),
+        (
+            "integer targets",
+            lambda f=_f: f(W(3, 4, fill=0.5), ints(3, 4)),
+            made(TypeError, f"{_loss}: expected a floating-point array"),
+        ),
+        (
+            "an empty batch",
+            lambda f=_f: f(W(0, 4, fill=0.5), np.zeros((0, 4))),
+            Gives(lambda v: bool(np.isnan(v)), "the mean of no elements is NaN (PyTorch's)", gradients=False),
+        ),
+    )
+rows(
+    "binary_cross_entropy",
+    (
+        "probabilities outside [0, 1]",
+        lambda: ml.binary_cross_entropy(W(3, 4, fill=1.5), np.zeros((3, 4))),
+        run("binary_cross_entropy: probabilities of shape (3, 4) must lie in [0, 1]", ValueError),
+    ),
+)
+rows(
+    "huber_loss",
+    (
+        "a negative delta",
+        lambda: ml.huber_loss(W(3, 4), np.zeros((3, 4)), delta=-1.0),
+        made(ValueError, "huber_loss: delta must be > 0 and finite, got -1.0"),
+    ),
+)
+rows(
+    "smooth_l1_loss",
+    (
+        "a negative beta",
+        lambda: ml.smooth_l1_loss(W(3, 4), np.zeros((3, 4)), beta=-1.0),
+        made(ValueError, "smooth_l1_loss: beta must be >= 0 and finite, got -1.0"),
+    ),
+)
+rows(
+    "nll_loss",
+    (
+        "a label out of range",
+        lambda: ml.nll_loss(W(3, 4), np.array([0, 4, 1])),
+        run("nll_loss: label 4 is out of range for 4 classes", ValueError),
+    ),
+    (
+        "float labels",
+        lambda: untyped.nll_loss(W(3, 4), np.zeros(3)),
+        made(TypeError, "nll_loss: expected integer labels, got targets of dtype float64"),
+    ),
+    (
+        "labels of the wrong rank",
+        lambda: ml.nll_loss(W(3, 4), ints(3, 4, 5)),
+        run("nll_loss: targets of shape (3, 4, 5) do not fit log-probabilities of shape (3, 4)"),
+    ),
+    (
+        "a class weight of the wrong shape",
+        lambda: ml.nll_loss(W(3, 4), np.array([0, 1, 1]), weight=np.ones(3)),
+        run("nll_loss: a class weight of shape (3,) does not fit 4 classes"),
+    ),
+    (
+        "an empty batch",
+        lambda: ml.nll_loss(W(0, 4), ints(0)),
+        run("nll_loss: log-probabilities of shape (0, 4) are empty"),
+    ),
+)
+rows(
+    "cross_entropy",
+    (
+        "label smoothing outside [0, 1]",
+        lambda: ml.cross_entropy(W(3, 4), np.array([0, 1, 1]), label_smoothing=1.5),
+        made(ValueError, "cross_entropy: label_smoothing must be in [0, 1], got 1.5"),
     ),
 )
 
@@ -1712,7 +1810,8 @@ _NOT_OPS: list[tuple[str, str]] = [
     ),
     (
         "an optimizer or a schedule: their settings are checked in test_optimizer_state.py, test_schedules",
-        "SGD Adagrad Adam Momentum Optimizer Chain chain GradientTransform clip_by_global_norm clip_by_value "
+        "SGD Adagrad Adam AdamW RMSprop Momentum Optimizer Chain chain GradientTransform clip_by_global_norm "
+        "clip_by_value "
         "global_norm Constant CosineDecay LearningRate LinearWarmup Schedule StepDecay",
     ),
     (
@@ -1729,7 +1828,8 @@ _NOT_OPS: list[tuple[str, str]] = [
     ("makes ops: a user's op's checks are its own (test_custom_op.py)", "custom_op CustomOp ShapeRuleError"),
     (
         "an exception",
-        "ShapeError NoOptimizerError NonFiniteGradientError NonFiniteLossError GradientMismatch",
+        "ShapeError NoOptimizerError NonFiniteGradientError NonFiniteLossError NonFiniteBufferError "
+        "GradientMismatch",
     ),
     (
         "a container or a buffer of a model, not a layer: test_module.py, test_buffers.py",
@@ -1737,6 +1837,8 @@ _NOT_OPS: list[tuple[str, str]] = [
         "to_device stage_buffer staged_data nn.Module",
     ),
     ("what nn.LSTM and nn.GRU give, not a layer", "nn.SequenceOutput"),
+    ("a type of a parameter: the losses' rows check what it allows", "Reduction"),
+    ("a data loader: its own arguments are checked in test_loader.py", "DataLoader"),
     ("initialisers: test_init.py", "nn.init"),
 ]
 NOT_OPS: dict[str, str] = {name: why for why, names in _NOT_OPS for name in names.split()}
