@@ -1569,7 +1569,36 @@ rows(
 )
 
 # The losses of monadl.dsl.losses: targets of another shape, an unknown reduction, integer data.
-for _loss, _what in (
+
+
+def _pointwise_loss_rows(name: str, what: str) -> None:
+    f = getattr(untyped, name)
+    rows(
+        name,
+        (
+            "targets of another shape",
+            lambda: f(W(3, 4, fill=0.5), np.zeros((3, 5))),
+            run(f"{name}: {what} of shape (3, 4) and targets of shape (3, 5) differ"),
+        ),
+        (
+            "an unknown reduction",
+            lambda: f(W(3, 4, fill=0.5), np.zeros((3, 4)), reduction="avg"),
+            made(ValueError, f"{name}: reduction must be 'mean', 'sum' or 'none', got 'avg'"),
+        ),
+        (
+            "integer targets",
+            lambda: f(W(3, 4, fill=0.5), ints(3, 4)),
+            made(TypeError, f"{name}: expected a floating-point array"),
+        ),
+        (
+            "an empty batch",
+            lambda: f(W(0, 4, fill=0.5), np.zeros((0, 4))),
+            Gives(lambda v: bool(np.isnan(v)), "the mean of no elements is NaN (PyTorch's)", gradients=False),
+        ),
+    )
+
+
+for _name, _what in (
     ("mse_loss", "predictions"),
     ("l1_loss", "predictions"),
     ("huber_loss", "predictions"),
@@ -1577,30 +1606,7 @@ for _loss, _what in (
     ("binary_cross_entropy", "probabilities"),
     ("binary_cross_entropy_with_logits", "logits"),
 ):
-    _f = getattr(untyped, _loss)
-    rows(
-        _loss,
-        (
-            "targets of another shape",
-            lambda f=_f: f(W(3, 4, fill=0.5), np.zeros((3, 5))),
-            run(f"{_loss}: {_what} of shape (3, 4) and targets of shape (3, 5) differ"),
-        ),
-        (
-            "an unknown reduction",
-            lambda f=_f: f(W(3, 4, fill=0.5), np.zeros((3, 4)), reduction="avg"),
-            made(ValueError, f"{_loss}: reduction must be 'mean', 'sum' or 'none', got 'avg'"),
-        ),
-        (
-            "integer targets",
-            lambda f=_f: f(W(3, 4, fill=0.5), ints(3, 4)),
-            made(TypeError, f"{_loss}: expected a floating-point array"),
-        ),
-        (
-            "an empty batch",
-            lambda f=_f: f(W(0, 4, fill=0.5), np.zeros((0, 4))),
-            Gives(lambda v: bool(np.isnan(v)), "the mean of no elements is NaN (PyTorch's)", gradients=False),
-        ),
-    )
+    _pointwise_loss_rows(_name, _what)
 rows(
     "binary_cross_entropy",
     (
