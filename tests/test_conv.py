@@ -286,7 +286,7 @@ def _window_sums(x: Any) -> Any:
         ),
         (lambda: ml.conv1d(np.ones((1, 3, 4)), np.ones((2, 3, 1)), stride=0), ValueError, r"conv1d: stride"),
         (
-            lambda: ml.conv2d(np.ones((1, 3, 4, 4)), np.ones((2, 3, 1, 1)), padding="full"),
+            lambda: ml.conv2d(np.ones((1, 3, 4, 4)), np.ones((2, 3, 1, 1)), padding="full"),  # type: ignore[arg-type]
             ValueError,
             r"conv2d: padding",
         ),

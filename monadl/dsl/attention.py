@@ -144,9 +144,12 @@ def _forward(
     """The attention's result, and what the vjps need: ``[p, q, k, v, scale, ds]`` (heads split;
     ``ds``, the scores' delta, filled by the first vjp that needs it, for the other)."""
     qh, kh, vh = _split_heads(xp, q, heads), _split_heads(xp, k, heads), _split_heads(xp, v, heads)
-    c = qh.shape[-1] ** -0.5 if scale is None else scale
+    d = qh.shape[-1]
+    c = (d**-0.5 if d else 1.0) if scale is None else scale  # (no features: every score is 0)
     s = xp.matmul(qh * c, xp.matrix_transpose(kh))
-    p = _softmax_last(xp, _masked(xp, s, mask, causal, heads))
+    # No keys: no weights, and a result of zeros (PyTorch's), where a softmax would take the
+    # maximum of nothing.
+    p = s if s.shape[-1] == 0 else _softmax_last(xp, _masked(xp, s, mask, causal, heads))
     out = _merge_heads(xp, xp.matmul(p, vh), heads)
     return out, [p, qh, kh, vh, c, None]
 
@@ -225,11 +228,13 @@ def _check(q: Any, k: Any, v: Any, scale: float | None, causal: bool, heads: int
     lead = _broadcast((tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2])))
     if lead is None:
         raise ShapeError(f"{name}: the leading axes of {shapes} do not broadcast")
-    if mask is not None:  # against the result's leading axes, which q's, k's or v's may broaden
+    if mask is not None:  # to the result's leading axes (q's, k's or v's may broaden them): it may
+        # not change the scores' shape
         scores = (*lead, q.shape[-2], k.shape[-2])
-        if mask.ndim > len(scores) or not _broadcastable(tuple(mask.shape), scores):
+        sides = zip(reversed(mask.shape), reversed(scores), strict=False)
+        if mask.ndim > len(scores) or any(m not in (1, n) for m, n in sides):
             raise ShapeError(
-                f"{name}: mask of shape {tuple(mask.shape)} does not broadcast against the scores' "
+                f"{name}: mask of shape {tuple(mask.shape)} does not broadcast to the scores' "
                 f"shape {scores} ({shapes})"
             )
 
@@ -382,10 +387,10 @@ def scaled_dot_product_attention(
 
     ``heads``: the feature axis holds that many heads side by side, each attending on its own (a
     multi-head layer's fused projections, without reshapes). ``mask``: a boolean array, True where
-    a query may attend to a key, or a floating-point array added to the scores; it broadcasts against
-    (..., Lq, Lk), the same for every head, and gets no delta. ``causal``: query i attends to keys
-    ``j <= i`` only (with ``mask``, both apply). A query that keeps no key gives 0 (as PyTorch),
-    with a zero delta."""
+    a query may attend to a key, or a floating-point array added to the scores; it broadcasts to
+    (..., Lq, Lk) (it may not change that shape), the same for every head, and gets no delta.
+    ``causal``: query i attends to keys ``j <= i`` only (with ``mask``, both apply). A query that
+    keeps no key gives 0 (as PyTorch), with a zero delta; so do no keys at all (Lk = 0)."""
     op = "scaled_dot_product_attention"
     array_operand(op, q, "q")
     array_operand(op, k, "k")

@@ -9,7 +9,7 @@ from mypy_extensions import mypyc_attr
 
 from monadl.do.do import Do
 from monadl.do.tape import Tape
-from monadl.dsl.deep_learning import no_truth_value
+from monadl.dsl.deep_learning import forbid_array_value, no_truth_value
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -18,8 +18,10 @@ class Differentiable:
     its kind, in ``FloatOperators`` and ``ArrayOperators``).
 
     ``__array_ufunc__ = None`` makes ``ndarray * layer`` call our reflected operator instead of
-    building an object array. ``await x`` (in a ``@direct`` function) gives its forward data,
-    shared with every differentiable use of ``x`` in the same run.
+    building an object array. NumPy's functions and ``numpy.asarray`` refuse it, with a
+    ``TypeError`` naming monadl's op (:func:`~monadl.dsl.deep_learning.forbid_array_value`).
+    ``await x`` (in a ``@direct`` function) gives its forward data, shared with every
+    differentiable use of ``x`` in the same run.
     """
 
     __slots__ = ("forward",)
@@ -29,3 +31,6 @@ class Differentiable:
     # A class attribute, not a method: mypy reads its NoReturn (``if layer:`` is unreachable code,
     # which --strict with warn_unreachable reports), and mypyc compiles only bool-returning methods.
     __bool__: ClassVar[Callable[[Any], NoReturn]] = no_truth_value
+
+
+forbid_array_value(Differentiable)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from monadl.dsl.arguments import array_operand, as_index
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, apply_array, is_float_kind
@@ -249,6 +249,8 @@ def _check_conv(
             f"{name}: needs x of shape (..., C, {'L' if spatial == 1 else 'H, W'}) and w of shape "
             f"(O, C // groups, {'K' if spatial == 1 else 'KH, KW'}), got {shape_of(x)} and {shape_of(w)}"
         )
+    if any(k < 1 for k in w.shape[2:]):
+        raise ShapeError(f"{name}: w of shape {tuple(w.shape)} has a kernel side of 0")
     c, o = x.shape[-spatial - 1], w.shape[0]
     if c != w.shape[1] * groups or o % groups:
         raise ShapeError(
@@ -431,7 +433,10 @@ avg_pool: Final = Primitive(
 # ----------------------------------------------------------------------------------- public ops
 
 Size = int | Sequence[int]
-Padding = int | Sequence[int] | str
+"""A window's size along each spatial axis: one int for every axis, or one per axis."""
+Padding = int | Sequence[int] | Literal["valid", "same"]
+"""Padding: an int (or one per axis) on both sides of each axis, ``"valid"`` (none) or ``"same"``
+(the output as large as the input). Other strings are refused by the type, and when the op is made."""
 
 
 def _sizes(op: str, name: str, value: object, spatial: int, least: int) -> tuple[int, ...]:

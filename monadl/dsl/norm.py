@@ -43,8 +43,9 @@ def _forward(xp: Any, x: Any, weight: Any, bias: Any, eps: float) -> tuple[Any, 
 
 def _numpy_forward(x: Any, weight: Any, bias: Any, eps: float) -> tuple[Any, tuple[Any, Any]]:
     """:func:`_forward`'s arithmetic by NumPy's ufuncs, in place on the op's own arrays (``np.mean``
-    is a Python wrapper of a few microseconds, on every row of a batch's forward)."""
-    inverse_n = 1.0 / x.shape[-1]
+    is a Python wrapper of a few microseconds, on every row of a batch's forward). Rows of no
+    features give rows of none (PyTorch's): the factor 1 / n is any number there."""
+    inverse_n = 1.0 / max(x.shape[-1], 1)
     centred = x - np.add.reduce(x, axis=-1, keepdims=True) * inverse_n
     var = np.add.reduce(centred * centred, axis=-1, keepdims=True)
     var *= inverse_n
@@ -74,7 +75,7 @@ def _vjp_x(xp: Any, d: Any, saved: tuple[Any, Any], x: Any, *affine: Any, eps: f
     if x.shape[-1] == 0:
         return g * 1.0  # an empty delta
     if xp is NUMPY:  # the same arithmetic by the ufuncs, in place on arrays of its own
-        inverse_n = 1.0 / x.shape[-1]
+        inverse_n = 1.0 / max(x.shape[-1], 1)  # (no features: empty rows, as the forward's)
         out = g - np.add.reduce(g, axis=-1, keepdims=True) * inverse_n
         out -= xhat * (np.add.reduce(g * xhat, axis=-1, keepdims=True) * inverse_n)
         out *= rstd

@@ -935,10 +935,10 @@ def _log_softmax(xp: Any, x: Any, axis: int) -> Any:
     ``exp(shifted)`` but one maximum's (exactly 1). ``log`` of the rounded sum ``1 + s`` loses ``s``
     below an ulp of 1, and the log-probability of a confident class came out 0 (relative error 1:
     it is -s): so ``s`` is summed without that 1, and ``log1p(s)`` keeps it. (Other maxima, ties,
-    stay in ``s`` as 1s: then ``s >= 1``, with nothing to lose.) An empty axis gives an empty
-    result, as PyTorch's (there is no maximum to take)."""
-    if x.shape[axis] == 0:
-        return x * 1.0
+    stay in ``s`` as 1s: then ``s >= 1``, with nothing to lose.) Along an axis of length 0, there
+    is nothing to normalise: the result is as empty as ``x`` (PyTorch's)."""
+    if x.shape[axis] == 0:  # (a maximum of nothing is undefined)
+        return xp.zeros_like(x)
     if xp is NUMPY:  # the ufuncs' reductions, and in place on our own array: np.max and np.sum add
         # microseconds of Python each, more than the arithmetic on a batch of logits. One maximum
         # per row by argmax, which costs no more than the max: its term is then set to 0 in place,
@@ -970,9 +970,9 @@ def _softmax(xp: Any, x: Any, axis: int = -1) -> Any:
     """``exp(x - max) / sum(exp(x - max))`` along ``axis``. (``exp(log_softmax(x))``, as it was, costs
     a log and a second exp more, and rounds the log-probability ``x - max - logsumexp`` once more
     before its exp: up to |log-probability| / 2 ulps of relative error, 32 ulps for a probability of
-    e^-100.) An empty axis gives an empty result, as PyTorch's."""
+    e^-100.) Along an axis of length 0, the result is as empty as ``x`` (PyTorch's)."""
     if x.shape[axis] == 0:
-        return x * 1.0
+        return xp.zeros_like(x)
     if xp is NUMPY:  # as in _log_softmax: the ufuncs, in place on our own array
         e = x - np.maximum.reduce(x, axis=axis, keepdims=True)
         np.exp(e, out=e)

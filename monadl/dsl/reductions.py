@@ -289,6 +289,8 @@ def _value(name: str, x: object) -> Any:
             raise result.failure()
         return result.unwrap()
     if is_array(x) and not isinstance(x, ArrayOperators):
+        if getattr(getattr(x, "dtype", None), "kind", "f") not in "fiub":  # (NumPy's kinds)
+            raise TypeError(f"{name}: expected an array of real numbers, got dtype {x.dtype}")  # type: ignore[attr-defined]
         return x
     raise TypeError(f"{name}: expected an array, array weight or array layer, got {type(x).__name__}")
 
@@ -314,7 +316,9 @@ def _index_of(name: str, x: object, axis: int | None, keepdims: bool, largest: b
 def argmax(x: AnyArray, axis: int | None = None, *, keepdims: bool = False) -> IndexArray:
     """The index of the largest element (of the flattened array, as a 0-d integer array), or the
     indices of the largest along ``axis``; the first one where there are ties (the array API's and
-    NumPy's ``argmax``).
+    NumPy's ``argmax``). A NaN counts as the largest (and as the smallest, for :func:`argmin`), as
+    in NumPy and PyTorch. An array of integers or booleans has indices too; one of complex numbers
+    or objects is a TypeError.
 
     Not an op: integers have no gradient and a layer's data is floating-point, so the result is a
     plain integer array of ``x``'s namespace. A weight gives its data's indices; a layer is run now

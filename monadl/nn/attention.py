@@ -22,7 +22,7 @@ from monadl.dsl.attention import scaled_dot_product_attention, self_attention
 from monadl.dsl.layers import AnyArray, ArrayLayer
 from monadl.dsl.ops import linear, matmul, relu
 from monadl.nn.dropout import Dropout
-from monadl.nn.linear import Activation, Linear, Seed, generator
+from monadl.nn.linear import Activation, Linear, Seed, generator, positive
 from monadl.nn.module import Module
 from monadl.nn.norm import LayerNorm
 from monadl.typeclasses.backend import AnyNDArray, is_array, namespace
@@ -87,9 +87,11 @@ class MultiHeadAttention(Module):
         biases; ``xp`` and ``device`` as its. ``kdim`` and ``vdim``, the keys' and values'
         features, default to ``features`` (as PyTorch's); either one other than it gives separate
         projections ``k`` and ``v``."""
-        rng = generator(seed)
-        kdim = features if kdim is None else kdim
-        vdim = features if vdim is None else vdim
+        name = "MultiHeadAttention.new"
+        features, heads = positive(name, "features", features), positive(name, "heads", heads)
+        kdim = features if kdim is None else positive(name, "kdim", kdim)
+        vdim = features if vdim is None else positive(name, "vdim", vdim)
+        rng = generator(seed, name)
         if kdim == vdim == features:
             qkv = Linear.new(features, 3 * features, seed=rng, dtype=dtype, bias=bias, xp=xp, device=device)
             out = Linear.new(features, features, seed=rng, dtype=dtype, bias=bias, xp=xp, device=device)
@@ -211,8 +213,10 @@ class TransformerEncoderLayer(Module):
         """A layer of ``features`` (the model's width), ``heads`` heads and a feed-forward block of
         ``feedforward`` units (default 4 * features), its weights drawn from one generator in the
         order of the fields (``xp`` and ``device`` as :meth:`Linear.new`'s)."""
-        rng = generator(seed)
-        hidden = 4 * features if feedforward is None else feedforward
+        name = "TransformerEncoderLayer.new"
+        features = positive(name, "features", features)
+        hidden = 4 * features if feedforward is None else positive(name, "feedforward", feedforward)
+        rng = generator(seed, name)
         return cls(
             MultiHeadAttention.new(features, heads, seed=rng, dtype=dtype, xp=xp, device=device),
             LayerNorm.new(features, dtype=dtype, xp=xp, device=device),

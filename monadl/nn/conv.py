@@ -23,7 +23,7 @@ from monadl.dsl.conv_transpose import conv_transpose2d
 from monadl.dsl.layers import AnyArray, ArrayLayer
 from monadl.dsl.weights import ArrayWeight
 from monadl.nn.init import Initializer
-from monadl.nn.linear import Seed, generator
+from monadl.nn.linear import Seed, generator, positive
 from monadl.nn.module import Module
 
 
@@ -50,11 +50,14 @@ def _kernel_weights(
     """Normal kernels of std ``1 / sqrt(fan_in)`` (fan_in: ``inputs // groups`` times the kernel's
     size, LeCun's initialisation, as :class:`~monadl.nn.Linear`'s), and a zero bias."""
     kernel = _pair(name, kernel_size, spatial)
+    inputs, outputs = positive(f"{name}.new", "inputs", inputs), positive(f"{name}.new", "outputs", outputs)
     if groups < 1 or inputs % groups or outputs % groups:
         raise ValueError(f"{name}: {inputs} inputs and {outputs} outputs do not divide into {groups} groups")
     fan_in = inputs // groups * math.prod(kernel)
     shape = (outputs, inputs // groups, *kernel)
-    w = ArrayWeight.normal(shape, std=fan_in**-0.5, seed=generator(seed), dtype=dtype, xp=xp, device=device)
+    w = ArrayWeight.normal(
+        shape, std=fan_in**-0.5, seed=generator(seed, f"{name}.new"), dtype=dtype, xp=xp, device=device
+    )
     return w, ArrayWeight.zeros((outputs,), dtype=dtype, xp=xp, device=device) if bias else None
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from monadl.dsl.layers import AnyArray, ArrayLayer
 from monadl.dsl.norm import group_norm, layer_norm, rms_norm
 from monadl.dsl.weights import ArrayWeight
+from monadl.nn.linear import positive
 from monadl.nn.module import Module
 
 __all__ = ["GroupNorm", "LayerNorm", "RMSNorm"]
@@ -46,6 +47,7 @@ class LayerNorm(Module):
     ) -> LayerNorm:
         """A weight of ones and a bias of zeros, as PyTorch's (none if not ``affine``), in the
         namespace ``xp`` (on ``device``), as :meth:`~monadl.nn.Linear.new`'s."""
+        features = positive("LayerNorm.new", "features", features)
         if not affine:
             return cls(None, None, eps)
         ones = ArrayWeight(np.ones((features,), dtype=dtype), xp=xp, device=device)
