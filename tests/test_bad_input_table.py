@@ -1807,6 +1807,367 @@ rows(
     ),
 )
 
+# --------------------------------------------- image layers, padding, flattening, group and RMS norm
+
+_CT = "conv_transpose2d"
+rows(
+    _CT,
+    (
+        "a kernel of other input channels",
+        lambda: ml.conv_transpose2d(W(1, 3, 4, 4), W(2, 2, 3, 3)),
+        run(f"{_CT}: x of shape (1, 3, 4, 4) (3 channels) and w of shape (2, 2, 3, 3) do not fit 1 group(s)"),
+    ),
+    (
+        "groups that do not divide",
+        lambda: ml.conv_transpose2d(W(1, 3, 4, 4), W(3, 2, 3, 3), groups=2),
+        run(f"{_CT}: x of shape (1, 3, 4, 4) (3 channels) and w of shape (3, 2, 3, 3) do not fit 2 group(s)"),
+    ),
+    (
+        "padding that crops the whole output",
+        lambda: ml.conv_transpose2d(W(1, 3, 1, 1), W(3, 2, 1, 1), padding=1),
+        run(f"{_CT}: an input of shape (1, 3, 1, 1), a kernel of shape (1, 1) and padding (1, 1) give"),
+    ),
+    (
+        "negative padding",
+        lambda: ml.conv_transpose2d(W(1, 3, 4, 4), W(3, 2, 3, 3), padding=-1),
+        made(ValueError, f"{_CT}: padding must be 2 int(s) of at least 0"),
+    ),
+    (
+        "output padding of the stride",
+        lambda: ml.conv_transpose2d(W(1, 3, 4, 4), W(3, 2, 3, 3), stride=2, output_padding=2),
+        made(ValueError, f"{_CT}: output_padding (2, 2) must be less than the stride"),
+    ),
+    (
+        "a bias of another size",
+        lambda: ml.conv_transpose2d(W(1, 3, 4, 4), W(3, 2, 3, 3), W(3)),
+        run(f"{_CT}: bias of shape (3,) does not fit 2 output channels"),
+    ),
+    ("a 2-d input", lambda: ml.conv_transpose2d(W(3, 4), W(3, 2, 3, 3)), run(f"{_CT}: needs x of shape")),
+    (
+        "int64 x",
+        lambda: untyped.conv_transpose2d(ints(1, 3, 4, 4), W(3, 2, 3, 3)),
+        made(TypeError, f"{_CT}: {FLOATS} int64"),
+    ),
+    (
+        "a float kernel",
+        lambda: untyped.conv_transpose2d(W(1, 3, 4, 4), 0.5),
+        made(TypeError, f"{_CT}: {ARRAY} for w"),
+    ),
+    ("empty batch", lambda: ml.conv_transpose2d(W(0, 3, 4, 4), W(3, 2, 3, 3), W(2)), empty(0, 2, 6, 6)),
+    ("NaN", lambda: ml.conv_transpose2d(NAN(1, 3, 4, 4), W(3, 2, 3, 3)), nan(1, 2, 6, 6)),
+)
+_AP = "adaptive_avg_pool2d"
+rows(
+    _AP,
+    (
+        "a 1-d input",
+        lambda: ml.adaptive_avg_pool2d(W(4), 2),
+        run(f"{_AP}: needs an array of 2 axes at least"),
+    ),
+    (
+        "an empty map",
+        lambda: ml.adaptive_avg_pool2d(W(2, 0, 4), 2),
+        run(f"{_AP}: an input of shape (2, 0, 4)"),
+    ),
+    (
+        "an output of 0",
+        lambda: ml.adaptive_avg_pool2d(W(2, 4, 4), 0),
+        made(ValueError, f"{_AP}: output_size must be at least 1"),
+    ),
+    (
+        "three sizes",
+        lambda: ml.adaptive_avg_pool2d(W(2, 4, 4), (1, 2, 3)),
+        made(ValueError, f"{_AP}: output_size must be"),
+    ),
+    (
+        "a float size",
+        lambda: untyped.adaptive_avg_pool2d(W(2, 4, 4), 1.5),
+        made(TypeError, f"{_AP}: output_size must be ints"),
+    ),
+    (
+        "int64 input",
+        lambda: untyped.adaptive_avg_pool2d(ints(2, 4, 4), 2),
+        made(TypeError, f"{_AP}: {FLOATS} int64"),
+    ),
+    ("empty batch", lambda: ml.adaptive_avg_pool2d(W(0, 3, 4, 4), (3, 2)), empty(0, 3, 3, 2)),
+    (
+        "an output larger than the input",
+        lambda: ml.adaptive_avg_pool2d(W(2, 2, 3), 5),
+        equal(lambda: np.ones((2, 5, 5)), "PyTorch's bins repeat rows"),
+    ),
+    ("NaN", lambda: ml.adaptive_avg_pool2d(NAN(2, 4, 4), 2), nan(2, 2, 2)),
+)
+rows(
+    "pad",
+    (
+        "an odd count of widths",
+        lambda: ml.pad(W(2, 3), (1, 2, 3)),
+        made(ValueError, "pad: pad must hold pairs of widths"),
+    ),
+    (
+        "more axes than the input",
+        lambda: ml.pad(W(3), (1, 1, 1, 1)),
+        run("pad: padding 4 numbers (the last 2 axes) needs an array of 2"),
+    ),
+    (
+        "a crop past the input",
+        lambda: ml.pad(W(2, 3), (-2, -2)),
+        run("pad: widths (-2, -2) crop more than the 3 elements"),
+    ),
+    (
+        "reflect as wide as the axis",
+        lambda: ml.pad(W(2, 3), (3, 0), "reflect"),
+        run("pad: reflect widths (3, 0) must be less than"),
+    ),
+    (
+        "circular wider than the axis",
+        lambda: ml.pad(W(2, 3), (0, 4), "circular"),
+        run("pad: circular widths (0, 4) exceed"),
+    ),
+    (
+        "replicate of an empty axis",
+        lambda: ml.pad(W(2, 0), (1, 0), "replicate"),
+        run("pad: replicate has no element"),
+    ),
+    (
+        "a negative reflect width",
+        lambda: ml.pad(W(2, 3), (-1, 0), "reflect"),
+        made(ValueError, "pad: mode 'reflect' takes no negative"),
+    ),
+    (
+        "an unknown mode",
+        lambda: untyped.pad(W(2, 3), (1, 1), "wrap"),
+        made(ValueError, "pad: mode must be one of"),
+    ),
+    (
+        "a value with reflect",
+        lambda: ml.pad(W(2, 3), (1, 1), "reflect", 2.0),
+        made(ValueError, "pad: mode 'reflect' takes no value"),
+    ),
+    (
+        "float widths",
+        lambda: untyped.pad(W(2, 3), (1.0, 1.0)),
+        made(TypeError, "pad: pad must be a sequence of ints"),
+    ),
+    ("int64 input", lambda: untyped.pad(ints(2, 3), (1, 1)), made(TypeError, f"pad: {FLOATS} int64")),
+    ("empty batch", lambda: ml.pad(W(0, 3), (1, 1), "reflect"), empty(0, 5)),
+    ("NaN", lambda: ml.pad(NAN(2, 3), (1, 1), "circular"), nan(2, 5)),
+)
+rows(
+    "flatten",
+    (
+        "start after end",
+        lambda: ml.flatten(W(2, 3, 4), 2, 1),
+        run("flatten: start_dim 2 and end_dim 1 are not axes"),
+    ),
+    (
+        "an axis past the input",
+        lambda: ml.flatten(W(2, 3), 0, 2),
+        run("flatten: start_dim 0 and end_dim 2 are not axes"),
+    ),
+    (
+        "a float axis",
+        lambda: untyped.flatten(W(2, 3), 1.0),
+        made(TypeError, "flatten: start_dim must be an int"),
+    ),
+    ("int64 input", lambda: untyped.flatten(ints(2, 3)), made(TypeError, f"flatten: {FLOATS} int64")),
+    ("empty batch", lambda: ml.flatten(W(0, 3, 2), 1), empty(0, 6)),
+    (
+        "a 0-d input",
+        lambda: ml.flatten(W()),
+        equal(lambda: np.ones(1), "torch.flatten: a 0-d tensor becomes (1,)"),
+    ),
+    ("NaN", lambda: ml.flatten(NAN(2, 3)), nan(6)),
+)
+rows(
+    "group_norm",
+    (
+        "groups that do not divide",
+        lambda: ml.group_norm(W(2, 6, 3), 4),
+        run("group_norm: 4 groups do not divide the 6 channels"),
+    ),
+    (
+        "a weight of another size",
+        lambda: ml.group_norm(W(2, 6, 3), 2, W(4)),
+        run("group_norm: weight of shape (4,) does not fit the 6"),
+    ),
+    (
+        "a channel axis past the input",
+        lambda: ml.group_norm(W(2, 6), 2, axis=2),
+        run("group_norm: channel axis 2 is not an axis"),
+    ),
+    (
+        "0 groups",
+        lambda: ml.group_norm(W(2, 6), 0),
+        made(ValueError, "group_norm: groups must be at least 1"),
+    ),
+    (
+        "eps 0",
+        lambda: ml.group_norm(W(2, 6), 2, eps=0.0),
+        made(ValueError, "group_norm: eps must be a positive float"),
+    ),
+    (
+        "int64 input",
+        lambda: untyped.group_norm(ints(2, 6), 2),
+        made(TypeError, f"group_norm: {FLOATS} int64"),
+    ),
+    ("empty batch", lambda: ml.group_norm(W(0, 6, 3), 2, W(6), W(6)), empty(0, 6, 3)),
+    ("NaN", lambda: ml.group_norm(NAN(2, 6, 3), 3), nan(2, 6, 3)),
+)
+rows(
+    "rms_norm",
+    (
+        "an input of other last axes",
+        lambda: ml.rms_norm(W(2, 5), 4),
+        run("rms_norm: x of shape (2, 5) does not end in the normalized shape (4,)"),
+    ),
+    (
+        "a weight of another shape",
+        lambda: ml.rms_norm(W(2, 5), 5, W(3)),
+        run("rms_norm: weight of shape (3,) does not fit"),
+    ),
+    (
+        "no normalized axes",
+        lambda: ml.rms_norm(W(2, 5), ()),
+        made(ValueError, "rms_norm: normalized_shape must be one size"),
+    ),
+    (
+        "eps negative",
+        lambda: ml.rms_norm(W(2, 5), 5, eps=-1.0),
+        made(ValueError, "rms_norm: eps must be a positive float"),
+    ),
+    ("int64 input", lambda: untyped.rms_norm(ints(2, 5), 5), made(TypeError, f"rms_norm: {FLOATS} int64")),
+    ("empty batch", lambda: ml.rms_norm(W(0, 5), 5, W(5)), empty(0, 5)),
+    ("NaN", lambda: ml.rms_norm(NAN(2, 5), 5), nan(2, 5)),
+)
+_SEQ = nn.Sequential(nn.Linear.new(3, 4), ml.relu, nn.Linear.new(4, 2))
+_DEC = nn.TransformerDecoderLayer.new(4, 2, 8)
+rows(
+    "nn.Sequential",
+    (
+        "inputs of another size",
+        lambda: _SEQ(F(2, 5)),
+        run(f"{_ALIGNED} (2, 5) and (3, 4) are not aligned (5 != 3)"),
+    ),
+    (
+        "a layer that is no function",
+        lambda: nn.Sequential(ml.relu, bad(3)),
+        made(TypeError, "Sequential: layer 1 is a int"),
+    ),
+    ("int64 input", lambda: _SEQ(ints(2, 3)), made(TypeError, f"linear: {FLOATS} int64")),
+    ("empty batch", lambda: _SEQ(F(0, 3)), empty(0, 2)),
+)
+rows(
+    "nn.Flatten",
+    ("a 1-d input", lambda: nn.Flatten()(F(4)), run("flatten: start_dim 1 and end_dim -1 are not axes")),
+    ("empty batch", lambda: nn.Flatten()(F(0, 3, 2)), empty(0, 6)),
+)
+rows(
+    "nn.ConvTranspose2d",
+    (
+        "no inputs",
+        lambda: nn.ConvTranspose2d.new(0, 2, 3),
+        made(ValueError, f"ConvTranspose2d.new: inputs {_POSITIVE} 0"),
+    ),
+    (
+        "groups that do not divide",
+        lambda: nn.ConvTranspose2d.new(3, 4, 3, groups=2),
+        made(ValueError, "ConvTranspose2d.new: 3 inputs and 4 outputs"),
+    ),
+    (
+        "a 3-d kernel",
+        lambda: nn.ConvTranspose2d(W(3, 2, 3)),
+        made(ValueError, "ConvTranspose2d: w must have 4 dimensions"),
+    ),
+    (
+        "input channels of another count",
+        lambda: nn.ConvTranspose2d.new(3, 2, 3)(F(1, 4, 5, 5)),
+        run(f"{_CT}: x of shape (1, 4, 5, 5)"),
+    ),
+    ("empty batch", lambda: nn.ConvTranspose2d.new(3, 2, 2, stride=2)(F(0, 3, 2, 2)), empty(0, 2, 4, 4)),
+)
+rows(
+    "nn.AdaptiveAvgPool2d",
+    (
+        "an output of 0",
+        lambda: nn.AdaptiveAvgPool2d(0)(F(2, 4, 4)),
+        made(ValueError, f"{_AP}: output_size must be at least 1"),
+    ),
+    ("empty batch", lambda: nn.AdaptiveAvgPool2d(1)(F(0, 3, 4, 4)), empty(0, 3, 1, 1)),
+)
+rows(
+    "nn.GroupNorm",
+    (
+        "groups that do not divide",
+        lambda: nn.GroupNorm.new(4, 6),
+        made(ValueError, "GroupNorm.new: 4 groups do not divide 6 channels"),
+    ),
+    (
+        "no channels",
+        lambda: nn.GroupNorm.new(1, 0),
+        made(ValueError, f"GroupNorm.new: channels {_POSITIVE} 0"),
+    ),
+    (
+        "eps a string",
+        lambda: nn.GroupNorm(None, None, 2, bad("a")),
+        made(TypeError, "GroupNorm: eps must be a float, got str 'a'"),
+    ),
+    (
+        "channels of another count",
+        lambda: nn.GroupNorm.new(2, 4)(F(2, 6, 3)),
+        run("group_norm: weight of shape (4,) does not fit the 6"),
+    ),
+    ("empty batch", lambda: nn.GroupNorm.new(2, 4)(F(0, 4, 3)), empty(0, 4, 3)),
+)
+rows(
+    "nn.RMSNorm",
+    (
+        "a side of 0",
+        lambda: nn.RMSNorm.new((3, 0)),
+        made(ValueError, f"RMSNorm.new: each side of normalized_shape {_POSITIVE} 0"),
+    ),
+    (
+        "a weight of another shape",
+        lambda: nn.RMSNorm(W(3), (4,)),
+        made(ValueError, "RMSNorm: weight of shape (3,) does not fit"),
+    ),
+    (
+        "eps 0",
+        lambda: nn.RMSNorm(None, (4,), 0.0),
+        made(ValueError, "RMSNorm: eps must be positive, got 0.0"),
+    ),
+    (
+        "features of another size",
+        lambda: nn.RMSNorm.new(4)(F(2, 5)),
+        run("rms_norm: x of shape (2, 5) does not end in"),
+    ),
+    ("empty batch", lambda: nn.RMSNorm.new(4)(F(0, 4)), empty(0, 4)),
+)
+rows(
+    "nn.TransformerDecoderLayer",
+    (
+        "no features",
+        lambda: nn.TransformerDecoderLayer.new(0, 1),
+        made(ValueError, f"TransformerDecoderLayer.new: features {_POSITIVE} 0"),
+    ),
+    (
+        "a dropout of 1",
+        lambda: nn.TransformerDecoderLayer.new(4, 2, dropout=1.0),
+        made(ValueError, "Dropout: p must be a float in [0, 1)"),
+    ),
+    (
+        "a memory of another width",
+        lambda: _DEC(F(3, 4), F(5, 3)),
+        run(f"{_ALIGNED} (5, 3) and (4, 4) are not aligned (3 != 4)"),
+    ),
+    (
+        "a memory mask of the wrong shape",
+        lambda: _DEC(F(3, 4), F(5, 4), memory_mask=bools(2, 2)),
+        run(f"{_SDPA}: mask of shape (2, 2) does"),
+    ),
+    ("a target of no steps", lambda: _DEC(F(0, 4), F(5, 4)), empty(0, 4)),
+)
+
 # ---------------------------------------------------------------------------- what is no op
 
 _NOT_OPS: list[tuple[str, str]] = [
@@ -1843,7 +2204,7 @@ _NOT_OPS: list[tuple[str, str]] = [
         "to_device stage_buffer staged_data nn.Module",
     ),
     ("what nn.LSTM and nn.GRU give, not a layer", "nn.SequenceOutput"),
-    ("a type of a parameter: the losses' rows check what it allows", "Reduction"),
+    ("a type of a parameter: the rows of the ops that take it check what it allows", "Reduction PadMode"),
     ("a data loader: its own arguments are checked in test_loader.py", "DataLoader"),
     ("initialisers: test_init.py", "nn.init"),
 ]

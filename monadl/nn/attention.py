@@ -294,8 +294,10 @@ class TransformerDecoderLayer(Module):
         one generator in the order of the fields (``xp`` and ``device`` as :meth:`Linear.new`'s);
         ``dropout``, as PyTorch's default 0.1 (0: no dropout layers), the seeds of its four
         generators drawn from the same generator after the weights."""
-        rng = generator(seed)
-        hidden = 4 * features if feedforward is None else feedforward
+        name = "TransformerDecoderLayer.new"
+        features = positive(name, "features", features)
+        hidden = 4 * features if feedforward is None else positive(name, "feedforward", feedforward)
+        rng = generator(seed, name)
         attention = MultiHeadAttention.new(features, heads, seed=rng, dtype=dtype, xp=xp, device=device)
         cross = MultiHeadAttention.new(features, heads, seed=rng, dtype=dtype, xp=xp, device=device)
         norm1, norm2, norm3 = (LayerNorm.new(features, dtype=dtype, xp=xp, device=device) for _ in range(3))

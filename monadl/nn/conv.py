@@ -239,10 +239,13 @@ class ConvTranspose2d(Module):
         PyTorch's count for this layout), or by ``init`` (of the shape (C, O // groups, KH, KW)); a
         zero bias (none if not ``bias``). ``xp`` and ``device``: where the weights are, as
         :meth:`Linear.new`'s."""
-        kernel = _pair("ConvTranspose2d", kernel_size, 2)
-        if groups < 1 or inputs % groups or outputs % groups:
+        name = "ConvTranspose2d.new"
+        kernel = _pair(name, kernel_size, 2)
+        inputs, outputs = positive(name, "inputs", inputs), positive(name, "outputs", outputs)
+        groups = positive(name, "groups", groups)
+        if inputs % groups or outputs % groups:
             raise ValueError(
-                f"ConvTranspose2d: {inputs} inputs and {outputs} outputs do not divide into {groups} groups"
+                f"{name}: {inputs} inputs and {outputs} outputs do not divide into {groups} groups"
             )
         shape = (inputs, outputs // groups, *kernel)
         if init is not None:
@@ -250,7 +253,7 @@ class ConvTranspose2d(Module):
         else:
             fan_in = outputs // groups * math.prod(kernel)
             w = ArrayWeight.normal(
-                shape, std=fan_in**-0.5, seed=generator(seed), dtype=dtype, xp=xp, device=device
+                shape, std=fan_in**-0.5, seed=generator(seed, name), dtype=dtype, xp=xp, device=device
             )
         b = ArrayWeight.zeros((outputs,), dtype=dtype, xp=xp, device=device) if bias else None
         return cls(w, b, stride, padding, output_padding, groups, dilation)

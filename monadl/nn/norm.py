@@ -75,10 +75,10 @@ class GroupNorm(Module):
         shapes = {tuple(w.data.shape) for w in (self.weight, self.bias) if w is not None}
         if len(shapes) > 1 or any(len(s) != 1 for s in shapes):
             raise ValueError(f"GroupNorm: weight and bias must be vectors of one size, got shapes {shapes}")
-        if self.groups < 1 or any(s[0] % self.groups for s in shapes):
-            raise ValueError(f"GroupNorm: {self.groups} groups do not divide channels of shapes {shapes}")
-        if not self.eps > 0.0:
-            raise ValueError(f"GroupNorm: eps must be positive, got {self.eps!r}")
+        groups = positive("GroupNorm", "groups", self.groups)
+        if any(s[0] % groups for s in shapes):
+            raise ValueError(f"GroupNorm: {groups} groups do not divide channels of shapes {shapes}")
+        _check_eps("GroupNorm", self.eps)
 
     @classmethod
     def new(
@@ -96,8 +96,10 @@ class GroupNorm(Module):
         """``channels`` in ``groups`` groups (PyTorch's ``num_groups``, ``num_channels``): a weight
         of ones and a bias of zeros, as PyTorch's (none if not ``affine``), in the namespace ``xp``
         (on ``device``)."""
-        if groups < 1 or channels % groups:
-            raise ValueError(f"GroupNorm: {groups} groups do not divide {channels} channels")
+        groups = positive("GroupNorm.new", "groups", groups)
+        channels = positive("GroupNorm.new", "channels", channels)
+        if channels % groups:
+            raise ValueError(f"GroupNorm.new: {groups} groups do not divide {channels} channels")
         if not affine:
             return cls(None, None, groups, eps, axis)
         ones = ArrayWeight(np.ones((channels,), dtype=dtype), xp=xp, device=device)
@@ -124,8 +126,8 @@ class RMSNorm(Module):
                 f"RMSNorm: weight of shape {tuple(self.weight.data.shape)} does not fit the normalized "
                 f"shape {tuple(self.normalized_shape)}"
             )
-        if self.eps is not None and not self.eps > 0.0:
-            raise ValueError(f"RMSNorm: eps must be positive or None, got {self.eps!r}")
+        if self.eps is not None:
+            _check_eps("RMSNorm", self.eps)
 
     @classmethod
     def new(
@@ -140,10 +142,20 @@ class RMSNorm(Module):
     ) -> RMSNorm:
         """A weight of ones of ``normalized_shape`` (an int: one axis), as PyTorch's (none if not
         ``affine``, PyTorch's ``elementwise_affine``), in the namespace ``xp`` (on ``device``)."""
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        given = normalized_shape if isinstance(normalized_shape, Sequence) else (normalized_shape,)
+        shape = tuple(positive("RMSNorm.new", "each side of normalized_shape", n) for n in given)
+        if not shape:
+            raise ValueError("RMSNorm.new: normalized_shape must have one side at least, got ()")
         if not affine:
             return cls(None, shape, eps)
         return cls(ArrayWeight(np.ones(shape, dtype=dtype), xp=xp, device=device), shape, eps)
 
     def __call__(self, x: AnyArray) -> ArrayLayer:
         return rms_norm(x, self.normalized_shape, self.weight, eps=self.eps)
+
+
+def _check_eps(name: str, eps: object) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"{name}: eps must be a float, got {type(eps).__name__} {eps!r}")
+    if not eps > 0.0:
+        raise ValueError(f"{name}: eps must be positive, got {eps!r}")
