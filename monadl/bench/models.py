@@ -17,11 +17,11 @@ Workloads (the sizes of the examples' defaults; ``--smoke``: tiny ones):
                50, MLP 32; Adam on the mean cross-entropy per word) on --sentences sentences of the
                synthetic WikiNER-like set, against ``nn.LSTM`` over the same sentences packed
 
-The monadl side is the code of the examples (their models, ``monadl.bench.cnn_model``,
-``monadl.bench.transformer_model`` and ``monadl.bench.tagger_model``, which the examples import
-too), on an ``ml.Executor()`` (dynamic
-batching on); the PyTorch side (``monadl.bench.models_torch``) is the same model from the same
-weights, trained the same way.
+The monadl side is the code of the examples (their models: ``monadl.bench.cnn_model`` and
+``monadl.bench.transformer_model``, copies of those the examples hold, checked equal by their
+tests, and ``monadl.bench.tagger_model``, which the tagger example imports), on an
+``ml.Executor()`` (dynamic batching on); the PyTorch side (``monadl.bench.models_torch``) is the
+same model from the same weights, trained the same way.
 Both sides run on one thread: BLAS capped by threadpoolctl, ``torch.set_num_threads(1)``.
 
 Timing: a segment is a fixed number of steps (enough for about --segment seconds of the slower
