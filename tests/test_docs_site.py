@@ -338,6 +338,20 @@ def test_the_reliability_page_pins_its_counts_of_the_bad_input_table() -> None:
             )
 
 
+def test_files_the_docs_name_exist() -> None:
+    """The examples, docs pages and tests the site's pages name are in the repository."""
+    named = {
+        (page.name, found)
+        for page in DOCS.rglob("*.md")
+        if page.name not in NOT_PROGRAMS
+        for found in re.findall(
+            r"`((?:examples|tests|docs)/[\w/.-]+\.(?:py|md))", page.read_text(encoding="utf-8")
+        )
+    }
+    missing = sorted((page, path) for page, path in named if not (ROOT / path).exists())
+    assert named and not missing, missing
+
+
 def test_install_extras_named_in_the_docs_exist() -> None:
     """The extras the docs and the README tell users to install are pyproject.toml's, by their
     current names (``cuda12``/``cuda13``, not the older ``cuda``)."""
@@ -424,7 +438,7 @@ def browse(url: str, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess
     [
         ("getting-started/", "Getting started", "A classifier, step by step"),
         ("from-pytorch/", "Coming from PyTorch", "The same model, side by side"),
-        ("tutorials/transformer/", "Tutorial: a Transformer language model", "perplexity"),
+        ("tutorials/transformer/", "A Transformer language model", "perplexity"),
         ("reference/layers/", "Layers and weights", "train_blocking"),
         ("process-wide-effects/", "Process-wide effects", "MONADL_TUNE_MALLOC"),
     ],
