@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import monadl as ml
-from monadl.bench import overhead
+from monadl.bench import models, overhead
 from monadl.bench.__main__ import main
 from monadl.bench.common import DEVICES, Device
 
@@ -145,3 +145,41 @@ def test_suite_runs_on_the_device(name: str, tmp_path: Path) -> None:
     assert run["run"]["device"].startswith(name)
     monadl = [r for r in run["results"] if r["implementation"] == "monadl"]
     assert monadl and all(r["learned"] for r in monadl)
+
+
+@pytest.mark.parametrize("name", DEVICE_NAMES)
+def test_models_runs_every_workload_on_the_device(name: str, tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "models.json"
+    assert main(["models", "--device", name, "--smoke", "--repeats", "1", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "warning" not in printed  # both sides' first losses agree
+    report = json.loads(out.read_text())
+    assert report["device"].startswith(name)
+    results = {r["name"]: r for r in report["results"]}
+    assert set(results) == set(models.TARGETS)  # the dense models too, off the CPU
+    for r in results.values():
+        assert r["monadl_rate"] > 0
+        assert (len(r["ratios"]) == 1) == HAS_TORCH
+        if name == "cuda":
+            assert (r["must"], r["goal"]) == models.CUDA_TARGETS
+
+
+@pytest.mark.parametrize("name", DEVICE_NAMES)
+@pytest.mark.parametrize("workload", sorted(models.TARGETS))
+def test_a_models_workload_trains_there(name: str, workload: str) -> None:
+    """The monadl side's weights and their updates stay on the device, step after step."""
+    device = Device(name)
+    sizes = models.SMOKE_SIZES
+    with ml.Executor() as executor:
+        options = (sizes, executor, 0, False)
+        built: models.Workload
+        if workload in ("conv1", "conv2"):
+            built = models.conv_workload(int(workload[-1]), *options, device)
+        elif workload == "bilstm":
+            built = models.bilstm_workload(*options, True, device)
+        else:
+            built = getattr(models, f"{workload}_workload")(*options, device)
+        losses = [built.monadl() for _ in range(2)]
+    assert all(np.isfinite(losses)) and built.weights
+    for weight in built.weights:
+        assert type(weight.data) is type(device.put(np.zeros(1))), weight
