@@ -122,6 +122,17 @@ def test_the_smoke_form_reads_sst_and_caps_the_unbatched_runs(
     assert "monadl unbatched: skipped at batch [4] (above --max-unbatched 1)" in out
 
 
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_no_torch_eager_keeps_the_level_batched_peer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, data = _smoke(tmp_path, capsys, "--no-torch-eager", "--no-dynet", "--phases", "train")
+    assert "torch eager: skipped (--no-torch-eager)" in out
+    found = {r["implementation"] for r in data["results"]}
+    assert "torch-levels" in found and "torch" not in found
+    assert "torch by level" in out and "torch eager" not in out.split("skipped (--no-torch-eager)")[1]
+
+
 def test_a_segment_holds_at_least_the_trees_asked_for_in_distinct_batches() -> None:
     pool, _ = _trees(10)
     batches = bench.segment(pool, 4, 9)

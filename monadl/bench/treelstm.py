@@ -580,6 +580,8 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
         )
     if args.no_torch:
         notes.append("torch: skipped (--no-torch)")
+    elif args.no_torch_eager and have_torch:
+        notes.append("torch eager: skipped (--no-torch-eager)")
     elif not have_torch:
         notes.append("torch: not installed, its figures skipped (pip install torch)")
     if args.no_dynet:
@@ -595,7 +597,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
             if batch <= args.max_unbatched:
                 impls.append("monadl-unbatched")
             if have_torch:
-                impls += ["torch", "torch-levels"]
+                impls += ["torch-levels"] if args.no_torch_eager else ["torch", "torch-levels"]
             configs.append((batch, phase, impls))
     progress = Progress(len(configs), args.progress, "treelstm benchmark")
 
@@ -845,6 +847,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=[1],
         help="executor pool sizes of monadl batched (default 1; BLAS stays at one thread)",
+    )
+    parser.add_argument(
+        "--no-torch-eager",
+        action="store_true",
+        help="skip the node-by-node PyTorch peer (slow at large batches on a GPU); keep the batched one",
     )
     add_device_option(parser)
     add_peer_options(parser, dynet=True)
