@@ -1,12 +1,16 @@
 """The benchmarks' ``--device`` plumbing, on array-api-strict (a CPU namespace standing in for a
 device) and, where CuPy finds a GPU, on CUDA: the models' arrays live where the option says, the
 hand-written NumPy baseline stays out, and every benchmark runs there end to end (tiny sizes; no
-figure is judged: speed is for the benchmarks' own runs)."""
+figure is judged: speed is for the benchmarks' own runs). And ``scripts/device-check.sh`` where
+there is no GPU: it skips the GPU steps saying why, and keeps to its time budget."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +187,49 @@ def test_a_models_workload_trains_there(name: str, workload: str) -> None:
     assert all(np.isfinite(losses)) and built.weights
     for weight in built.weights:
         assert type(weight.data) is type(device.put(np.zeros(1))), weight
+
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "device-check.sh"
+
+
+def _device_check(out: Path, **env: str) -> tuple[int, str]:
+    """``scripts/device-check.sh out`` with ``env`` (the engine as it is: no build), its exit status
+    and its summary (also its stdout)."""
+    environment = dict(os.environ, PYTHON=sys.executable, DEVICE_CHECK_BUILD="0", **env)
+    done = subprocess.run(
+        ["bash", str(SCRIPT), str(out)], env=environment, capture_output=True, text=True, timeout=300
+    )
+    summary = (out / "summary.txt").read_text()
+    assert done.stdout.strip() == summary.strip()
+    assert (out / "logs.tar.gz").is_file() and not (out / "logs").exists()
+    return done.returncode, summary
+
+
+@pytest.mark.skipif(_cuda(), reason="a GPU is here: the GPU steps would run")
+def test_the_device_check_skips_the_gpu_steps_saying_why_and_writes_one_summary(tmp_path: Path) -> None:
+    only = "environment models-cuda treelstm-cuda columns-pool treelstm-pool"
+    status, summary = _device_check(tmp_path, DEVICE_CHECK_SMOKE="1", DEVICE_CHECK_ONLY=only)
+    assert status == 0, summary
+    assert "GPU: none (no GPU here: CuPy " in summary and "build: skipped (DEVICE_CHECK_BUILD=0)" in summary
+    assert f"engine: {'compiled' if ml.compiled() else 'pure Python'}" in summary
+    for step in ("tests", "models-cuda", "treelstm-cuda", "treelstm-cuda-256"):
+        assert f"\n{step}: skipped, no GPU here: CuPy " in summary, step
+    for step in ("environment", "columns-pool", "treelstm-pool"):
+        assert f"\n{step}: ok, " in summary, step
+    assert "columns-pool-wide: skipped, not in DEVICE_CHECK_ONLY" in summary
+    assert "CIFAR columns on the CPU, batch 16" in summary and "Tree-LSTM on the CPU" in summary
+    assert "2 workers:" in summary  # the pool's ratios, from the JSON the steps wrote
+    assert {p.name for p in tmp_path.glob("*.json")} == {"columns-pool.json", "treelstm-pool.json"}
+
+
+@pytest.mark.skipif(_cuda(), reason="a GPU is here: the GPU steps would run")
+def test_the_device_check_stops_a_step_at_the_budget_and_says_so(tmp_path: Path) -> None:
+    budget = 16  # a step starts with 15 s left at least; the wide columns take longer
+    status, summary = _device_check(
+        tmp_path, DEVICE_CHECK_BUDGET=str(budget), DEVICE_CHECK_ONLY="columns-pool-wide"
+    )
+    assert status == 1, summary
+    assert "columns-pool-wide: TIMED OUT after " in summary
+    assert "treelstm-pool: skipped, " in summary  # not in DEVICE_CHECK_ONLY, or the budget spent
+    total = int(summary.split("total: ")[1].split(" s")[0])
+    assert total <= budget + 6  # the step's kill grace, and the summary's own work

@@ -156,6 +156,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
     have_torch = not args.no_torch and torch_available()
     info = {
         "device": device.describe(),
+        "compiled": ml.compiled(),
         "data": data.describe(),
         "batch": args.batch,
         "hidden": args.hidden,

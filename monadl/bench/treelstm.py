@@ -616,6 +616,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
         "max_unbatched": args.max_unbatched,
         "pools": [1, *pools],
         "device": device.describe(),
+        "compiled": _compiled(),
         "machine": f"{platform.machine()}, {platform.processor() or '?'}, {cpus()} CPUs, one thread used",
         "python": platform.python_version(),
         "numpy": np.__version__,
@@ -660,6 +661,13 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
     for note in notes:
         print(note, file=out)
     return results, info
+
+
+def _compiled() -> bool:
+    """Whether monadl's engine runs compiled (mypyc) in this run."""
+    import monadl as ml
+
+    return ml.compiled()
 
 
 def _version(package: str) -> str:
