@@ -50,7 +50,7 @@ def _models(folder: Path) -> list[str]:
     models = _load(folder, "models-cuda.json")
     if models is None:
         return []
-    out = [f"bench models on {models.get('device')} ({_engine(models, '?')} engine), monadl / torch CUDA:"]
+    out = [f"bench models on {models.get('device')} ({_engine(models, '?')} engine), monadl / torch there:"]
     for r in models["results"]:
         if r.get("ratio") is None:
             out.append(f"  {r['name']}: monadl {r['monadl_rate']:.1f} steps/s, torch not measured")
@@ -90,9 +90,8 @@ def _trees_on_gpu(folder: Path) -> list[str]:
                 out.append(f"  {phase} batch {batch}: " + "; ".join(cells))
         for r in tree["results"]:
             if r.get("agrees") is False:
-                out.append(
-                    f"    warning: {r['implementation']}'s first result differs ({r['phase']} {r['batch']})"
-                )
+                what = f"{r['implementation']} at {r['phase']} batch {r['batch']}"
+                out.append(f"    warning: the first result of {what} differs from monadl's")
     return out
 
 

@@ -233,3 +233,34 @@ def test_the_device_check_stops_a_step_at_the_budget_and_says_so(tmp_path: Path)
     assert "treelstm-pool: skipped, " in summary  # not in DEVICE_CHECK_ONLY, or the budget spent
     total = int(summary.split("total: ")[1].split(" s")[0])
     assert total <= budget + 6  # the step's kill grace, and the summary's own work
+
+
+def test_the_device_summary_reads_the_gpu_runs_and_flags_disagreeing_peers(tmp_path: Path) -> None:
+    import importlib.util as util
+
+    spec = util.spec_from_file_location("device_summary", SCRIPT.parent / "device_summary.py")
+    assert spec is not None and spec.loader is not None
+    summary: Any = util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+    model = {"name": "mlp", "what": "1024-4096-4096-1000, batch 512", "monadl_rate": 100.0}
+    model |= {"torch_rate": 200.0, "ratio": 0.5, "ratios": [0.5, 0.4, 0.6], "must": 0.8}
+    model |= {"first_losses": [6.9, 7.2]}
+    (tmp_path / "models-cuda.json").write_text(
+        json.dumps({"compiled": True, "device": "cuda: NVIDIA H200", "results": [model]})
+    )
+
+    def tree(impl: str, samples: list[float], agrees: bool | None) -> dict[str, Any]:
+        found = {"implementation": impl, "phase": "train", "batch": 64, "median": samples[1]}
+        return found | {"samples": samples, "agrees": agrees}
+
+    run = {"device": "cuda: NVIDIA H200", "batches": [64], "compiled": True}
+    results = [tree("monadl", [300.0, 360.0, 330.0], None), tree("torch", [20.0, 24.0, 22.0], True)]
+    results.append(tree("torch-levels", [600.0, 600.0, 300.0], False))
+    (tmp_path / "treelstm-cuda.json").write_text(json.dumps({"run": run, "results": results}))
+    lines = summary.lines(tmp_path)
+    assert lines[0] == "bench models on cuda: NVIDIA H200 (compiled engine), monadl / torch there:"
+    assert "0.50x [0.40-0.60] (must 0.8x)" in lines[1] and "first losses differ" in lines[2]
+    assert "Tree-LSTM on cuda: NVIDIA H200 (compiled engine)" in lines[3]
+    # Paired by round: 300/20, 360/24, 330/22 -> 15x; 0.5, 0.6, 1.1 -> 0.6x.
+    assert "torch eager 24.0: 15.00x; torch by level 600.0: 0.60x" in lines[4]
+    assert "torch-levels at train batch 64 differs" in lines[5]
