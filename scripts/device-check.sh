@@ -11,8 +11,8 @@
 # engine's build), at this environment's versions; installed there into a folder on PYTHONPATH.
 #
 # In order: the wheels, the environment, the engine's build (MONADL_BUILD=compiled; the summary
-# says whether the engine runs compiled, and why not), the CuPy tests, `bench models --device cuda`,
-# the Tree-LSTM on CUDA (batches 16 and 64 against both PyTorch peers, 256 against the batched one),
+# says whether the engine runs compiled, and why not), the CuPy tests, `bench models --device cuda`
+# (the dense models again with --no-fused: what the fused kernels buy), the Tree-LSTM on CUDA (batches 16 and 64 against both PyTorch peers, 256 against the batched one),
 # then on the CPU, BLAS on one thread: CIFAR columns at pool 1/2/4/8 (batch 16, and batch 48 at
 # width 512) and the Tree-LSTM at 1/2/4/8 workers. Without a GPU (or CuPy) the GPU steps are
 # skipped, saying why. Every step has a time limit, and the run stays within DEVICE_CHECK_BUDGET
@@ -176,6 +176,8 @@ else
     TREE_POOL=(--batches 64 --phases train --workers 1 2 4 8 --trees 128 --repeats 3 --warmup 64)
 fi
 gpu_step models-cuda 90 "${BENCH[@]}" models --device cuda "${MODELS[@]}" --json "$OUT/models-cuda.json"
+gpu_step models-cuda-unfused 40 "${BENCH[@]}" models --device cuda --no-fused --only mlp encoder "${MODELS[@]}" \
+    --json "$OUT/models-cuda-unfused.json"
 gpu_step treelstm-cuda 100 "${BENCH[@]}" treelstm --device cuda --max-unbatched 0 --no-progress "${TREES[@]}" \
     --json "$OUT/treelstm-cuda.json"
 gpu_step treelstm-cuda-256 45 "${BENCH[@]}" treelstm --device cuda --max-unbatched 0 --no-progress "${SIZE[@]}" \

@@ -1,9 +1,10 @@
 """The device check's figures: the issues' targets from the JSON files ``device-check.sh`` wrote.
 
 ``python scripts/device_summary.py OUT_DIR``: reads what is there of ``models-cuda.json``,
-``treelstm-cuda.json``, ``treelstm-cuda-256.json``, ``columns-pool.json``,
-``columns-pool-wide.json`` and ``treelstm-pool.json`` (and of ``columns-cuda.json`` and
-``overhead-cuda.json``, or a ``-pure`` one: run on the pure-Python engine), and prints each figure
+``models-cuda-unfused.json``, ``treelstm-cuda.json``, ``treelstm-cuda-256.json``,
+``columns-pool.json``, ``columns-pool-wide.json`` and ``treelstm-pool.json`` (and of
+``columns-cuda.json`` and ``overhead-cuda.json``, or a ``-pure`` one: run on the pure-Python
+engine), and prints each figure
 as a ratio measured in one run (the median of the rounds' paired ratios), with any peer whose
 first loss disagreed with monadl's.
 """
@@ -47,10 +48,17 @@ def _engine(data: dict[str, Any], default: str) -> str:
 
 
 def _models(folder: Path) -> list[str]:
-    models = _load(folder, "models-cuda.json")
-    if models is None:
-        return []
-    out = [f"bench models on {models.get('device')} ({_engine(models, '?')} engine), monadl / torch there:"]
+    out: list[str] = []
+    for name in ("models-cuda.json", "models-cuda-unfused.json"):
+        models = _load(folder, name)
+        if models is not None:
+            out += _models_of(models)
+    return out
+
+
+def _models_of(models: dict[str, Any]) -> list[str]:
+    engine = _engine(models, "?") + ("" if models.get("fused", True) else ", unfused")
+    out = [f"bench models on {models.get('device')} ({engine} engine), monadl / torch there:"]
     for r in models["results"]:
         if r.get("ratio") is None:
             out.append(f"  {r['name']}: monadl {r['monadl_rate']:.1f} steps/s, torch not measured")

@@ -81,3 +81,13 @@ def test_the_dense_peers_train_alike(build: object) -> None:
         theirs = [workload.torch() for _ in range(4)]
     assert ours[-1] < ours[0]
     assert ours == pytest.approx(theirs, rel=1e-3)
+
+
+def test_no_fused_is_recorded_and_undone(tmp_path: Path) -> None:
+    from monadl.dsl import fused
+
+    path = tmp_path / "models.json"
+    assert (
+        main(["models", "--smoke", "--repeats", "1", "--only", "mlp", "--no-fused", "--json", str(path)]) == 0
+    )
+    assert json.loads(path.read_text())["fused"] is False and fused.ENABLED

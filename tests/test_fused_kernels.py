@@ -215,6 +215,15 @@ def test_numpy_strict_and_floats_take_no_fused_branch(fake_cupy: list[str]) -> N
     assert fake_cupy == []
 
 
+def test_fusion_turned_off_runs_the_rules(fake_cupy: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused, "ENABLED", False)
+    data, gradient = _arrays(np.float32)
+    adam = O.Adam(0.01)
+    new, _ = adam.update(_fake(data), _fake(gradient), _state_as_fake(adam.init(data)))
+    np.testing.assert_array_equal(np.asarray(new), adam.update(data, gradient, adam.init(data))[0])
+    assert not fused.on_cupy(_fake(data)) and fake_cupy == []
+
+
 def test_without_cupy_nothing_is_fused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "cupy", raising=False)
     x = np.ones(3)

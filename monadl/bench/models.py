@@ -70,6 +70,7 @@ from monadl.bench.tagger_model import Tagger
 from monadl.bench.transformer_model import TransformerLm
 from monadl.cli import non_negative_int, positive_float, positive_int
 from monadl.data.files import atomic_write_bytes
+from monadl.dsl import fused
 
 #: workload -> (must, goal): the issue's targets for monadl's speed over PyTorch's.
 TARGETS: dict[str, tuple[float, float]] = {
@@ -452,7 +453,7 @@ def run(args: argparse.Namespace, device: Device | None = None) -> list[Result]:
             import torch  # type: ignore[import-not-found, unused-ignore]
 
             torch.set_num_threads(1)
-        engine = "compiled" if ml.compiled() else "pure"
+        engine = ("compiled" if ml.compiled() else "pure") + ("" if fused.ENABLED else ", unfused")
         print(f"monadl {engine}; one thread each; steps/s; device {device.describe()}")
         print(
             f"{'workload':<12} {'monadl':>10} {'torch':>10} {'ratio':>6} {'[min-max]':>10} "
@@ -504,6 +505,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-torch", action="store_true", help="skip PyTorch even when installed")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--smoke", action="store_true", help="a seconds-long run (for CI): tiny sizes")
+    parser.add_argument(
+        "--no-fused",
+        dest="fused",
+        action="store_false",
+        help="monadl runs its rules unfused on CuPy, one kernel per operator (to measure the fused kernels)",
+    )
     add_device_option(parser)
 
 
@@ -512,11 +519,16 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.smoke:
         args.repeats, args.warmup, args.segment = min(args.repeats, 2), min(args.warmup, 1), 0.01
     device = Device(args.device)
-    results = run(args, device)
+    fused.ENABLED = args.fused
+    try:
+        results = run(args, device)
+    finally:
+        fused.ENABLED = True
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         document: dict[str, Any] = {
             "compiled": ml.compiled(),
+            "fused": args.fused,
             "device": device.describe(),
             "results": [asdict(r) for r in results],
         }

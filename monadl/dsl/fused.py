@@ -35,6 +35,10 @@ import numpy as np
 
 from monadl.typeclasses.backend import namespace
 
+ENABLED = True
+"""Whether CuPy arrays take the fused kernels (``False``: the rules as written, one kernel per
+operator: what ``bench models --no-fused`` measures the kernels against)."""
+
 _FUNCTIONS = {"sqrt": np.sqrt, "exp": np.exp, "tanh": np.tanh}
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*")
 _TOKEN = re.compile(r"\s*(?:(T\(\s*[0-9][0-9.e+-]*\s*\))|([A-Za-z][A-Za-z0-9]*)|([-+*/(),]))")
@@ -132,7 +136,7 @@ def on_cupy(*arrays: Any) -> bool:
     """Whether ``arrays`` are all CuPy arrays of one float dtype (float32 or float64): then a
     :class:`Kernel` runs them. False, without importing CuPy, wherever CuPy was not imported."""
     cupy = sys.modules.get("cupy")
-    if cupy is None:
+    if cupy is None or not ENABLED:
         return False
     kind = cupy.ndarray
     first = arrays[0]
