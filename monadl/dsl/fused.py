@@ -12,15 +12,16 @@ A kernel's text is checked when it is made (:meth:`Kernel.check`): names of its 
 earlier assignments, the operators ``+ - * /``, parentheses, the functions ``sqrt``, ``exp`` and
 ``tanh``, and number literals only as ``T(0.5)``, T being the arrays' float type. So every operation
 rounds in the arrays' type, as NumPy's and CuPy's operators do with a Python float operand, and the
-same text means the same arithmetic in both languages: :meth:`Kernel.emulate` runs it with NumPy
-(the tests compare that with the rules it replaces, bit for bit, and no GPU is needed). The CUDA
-build contracts no ``a * b + c`` into a fused multiply-add (``--fmad=false``): each operation
-rounds as the operator it replaces does. Only the library functions (``exp``, ``tanh``) may round
-differently from NumPy's, by an ulp or two, as CuPy's own do.
+same text means the same arithmetic in both languages: :meth:`Kernel.emulate` runs it with NumPy,
+and the tests run the CUDA source itself through a stand-in CuPy that reads it back, comparing the
+results with the rules it replaces bit for bit, with no GPU. The CUDA build contracts no
+``a * b + c`` into a fused multiply-add (``--fmad=false``): each operation rounds as the operator
+it replaces does. Only the library functions (``exp``, ``tanh``) may round differently from
+NumPy's, by an ulp or two, as CuPy's own do.
 
-:func:`all_true` and :func:`sum_on_devices` read the values of many device scalars (a step's finite checks,
-a global norm's sums of squares) with one synchronisation per device, where ``bool()`` or
-``float()`` on each would wait for the device once per weight.
+:func:`all_true` and :func:`sum_on_devices` read the values of many device scalars (a step's
+finite checks, a global norm's sums of squares) with one synchronisation per device, where
+``bool()`` or ``float()`` on each would wait for the device once per weight.
 """
 
 from __future__ import annotations
