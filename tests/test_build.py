@@ -9,6 +9,7 @@ import ast
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -109,15 +110,21 @@ def test_this_process_runs_compiled_iff_current_extensions_are_built_and_pure_mo
         assert compiled_here == set()
 
 
-def test_the_build_record_lists_exactly_the_modules_setup_py_compiles() -> None:
-    manifest = _manifest()
+def _compiled_modules() -> list[str]:
+    """``COMPILED_MODULES`` of setup.py: the modules it compiles."""
     tree = ast.parse(SETUP.read_text())
-    listed = next(
+    listed: list[str] = next(
         ast.literal_eval(node.value)
         for node in tree.body
         if isinstance(node, ast.Assign)
         and any(isinstance(t, ast.Name) and t.id == "COMPILED_MODULES" for t in node.targets)
     )
+    return listed
+
+
+def test_the_build_record_lists_exactly_the_modules_setup_py_compiles() -> None:
+    manifest = _manifest()
+    listed = _compiled_modules()
     assert sorted(manifest["modules"]) == sorted(listed)
     # One extension per compiled module beside its .py, plus the group's shared library.
     stems = {str(p.relative_to(PACKAGE.parent)).split(".")[0] for p in _extensions(PACKAGE)}
@@ -226,3 +233,106 @@ def test_no_compiled_class_has_a_dict_or_weak_references() -> None:
                 assert (cls.__weakrefoffset__, cls.__dictoffset__) == (0, 0), f"{module.__name__}.{name}"
                 checked += 1
     assert checked > 30
+
+
+# The build's type check (setup.py runs mypyc, which runs mypy): what it reads, and which NumPy stubs
+# it passes. mypy, run as setup.py runs it, is run here without mypyc's C, which takes minutes.
+
+# Packages whose array types array_api_compat names for type checking: installed (or their names
+# shadowed by empty packages, as here), mypy would read them all (torch alone: over a thousand files).
+ARRAY_LIBRARIES = ("torch", "jax", "jaxlib", "dask", "cupy", "cupyx", "dpnp", "ndonnx", "sparse")
+
+
+def _pyproject() -> dict[str, Any]:
+    import tomllib
+
+    with open(SETUP.parent / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def _package_name(requirement: str) -> str:
+    """The importable name of a requirement (``typing-extensions>=4.6``: ``typing_extensions``)."""
+    return re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].strip().lower().replace("-", "_")
+
+
+def _builds_mypy(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *args: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """mypy run with the command line setup.py gives mypyc (its configuration and the compiled
+    modules), ``args`` added, in setup.py's folder and a fresh interpreter, ``env`` added to its
+    environment."""
+    build = pytest.importorskip("mypyc.build")
+    setuptools = pytest.importorskip("setuptools")
+    monkeypatch.setenv("MONADL_BUILD", "compiled")  # never pure: a pure build empties the tree
+    monkeypatch.delenv("MONADL_MYPY_VERBOSE", raising=False)
+    monkeypatch.setattr(setuptools, "setup", lambda **kwargs: None)
+    runs: list[subprocess.CompletedProcess[str]] = []
+
+    def mypycify(paths: list[str], **kwargs: Any) -> list[Any]:
+        command = [sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir", str(tmp_path / "cache")]
+        environ = {k: v for k, v in os.environ.items() if k not in ("MYPYPATH", "PYTHONPATH")} | env
+        runs.append(
+            subprocess.run(
+                [*command, *args, *paths],
+                cwd=SETUP.parent,
+                env=environ,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+        )
+        return []
+
+    monkeypatch.setattr(build, "mypycify", mypycify)
+    namespace: dict[str, Any] = {"__name__": "monadl_setup", "__file__": str(SETUP)}
+    exec(compile(SETUP.read_text(), str(SETUP), "exec"), namespace)
+    namespace["_has_c_compiler"] = lambda: True  # mypy's reading is the same without one
+    namespace["_mypyc_extensions"]()
+    assert len(runs) == 1
+    return runs[0]
+
+
+def _read_by_mypy(log: str) -> dict[str, str]:
+    """The modules mypy's verbose log says it parsed, to their files."""
+    return dict(
+        (module, path) for path, module in re.findall(r"^LOG:  Parsing (.+) \(([\w.]+)\)$", log, re.MULTILINE)
+    )
+
+
+def _top_level(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_the_builds_type_check_reads_the_sources_stubs_and_build_requirements_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Which packages are installed beside monadl changes neither what mypyc's type check reads nor
+    how long it takes: it reads monadl's sources, stub files, and the build's own requirements
+    (``[build-system]`` in pyproject.toml; mypy_extensions is mypy's). Every array library is
+    installed here, as an empty typed package on MYPYPATH (shadowing any real one), so that the check
+    holds without them."""
+    installed = tmp_path / "installed"
+    for name in ARRAY_LIBRARIES:
+        (installed / name).mkdir(parents=True)
+        (installed / name / "__init__.py").write_text("ARRAY_LIBRARY: int = 1\n")
+        (installed / name / "py.typed").write_text("")
+        (installed / name / "array.py").write_text("ARRAY: int = 1\n")  # dask.array and the like
+    done = _builds_mypy(monkeypatch, tmp_path, "--verbose", MYPYPATH=str(installed))
+    assert done.returncode == 0, done.stdout[-3000:]
+    read = _read_by_mypy(done.stderr)
+    assert "monadl.do.do" in read and "numpy" in read, sorted(read)[:50]
+    libraries = sorted(m for m in read if _top_level(m) in ARRAY_LIBRARIES)
+    assert libraries == [], f"mypy read array libraries into the build: {libraries}"
+
+    import mypy
+
+    typeshed = Path(mypy.__file__).resolve().parent / "typeshed"
+    requirements = {_package_name(r) for r in _pyproject()["build-system"]["requires"]}
+    allowed = requirements | {"mypy_extensions", "monadl"}
+    others = {
+        module: path
+        for module, path in read.items()
+        if _top_level(module) not in allowed and not Path(path).resolve().is_relative_to(typeshed)
+    }
+    assert others == {}, f"mypy read packages that are not the build's requirements: {sorted(others)}"
