@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
+import time
 import zipfile
 from collections.abc import Mapping
 from importlib.machinery import EXTENSION_SUFFIXES
@@ -296,9 +299,8 @@ def _builds_mypy(
 
 def _read_by_mypy(log: str) -> dict[str, str]:
     """The modules mypy's verbose log says it parsed, to their files."""
-    return dict(
-        (module, path) for path, module in re.findall(r"^LOG:  Parsing (.+) \(([\w.]+)\)$", log, re.MULTILINE)
-    )
+    found = re.findall(r"^\s*LOG:  Parsing (.+) \(([\w.]+)\)$", log, re.MULTILINE)
+    return {module: path for path, module in found}
 
 
 def _top_level(module: str) -> str:
@@ -395,3 +397,124 @@ def test_numpys_stubs_accept_the_compiled_modules(
     assert re.search(rf"(checked|found in) {compiled} source files", done.stdout), done.stdout[-2000:]
     ours = [line for line in done.stdout.splitlines() if re.match(r"monadl[/\\].*: error:", line)]
     assert ours == [], f"{wheel}'s stubs (Python {python}) reject the compiled modules:\n" + "\n".join(ours)
+
+
+# Packages of the array libraries above that an installation of them adds beside them.
+ARRAY_LIBRARY_COMPANIONS = ("torchgen", "functorch", "jax_plugins", "cupy_backends")
+
+
+def _python_without(names: tuple[str, ...], folder: Path) -> Path:
+    """The Python of a new virtual environment that sees this one's packages but ``names`` (top-level
+    packages, their distributions' metadata too): a folder of links to the rest, on its path."""
+    view = folder / "site"
+    view.mkdir(parents=True)
+    stdlib = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib")}
+    for entry in sys.path:
+        directory = Path(entry or ".").resolve()
+        if (
+            not directory.is_dir()
+            or directory in stdlib
+            or directory.name == "lib-dynload"
+            or directory in (SETUP.parent, SETUP.parent / "tests")  # put on the path by pytest
+        ):
+            continue
+        for child in sorted(directory.iterdir()):
+            top = re.split(r"[-.]", child.name, maxsplit=1)[0].lower()
+            if top in names or child.name == "__pycache__" or (view / child.name).exists():
+                continue
+            (view / child.name).symlink_to(child)
+    venv = folder / "venv"
+    made = subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, check=False
+    )
+    assert made.returncode == 0, made.stderr
+    python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    found = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (Path(found.stdout.strip()) / "monadl_test_view.pth").write_text(f"{view}\n")
+    return python
+
+
+def _copy_of_the_sources(destination: Path) -> Path:
+    """What a build reads (the project's files, the package's sources), without build outputs."""
+    destination.mkdir(parents=True)
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(SETUP.parent / name, destination / name)
+    ignored = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd", "_engine.json", "*.egg-info")
+    shutil.copytree(PACKAGE, destination / "monadl", ignore=ignored)
+    return destination
+
+
+def _timed_build(python: Path, source: Path, wheels: Path) -> tuple[float, str]:
+    """The seconds ``python`` takes to build a compiled wheel of ``source`` (in its own environment,
+    offline), and the build's output with mypy's verbose log."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MYPYPATH", "MONADL_PURE")}
+    env |= {"MONADL_BUILD": "compiled", "MONADL_MYPY_VERBOSE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    command = [str(python), "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "--no-index"]
+    start = time.perf_counter()
+    done = subprocess.run(
+        [*command, "-w", str(wheels), str(source)],
+        cwd=source.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
+    seconds = time.perf_counter() - start
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    (wheel,) = wheels.glob("monadl-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert "monadl/_engine.json" in archive.namelist(), f"{wheel.name} has no compiled engine"
+    return seconds, output
+
+
+@pytest.mark.skipif(
+    os.environ.get("MONADL_TEST_BUILDS", "") in ("", "0"),
+    reason="four compiled builds (minutes): set MONADL_TEST_BUILDS=1, with torch or jax installed",
+)
+def test_installed_array_libraries_leave_the_build_time_alone(tmp_path: Path) -> None:
+    """Where torch, jax or dask is installed (the usual machine of a deep-learning user), the compiled
+    build takes about the time it takes without them (at most twice), and mypy's log names none of
+    their modules: the same build, by this Python, and by one that sees its packages but those."""
+    present = [name for name in ARRAY_LIBRARIES if importlib.util.find_spec(name) is not None]
+    if not present:
+        pytest.skip("none of the array libraries is installed here (pip install torch, or jax jaxlib)")
+    if shutil.which(os.environ.get("CC", "cc").split()[0]) is None:
+        pytest.skip("no C compiler")
+    without = _python_without(ARRAY_LIBRARIES + ARRAY_LIBRARY_COMPANIONS, tmp_path / "without")
+    hidden = subprocess.run(
+        [
+            str(without),
+            "-c",
+            f"import importlib.util as u; print([n for n in {present!r} if u.find_spec(n)])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert hidden.stdout.strip() == "[]", hidden.stdout
+    # Each build twice, alternately, with them first (a cold start counts against the claim); each
+    # its best time: what another process on the machine takes from one run is not the build's.
+    pythons = {"with": Path(sys.executable), "without": without}
+    seconds: dict[str, list[float]] = {"with": [], "without": []}
+    logs: dict[str, str] = {}
+    for run in range(2):
+        for kind, python in pythons.items():
+            folder = tmp_path / f"{kind}-{run}"
+            took, logs[kind] = _timed_build(python, _copy_of_the_sources(folder / "src"), folder)
+            seconds[kind].append(took)
+    mypy = {kind: re.findall(r"Build finished in ([\d.]+) seconds", log)[-1:] for kind, log in logs.items()}
+    print(f"builds, in seconds, with {', '.join(present)}: {seconds['with']}, mypy {mypy['with']}")
+    print(f"builds, in seconds, without them: {seconds['without']}, mypy {mypy['without']}")
+    read_with, read_without = _read_by_mypy(logs["with"]), _read_by_mypy(logs["without"])
+    assert "monadl.do.do" in read_with and "monadl.do.do" in read_without, logs["with"][-3000:]
+    libraries = sorted(m for m in read_with if _top_level(m) in ARRAY_LIBRARIES + ARRAY_LIBRARY_COMPANIONS)
+    assert libraries == [], f"mypy read array libraries into the build: {libraries[:20]}"
+    assert sorted(read_with) == sorted(read_without)
+    assert min(seconds["with"]) <= 2 * min(seconds["without"]), seconds
