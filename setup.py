@@ -7,7 +7,8 @@ mypyc could not compile them) and under ``MONADL_PURE=1`` (see ``monadl/_compile
 ``MONADL_BUILD`` picks the build: ``auto`` (default: compiled where possible, else pure with a
 warning), ``compiled`` (a failure to compile fails the install: CI) or ``pure`` (no extensions);
 ``MONADL_OPT_LEVEL`` (3) and ``MONADL_MULTI_FILE`` (1) are mypyc's ``opt_level`` and ``multi_file``;
-``MONADL_MYPY_VERBOSE=1`` adds mypy's verbose log (every module it reads) to the build's output.
+``MONADL_MYPY_VERBOSE=1`` adds mypy's verbose log (every module it reads) to the build's output
+(``pip -v`` shows it).
 
 The compiled modules form one mypyc group: one shared library, ``monadl/_engine__mypyc.*.so``, and
 one small shim extension per module, beside its ``.py``. Compiled modules call each other natively,
