@@ -6,7 +6,9 @@ mypyc could not compile them) and under ``MONADL_PURE=1`` (see ``monadl/_compile
 
 ``MONADL_BUILD`` picks the build: ``auto`` (default: compiled where possible, else pure with a
 warning), ``compiled`` (a failure to compile fails the install: CI) or ``pure`` (no extensions);
-``MONADL_OPT_LEVEL`` (3) and ``MONADL_MULTI_FILE`` (1) are mypyc's ``opt_level`` and ``multi_file``.
+``MONADL_OPT_LEVEL`` (3) and ``MONADL_MULTI_FILE`` (1) are mypyc's ``opt_level`` and ``multi_file``;
+``MONADL_MYPY_VERBOSE=1`` adds mypy's verbose log (every module it reads) to the build's output
+(``pip -v`` shows it).
 
 The compiled modules form one mypyc group: one shared library, ``monadl/_engine__mypyc.*.so``, and
 one small shim extension per module, beside its ``.py``. Compiled modules call each other natively,
@@ -67,6 +69,24 @@ COMPILED_MODULES = [
 GROUP = "monadl._engine"
 MANIFEST = "monadl/_engine.json"
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+# mypy's configuration for the build (mypyc type-checks what it compiles), in place of any
+# configuration file where the build runs: the project's mypy.ini is for development (strict) and is
+# not in the sdist. mypy reads the sources and the packages whose types the compiled code uses, the
+# build's own requirements ([build-system] in pyproject.toml), and nothing else: every other import
+# is Any to the build, whether or not its package is installed, so that every machine compiles the
+# same code in about the same time. (Followed, array_api_compat's imports for type checking lead
+# into torch, jax, dask and cupy where they are installed: thousands of files, and minutes.) Stub
+# files (the standard library's, NumPy's) are read wherever they are imported.
+MYPY_CONFIG = """\
+[mypy]
+follow_imports = skip
+ignore_missing_imports = True
+
+[mypy-monadl.*,numpy.*,returns.*,typing_extensions.*,mypy_extensions.*]
+follow_imports = normal
+ignore_missing_imports = False
+"""
 
 
 def _mode() -> str:
@@ -174,15 +194,20 @@ def _mypyc_extensions() -> tuple[list[Any], dict[str, Any]]:
             path.removesuffix(".py").replace("/", "."): _docs(source) for path, source in sources.items()
         },
     }
+    verbose = ["--verbose"] if os.environ.get("MONADL_MYPY_VERBOSE", "") not in ("", "0") else []
     try:
-        extensions: list[Any] = mypycify(
-            COMPILED_MODULES,
-            group_name=GROUP,
-            opt_level=os.environ.get("MONADL_OPT_LEVEL", "3"),
-            # One C file per module, compiled in parallel (BuildEngine): 16 s, not 27, on 2 cores;
-            # the compiled code runs as fast.
-            multi_file=os.environ.get("MONADL_MULTI_FILE", "1") != "0",
-        )
+        with tempfile.TemporaryDirectory() as tmp:
+            config = os.path.join(tmp, "mypy.ini")
+            with open(config, "w") as f:
+                f.write(MYPY_CONFIG)
+            extensions: list[Any] = mypycify(
+                ["--config-file", config, *verbose, *COMPILED_MODULES],  # mypy's command line
+                group_name=GROUP,
+                opt_level=os.environ.get("MONADL_OPT_LEVEL", "3"),
+                # One C file per module, compiled in parallel (BuildEngine): 16 s, not 27, on 2
+                # cores; the compiled code runs as fast.
+                multi_file=os.environ.get("MONADL_MULTI_FILE", "1") != "0",
+            )
     except SystemExit as e:  # mypyc reports type or compile errors, then exits
         _give_up(f"mypyc failed to compile the engine (exit status {e.code})")
         return [], {}

@@ -2,10 +2,12 @@
 
 Two blocks of ``nn.Conv2d`` (3x3, padding 1), ReLU and ``nn.MaxPool2d(2)``, then a dense layer to
 the 100 classes: ``(B, 3, 32, 32) -> (B, c, 16, 16) -> (B, 2c, 8, 8) -> (B, 100)``, channels first
-(NCHW) as everywhere in monadl. The model is ``monadl.bench.cnn_model.CNN``, the one that
-``python -m monadl.bench models`` measures. Images are the pixel bytes / 256, float32, in shuffled
-batches of every class; training is Adam on the mean cross-entropy. After every epoch it prints the
-training loss and the accuracy on the held-out test split (never trained on).
+(NCHW) as everywhere in monadl. The model is the class ``CNN`` below; ``python -m monadl.bench
+models`` measures the same model (``monadl.bench.cnn_model``, a copy that the installed package
+carries: ``tests/test_cnn_example.py`` checks that the two agree). Images are the pixel bytes
+/ 256, float32, in shuffled batches of every class; training is Adam on the mean cross-entropy.
+After every epoch it prints the training loss and the accuracy on the held-out test split (never
+trained on).
 
 Run it: ``python examples/cnn.py`` (synthetic data in the CIFAR-100 binary format, made on first
 use), or ``python examples/cnn.py --data path/to/cifar-100-binary`` for the real set. On a terminal
@@ -17,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 import monadl as ml
-from monadl.bench.cnn_model import CLASSES, CNN
+from monadl import nn
 from monadl.cli import (
     Progress,
     add_output_arguments,
@@ -36,12 +39,45 @@ from monadl.data import cifar100
 
 __all__ = ["CNN", "main"]
 
+CLASSES = 100
+"""CIFAR-100's fine classes: the width of the dense layer's output."""
+
 EVALUATION_BATCH = 250
 """Held-out images per forward pass."""
 
 
 Images = npt.NDArray[np.float32]
 Labels = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, eq=False)
+class CNN(ml.Module):
+    """conv-relu-pool twice, then a dense layer to the classes. A ``Module``: its weights are found
+    by name in its fields (``conv1.w``, ``conv1.b``, ``conv2.w``, ``conv2.b``, ``head.w``,
+    ``head.b``)."""
+
+    conv1: nn.Conv2d
+    conv2: nn.Conv2d
+    head: nn.Linear
+
+    @classmethod
+    def new(cls, channels: int = 16, *, seed: int = 0) -> CNN:
+        """``channels`` in the first conv, twice that in the second; weights drawn from one
+        generator seeded by ``seed``, float32."""
+        rng = np.random.default_rng(seed)
+        return cls(
+            nn.Conv2d.new(3, channels, 3, padding=1, seed=rng, dtype=np.float32),
+            nn.Conv2d.new(channels, 2 * channels, 3, padding=1, seed=rng, dtype=np.float32),
+            nn.Linear.new(2 * channels * 8 * 8, CLASSES, seed=rng, dtype=np.float32),
+        )
+
+    def __call__(self, images: ml.AnyArray) -> ml.ArrayLayer:
+        """Logits (B, 100) of images (B, 3, 32, 32). Nothing runs here: the result is a layer, a
+        description of the computation, run by a training step or a prediction."""
+        pool = nn.MaxPool2d(2)
+        h = pool(ml.relu(self.conv1(images)))  # (B, c, 16, 16)
+        h = pool(ml.relu(self.conv2(h)))  # (B, 2c, 8, 8)
+        return self.head(ml.reshape(h, (-1, self.head.inputs)))  # (B, 100)
 
 
 def load(data: cifar100.Cifar100, limit: int | None) -> tuple[Images, Labels]:

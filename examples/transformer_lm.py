@@ -18,9 +18,10 @@ the held-out text cut into windows.
 A batch is one array of (batch, context) character ids, so a step is a fixed graph of a few dozen
 large ops (the attention is one fused op per layer, ``ml.scaled_dot_product_attention``): the
 executor replays its compiled program from the second step on. Training is Adam with the step's
-gradients clipped to a global norm of 1. The model is
-``monadl.bench.transformer_model.TransformerLm``, the one that ``python -m monadl.bench models``
-measures.
+gradients clipped to a global norm of 1. The model is the class ``TransformerLm`` below; the
+``transformer`` workload of ``python -m monadl.bench models`` measures the same model
+(``monadl.bench.transformer_model``, a copy that the installed package carries:
+``tests/test_transformer_lm.py`` checks that the two agree).
 
 Run it: ``python examples/transformer_lm.py`` (well under a minute on two cores), ``--epochs 20
 --width 64`` to learn the text better, ``--plot curves.png`` for the learning curves (with
@@ -41,11 +42,68 @@ import numpy as np
 from returns.result import Failure, Result
 
 import monadl as ml
-from monadl.bench.transformer_model import Ids, TransformerLm
+from monadl import ArrayLayer, ArrayWeight, FloatLayer, nn
 from monadl.cli import Progress, add_output_arguments, check_plot, non_negative_int, plot_curves, positive_int
 
 HELD_OUT = 0.1
 """The share of the text, at its end, that is held out."""
+
+Ids = np.ndarray[Any, np.dtype[np.int64]]
+"""Character ids: a window (length,) or a batch of windows (batch, length)."""
+
+
+@dataclass(frozen=True, eq=False)
+class TransformerLm(ml.Module):
+    """Embeddings of characters and positions, pre-norm Transformer layers, a last LayerNorm and
+    the readout: ``weights()`` names them ``embedding.table``, ``positions``,
+    ``layers.0.attention.qkv.w``, ..., ``readout.b``."""
+
+    embedding: nn.Embedding
+    positions: ArrayWeight
+    layers: list[nn.TransformerEncoderLayer]
+    norm: nn.LayerNorm
+    readout: nn.Linear
+
+    @classmethod
+    def new(
+        cls, alphabet: int, context: int, width: int = 48, heads: int = 4, layers: int = 2, *, seed: int = 0
+    ) -> TransformerLm:
+        """Weights drawn from one generator seeded by ``seed``, float32; a feed-forward block of
+        4 * ``width`` units per layer."""
+        rng = np.random.default_rng(seed)
+        f32 = np.float32
+        return cls(
+            nn.Embedding.new(alphabet, width, seed=rng, dtype=f32),
+            ArrayWeight.normal((context, width), std=width**-0.5, seed=rng, dtype=f32),
+            [
+                nn.TransformerEncoderLayer.new(width, heads, norm_first=True, seed=rng, dtype=f32)
+                for _ in range(layers)
+            ],
+            nn.LayerNorm.new(width, dtype=f32),
+            nn.Linear.new(width, alphabet, seed=rng, dtype=f32),
+        )
+
+    @property
+    def context(self) -> int:
+        return int(self.positions.data.shape[0])
+
+    def logits(self, windows: Ids) -> ArrayLayer:
+        """The next character's logits at every position of ``windows`` (batch, length <= context):
+        a layer, run by a training step or a prediction."""
+        length = windows.shape[-1]
+        positions = self.positions if length == self.context else self.positions[:length]
+        x = self.embedding(windows) + positions  # (batch, length, width)
+        for layer in self.layers:
+            x = layer(x, causal=True)  # each position sees itself and those before it
+        return self.readout(self.norm(x))  # (batch, length, alphabet)
+
+    def loss(self, windows: Ids) -> FloatLayer:
+        """The mean cross-entropy of each next character of ``windows`` (batch, length + 1)."""
+        return ml.cross_entropy(self.logits(windows[:, :-1]), windows[:, 1:])
+
+    def nats(self, windows: Ids, executor: ml.Executor | None = None) -> float:
+        """The mean loss per predicted character of ``windows`` (a forward pass only)."""
+        return float(_raised(self.loss(windows).predict_blocking(executor=executor)))
 
 
 def text(characters: int) -> str:

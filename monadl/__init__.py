@@ -12,13 +12,16 @@ from monadl.checkpoint import CheckpointError, load, save
 from monadl.data.loader import DataLoader
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
 from monadl.dsl.activations import clip, elu, gelu, leaky_relu, silu, softplus
+from monadl.dsl.adaptive_pool import adaptive_avg_pool2d
 from monadl.dsl.apply_gradients import apply_gradients
 from monadl.dsl.attention import scaled_dot_product_attention
 from monadl.dsl.batch_norm import batch_norm
 from monadl.dsl.conv import avg_pool1d, avg_pool2d, conv1d, conv2d, max_pool1d, max_pool2d
+from monadl.dsl.conv_transpose import conv_transpose2d
 from monadl.dsl.custom import CustomOp, ShapeRuleError, custom_op
 from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.direct import direct, parallel
+from monadl.dsl.flatten import flatten
 from monadl.dsl.layers import (
     AnyArray,
     AnyFloat,
@@ -38,7 +41,7 @@ from monadl.dsl.losses import (
     nll_loss,
     smooth_l1_loss,
 )
-from monadl.dsl.norm import layer_norm
+from monadl.dsl.norm import group_norm, layer_norm, rms_norm
 from monadl.dsl.operation import batchable
 from monadl.dsl.ops import (
     abs,
@@ -84,6 +87,7 @@ from monadl.dsl.optimizers import (
     clip_by_value,
     global_norm,
 )
+from monadl.dsl.padding import PadMode, pad
 from monadl.dsl.recurrent import gru_h, lstm_c, lstm_h
 from monadl.dsl.reductions import argmax, argmin, logsumexp, max, min, std, var
 from monadl.dsl.schedules import Constant, CosineDecay, LearningRate, LinearWarmup, Schedule, StepDecay
@@ -252,6 +256,14 @@ __all__ = [
     "gru_h",
     # batches of a data set (monadl.data.loader)
     "DataLoader",
+    # image layers, padding, flattening and normalisation beside layer_norm
+    "adaptive_avg_pool2d",
+    "conv_transpose2d",
+    "flatten",
+    "group_norm",
+    "pad",
+    "PadMode",
+    "rms_norm",
 ]
 
 if compiled():  # mypyc keeps no docstrings and no annotated signatures: the build recorded them

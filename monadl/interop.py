@@ -21,9 +21,12 @@ Each module kind below is converted as a whole, in the layout of its PyTorch cou
 | ``MLP`` | ``Sequential(Linear, act, Linear, ...)``: layer ``k`` at index ``2k`` (``0.weight``, ...) |
 | ``Embedding`` | ``Embedding``: ``weight`` (the ``table``) |
 | ``Conv1d``, ``Conv2d`` | the same: ``weight`` (O, C // groups, ...), ``bias`` |
+| ``ConvTranspose2d`` | the same: ``weight`` (C, O // groups, KH, KW), ``bias`` |
 | ``BatchNorm1d``, ``2d`` | the same: ``weight``, ``bias``, ``running_mean``, ``running_var``, |
 | | ``num_batches_tracked`` |
 | ``LayerNorm`` | the same, over the last axis: ``weight``, ``bias`` |
+| ``GroupNorm`` | the same: ``weight``, ``bias`` |
+| ``RMSNorm`` | the same: ``weight`` |
 | ``LSTM``, ``GRU`` | the same: ``weight_ih_l{k}``, ``weight_hh_l{k}``, ``bias_ih_l{k}``, ``bias_hh_l{k}`` |
 | | (``..._l{k}_reverse``: the backward direction) |
 | ``LSTMCell``, ``GRUCell`` | the same: ``weight_ih``, ``weight_hh``, ``bias_ih``, ``bias_hh`` |
@@ -32,10 +35,15 @@ Each module kind below is converted as a whole, in the layout of its PyTorch cou
 | | (``q_proj_weight``, ``k_proj_weight``, ``v_proj_weight`` when kdim or vdim is not E) |
 | ``TransformerEncoderLayer`` | the same: ``self_attn.*`` (``attention``), ``linear1.*`` (``ff1``), |
 | | ``linear2.*`` (``ff2``), ``norm1.*``, ``norm2.*`` |
+| ``TransformerDecoderLayer`` | the same: ``self_attn.*`` (``attention``), ``multihead_attn.*`` |
+| | (``cross_attention``), ``linear1.*``, ``linear2.*``, ``norm1.*``, ``norm2.*``, ``norm3.*`` |
+| ``Sequential`` | the same: layer ``k`` at index ``k`` (``0.weight``; a function, such as |
+| | ``ml.relu``, takes an index as PyTorch's ``nn.ReLU()`` does) |
 | an ``ArrayWeight``, | an ``nn.Parameter`` or a registered buffer of its name, as it is |
 | ``FloatWeight``, ``ArrayBuffer`` | |
 
-Other modules (a ``Module`` of your own, ``Dropout``, pooling) are walked into by their fields.
+Other modules (a ``Module`` of your own, ``Dropout``, pooling, ``Flatten``) are walked into by
+their fields.
 State that PyTorch has no place for (a dropout's generator, a buffer of your own kind) is left out.
 
 The recurrent layouts: PyTorch's ``weight_ih`` stacks the gates' input matrices, in the order
@@ -74,16 +82,17 @@ import numpy as np
 from monadl.checkpoint import CheckpointError
 from monadl.data.files import atomic_write_bytes, read_regular_file
 from monadl.dsl.weights import ArrayWeight, FloatWeight
-from monadl.nn.attention import MultiHeadAttention, TransformerEncoderLayer
+from monadl.nn.attention import MultiHeadAttention, TransformerDecoderLayer, TransformerEncoderLayer
 from monadl.nn.batchnorm import BatchNorm1d, BatchNorm2d
 from monadl.nn.buffer import ArrayBuffer
-from monadl.nn.conv import Conv1d, Conv2d
+from monadl.nn.container import Sequential
+from monadl.nn.conv import Conv1d, Conv2d, ConvTranspose2d
 from monadl.nn.embedding import Embedding
 from monadl.nn.gru import GRUCell
 from monadl.nn.linear import MLP, Linear
 from monadl.nn.lstm import LSTMCell
 from monadl.nn.module import _children, moved_to
-from monadl.nn.norm import LayerNorm
+from monadl.nn.norm import GroupNorm, LayerNorm, RMSNorm
 from monadl.nn.sequence import GRU, LSTM
 from monadl.runtime.versions import COMMIT_LOCK, publish, read
 from monadl.typeclasses.backend import dtype_name, is_array, namespace, to_numpy
@@ -202,14 +211,14 @@ def _embedding_convert(m: Embedding, t: Arrays) -> list[Write]:
     return [(m.table, t["weight"])]
 
 
-def _conv_export(m: Conv1d | Conv2d) -> Arrays:
+def _conv_export(m: Conv1d | Conv2d | ConvTranspose2d) -> Arrays:
     out = {"weight": _host(m.w)}
     if m.b is not None:
         out["bias"] = _host(m.b)
     return out
 
 
-def _conv_convert(m: Conv1d | Conv2d, t: Arrays) -> list[Write]:
+def _conv_convert(m: Conv1d | Conv2d | ConvTranspose2d, t: Arrays) -> list[Write]:
     writes: list[Write] = [(m.w, t["weight"])]
     if m.b is not None:
         writes.append((m.b, t["bias"]))
@@ -237,7 +246,7 @@ def _batch_norm_convert(m: BatchNorm1d | BatchNorm2d, t: Arrays) -> list[Write]:
     ]
 
 
-def _layer_norm_export(m: LayerNorm) -> Arrays:
+def _layer_norm_export(m: LayerNorm | GroupNorm) -> Arrays:
     out = {}
     if m.weight is not None:
         out["weight"] = _host(m.weight)
@@ -246,8 +255,16 @@ def _layer_norm_export(m: LayerNorm) -> Arrays:
     return out
 
 
-def _layer_norm_convert(m: LayerNorm, t: Arrays) -> list[Write]:
+def _layer_norm_convert(m: LayerNorm | GroupNorm, t: Arrays) -> list[Write]:
     return [(w, t[name]) for name, w in (("weight", m.weight), ("bias", m.bias)) if w is not None]
+
+
+def _rms_norm_export(m: RMSNorm) -> Arrays:
+    return {} if m.weight is None else {"weight": _host(m.weight)}
+
+
+def _rms_norm_convert(m: RMSNorm, t: Arrays) -> list[Write]:
+    return [] if m.weight is None else [(m.weight, t["weight"])]
 
 
 # An LSTM cell's gates in PyTorch's order (i, f, g, o): monadl's candidate gate is ``u``.
@@ -415,19 +432,46 @@ def _encoder_convert(m: TransformerEncoderLayer, t: Arrays) -> list[Write]:
     ]
 
 
+def _decoder_export(m: TransformerDecoderLayer) -> Arrays:
+    return {
+        **_prefixed("self_attn.", _attention_export(m.attention)),
+        **_prefixed("multihead_attn.", _attention_export(m.cross_attention)),
+        **_prefixed("linear1.", _linear_export(m.ff1)),
+        **_prefixed("linear2.", _linear_export(m.ff2)),
+        **_prefixed("norm1.", _layer_norm_export(m.norm1)),
+        **_prefixed("norm2.", _layer_norm_export(m.norm2)),
+        **_prefixed("norm3.", _layer_norm_export(m.norm3)),
+    }
+
+
+def _decoder_convert(m: TransformerDecoderLayer, t: Arrays) -> list[Write]:
+    return [
+        *_attention_convert(m.attention, _part(t, "self_attn.")),
+        *_attention_convert(m.cross_attention, _part(t, "multihead_attn.")),
+        *_linear_convert(m.ff1, _part(t, "linear1.")),
+        *_linear_convert(m.ff2, _part(t, "linear2.")),
+        *_layer_norm_convert(m.norm1, _part(t, "norm1.")),
+        *_layer_norm_convert(m.norm2, _part(t, "norm2.")),
+        *_layer_norm_convert(m.norm3, _part(t, "norm3.")),
+    ]
+
+
 _KINDS: tuple[tuple[type | tuple[type, ...], _Kind], ...] = (
     (Linear, _Kind("Linear", _linear_export, _linear_convert)),
     (MLP, _Kind("MLP", _mlp_export, _mlp_convert)),
     (Embedding, _Kind("Embedding", _embedding_export, _embedding_convert)),
-    ((Conv1d, Conv2d), _Kind("convolution", _conv_export, _conv_convert)),
+    ((Conv1d, Conv2d, ConvTranspose2d), _Kind("convolution", _conv_export, _conv_convert)),
     ((BatchNorm1d, BatchNorm2d), _Kind("batch norm", _batch_norm_export, _batch_norm_convert)),
     (LayerNorm, _Kind("LayerNorm", _layer_norm_export, _layer_norm_convert)),
+    (GroupNorm, _Kind("GroupNorm", _layer_norm_export, _layer_norm_convert)),
+    (RMSNorm, _Kind("RMSNorm", _rms_norm_export, _rms_norm_convert)),
     (LSTMCell, _Kind("LSTMCell", _lstm_cell_export, _lstm_cell_convert)),
     (GRUCell, _Kind("GRUCell", _gru_cell_export, _gru_cell_convert)),
     (LSTM, _Kind("LSTM", _stacked_export(_lstm_cell_export), _stacked_convert(_lstm_cell_convert))),
     (GRU, _Kind("GRU", _stacked_export(_gru_cell_export), _stacked_convert(_gru_cell_convert))),
     (MultiHeadAttention, _Kind("MultiHeadAttention", _attention_export, _attention_convert)),
     (TransformerEncoderLayer, _Kind("TransformerEncoderLayer", _encoder_export, _encoder_convert)),
+    (TransformerDecoderLayer, _Kind("TransformerDecoderLayer", _decoder_export, _decoder_convert)),
     ((ArrayWeight, FloatWeight), _Kind("weight", _identity_export, _identity_convert)),
     (ArrayBuffer, _Kind("buffer", _identity_export, _identity_convert)),
 )
@@ -477,7 +521,11 @@ def _leaves(model: object) -> list[_Leaf]:
             seen.add(id(value))
             found.append(_Leaf(path, kind, value))
             continue
-        children = _children(value, path, "monadl.interop")
+        children = (
+            [(str(k), layer) for k, layer in enumerate(value.layers)]  # PyTorch's names: "0.weight"
+            if isinstance(value, Sequential)
+            else _children(value, path, "monadl.interop")
+        )
         if children is None:
             continue
         seen.add(id(value))

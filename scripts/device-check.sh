@@ -1,114 +1,196 @@
 #!/usr/bin/env bash
-# The GPU machine's check, in one run within a time budget: the CuPy tests, the GPU benchmarks
-# against PyTorch on CUDA, and the pool-scaling figures of a many-core CPU.
+# The GPU machine's check, in one run within a time budget: the engine compiled first, then the
+# CuPy tests, the GPU benchmarks against PyTorch on CUDA and the pool-scaling runs of a many-core
+# CPU, written to one summary.
 #
-#   scripts/device-check.sh OUT_DIR [WHEEL_DIR]
+#   scripts/device-check.sh --wheels WHEEL_DIR     here, beforehand: the wheels the lent machine lacks
+#   scripts/device-check.sh OUT_DIR [WHEEL_DIR]    there: the check
 #
-# WHEEL_DIR (default .whl): wheels for this machine's Python of what it lacks (returns,
-# array-api-compat, array-api-strict; mypy and its needs to compile the engine), installed into a
-# target folder on PYTHONPATH. The engine is compiled in the background while the tests run on the
-# pure-Python engine; the benchmarks use the compiled one if it was built in time. Without a GPU
-# (or CuPy), the GPU steps are skipped, saying so. Every step has a time limit, and the whole run
-# stays within DEVICE_CHECK_BUDGET seconds (default 480). OUT_DIR receives summary.txt (each step's
-# exit status and seconds, then the figures), logs.tar.gz (each step's log) and the benchmarks' JSON.
+# WHEEL_DIR (default .whl): wheels for the lent machine's Python (3.12) of what its image lacks:
+# returns, array-api-compat and array-api-strict (the tests), mypy and its compiled needs (the
+# engine's build), at this environment's versions; installed there into a folder on PYTHONPATH.
+#
+# In order: the wheels, the environment, the engine's build (MONADL_BUILD=compiled; the summary
+# says whether the engine runs compiled, and why not), the CuPy tests, `bench models --device cuda`
+# (the dense models again with --no-fused: what the fused kernels buy), the Tree-LSTM on CUDA (batches 16 and 64 against both PyTorch peers, 256 against the batched one),
+# then on the CPU, BLAS on one thread: CIFAR columns at pool 1/2/4/8 (batch 16, and batch 48 at
+# width 512) and the Tree-LSTM at 1/2/4/8 workers. Without a GPU (or CuPy) the GPU steps are
+# skipped, saying why. Every step has a time limit, and the run stays within DEVICE_CHECK_BUDGET
+# seconds (default 480): a step that would start with under 15 s left is skipped, saying so.
+#
+# OUT_DIR receives summary.txt (each step's status and seconds with the end of its log, then the
+# figures: scripts/device_summary.py), logs.tar.gz (each step's log) and the benchmarks' JSON.
+# The exit status is 0 unless a step failed or ran out of time (a skipped step is no failure).
+#
+# For trying the script where there is no GPU: DEVICE_CHECK_SMOKE=1 runs the benchmarks in their
+# seconds-long smoke form, DEVICE_CHECK_BUILD=0 keeps the engine as it is (no build), and
+# DEVICE_CHECK_ONLY="step ..." runs only the steps named (the others are skipped, saying so).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${1:?usage: scripts/device-check.sh OUT_DIR [WHEEL_DIR]}"
+PYTHON="${PYTHON:-python3}"
+
+if [ "${1:-}" = "--wheels" ]; then
+    DIR="${2:?usage: scripts/device-check.sh --wheels WHEEL_DIR}"
+    mkdir -p "$DIR"
+    # This environment's versions of what the lent machine lacks, for its CPython 3.12 on x86-64.
+    mapfile -t WANTED < <("$PYTHON" - <<'EOF'
+from importlib.metadata import version
+for name in ("returns", "array-api-compat", "array-api-strict", "mypy", "ast-serialize", "librt"):
+    print(f"{name}=={version(name)}")
+EOF
+    )
+    exec "$PYTHON" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d "$DIR" "${WANTED[@]}"
+fi
+
+OUT="${1:?usage: scripts/device-check.sh OUT_DIR [WHEEL_DIR] | --wheels WHEEL_DIR}"
 WHEELS="${2:-.whl}"
 BUDGET="${DEVICE_CHECK_BUDGET:-480}"
-PYTHON="${PYTHON:-python3}"
-mkdir -p "$OUT" "$OUT/logs"
+SMOKE="${DEVICE_CHECK_SMOKE:-0}"
+ONLY="${DEVICE_CHECK_ONLY:-}"
+mkdir -p "$OUT/logs"
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 START=$(date +%s)
+FAILED=0
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 say() { echo "$*" | tee -a "$SUMMARY"; }
 
 # step NAME LIMIT COMMAND...: runs COMMAND with its output in logs/NAME.log, for at most LIMIT
-# seconds and never past the budget; skipped if under 15 s of the budget are left.
+# seconds and never past the budget; skipped if not in DEVICE_CHECK_ONLY (where given) or if under
+# 15 s of the budget are left.
 step() {
     local name=$1 limit=$2
     shift 2
+    if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then
+        say "$name: skipped, not in DEVICE_CHECK_ONLY"
+        return 0
+    fi
     local remaining
     remaining=$(left)
     if ((remaining < 15)); then
-        say "$name: skipped, the budget is spent"
-        return 1
+        say "$name: skipped, the budget of ${BUDGET}s is spent"
+        return 0
     fi
     ((limit > remaining)) && limit=$remaining
-    local began=$(date +%s)
+    local began
+    began=$(date +%s)
     timeout -k 5 "$limit" "$@" >"$OUT/logs/$name.log" 2>&1
     local rc=$?
     local status="ok"
-    ((rc == 124 || rc == 137)) && status="TIMED OUT after ${limit}s"
-    ((rc != 0 && rc != 124 && rc != 137)) && status="FAILED (exit $rc)"
+    if ((rc == 124 || rc == 137)); then
+        status="TIMED OUT after ${limit}s"
+        FAILED=1
+    elif ((rc != 0)); then
+        status="FAILED (exit $rc)"
+        FAILED=1
+    fi
     say "$name: $status, $(($(date +%s) - began)) s"
-    tail -n 3 "$OUT/logs/$name.log" | sed 's/^/    /' >>"$SUMMARY"
-    return $rc
+    tail -n 3 "$OUT/logs/$name.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+    return 0
 }
 
+# gpu_step NAME LIMIT COMMAND...: a step that needs the GPU, skipped without one, saying why.
+gpu_step() {
+    if [ "$GPU" != 1 ]; then
+        say "$1: skipped, $NO_GPU"
+        return 0
+    fi
+    step "$@"
+}
+
+# The figures after the steps' lines (printed as they come): the whole summary is then on stdout too.
 finish() {
-    "$PYTHON" scripts/device_summary.py "$OUT" >>"$SUMMARY" 2>&1
+    say "total: $(($(date +%s) - START)) s of a budget of ${BUDGET} s"
+    say ""
+    "$PYTHON" scripts/device_summary.py "$OUT" 2>&1 | tee -a "$SUMMARY"
     tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$OUT/logs"
-    cat "$SUMMARY"
 }
 trap finish EXIT
 
+say "device check at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u '+%Y-%m-%d %H:%M UTC')"
 if compgen -G "$WHEELS/*.whl" >/dev/null; then
-    step install 120 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    step install 60 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --upgrade --target /tmp/monadl-site "$WHEELS"/*.whl
     export PYTHONPATH="/tmp/monadl-site${PYTHONPATH:+:$PYTHONPATH}"
     export PATH="/tmp/monadl-site/bin:$PATH"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-step environment 30 bash -c "$PYTHON --version; nvidia-smi -L; nproc; $PYTHON -c 'import numpy, sys; print(\"numpy\", numpy.__version__)'; $PYTHON -c 'import cupy; print(\"cupy\", cupy.__version__, cupy.cuda.runtime.getDeviceCount(), \"GPUs\")'; $PYTHON -c 'import torch; print(\"torch\", torch.__version__, torch.cuda.is_available())'"
+step environment 20 bash -c "$PYTHON --version; nvidia-smi -L; nproc; $PYTHON -c 'import numpy; print(\"numpy\", numpy.__version__)'; $PYTHON -c 'import cupy; print(\"cupy\", cupy.__version__)'; $PYTHON -c 'import torch; print(\"torch\", torch.__version__, \"cuda\", torch.cuda.is_available())'"
 
-GPU=0
-"$PYTHON" -c 'import cupy, sys; sys.exit(cupy.cuda.runtime.getDeviceCount() == 0)' >/dev/null 2>&1 && GPU=1
-say "GPU: $([ $GPU = 1 ] && echo present || echo 'none (or no CuPy): the GPU steps are skipped')"
+NO_GPU=$("$PYTHON" - <<'EOF' 2>&1
+try:
+    import cupy
+except ImportError:
+    print("no GPU here: CuPy is not installed")
+else:
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001 - no driver
+        print(f"no GPU here: CuPy finds no CUDA driver ({type(e).__name__})")
+    else:
+        print("" if count else "no GPU here: CuPy finds no CUDA GPU")
+EOF
+)
+GPU=$([ -z "$NO_GPU" ] && echo 1 || echo 0)
+say "GPU: $([ "$GPU" = 1 ] && echo present || echo "none ($NO_GPU): the GPU steps are skipped")"
 
-# The compiled engine, built beside the tests and the first GPU benchmarks (which run on the
-# pure-Python engine); the later steps use it if it was built in time.
-(
-    began=$(date +%s)
-    MONADL_BUILD=compiled timeout -k 5 "$(($(left) * 3 / 5))" "$PYTHON" setup.py build_ext --inplace \
-        -j "$(nproc)" >"$OUT/logs/build.log" 2>&1
-    echo "exit $? after $(($(date +%s) - began)) s" >>"$OUT/logs/build.log"
-) &
-BUILD=$!
+# The engine, compiled before anything is measured (about 25 s on 16 CPUs once mypy is kept out
+# of torch and jax; a build that stalls is stopped at 100 s, and everything then runs pure).
+if [ "${DEVICE_CHECK_BUILD:-1}" = 1 ]; then
+    step build 100 env MONADL_BUILD=compiled "$PYTHON" setup.py build_ext --inplace -j "$(nproc)"
+else
+    say "build: skipped (DEVICE_CHECK_BUILD=0)"
+fi
+ENGINE=$("$PYTHON" - <<'EOF' 2>&1 | tail -n 1
+import monadl
 
-TESTS=(tests/test_cupy.py tests/test_bench_device.py tests/test_ops_array_api.py tests/test_slicing.py
-    tests/test_sparse.py tests/test_dropout.py)
-MONADL_PURE=1 step tests-pure 150 "$PYTHON" -m pytest -q -p no:cacheprovider -o addopts= "${TESTS[@]}"
+print("compiled" if monadl.compiled() else f"pure Python ({monadl._compiled.reason()})")
+EOF
+)
+say "engine: $ENGINE"
+
+# Four processes where pytest-xdist is installed, each test file in one (the files share caches).
+XDIST=()
+"$PYTHON" -c 'import xdist' >/dev/null 2>&1 && XDIST=(-n 4 --dist loadfile)
+TESTS=(tests/test_cupy.py tests/test_fused_kernels.py tests/test_bench_device.py tests/test_ops_array_api.py
+    tests/test_slicing.py tests/test_sparse.py tests/test_dropout.py)
+gpu_step tests 150 "$PYTHON" -m pytest -q -p no:cacheprovider -o addopts= "${XDIST[@]}" "${TESTS[@]}"
 
 BENCH=("$PYTHON" -m monadl.bench)
-if [ $GPU = 1 ]; then
-    MONADL_PURE=1 step treelstm-cuda-pure 100 "${BENCH[@]}" treelstm --device cuda --batches 16 64 256 \
-        --phases train --max-unbatched 0 --trees 256 --repeats 3 --warmup 64 --no-progress \
-        --json "$OUT/treelstm-cuda-pure.json"
-    MONADL_PURE=1 step columns-cuda-pure 45 "${BENCH[@]}" columns --device cuda --columns 4 --pools 1 \
-        --variants skip noskip --steps 60 --repeats 3 --warmup 10 --no-progress --json "$OUT/columns-cuda-pure.json"
-fi
-
-wait $BUILD
-say "build: $(tail -n 1 "$OUT/logs/build.log")"
-if "$PYTHON" -c 'import monadl, sys; sys.exit(not monadl.compiled())' >/dev/null 2>&1; then
-    say "engine: compiled"
+if [ "$SMOKE" = 1 ]; then
+    SIZE=(--smoke)
+    MODELS=(--smoke)
+    TREES=(--smoke)
+    COLUMNS=(--smoke)
+    WIDE=(--smoke --batch 20 --hidden 32)
+    TREE_POOL=(--smoke --workers 1 2)
 else
-    say "engine: pure Python (the build failed or ran out of time: logs/build.log)"
-    export MONADL_PURE=1
+    MODELS=(--repeats 3 --segment 0.25 --warmup 3)
+    TREES=(--batches 16 64 --trees 64 --repeats 3 --warmup 32)
+    SIZE=(--batches 256 --phases train --no-torch-eager --trees 256 --repeats 3 --warmup 256)
+    COLUMNS=(--columns 8 --pools 1 2 4 8 --steps 40 --repeats 3 --warmup 10)
+    WIDE=(--columns 8 --pools 1 4 --batch 48 --hidden 512 --steps 15 --repeats 3 --warmup 5)
+    TREE_POOL=(--batches 64 --phases train --workers 1 2 4 8 --trees 128 --repeats 3 --warmup 64)
 fi
-step columns-pool 75 "${BENCH[@]}" columns --columns 4 8 --pools 1 2 4 8 --variants skip noskip \
-    --steps 60 --repeats 3 --warmup 10 --no-torch --no-progress --json "$OUT/columns-pool.json"
-step treelstm-pool 45 "${BENCH[@]}" treelstm --batches 64 --phases train --workers 1 2 4 \
-    --max-unbatched 0 --trees 128 --repeats 3 --warmup 64 --no-torch --no-dynet --no-progress \
-    --json "$OUT/treelstm-pool.json"
-if [ $GPU = 1 ]; then
-    step treelstm-cuda 45 "${BENCH[@]}" treelstm --device cuda --batches 64 --phases train \
-        --max-unbatched 0 --trees 256 --repeats 3 --warmup 64 --no-progress --json "$OUT/treelstm-cuda.json"
-    step overhead-cuda 35 "${BENCH[@]}" overhead --device cuda --chain 100 --repeats 3 --min-time 0.05 \
-        --case elementwise-16x64 --case matmul-16x64 --case const-16x64 --json "$OUT/overhead-cuda.json"
-    step suite-cuda-smoke 30 "${BENCH[@]}" suite --device cuda --smoke --no-progress
-fi
+gpu_step models-cuda 90 "${BENCH[@]}" models --device cuda "${MODELS[@]}" --json "$OUT/models-cuda.json"
+gpu_step models-cuda-unfused 40 "${BENCH[@]}" models --device cuda --no-fused --only mlp encoder "${MODELS[@]}" \
+    --json "$OUT/models-cuda-unfused.json"
+gpu_step treelstm-cuda 100 "${BENCH[@]}" treelstm --device cuda --max-unbatched 0 --no-progress "${TREES[@]}" \
+    --json "$OUT/treelstm-cuda.json"
+gpu_step treelstm-cuda-256 45 "${BENCH[@]}" treelstm --device cuda --max-unbatched 0 --no-progress "${SIZE[@]}" \
+    --json "$OUT/treelstm-cuda-256.json"
+
+# The CPU's cores: the executor's pool against pool 1, BLAS on one thread, no peers.
+step columns-pool 50 "${BENCH[@]}" columns --variants skip noskip --no-torch --no-progress "${COLUMNS[@]}" \
+    --json "$OUT/columns-pool.json"
+step columns-pool-wide 50 "${BENCH[@]}" columns --variants skip noskip --no-torch --no-progress "${WIDE[@]}" \
+    --json "$OUT/columns-pool-wide.json"
+step treelstm-pool 45 "${BENCH[@]}" treelstm --max-unbatched 0 --no-torch --no-dynet --no-progress \
+    "${TREE_POOL[@]}" --json "$OUT/treelstm-pool.json"
+trap - EXIT
+finish
+exit "$FAILED"

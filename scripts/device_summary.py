@@ -1,14 +1,18 @@
-"""The device check's table: the issue's targets from the JSON files ``device-check.sh`` wrote.
+"""The device check's figures: the issues' targets from the JSON files ``device-check.sh`` wrote.
 
-``python scripts/device_summary.py OUT_DIR``: reads ``treelstm-cuda[-pure].json``,
-``columns-cuda[-pure].json``, ``overhead-cuda.json``, ``columns-pool.json`` and
-``treelstm-pool.json`` where present (``-pure``: run on the pure-Python engine), and prints
-each figure as a ratio measured in one run (the median of the rounds' paired ratios).
+``python scripts/device_summary.py OUT_DIR``: reads what is there of ``models-cuda.json``,
+``models-cuda-unfused.json``, ``treelstm-cuda.json``, ``treelstm-cuda-256.json``,
+``columns-pool.json``, ``columns-pool-wide.json`` and ``treelstm-pool.json`` (and of
+``columns-cuda.json`` and ``overhead-cuda.json``, or a ``-pure`` one: run on the pure-Python
+engine), and prints each figure
+as a ratio measured in one run (the median of the rounds' paired ratios), with any peer whose
+first loss disagreed with monadl's.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -38,28 +42,74 @@ def _pick(results: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
     return None
 
 
-def lines(folder: Path) -> list[str]:
-    """The table's lines: one per figure found."""
+def _engine(data: dict[str, Any], default: str) -> str:
+    compiled = data.get("compiled", data.get("run", {}).get("compiled"))
+    return default if compiled is None else ("compiled" if compiled else "pure")
+
+
+def _models(folder: Path) -> list[str]:
     out: list[str] = []
-    for name, engine in (("treelstm-cuda-pure.json", "pure"), ("treelstm-cuda.json", "compiled")):
+    for name in ("models-cuda.json", "models-cuda-unfused.json"):
+        models = _load(folder, name)
+        if models is not None:
+            out += _models_of(models)
+    return out
+
+
+def _models_of(models: dict[str, Any]) -> list[str]:
+    engine = _engine(models, "?") + ("" if models.get("fused", True) else ", unfused")
+    out = [f"bench models on {models.get('device')} ({engine} engine), monadl / torch there:"]
+    for r in models["results"]:
+        if r.get("ratio") is None:
+            out.append(f"  {r['name']}: monadl {r['monadl_rate']:.1f} steps/s, torch not measured")
+            continue
+        low, high = min(r["ratios"]), max(r["ratios"])
+        out.append(
+            f"  {r['name']} ({r['what']}): monadl {r['monadl_rate']:.1f} steps/s, torch "
+            f"{r['torch_rate']:.1f}: {r['ratio']:.2f}x [{low:.2f}-{high:.2f}] (must {r['must']}x)"
+        )
+        first = r.get("first_losses") or []
+        if len(first) == 2 and not math.isclose(first[0], first[1], rel_tol=1e-3):
+            out.append(f"    warning: first losses differ: monadl {first[0]:.6g}, torch {first[1]:.6g}")
+    return out
+
+
+_TREE_PEERS = (("torch", "torch eager"), ("torch-levels", "torch by level"))
+
+
+def _trees_on_gpu(folder: Path) -> list[str]:
+    out: list[str] = []
+    for name in ("treelstm-cuda-pure.json", "treelstm-cuda.json", "treelstm-cuda-256.json"):
         tree = _load(folder, name)
         if tree is None:
             continue
-        out.append(f"Tree-LSTM on {tree['run'].get('device')} ({engine} engine):")
+        engine = _engine(tree, "pure" if "pure" in name else "?")
+        out.append(f"Tree-LSTM on {tree['run'].get('device')} ({engine} engine), monadl / each peer:")
         for phase in ("train", "infer"):
             for batch in tree["run"]["batches"]:
                 mine = _pick(tree["results"], implementation="monadl", phase=phase, batch=batch)
-                theirs = _pick(tree["results"], implementation="torch", phase=phase, batch=batch)
-                if mine and theirs:
-                    out.append(
-                        f"  {phase} batch {batch}: monadl {mine['median']:.1f} trees/s, torch CUDA "
-                        f"{theirs['median']:.1f}: {paired(mine, theirs):.2f}x"
-                    )
+                if mine is None:
+                    continue
+                cells = [f"monadl {mine['median']:.1f} trees/s"]
+                for impl, label in _TREE_PEERS:
+                    theirs = _pick(tree["results"], implementation=impl, phase=phase, batch=batch)
+                    if theirs:
+                        cells.append(f"{label} {theirs['median']:.1f}: {paired(mine, theirs):.2f}x")
+                out.append(f"  {phase} batch {batch}: " + "; ".join(cells))
+        for r in tree["results"]:
+            if r.get("agrees") is False:
+                what = f"{r['implementation']} at {r['phase']} batch {r['batch']}"
+                out.append(f"    warning: the first result of {what} differs from monadl's")
+    return out
+
+
+def _columns_on_gpu(folder: Path) -> list[str]:
+    out: list[str] = []
     for name, engine in (("columns-cuda-pure.json", "pure"), ("columns-cuda.json", "compiled")):
         cols = _load(folder, name)
         if cols is None:
             continue
-        out.append(f"CIFAR columns on {cols['run'].get('device')} ({engine} engine):")
+        out.append(f"CIFAR columns on {cols['run'].get('device')} ({_engine(cols, engine)} engine):")
         for r in cols["results"]:
             if r["implementation"] != "monadl":
                 continue
@@ -79,8 +129,20 @@ def lines(folder: Path) -> list[str]:
                     f"  {row['case']}: monadl {row['monadl']['median']:.1f}, plain CuPy "
                     f"{base.get('median', float('nan')):.1f}, torch {torch.get('median', float('nan')):.1f}"
                 )
-    if pool := _load(folder, "columns-pool.json"):
-        out.append(f"CIFAR columns on the CPU, pool k / pool 1 ({pool['run'].get('machine')}):")
+    return out
+
+
+def _pools(folder: Path) -> list[str]:
+    out: list[str] = []
+    for name in ("columns-pool.json", "columns-pool-wide.json"):
+        pool = _load(folder, name)
+        if pool is None:
+            continue
+        run = pool["run"]
+        out.append(
+            f"CIFAR columns on the CPU, batch {run.get('batch')}, hidden {run.get('hidden')}, "
+            f"pool k / pool 1 ({run.get('machine')}):"
+        )
         for r in pool["results"]:
             if r["implementation"] != "monadl" or r["pool"] == 1:
                 continue
@@ -90,7 +152,7 @@ def lines(folder: Path) -> list[str]:
             if one:
                 out.append(f"  {r['columns']} columns {r['variant']} pool {r['pool']}: {paired(r, one):.2f}x")
     if tree_pool := _load(folder, "treelstm-pool.json"):
-        out.append("Tree-LSTM on the CPU, k workers / 1 worker:")
+        out.append(f"Tree-LSTM on the CPU, hidden {tree_pool['run'].get('hidden')}, k workers / 1 worker:")
         for r in tree_pool["results"]:
             if not str(r["implementation"]).startswith("monadl@"):
                 continue
@@ -99,6 +161,11 @@ def lines(folder: Path) -> list[str]:
                 workers = str(r["implementation"]).partition("@")[2]
                 out.append(f"  {r['phase']} batch {r['batch']}, {workers} workers: {paired(r, one):.2f}x")
     return out
+
+
+def lines(folder: Path) -> list[str]:
+    """The figures' lines: one per figure found."""
+    return [*_models(folder), *_trees_on_gpu(folder), *_columns_on_gpu(folder), *_pools(folder)]
 
 
 def main(argv: list[str]) -> int:

@@ -509,3 +509,87 @@ CASES += [
         (_u(80, (3, 2, 4)), _u(81, (5, 4)), _u(82, (5, 6))),
     ),
 ]
+
+# Queries of no key, a float bias, equal elements and empty axes (tests/test_gradient_fuzz.py has
+# their regression tests): the array API's paths of each, where NumPy takes one of its own.
+_NO_KEY = np.array([[1, 0, 1, 1], [0, 0, 0, 0], [1, 1, 0, 1]], dtype=bool)  # query 1 keeps no key
+_EQUAL_ROWS = np.stack([np.full(3, 0.1), _u(90, (3,)), np.full(3, 0.7)])  # the mean of 0.1s rounds
+CASES += [
+    OpCase(
+        "scaled_dot_product_attention a query of no key",
+        lambda c, q, k, v: monadl.scaled_dot_product_attention(q, k, v, c(_NO_KEY)),
+        (_u(91, (3, 2)), _u(92, (4, 2)), _u(93, (4, 3))),
+    ),
+    OpCase(
+        "scaled_dot_product_attention no keys",
+        lambda c, q, k, v: monadl.scaled_dot_product_attention(q, k, v),
+        (_u(94, (3, 2)), _u(95, (0, 2)), _u(96, (0, 3))),
+    ),
+    OpCase(
+        "conv1d float weight bias",
+        lambda c, x, w, b: monadl.conv1d(x, w, b, padding=1),
+        (_u(97, (2, 3, 5)), _u(98, (2, 3, 3)), 0.4),
+    ),
+    OpCase("std of equal elements", lambda c, a: monadl.std(a, axis=1), (_EQUAL_ROWS,)),
+    OpCase("softmax along an empty axis", lambda c, a: monadl.softmax(a, axis=0), (_u(99, (0, 3)),)),
+    OpCase(
+        "layer_norm of no features", lambda c, x, w: monadl.layer_norm(x, w), (_u(100, (3, 0)), _u(101, (0,)))
+    ),
+]
+
+# Transposed convolution, adaptive pooling, padding, flattening, group and RMS norm: every
+# parameter of the ops at least once, each path of their rules (a bias-free kernel, bins that tile
+# the input and bins that overlap, each padding mode, a crop), on every backend.
+CASES += [
+    OpCase(
+        "conv_transpose2d",
+        lambda c, x, w, b: monadl.conv_transpose2d(x, w, b),
+        (_u(102, (2, 3, 3, 4)), _u(103, (3, 2, 3, 2)), _u(104, (2,))),
+    ),
+    OpCase(
+        "conv_transpose2d stride, padding, output_padding, dilation, groups",
+        lambda c, x, w, b: monadl.conv_transpose2d(
+            x, w, b, stride=(2, 1), padding=(1, 0), output_padding=(1, 1), dilation=(1, 2), groups=2
+        ),
+        (_u(105, (2, 4, 3, 3)), _u(106, (4, 1, 3, 2)), _u(107, (2,))),
+    ),
+    OpCase(
+        "conv_transpose2d unbatched, no bias, tiling strides",
+        lambda c, x, w: monadl.conv_transpose2d(x, w, stride=2),
+        (_u(108, (2, 3, 3)), _u(109, (2, 3, 2, 2))),
+    ),
+    OpCase(
+        "adaptive_avg_pool2d overlapping bins",
+        lambda c, x: monadl.adaptive_avg_pool2d(x, (3, 2)),
+        (_u(110, (2, 3, 5, 5)),),
+    ),
+    OpCase(
+        "adaptive_avg_pool2d global", lambda c, x: monadl.adaptive_avg_pool2d(x, 1), (_u(111, (3, 4, 6)),)
+    ),
+    OpCase(
+        "adaptive_avg_pool2d tiles, None",
+        lambda c, x: monadl.adaptive_avg_pool2d(x, (2, None)),
+        (_u(112, (2, 4, 3)),),
+    ),
+    OpCase("pad constant", lambda c, x: monadl.pad(x, (1, 2, 0, 1), value=0.5), (_u(113, (2, 3, 4)),)),
+    OpCase("pad constant crop", lambda c, x: monadl.pad(x, (-1, 2, 1, -2)), (_u(114, (3, 4)),)),
+    OpCase("pad reflect", lambda c, x: monadl.pad(x, (2, 1, 1, 2), mode="reflect"), (_u(115, (2, 3, 4)),)),
+    OpCase(
+        "pad replicate", lambda c, x: monadl.pad(x, (1, 2, 2, 0), mode="replicate"), (_u(116, (2, 3, 4)),)
+    ),
+    OpCase("pad circular", lambda c, x: monadl.pad(x, (3, 1, 0, 2), mode="circular"), (_u(117, (2, 3, 4)),)),
+    OpCase("flatten", lambda c, x: monadl.flatten(x, 1), (_u(118, (2, 3, 2, 2)),)),
+    OpCase("flatten middle", lambda c, x: monadl.flatten(x, -3, -2), (_u(119, (2, 3, 2, 2)),)),
+    OpCase(
+        "group_norm",
+        lambda c, x, w, b: monadl.group_norm(x, 2, w, b),
+        (_u(120, (2, 4, 3, 2)), _u(121, (4,)), _u(122, (4,))),
+    ),
+    OpCase(
+        "group_norm no affine, axis -2",
+        lambda c, x: monadl.group_norm(x, 3, axis=-2, eps=0.1),
+        (_u(123, (6, 2)),),
+    ),
+    OpCase("rms_norm", lambda c, x, w: monadl.rms_norm(x, (3, 2), w), (_u(124, (2, 3, 2)), _u(125, (3, 2)))),
+    OpCase("rms_norm no weight, eps", lambda c, x: monadl.rms_norm(x, 4, eps=0.1), (_u(126, (3, 4)),)),
+]

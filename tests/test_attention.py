@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from batching_check import assert_close, gradients_of, merged_and_alone
-from op_cases import predict
+from op_cases import predict, value_of
 
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, nn
@@ -128,12 +128,64 @@ def test_the_values_and_gradients_are_pytorchs() -> None:
         np.testing.assert_allclose(gradients[weight], t.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the NaN documented
-def test_a_query_that_keeps_no_key_gives_nan() -> None:
-    mask = np.ones((3, 5), dtype=bool)
-    mask[1] = False
-    out = predict(ml.scaled_dot_product_attention(uniform(1, 3, 4), uniform(2, 5, 4), uniform(3, 5, 2), mask))
-    assert np.isnan(out[1]).all() and np.isfinite(out[[0, 2]]).all()
+@pytest.mark.parametrize("additive", [False, True])
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_query_that_keeps_no_key_gives_zero_and_no_delta(additive: bool, packed: bool) -> None:
+    """As PyTorch's: the row of a query whose every key is masked is 0 (not the softmax's 0 / 0),
+    and it passes no delta to q, k or v; the other rows are as without it."""
+    keep = np.ones((3, 3), dtype=bool)
+    keep[1] = False
+    mask: Any = np.where(keep, 0.0, -np.inf) if additive else keep
+    qkv = uniform(1, 3, 6)
+    probe = uniform(4, 3, 2)
+
+    def attend(x: Any) -> ArrayLayer:
+        if packed:
+            return self_attention(x, mask)
+        return ml.scaled_dot_product_attention(x[:, 0:2], x[:, 2:4], x[:, 4:6], mask)
+
+    out = predict(attend(qkv))
+    np.testing.assert_array_equal(out[1], [0.0, 0.0])
+    rows = [0, 2]
+    np.testing.assert_allclose(out[rows], reference(qkv[:, 0:2], qkv[:, 2:4], qkv[:, 4:6])[rows], rtol=1e-12)
+    (g,) = ml.check_gradients(lambda w: ml.sum(attend(w) * probe), qkv)
+    assert isinstance(g, np.ndarray)
+    np.testing.assert_array_equal(g[1, 0:2], [0.0, 0.0])  # the query of no key gets no delta
+    assert np.isfinite(g).all()
+
+
+def test_a_query_that_keeps_no_key_is_pytorchs() -> None:
+    torch = pytest.importorskip("torch")
+    q, k, v = uniform(5, 2, 4, 2), uniform(6, 2, 3, 2), uniform(7, 2, 3, 3)
+    keep = np.random.default_rng(8).uniform(size=(2, 4, 3)) < 0.5
+    keep[0, 1] = keep[1, 3] = False
+    probe = uniform(9, 2, 4, 3)
+    weights = [ArrayWeight(a) for a in (q, k, v)]
+    attended = ml.scaled_dot_product_attention(weights[0], weights[1], weights[2], keep)
+    value, gradients = ml.compute_gradients(ml.sum(attended * probe))
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=torch.tensor(keep))
+    loss = (out * torch.tensor(probe)).sum()
+    loss.backward()
+    assert value == pytest.approx(loss.item(), rel=1e-12)
+    for weight, t in zip(weights, (tq, tk, tv), strict=True):
+        np.testing.assert_allclose(gradients[weight], t.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_a_training_step_with_a_query_that_keeps_no_key_succeeds() -> None:
+    """A padded query (its row of the mask all False) no longer makes the loss NaN: the step
+    succeeds and changes the weights by finite amounts."""
+    rng = np.random.default_rng(10)
+    layer = nn.MultiHeadAttention.new(4, 2, seed=0, dtype=np.float64)
+    x = rng.uniform(-1.0, 1.0, (2, 3, 4))
+    keep = np.ones((2, 3, 3), dtype=bool)
+    keep[1, 2] = False  # the last query of the second sequence keeps no key
+    before = [np.array(w.data) for w in ml.weights_of(layer).values()]
+    step = ml.sum(layer(x, mask=keep) * rng.uniform(-1.0, 1.0, (2, 3, 4))).train_blocking(ml.SGD(0.1))
+    assert np.isfinite(value_of(step))
+    after = [np.array(w.data) for w in ml.weights_of(layer).values()]
+    assert all(np.isfinite(a).all() for a in after)
+    assert any(not np.array_equal(a, b) for a, b in zip(after, before, strict=True))
 
 
 @pytest.mark.parametrize("masked", [False, True])

@@ -362,7 +362,7 @@ def test_cross_entropy_of_empty_logits(shape: tuple[int, ...], targets: Any) -> 
 
 def test_cross_entropy_targets_not_an_array() -> None:
     with pytest.raises(TypeError, match=re.escape("cross_entropy: expected an array of targets, got list")):
-        monadl.cross_entropy(_weight((3, 4)), [0, 1, 2])  # type: ignore[arg-type]
+        monadl.cross_entropy(_weight((3, 4)), [0, 1, 2])  # type: ignore[call-overload]
 
 
 @pytest.mark.parametrize("labels", [[0, 1, 4], [0, -1, 2]])
@@ -600,3 +600,74 @@ def test_the_gradient_of_a_float_at_a_pole_is_that_of_the_array() -> None:
     weight = FloatWeight(0.0)
     _, gradients = monadl.compute_gradients(monadl.sqrt(weight) + 1.0)  # d sqrt(x) / dx = 0.5 / sqrt(x)
     assert type(gradients[weight]) is float and gradients[weight] == np.inf
+
+
+# ------------------------------------------------------------- NumPy's functions on layers, weights
+
+_LAZY = "is lazy and has no array value until it runs"
+_NO_ARRAY = "an ArrayWeight is no array"
+
+
+@pytest.mark.parametrize(
+    ("call", "expected"),
+    [
+        (
+            lambda w: np.argmax(_bad(monadl.relu(w))),
+            f"numpy.argmax: an ArrayLayer {_LAZY}: use monadl.argmax",
+        ),
+        (lambda w: np.mean(w * 2.0), f"numpy.mean: an ArrayLayer {_LAZY}: use monadl.mean on it"),
+        (lambda w: np.asarray(monadl.relu(w)), f"numpy.asarray: an ArrayLayer {_LAZY}: use monadl's ops"),
+        (lambda w: np.array(monadl.sum(w)), f"numpy.asarray: a FloatLayer {_LAZY}: use monadl's ops"),
+        (lambda w: np.dot(np.ones(3), w), f"numpy.dot: {_NO_ARRAY}: use monadl.dot on it, or its value"),
+        (
+            lambda w: np.array(w),
+            f"numpy.asarray: {_NO_ARRAY}: use monadl's ops on it, or its value, weight.data",
+        ),
+        (lambda w: np.asarray(w), f"numpy.asarray: {_NO_ARRAY}"),
+        (lambda w: np.concatenate([w, w]), f"numpy.concatenate: {_NO_ARRAY}: use monadl.concatenate"),
+        (lambda w: np.sum(_bad(FloatWeight(1.0))), "numpy.sum: a FloatWeight is no array"),
+    ],
+)
+def test_numpy_refuses_layers_and_weights_naming_the_monadl_op(
+    call: Callable[[ArrayWeight], Any], expected: str
+) -> None:
+    # Before, NumPy made a 0-d array of objects of them: np.argmax(layer) was 0, np.dot(x, w) and
+    # np.array(w) arrays of layers, np.mean(layer) an error about an object dtype.
+    with pytest.raises(TypeError) as raised:
+        call(_weight((3, 3)))
+    assert str(raised.value).startswith(expected), str(raised.value)
+
+
+def test_numpy_reads_a_known_shape_of_a_layer_or_a_weight() -> None:
+    # np.shape, np.ndim and np.size read no value: they answer from .shape where it is known (a
+    # layer's ndim was 0 and its size 1, of a 0-d array of objects). (mypy rejects the calls:
+    # NumPy's stubs take no layer.)
+    numpy: Any = np
+    w = _weight((3, 4))
+    for x in (w, monadl.relu(w), w @ np.ones((4, 2))):
+        shape = x.shape
+        assert shape is not None
+        assert (numpy.shape(x), numpy.ndim(x), numpy.size(x)) == (shape, len(shape), math.prod(shape))
+        assert numpy.size(x, 0) == shape[0]
+    assert (numpy.shape(FloatWeight(1.0)), numpy.ndim(monadl.sum(w)), numpy.size(monadl.sum(w))) == ((), 0, 1)
+    with pytest.raises(ShapeError, match=re.escape("matmul: shapes (2,) and (3, 4) are not aligned")):
+        numpy.shape(ArrayWeight.zeros((2,)) @ w)  # a graph that cannot run: its error
+
+    @monadl.batchable
+    def twice(x: ArrayLayer) -> ArrayLayer:
+        return x + x
+
+    with pytest.raises(TypeError, match=f"numpy.shape: an ArrayLayer {_LAZY}"):
+        numpy.shape(twice(monadl.lift_array(np.ones(3))))  # (its shape is not known before it runs)
+
+
+def test_arrays_on_the_left_of_operators_still_give_layers() -> None:
+    w = _weight((3, 3))
+    for layer in (
+        np.ones(3) * w,
+        np.ones(3) + monadl.relu(w),
+        _bad(np.float32(2.0)) * w,
+        np.ones((3, 3)) @ w,
+    ):
+        assert isinstance(layer, ArrayLayer)
+    np.testing.assert_array_equal((np.ones(3) * w).predict_blocking().unwrap(), np.ones((3, 3)))

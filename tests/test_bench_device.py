@@ -1,12 +1,16 @@
 """The benchmarks' ``--device`` plumbing, on array-api-strict (a CPU namespace standing in for a
 device) and, where CuPy finds a GPU, on CUDA: the models' arrays live where the option says, the
 hand-written NumPy baseline stays out, and every benchmark runs there end to end (tiny sizes; no
-figure is judged: speed is for the benchmarks' own runs)."""
+figure is judged: speed is for the benchmarks' own runs). And ``scripts/device-check.sh`` where
+there is no GPU: it skips the GPU steps saying why, and keeps to its time budget."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +19,7 @@ import numpy as np
 import pytest
 
 import monadl as ml
-from monadl.bench import overhead
+from monadl.bench import models, overhead
 from monadl.bench.__main__ import main
 from monadl.bench.common import DEVICES, Device
 
@@ -145,3 +149,118 @@ def test_suite_runs_on_the_device(name: str, tmp_path: Path) -> None:
     assert run["run"]["device"].startswith(name)
     monadl = [r for r in run["results"] if r["implementation"] == "monadl"]
     assert monadl and all(r["learned"] for r in monadl)
+
+
+@pytest.mark.parametrize("name", DEVICE_NAMES)
+def test_models_runs_every_workload_on_the_device(name: str, tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "models.json"
+    assert main(["models", "--device", name, "--smoke", "--repeats", "1", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "warning" not in printed  # both sides' first losses agree
+    report = json.loads(out.read_text())
+    assert report["device"].startswith(name)
+    results = {r["name"]: r for r in report["results"]}
+    assert set(results) == set(models.TARGETS)  # the dense models too, off the CPU
+    for r in results.values():
+        assert r["monadl_rate"] > 0
+        assert (len(r["ratios"]) == 1) == HAS_TORCH
+        if name == "cuda":
+            assert (r["must"], r["goal"]) == models.CUDA_TARGETS
+
+
+@pytest.mark.parametrize("name", DEVICE_NAMES)
+@pytest.mark.parametrize("workload", sorted(models.TARGETS))
+def test_a_models_workload_trains_there(name: str, workload: str) -> None:
+    """The monadl side's weights and their updates stay on the device, step after step."""
+    device = Device(name)
+    sizes = models.SMOKE_SIZES
+    with ml.Executor() as executor:
+        options = (sizes, executor, 0, False)
+        built: models.Workload
+        if workload in ("conv1", "conv2"):
+            built = models.conv_workload(int(workload[-1]), *options, device)
+        elif workload == "bilstm":
+            built = models.bilstm_workload(*options, True, device)
+        else:
+            built = getattr(models, f"{workload}_workload")(*options, device)
+        losses = [built.monadl() for _ in range(2)]
+    assert all(np.isfinite(losses)) and built.weights
+    for weight in built.weights:
+        assert type(weight.data) is type(device.put(np.zeros(1))), weight
+
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "device-check.sh"
+
+
+def _device_check(out: Path, **env: str) -> tuple[int, str]:
+    """``scripts/device-check.sh out`` with ``env`` (the engine as it is: no build), its exit status
+    and its summary (also its stdout)."""
+    environment = dict(os.environ, PYTHON=sys.executable, DEVICE_CHECK_BUILD="0", **env)
+    done = subprocess.run(
+        ["bash", str(SCRIPT), str(out)], env=environment, capture_output=True, text=True, timeout=300
+    )
+    summary = (out / "summary.txt").read_text()
+    assert done.stdout.strip() == summary.strip()
+    assert (out / "logs.tar.gz").is_file() and not (out / "logs").exists()
+    return done.returncode, summary
+
+
+@pytest.mark.skipif(_cuda(), reason="a GPU is here: the GPU steps would run")
+def test_the_device_check_skips_the_gpu_steps_saying_why_and_writes_one_summary(tmp_path: Path) -> None:
+    only = "environment models-cuda treelstm-cuda columns-pool treelstm-pool"
+    status, summary = _device_check(tmp_path, DEVICE_CHECK_SMOKE="1", DEVICE_CHECK_ONLY=only)
+    assert status == 0, summary
+    assert "GPU: none (no GPU here: CuPy " in summary and "build: skipped (DEVICE_CHECK_BUILD=0)" in summary
+    assert f"engine: {'compiled' if ml.compiled() else 'pure Python'}" in summary
+    for step in ("tests", "models-cuda", "treelstm-cuda", "treelstm-cuda-256"):
+        assert f"\n{step}: skipped, no GPU here: CuPy " in summary, step
+    for step in ("environment", "columns-pool", "treelstm-pool"):
+        assert f"\n{step}: ok, " in summary, step
+    assert "columns-pool-wide: skipped, not in DEVICE_CHECK_ONLY" in summary
+    assert "CIFAR columns on the CPU, batch 16" in summary and "Tree-LSTM on the CPU" in summary
+    assert "2 workers:" in summary  # the pool's ratios, from the JSON the steps wrote
+    assert {p.name for p in tmp_path.glob("*.json")} == {"columns-pool.json", "treelstm-pool.json"}
+
+
+@pytest.mark.skipif(_cuda(), reason="a GPU is here: the GPU steps would run")
+def test_the_device_check_stops_a_step_at_the_budget_and_says_so(tmp_path: Path) -> None:
+    budget = 16  # a step starts with 15 s left at least; the wide columns take longer
+    status, summary = _device_check(
+        tmp_path, DEVICE_CHECK_BUDGET=str(budget), DEVICE_CHECK_ONLY="columns-pool-wide"
+    )
+    assert status == 1, summary
+    assert "columns-pool-wide: TIMED OUT after " in summary
+    assert "treelstm-pool: skipped, " in summary  # not in DEVICE_CHECK_ONLY, or the budget spent
+    total = int(summary.split("total: ")[1].split(" s")[0])
+    assert total <= budget + 6  # the step's kill grace, and the summary's own work
+
+
+def test_the_device_summary_reads_the_gpu_runs_and_flags_disagreeing_peers(tmp_path: Path) -> None:
+    import importlib.util as util
+
+    spec = util.spec_from_file_location("device_summary", SCRIPT.parent / "device_summary.py")
+    assert spec is not None and spec.loader is not None
+    summary: Any = util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+    model = {"name": "mlp", "what": "1024-4096-4096-1000, batch 512", "monadl_rate": 100.0}
+    model |= {"torch_rate": 200.0, "ratio": 0.5, "ratios": [0.5, 0.4, 0.6], "must": 0.8}
+    model |= {"first_losses": [6.9, 7.2]}
+    (tmp_path / "models-cuda.json").write_text(
+        json.dumps({"compiled": True, "device": "cuda: NVIDIA H200", "results": [model]})
+    )
+
+    def tree(impl: str, samples: list[float], agrees: bool | None) -> dict[str, Any]:
+        found = {"implementation": impl, "phase": "train", "batch": 64, "median": samples[1]}
+        return found | {"samples": samples, "agrees": agrees}
+
+    run = {"device": "cuda: NVIDIA H200", "batches": [64], "compiled": True}
+    results = [tree("monadl", [300.0, 360.0, 330.0], None), tree("torch", [20.0, 24.0, 22.0], True)]
+    results.append(tree("torch-levels", [600.0, 600.0, 300.0], False))
+    (tmp_path / "treelstm-cuda.json").write_text(json.dumps({"run": run, "results": results}))
+    lines = summary.lines(tmp_path)
+    assert lines[0] == "bench models on cuda: NVIDIA H200 (compiled engine), monadl / torch there:"
+    assert "0.50x [0.40-0.60] (must 0.8x)" in lines[1] and "first losses differ" in lines[2]
+    assert "Tree-LSTM on cuda: NVIDIA H200 (compiled engine)" in lines[3]
+    # Paired by round: 300/20, 360/24, 330/22 -> 15x; 0.5, 0.6, 1.1 -> 0.6x.
+    assert "torch eager 24.0: 15.00x; torch by level 600.0: 0.60x" in lines[4]
+    assert "torch-levels at train batch 64 differs" in lines[5]

@@ -7,6 +7,7 @@ nothing about speed: speed is for the benchmark's own runs, not for tests.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import sys
@@ -148,3 +149,31 @@ def test_without_tqdm_the_benchmarks_show_no_bar_and_raise_nothing(monkeypatch: 
     progress.advance()
     progress.close()
     assert list(columns._progress([(1, "skip"), (2, "noskip")], True)) == [(1, "skip"), (2, "noskip")]
+
+
+def test_columns_takes_a_batch_larger_than_the_default_synthetic_classes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The synthetic set has 250 samples per coarse class by default; a batch of 256 (all of one
+    class) makes it larger rather than stopping."""
+    monkeypatch.setenv("MONADL_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "columns.json"
+    argv = ["columns", "--batch", "256", "--columns", "1", "--pools", "1", "--variants", "skip"]
+    argv += ["--hidden", "8", "--steps", "1", "--repeats", "1", "--warmup", "0", "--no-torch"]
+    assert main([*argv, "--no-progress", "--json", str(out)]) == 0
+    run = json.loads(out.read_text())["run"]
+    assert run["batch"] == 256 and "synthetic" in run["data"]
+    data = columns.open_data(argparse.Namespace(data=None, seed=0, batch=256))
+    assert data.class_counts().min() >= 256 and data.num_batches(256) >= 20
+    small = columns.open_data(argparse.Namespace(data=None, seed=0, batch=16))
+    assert small.class_counts().max() == 250  # the default set, where it suffices
+    capsys.readouterr()
+
+
+def test_columns_refuses_a_batch_the_given_data_cannot_supply_naming_the_largest(tmp_path: Path) -> None:
+    from monadl.data import cifar100
+
+    cifar100.write_synthetic_cifar100(tmp_path / "small", per_fine_class=3, seed=1)  # 15 per class
+    with pytest.raises(SystemExit, match=r"--batch 16 is more than the data supplies.*--batch 15 or less"):
+        columns.open_data(argparse.Namespace(data=str(tmp_path / "small"), seed=0, batch=16))
+    assert columns.open_data(argparse.Namespace(data=str(tmp_path / "small"), seed=0, batch=15))

@@ -23,7 +23,7 @@ from monadl.bench import treelstm as bench
 from monadl.bench.__main__ import main
 from monadl.bench.common import torch_available
 from monadl.bench.treelstm_model import TreeLstm
-from monadl.bench.treelstm_torch import TorchTreeLstm
+from monadl.bench.treelstm_torch import TorchLevelTreeLstm, TorchTreeLstm
 from monadl.data import sst
 from monadl.data.trees import Tree
 
@@ -73,7 +73,7 @@ def test_the_benchmark_runs_in_a_smoke_form(tmp_path: Path, capsys: pytest.Captu
 
     expected = {"monadl", "monadl-unbatched"}
     if HAS_TORCH:
-        expected.add("torch")
+        expected |= {"torch", "torch-levels"}
     else:
         assert "torch: not installed" in out
     if HAS_DYNET:
@@ -93,7 +93,12 @@ def test_the_benchmark_runs_in_a_smoke_form(tmp_path: Path, capsys: pytest.Captu
             assert r["kernels"] > 0 and r["bound"] > 0 and r["ratio"] == r["kernels"] / r["bound"]
         else:
             assert r["kernels"] is None and r["record_us"] is None
+        # Every implementation's first result is monadl batched's (the same model, weights, batch).
+        assert r["agrees"] is (None if r["implementation"] == "monadl" else True), r
+        assert (r["first_loss"] is not None) == (r["phase"] == "train"), r
+    assert "warning" not in out
     assert ("torch eager" in out) == HAS_TORCH
+    assert ("torch by level" in out) == HAS_TORCH
     assert ("dynet autobatch" in out) == HAS_DYNET
 
 
@@ -115,6 +120,17 @@ def test_the_smoke_form_reads_sst_and_caps_the_unbatched_runs(
     assert {("monadl", 1), ("monadl", 4), ("monadl-unbatched", 1)} <= found
     assert ("monadl-unbatched", 4) not in found
     assert "monadl unbatched: skipped at batch [4] (above --max-unbatched 1)" in out
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_no_torch_eager_keeps_the_level_batched_peer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, data = _smoke(tmp_path, capsys, "--no-torch-eager", "--no-dynet", "--phases", "train")
+    assert "torch eager: skipped (--no-torch-eager)" in out
+    found = {r["implementation"] for r in data["results"]}
+    assert "torch-levels" in found and "torch" not in found
+    assert "torch by level" in out and "torch eager" not in out.split("skipped (--no-torch-eager)")[1]
 
 
 def test_a_segment_holds_at_least_the_trees_asked_for_in_distinct_batches() -> None:
@@ -155,6 +171,33 @@ def test_the_torch_peer_computes_the_example(reference: ml.Executor) -> None:
     after = peer.numpy_params()
     for name, weight in model.weights.items():  # the same Adagrad step, 0.1 for the embeddings
         np.testing.assert_allclose(after[name], np.asarray(weight.data), rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_the_level_batched_torch_peer_computes_the_example(reference: ml.Executor) -> None:
+    """The strong peer: the example's loss, root scores and Adagrad step, a batch at a time by
+    height; a tree twice in a batch counts twice."""
+    trees, vocabulary = _trees(8)
+    trees = [*trees, trees[0]]
+    model = _model(vocabulary, executor=reference)
+    peer = TorchLevelTreeLstm(_params(model))
+    assert peer.numpy_params().keys() == _params(model).keys()
+    for name, array in peer.numpy_params().items():
+        np.testing.assert_array_equal(array, _params(model)[name], err_msg=name)
+    expected = model.loss(trees, vocabulary.index).predict_blocking(executor=reference).unwrap() / len(trees)
+    assert peer.loss(trees, vocabulary.index) == pytest.approx(expected, rel=1e-12)
+    np.testing.assert_allclose(
+        peer.predict_roots(trees, vocabulary.index), _root_scores(model, trees, vocabulary), rtol=1e-12
+    )
+    for _ in range(2):
+        assert peer.step(trees, vocabulary.index) == pytest.approx(
+            model.step(trees, vocabulary.index), rel=1e-12
+        )
+    after = peer.numpy_params()
+    for name, weight in model.weights.items():
+        np.testing.assert_allclose(after[name], np.asarray(weight.data), rtol=1e-9, atol=1e-12, err_msg=name)
+    with pytest.raises(ValueError, match="missing parameters"):
+        TorchLevelTreeLstm({})
 
 
 @pytest.mark.skipif(not HAS_DYNET, reason="dynet is not installed (pip install dynet38)")

@@ -116,6 +116,34 @@ CASES: dict[str, tuple[Build, Forward]] = {
         lambda kw: nn.GRU.new(4, 3, layers=2, seed=1, dtype=np.float64, **kw),
         lambda m, s: total([h for steps in m([on(X, s), on(X[:3], s)]).outputs for h in steps]),
     ),
+    "ConvTranspose2d": (
+        lambda kw: nn.ConvTranspose2d.new(
+            2, 4, 3, stride=2, padding=1, output_padding=1, groups=2, seed=1, dtype=np.float64, **kw
+        ),
+        lambda m, s: total([m(on(IMAGES, s))]),
+    ),
+    "GroupNorm": (
+        lambda kw: nn.GroupNorm.new(1, 2, dtype=np.float64, **kw),
+        lambda m, s: total([m(on(IMAGES, s)) * on(IMAGES, s)]),
+    ),
+    "RMSNorm": (
+        lambda kw: nn.RMSNorm.new(4, dtype=np.float64, **kw),
+        lambda m, s: total([m(on(X, s)) * on(X, s)]),
+    ),
+    "TransformerDecoderLayer": (
+        lambda kw: nn.TransformerDecoderLayer.new(4, 2, 8, seed=1, dtype=np.float64, **kw),
+        lambda m, s: total([m(on(X, s), on(X[:4], s), memory_mask=np.ones((6, 4), dtype=bool))]),
+    ),
+    "Sequential": (  # padding, pooling, flattening and a linear layer over the images
+        lambda kw: nn.Sequential(
+            nn.Conv2d.new(2, 3, 2, seed=1, dtype=np.float64, **kw),
+            lambda h: ml.pad(h, (1, 0, 0, 1), mode="reflect"),
+            nn.AdaptiveAvgPool2d((3, 2)),
+            nn.Flatten(),
+            nn.Linear.new(18, 2, seed=2, dtype=np.float64, **kw),
+        ),
+        lambda m, s: total([m(on(IMAGES, s))]),
+    ),
 }
 
 

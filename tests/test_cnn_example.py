@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import monadl as ml
 from examples import cnn
 
 
@@ -40,9 +42,35 @@ def test_cnn_plot_needs_an_existing_folder(tmp_path: Path) -> None:
     assert exit_info.value.code == 2
 
 
-def test_the_benchmark_measures_the_examples_model() -> None:
-    from monadl.bench import models
-    from monadl.bench.cnn_model import CNN as measured
+def test_the_example_holds_its_model() -> None:
+    """A reader of examples/cnn.py sees the model: it is defined there, not imported."""
+    assert cnn.CNN.__module__ == cnn.__name__
+    source = Path(cnn.__file__).read_text(encoding="utf-8")
+    assert "class CNN(ml.Module):" in source and "monadl.bench" not in source.split('"""', 2)[2]
 
-    assert measured is cnn.CNN
-    assert vars(models)["CNN"] is measured  # the models benchmark's, not a copy
+
+@pytest.mark.parametrize(("channels", "seed"), [(4, 0), (3, 7)])
+def test_the_benchmark_measures_the_examples_model(channels: int, seed: int) -> None:
+    """``python -m monadl.bench models`` measures the package's copy of the model: the same weights
+    from a seed, the same logits, the same step."""
+    from monadl.bench import models
+    from monadl.bench.cnn_model import CLASSES, CNN
+
+    assert vars(models)["CNN"] is CNN and CLASSES == cnn.CLASSES
+    mine, measured = cnn.CNN.new(channels, seed=seed), CNN.new(channels, seed=seed)
+    ours, theirs = mine.weights(), measured.weights()
+    assert list(ours) == list(theirs)
+    for name, weight in ours.items():
+        other = theirs[name]
+        assert np.asarray(weight.data).dtype == np.asarray(other.data).dtype == np.float32, name
+        np.testing.assert_array_equal(weight.data, other.data, err_msg=name)
+    rng = np.random.default_rng(seed)
+    images = rng.random((5, 3, 32, 32), dtype=np.float32)
+    labels = rng.integers(0, CLASSES, size=5)
+    np.testing.assert_array_equal(
+        ml.predict_blocking(mine(images)).unwrap(), ml.predict_blocking(measured(images)).unwrap()
+    )
+    for model in (mine, measured):
+        ml.cross_entropy(model(images), labels).train_blocking(ml.Adam(1e-2)).unwrap()
+    for name, weight in ours.items():
+        np.testing.assert_array_equal(weight.data, theirs[name].data, err_msg=name)

@@ -127,6 +127,49 @@ def test_conv_gradients_equal_finite_differences(
     check_gradients(loss, _u(*x_shape), _u(*w_shape), _u(w_shape[0]))
 
 
+def _seeded(seed: int, *shape: int) -> Any:
+    return np.random.default_rng([seed, *shape]).uniform(-1.0, 1.0, shape)
+
+
+@pytest.mark.parametrize("spatial", [1, 2])
+def test_a_float_bias_is_added_to_every_output(spatial: int) -> None:
+    """A float bias (a ``FloatWeight``, a ``FloatLayer``, a float or an int), as the type hints
+    allow: the convolution plus that float everywhere, its gradient the sum of the output's delta."""
+    conv = ml.conv2d if spatial == 2 else ml.conv1d
+    x = _seeded(1, 2, 3, 5, 4) if spatial == 2 else _seeded(1, 2, 3, 6)
+    w = _seeded(2, 4, 3, 2, 2) if spatial == 2 else _seeded(2, 4, 3, 2)
+    params: dict[str, Any] = {"stride": 2, "padding": 1}
+    plain = predict(conv(x, w, **params))
+    weighting = probe(plain.shape)
+    for b, added in (
+        (ml.FloatWeight(0.75), 0.75),
+        (ml.FloatWeight(0.25) * 3.0, 0.75),
+        (0.75, 0.75),
+        (1, 1.0),
+    ):
+        np.testing.assert_allclose(predict(conv(x, w, b, **params)), plain + added, rtol=1e-12, atol=1e-12)
+    _, _, gb = check_gradients(lambda x, w, b: ml.sum(conv(x, w, b, **params) * weighting), x, w, 0.75)
+    assert type(gb) is float and gb == pytest.approx(float(np.sum(weighting)), rel=1e-12)
+    with pytest.raises(TypeError, match=f"conv{spatial}d: expected an array .* for b, got bool"):
+        conv(x, w, True, **params)
+
+
+def test_calls_sharing_a_float_weight_bias_merge_and_equal_calls_alone() -> None:
+    def loss() -> ml.FloatLayer:
+        w, b = ArrayWeight(_seeded(3, 3, 2, 2, 2)), ml.FloatWeight(0.5)
+        terms = [
+            ml.sum(ml.conv2d(ArrayWeight(_seeded(4 + i, 2, 4, 4)) * 1.0, w, b) * probe((3, 3, 3), i))
+            for i in range(3)
+        ]
+        return ml.add_n(terms)
+
+    on, off = gradients_of(loss(), True), gradients_of(loss(), False)
+    assert_close(on.value, off.value, "loss")
+    for a, b in zip(on.gradients.values(), off.gradients.values(), strict=True):
+        assert_close(a, b, "gradient")
+    assert on.stats.kinds["conv"] == 1 and off.stats.kinds["conv"] == 3
+
+
 @pytest.mark.parametrize("case", POOL_CASES, ids=lambda c: f"{c[0]} {c[1]} {c[2]}")
 def test_pool_gradients_equal_finite_differences(case: tuple[str, tuple[int, ...], dict[str, Any]]) -> None:
     name, shape, params = case
@@ -243,7 +286,7 @@ def _window_sums(x: Any) -> Any:
         ),
         (lambda: ml.conv1d(np.ones((1, 3, 4)), np.ones((2, 3, 1)), stride=0), ValueError, r"conv1d: stride"),
         (
-            lambda: ml.conv2d(np.ones((1, 3, 4, 4)), np.ones((2, 3, 1, 1)), padding="full"),
+            lambda: ml.conv2d(np.ones((1, 3, 4, 4)), np.ones((2, 3, 1, 1)), padding="full"),  # type: ignore[arg-type]
             ValueError,
             r"conv2d: padding",
         ),

@@ -78,3 +78,87 @@ def test_mixing_numpy_and_cupy_is_an_error_naming_both_devices(cupy_first: bool)
         monadl.compute_gradients(monadl.sum(a + b))
     message = str(raised.value)
     assert "cpu" in message.lower() and "cuda" in message.lower(), message
+
+
+# ------------------------------------------------------------------------ the fused kernels on a GPU
+# (tests/test_fused_kernels.py runs the same kernels' text with NumPy, bit for bit against the rules)
+
+FUSED_OPTIMIZERS: list[Any] = [
+    monadl.SGD(0.1, weight_decay=0.01),
+    monadl.Momentum(0.1, 0.9, weight_decay=0.01),
+    monadl.Adam(0.01),
+    monadl.Adam(0.01, weight_decay=0.01),
+    monadl.AdamW(0.01),
+    monadl.Adagrad(0.1),
+    monadl.RMSprop(0.01, momentum=0.9),
+    monadl.RMSprop(0.01, centered=True, weight_decay=0.01),
+]
+
+
+def _on_gpu(state: Any) -> Any:
+    if isinstance(state, tuple):
+        return tuple(_on_gpu(s) for s in state)
+    return cp.asarray(state) if isinstance(state, np.ndarray) else state
+
+
+def _parts(state: Any) -> tuple[Any, ...]:
+    return state if isinstance(state, tuple) else (state,)  # (SGD's state is its step count)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("optimizer", FUSED_OPTIMIZERS, ids=repr)
+def test_a_fused_update_on_the_gpu_is_numpys_to_an_ulp(optimizer: Any, dtype: Any) -> None:
+    """Each operation rounds as NumPy's (no FMA contraction; sqrt and division correctly rounded)."""
+    from monadl.dsl import fused
+
+    fused._COMPILED.clear()
+    rng = np.random.default_rng(0)
+    data = rng.normal(size=(257, 33)).astype(dtype)
+    state = optimizer.init(data)
+    for _ in range(3):
+        gradient = rng.normal(size=data.shape).astype(dtype)
+        new, new_state = optimizer.update(cp.asarray(data), cp.asarray(gradient), _on_gpu(state))
+        data, state = optimizer.update(data, gradient, state)
+        assert isinstance(new, cp.ndarray) and new.dtype == dtype
+        np.testing.assert_array_max_ulp(new.get(), data, maxulp=1)
+        for mine, theirs in zip(_parts(new_state), _parts(state), strict=True):
+            if isinstance(theirs, np.ndarray):
+                np.testing.assert_array_max_ulp(mine.get(), theirs, maxulp=1)
+    assert any(kernel.name.startswith(type(optimizer).__name__.lower()[:4]) for kernel in fused._COMPILED)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", ["sigmoid", "tanh", "gelu"])
+def test_a_fused_activation_on_the_gpu_is_numpys(name: str, dtype: Any) -> None:
+    """Forward and gradient of each fused activation against NumPy's (CUDA's exp and tanh may
+    differ from NumPy's by an ulp or two)."""
+    from monadl.dsl import fused
+
+    fused._COMPILED.clear()
+    x = np.random.default_rng(1).normal(scale=4.0, size=(64, 48)).astype(dtype)
+    op = getattr(monadl, name)
+    forward, losses, grads = [], [], []
+    for arrays, host in ((np.asarray, np.asarray), (cp.asarray, _cupy_to_numpy)):
+        w = monadl.ArrayWeight(arrays(x))
+        forward.append(host(predict(op(w))))
+        loss, gradients = monadl.compute_gradients(monadl.sum(op(w) * op(w)))
+        losses.append(loss)
+        grads.append(host(gradients[w]))
+    rtol, atol = (1e-5, 1e-6) if dtype == np.float32 else (1e-12, 1e-14)
+    np.testing.assert_allclose(forward[1], forward[0], rtol=rtol, atol=atol)
+    np.testing.assert_allclose(grads[1], grads[0], rtol=rtol, atol=atol)
+    assert any(kernel.name.startswith(name) for kernel in fused._COMPILED)
+
+
+def test_a_step_on_the_gpu_names_the_weight_that_is_not_finite_and_changes_nothing() -> None:
+    """The finite checks are read once a step, and the failing weight is named as on NumPy."""
+    rows = [np.ones((2, 3)), np.arange(6.0).reshape(2, 3)]  # sqrt's gradient at 0 is infinite
+    weights = [monadl.ArrayWeight(cp.asarray(r), name=f"w{k}") for k, r in enumerate(rows)]
+    before = [w.data for w in weights]
+    result = (monadl.sum(weights[0] * weights[0]) + monadl.sum(monadl.sqrt(weights[1]))).train_blocking(
+        monadl.Adam(0.1)
+    )
+    error = result.failure()
+    assert isinstance(error, monadl.NonFiniteGradientError)
+    assert "name='w1'" in str(error) and "1 of 6 entries" in str(error)
+    assert all(w.data is b for w, b in zip(weights, before, strict=True))

@@ -116,6 +116,11 @@ def torch_encoder(torch: Any, module: Any, x: np.ndarray) -> Any:
     return module(torch.from_numpy(x), src_mask=mask, is_causal=True)
 
 
+def torch_decoder(torch: Any, module: Any, x: np.ndarray, memory: np.ndarray) -> Any:
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1], dtype=torch.float64)
+    return module(torch.from_numpy(x), torch.from_numpy(memory), tgt_mask=mask, tgt_is_causal=True)
+
+
 F64 = np.float64
 
 CASES: dict[str, Case] = {
@@ -261,6 +266,64 @@ CASES: dict[str, Case] = {
         lambda m, x: m(x, causal=True),
         torch_encoder,
     ),
+    "ConvTranspose2d": Case(
+        lambda s: nn.ConvTranspose2d.new(
+            4, 6, (3, 2), stride=2, padding=1, output_padding=1, groups=2, seed=s, dtype=F64
+        ),
+        lambda t: t.nn.ConvTranspose2d(4, 6, (3, 2), stride=2, padding=1, output_padding=1, groups=2),
+        lambda: (uniform(23, 2, 4, 3, 4),),
+        call,
+        torch_call,
+    ),
+    "GroupNorm": Case(
+        lambda s: nn.GroupNorm.new(2, 6, eps=1e-4, dtype=F64),
+        lambda t: t.nn.GroupNorm(2, 6, eps=1e-4),
+        lambda: (uniform(24, 2, 6, 3, 2),),
+        call,
+        torch_call,
+    ),
+    "RMSNorm": Case(
+        lambda s: nn.RMSNorm.new((3, 4), dtype=F64),
+        lambda t: t.nn.RMSNorm((3, 4)),
+        lambda: (uniform(25, 2, 3, 4),),
+        call,
+        torch_call,
+    ),
+    "Sequential": Case(
+        lambda s: nn.Sequential(
+            nn.Conv2d.new(2, 4, 3, padding=1, seed=s, dtype=F64),
+            nn.GroupNorm.new(2, 4, dtype=F64),
+            ml.relu,
+            nn.AdaptiveAvgPool2d(2),
+            nn.Flatten(),
+            nn.Linear.new(16, 3, seed=s + 1, dtype=F64),
+        ),
+        lambda t: t.nn.Sequential(
+            t.nn.Conv2d(2, 4, 3, padding=1),
+            t.nn.GroupNorm(2, 4),
+            t.nn.ReLU(),
+            t.nn.AdaptiveAvgPool2d(2),
+            t.nn.Flatten(),
+            t.nn.Linear(16, 3),
+        ),
+        lambda: (uniform(26, 2, 2, 5, 4),),
+        call,
+        torch_call,
+    ),
+    "TransformerDecoderLayer": Case(
+        lambda s: nn.TransformerDecoderLayer.new(8, 2, 12, seed=s, dtype=F64),
+        lambda t: t.nn.TransformerDecoderLayer(8, 2, 12, batch_first=True),
+        lambda: (uniform(27, 2, 5, 8), uniform(28, 2, 6, 8)),
+        call,
+        torch_decoder,
+    ),
+    "TransformerDecoderLayer-norm-first": Case(
+        lambda s: nn.TransformerDecoderLayer.new(8, 4, 16, norm_first=True, dropout=0.0, seed=s, dtype=F64),
+        lambda t: t.nn.TransformerDecoderLayer(8, 4, 16, dropout=0.0, batch_first=True, norm_first=True),
+        lambda: (uniform(29, 2, 5, 8), uniform(30, 2, 3, 8)),
+        call,
+        torch_decoder,
+    ),
 }
 
 
@@ -328,7 +391,18 @@ def test_a_trained_monadl_module_exported_gives_its_outputs_in_pytorch(torch: An
     np.testing.assert_allclose(predict(case.run_mine(mine, *inputs)), expected, rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("name", ["LSTM", "GRU", "MultiHeadAttention-kdim-vdim", "BatchNorm2d", "MLP"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "LSTM",
+        "GRU",
+        "MultiHeadAttention-kdim-vdim",
+        "BatchNorm2d",
+        "MLP",
+        "Sequential",
+        "TransformerDecoderLayer",
+    ],
+)
 def test_monadl_to_pytorch_to_monadl_gives_the_same_weights(torch: Any, name: str) -> None:
     case = CASES[name]
     mine = case.mine(4)

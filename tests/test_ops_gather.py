@@ -115,6 +115,45 @@ def test_take_along_axis_merged_calls_equal_calls_alone(shared: bool) -> None:
     assert_merged_like_alone(ml.add_n(terms), w, "take_along_axis", calls)
 
 
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize(
+    ("x_shape", "i_shape", "axis"),
+    [((6, 4), (2, 4), 0), ((2, 7, 3), (2, 5, 3), 1), ((7, 2, 3), (4, 2, 1), 0), ((3, 6, 2), (3, 2, 2), -2)],
+)
+def test_take_along_axis_merged_calls_of_any_axis_take_every_valid_index(
+    shared: bool, x_shape: tuple[int, ...], i_shape: tuple[int, ...], axis: int
+) -> None:
+    """Merged calls along an axis counted from the start, longer than the last axis, with indices
+    up to its end: they merge, and equal the calls alone (not a ShapeError)."""
+    w = ArrayWeight(_values(x_shape, 11))
+    calls = 3
+    terms = []
+    for i in range(calls):
+        x = w if shared else w * (1.0 + i)
+        indices = _indices(i_shape, x_shape[axis], 20 + i)
+        indices.reshape(-1)[0] = x_shape[axis] - 1  # the axis' last index, past the last axis' length
+        out_shape = np.broadcast_shapes(
+            tuple(1 if a == axis % len(x_shape) else n for a, n in enumerate(x_shape)), i_shape
+        )
+        out_shape = tuple(i_shape[a] if a == axis % len(x_shape) else n for a, n in enumerate(out_shape))
+        terms.append(ml.sum(ml.take_along_axis(x, indices, axis) * probe(out_shape, i)))
+    assert_merged_like_alone(ml.add_n(terms), w, "take_along_axis", calls)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_take_along_axis_merged_calls_name_an_index_out_of_range_on_their_axis(shared: bool) -> None:
+    """An index past axis 0 of x (4, 6), within the last axis' length, in one of merged calls: a
+    ShapeError naming axis 0 (each call's own check reads the call's axis), not NumPy's IndexError."""
+    w = ArrayWeight(_values((4, 6), 12))
+    terms = []
+    for i in range(3):
+        indices = np.zeros((2, 6), dtype=np.int64)
+        indices[0, 0] = 5 if i == 1 else 3
+        terms.append(ml.sum(ml.take_along_axis(w if shared else w * (1.0 + i), indices, axis=0)))
+    with pytest.raises(ml.ShapeError, match=r"^take_along_axis: index 5 is out of range for axis 0 of x"):
+        ml.compute_gradients(ml.add_n(terms), executor=ml.Executor(batching=True))
+
+
 @pytest.mark.parametrize("before", [0, 1])
 def test_advanced_indexing_merged_calls_equal_calls_alone(before: int) -> None:
     w = ArrayWeight(_values((4, 5, 3), 8))

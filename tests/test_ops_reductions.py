@@ -119,6 +119,29 @@ def test_the_std_of_equal_elements_has_a_zero_delta() -> None:
     np.testing.assert_array_equal(grads[w][0], [0.0, 0.0, 0.0])
 
 
+@pytest.mark.parametrize("correction", [0.0, 1.0])
+@pytest.mark.parametrize("n", [3, 6, 7, 13])
+def test_the_std_of_equal_elements_whose_mean_rounds_has_a_zero_delta(n: int, correction: float) -> None:
+    """n copies of 0.1 (whose mean rounds: the std computed is ~1e-17, not 0) get a delta of 0,
+    not ``+-1/n`` each (the rounding's residue over itself, along a direction that leaves the std
+    unchanged), whole or along an axis, merged calls included; other rows keep their delta."""
+    equal = np.full(n, 0.1)
+    assert float(np.std(equal)) > 0.0  # the case: the mean rounds
+    rows = np.stack([equal, np.linspace(-1.0, 1.0, n), equal * 3.0])
+    w = ArrayWeight(rows)
+    _, grads = ml.compute_gradients(ml.sum(ml.std(w, axis=1, correction=correction)))
+    np.testing.assert_array_equal(grads[w][[0, 2]], np.zeros((2, n)))
+    centred = rows[1] - rows[1].mean()
+    expected = centred / ((n - correction) * np.sqrt(np.sum(centred**2) / (n - correction)))
+    np.testing.assert_allclose(grads[w][1], expected, rtol=1e-12)
+    v = ArrayWeight(equal)
+    _, whole = ml.compute_gradients(ml.std(v, correction=correction))
+    np.testing.assert_array_equal(whole[v], np.zeros(n))
+    both = ml.std(w * 1.0, axis=1, correction=correction) + ml.std(w * 2.0, axis=1, correction=correction)
+    _, merged = ml.compute_gradients(ml.sum(both), executor=ml.Executor(batching=True))
+    np.testing.assert_array_equal(merged[w][[0, 2]], np.zeros((2, n)))
+
+
 # ------------------------------------------------------------------------------------- batching
 
 

@@ -18,6 +18,7 @@ pure build removes the compiled engine's extensions).
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
 import shutil
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -82,6 +84,17 @@ def _copy_of_the_package(destination: Path) -> Path:
     shutil.copytree(ROOT / "monadl", destination / "monadl", ignore=ignored)
     (destination / "monadl" / "_packaging_probe.py").write_text("PROBE: int = 1\n")
     return destination
+
+
+def _package_dirs() -> list[str]:
+    """The folders this Python imports installed packages from (site-packages, and the folders its
+    .pth files add), without the checkout (which pytest puts on the path)."""
+    stdlib = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib")}
+    dirs = [Path(entry).resolve() for entry in sys.path if entry and Path(entry).is_dir()]
+    kept = [
+        d for d in dirs if d not in stdlib and d.name != "lib-dynload" and d not in (ROOT, ROOT / "tests")
+    ]
+    return list(dict.fromkeys(str(d) for d in kept))
 
 
 def test_mypy_finds_an_editable_install_from_a_users_own_directory(tmp_path: Path) -> None:
@@ -181,3 +194,86 @@ def test_the_benchmarks_run_from_the_package_alone(tmp_path: Path) -> None:
         done = _run([sys.executable, "-P", "-m", "monadl.bench", benchmark, "--smoke"], run, env, 300)
         assert done.returncode == 0, f"{benchmark}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
         assert "peak RSS" in done.stdout, done.stdout
+
+
+# A program that prints where monadl is installed from, how its engine runs, and a trained value.
+INSTALLED = """
+import json, sys
+import monadl
+w = monadl.FloatWeight(3.0)
+loss, gradients = monadl.compute_gradients(w * w + 1.0)
+print(json.dumps({"file": monadl.__file__, "prefix": sys.prefix, "compiled": monadl.compiled(),
+                  "reason": monadl._compiled.reason(), "loss": loss, "gradient": gradients[w]}))
+"""
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        "pure",
+        pytest.param(
+            "compiled",
+            marks=pytest.mark.skipif(
+                os.environ.get("MONADL_TEST_BUILDS", "") in ("", "0") or shutil.which("cc") is None,
+                reason="a compiled build (minutes): set MONADL_TEST_BUILDS=1, with a C compiler",
+            ),
+        ),
+    ],
+)
+def test_a_wheel_built_once_installs_and_runs_where_there_is_no_compiler(build: str, tmp_path: Path) -> None:
+    """A wheel built once (``MONADL_BUILD=compiled``: the engine compiled in it; ``pure``: for any
+    platform) installs into a new environment that has no C compiler (none on PATH, ``CC`` pointing
+    nowhere), and runs there from the installed package, the engine as the wheel holds it."""
+    if _setuptools_version() < SETUPTOOLS:
+        pytest.skip(
+            f"setuptools>={'.'.join(map(str, SETUPTOOLS))} is not installed (pip install -e '.[dev]')"
+        )
+    pytest.importorskip("pip")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "MYPYPATH", "PYTHONHOME", "MONADL_PURE")
+    }
+    env |= {"MONADL_BUILD": build, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+    source = _copy_of_the_package(tmp_path / "monadl-source")
+    dist = tmp_path / "dist"
+    wheel_command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
+    built = _run([*wheel_command, "-w", str(dist), str(source)], tmp_path, env, 1800)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    (wheel,) = dist.glob("monadl-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert "monadl/py.typed" in names and "monadl/do/do.py" in names
+    if build == "pure":
+        assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
+        assert "monadl/_engine.json" not in names
+    else:
+        assert not wheel.name.endswith("-none-any.whl") and "monadl/_engine.json" in names, wheel.name
+
+    venv = tmp_path / "venv"
+    made = _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, env, 60)
+    assert made.returncode == 0, made.stderr
+    bin_dir = venv / ("Scripts" if os.name == "nt" else "bin")
+    python = bin_dir / ("python.exe" if os.name == "nt" else "python")
+    found = _run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path, env, 60
+    )
+    # pip and monadl's dependencies: this environment's, after the new one's own (the wheel's).
+    (Path(found.stdout.strip()) / "zz_monadl_test_packages.pth").write_text("\n".join(_package_dirs()) + "\n")
+    machine = {k: v for k, v in env.items() if k not in ("CC", "CXX", "LDSHARED", "MONADL_BUILD")}
+    machine |= {"PATH": str(bin_dir), "CC": str(tmp_path / "no-cc"), "CXX": str(tmp_path / "no-c++")}
+    installed = _run(
+        [str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--only-binary=:all:", str(wheel)],
+        tmp_path,
+        machine,
+        300,
+    )
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    elsewhere = tmp_path / "run"
+    elsewhere.mkdir()
+    ran = _run([str(python), "-P", "-c", INSTALLED], elsewhere, machine, 120)
+    assert ran.returncode == 0, ran.stderr
+    report = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert Path(report["file"]).is_relative_to(report["prefix"]), report
+    assert report["compiled"] == (build == "compiled"), report["reason"]
+    assert (report["loss"], report["gradient"]) == (10.0, 6.0)

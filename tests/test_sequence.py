@@ -292,7 +292,7 @@ def test_bad_input_is_an_error_naming_the_sequence_and_the_shapes() -> None:
     with pytest.raises(ValueError, match=r"LSTM: step 1 of sequence 0 has shape \(2,\), not \(3,\)"):
         lstm([[np.zeros(3), np.zeros(2)]])
     with pytest.raises(TypeError, match="GRU: sequence 0 must be a list of steps or a 2-D array"):
-        nn.GRU.new(3, 4)(["abc"])
+        nn.GRU.new(3, 4)(["abc"])  # type: ignore[list-item]
     with pytest.raises(ValueError, match=r"LSTM\.new: layers must be 1 or more, got 0"):
         nn.LSTM.new(3, 4, layers=0)
     with pytest.raises(
@@ -303,6 +303,18 @@ def test_bad_input_is_an_error_naming_the_sequence_and_the_shapes() -> None:
         )
     with pytest.raises(ValueError, match="GRU: needs as many backward cells as forward ones"):
         nn.GRU([nn.GRUCell.new(3, 4)], [nn.GRUCell.new(3, 4), nn.GRUCell.new(8, 4)])
+    # integer or boolean data: the layer the user called names it, not an inner op (stack)
+    for kind in ("LSTM", "GRU"):
+        layer = getattr(nn, kind).new(3, 4)
+        with pytest.raises(
+            TypeError, match=rf"^{kind}: sequence 1: expected a floating-point array .*got dtype int64"
+        ):
+            layer([np.zeros((2, 3)), np.ones((2, 3), dtype=np.int64)])
+        with pytest.raises(
+            TypeError,
+            match=rf"^{kind}: step 1 of sequence 0: expected a floating-point array .*got dtype bool",
+        ):
+            layer([[np.zeros(3), np.ones(3, dtype=bool)]])
     # steps that are layers have no shape until they run: the layer's op reports them, with shapes
     table = ml.ArrayWeight(np.ones((10, 5)))
     result = ml.stack(lstm([[table[1], table[2]], [table[3]]]).outputs[0]).predict_blocking()

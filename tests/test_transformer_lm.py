@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,8 +14,7 @@ import pytest
 
 import monadl as ml
 from examples import transformer_lm
-from examples.transformer_lm import Alphabet, batches, text, windows
-from monadl.bench.transformer_model import TransformerLm
+from examples.transformer_lm import Alphabet, TransformerLm, batches, text, windows
 
 TINY = ["--width", "16", "--heads", "2", "--layers", "1", "--context", "16", "--characters", "6000"]
 
@@ -81,3 +81,38 @@ def test_the_plot(tmp_path: object) -> None:
     transformer_lm.main([*TINY, "--epochs", "1", "--steps", "2", "--no-progress", "--plot", path])
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_example_holds_its_model() -> None:
+    """A reader of examples/transformer_lm.py sees the model: it is defined there, not imported."""
+    assert TransformerLm.__module__ == transformer_lm.__name__
+    source = Path(transformer_lm.__file__).read_text(encoding="utf-8")
+    assert "class TransformerLm(ml.Module):" in source
+    assert "monadl.bench" not in source.split('"""', 2)[2]
+
+
+@pytest.mark.parametrize(("sizes", "seed"), [((8, 8, 2, 1), 3), ((6, 12, 3, 2), 0)])
+def test_the_benchmark_measures_the_examples_model(sizes: tuple[int, int, int, int], seed: int) -> None:
+    """The ``transformer`` workload of ``python -m monadl.bench models`` measures the package's copy
+    of the model: the same weights from a seed, the same loss, and the same after a step."""
+    from monadl.bench import models
+    from monadl.bench.transformer_model import TransformerLm as Measured
+
+    assert vars(models)["TransformerLm"] is Measured
+    context, width, heads, layers = sizes
+    alphabet = Alphabet.of(text(3000))
+    mine = TransformerLm.new(len(alphabet), context, width, heads, layers, seed=seed)
+    measured = Measured.new(len(alphabet), context, width, heads, layers, seed=seed)
+    ours, theirs = mine.weights(), measured.weights()
+    assert list(ours) == list(theirs)
+    for name, weight in ours.items():
+        assert np.asarray(weight.data).dtype == np.asarray(theirs[name].data).dtype == np.float32, name
+        np.testing.assert_array_equal(weight.data, theirs[name].data, err_msg=name)
+    ids = alphabet.encode(text(3000))
+    batch, short = batches(ids, context, 3, 2, np.random.default_rng(seed))
+    assert mine.nats(batch) == measured.nats(batch)
+    assert mine.nats(short[:, : context // 2 + 1]) == measured.nats(short[:, : context // 2 + 1])
+    adam = ml.chain(ml.clip_by_global_norm(1.0), ml.Adam(1e-2))
+    step = [model.loss(batch).train_blocking(adam).unwrap() for model in (mine, measured)]
+    assert step[0] == step[1]
+    assert mine.nats(short) == measured.nats(short)

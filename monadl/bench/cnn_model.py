@@ -1,5 +1,8 @@
-"""The small CIFAR-100 convolutional network: the model that ``examples/cnn.py`` trains and
-``python -m monadl.bench models`` measures (its ``conv1``, ``conv2`` and ``cnn`` workloads).
+"""The small CIFAR-100 convolutional network that ``python -m monadl.bench models`` measures (its
+``conv1``, ``conv2`` and ``cnn`` workloads): the model of ``examples/cnn.py``, which holds its own
+copy for readers. This one is the package's, so that the benchmarks run from an installed wheel,
+without a checkout; ``tests/test_cnn_example.py`` checks that the two are the same model (the same
+weights from a seed, the same logits).
 
 Two blocks of ``nn.Conv2d`` (3x3, padding 1), ReLU and ``nn.MaxPool2d(2)``, then a dense layer to
 the 100 classes: ``(B, 3, 32, 32) -> (B, c, 16, 16) -> (B, 2c, 8, 8) -> (B, 100)``, channels first

@@ -32,6 +32,7 @@ import contextlib
 import functools
 import importlib.util
 import json
+import math
 import platform
 import resource
 import statistics
@@ -124,19 +125,38 @@ def _cycle(batches: Sequence[tuple[Any, int, Any]]) -> Iterator[tuple[Any, int, 
         yield from batches
 
 
+def open_data(args: argparse.Namespace) -> cifar100.Cifar100:
+    """The run's data: ``--data``, or the synthetic set, made larger where ``--batch`` needs more
+    samples per class than its default has (a batch's samples share one coarse class). A batch
+    larger than the given data's largest class is refused, naming the sizes it can supply."""
+    data = cifar100.open_dataset(args.data, seed=args.seed)
+    largest = int(data.class_counts().max())
+    if args.batch > largest and not args.data:
+        per_fine_class = math.ceil(args.batch / cifar100.FINE_PER_COARSE)
+        data = cifar100.open_dataset(None, seed=args.seed, per_fine_class=per_fine_class)
+    elif args.batch > largest:
+        raise SystemExit(
+            f"columns: --batch {args.batch} is more than the data supplies: a batch's samples share "
+            f"one coarse class, and the largest class of {data.describe()} has {largest} samples: "
+            f"use --batch {largest} or less (or no --data: the synthetic set grows to the batch)"
+        )
+    return data
+
+
 def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement], dict[str, Any]]:
     """Runs the grid; returns the measurements and a description of the run (printed to ``out``)."""
     import monadl as ml
 
     out = out or sys.stdout
     device = Device(args.device)
-    data = cifar100.open_dataset(args.data, seed=args.seed)
+    data = open_data(args)
     dtype = np.dtype(args.dtype)
     batches = _batches(data, args.batch, 64, dtype, args.seed)
     monadl_batches = [(device.put(x), c, fine) for x, c, fine in batches]  # the labels stay on the host
     have_torch = not args.no_torch and torch_available()
     info = {
         "device": device.describe(),
+        "compiled": ml.compiled(),
         "data": data.describe(),
         "batch": args.batch,
         "hidden": args.hidden,
@@ -327,7 +347,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--columns", type=positive_int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--pools", type=positive_int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--variants", nargs="+", choices=["skip", "noskip"], default=["skip", "noskip"])
-    parser.add_argument("--batch", type=positive_int, default=16)
+    parser.add_argument(
+        "--batch",
+        type=positive_int,
+        default=16,
+        help="samples per step, all of one coarse class (the synthetic set grows to fit; default 16)",
+    )
     parser.add_argument("--hidden", type=positive_int, default=64)
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--learning-rate", type=positive_float, default=1e-4)

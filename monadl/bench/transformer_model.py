@@ -1,5 +1,8 @@
-"""The character-level Transformer language model: the model that ``examples/transformer_lm.py``
-trains and the ``transformer`` workload of ``python -m monadl.bench models`` measures.
+"""The character-level Transformer language model that the ``transformer`` workload of ``python -m
+monadl.bench models`` measures: the model of ``examples/transformer_lm.py``, which holds its own
+copy for readers. This one is the package's, so that the benchmarks run from an installed wheel,
+without a checkout; ``tests/test_transformer_lm.py`` checks that the two are the same model (the
+same weights from a seed, the same losses before and after a step).
 
 Each position of a window of character ids predicts the next::
 

@@ -10,7 +10,13 @@ trees of 10-40 leaves (``--data DIR``: the real SST's train split). For every ba
   monadl batched     an Executor that merges equal kernels across and within trees
   monadl unbatched   the same Executor with batching off: every kernel on its own (slow at big
                      batches: skipped above --max-unbatched, 64 by default)
-  torch              the same model in PyTorch eager, node by node (when torch is installed)
+  torch eager        the same model in PyTorch eager, node by node (when torch is installed): the
+                     naive peer
+  torch by level     the same model in PyTorch batched by tree level by hand, as DGL's Tree-LSTM
+                     example and careful users write it (``TorchLevelTreeLstm``): all the leaves in
+                     one op, then each height's inner nodes gathered, their five gates in one
+                     product, scattered back; the classifier and the loss over all nodes at once.
+                     The strong peer: dynamic batching should cost the user nothing against it
   dynet autobatch    the same model in DyNet with autobatching, and ``dynet`` without it (when
                      ``dynet`` imports: pip install dynet38; each in a worker process of its own,
                      as DyNet fixes autobatching once per process, told step by step what to run)
@@ -22,7 +28,12 @@ segment, then again, so that the machine's drift in speed touches them alike and
 A DyNet step is timed here, around a request to its worker and the answer (a pipe's round trip,
 tens of microseconds against milliseconds a step). One thread throughout: BLAS capped by
 threadpoolctl, torch.set_num_threads(1), DyNet on one CPU thread. All implementations start from
-the same weights (monadl's initialisation).
+the same weights (monadl's initialisation), and each one's first step (or inference) on the
+segment's first batch is compared with monadl batched's: the loss (or the root scores) must agree
+to 1e-3, else the run prints a warning and the measurement records ``agrees: false``.
+
+``--device cuda`` runs monadl on CuPy and both PyTorch peers on CUDA (DyNet stays out), every
+timed segment ending when the GPU's queued work is done.
 
 For monadl it also reports, on the first batch of each size: the kernel launches of a training step
 and of an inference (``Executor.stats.kernels`` over its runs: a merged group counts once), against
@@ -62,11 +73,12 @@ from monadl.bench.common import (
     add_device_option,
     add_peer_options,
     cpus,
+    host_array,
     interleaved,
     torch_available,
 )
 from monadl.bench.treelstm_model import TreeLstm
-from monadl.bench.treelstm_torch import PARAMETERS, TorchTreeLstm
+from monadl.bench.treelstm_torch import PARAMETERS, TorchLevelTreeLstm, TorchTreeLstm
 from monadl.cli import non_negative_int, positive_int
 from monadl.data import sst
 from monadl.data.files import atomic_file, atomic_write_bytes
@@ -79,6 +91,7 @@ LABELS = {
     "monadl": "monadl batched",
     "monadl-unbatched": "monadl unbatched",
     "torch": "torch eager",
+    "torch-levels": "torch by level",
     "dynet-autobatch": "dynet autobatch",
     "dynet": "dynet",
 }
@@ -106,6 +119,8 @@ class Measurement:
     ratio: float | None = None  # kernels / bound
     record_us: float | None = None  # monadl train: model.loss recording, microseconds per cell call
     samples: list[float] = field(default_factory=list)
+    first_loss: float | None = None  # train: the loss of its first step on the segment's first batch
+    agrees: bool | None = None  # whether its first result is monadl batched's (None: monadl's own)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -210,11 +225,13 @@ def _record_us(model: Any, batches: Sequence[Sequence[Tree]], word_id: WordId, r
 @dataclass
 class _Contender:
     """One implementation of a (phase, batch) configuration, ready to time: its step or inference,
-    and (monadl) what to count once the timing is done."""
+    (monadl) what to count once the timing is done, and (a worker process's peer) a step that sends
+    its result back, where ``run`` does not."""
 
     implementation: str
     run: Callable[[Sequence[Tree]], object]
     finish: Callable[[Measurement], None] | None = None
+    checked: Callable[[Sequence[Tree]], object] | None = None
 
 
 def monadl_contender(
@@ -281,8 +298,9 @@ def measure_together(
         for impl in impls:
             if impl.startswith("dynet"):
                 continue
-            if impl == "torch":
-                model = TorchTreeLstm(params, device=device.torch_device)
+            if impl in ("torch", "torch-levels"):
+                torch_model = TorchTreeLstm if impl == "torch" else TorchLevelTreeLstm
+                model = torch_model(params, device=device.torch_device)
                 run = _with_words(model.step if phase == "train" else model.predict_roots, word_id)
                 contenders.append(_Contender(impl, run))
             else:
@@ -291,16 +309,41 @@ def measure_together(
                     monadl_contender(vocabulary_size, word_id, impl, phase, batches, args, executor, device)
                 )
         for peer in peers:
-            contenders.append(_Contender(peer.implementation, peer.runner(phase, batches)))
+            run, checked = peer.runner(phase, batches), peer.runner(phase, batches, result=True)
+            contenders.append(_Contender(peer.implementation, run, checked=checked))
         runs = [c.run for c in contenders]
+        firsts = [_first_result((c.checked or c.run)(batches[0])) for c in contenders]  # a warm-up step
         rates = interleaved_trees(runs, batches, args.warmup, args.repeats, device.synchronize)
         measured = []
-        for contender, samples in zip(contenders, rates, strict=True):
+        for contender, samples, first in zip(contenders, rates, firsts, strict=True):
             m = _measurement(contender.implementation, phase, batches, samples)
             if contender.finish is not None:
                 contender.finish(m)
+            m.first_loss = first if isinstance(first, float) else None
+            if contender is not contenders[0] and contenders[0].implementation == "monadl":
+                m.agrees = _agree(firsts[0], first)
             measured.append(m)
     return measured
+
+
+def _first_result(result: object) -> float | np.ndarray | None:
+    """A step's loss (a float) or an inference's root scores (on the host); None from a peer that
+    sends no result back."""
+    if result is None or isinstance(result, float):
+        return result
+    return np.asarray(host_array(result), dtype=np.float64)
+
+
+def _agree(mine: float | np.ndarray | None, theirs: float | np.ndarray | None) -> bool | None:
+    """Whether two first results agree to 1e-3 (the implementations compute in float32, in
+    different orders); None where one is missing."""
+    if mine is None or theirs is None:
+        return None
+    if isinstance(mine, float) and isinstance(theirs, float):
+        return math.isclose(mine, theirs, rel_tol=1e-3)
+    if isinstance(mine, float) or isinstance(theirs, float) or np.shape(mine) != np.shape(theirs):
+        return False
+    return bool(np.allclose(theirs, mine, rtol=1e-3, atol=1e-4))
 
 
 def add_bounds(results: list[Measurement]) -> None:
@@ -426,7 +469,8 @@ class DynetTreeLstm:
 def dynet_worker(folder: str) -> None:
     """The DyNet worker's main: reads ``folder`` (``task.json``, the trees in SST's format and the
     weights as ``.npz``, read without pickle), then runs one step per request line on stdin
-    (``phase batch k``: batch ``k`` of that configuration's segment), answering each on stdout."""
+    (``phase batch k``: batch ``k`` of that configuration's segment), answering each on stdout
+    (with ``result`` after them: the step's loss or the root scores in the answer)."""
     task = json.loads((Path(folder) / "task.json").read_text())
     pool = sst.read_trees(Path(folder) / "trees.txt")
     with np.load(Path(folder) / "params.npz", allow_pickle=False) as saved:
@@ -441,7 +485,8 @@ def dynet_worker(folder: str) -> None:
     segments: dict[int, list[list[Tree]]] = {}
     print(_DYNET_MARK + "ready", flush=True)
     for line in sys.stdin:
-        phase, batch, k = line.split()
+        words = line.split()  # phase batch k [result]
+        phase, batch, k = words[:3]
         key = (phase, int(batch))
         run = models.get(key)
         if run is None:  # a model of its own per configuration, as monadl's
@@ -449,8 +494,9 @@ def dynet_worker(folder: str) -> None:
             run = models[key] = _with_words(model.step if phase == "train" else model.predict_roots, word_id)
         if key[1] not in segments:
             segments[key[1]] = segment(pool, key[1], task["trees"])
-        run(segments[key[1]][int(k)])
-        print(_DYNET_MARK + "done", flush=True)
+        result = run(segments[key[1]][int(k)])
+        sent = "" if len(words) < 4 else "".join(f" {float(x)!r}" for x in np.ravel(np.asarray(result)))
+        print(_DYNET_MARK + "done" + sent, flush=True)
 
 
 class DynetPeer(WorkerProcess):
@@ -475,13 +521,20 @@ class DynetPeer(WorkerProcess):
             LABELS[self.implementation], "monadl.bench.treelstm", "dynet_worker", _DYNET_MARK, files
         )
 
-    def runner(self, phase: str, batches: list[list[Tree]]) -> Callable[[Sequence[Tree]], object]:
-        """A step of this peer on one of ``batches`` (a segment's, found by identity)."""
+    def runner(
+        self, phase: str, batches: list[list[Tree]], *, result: bool = False
+    ) -> Callable[[Sequence[Tree]], object]:
+        """A step of this peer on one of ``batches`` (a segment's, found by identity); ``result``:
+        one that returns the step's loss or the inference's root scores (sent back as text)."""
         index = {id(b): k for k, b in enumerate(batches)}
         batch = len(batches[0])
 
-        def run(trees: Sequence[Tree]) -> None:
-            self.ask(f"{phase} {batch} {index[id(trees)]}")
+        def run(trees: Sequence[Tree]) -> object:
+            answer = self.ask(f"{phase} {batch} {index[id(trees)]}{' result' if result else ''}")
+            if not result:
+                return None
+            values = np.array([float(x) for x in answer[1:]])
+            return float(values[0]) if phase == "train" else values.reshape(len(trees), -1)
 
         return run
 
@@ -527,6 +580,8 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
         )
     if args.no_torch:
         notes.append("torch: skipped (--no-torch)")
+    elif args.no_torch_eager and have_torch:
+        notes.append("torch eager: skipped (--no-torch-eager)")
     elif not have_torch:
         notes.append("torch: not installed, its figures skipped (pip install torch)")
     if args.no_dynet:
@@ -542,7 +597,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
             if batch <= args.max_unbatched:
                 impls.append("monadl-unbatched")
             if have_torch:
-                impls.append("torch")
+                impls += ["torch-levels"] if args.no_torch_eager else ["torch", "torch-levels"]
             configs.append((batch, phase, impls))
     progress = Progress(len(configs), args.progress, "treelstm benchmark")
 
@@ -561,6 +616,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
         "max_unbatched": args.max_unbatched,
         "pools": [1, *pools],
         "device": device.describe(),
+        "compiled": _compiled(),
         "machine": f"{platform.machine()}, {platform.processor() or '?'}, {cpus()} CPUs, one thread used",
         "python": platform.python_version(),
         "numpy": np.__version__,
@@ -588,12 +644,30 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
     finally:
         progress.close()
     add_bounds(results)
+    for m in results:
+        if m.agrees is False:
+            mine = _find(results, "monadl", m.phase, m.batch)
+            what = "loss" if m.phase == "train" else "root scores"
+            values = ""
+            if mine is not None and m.first_loss is not None and mine.first_loss is not None:
+                values = f": {m.first_loss:.6g} against {mine.first_loss:.6g}"
+            notes.append(
+                f"warning: {LABELS[m.implementation]}'s first {what} at {m.phase} batch {m.batch} "
+                f"differ from monadl batched's{values}"
+            )
     info["notes"] = notes
     info["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"data: {description}; vocabulary {len(vocabulary)}", file=out)
     for note in notes:
         print(note, file=out)
     return results, info
+
+
+def _compiled() -> bool:
+    """Whether monadl's engine runs compiled (mypyc) in this run."""
+    import monadl as ml
+
+    return ml.compiled()
 
 
 def _version(package: str) -> str:
@@ -781,6 +855,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=[1],
         help="executor pool sizes of monadl batched (default 1; BLAS stays at one thread)",
+    )
+    parser.add_argument(
+        "--no-torch-eager",
+        action="store_true",
+        help="skip the node-by-node PyTorch peer (slow at large batches on a GPU); keep the batched one",
     )
     add_device_option(parser)
     add_peer_options(parser, dynet=True)

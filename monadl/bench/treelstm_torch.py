@@ -1,6 +1,7 @@
-"""The Tree-LSTM of ``examples/tree_lstm.py`` in PyTorch eager on the CPU: the benchmark's peer.
+"""The Tree-LSTM of ``examples/tree_lstm.py`` in PyTorch eager: the benchmark's peers, node by node
+(:class:`TorchTreeLstm`, below) and batched by tree level by hand (:class:`TorchLevelTreeLstm`).
 
-The same model, node by node, with no manual batching: the trees are walked in post-order with a
+The node-by-node peer is the same model with no manual batching: the trees are walked in post-order with a
 loop (children before parents, like the example), and every node runs its own small ops:
 
 * a leaf, from its word's embedding ``x``: ``c = x W_c + b_c``, ``h = sigmoid(x W_o + b_o) * tanh(c)``;
@@ -25,7 +26,7 @@ says whether it can be. Torch's thread count is the caller's business.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -163,3 +164,191 @@ class TorchTreeLstm:
             ]
             losses.append(torch.stack(node_losses).sum())
         return torch.stack(losses).sum() * (1.0 / len(trees))
+
+
+class _Levels(NamedTuple):
+    """A batch of trees laid out by height, as index tensors: its nodes numbered leaves first, then
+    each height's inner nodes in turn (``bounds``: where each height's run starts and ends), and
+    for the inner nodes, in that order, the numbers of their left and right children."""
+
+    words: torch.Tensor  # the leaves' word ids
+    left: torch.Tensor
+    right: torch.Tensor
+    bounds: list[tuple[int, int]]  # each height's [start, end) among the nodes, heights 1, 2, ...
+    labels: torch.Tensor  # every node's label, in the nodes' order
+    roots: torch.Tensor  # each tree's root's number
+    nodes: int
+
+
+class TorchLevelTreeLstm:
+    """The Tree-LSTM in PyTorch batched by tree level by hand, as DGL's Tree-LSTM example and
+    careful users write it: the strong peer. The same model and training as :class:`TorchTreeLstm`
+    (the same equations, weights, loss and Adagrad), computed level by level over a whole batch:
+
+    * the batch's nodes are numbered leaves first, then by height (every node's children come at a
+      lower height, so before it), with index tensors made once per batch;
+    * all the leaves in one lookup and one product, their two gates fused (``[W_c W_o]``);
+    * then each height's inner nodes at once: their children's states gathered by index, the five
+      gates in one product of the stacked children with ``[U_i U_fl U_fr U_o U_u]``, the states
+      written into the batch's state buffers at that height's rows;
+    * the classifier and the cross-entropy over all the nodes at once (the sum over the nodes, over
+      the batch's size: the mean over the trees of each tree's sum).
+
+    The fused weights are the model's parameters here (Adagrad is elementwise, so a fused matrix
+    trains as its parts do); ``numpy_params`` gives them back under the example's names.
+    """
+
+    def __init__(
+        self,
+        params: Mapping[str, np.ndarray],
+        *,
+        learning_rate: float = 0.05,
+        embedding_learning_rate: float = 0.1,
+        device: str = "cpu",
+    ) -> None:
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        missing = [name for name in PARAMETERS if name not in params]
+        if missing:
+            raise ValueError(f"TorchLevelTreeLstm: missing parameters {missing}")
+        p = {name: np.asarray(params[name]) for name in PARAMETERS}
+        self.hidden = p["i.w"].shape[1]
+        self.device = device
+        fused = {
+            "embeddings": p["embeddings"],
+            "leaf.w": np.concatenate([p[f"{g}.w"] for g in LEAF_GATES], axis=1),
+            "leaf.b": np.concatenate([p[f"{g}.b"] for g in LEAF_GATES]),
+            "inner.w": np.concatenate([p[f"{g}.w"] for g in INNER_GATES], axis=1),
+            "inner.b": np.concatenate([p[f"{g}.b"] for g in INNER_GATES]),
+            "classifier.w": p["classifier.w"],
+            "classifier.b": p["classifier.b"],
+        }
+        self.params: dict[str, torch.Tensor] = {
+            name: torch.tensor(array, device=device, requires_grad=True) for name, array in fused.items()
+        }
+        others = [t for name, t in self.params.items() if name != "embeddings"]
+        self.optimizer = torch.optim.Adagrad(
+            [
+                {"params": [self.params["embeddings"]], "lr": embedding_learning_rate},
+                {"params": others, "lr": learning_rate},
+            ],
+            eps=1e-8,
+            foreach=True,
+        )
+
+    def step(self, trees: Sequence[Tree], word_id: WordId) -> float:
+        """One Adagrad step on the mean loss per tree of the batch; returns that mean (before the step)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._loss(trees, word_id)
+        loss.backward()  # type: ignore[no-untyped-call, unused-ignore]
+        self.optimizer.step()
+        return float(loss.item())
+
+    def loss(self, trees: Sequence[Tree], word_id: WordId) -> float:
+        """The mean loss per tree of the batch, forward only."""
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        with torch.no_grad():
+            return float(self._loss(trees, word_id).item())
+
+    def predict_roots(self, trees: Sequence[Tree], word_id: WordId) -> np.ndarray:
+        """The classifier's scores at every tree's root, (len(trees), classes): one forward."""
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        if not trees:
+            raise ValueError("predict_roots: needs at least one tree")
+        with torch.inference_mode():
+            levels = self._levels(trees, word_id)
+            h = self._states(levels)
+            logits = torch.addmm(self.params["classifier.b"], h[levels.roots], self.params["classifier.w"])
+            return np.asarray(logits.cpu().numpy())
+
+    def numpy_params(self) -> dict[str, np.ndarray]:
+        """The parameters' current values under the example's names (copies)."""
+        t = {name: x.detach().cpu().numpy() for name, x in self.params.items()}
+        out = {
+            "embeddings": t["embeddings"],
+            "classifier.w": t["classifier.w"],
+            "classifier.b": t["classifier.b"],
+        }
+        for fused, gates in (("leaf", LEAF_GATES), ("inner", INNER_GATES)):
+            for k, gate in enumerate(gates):
+                columns = slice(k * self.hidden, (k + 1) * self.hidden)
+                out[f"{gate}.w"] = t[f"{fused}.w"][:, columns]
+                out[f"{gate}.b"] = t[f"{fused}.b"][columns]
+        return {name: np.array(array) for name, array in out.items()}
+
+    def _levels(self, trees: Sequence[Tree], word_id: WordId) -> _Levels:
+        """The batch's layout by height (see :class:`_Levels`), its index tensors on the device."""
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        by_height: list[list[tuple[int, Tree]]] = [[]]  # (tree's number, node), per height
+        for k, tree in enumerate(trees):
+            heights: dict[int, int] = {}
+            for node in tree.nodes():  # children first
+                if node.left is None or node.right is None:
+                    height = 0
+                else:
+                    height = 1 + max(heights[id(node.left)], heights[id(node.right)])
+                heights[id(node)] = height
+                while len(by_height) <= height:
+                    by_height.append([])
+                by_height[height].append((k, node))
+        number: dict[tuple[int, int], int] = {}  # (tree's number, id(node)) -> the node's number
+        for k, node in (entry for level in by_height for entry in level):
+            number[k, id(node)] = len(number)
+        words = [word_id(node.word) if node.word is not None else 0 for _, node in by_height[0]]
+        left = [number[k, id(node.left)] for level in by_height[1:] for k, node in level]
+        right = [number[k, id(node.right)] for level in by_height[1:] for k, node in level]
+        bounds, start = [], len(by_height[0])
+        for level in by_height[1:]:
+            bounds.append((start, start + len(level)))
+            start += len(level)
+        labels = [node.label for level in by_height for _, node in level]
+        roots = [number[k, id(tree)] for k, tree in enumerate(trees)]
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.as_tensor(np.asarray(values, dtype=np.int64), device=self.device)
+
+        return _Levels(
+            tensor(words), tensor(left), tensor(right), bounds, tensor(labels), tensor(roots), len(number)
+        )
+
+    def _states(self, levels: _Levels) -> torch.Tensor:
+        """Every node's ``h`` (nodes, hidden), in the layout's order."""
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        p, hidden = self.params, self.hidden
+        x = p["embeddings"][levels.words]  # all the leaves' words in one lookup
+        leaf = torch.addmm(p["leaf.b"], x, p["leaf.w"])  # both leaf gates in one product
+        c_leaf = leaf[:, :hidden]
+        shape, dtype = (levels.nodes, hidden), p["inner.w"].dtype
+        h = torch.empty(shape, dtype=dtype, device=self.device)
+        c = torch.empty(shape, dtype=dtype, device=self.device)
+        leaves = len(levels.words)
+        h[:leaves] = torch.sigmoid(leaf[:, hidden:]) * torch.tanh(c_leaf)
+        c[:leaves] = c_leaf
+        done = 0  # inner nodes so far: where this height's children indices start
+        for start, end in levels.bounds:
+            left = levels.left[done : done + end - start]
+            right = levels.right[done : done + end - start]
+            done += end - start
+            children = torch.cat([h[left], h[right]], dim=1)  # the children's states, gathered
+            gates = torch.addmm(p["inner.b"], children, p["inner.w"])  # five gates, one product
+            i, f_left, f_right, o = torch.sigmoid(gates[:, : 4 * hidden]).chunk(4, dim=1)
+            u = torch.tanh(gates[:, 4 * hidden :])
+            c_new = i * u + f_left * c[left] + f_right * c[right]
+            h[start:end] = o * torch.tanh(c_new)
+            c[start:end] = c_new
+        return h
+
+    def _loss(self, trees: Sequence[Tree], word_id: WordId) -> torch.Tensor:
+        import torch  # type: ignore[import-not-found, unused-ignore]
+        import torch.nn.functional as F  # type: ignore[import-not-found, unused-ignore]
+
+        if not trees:
+            raise ValueError("loss: needs at least one tree")
+        levels = self._levels(trees, word_id)
+        h = self._states(levels)
+        logits = torch.addmm(self.params["classifier.b"], h, self.params["classifier.w"])  # every node
+        return F.cross_entropy(logits, levels.labels, reduction="sum") * (1.0 / len(trees))

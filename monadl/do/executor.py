@@ -31,7 +31,7 @@ from monadl.do.scheduler import DONE, Scheduler
 from monadl.do.stats import RunStats
 from monadl.do.steps import replay_steps
 from monadl.runtime.pool import Dispatcher, WorkerPool
-from monadl.runtime.process import gc_paused, tune_allocator
+from monadl.runtime.process import cap_blas, gc_paused, release_blas, tune_allocator
 from monadl.runtime.versions import data_of, snapshot
 
 A = TypeVar("A")
@@ -127,8 +127,9 @@ class Executor:
 
     ``workers``: pool size; 1 runs everything strictly sequentially on the calling thread.
     ``min_pool_cost``: kernels cheaper than this (roughly, floating-point operations) run inline.
-    ``limit_blas``: with several workers, BLAS is capped at one thread (parallelism comes from
-    independent sub-graphs; BLAS threads on top of pool threads oversubscribe the cores).
+    ``limit_blas``: BLAS is capped at one thread while the executor is open (parallelism comes from
+    independent sub-graphs; BLAS's own threads oversubscribe the cores, and spin beside a busy one:
+    ``monadl.runtime.process.cap_blas``).
     ``batching``: merge the calls of equal signature that are ready together (dynamic batching;
     ``run`` can override it); off, every call runs on its own, in the same loop.
     ``replay``: keep the programs of static graphs and replay them for runs of equal structure.
@@ -173,11 +174,9 @@ class Executor:
         self._misses = 0  # runs in a row that walked a graph and found no program for it
         self._runs = 0
         self._pool = WorkerPool(workers) if workers > 1 else None
-        self._blas_limit: Any = None
-        if self._pool is not None and limit_blas:
-            from threadpoolctl import threadpool_limits
-
-            self._blas_limit = threadpool_limits(limits=1, user_api="blas")
+        self._blas_capped = limit_blas
+        if limit_blas:
+            cap_blas()
 
     PROGRAMS = 16
     """How many compiled programs an executor keeps (the least recently used is dropped)."""
@@ -305,9 +304,9 @@ class Executor:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
-        if self._blas_limit is not None:
-            self._blas_limit.restore_original_limits()
-            self._blas_limit = None
+        if self._blas_capped:
+            self._blas_capped = False
+            release_blas()
 
     def __enter__(self) -> Executor:
         return self

@@ -236,7 +236,7 @@ class MergedStep(Step):
         """The merged kernel (worker-safe): the per-run checks of the calls, then the rule once."""
         prim = self.prim
         if prim.check_values is not None:
-            check_merged_values(prim, args, self.stacked, params, self.n)
+            check_merged_values(prim, args, self.stacked, params, self.n, self.calls)
         arrays = [a for a in args if type(a) is not float]
         xp = NUMPY if not arrays or type(arrays[0]) is NDARRAY else namespace(*arrays)
         try:
@@ -581,11 +581,17 @@ def _arrived(run: Run, dispatcher: Dispatcher, pending: set[int]) -> None:
 
 
 def check_merged_values(
-    prim: Primitive, args: list[Any], stacked: list[bool], params: dict[str, Any], n: int
+    prim: Primitive,
+    args: list[Any],
+    stacked: list[bool],
+    params: dict[str, Any],
+    n: int,
+    calls: list[dict[str, Any]],
 ) -> None:
     """The per-run checks of merged calls: one of them all where the primitive has one
     (``Batching.check_merged``); else, or if it fails, each call's in turn, so that an error names
-    that call's values."""
+    that call's values. ``calls``: the calls' own parameters, whose static ones (an axis, not
+    shifted past the rows) each call's check reads with its per-run ones."""
     spec = prim.batch
     check = prim.check_values
     assert spec is not None and check is not None
@@ -595,8 +601,9 @@ def check_merged_values(
             return
         except Exception:  # noqa: BLE001 - the calls' own checks say which one failed, and how
             pass
+    static = {name: value for name, value in calls[0].items() if name not in prim.per_run} if calls else {}
     for k in range(n):
-        own = {}
+        own = dict(static)
         for name in prim.per_run:
             column = params[name]
             own[name] = None if column is None else column[k]

@@ -14,8 +14,10 @@ from typing import Any, overload
 import numpy as np
 
 from monadl.dsl import primitives as P
+from monadl.dsl.fused import Kernel, on_cupy
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer, apply
 from monadl.dsl.primitives import ELEMENTWISE, Primitive, Rule
+from monadl.typeclasses.backend import NUMPY
 
 __all__ = ["clip", "elu", "gelu", "leaky_relu", "silu", "softplus"]
 
@@ -59,15 +61,37 @@ _GELU_C = math.sqrt(2.0 / math.pi)
 _GELU_K = 0.044715
 
 
+# On CuPy arrays, GELU's rules run as one kernel each (``monadl.dsl.fused``): the operations of the
+# rules below in their order, the constants as the rules' Python floats round them.
+_GELU_INNER = f"t = tanh(T({_GELU_C!r}) * (x + T({_GELU_K!r}) * x * x * x))"
+_GELU = Kernel("gelu", ("x",), (), ("y",), (_GELU_INNER, "y = T(0.5) * x * (T(1.0) + t)"))
+_GELU_VJP = Kernel(
+    "geluvjp",
+    ("d", "x"),
+    (),
+    ("dx",),
+    (
+        _GELU_INNER,
+        f"slope = T(0.5) * (T(1.0) + t) + T(0.5) * x * (T(1.0) - t * t) * T({_GELU_C!r}) * "
+        f"(T(1.0) + T({3.0 * _GELU_K!r}) * x * x)",
+        "dx = d * slope",
+    ),
+)
+
+
 def _gelu_inner(xp: Any, x: Any) -> Any:
     return xp.tanh(_GELU_C * (x + _GELU_K * x * x * x))
 
 
 def _gelu(xp: Any, x: Any) -> Any:
+    if xp is not NUMPY and on_cupy(x):
+        return _GELU((x,), ())[0]
     return 0.5 * x * (1.0 + _gelu_inner(xp, x))
 
 
 def _gelu_vjp(xp: Any, d: Any, o: Any, x: Any) -> Any:
+    if xp is not NUMPY and on_cupy(d, x):
+        return _GELU_VJP((d, x), ())[0]
     t = _gelu_inner(xp, x)
     slope = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_C * (1.0 + 3.0 * _GELU_K * x * x)
     return d * slope

@@ -19,7 +19,7 @@ import numpy as np
 
 from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.layers import ArrayOperators, is_float_kind
-from monadl.typeclasses.backend import NDARRAY, is_array
+from monadl.typeclasses.backend import NDARRAY, check_float_array, is_array
 
 __all__ = [
     "array_operand",
@@ -89,11 +89,20 @@ def described(x: object) -> str:
 
 def array_operand(op: str, x: object, name: str = "") -> None:
     """Raises a TypeError naming ``op`` (and the operand's ``name``, for an op of several) unless
-    ``x`` may be an array operand: an array layer or weight, an array (its dtype is checked with
-    the other operands'), or a user's own differentiable value."""
-    if type(x) is NDARRAY or isinstance(x, ArrayOperators):  # the common cases first
+    ``x`` may be an array operand: an array layer or weight, a floating-point array, or a user's
+    own differentiable value. An array of another dtype (integers,
+    booleans) is a TypeError naming ``op``: the op's primitive may have another name (``conv2d``'s
+    is ``conv``)."""
+    if type(x) is NDARRAY:  # the common case first
+        if x.dtype.kind != "f":
+            check_float_array(x, op)
         return
-    if not is_float_kind(x) and (is_array(x) or isinstance(x, DeepLearning)):
+    if isinstance(x, ArrayOperators):
+        return
+    if not is_float_kind(x) and is_array(x):
+        check_float_array(x, op)
+        return
+    if not is_float_kind(x) and isinstance(x, DeepLearning):
         return
     operand = f" for {name}" if name else ""
     raise TypeError(

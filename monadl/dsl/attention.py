@@ -16,9 +16,10 @@ Masks: ``mask`` is a boolean array, True where a query may attend to a key ("kee
 floating-point array added to the scores (0 to keep, ``-inf`` or a large negative number to drop,
 or any bias). It broadcasts against the scores' shape (..., Lq, Lk), the same for every head.
 ``causal=True`` keeps key j for query i only where ``j <= i`` (PyTorch's ``is_causal``: aligned at
-the first query and key). A query that keeps no key has NaN results, as in PyTorch. The mask is data:
-no delta flows into it, and calls with different masks of one shape merge under dynamic batching
-(the masks stacked with the rows).
+the first query and key). A query that keeps no key (every score ``-inf``) gives 0, and its row
+passes no delta to ``q``, ``k`` or ``v``, as PyTorch's ``scaled_dot_product_attention`` does (the
+softmax of such a row would be ``0 / 0``). The mask is data: no delta flows into it, and calls
+with different masks of one shape merge under dynamic batching (the masks stacked with the rows).
 """
 
 from __future__ import annotations
@@ -109,14 +110,29 @@ def _masked(xp: Any, s: Any, mask: Any, causal: bool, heads: int) -> Any:
 
 
 def _softmax_last(xp: Any, s: Any) -> Any:
-    """Softmax along the last axis (in place on NumPy: ``s`` is the op's own array)."""
-    if xp is NUMPY:
-        s -= np.maximum.reduce(s, axis=-1, keepdims=True)
-        np.exp(s, out=s)
-        s /= np.add.reduce(s, axis=-1, keepdims=True)
+    """Softmax along the last axis (in place on NumPy: ``s`` is the op's own array). A row of
+    ``-inf`` only (a query that keeps no key) gives weights of 0, not ``0 / 0``: its result is 0
+    and no delta flows through it. No keys at all give no weights (and a result of 0)."""
+    if s.shape[-1] == 0:
         return s
-    e = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
-    return e / xp.sum(e, axis=-1, keepdims=True)
+    if xp is NUMPY:
+        top = np.maximum.reduce(s, axis=-1, keepdims=True)
+        dropped = top == -np.inf
+        masked = bool(dropped.any())  # (the maxima are one per query: a small array)
+        if masked:
+            top[dropped] = 0.0  # exp(-inf - 0) is 0 for every key of such a row
+        s -= top
+        np.exp(s, out=s)
+        total = np.add.reduce(s, axis=-1, keepdims=True)
+        if masked:
+            total[dropped] = 1.0  # 0 / 1: the row's weights stay 0
+        s /= total
+        return s
+    top = xp.max(s, axis=-1, keepdims=True)
+    dropped = top == -math.inf
+    e = xp.exp(s - xp.where(dropped, xp.zeros_like(top), top))
+    total = xp.sum(e, axis=-1, keepdims=True)
+    return e / xp.where(dropped, xp.ones_like(total), total)
 
 
 # ------------------------------------------------------------------------------ forward and vjps
@@ -128,9 +144,12 @@ def _forward(
     """The attention's result, and what the vjps need: ``[p, q, k, v, scale, ds]`` (heads split;
     ``ds``, the scores' delta, filled by the first vjp that needs it, for the other)."""
     qh, kh, vh = _split_heads(xp, q, heads), _split_heads(xp, k, heads), _split_heads(xp, v, heads)
-    c = qh.shape[-1] ** -0.5 if scale is None else scale
+    d = qh.shape[-1]
+    c = (d**-0.5 if d else 1.0) if scale is None else scale  # (no features: every score is 0)
     s = xp.matmul(qh * c, xp.matrix_transpose(kh))
-    p = _softmax_last(xp, _masked(xp, s, mask, causal, heads))
+    # No keys: no weights, and a result of zeros (PyTorch's), where a softmax would take the
+    # maximum of nothing.
+    p = s if s.shape[-1] == 0 else _softmax_last(xp, _masked(xp, s, mask, causal, heads))
     out = _merge_heads(xp, xp.matmul(p, vh), heads)
     return out, [p, qh, kh, vh, c, None]
 
@@ -182,6 +201,18 @@ def _broadcastable(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     return all(x == y or x == 1 or y == 1 for x, y in zip(reversed(a), reversed(b), strict=False))
 
 
+def _broadcast(shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...] | None:
+    """The shape ``shapes`` broadcast to (NumPy's rule), or None where they do not broadcast."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for a in range(rank):
+        sides = {s[a - rank + len(s)] for s in shapes if a - rank + len(s) >= 0} - {1}
+        if len(sides) > 1:
+            return None
+        out.append(sides.pop() if sides else 1)
+    return tuple(out)
+
+
 def _check(q: Any, k: Any, v: Any, scale: float | None, causal: bool, heads: int, mask: Any = None) -> None:
     name = "scaled_dot_product_attention"
     if any(type(x) is float or x.ndim < 2 for x in (q, k, v)):
@@ -194,14 +225,16 @@ def _check(q: Any, k: Any, v: Any, scale: float | None, causal: bool, heads: int
         raise ShapeError(f"{name}: {shapes} do not fit (q and k need one feature size, k and v one length)")
     if q.shape[-1] % heads or v.shape[-1] % heads:
         raise ShapeError(f"{name}: {heads} heads do not divide the features of {shapes}")
-    lead = (q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    if not (_broadcastable(lead[0], lead[1]) and _broadcastable(lead[0], lead[2])):
+    lead = _broadcast((tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2])))
+    if lead is None:
         raise ShapeError(f"{name}: the leading axes of {shapes} do not broadcast")
-    if mask is not None:
-        scores = (*q.shape[:-1], k.shape[-2])
-        if mask.ndim > len(scores) or not _broadcastable(tuple(mask.shape), scores):
+    if mask is not None:  # to the result's leading axes (q's, k's or v's may broaden them): it may
+        # not change the scores' shape
+        scores = (*lead, q.shape[-2], k.shape[-2])
+        sides = zip(reversed(mask.shape), reversed(scores), strict=False)
+        if mask.ndim > len(scores) or any(m not in (1, n) for m, n in sides):
             raise ShapeError(
-                f"{name}: mask of shape {tuple(mask.shape)} does not broadcast against the scores' "
+                f"{name}: mask of shape {tuple(mask.shape)} does not broadcast to the scores' "
                 f"shape {scores} ({shapes})"
             )
 
@@ -354,9 +387,10 @@ def scaled_dot_product_attention(
 
     ``heads``: the feature axis holds that many heads side by side, each attending on its own (a
     multi-head layer's fused projections, without reshapes). ``mask``: a boolean array, True where
-    a query may attend to a key, or a floating-point array added to the scores; it broadcasts against
-    (..., Lq, Lk), the same for every head, and gets no delta. ``causal``: query i attends to keys
-    ``j <= i`` only (with ``mask``, both apply). A query that keeps no key gives NaN."""
+    a query may attend to a key, or a floating-point array added to the scores; it broadcasts to
+    (..., Lq, Lk) (it may not change that shape), the same for every head, and gets no delta.
+    ``causal``: query i attends to keys ``j <= i`` only (with ``mask``, both apply). A query that
+    keeps no key gives 0 (as PyTorch), with a zero delta; so do no keys at all (Lk = 0)."""
     op = "scaled_dot_product_attention"
     array_operand(op, q, "q")
     array_operand(op, k, "k")

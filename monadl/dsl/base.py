@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 from mypy_extensions import mypyc_attr
 
 from monadl.do.do import Node, Ref
-from monadl.dsl.deep_learning import no_truth_value
+from monadl.dsl.deep_learning import forbid_array_value, no_truth_value
 
 if TYPE_CHECKING:
     from monadl.do.graph import Graph
@@ -24,8 +24,10 @@ class Differentiable:
     every graph reads it by (``graph`` is None).
 
     ``__array_ufunc__ = None`` makes ``ndarray * layer`` call our reflected operator instead of
-    building an object array. ``await x`` (in a ``@direct`` function) gives its forward data,
-    shared with every differentiable use of ``x`` in the same run.
+    building an object array. NumPy's functions and ``numpy.asarray`` refuse it, with a
+    ``TypeError`` naming monadl's op (:func:`~monadl.dsl.deep_learning.forbid_array_value`).
+    ``await x`` (in a ``@direct`` function) gives its forward data, shared with every
+    differentiable use of ``x`` in the same run.
     """
 
     __slots__ = ("graph", "row", "variable")
@@ -46,3 +48,6 @@ class Differentiable:
     # A class attribute, not a method: mypy reads its NoReturn (``if layer:`` is unreachable code,
     # which --strict with warn_unreachable reports), and mypyc compiles only bool-returning methods.
     __bool__: ClassVar[Callable[[Any], NoReturn]] = no_truth_value
+
+
+forbid_array_value(Differentiable)

@@ -49,6 +49,8 @@ def batch_norm(x: AnyArray, gamma: AnyArray, beta: AnyArray, *, eps: float = 1e-
     for name, operand in (("x", x), ("gamma", gamma), ("beta", beta)):
         if is_float_kind(operand):
             raise TypeError(f"batch_norm: {name} must be an array, got {type(operand).__name__}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"batch_norm: eps must be a float, got {type(eps).__name__} {eps!r}")
     eps = float(eps)
     if not eps > 0.0:
         raise ValueError(f"batch_norm: eps must be positive, got {eps}")
@@ -68,17 +70,12 @@ def _forward(xp: Any, x: Any, gamma: Any, beta: Any, *, eps: float, stats: Runni
     """The output and what the vjps need: ``(x_hat, 1 / sqrt(var + eps), by the batch's stats)``."""
     shape = _channel_shape(x)
     if stats is None or is_training():
+        n = 0 if stats is None else _values(x, stats)  # (before a mean of nothing is taken)
         axes = _axes(x)
         mean = xp.mean(x, axis=axes, keepdims=True)
         centred = x - mean
         var = xp.mean(centred * centred, axis=axes, keepdims=True)
         inv = 1.0 / xp.sqrt(var + eps)
-        n = math.prod(x.shape) // x.shape[1] if x.shape[1] else 0
-        if stats is not None and n == 1:  # (its variance would pull the running one towards 0)
-            raise ValueError(
-                f"{stats!r}: expected more than 1 value per channel when training, got an input of "
-                f"shape {shape_of(x)}"
-            )
         if stats is not None and n:  # (an empty batch has no statistics: the running ones stay)
             _stage(xp, stats, xp.reshape(mean, (-1,)), xp.reshape(var, (-1,)), n)
         x_hat = centred * inv
@@ -90,6 +87,20 @@ def _forward(xp: Any, x: Any, gamma: Any, beta: Any, *, eps: float, stats: Runni
         x_hat = (x - mean) * inv
         batch = False
     return x_hat * xp.reshape(gamma, shape) + xp.reshape(beta, shape), (x_hat, inv, batch)
+
+
+def _values(x: Any, stats: RunningStats) -> int:
+    """The number of values per channel of a training batch, where its statistics update the
+    running ones: none (an empty batch: the running statistics stay as they are, as PyTorch's) or
+    2 at least (PyTorch's rule: one has no unbiased variance, and the running variance would shrink
+    to 0)."""
+    n: int = math.prod((x.shape[0], *x.shape[2:]))
+    if n == 1:
+        raise ShapeError(
+            f"{stats!r}: expected more than 1 value per channel when training, got a batch of shape "
+            f"{shape_of(x)}"
+        )
+    return n
 
 
 def _running(xp: Any, data: Any, x: Any, stats: RunningStats) -> Any:
@@ -130,12 +141,12 @@ def stage_statistics(stats: RunningStats, mean: Any, var: Any, n: int) -> None:
 
 def _stage(xp: Any, stats: RunningStats, mean: Any, var: Any, n: int) -> None:
     """Stages the running statistics' update, PyTorch's: ``(1 - momentum) * running + momentum *
-    batch``, the variance the batch's unbiased one (``var * n / (n - 1)``)."""
+    batch``, the variance the batch's unbiased one (``var * n / (n - 1)``, ``n`` at least 2)."""
     recorded = _RECORDED.get()
     if recorded is not None:
         recorded.append((stats, mean, var, n))
     m = stats.momentum
-    unbiased = var * (n / (n - 1)) if n > 1 else var
+    unbiased = var * (n / (n - 1))
     for buffer, batch in ((stats.running_mean, mean), (stats.running_var, unbiased)):
         old = staged_data(buffer)
         new = (1.0 - m) * _running(xp, old, batch, stats) + m * batch

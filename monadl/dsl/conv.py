@@ -3,7 +3,7 @@
 
 Layout: channels first, as PyTorch (NCHW). An input has shape ``(..., C, L)`` (1d) or
 ``(..., C, H, W)`` (2d): any number of leading batch axes, none included; a kernel has shape
-``(O, C // groups, K)`` or ``(O, C // groups, KH, KW)``; a bias ``(O,)``. The output of a
+``(O, C // groups, K)`` or ``(O, C // groups, KH, KW)``; a bias ``(O,)`` or a float. The output of a
 convolution has shape ``(..., O, OH, OW)`` with ``OH = (H + pad_lo + pad_hi - dilation * (KH - 1)
 - 1) // stride + 1``. Pooling keeps the channels: ``(..., C, OH, OW)``.
 
@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from monadl.dsl.arguments import array_operand, as_index
-from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, apply_array
+from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, apply_array, is_float_kind
 from monadl.dsl.primitives import Batching, Primitive
 from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, on_device, shape_of
 
@@ -249,6 +249,8 @@ def _check_conv(
             f"{name}: needs x of shape (..., C, {'L' if spatial == 1 else 'H, W'}) and w of shape "
             f"(O, C // groups, {'K' if spatial == 1 else 'KH, KW'}), got {shape_of(x)} and {shape_of(w)}"
         )
+    if any(k < 1 for k in w.shape[2:]):
+        raise ShapeError(f"{name}: w of shape {tuple(w.shape)} has a kernel side of 0")
     c, o = x.shape[-spatial - 1], w.shape[0]
     if c != w.shape[1] * groups or o % groups:
         raise ShapeError(
@@ -431,7 +433,10 @@ avg_pool: Final = Primitive(
 # ----------------------------------------------------------------------------------- public ops
 
 Size = int | Sequence[int]
-Padding = int | Sequence[int] | str
+"""A window's size along each spatial axis: one int for every axis, or one per axis."""
+Padding = int | Sequence[int] | Literal["valid", "same"]
+"""Padding: an int (or one per axis) on both sides of each axis, ``"valid"`` (none) or ``"same"``
+(the output as large as the input). Other strings are refused by the type, and when the op is made."""
 
 
 def _sizes(op: str, name: str, value: object, spatial: int, least: int) -> tuple[int, ...]:
@@ -487,8 +492,8 @@ def _conv(
     op = f"conv{spatial}d"
     array_operand(op, x, "x")
     array_operand(op, w, "w")
-    if b is not None and not isinstance(b, float):
-        array_operand(op, b, "b")
+    if isinstance(b, bool) or (b is not None and not is_float_kind(b)):
+        array_operand(op, b, "b")  # (a bool is refused there)
     strides = _sizes(op, "stride", stride, spatial, 1)
     dilations = _sizes(op, "dilation", dilation, spatial, 1)
     kernel = _kernel_of(w, spatial)
@@ -499,9 +504,8 @@ def _conv(
         raise TypeError(f"{op}: groups must be an int, got {type(groups).__name__} {groups!r}") from None
     if g < 1:
         raise ValueError(f"{op}: groups must be at least 1, got {g}")
-    return apply_array(
-        conv, x, w, 0.0 if b is None else b, stride=strides, padding=pads, dilation=dilations, groups=g
-    )
+    bias: AnyFloat | AnyArray = 0.0 if b is None else float(b) if type(b) is int else b
+    return apply_array(conv, x, w, bias, stride=strides, padding=pads, dilation=dilations, groups=g)
 
 
 def _kernel_of(w: object, spatial: int) -> tuple[int, ...] | None:
@@ -524,9 +528,10 @@ def conv1d(
     groups: int = 1,
 ) -> ArrayLayer:
     """1d cross-correlation, as PyTorch's ``conv1d``: ``x`` (..., C, L), ``w`` (O, C // groups, K),
-    ``b`` (O,) or None; the result (..., O, (L + 2 * padding - dilation * (K - 1) - 1) // stride + 1).
-    ``padding``: an int, ``"valid"`` or ``"same"``. ``groups``: the channels are split into that
-    many groups, each convolved with its own O // groups kernels."""
+    ``b`` (O,), a float (a ``FloatWeight``, a ``FloatLayer``: added to every output) or None; the
+    result (..., O, (L + 2 * padding - dilation * (K - 1) - 1) // stride + 1). ``padding``: an int,
+    ``"valid"`` or ``"same"``. ``groups``: the channels are split into that many groups, each
+    convolved with its own O // groups kernels."""
     return _conv(1, x, w, b, stride, padding, dilation, groups)
 
 
@@ -541,9 +546,11 @@ def conv2d(
     groups: int = 1,
 ) -> ArrayLayer:
     """2d cross-correlation, as PyTorch's ``conv2d`` (NCHW): ``x`` (..., C, H, W), ``w``
-    (O, C // groups, KH, KW), ``b`` (O,) or None; the result (..., O, OH, OW). ``stride``,
-    ``padding`` and ``dilation`` are an int or one per axis (height, width); ``padding`` may be
-    ``"valid"`` or ``"same"``. Computed as im2col and one matrix product (see the module)."""
+    (O, C // groups, KH, KW), ``b`` (O,), a float (a ``FloatWeight``, a ``FloatLayer``: added to
+    every output, its delta the sum of the output's) or None; the result (..., O, OH, OW).
+    ``stride``, ``padding`` and ``dilation`` are an int or one per axis (height, width);
+    ``padding`` may be ``"valid"`` or ``"same"``. Computed as im2col and one matrix product (see
+    the module)."""
     return _conv(2, x, w, b, stride, padding, dilation, groups)
 
 

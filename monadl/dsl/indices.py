@@ -34,5 +34,7 @@ def row_indices(indices: RowIndices) -> Array:
         raise TypeError(f"take_rows: expected integer indices, got {type(indices).__name__}")
     array = np.asarray(indices)
     if array.dtype.kind not in "iu":
+        if array.size == 0 and array.dtype.kind == "f":  # no rows: NumPy makes floats of [] (as of [[]])
+            return array.astype(np.intp)
         raise TypeError(f"take_rows: expected integer indices, got {indices!r}")
     return array

@@ -171,7 +171,9 @@ class FloatOperators(Differentiable):
 
     @property
     def shape(self) -> tuple[()]:
-        """``()``: a float has no axes (as a NumPy scalar's shape)."""
+        """``()``: a float has no axes (as a NumPy scalar's shape), whatever its graph (an array
+        layer's raises its run's error where its graph cannot run: :attr:`ArrayOperators.shape`)."""
+        # (No check of the graph here: compiled, a getter of type tuple[()] cannot raise.)
         return ()
 
     @property
@@ -247,7 +249,9 @@ class ArrayOperators(Differentiable):
         ``take_rows``, ``take_along_axis``, ``where``, ``softmax``, ``log_softmax``,
         ``batch_norm``, dropout, convolutions and pools. A ``@batchable`` call's result, a
         ``custom_op``'s and anything that depends on one are None (:mod:`monadl.dsl.static`).
-        Worked out on first access, not while the graph is built."""
+        Worked out on first access, not while the graph is built. A graph that cannot run has no
+        shape: where an op's operands do not fit it (``zeros((3, 4)) @ zeros((5, 2))``), this
+        raises the error its run would give, a :class:`~monadl.ShapeError` naming the op."""
         info = _static(self)
         return None if info is None else info[0]
 
@@ -256,7 +260,8 @@ class ArrayOperators(Differentiable):
         """The dtype of this array (of its namespace: ``numpy.float32``'s dtype for NumPy), where it
         is known before it runs, else None (where :attr:`shape` is). It is the run's: a constant
         operand wider than the layers it meets takes their dtype, then NumPy 2's promotion of the
-        array operands' dtypes (``result_type``); a Python float operand keeps an array's."""
+        array operands' dtypes (``result_type``); a Python float operand keeps an array's. It
+        raises where :attr:`shape` does."""
         info = _static(self)
         return None if info is None else info[1]
 

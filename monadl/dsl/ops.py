@@ -253,7 +253,9 @@ def mean(x: AnyArray, axis: None = None) -> FloatLayer: ...
 @overload
 def mean(x: AnyArray, axis: int | tuple[int, ...], *, keepdims: bool = False) -> ArrayLayer: ...
 def mean(x: AnyArray, axis: Axis = None, *, keepdims: bool = False) -> FloatLayer | ArrayLayer:
-    """Mean of all elements (a ``FloatLayer``), or along ``axis`` (an ``ArrayLayer``)."""
+    """Mean of all elements (a ``FloatLayer``), or along ``axis`` (an ``ArrayLayer``). The mean of
+    no elements (an empty array, an axis of length 0) is NaN, as NumPy's and PyTorch's: a loss of
+    it fails the step with ``NonFiniteLossError``."""
     array_operand("mean", x)
     if axis is None:
         if flag_param("mean", "keepdims", keepdims):

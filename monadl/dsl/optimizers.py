@@ -55,6 +55,7 @@ squares >= 0.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ from typing import Any, Protocol, overload
 
 import numpy as np
 
+from monadl.dsl.fused import Kernel, on_cupy, sum_on_devices
 from monadl.dsl.schedules import LearningRate
 from monadl.typeclasses.backend import namespace
 from monadl.typeclasses.sparse import SparseRows, dense
@@ -197,6 +199,109 @@ def _with_rows(xp: Any, array: Any, rows: Any, values: Any) -> Any:
     return new
 
 
+# --------------------------------------------------------------------------- fused CuPy updates
+# On CuPy arrays, each dense rule below runs as one kernel (``monadl.dsl.fused``) of the rule's own
+# operations in the rule's order: one pass over a weight and its state, where the rule as written
+# makes a kernel and a temporary array per operator. The scalars are the rule's Python floats,
+# given to the kernel in the weight's type, as the operators would convert them. ``decay``: the
+# weight decay added to the gradient first (``_decayed``).
+
+
+def _decay(decay: bool) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    """The scalar, the statement and the gradient's name of a kernel with L2 weight decay or none."""
+    return (("wd",), ("gd = g + wd * d",), "gd") if decay else ((), (), "g")
+
+
+@functools.cache
+def _sgd_kernel(decay: bool) -> Kernel:
+    wd, first, g = _decay(decay)
+    return Kernel("sgd", ("d", "g"), ("rate", *wd), ("dnew",), (*first, f"dnew = d - rate * {g}"))
+
+
+@functools.cache
+def _momentum_kernel(decay: bool) -> Kernel:
+    wd, first, g = _decay(decay)
+    body = (*first, f"unew = mu * u + {g}", "dnew = d - rate * unew")
+    return Kernel("momentum", ("d", "g", "u"), ("mu", "rate", *wd), ("dnew", "unew"), body)
+
+
+@functools.cache
+def _adagrad_kernel(decay: bool) -> Kernel:
+    wd, first, g = _decay(decay)
+    body = (*first, f"snew = s + {g} * {g}", f"dnew = d - rate * {g} / (sqrt(snew) + eps)")
+    return Kernel("adagrad", ("d", "g", "s"), ("rate", "eps", *wd), ("dnew", "snew"), body)
+
+
+@functools.cache
+def _adam_kernel(decay: str) -> Kernel:
+    """``adam_rule`` as one kernel; ``decay``: "" (none), "l2" (Adam's, added to the gradient) or
+    "decoupled" (AdamW's: the data shrunk first, by the scalar ``shrink``)."""
+    scalars: tuple[str, ...] = ("b1", "c1", "b2", "c2", "k1", "k2", "rate", "eps")
+    first: tuple[str, ...] = ()
+    g, d = "g", "d"
+    if decay == "l2":
+        wd, first, g = _decay(True)
+        scalars += wd
+    elif decay == "decoupled":
+        scalars, first, d = (*scalars, "shrink"), ("dd = d * shrink",), "dd"
+    body = (
+        *first,
+        f"mnew = b1 * m + c1 * {g}",
+        f"vnew = b2 * v + c2 * ({g} * {g})",
+        "mhat = mnew / k1",
+        "vhat = vnew / k2",
+        f"dnew = {d} - rate * mhat / (sqrt(vhat) + eps)",
+    )
+    return Kernel(f"adam{decay}", ("d", "g", "m", "v"), scalars, ("dnew", "mnew", "vnew"), body)
+
+
+def _fused_adam(
+    data: Any,
+    g: Any,
+    m: Any,
+    v: Any,
+    b1: float,
+    b2: float,
+    t: int,
+    rate: float,
+    epsilon: float,
+    decay: tuple[str, float] | None,
+) -> tuple[Any, ...]:
+    """Adam's (or AdamW's) dense update of CuPy arrays in one kernel: ``(new data, m, v)``.
+    ``decay``: ``("l2", weight decay)``, ``("decoupled", shrink)`` or None."""
+    scalars = (b1, 1.0 - b1, b2, 1.0 - b2, 1.0 - b1**t, 1.0 - b2**t, rate, epsilon)
+    kernel = _adam_kernel("" if decay is None else decay[0])
+    return kernel((data, g, m, v), scalars if decay is None else (*scalars, decay[1]))
+
+
+@functools.cache
+def _rmsprop_kernel(decay: bool, centered: bool, momentum: str) -> Kernel:
+    """RMSprop's rule as one kernel; ``momentum``: "" (none), "first" (the velocity starts as the
+    scaled gradient) or "next" (a velocity to decay)."""
+    wd, first, g = _decay(decay)
+    inputs, scalars, outputs = ["d", "g", "q"], ["alpha", "c", "eps", "rate", *wd], ["dnew", "qnew"]
+    body = [*first, f"qnew = alpha * q + c * ({g} * {g})"]
+    if centered:
+        inputs.append("a")
+        outputs.append("anew")
+        body += [f"anew = a + c * ({g} - a)", "root = sqrt(qnew - anew * anew)"]
+    else:
+        body.append("root = sqrt(qnew)")
+    body.append(f"scaled = {g} / (root + eps)")
+    if momentum:
+        outputs.append("unew")
+        if momentum == "next":
+            inputs.append("u")
+            scalars.append("mu")
+            body.append("unew = mu * u + scaled")
+        else:
+            body.append("unew = scaled")
+        body.append("dnew = d - rate * unew")
+    else:
+        body.append("dnew = d - rate * scaled")
+    return Kernel("rmsprop", tuple(inputs), tuple(scalars), tuple(outputs), tuple(body))
+
+
 @dataclass(frozen=True)
 class SGD:
     """Plain gradient descent: ``data - learning_rate * gradient``. State: the step count."""
@@ -217,7 +322,11 @@ class SGD:
         if sparse is not None:  # the touched rows only: the rest keep ``data - lr * 0 == data``
             xp, rows, g = sparse
             return _with_rows(xp, data, rows, data[rows] - rate * g), step + 1
-        return _kept(data - rate * _decayed(gradient, data, self.weight_decay), data), step + 1
+        g = dense(gradient)
+        if on_cupy(data, g):
+            wd = self.weight_decay
+            return _sgd_kernel(bool(wd))((data, g), (rate, wd) if wd else (rate,))[0], step + 1
+        return _kept(data - rate * _decayed(g, data, self.weight_decay), data), step + 1
 
     def check_state(self, state: object, data: Any) -> str | None:
         """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must
@@ -298,7 +407,13 @@ class Momentum:
                 new_velocity,
                 step + 1,
             )
-        velocity = _kept(self.momentum * velocity + _decayed(gradient, data, self.weight_decay), data)
+        g = dense(gradient)
+        if on_cupy(data, g, velocity):
+            wd = self.weight_decay
+            scalars = (self.momentum, rate, wd) if wd else (self.momentum, rate)
+            new, velocity = _momentum_kernel(bool(wd))((data, g, velocity), scalars)
+            return new, (velocity, step + 1)
+        velocity = _kept(self.momentum * velocity + _decayed(g, data, self.weight_decay), data)
         return _kept(data - rate * velocity, data), (velocity, step + 1)
 
 
@@ -358,7 +473,13 @@ class Adam:
             if summed is not None and type(summed[2]) is np.ndarray and summed[2].dtype == data.dtype:
                 new, m, v = _adam_in_chunks(data, summed[2], m, v, b1, b2, t, rate, self.epsilon, summed[1])
                 return new, (m, v, t)
-        g = _decayed(gradient, data, self.weight_decay)
+        g = dense(gradient)
+        if on_cupy(data, g, m, v):
+            wd = self.weight_decay
+            decay = ("l2", wd) if wd else None
+            new, m, v = _fused_adam(data, g, m, v, b1, b2, t, rate, self.epsilon, decay)
+            return new, (m, v, t)
+        g = _decayed(g, data, self.weight_decay)
         if _same_arrays(data, g, m, v):
             new, m, v = _adam_in_chunks(data, g, m, v, b1, b2, t, rate, self.epsilon)
             return new, (m, v, t)
@@ -498,7 +619,13 @@ class Adagrad:
             total = _with_rows(xp, total, rows, total[rows] + g * g)
             new = _with_rows(xp, data, rows, data[rows] - rate * g / (total[rows] ** 0.5 + self.epsilon))
             return new, (total, step + 1)
-        g = _decayed(gradient, data, self.weight_decay)
+        g = dense(gradient)
+        if on_cupy(data, g, total):
+            wd = self.weight_decay
+            scalars = (rate, self.epsilon, wd) if wd else (rate, self.epsilon)
+            new, total = _adagrad_kernel(bool(wd))((data, g, total), scalars)
+            return new, (total, step + 1)
+        g = _decayed(g, data, self.weight_decay)
         total = _kept(total + g * g, data)
         return _kept(data - rate * g / (total**0.5 + self.epsilon), data), (total, step + 1)
 
@@ -554,6 +681,10 @@ class AdamW:
         rate = _rate(self.learning_rate, t)
         t += 1
         b1, b2 = self.beta1, self.beta2
+        if not self.amsgrad and on_cupy(data, m, v) and on_cupy(data, g := dense(gradient)):
+            shrink = ("decoupled", 1.0 - rate * self.weight_decay) if self.weight_decay else None
+            new, m, v = _fused_adam(data, g, m, v, b1, b2, t, rate, self.epsilon, shrink)
+            return new, (m, v, v_max, t)
         decayed = _kept(data * (1.0 - rate * self.weight_decay), data) if self.weight_decay else data
         if not self.amsgrad:
             if type(gradient) is SparseRows and _same_arrays(decayed, m, v):
@@ -635,17 +766,47 @@ class RMSprop:
             or _step_problem(state[3])
         )
 
+    def _fused(
+        self, data: Any, g: Any, square: Any, velocity: Any, mean: Any, rate: float, step: int
+    ) -> tuple[Any, tuple[Any, Any, Any, int]]:
+        """``update`` of CuPy arrays (a dense gradient) in one kernel."""
+        momentum = "" if not self.momentum > 0.0 else "first" if velocity is None else "next"
+        kernel = _rmsprop_kernel(bool(self.weight_decay), self.centered, momentum)
+        arrays = [data, g, square]
+        scalars = [self.alpha, 1.0 - self.alpha, self.epsilon, rate]
+        if self.weight_decay:
+            scalars.append(self.weight_decay)
+        if self.centered:
+            arrays.append(mean)
+        if momentum == "next":
+            arrays.append(velocity)
+            scalars.append(self.momentum)
+        out = iter(kernel(arrays, scalars))
+        new, square = next(out), next(out)
+        if self.centered:
+            mean = next(out)
+        if momentum:
+            velocity = next(out)
+        return new, (square, velocity, mean, step + 1)
+
     def update(
         self, data: Any, gradient: Any, state: tuple[Any, Any, Any, int]
     ) -> tuple[Any, tuple[Any, Any, Any, int]]:
         square, velocity, mean, step = state
         rate = _rate(self.learning_rate, step)
         alpha = self.alpha
-        g = _decayed(gradient, data, self.weight_decay)
+        g = dense(gradient)
+        if self.centered and mean is None:
+            mean = _kept(data * 0.0, data)
+        if (
+            on_cupy(data, g, square)
+            and (velocity is None or on_cupy(data, velocity))
+            and (mean is None or on_cupy(data, mean))
+        ):
+            return self._fused(data, g, square, velocity, mean, rate, step)
+        g = _decayed(g, data, self.weight_decay)
         square = _kept(alpha * square + (1.0 - alpha) * (g * g), data)
         if self.centered:
-            if mean is None:
-                mean = _kept(data * 0.0, data)
             mean = _kept(mean + (1.0 - alpha) * (g - mean), data)
             root = _sqrt(square - mean * mean)  # (a variance that rounds below 0: NaN, as PyTorch's)
         else:
@@ -660,8 +821,9 @@ class RMSprop:
 # --------------------------------------------------------------------------- gradient transforms
 
 
-def _sum_of_squares(gradient: Any) -> float:
-    """The sum of the squares of a gradient's entries (a sparse one's summed rows)."""
+def _sum_of_squares(gradient: Any) -> Any:
+    """The sum of the squares of a gradient's entries (a sparse one's summed rows): a float, or a
+    0-d array on the gradient's device off NumPy (read with the others': ``global_norm``)."""
     if type(gradient) is float:
         return gradient * gradient
     if type(gradient) is SparseRows:
@@ -669,15 +831,23 @@ def _sum_of_squares(gradient: Any) -> float:
         gradient = gradient.to_dense() if sparse is None else sparse[2]
     if type(gradient) is np.ndarray:
         return float(np.vdot(gradient, gradient))  # BLAS: one pass, no temporary array
-    return float(namespace(gradient).sum(gradient * gradient))
+    return namespace(gradient).sum(gradient * gradient)
 
 
 def global_norm(gradients: Sequence[Any]) -> float:
     """The Euclidean norm of all the gradients together, as one vector (a sparse gradient counts
-    as its dense equivalent: the squares of its summed rows)."""
+    as its dense equivalent: the squares of its summed rows). Off NumPy, the sums stay on the
+    device and are read together: one wait for a GPU, not one per gradient."""
     total = 0.0
+    on_devices = []
     for gradient in gradients:
-        total += _sum_of_squares(gradient)
+        square = _sum_of_squares(gradient)
+        if type(square) is float:
+            total += square
+        else:
+            on_devices.append(square)
+    if on_devices:
+        total += sum_on_devices(on_devices)
     return math.sqrt(total)
 
 

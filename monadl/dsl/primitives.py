@@ -22,6 +22,7 @@ from typing import Any, Final
 import numpy as np
 
 from monadl.do.primitive import ELEMENTWISE, Batching, FanOut, Primitive, Rule, add_n, elementwise_cost
+from monadl.dsl.fused import Kernel, on_cupy
 from monadl.typeclasses.backend import (
     FLOATS,
     NDARRAY,
@@ -167,7 +168,21 @@ exp = _elementwise("exp", lambda xp, x: xp.exp(x), (lambda xp, d, o, x: d * o,))
 log = _elementwise("log", lambda xp, x: xp.log(x), (lambda xp, d, o, x: d / x,))
 sqrt = _elementwise("sqrt", lambda xp, x: xp.sqrt(x), (lambda xp, d, o, x: d * 0.5 / o,))
 absolute = _elementwise("abs", lambda xp, x: xp.abs(x), (lambda xp, d, o, x: d * xp.sign(x),))
-tanh = _elementwise("tanh", lambda xp, x: xp.tanh(x), (lambda xp, d, o, x: d * (1.0 - o * o),))
+
+# The activations' rules as one kernel each on CuPy arrays (``monadl.dsl.fused``): the same
+# operations in the same order as the rules below, one pass instead of one per operator.
+_TANH_VJP = Kernel("tanhvjp", ("d", "y"), (), ("dx",), ("dx = d * (T(1.0) - y * y)",))
+_SIGMOID = Kernel("sigmoid", ("x",), (), ("y",), ("y = T(1.0) / (T(1.0) + exp(-x))",))
+_SIGMOID_VJP = Kernel("sigmoidvjp", ("d", "y"), (), ("dx",), ("dx = d * y * (T(1.0) - y)",))
+
+
+def _tanh_vjp(xp: Any, d: Any, o: Any, x: Any) -> Any:
+    if xp is not NUMPY and on_cupy(d, o):
+        return _TANH_VJP((d, o), ())[0]
+    return d * (1.0 - o * o)
+
+
+tanh = _elementwise("tanh", lambda xp, x: xp.tanh(x), (_tanh_vjp,))
 
 
 def sigmoid_of(xp: Any, x: Any) -> Any:
@@ -199,6 +214,8 @@ def _sigmoid(xp: Any, x: Any) -> Any:
         np.exp(t, out=t)
         t += 1.0
         return np.divide(1.0, t, out=t)
+    if xp is not NUMPY and on_cupy(x):
+        return _SIGMOID((x,), ())[0]
     return 1.0 / (1.0 + xp.exp(-x))
 
 
@@ -208,7 +225,13 @@ def _sigmoid(xp: Any, x: Any) -> Any:
 # rounding of s near 1): large relative error only in a gradient below the rounding of whatever it
 # is added to. (An exact form, d * s / (1 + exp(x)), would add an exp to every gate's backward:
 # 3 times the vjp's time.)
-sigmoid = _elementwise("sigmoid", sigmoid_of, (lambda xp, d, o, x: d * o * (1.0 - o),))
+def _sigmoid_vjp(xp: Any, d: Any, o: Any, x: Any) -> Any:
+    if xp is not NUMPY and on_cupy(d, o):
+        return _SIGMOID_VJP((d, o), ())[0]
+    return d * o * (1.0 - o)
+
+
+sigmoid = _elementwise("sigmoid", sigmoid_of, (_sigmoid_vjp,))
 
 
 def _relu_vjp(xp: Any, d: Any, o: Any, x: Any) -> Any:
@@ -935,7 +958,10 @@ def _log_softmax(xp: Any, x: Any, axis: int) -> Any:
     ``exp(shifted)`` but one maximum's (exactly 1). ``log`` of the rounded sum ``1 + s`` loses ``s``
     below an ulp of 1, and the log-probability of a confident class came out 0 (relative error 1:
     it is -s): so ``s`` is summed without that 1, and ``log1p(s)`` keeps it. (Other maxima, ties,
-    stay in ``s`` as 1s: then ``s >= 1``, with nothing to lose.)"""
+    stay in ``s`` as 1s: then ``s >= 1``, with nothing to lose.) Along an axis of length 0, there
+    is nothing to normalise: the result is as empty as ``x`` (PyTorch's)."""
+    if x.shape[axis] == 0:  # (a maximum of nothing is undefined)
+        return xp.zeros_like(x)
     if xp is NUMPY:  # the ufuncs' reductions, and in place on our own array: np.max and np.sum add
         # microseconds of Python each, more than the arithmetic on a batch of logits. One maximum
         # per row by argmax, which costs no more than the max: its term is then set to 0 in place,
@@ -967,7 +993,9 @@ def _softmax(xp: Any, x: Any, axis: int = -1) -> Any:
     """``exp(x - max) / sum(exp(x - max))`` along ``axis``. (``exp(log_softmax(x))``, as it was, costs
     a log and a second exp more, and rounds the log-probability ``x - max - logsumexp`` once more
     before its exp: up to |log-probability| / 2 ulps of relative error, 32 ulps for a probability of
-    e^-100.)"""
+    e^-100.) Along an axis of length 0, the result is as empty as ``x`` (PyTorch's)."""
+    if x.shape[axis] == 0:
+        return xp.zeros_like(x)
     if xp is NUMPY:  # as in _log_softmax: the ufuncs, in place on our own array
         e = x - np.maximum.reduce(x, axis=axis, keepdims=True)
         np.exp(e, out=e)

@@ -166,11 +166,15 @@ def _var_vjp(
 def _std_vjp(
     xp: Any, d: Any, o: Any, x: Any, axis: Axis = None, keepdims: bool = False, correction: float = 0.0
 ) -> Any:
-    """``d * (x - mean) / ((n - correction) * std)``; 0 where the std is 0 (all the elements equal:
-    the std is a norm there, whose subgradients include 0), where the formula is ``0 / 0``."""
+    """``d * (x - mean) / ((n - correction) * std)``; 0 where the reduced elements are all equal
+    (the std is a norm there, whose subgradients include 0). There the formula is ``0 / 0``, or,
+    where their mean rounds, the rounding's residue over itself: about ``1 / n`` per element, all of
+    one sign, along a direction (every element moved alike) that does not change the std."""
+    axes = _axes_of(x, axis)
+    equal = xp.max(x, axis=axes, keepdims=True) == xp.min(x, axis=axes, keepdims=True)
     s = _full(xp, o, x, axis, keepdims) * (P.reduced_count(x, axis) - correction)
     with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0, selected out
-        slope = xp.where(s == 0.0, 0.0 * s, _centred(xp, x, axis) / s)
+        slope = xp.where(equal | (s == 0.0), 0.0 * s, _centred(xp, x, axis) / s)
     return _full(xp, d, x, axis, keepdims) * slope
 
 
@@ -264,8 +268,10 @@ def std(
 def std(
     x: AnyArray, axis: Axis = None, *, keepdims: bool = False, correction: float = 0.0
 ) -> FloatLayer | ArrayLayer:
-    """Standard deviation, ``sqrt(var(x, axis, correction=correction))``. Where it is 0 (all the
-    reduced elements equal) its derivative is undefined: the delta given there is 0."""
+    """Standard deviation, ``sqrt(var(x, axis, correction=correction))``. Where the reduced
+    elements are all equal it has no derivative, and the delta given there is 0 (a subgradient),
+    also where their mean rounds and the std computed is a few ulps, not 0. (PyTorch's is 0 only
+    where the std computed is exactly 0, else about ``1 / n`` per element, of the rounding's sign.)"""
     return _reduction("std", std_, x, axis, keepdims, correction=_correction("std", correction))
 
 
@@ -283,6 +289,8 @@ def _value(name: str, x: object) -> Any:
             raise result.failure()
         return result.unwrap()
     if is_array(x) and not isinstance(x, ArrayOperators):
+        if getattr(getattr(x, "dtype", None), "kind", "f") not in "fiub":  # (NumPy's kinds)
+            raise TypeError(f"{name}: expected an array of real numbers, got dtype {x.dtype}")  # type: ignore[attr-defined]
         return x
     raise TypeError(f"{name}: expected an array, array weight or array layer, got {type(x).__name__}")
 
@@ -308,7 +316,9 @@ def _index_of(name: str, x: object, axis: int | None, keepdims: bool, largest: b
 def argmax(x: AnyArray, axis: int | None = None, *, keepdims: bool = False) -> IndexArray:
     """The index of the largest element (of the flattened array, as a 0-d integer array), or the
     indices of the largest along ``axis``; the first one where there are ties (the array API's and
-    NumPy's ``argmax``).
+    NumPy's ``argmax``). A NaN counts as the largest (and as the smallest, for :func:`argmin`), as
+    in NumPy and PyTorch. An array of integers or booleans has indices too; one of complex numbers
+    or objects is a TypeError.
 
     Not an op: integers have no gradient and a layer's data is floating-point, so the result is a
     plain integer array of ``x``'s namespace. A weight gives its data's indices; a layer is run now

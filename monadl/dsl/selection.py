@@ -245,9 +245,10 @@ def _check_take_along_range(x: Any, indices: Any, axis: int = -1) -> None:
 
 
 def _check_take_along_merged(inputs: tuple[Any, ...], merged: dict[str, Any]) -> None:
-    # The stacked indices' range is that of the calls together; x's axis is the call's.
-    axis = merged["axis"]
-    _check_take_along_range(inputs[0], merged["indices"], axis - 1 if axis > 0 else axis)
+    # The stacked indices' range is that of the calls together. They have one axis more than a
+    # call's x (the rows'), and the merged axis counts it: _check_take_along_range reads x's side
+    # along it as x's with a leading axis of 1.
+    _check_take_along_range(inputs[0], merged["indices"], merged["axis"])
 
 
 take_along_axis_ = Primitive(

@@ -17,8 +17,14 @@ access of ``.shape`` or ``.dtype``, never while the graph is built) and applies 
 
 Everything else gives None: ops without a rule (a user's ``custom_op`` made without
 ``shape_rule=``), ``@batchable`` calls (their body's graph is built only when they run), and
-anything built from ``Do`` combinators. A library rule that finds operands that do not fit gives
-None too (the run reports them); a user's rule that fails raises :class:`ShapeRuleError`.
+anything built from ``Do`` combinators. A user's rule that fails raises :class:`ShapeRuleError`.
+
+A graph that cannot run has no shape: before a library op's rule, its run's own checks (the
+primitive's ``check`` and ``check_values``) run on stand-ins of its inputs (arrays of their shapes
+and dtypes, of one element broadcast: no memory), so ``.shape`` raises the error the run would
+give, a :class:`~monadl.ShapeError` naming the op and the shapes, where the run would refuse the
+operands. Operands that do not broadcast (the elementwise ops, which have no check) raise it too,
+as the run words it (``add: operands of shapes (3, 4) and (5,) do not fit: ...``).
 
 The dtype follows the run's rule: a constant operand (one that depends on no weight) wider than
 the op's layers and weights reads as their dtype (``scheduler.cast_constants``: a float32 model
@@ -44,7 +50,7 @@ from monadl.do.graph import CONST, NODE, OP, WEIGHT, Graph
 from monadl.do.primitive import Primitive, add_n
 from monadl.dsl import layers
 from monadl.dsl import primitives as P
-from monadl.typeclasses.backend import NDARRAY, NUMPY, namespace
+from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, namespace
 
 Info = tuple[tuple[int, ...], Any, Any]
 """A value's static shape, dtype and array namespace (None for a Python float)."""
@@ -60,6 +66,11 @@ _NONE: Final[tuple[Info | None, bool]] = (None, False)  # an op's record where i
 class ShapeRuleError(TypeError):
     """A user's shape rule (``custom_op(shape_rule=)``) raised or gave no shape: ``.shape`` and
     ``.dtype`` raise it, naming the op, rather than read the op's shape as unknown."""
+
+
+class Mismatch(ValueError):
+    """Operands whose shapes do not broadcast, found by a rule (:func:`broadcast`): for a library
+    op, the run's :class:`~monadl.ShapeError` is raised in its words."""
 
 
 def static_info(graph: Graph, row: int) -> Info | None:
@@ -134,17 +145,57 @@ def _apply(graph: Graph, row: int) -> tuple[Info | None, bool]:
             return _NONE
         inputs.append(info)
         weighted.append(w)
+    cast = _cast_constants(inputs, weighted)
+    params = graph.params[row]
+    if prim.own:
+        _run_checks(prim, cast, params)
     try:
-        return rule(*_cast_constants(inputs, weighted), **graph.params[row]), any(weighted)
+        return rule(*cast, **params), any(weighted)
     except ShapeRuleError:  # a wrong rule, not operands that do not fit
         raise
+    except Mismatch as e:
+        if not prim.own:  # (a user's op reports its operands itself, when it runs)
+            return _NONE
+        shapes = " and ".join("float" if x is None else str(shape) for shape, _, x in cast)
+        raise ShapeError(f"{prim.name}: operands of shapes {shapes} do not fit: {e}") from None
     except (
         ValueError,
         TypeError,
         IndexError,
         ZeroDivisionError,
-    ):  # operands that do not fit: the run says so
+    ):  # operands that a rule cannot read: the run says what is wrong with them
         return _NONE
+
+
+def _stand_in(info: Info) -> Any:
+    """An array of ``info``'s shape and dtype in its namespace, one element broadcast (no memory);
+    a float for a float."""
+    shape, dtype, xp = info
+    if xp is None:
+        return 0.0
+    return xp.broadcast_to(xp.zeros((), dtype=dtype), shape)
+
+
+def _run_checks(prim: Primitive, inputs: list[Info], params: dict[str, Any]) -> None:
+    """The checks a run of library op ``prim`` makes before its forward (they read the inputs'
+    shapes and dtypes and the parameters, never the inputs' values), on stand-ins of the inputs:
+    their error (a ``ShapeError``, or a ``ValueError`` such as a label out of range) is raised as
+    the run would raise it."""
+    if prim.check is None and prim.check_values is None:
+        return
+    try:
+        datas = [_stand_in(x) for x in inputs]
+    except (TypeError, ValueError, AttributeError):  # a namespace without broadcast_to
+        return
+    try:
+        if prim.check is not None:
+            prim.check(*datas, **params)
+        if prim.check_values is not None:
+            prim.check_values(*datas, **params)
+    except ValueError:
+        raise
+    except (TypeError, AttributeError, IndexError):  # (a check met what a stand-in is not)
+        return
 
 
 def _cast_constants(inputs: list[Info], weighted: list[bool]) -> list[Info]:
@@ -187,8 +238,11 @@ def promoted(*inputs: Info) -> tuple[Any, Any]:
 
 
 def broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    """NumPy's broadcast of ``shapes`` (a ValueError where they do not broadcast)."""
-    return tuple(np.broadcast_shapes(*shapes))
+    """NumPy's broadcast of ``shapes`` (a :class:`Mismatch` where they do not broadcast)."""
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError as e:
+        raise Mismatch(str(e)) from None
 
 
 def elementwise(*inputs: Info, **_: Any) -> Info:

@@ -38,7 +38,9 @@ escape from ``IO``, ``unsafe_perform_io(IO.from_ioresult(io_result))``, gives th
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, overload
 
@@ -50,6 +52,7 @@ from returns.result import Result, Success
 from monadl.do.executor import Executor, default_executor
 from monadl.do.stats import RunStats
 from monadl.do.tape import Tape
+from monadl.dsl.fused import all_true
 from monadl.dsl.optimizers import Optimizer, state_kind
 from monadl.dsl.results import Deferred, failed
 from monadl.runtime.staging import staging
@@ -120,6 +123,26 @@ def _all_finite(x: Any) -> bool:
     return bool(xp.all(xp.isfinite(x)))
 
 
+Pending = list[tuple[Any, Callable[[], Exception]]]
+"""Finite checks of arrays off NumPy, not read yet: each array's ``all(isfinite)`` on its device,
+and the error to raise if it is false."""
+
+
+def _check_later(pending: Pending, x: Any, error: Callable[[], Exception]) -> None:
+    """Queues the finite check of ``x`` (an array off NumPy) on its device: :func:`_check_pending`
+    reads all a step's checks with one wait for each device, not one per weight."""
+    xp = namespace(x)
+    pending.append((xp.all(xp.isfinite(x)), error))
+
+
+def _check_pending(pending: Pending) -> None:
+    """Raises the error of the first of ``pending`` whose array is not finite, if any."""
+    if pending and not all_true([flag for flag, _ in pending]):
+        for flag, error in pending:
+            if not bool(flag):
+                raise error()
+
+
 def _is_float_array(x: Any) -> bool:
     dtype = getattr(x, "dtype", None)
     return dtype is not None and namespace(x).isdtype(dtype, "real floating")
@@ -134,7 +157,7 @@ def _non_finite(weight: Any, gradient: Any, data: Any) -> NonFiniteGradientError
         what = f"{weight!r}: its new value {data!r} is not finite"
     else:
         xp = namespace(data)
-        bad = int(xp.sum(~xp.isfinite(data)))
+        bad = int(xp.sum(xp.astype(~xp.isfinite(data), xp.int64)))  # (the array API sums no bools)
         what = f"{weight!r}: {bad} of {int(np.prod(data.shape))} entries of its new value are not finite"
     return NonFiniteGradientError(f"{what} ({cause}); no weight was changed")
 
@@ -286,15 +309,25 @@ def _apply(
 ) -> None:
     """Computes every update, then commits them all with the ``staged`` buffer updates (nothing is
     committed if one fails). The caller holds ``COMMIT_LOCK``."""
-    updates = _updates(gradients, default, owned, rate, check)
+    pending: Pending = []
+    updates = _updates(gradients, default, owned, rate, check, pending)
     for buffer, data in staged.items():
-        if check and _is_float_array(data) and not _all_finite(data):
-            raise NonFiniteBufferError(
-                f"{buffer!r}: the step's new value of it is not finite (an empty or extreme batch's "
-                "statistics?); no weight and no buffer was changed"
-            )
+        if check and _is_float_array(data):
+            error = functools.partial(_non_finite_buffer, buffer)
+            if type(data) is not NDARRAY:
+                _check_later(pending, data, error)
+            elif not _all_finite(data):
+                raise error()
         updates.append((buffer, data, None))
+    _check_pending(pending)
     publish(updates)
+
+
+def _non_finite_buffer(buffer: Any) -> NonFiniteBufferError:
+    return NonFiniteBufferError(
+        f"{buffer!r}: the step's new value of it is not finite (an empty or extreme batch's "
+        "statistics?); no weight and no buffer was changed"
+    )
 
 
 Update = tuple[Any, Any, Any]
@@ -332,14 +365,21 @@ def commit_updates(updates: list[Update]) -> None:
 
 
 def _updates(
-    gradients: Gradients, default: Optimizer | None, owned: set[Any], rate: float | None, check: bool
+    gradients: Gradients,
+    default: Optimizer | None,
+    owned: set[Any],
+    rate: float | None,
+    check: bool,
+    pending: Pending | None = None,
 ) -> list[Update]:
     """Every weight's update, computed, not committed (nothing is, if one fails). ``rate``: the
     learning rate already folded into the gradients (their optimizers' ``update_folded``).
-    ``check``: fail if a new value is not finite.
+    ``check``: fail if a new value is not finite: at once for NumPy arrays and floats, and for
+    arrays off NumPy (on a GPU) in one read at the end, or by the caller where it gives ``pending``.
 
     A frozen weight is skipped. An optimizer with ``transform_gradients`` (a chain: clipping) gets
     the gradients of all the weights it updates at once, before any of them is updated."""
+    later: Pending = [] if pending is None else pending
     updates: list[Update] = []
     chains: list[Any] = []  # the optimizers that transform gradients, and for each, its weights
     members: list[list[Any]] = []
@@ -352,7 +392,7 @@ def _updates(
                 f"{weight!r} has a gradient but no optimizer: pass one to train() or to the weight"
             )
         if getattr(optimizer, "transform_gradients", None) is None:
-            updates.append(_updated(weight, gradient, optimizer, owned, rate, check))
+            updates.append(_updated(weight, gradient, optimizer, owned, rate, check, later))
             continue
         k = 0
         while k < len(chains) and not (chains[k] is optimizer or chains[k] == optimizer):
@@ -372,15 +412,24 @@ def _updates(
             )
         # (No rate folded here: a chain has no folded_rate, so the gradients are the true ones.)
         for weight, gradient in zip(weights, transformed, strict=True):
-            updates.append(_updated(weight, gradient, optimizer, set(), None, check))
+            updates.append(_updated(weight, gradient, optimizer, set(), None, check, later))
+    if pending is None:
+        _check_pending(later)
     return updates
 
 
 def _updated(
-    weight: Any, gradient: Any, optimizer: Any, owned: set[Any], rate: float | None, check: bool
+    weight: Any,
+    gradient: Any,
+    optimizer: Any,
+    owned: set[Any],
+    rate: float | None,
+    check: bool,
+    pending: Pending,
 ) -> Update:
     """A weight's update: ``(weight, new data, (optimizer, new state))``, computed, not committed.
-    The state is the weight's own while its optimizers are of one kind, else a fresh one."""
+    The state is the weight's own while its optimizers are of one kind, else a fresh one. The
+    finite check of an array off NumPy goes to ``pending``."""
     held = weight.optimizer_state
     # The same optimizer object first: no call for a loop over one optimizer.
     if held is not None and (held[0] is optimizer or state_kind(held[0]) is state_kind(optimizer)):
@@ -403,9 +452,14 @@ def _updated(
             data, state = update_owned(weight.data, converted, state)
         else:
             data, state = optimizer.update(weight.data, converted, state)
-    # A table's sparse gradient changes only its rows: their values are what to check.
-    if check and not _all_finite(gradient.values if type(gradient) is SparseRows else data):
-        raise _non_finite(weight, gradient, data)
+    if check:
+        # A table's sparse gradient changes only its rows: their values are what to check.
+        checked = gradient.values if type(gradient) is SparseRows else data
+        if type(checked) is NDARRAY or type(checked) is float:
+            if not _all_finite(checked):
+                raise _non_finite(weight, gradient, data)
+        else:
+            _check_later(pending, checked, functools.partial(_non_finite, weight, gradient, data))
     return weight, freeze(data), (optimizer, state)
 
 

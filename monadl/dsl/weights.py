@@ -13,11 +13,12 @@ once. ``weight.data`` is the newest committed data; assigning it is a commit of 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, final
+from typing import Any, ClassVar, final
 
 import numpy as np
 
 from monadl.do.do import Variable
+from monadl.dsl.arguments import int_sequence
 from monadl.dsl.layers import ArrayOperators, FloatOperators
 from monadl.dsl.optimizers import Optimizer
 from monadl.runtime.versions import COMMIT_LOCK, Version, publish, read
@@ -38,6 +39,9 @@ class _WeightState:
     its own, and a name."""
 
     __slots__ = ()
+    _array_value: ClassVar[str] = "weight.data"
+    """What NumPy's functions are told to use for a weight's value (they refuse the weight itself:
+    see :func:`~monadl.dsl.deep_learning.array_refusal`)."""
     head: Version
     optimizer: Optimizer | None
     name: str
@@ -193,8 +197,8 @@ class ArrayWeight(_WeightState, ArrayOperators):
         ``name`` and ``trainable`` as for the constructor. Drawn by NumPy's generator whatever
         ``xp`` (so a seed gives the same values on every device), then copied to ``xp`` (on
         ``device``) once."""
+        shape = _shape("ArrayWeight.normal", shape)
         rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-        shape = tuple(shape)
         if std is None:
             std = float(np.sqrt(2.0 / max(shape[0] if shape else 1, 1)))
         data = (rng.standard_normal(shape) * std).astype(dtype)
@@ -214,8 +218,13 @@ class ArrayWeight(_WeightState, ArrayOperators):
     ) -> ArrayWeight:
         """Zeros (for biases), in the namespace ``xp`` (on ``device``). ``optimizer``, ``name`` and
         ``trainable`` as for the constructor."""
-        zeros = np.zeros(tuple(shape), dtype=dtype)
+        zeros = np.zeros(_shape("ArrayWeight.zeros", shape), dtype=dtype)
         return cls(zeros, optimizer=optimizer, name=name, trainable=trainable, xp=xp, device=device)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the weight's data: always known (a layer's may not be)."""
+        return tuple(read(self.head, None).data.shape)
 
     def __repr__(self) -> str:
         named = f", name={self.name!r}" if self.name else ""
@@ -225,6 +234,14 @@ class ArrayWeight(_WeightState, ArrayOperators):
 def _library(array: object) -> str:
     """The library of an array, by its top module's name (``numpy``, ``cupy``, ``array_api_strict``)."""
     return type(array).__module__.partition(".")[0]
+
+
+def _shape(where: str, shape: object) -> tuple[int, ...]:
+    """A weight's shape: ints of 0 or more (NumPy's error for a negative one names no weight)."""
+    sides = int_sequence(where, "shape", shape)
+    if any(n < 0 for n in sides):
+        raise ValueError(f"{where}: shape {sides} has a negative side")
+    return sides
 
 
 def _checked_float(data: object) -> float:

@@ -1,4 +1,5 @@
-"""Attention layers: :class:`MultiHeadAttention` and :class:`TransformerEncoderLayer`.
+"""Attention layers: :class:`MultiHeadAttention`, :class:`TransformerEncoderLayer` and
+:class:`TransformerDecoderLayer`.
 
 Queries ``query`` of shape (..., Lq, features) attend to keys and values of shape (..., Lk, kdim)
 and (..., Lk, vdim) (self-attention: the queries themselves), giving (..., Lq, features). In
@@ -20,12 +21,13 @@ import numpy as np
 from monadl.dsl.attention import scaled_dot_product_attention, self_attention
 from monadl.dsl.layers import AnyArray, ArrayLayer
 from monadl.dsl.ops import linear, matmul, relu
-from monadl.nn.linear import Activation, Linear, Seed, generator
+from monadl.nn.dropout import Dropout
+from monadl.nn.linear import Activation, Linear, Seed, generator, positive
 from monadl.nn.module import Module
 from monadl.nn.norm import LayerNorm
 from monadl.typeclasses.backend import AnyNDArray, is_array, namespace
 
-__all__ = ["MultiHeadAttention", "TransformerEncoderLayer"]
+__all__ = ["MultiHeadAttention", "TransformerDecoderLayer", "TransformerEncoderLayer"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,9 +87,11 @@ class MultiHeadAttention(Module):
         biases; ``xp`` and ``device`` as its. ``kdim`` and ``vdim``, the keys' and values'
         features, default to ``features`` (as PyTorch's); either one other than it gives separate
         projections ``k`` and ``v``."""
-        rng = generator(seed)
-        kdim = features if kdim is None else kdim
-        vdim = features if vdim is None else vdim
+        name = "MultiHeadAttention.new"
+        features, heads = positive(name, "features", features), positive(name, "heads", heads)
+        kdim = features if kdim is None else positive(name, "kdim", kdim)
+        vdim = features if vdim is None else positive(name, "vdim", vdim)
+        rng = generator(seed, name)
         if kdim == vdim == features:
             qkv = Linear.new(features, 3 * features, seed=rng, dtype=dtype, bias=bias, xp=xp, device=device)
             out = Linear.new(features, features, seed=rng, dtype=dtype, bias=bias, xp=xp, device=device)
@@ -209,8 +213,10 @@ class TransformerEncoderLayer(Module):
         """A layer of ``features`` (the model's width), ``heads`` heads and a feed-forward block of
         ``feedforward`` units (default 4 * features), its weights drawn from one generator in the
         order of the fields (``xp`` and ``device`` as :meth:`Linear.new`'s)."""
-        rng = generator(seed)
-        hidden = 4 * features if feedforward is None else feedforward
+        name = "TransformerEncoderLayer.new"
+        features = positive(name, "features", features)
+        hidden = 4 * features if feedforward is None else positive(name, "feedforward", feedforward)
+        rng = generator(seed, name)
         return cls(
             MultiHeadAttention.new(features, heads, seed=rng, dtype=dtype, xp=xp, device=device),
             LayerNorm.new(features, dtype=dtype, xp=xp, device=device),
@@ -229,3 +235,117 @@ class TransformerEncoderLayer(Module):
             return self.ff2(self.activation(self.ff1(self.norm2(h)))) + h
         h = self.norm1(self.attention(x, mask=mask, causal=causal) + x)
         return self.norm2(self.ff2(self.activation(self.ff1(h))) + h)
+
+
+@dataclass(frozen=True, eq=False)
+class TransformerDecoderLayer(Module):
+    """Causal self-attention, cross-attention to a ``memory`` (an encoder's output), then a
+    feed-forward block ``ff2(activation(ff1(x)))``, each with a residual connection and a
+    :class:`LayerNorm`, as PyTorch's ``nn.TransformerDecoderLayer``. Post-norm (PyTorch's default):
+    ``x = norm1(x + attention(x))``, ``x = norm2(x + cross_attention(x, memory))``, ``x = norm3(x +
+    ff(x))``. Pre-norm (``norm_first``): ``x = x + attention(norm1(x))``, ``x = x +
+    cross_attention(norm2(x), memory)``, ``x = x + ff(norm3(x))``.
+
+    Dropout where PyTorch's layer has it (None: none): ``dropout1`` on the self-attention's result,
+    ``dropout2`` on the cross-attention's, ``dropout`` inside the feed-forward block (after the
+    activation) and ``dropout3`` on its result; only in training steps (see
+    :class:`~monadl.nn.Dropout`). PyTorch's attention also drops attention weights; this one does
+    not."""
+
+    attention: MultiHeadAttention
+    cross_attention: MultiHeadAttention
+    norm1: LayerNorm
+    norm2: LayerNorm
+    norm3: LayerNorm
+    ff1: Linear
+    ff2: Linear
+    activation: Activation
+    norm_first: bool
+    dropout: Dropout | None = None
+    dropout1: Dropout | None = None
+    dropout2: Dropout | None = None
+    dropout3: Dropout | None = None
+
+    def __post_init__(self) -> None:
+        features = self.attention.features
+        if self.cross_attention.features != features:
+            raise ValueError(
+                f"TransformerDecoderLayer: the self-attention has {features} features and the "
+                f"cross-attention {self.cross_attention.features}"
+            )
+
+    @classmethod
+    def new(
+        cls,
+        features: int,
+        heads: int,
+        feedforward: int | None = None,
+        *,
+        dropout: float = 0.1,
+        activation: Activation = relu,
+        norm_first: bool = False,
+        seed: Seed = 0,
+        dtype: type[np.floating[Any]] = np.float32,
+        xp: Any = np,
+        device: Any = None,
+    ) -> TransformerDecoderLayer:
+        """A layer of ``features`` (the model's width, PyTorch's ``d_model``), ``heads`` heads and a
+        feed-forward block of ``feedforward`` units (default 4 * features), its weights drawn from
+        one generator in the order of the fields (``xp`` and ``device`` as :meth:`Linear.new`'s);
+        ``dropout``, as PyTorch's default 0.1 (0: no dropout layers), the seeds of its four
+        generators drawn from the same generator after the weights."""
+        name = "TransformerDecoderLayer.new"
+        features = positive(name, "features", features)
+        hidden = 4 * features if feedforward is None else positive(name, "feedforward", feedforward)
+        rng = generator(seed, name)
+        attention = MultiHeadAttention.new(features, heads, seed=rng, dtype=dtype, xp=xp, device=device)
+        cross = MultiHeadAttention.new(features, heads, seed=rng, dtype=dtype, xp=xp, device=device)
+        norm1, norm2, norm3 = (LayerNorm.new(features, dtype=dtype, xp=xp, device=device) for _ in range(3))
+        ff1 = Linear.new(features, hidden, seed=rng, dtype=dtype, xp=xp, device=device)
+        ff2 = Linear.new(hidden, features, seed=rng, dtype=dtype, xp=xp, device=device)
+        if not dropout:
+            return cls(attention, cross, norm1, norm2, norm3, ff1, ff2, activation, norm_first)
+        drop, drop1, drop2, drop3 = (Dropout(dropout, seed=int(rng.integers(2**63))) for _ in range(4))
+        return cls(
+            attention, cross, norm1, norm2, norm3, ff1, ff2, activation, norm_first, drop, drop1, drop2, drop3
+        )
+
+    @property
+    def features(self) -> int:
+        return self.attention.features
+
+    def __call__(
+        self,
+        x: AnyArray,
+        memory: AnyArray,
+        mask: AnyNDArray | None = None,
+        memory_mask: AnyNDArray | None = None,
+        *,
+        causal: bool = True,
+    ) -> ArrayLayer:
+        """The layer on ``x`` of shape (..., length, features) (PyTorch's ``tgt``, batch first)
+        attending to ``memory`` of shape (..., memory length, features). ``causal`` (the
+        default, a decoder's): position i of ``x`` attends to its positions ``j <= i`` only
+        (PyTorch's ``tgt_mask`` of ``generate_square_subsequent_mask``, ``tgt_is_causal``); ``mask``
+        (a further mask of the self-attention) and ``memory_mask`` (of the cross-attention, of a
+        shape that broadcasts against (..., length, memory length)) as
+        :meth:`MultiHeadAttention.__call__`'s: True (or an added 0) where a query may attend."""
+        # (each sum with the layer first: an array of another namespace on the left of ``+``
+        # raises where it does not know the layer, array-api-strict's, instead of deferring)
+        if self.norm_first:
+            h = self._drop(self.dropout1, self.attention(self.norm1(x), mask=mask, causal=causal)) + x
+            h = (
+                self._drop(self.dropout2, self.cross_attention(self.norm2(h), memory, memory, memory_mask))
+                + h
+            )
+            return self._drop(self.dropout3, self._feedforward(self.norm3(h))) + h
+        h = self.norm1(self._drop(self.dropout1, self.attention(x, mask=mask, causal=causal)) + x)
+        h = self.norm2(self._drop(self.dropout2, self.cross_attention(h, memory, memory, memory_mask)) + h)
+        return self.norm3(self._drop(self.dropout3, self._feedforward(h)) + h)
+
+    def _feedforward(self, x: AnyArray) -> ArrayLayer:
+        return self.ff2(self._drop(self.dropout, self.activation(self.ff1(x))))
+
+    @staticmethod
+    def _drop(dropout: Dropout | None, x: ArrayLayer) -> ArrayLayer:
+        return x if dropout is None else dropout(x)

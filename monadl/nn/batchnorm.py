@@ -5,6 +5,8 @@ axis 1, NCHW, as PyTorch's). In a training step's forward pass (``train``, ``tra
 layer normalises by the batch's statistics and stages the running statistics' update,
 ``(1 - momentum) * running + momentum * batch`` (the variance the batch's unbiased one, as
 PyTorch's), which the step commits with its weights: a failed step leaves them as they were. A
+training batch needs 2 values per channel at least (PyTorch's rule): fewer is a ``ShapeError``,
+where one value would shrink the running variance to 0 and none make it NaN. A
 prediction normalises by the running statistics, as last committed. ``compute_gradients`` runs
 in training mode (the batch's statistics) but commits nothing, so the running statistics do not
 change there.
@@ -58,6 +60,13 @@ class _BatchNorm(Module):
     ranks: ClassVar[tuple[int, ...]] = ()
 
     def __post_init__(self) -> None:
+        for name in ("momentum", "eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(
+                    f"{type(self).__name__}: {name} must be a float, got {type(value).__name__} {value!r}"
+                )
+            setattr(self, name, float(value))
         if not 0.0 <= self.momentum <= 1.0:
             raise ValueError(f"{type(self).__name__}: momentum must be in [0, 1], got {self.momentum}")
         if not self.eps > 0.0:
@@ -85,8 +94,8 @@ class _BatchNorm(Module):
             ArrayWeight.zeros((channels,), dtype=dtype, xp=xp, device=device),
             ArrayBuffer(np.zeros((channels,), dtype=dtype), xp=xp, device=device),
             _Variance(ones, xp=xp, device=device),
-            momentum=float(momentum),
-            eps=float(eps),
+            momentum=momentum,
+            eps=eps,
         )
 
     def __call__(self, x: AnyArray) -> ArrayLayer:

@@ -51,6 +51,8 @@ class Dropout(Module):
     def __init__(self, p: float = 0.5, *, seed: int | np.random.Generator = 0) -> None:
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
             raise ValueError(f"Dropout: p must be a float in [0, 1), got {p!r}")
+        if isinstance(seed, bool) or (isinstance(seed, (int, np.integer)) and seed < 0):
+            raise ValueError(f"Dropout: seed must be a non-negative int or a numpy Generator, got {seed!r}")
         self.p = float(p)
         self.generator = seed if isinstance(seed, GeneratorBuffer) else GeneratorBuffer(seed)
         """The source of the masks: each training run's draws advance it."""

@@ -12,7 +12,7 @@ from monadl.dsl.ops import take_rows
 from monadl.dsl.optimizers import Optimizer
 from monadl.dsl.weights import ArrayWeight
 from monadl.nn.init import Initializer
-from monadl.nn.linear import Seed
+from monadl.nn.linear import Seed, generator, positive
 from monadl.nn.module import Module
 from monadl.typeclasses.backend import RowIndices
 
@@ -23,6 +23,12 @@ class Embedding(Module):
     array of ints (shape ``ids.shape + (dim,)``). The table's gradient is sparse: the rows used."""
 
     table: ArrayWeight
+
+    def __post_init__(self) -> None:
+        if len(self.table.shape) != 2:
+            raise ValueError(
+                f"Embedding: table must have 2 dimensions (count, dim), got shape {self.table.shape}"
+            )
 
     @classmethod
     def new(
@@ -42,6 +48,8 @@ class Embedding(Module):
         dim): the fans ``count`` and ``dim``, as a :class:`Linear` from one-hot ids); ``optimizer``
         overrides the model's for the table (embeddings often learn at a rate of their own). ``xp``
         and ``device``: where the table is, as :meth:`Linear.new`'s."""
+        count, dim = positive("Embedding.new", "count", count), positive("Embedding.new", "dim", dim)
+        seed = generator(seed, "Embedding.new")
         if init is not None:
             if std is not None:
                 raise ValueError(f"Embedding.new: give std or init, not both (std={std}, init={init!r})")

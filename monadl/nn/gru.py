@@ -12,7 +12,7 @@ from monadl.dsl.operation import batchable
 from monadl.dsl.ops import concatenate, lift_array
 from monadl.dsl.recurrent import gru_h
 from monadl.nn.init import Initializer
-from monadl.nn.linear import Linear, Seed, generator
+from monadl.nn.linear import Linear, Seed, generator, positive
 from monadl.nn.module import Module
 from monadl.typeclasses.backend import Array, namespace, on_device
 
@@ -68,7 +68,8 @@ class GRUCell(Module):
     ) -> GRUCell:
         """Gates drawn by :meth:`Linear.new` in the order r, z, n_x, n_h (by ``init`` if given);
         zero biases. ``xp`` and ``device`` as :meth:`Linear.new`'s."""
-        rng = generator(seed)
+        inputs, hidden = positive("GRUCell.new", "inputs", inputs), positive("GRUCell.new", "hidden", hidden)
+        rng = generator(seed, "GRUCell.new")
         shared: dict[str, Any] = {"seed": rng, "dtype": dtype, "init": init, "xp": xp, "device": device}
         r, z = (Linear.new(inputs + hidden, hidden, **shared) for _ in range(2))
         n_x = Linear.new(inputs, hidden, **shared)
@@ -87,6 +88,10 @@ class GRUCell(Module):
         """The initial state ``h``: zeros of shape (hidden,), or (rows, hidden), of the weights'
         dtype and array type."""
         w = self.n_h.w.data
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+            raise ValueError(
+                f"{type(self).__name__}.zeros_state: rows must be an int of 0 or more, got {rows!r}"
+            )
         shape = (self.hidden,) if rows is None else (rows, self.hidden)
         xp = namespace(w)
         zeros: Array = xp.zeros(shape, dtype=w.dtype, **on_device(xp, w))

@@ -34,9 +34,27 @@ Activation = Callable[[ArrayLayer], ArrayLayer]
 """An elementwise function between layers (``ml.relu``, ``ml.tanh``)."""
 
 
-def generator(seed: Seed) -> np.random.Generator:
-    """``seed`` itself if a generator, else a new generator seeded with it."""
-    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+def generator(seed: Seed, name: str = "") -> np.random.Generator:
+    """``seed`` itself if a generator, else a new generator seeded with it (a non-negative int:
+    else a ValueError naming ``name``, the builder)."""
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        where = f"{name}: " if name else ""
+        kind = ValueError if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) else TypeError
+        raise kind(f"{where}seed must be a non-negative int or a numpy Generator, got {seed!r}")
+    return np.random.default_rng(seed)
+
+
+def positive(name: str, what: str, n: object) -> int:
+    """``n``, a size of a builder (inputs, outputs, features, heads): a positive int, else a
+    TypeError or ValueError naming the builder ``name`` (NumPy's own errors name neither, and a size
+    of 0 divides by 0 in an initialiser's ``1 / sqrt(fan_in)``)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"{name}: {what} must be a positive int, got {type(n).__name__} {n!r}")
+    if n < 1:
+        raise ValueError(f"{name}: {what} must be a positive int, got {n!r}")
+    return int(n)
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,6 +90,8 @@ class Linear(Module):
         ``examples/tree_lstm.py``'s), or drawn by ``init`` (``nn.init.xavier_uniform``: of shape
         (inputs, outputs), the fans ``inputs`` and ``outputs``); a zero bias (none if not ``bias``).
         ``xp`` and ``device``: where the weights are (see the module)."""
+        inputs, outputs = positive("Linear.new", "inputs", inputs), positive("Linear.new", "outputs", outputs)
+        seed = generator(seed, "Linear.new")
         if init is not None:
             if std is not None:
                 raise ValueError(f"Linear.new: give std or init, not both (std={std}, init={init!r})")
@@ -122,7 +142,9 @@ class MLP(Module):
         one generator (see :meth:`Linear.new`; ``init``, ``xp`` and ``device`` for every layer)."""
         if len(sizes) < 2:
             raise ValueError(f"MLP.new: sizes needs an input and an output size at least, got {list(sizes)}")
-        rng = generator(seed)
+        for n in sizes:
+            positive("MLP.new", f"each of sizes {list(sizes)}", n)
+        rng = generator(seed, "MLP.new")
         layers = [
             Linear.new(n, m, seed=rng, dtype=dtype, init=init, xp=xp, device=device)
             for n, m in pairwise(sizes)

@@ -13,7 +13,7 @@ from monadl.dsl.ops import concatenate, lift_array
 from monadl.dsl.recurrent import lstm_c, lstm_h
 from monadl.dsl.weights import ArrayWeight
 from monadl.nn.init import Initializer
-from monadl.nn.linear import Linear, Seed, generator
+from monadl.nn.linear import Linear, Seed, generator, positive
 from monadl.nn.module import Module
 from monadl.typeclasses.backend import Array, namespace, on_device
 
@@ -61,7 +61,11 @@ class LSTMCell(Module):
         gate's (inputs + hidden, hidden) matrix), zero biases but the forget gate's, 1.0: the cell
         keeps its memory at first, which helps gradients flow through long sequences (Gers et al.
         2000; Jozefowicz et al. 2015). ``xp`` and ``device`` as :meth:`Linear.new`'s."""
-        rng = generator(seed)
+        inputs, hidden = (
+            positive("LSTMCell.new", "inputs", inputs),
+            positive("LSTMCell.new", "hidden", hidden),
+        )
+        rng = generator(seed, "LSTMCell.new")
         shared: dict[str, Any] = {"seed": rng, "dtype": dtype, "init": init, "xp": xp, "device": device}
         # The forget gate gets no zero bias: it would be replaced by ones.
         i, f, o, u = (Linear.new(inputs + hidden, hidden, bias=gate != 1, **shared) for gate in range(4))
@@ -80,6 +84,10 @@ class LSTMCell(Module):
         """The initial state ``(h, c)``: zeros of shape (hidden,), or (rows, hidden), of the weights'
         dtype and array type."""
         w = self.i.w.data
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+            raise ValueError(
+                f"{type(self).__name__}.zeros_state: rows must be an int of 0 or more, got {rows!r}"
+            )
         shape = (self.hidden,) if rows is None else (rows, self.hidden)
         xp = namespace(w)
         zeros: Array = xp.zeros(shape, dtype=w.dtype, **on_device(xp, w))

@@ -33,15 +33,17 @@ from monadl.dsl.packed_lstm import packed_lstm
 from monadl.dsl.weights import ArrayWeight
 from monadl.nn.gru import GRUCell
 from monadl.nn.init import Initializer
-from monadl.nn.linear import Seed, generator
+from monadl.nn.linear import Seed, generator, positive
 from monadl.nn.lstm import LSTMCell
 from monadl.nn.module import Module
+from monadl.typeclasses.backend import Array, check_float_array, is_array
 
 S = TypeVar("S")  # a cell's state: (h, c) for an LSTM, h for a GRU
 C = TypeVar("C", LSTMCell, GRUCell)
 
-Steps = Sequence[AnyArray] | Any
-"""One sequence: a list of steps of shape (inputs,), or a 2-D array (length, inputs) of data."""
+Steps = Sequence[AnyArray] | Array
+"""One sequence: a list of steps of shape (inputs,), or a 2-D array (length, inputs) of data (a
+NumPy array, or another namespace's: their types are no NumPy array's, and are taken at run time)."""
 
 LSTMState = tuple[ArrayLayer, ArrayLayer]
 """An LSTM's state ``(h, c)``, each (hidden,)."""
@@ -81,8 +83,9 @@ def _cells_check(name: str, forward: Sequence[Any], backward: Sequence[Any]) -> 
                 )
 
 
-def _steps(name: str, inputs: int, index: int, sequence: Steps) -> list[AnyArray]:
-    """The steps of ``sequence``, checked where their shapes are known (arrays and weights)."""
+def _steps(name: str, inputs: int, index: int, sequence: object) -> list[AnyArray]:
+    """The steps of ``sequence`` (a :data:`Steps`, checked here for untyped callers), checked where
+    their shapes are known (arrays and weights)."""
     shape = None if isinstance(sequence, ArrayLayer) else getattr(sequence, "shape", None)
     if shape is not None:
         if len(shape) != 2 or shape[1] != inputs:
@@ -90,9 +93,12 @@ def _steps(name: str, inputs: int, index: int, sequence: Steps) -> list[AnyArray
                 f"{name}: sequence {index} is an array of shape {tuple(shape)}, "
                 f"not (length, {inputs}) (a list of sequences takes [array] for one)"
             )
+        _floats(f"{name}: sequence {index}", sequence)
         # ``[t, ...]``: the array API's index names every axis (array-api-strict refuses ``[t]``)
         rows: Any = sequence
         steps: list[AnyArray] = [rows[t, ...] for t in range(int(shape[0]))]
+        if steps:
+            return steps
     elif isinstance(sequence, (list, tuple)):
         steps = list(sequence)
     else:
@@ -111,10 +117,21 @@ def _steps(name: str, inputs: int, index: int, sequence: Steps) -> list[AnyArray
             raise ValueError(
                 f"{name}: step {t} of sequence {index} has shape {tuple(step_shape)}, not ({inputs},)"
             )
+        _floats(f"{name}: step {t} of sequence {index}", data)
     return steps
 
 
-def _sequences(name: str, inputs: int, sequences: Sequence[Steps]) -> list[list[AnyArray]]:
+def _floats(where: str, data: object) -> None:
+    """A TypeError naming the layer (``where``) for an array of integers or booleans, which the
+    layer's first op (``stack``) would report under its own name."""
+    if type(data) is np.ndarray:
+        if data.dtype.kind != "f":
+            check_float_array(data, where)
+    elif is_array(data):
+        check_float_array(data, where)
+
+
+def _sequences(name: str, inputs: int, sequences: object) -> list[list[AnyArray]]:
     """The steps of every sequence of ``sequences``, checked."""
     if isinstance(sequences, (str, bytes)) or not isinstance(sequences, (list, tuple)):
         what = (
@@ -201,7 +218,8 @@ def _stack(
     layer by layer, the forward cell before the backward one."""
     if layers < 1:
         raise ValueError(f"{name}.new: layers must be 1 or more, got {layers}")
-    rng = generator(seed)
+    inputs, hidden = positive(f"{name}.new", "inputs", inputs), positive(f"{name}.new", "hidden", hidden)
+    rng = generator(seed, f"{name}.new")
     forward: list[C] = []
     backward: list[C] = []
     for layer in range(layers):

@@ -11,7 +11,7 @@ from monadl.dsl.layers import AnyArray, ArrayLayer
 from monadl.dsl.operation import batchable
 from monadl.dsl.ops import concatenate, sigmoid, tanh
 from monadl.nn.init import Initializer
-from monadl.nn.linear import Linear, Seed, generator
+from monadl.nn.linear import Linear, Seed, generator, positive
 from monadl.nn.module import Module
 
 
@@ -58,7 +58,9 @@ class TreeLSTMCell(Module):
         """Weights drawn by :meth:`Linear.new` (std ``1 / sqrt(inputs)``, or by ``init``; zero
         biases) in the order of the fields: from one generator, the weights of
         ``examples/tree_lstm.py``'s ``Cell.new`` (``xp`` and ``device`` as :meth:`Linear.new`'s)."""
-        rng = generator(seed)
+        embedding = positive("TreeLSTMCell.new", "embedding", embedding)
+        hidden = positive("TreeLSTMCell.new", "hidden", hidden)
+        rng = generator(seed, "TreeLSTMCell.new")
         shared: dict[str, Any] = {"seed": rng, "dtype": dtype, "init": init, "xp": xp, "device": device}
         leaf = [Linear.new(embedding, hidden, **shared) for _ in range(2)]
         inner = [Linear.new(2 * hidden, hidden, **shared) for _ in range(5)]

@@ -1,4 +1,5 @@
-"""Process-wide settings the engine makes for speed: glibc's allocator, and the cyclic collector.
+"""Process-wide settings the engine makes for speed: glibc's allocator, the cyclic collector, and
+BLAS's threads.
 
 :func:`tune_allocator` keeps freed array memory in the process between training steps: a step
 allocates its activations and deltas and frees them at its end, and glibc would return the top of
@@ -21,9 +22,10 @@ import ctypes
 import gc
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Final
+from typing import Any, Final
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -99,3 +101,33 @@ def _age_tracked_objects() -> None:
         return
     gc.freeze()
     gc.unfreeze()
+
+
+_blas_lock = threading.Lock()
+_blas_holders = 0
+_blas_limit: Any = None  # threadpoolctl's limiter, while any executor holds the cap
+
+
+def cap_blas() -> None:
+    """Caps every BLAS library of the process at one thread, for as long as one caller holds the
+    cap (each :func:`cap_blas` is undone by one :func:`release_blas`; the last restores the limits
+    as the first found them). Parallelism comes from the executor's own workers, if any, and BLAS's
+    threads beside a busy core spin: on this project's 2-core machines, a training loop of the
+    example models ran 1.7-33x slower with BLAS's two threads than capped (``docs/benchmarks.md``)."""
+    global _blas_holders, _blas_limit
+    with _blas_lock:
+        if _blas_holders == 0:
+            from threadpoolctl import threadpool_limits
+
+            _blas_limit = threadpool_limits(limits=1, user_api="blas")
+        _blas_holders += 1
+
+
+def release_blas() -> None:
+    """Undoes one :func:`cap_blas`."""
+    global _blas_holders, _blas_limit
+    with _blas_lock:
+        _blas_holders -= 1
+        if _blas_holders == 0 and _blas_limit is not None:
+            _blas_limit.restore_original_limits()
+            _blas_limit = None

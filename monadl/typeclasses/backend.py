@@ -114,7 +114,8 @@ class NumpyNamespace:
         if type(x) is np.ndarray and x.dtype.kind == "f" and dtype is None:
             add: Any = np.add  # (its reduce's overloads do not take a bool keepdims)
             return add.reduce(x, axis=axis, keepdims=keepdims)
-        return np.sum(x, axis=axis, dtype=dtype, keepdims=keepdims)
+        # keepdims as a literal True or False: NumPy's stubs overload sum on it and take no bool.
+        return np.sum(x, axis=axis, dtype=dtype, keepdims=True if keepdims else False)
 
 
 NUMPY = NumpyNamespace()

@@ -1,4 +1,5 @@
-"""A layer's static shape: ``tuple[int, ...] | None`` for an array, ``()`` for a float."""
+"""A layer's static shape: ``tuple[int, ...] | None`` for an array, ``()`` for a float; a weight's
+is always known."""
 
 from typing import Any, assert_type
 
@@ -10,7 +11,7 @@ from monadl import ArrayWeight
 w = ArrayWeight(np.ones((2, 3)))
 h = monadl.relu(w @ np.ones((3, 4)))
 assert_type(h.shape, tuple[int, ...] | None)
-assert_type(w.shape, tuple[int, ...] | None)
+assert_type(w.shape, tuple[int, ...])  # a weight's is always known
 assert_type(h.dtype, Any)
 assert_type(monadl.sum(h).shape, tuple[()])
 assert_type(monadl.sum(h).dtype, type[float])
