@@ -217,7 +217,7 @@ def test_the_modules_builder() -> None:
     np.testing.assert_array_equal(drawn.w.data, nn.init.xavier_uniform((2, 3, 2, 2), seed=5))
     assert predict(layer(uniform(7, 2, 3, 3).astype(np.float32))).shape == (3, 4, 4)
     with pytest.raises(
-        ValueError, match="ConvTranspose2d.new: 3 inputs and 4 outputs do not divide into 2 groups"
+        ValueError, match=r"ConvTranspose2d.new: 3 inputs and 4 outputs do not divide into 2 groups"
     ):
         nn.ConvTranspose2d.new(3, 4, 3, groups=2)
     with pytest.raises(ValueError, match=r"ConvTranspose2d: b must have shape \(3,\)"):

@@ -375,7 +375,7 @@ def test_the_group_and_rms_norm_modules_are_pytorchs() -> None:
         expected, expected_rms = (m(torch.from_numpy(x)).numpy() for m in (theirs, theirs_rms))
     np.testing.assert_allclose(predict(group(x)), expected, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(predict(rms(x)), expected_rms, rtol=1e-12, atol=1e-12)
-    with pytest.raises(ValueError, match="GroupNorm.new: 4 groups do not divide 6 channels"):
+    with pytest.raises(ValueError, match=r"GroupNorm.new: 4 groups do not divide 6 channels"):
         nn.GroupNorm.new(4, 6)
     with pytest.raises(
         ValueError, match=r"RMSNorm: weight of shape \(3,\) does not fit the normalized shape \(4,\)"

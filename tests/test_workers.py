@@ -125,4 +125,3 @@ def test_a_caller_takes_back_only_its_own_unstarted_jobs() -> None:
     finally:
         released.set()
         pool.shutdown()
-

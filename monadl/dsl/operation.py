@@ -33,7 +33,7 @@ from typing import Any, Final, Generic, ParamSpec, TypeVar, cast
 
 from mypy_extensions import mypyc_attr
 
-from monadl.do.do import Call, Node, Operation, Pure, Ref
+from monadl.do.do import Call, Node, Operation, Pure
 from monadl.do.graph import CALL, RESULT, Graph, recording
 from monadl.do.primitive import float_key
 from monadl.do.tape import Tape
