@@ -45,6 +45,8 @@ COMPILED_MODULES = [
     "monadl/do/graph.py",
     "monadl/do/primitive.py",
     "monadl/runtime/versions.py",
+    "monadl/runtime/recent.py",
+    "monadl/do/kinds.py",
     "monadl/do/record.py",
     "monadl/do/steps.py",
     "monadl/do/batching.py",

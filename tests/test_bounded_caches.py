@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import monadl as ml
-from monadl.do.record import MAX_KINDS, interned_kinds
+from monadl.do.kinds import MAX_KINDS, interned_kinds
 
 
 def _input(n: int) -> np.ndarray[tuple[int, int], np.dtype[np.float32]]:

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from monadl.do.do import Call
+from monadl.do.kinds import kind_rank
 from monadl.do.primitive import ROWS_SUM, Primitive, add_n, float_key
-from monadl.do.record import Run, kind_rank
+from monadl.do.record import Run
 from monadl.do.steps import FanStep, MergedStep, OpStep, RowStep, StackStep, Step
 
 if TYPE_CHECKING:

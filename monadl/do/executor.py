@@ -26,12 +26,13 @@ from monadl.do.batching import slot_of
 from monadl.do.do import Do, as_node
 from monadl.do.graph import CONST, OP, WEIGHT, Graph, recording, row_of, running, swap_recording
 from monadl.do.primitive import Primitive, float_key, value_key
-from monadl.do.record import Program, Recent, Run, RunTape, forward_stats
+from monadl.do.record import Program, Run, RunTape, forward_stats
 from monadl.do.scheduler import DONE, Scheduler
 from monadl.do.stats import RunStats
 from monadl.do.steps import replay_steps
 from monadl.runtime.pool import Dispatcher, WorkerPool
 from monadl.runtime.process import cap_blas, gc_paused, release_blas, tune_allocator
+from monadl.runtime.recent import Recent
 from monadl.runtime.versions import data_of, snapshot
 
 A = TypeVar("A")

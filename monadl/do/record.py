@@ -13,16 +13,14 @@ program is shared by its replays.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mypy_extensions import mypyc_attr
 
 from monadl.do.do import Bind, Pure
-from monadl.do.primitive import value_key
+from monadl.do.kinds import kind_id, row_kind
 from monadl.do.stats import RunStats
 from monadl.do.tape import Tape
 from monadl.runtime.versions import Snapshot
@@ -191,31 +189,6 @@ class Program:
         it: no other object can take their identities while the program may be replayed."""
 
 
-class Recent:
-    """A bounded map, the least recently used entry dropped, safe across threads: an executor's
-    compiled programs, the roots it ran lately, and its batchable bodies' programs."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.items: OrderedDict[Any, Any] = OrderedDict()
-        self.lock = threading.Lock()
-
-    def get(self, key: Hashable) -> Any:
-        """The value of ``key`` (None if it has none), now the most recently used."""
-        with self.lock:
-            value = self.items.get(key)
-            if value is not None:
-                self.items.move_to_end(key)
-            return value
-
-    def put(self, key: Hashable, value: Any) -> None:
-        with self.lock:
-            self.items[key] = value
-            self.items.move_to_end(key)
-            while len(self.items) > self.size:
-                self.items.popitem(last=False)
-
-
 def forward_stats(stats: RunStats) -> RunStats:
     """The counts a replay of a program repeats without computing them: its merges and launches by
     kind (kernels are counted as they run)."""
@@ -231,64 +204,3 @@ def row_value(data: Any, k: int, scalar: bool) -> Any:
     if scalar:
         return float(row)
     return np.asarray(row) if isinstance(row, np.generic) else row
-
-
-# Value kinds are interned: a signature holds small ints rather than (type, shape, dtype) tuples. The
-# table is bounded (a program whose input shapes keep changing would grow it without end): the
-# oldest kinds are dropped first, and ids are never reused, so a cached program or body whose key
-# holds a dropped kind's id is only missed, never matched by another kind. A kind's id carries its
-# rank in its low bits, so that the rank needs no table.
-MAX_KINDS: Final = 4096
-RANK_BITS: Final = 8  # NumPy arrays have at most 64 axes
-_kinds: dict[Hashable, int] = {}  # key -> id, the oldest first
-_keys: dict[int, Any] = {}  # id -> key
-_rows: dict[int, int] = {}  # id -> its rows' kind, once asked for
-_kinds_lock = threading.Lock()
-_serial = 0
-
-
-def kind_id(key: Hashable, rank: int) -> int:
-    """A small int standing for a value kind (``value_key``), the same while the kind is in use."""
-    global _serial
-    k = _kinds.get(key)
-    if k is None:
-        with _kinds_lock:
-            k = _kinds.get(key)
-            if k is None:
-                if len(_kinds) >= MAX_KINDS:
-                    oldest = _kinds.pop(next(iter(_kinds)))
-                    del _keys[oldest]
-                    _rows.pop(oldest, None)
-                _serial += 1
-                k = (_serial << RANK_BITS) | rank
-                _kinds[key] = k
-                _keys[k] = key
-    return k
-
-
-def row_kind(k: int) -> int:
-    """The kind of a row of stacked values of kind ``k``; -1 if ``k`` was dropped from the table
-    (then the caller makes it from the value)."""
-    r = _rows.get(k)
-    if r is None:
-        key = _keys.get(k)
-        if key is None:
-            return -1
-        kind, shape, dtype = key
-        r = _rows[k] = kind_id((kind, shape[1:], dtype), len(shape) - 1)
-    return r
-
-
-def kind_rank(k: int) -> int:
-    """The rank of the values of kind ``k`` (0 for floats)."""
-    return k & ((1 << RANK_BITS) - 1)
-
-
-def interned_kinds() -> int:
-    """How many value kinds the table holds now (at most ``MAX_KINDS``)."""
-    return len(_kinds)
-
-
-def kind_of(value: Any) -> int:
-    """The interned kind of a value."""
-    return kind_id(value_key(value), 0 if type(value) is float else len(getattr(value, "shape", ())))

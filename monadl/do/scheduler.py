@@ -43,11 +43,12 @@ from monadl.do.do import (
     Pure,
 )
 from monadl.do.graph import CALL, CONST, NODE, OP, RESULT, WEIGHT, Graph, enter_run, leave_run, swap_recording
-from monadl.do.record import Recent, Run, RunTape
+from monadl.do.record import Run, RunTape
 from monadl.do.stats import tally
 from monadl.do.steps import CastStep, ForeignStep, LeafStep, Step
 from monadl.do.tape import Tape
 from monadl.runtime.pool import Dispatcher, affinity_of, draining
+from monadl.runtime.recent import Recent
 from monadl.typeclasses.backend import namespace
 
 UNWALKED: Final[i64] = 0

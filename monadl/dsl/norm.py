@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from monadl.do.primitive import Batching, Primitive
 from monadl.dsl.arguments import array_operand, int_param, int_sequence
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
-from monadl.dsl.static import Info
 from monadl.typeclasses.backend import NUMPY, ShapeError, shape_of
+
+if TYPE_CHECKING:
+    from monadl.dsl.static import Info  # (static.py imports this module for its shape rules)
 
 __all__ = ["group_norm", "layer_norm", "rms_norm"]
 

@@ -33,7 +33,7 @@ from mypy_extensions import mypyc_attr
 from monadl.do.do import Node, Pure, as_node
 from monadl.do.graph import Graph
 from monadl.do.primitive import call_vjp
-from monadl.do.record import Recent, Run, row_value
+from monadl.do.record import Run, row_value
 from monadl.do.scheduler import Scheduler
 from monadl.do.stats import RunStats, tally
 from monadl.do.steps import (
@@ -48,6 +48,7 @@ from monadl.do.steps import (
     StackStep,
 )
 from monadl.runtime.pool import Dispatcher, draining
+from monadl.runtime.recent import Recent
 from monadl.runtime.versions import data_of
 from monadl.typeclasses.backend import NDARRAY, NUMPY, minus_zeros, namespace, on_device
 from monadl.typeclasses.sparse import SparseRows, add, add_into, scatter_add
