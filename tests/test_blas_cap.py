@@ -4,6 +4,8 @@ last one closes."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from threadpoolctl import threadpool_info, threadpool_limits
 
@@ -14,7 +16,18 @@ def _blas_threads() -> list[int]:
     return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
 
 
-def test_blas_is_capped_while_any_executor_is_open_and_restored_after_the_last() -> None:
+@pytest.fixture
+def no_default_executor() -> Iterator[None]:
+    """No process-wide executor open (an earlier test's would hold the cap for the whole test)."""
+    previous = ml.set_default_executor(None)
+    if previous is not None:
+        previous.close()
+    yield
+
+
+def test_blas_is_capped_while_any_executor_is_open_and_restored_after_the_last(
+    no_default_executor: None,
+) -> None:
     with threadpool_limits(limits=2, user_api="blas"):  # as a 2-core machine starts
         before = _blas_threads()
         if not before or max(before) < 2:
