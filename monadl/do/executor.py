@@ -31,7 +31,7 @@ from monadl.do.scheduler import DONE, Scheduler
 from monadl.do.stats import RunStats
 from monadl.do.steps import replay_steps
 from monadl.runtime.pool import Dispatcher, WorkerPool
-from monadl.runtime.process import cap_blas, gc_paused, release_blas, tune_allocator
+from monadl.runtime.process import BlasCap, gc_paused, tune_allocator
 from monadl.runtime.recent import Recent
 from monadl.runtime.versions import data_of, snapshot
 
@@ -175,9 +175,7 @@ class Executor:
         self._misses = 0  # runs in a row that walked a graph and found no program for it
         self._runs = 0
         self._pool = WorkerPool(workers) if workers > 1 else None
-        self._blas_capped = limit_blas
-        if limit_blas:
-            cap_blas()
+        self._blas: BlasCap | None = BlasCap() if limit_blas else None
 
     PROGRAMS = 16
     """How many compiled programs an executor keeps (the least recently used is dropped)."""
@@ -305,9 +303,9 @@ class Executor:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
-        if self._blas_capped:
-            self._blas_capped = False
-            release_blas()
+        if self._blas is not None:
+            self._blas.release()
+            self._blas = None
 
     def __enter__(self) -> Executor:
         return self

@@ -131,3 +131,21 @@ def release_blas() -> None:
         if _blas_holders == 0 and _blas_limit is not None:
             _blas_limit.restore_original_limits()
             _blas_limit = None
+
+
+class BlasCap:
+    """One hold of :func:`cap_blas`, released once: by :meth:`release`, or when the hold is dropped
+    (an executor never closed would otherwise keep BLAS on one thread for the rest of the process)."""
+
+    def __init__(self) -> None:
+        cap_blas()
+        self._held = True
+
+    def release(self) -> None:
+        """Undoes the hold (again: nothing)."""
+        if self._held:
+            self._held = False
+            release_blas()
+
+    def __del__(self) -> None:
+        self.release()
