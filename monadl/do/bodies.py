@@ -6,98 +6,56 @@ in a new frame. The program is kept (``Recent``, by the group's signature) and r
 later group of equal signature, whatever its number of rows: the body's graph is built, walked and
 grouped once per signature (the vertex function of Cavs). A program is kept only where it holds for
 any number of rows and read nothing that only its run has.
+
+The scheduler owns the group (its arguments, its cache of programs, its calls' results); this
+module records or replays the body given the group's stacked arguments, and runs the body's graph
+only through the function the scheduler gives it (``RunBody``): it reads none of the scheduler.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Hashable
+from typing import Any
 
-from monadl.do import batching
 from monadl.do.do import Call, Operation
 from monadl.do.graph import Graph, swap_recording
 from monadl.do.record import Program, Run, RunTape, forward_stats
-from monadl.do.stats import RunStats, tally
+from monadl.do.stats import RunStats
 from monadl.do.steps import BodyStep, MergedStep, OpStep, StackStep
 from monadl.do.tape import Tape
 from monadl.typeclasses.backend import ShapeError
 
-if TYPE_CHECKING:
-    from monadl.do.scheduler import Scheduler
+RunBody = Callable[[Graph, Run, str, list[int]], list[int]]
+"""How the scheduler runs a body's graph in a frame of its own: (graph, frame, operation's name,
+root rows) to the roots' slots in the frame."""
 
 
-def run_calls(scheduler: Scheduler, group: list[int]) -> None:
-    """Runs calls of one batchable operation (one call alone: its body on its own arguments, as the
-    plain function) as one step; each call's results are rows of the step's."""
-    run = scheduler.run
-    graph = scheduler.graph
-    starts = graph.starts
-    in_slots, in_rows = scheduler.in_slots, scheduler.in_rows
-    head = group[0]
-    first: Call = graph.objs[head]
-    op = first.op
-    n = len(group) if len(group) > 1 else 0
-    tally(run.stats.kinds, op.name)
-    ins = []
-    for i in range(starts[head + 1] - starts[head]):
-        if n:
-            slots = [in_slots[starts[c] + i] for c in group]
-            ins.append(batching.stack_rows(run, slots, [in_rows[starts[c] + i] for c in group]))
-        else:
-            k = starts[head] + i
-            ins.append(batching.slot_of(run, in_slots[k], in_rows[k]))
-    kinds = tuple([run.kind(s, 0 if n else -1) for s in ins])  # (stacked: a row's kind, not the rows')
+def body_key(run: Run, call: Call, ins: list[int], n: int, batching: bool, min_cost: float) -> Hashable:
+    """The key of a group's program: the operation's static part, its arguments' kinds (of a row,
+    where ``n`` calls are stacked) and which take a delta, and the settings that shape a program."""
+    kinds = tuple([run.kind(s, 0 if n else -1) for s in ins])
     wants = tuple([run.wants[s] for s in ins])
-    key = (first.static, kinds, wants, n == 0, scheduler.batching, scheduler.min_cost)
-    program: Program | None = scheduler.bodies.get(key)
-    frame = None
-    dispatcher = scheduler.dispatcher
-    if program is None:
-        if n and dispatcher is not None:
-            while dispatcher.pending:  # (a failed recording drains only its own kernels)
-                scheduler.collect()
-        try:
-            program, frame = record(scheduler, op, first, ins)
-        except (ValueError, TypeError):
-            if not n or not shares_arrays(first):
-                raise
-            # A weight given as an argument is one value for all the calls: a body that uses it as
-            # a row (concatenates it with rows) cannot run on the calls' stacked rows.
-            for r in group:
-                run_calls(scheduler, [r])
-            return
+    return (call.static, kinds, wants, n == 0, batching, min_cost)
+
+
+def replay(run: Run, op: Operation, program: Program, ins: list[int], n: int) -> BodyStep:
+    """A kept program run again on the group's stacked arguments ``ins`` (``n`` calls; 0: one
+    alone), as one step of ``run``."""
     outs = [run.new_slot(False) for _ in program.outputs]
     step = BodyStep(op.name, program, ins, outs, op.scalars, n, run.new_slot(False))
-    if frame is None:  # replayed
-        step.forward(run, False)
-    else:
-        step.finish(run, frame)
-        mixing = mixed_rows(frame, len(ins)) if n else None
-        if mixing is not None:  # (rows of the right shape, of the wrong values)
-            raise ShapeError(
-                f"batchable {op.name}: run once on the stacked rows of {n} calls, its body's "
-                f"{mixing} mixes them: the body must keep a leading axis of rows (reduce, index and "
-                "join along axis=-1 or counted from the end), or it computes something else than "
-                "its calls alone"
-            )
-        if frame.replayable and fits_any_rows(program):
-            program.anchor = (first.args, first.kwargs)
-            scheduler.bodies.put(key, program)
-    run.steps.append(step)
-    if n:
-        run.stats.groups += 1
-        run.stats.merged += n
-    more = step.outs[1:]
-    out = step.outs[0]
-    for k, r in enumerate(group):
-        scheduler.more[r] = more
-        scheduler.resolve(r, out, k if n else -1, None)
+    step.forward(run, False)
+    _append(run, step, n)
+    return step
 
 
-def record(scheduler: Scheduler, op: Operation, call: Call, ins: list[int]) -> tuple[Program, Run]:
-    """The body of ``op`` run on the slots ``ins`` in a new frame, by a scheduler of its own over a
-    graph of its own: its program (with what its forward pass counted, which a replay counts
-    again), and the frame."""
-    run = scheduler.run
+def record(
+    run: Run, op: Operation, call: Call, ins: list[int], n: int, run_body: RunBody
+) -> tuple[BodyStep, bool]:
+    """The body of ``op`` recorded on the group's arguments ``ins`` (its first call ``call``; ``n``
+    calls, 0: one alone) in a new frame, by ``run_body`` over a graph of its own, as one step of
+    ``run``; and whether its program may be kept for later groups (it holds for any number of rows
+    and read nothing that only this run has). Raises a ShapeError where a merged body mixes its
+    calls' rows."""
     frame = Run(run.dispatcher, RunStats(), run.snapshot)
     tapes: list[Tape[Any, Any]] = []
     for source in ins:
@@ -112,19 +70,33 @@ def record(scheduler: Scheduler, op: Operation, call: Call, ins: list[int]) -> t
         roots = [body.node(node) for node in op.expand(call, tapes)]
     finally:
         swap_recording(previous)
-    inner = scheduler.nested(body, frame, op.name)
-    inner.execute(roots)
-    outputs = []
-    for root in roots:
-        if inner.slots[root] < 0:
-            inner.place(root, -1)
-        outputs.append((batching.slot_of(frame, inner.slots[root], inner.rows[root]), -1))
-    scheduler.signatures.update(inner.signatures)
+    outputs = [(slot, -1) for slot in run_body(body, frame, op.name, roots)]
     run.stats.add(frame.stats)
-    program = Program(
-        frame.steps, len(frame.datas), list(range(len(ins))), outputs, forward_stats(frame.stats)
-    )
-    return program, frame
+    stats = forward_stats(frame.stats)
+    program = Program(frame.steps, len(frame.datas), list(range(len(ins))), outputs, stats)
+    outs = [run.new_slot(False) for _ in program.outputs]
+    step = BodyStep(op.name, program, ins, outs, op.scalars, n, run.new_slot(False))
+    step.finish(run, frame)
+    mixing = mixed_rows(frame, len(ins)) if n else None
+    if mixing is not None:  # (rows of the right shape, of the wrong values)
+        raise ShapeError(
+            f"batchable {op.name}: run once on the stacked rows of {n} calls, its body's "
+            f"{mixing} mixes them: the body must keep a leading axis of rows (reduce, index and "
+            "join along axis=-1 or counted from the end), or it computes something else than "
+            "its calls alone"
+        )
+    keep = frame.replayable and fits_any_rows(program)
+    if keep:
+        program.anchor = (call.args, call.kwargs)
+    _append(run, step, n)
+    return step, keep
+
+
+def _append(run: Run, step: BodyStep, n: int) -> None:
+    run.steps.append(step)
+    if n:
+        run.stats.groups += 1
+        run.stats.merged += n
 
 
 def fits_any_rows(program: Program) -> bool:

@@ -24,8 +24,7 @@ from typing import Any, Final
 from librt.vecs import append, extend, vec
 from mypy_extensions import i64
 
-from monadl.do import batching
-from monadl.do.bodies import run_calls
+from monadl.do import batching, bodies
 from monadl.do.do import (
     BIND,
     DEFER,
@@ -43,7 +42,7 @@ from monadl.do.do import (
     Pure,
 )
 from monadl.do.graph import CALL, CONST, NODE, OP, RESULT, WEIGHT, Graph, enter_run, leave_run, swap_recording
-from monadl.do.record import Run, RunTape
+from monadl.do.record import Program, Run, RunTape
 from monadl.do.stats import tally
 from monadl.do.steps import CastStep, ForeignStep, LeafStep, Step
 from monadl.do.tape import Tape
@@ -489,7 +488,7 @@ class Scheduler:
                 if tags[group[0]] == OP:
                     self.run_ops(group, False)
                 else:
-                    run_calls(self, group)
+                    self.run_calls(group)
                 continue
             r = group[0]
             if tags[r] == OP and _join(fans, batching.fan_signature(self, r), r):
@@ -506,7 +505,7 @@ class Scheduler:
             if tags[r] == OP:
                 self.run_ops([r], False)
             else:
-                run_calls(self, [r])
+                self.run_calls([r])
 
     def run_ops(self, group: list[int], fan: bool) -> None:
         """Runs a group of ops (one alone, merged calls, or a fan), an error noted with where the
@@ -585,11 +584,67 @@ class Scheduler:
         for k, r in enumerate(rows):
             self.resolve(r, out, k, None)
 
-    def nested(self, graph: Graph, frame: Run, name: str) -> Scheduler:
-        """A scheduler of its own for the body of batchable operation ``name``, run in ``frame``."""
+    def run_calls(self, group: list[int]) -> None:
+        """Runs calls of one batchable operation (one call alone: its body on its own arguments, as
+        the plain function) as one step (``bodies.py``); each call's results are rows of the
+        step's. A group's program is kept by its signature and replayed for later groups."""
+        run = self.run
+        graph = self.graph
+        starts = graph.starts
+        in_slots, in_rows = self.in_slots, self.in_rows
+        head = group[0]
+        first: Call = graph.objs[head]
+        op = first.op
+        n = len(group) if len(group) > 1 else 0
+        tally(run.stats.kinds, op.name)
+        ins = []
+        for i in range(starts[head + 1] - starts[head]):
+            if n:
+                slots = [in_slots[starts[c] + i] for c in group]
+                ins.append(batching.stack_rows(run, slots, [in_rows[starts[c] + i] for c in group]))
+            else:
+                k = starts[head] + i
+                ins.append(batching.slot_of(run, in_slots[k], in_rows[k]))
+        key = bodies.body_key(run, first, ins, n, self.batching, self.min_cost)
+        program: Program | None = self.bodies.get(key)
+        if program is not None:
+            step = bodies.replay(run, op, program, ins, n)
+        else:
+            dispatcher = self.dispatcher
+            if n and dispatcher is not None:
+                while dispatcher.pending:  # (a failed recording drains only its own kernels)
+                    self.collect()
+            try:
+                step, keep = bodies.record(run, op, first, ins, n, self.run_body)
+            except (ValueError, TypeError):
+                if not n or not bodies.shares_arrays(first):
+                    raise
+                # A weight given as an argument is one value for all the calls: a body that uses
+                # it as a row (concatenates it with rows) cannot run on the calls' stacked rows.
+                for r in group:
+                    self.run_calls([r])
+                return
+            if keep:
+                self.bodies.put(key, step.program)
+        more = step.outs[1:]
+        out = step.outs[0]
+        for k, r in enumerate(group):
+            self.more[r] = more
+            self.resolve(r, out, k if n else -1, None)
+
+    def run_body(self, graph: Graph, frame: Run, name: str, roots: list[int]) -> list[int]:
+        """Runs the body of batchable operation ``name`` (its ``graph``, from ``roots``) in
+        ``frame`` by a scheduler of its own; the roots' slots in the frame."""
         inner = Scheduler(graph, frame, self.batching, {}, self.bodies, self)
         inner.body = name
-        return inner
+        inner.execute(roots)
+        outputs = []
+        for root in roots:
+            if inner.slots[root] < 0:
+                inner.place(root, -1)
+            outputs.append(batching.slot_of(frame, inner.slots[root], inner.rows[root]))
+        self.signatures.update(inner.signatures)
+        return outputs
 
 
 # ------------------------------------------------------------------------------------------ helpers
