@@ -37,7 +37,7 @@ from setuptools.command.build_ext import build_ext
 
 # The one list of modules compiled with mypyc. Kept interpreted: monadl/dsl/deep_learning.py (a
 # runtime_checkable protocol), the public surface that validates its own arguments
-# (monadl/dsl/ops.py, monadl/dsl/weights.py: compiled, mypyc's argument checks pre-empt its
+# (the op families in monadl/dsl/ops/, monadl/dsl/weights.py: compiled, mypyc's argument checks pre-empt its
 # messages, and FloatWeight(True) became 1.0), and optimizers (values users may subclass and
 # tests spy on), direct, data/, bench/, cli (not hot).
 COMPILED_MODULES = [

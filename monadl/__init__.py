@@ -11,17 +11,10 @@ from monadl._compiled import compiled as compiled
 from monadl.checkpoint import CheckpointError, load, save
 from monadl.data.loader import DataLoader
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
-from monadl.dsl.activations import clip, elu, gelu, leaky_relu, silu, softplus
-from monadl.dsl.adaptive_pool import adaptive_avg_pool2d
 from monadl.dsl.apply_gradients import apply_gradients
-from monadl.dsl.attention import scaled_dot_product_attention
-from monadl.dsl.batch_norm import batch_norm
-from monadl.dsl.conv import avg_pool1d, avg_pool2d, conv1d, conv2d, max_pool1d, max_pool2d
-from monadl.dsl.conv_transpose import conv_transpose2d
 from monadl.dsl.custom import CustomOp, ShapeRuleError, custom_op
 from monadl.dsl.deep_learning import DeepLearning
 from monadl.dsl.direct import direct, parallel
-from monadl.dsl.flatten import flatten
 from monadl.dsl.layers import (
     AnyArray,
     AnyFloat,
@@ -31,17 +24,6 @@ from monadl.dsl.layers import (
     FloatLayer,
     FloatOperators,
 )
-from monadl.dsl.losses import (
-    Reduction,
-    binary_cross_entropy,
-    binary_cross_entropy_with_logits,
-    huber_loss,
-    l1_loss,
-    mse_loss,
-    nll_loss,
-    smooth_l1_loss,
-)
-from monadl.dsl.norm import group_norm, layer_norm, rms_norm
 from monadl.dsl.operation import batchable
 from monadl.dsl.ops import (
     abs,
@@ -72,6 +54,28 @@ from monadl.dsl.ops import (
     tanh,
     transpose,
 )
+from monadl.dsl.ops.activations import clip, elu, gelu, leaky_relu, silu, softplus
+from monadl.dsl.ops.adaptive_pool import adaptive_avg_pool2d
+from monadl.dsl.ops.attention import scaled_dot_product_attention
+from monadl.dsl.ops.batch_norm import batch_norm
+from monadl.dsl.ops.conv import avg_pool1d, avg_pool2d, conv1d, conv2d, max_pool1d, max_pool2d
+from monadl.dsl.ops.conv_transpose import conv_transpose2d
+from monadl.dsl.ops.flatten import flatten
+from monadl.dsl.ops.losses import (
+    Reduction,
+    binary_cross_entropy,
+    binary_cross_entropy_with_logits,
+    huber_loss,
+    l1_loss,
+    mse_loss,
+    nll_loss,
+    smooth_l1_loss,
+)
+from monadl.dsl.ops.norm import group_norm, layer_norm, rms_norm
+from monadl.dsl.ops.padding import PadMode, pad
+from monadl.dsl.ops.recurrent import gru_h, lstm_c, lstm_h
+from monadl.dsl.ops.reductions import argmax, argmin, logsumexp, max, min, std, var
+from monadl.dsl.ops.selection import take_along_axis, where
 from monadl.dsl.optimizers import (
     SGD,
     Adagrad,
@@ -87,11 +91,7 @@ from monadl.dsl.optimizers import (
     clip_by_value,
     global_norm,
 )
-from monadl.dsl.padding import PadMode, pad
-from monadl.dsl.recurrent import gru_h, lstm_c, lstm_h
-from monadl.dsl.reductions import argmax, argmin, logsumexp, max, min, std, var
 from monadl.dsl.schedules import Constant, CosineDecay, LearningRate, LinearWarmup, Schedule, StepDecay
-from monadl.dsl.selection import take_along_axis, where
 from monadl.dsl.static import static_info as _static_info  # noqa: F401 - it gives layers their .shape
 from monadl.dsl.training import (
     NonFiniteBufferError,

@@ -112,7 +112,7 @@ from returns.result import Failure, Result, Success
 
 from monadl import checkpoint
 from monadl.data.files import atomic_write_bytes, read_regular_file
-from monadl.dsl.batch_norm import Statistics, recording_statistics, stage_statistics
+from monadl.dsl.ops.batch_norm import Statistics, recording_statistics, stage_statistics
 from monadl.dsl.training import (
     NonFiniteBufferError,
     NonFiniteGradientError,
@@ -339,7 +339,7 @@ def _finite(gradient: Any) -> bool:
 @dataclass
 class _RunningStats:
     """A batch norm module's running statistics as a replica finds them by name (what
-    :func:`~monadl.dsl.batch_norm.stage_statistics` reads)."""
+    :func:`~monadl.dsl.ops.batch_norm.stage_statistics` reads)."""
 
     running_mean: Any
     running_var: Any

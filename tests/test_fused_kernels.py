@@ -24,9 +24,10 @@ import pytest
 from returns.pipeline import is_successful
 
 import monadl as ml
-from monadl.dsl import activations, fused
+from monadl.dsl import fused
 from monadl.dsl import optimizers as O
 from monadl.dsl import primitives as P
+from monadl.dsl.ops import activations
 from monadl.dsl.training import commit_gradients
 
 

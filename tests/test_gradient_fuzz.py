@@ -44,7 +44,8 @@ from op_cases import probe, value_of
 
 import monadl
 from monadl import ArrayLayer, ArrayWeight, FloatLayer
-from monadl.dsl import (
+from monadl.dsl import ops
+from monadl.dsl.ops import (
     activations,
     adaptive_pool,
     attention,
@@ -53,15 +54,14 @@ from monadl.dsl import (
     conv_transpose,
     flatten,
     norm,
-    ops,
     padding,
     recurrent,
     reductions,
     selection,
 )
-from monadl.dsl.attention import self_attention
-from monadl.dsl.packed_gru import packed_gru
-from monadl.dsl.packed_lstm import packed_lstm
+from monadl.dsl.ops.attention import self_attention
+from monadl.dsl.ops.packed_gru import packed_gru
+from monadl.dsl.ops.packed_lstm import packed_lstm
 from monadl.gradcheck import check_gradients, make_weights
 
 torch: Any

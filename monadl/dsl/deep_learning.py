@@ -11,6 +11,7 @@ are typed on the unions ``AnyFloat`` / ``AnyArray`` of ``monadl.dsl``, which myp
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, NoReturn, Protocol, TypeVar, runtime_checkable
 
 from monadl.do.do import Do
@@ -54,8 +55,7 @@ def array_refusal(x: object, call: str, name: str | None) -> str:
     """Why NumPy's ``call`` (``numpy.argmax``, named ``name`` in monadl if it has that op) takes no
     ``x``, a layer or a weight, and what to use instead. A weight's class says what its value is
     (``_array_value``); a layer has none until it runs."""
-    import monadl  # (at the call: monadl imports this module)
-
+    monadl = sys.modules["monadl"]  # (no import: the package imports this module, so is loaded)
     kind = _article(type(x).__name__)
     op = getattr(monadl, name, None) if name else None
     instead = f"use monadl.{name} on it" if callable(op) else "use monadl's ops on it"

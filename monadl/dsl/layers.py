@@ -273,7 +273,7 @@ class ArrayOperators(Differentiable):
         (a new axis: ``x[None, :]``, not ``x[None]`` alone) and one ``...``, in a tuple. A tuple of
         integer arrays or lists (``x[rows, cols]``, ``x[:, rows]``) or a boolean mask (``x[mask]``)
         is NumPy's advanced indexing, its delta one scatter-add (see
-        :func:`monadl.dsl.selection.index_arrays`)."""
+        :func:`monadl.dsl.ops.selection.index_arrays`)."""
         kind = type(key)
         if kind is int:  # one row (a word of a tree), or one from the end
             basic = cast(int, key) < 0
@@ -316,13 +316,13 @@ def _has_arrays(key: tuple[Any, ...]) -> bool:
 
 
 ADVANCED_INDEX: Final[list[Callable[[Any, object], ArrayLayer]]] = []
-"""The op of ``x[rows, cols]`` (advanced indexing), registered by :mod:`monadl.dsl.selection`,
+"""The op of ``x[rows, cols]`` (advanced indexing), registered by :mod:`monadl.dsl.ops.selection`,
 which builds on this module (importing it here would be a cycle); ``monadl`` imports it."""
 
 
 def _index_arrays(x: ArrayOperators, key: object) -> ArrayLayer:
     if not ADVANCED_INDEX:
-        raise TypeError("getitem: advanced indexing needs monadl.dsl.selection (import monadl)")
+        raise TypeError("getitem: advanced indexing needs monadl.dsl.ops.selection (import monadl)")
     return ADVANCED_INDEX[0](x, key)
 
 

@@ -390,7 +390,7 @@ def _pool(
 def install() -> None:
     """Gives the library's primitives their shape rules (those made on demand, one per arity,
     get theirs from :func:`_per_arity`). A user's primitive may set its own ``shape_rule``."""
-    from monadl.dsl import (
+    from monadl.dsl.ops import (
         activations,
         attention,
         batch_norm,
@@ -462,13 +462,13 @@ def _self_attention(qkv: Info, *_: Any, **__: Any) -> Info:
 
 
 def _packed_lstm(x: Info, *weights: Info, lengths: tuple[int, ...]) -> Info:
-    """(N, inputs) and D directions' gates -> (N + S, D hidden) (see ``monadl.dsl.packed_lstm``)."""
+    """(N, inputs) and D directions' gates -> (N + S, D hidden) (see ``monadl.dsl.ops.packed_lstm``)."""
     directions = len(weights) // 8
     return (x[0][0] + len(lengths), directions * weights[-1][0][0]), *promoted(x, *weights)
 
 
 def _packed_gru(x: Info, *weights: Info, lengths: tuple[int, ...]) -> Info:
-    """(N, inputs) and D directions' gates -> (N, D hidden) (see ``monadl.dsl.packed_gru``)."""
+    """(N, inputs) and D directions' gates -> (N, D hidden) (see ``monadl.dsl.ops.packed_gru``)."""
     directions = len(weights) // 8
     return (x[0][0], directions * weights[-1][0][0]), *promoted(x, *weights)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.packing import (
+from monadl.dsl.ops.packing import (
     PER_DIRECTION,
     apply_layer,
     check_steps,

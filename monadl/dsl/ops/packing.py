@@ -1,5 +1,5 @@
 """Sequences of different lengths packed by time step, as PyTorch's ``PackedSequence``: the
-layout of the whole-layer recurrent ops (:mod:`monadl.dsl.packed_lstm`, :mod:`monadl.dsl.packed_gru`),
+layout of the whole-layer recurrent ops (:mod:`monadl.dsl.ops.packed_lstm`, :mod:`monadl.dsl.ops.packed_gru`),
 and what those ops share: their operands' checks, the moves between the sequences' order and the
 packed one, and their primitives, whose vjps share one backward pass.
 

@@ -1,5 +1,5 @@
 """A whole GRU layer over a batch of sequences as one op: :func:`packed_gru`, the op under
-:class:`monadl.nn.GRU` (see :mod:`monadl.dsl.packed_lstm`, whose scheme it follows: the batch
+:class:`monadl.nn.GRU` (see :mod:`monadl.dsl.ops.packed_lstm`, whose scheme it follows: the batch
 packed by time step, every step's input projection in one product, one product by the hidden
 weights per step for both directions, and the same loop in reverse for the deltas).
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.packing import (
+from monadl.dsl.ops.packing import (
     PER_DIRECTION,
     apply_layer,
     check_steps,

@@ -7,7 +7,7 @@ PyTorch's layout ``(C_in, C_out // groups, KH, KW)``, a bias ``(C_out,)`` or a f
 ``(..., C_out, OH, OW)`` with ``OH = (H - 1) * stride - 2 * padding + dilation * (KH - 1) +
 output_padding + 1``.
 
-How it is computed: the transpose of :mod:`monadl.dsl.conv`'s im2col. One matrix product per group
+How it is computed: the transpose of :mod:`monadl.dsl.ops.conv`'s im2col. One matrix product per group
 gives every kernel offset's contribution at once (``w.T @ x``: columns ``(C_out * KH * KW, B * H *
 W)``), and col2im adds each offset's slice into the output (its strided window), then crops the
 padding. The vjps are the convolution's forward: the delta's windows gathered into columns (im2col,
@@ -24,8 +24,8 @@ from typing import Any, Final
 
 from monadl.do.primitive import Batching, Primitive
 from monadl.dsl.arguments import array_operand, as_index
-from monadl.dsl.conv import Pads, Pair, _col2im, _key, _mm, _offsets, _reshape, _sizes
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, apply_array, is_float_kind
+from monadl.dsl.ops.conv import Pads, Pair, _col2im, _key, _mm, _offsets, _reshape, _sizes
 from monadl.dsl.static import Info, promoted
 from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, on_device, shape_of
 

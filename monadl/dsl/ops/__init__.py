@@ -35,7 +35,7 @@ from monadl.dsl.layers import (
     apply_float,
     is_float_kind,
 )
-from monadl.dsl.losses import CROSS_ENTROPY, Reduction, class_loss, class_targets, label_range
+from monadl.dsl.ops.losses import CROSS_ENTROPY, Reduction, class_loss, class_targets, label_range
 from monadl.typeclasses.backend import AnyNDArray, Array, IndexArray, RowIndices
 
 __all__ = [

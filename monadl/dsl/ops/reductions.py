@@ -8,9 +8,6 @@ merge under dynamic batching by stacking their rows and reducing past the row ax
 floating-point): they are plain functions of a value, not ops (see :func:`argmax`).
 """
 
-# max and min are the array API's names for these ops (as sum and abs in ops.py).
-# ruff: noqa: A001
-
 from __future__ import annotations
 
 import math
