@@ -36,10 +36,11 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 # The one list of modules compiled with mypyc. Kept interpreted: monadl/dsl/deep_learning.py (a
-# runtime_checkable protocol), the public surface that validates its own arguments
-# (the op families in monadl/dsl/ops/, monadl/dsl/weights.py: compiled, mypyc's argument checks pre-empt its
-# messages, and FloatWeight(True) became 1.0), and optimizers (values users may subclass and
-# tests spy on), direct, data/, bench/, cli (not hot).
+# runtime_checkable protocol), the public surface that validates its own arguments (the op
+# families in monadl/dsl/ops/, which hold their public functions, and monadl/dsl/weights.py:
+# compiled, mypyc's argument checks pre-empt their messages, and FloatWeight(True) became 1.0;
+# monadl/dsl/ops/operators.py, the operators' ops, has no public function and is compiled), and
+# optimizers (values users may subclass and tests spy on), direct, data/, bench/, cli (not hot).
 COMPILED_MODULES = [
     "monadl/do/do.py",
     "monadl/do/graph.py",
@@ -59,7 +60,7 @@ COMPILED_MODULES = [
     "monadl/dsl/base.py",
     "monadl/dsl/layers.py",
     "monadl/dsl/indices.py",
-    "monadl/dsl/primitives.py",
+    "monadl/dsl/ops/operators.py",
     "monadl/dsl/operation.py",
     "monadl/dsl/training.py",
 ]

@@ -25,42 +25,39 @@ from monadl.dsl.layers import (
     FloatOperators,
 )
 from monadl.dsl.operation import batchable
-from monadl.dsl.ops import (
+from monadl.dsl.ops.activations import (
+    clip,
+    elu,
+    gelu,
+    leaky_relu,
+    log_softmax,
+    relu,
+    sigmoid,
+    silu,
+    softmax,
+    softplus,
+    tanh,
+)
+from monadl.dsl.ops.adaptive_pool import adaptive_avg_pool2d
+from monadl.dsl.ops.attention import scaled_dot_product_attention
+from monadl.dsl.ops.batch_norm import batch_norm
+from monadl.dsl.ops.classification import cross_entropy, nll_loss
+from monadl.dsl.ops.conv import avg_pool1d, avg_pool2d, conv1d, conv2d, max_pool1d, max_pool2d
+from monadl.dsl.ops.conv_transpose import conv_transpose2d
+from monadl.dsl.ops.elementwise import (
     abs,
     add_n,
-    concatenate,
-    cross_entropy,
-    dot,
     exp,
     lift,
     lift_array,
     lift_float,
-    linear,
     log,
-    log_softmax,
-    matmul,
     maximum,
-    mean,
     minimum,
-    relu,
-    reshape,
-    sigmoid,
-    softmax,
-    split,
     sqrt,
-    stack,
-    sum,
-    take_rows,
-    tanh,
-    transpose,
 )
-from monadl.dsl.ops.activations import clip, elu, gelu, leaky_relu, silu, softplus
-from monadl.dsl.ops.adaptive_pool import adaptive_avg_pool2d
-from monadl.dsl.ops.attention import scaled_dot_product_attention
-from monadl.dsl.ops.batch_norm import batch_norm
-from monadl.dsl.ops.conv import avg_pool1d, avg_pool2d, conv1d, conv2d, max_pool1d, max_pool2d
-from monadl.dsl.ops.conv_transpose import conv_transpose2d
 from monadl.dsl.ops.flatten import flatten
+from monadl.dsl.ops.linalg import dot, linear, matmul
 from monadl.dsl.ops.losses import (
     Reduction,
     binary_cross_entropy,
@@ -68,14 +65,14 @@ from monadl.dsl.ops.losses import (
     huber_loss,
     l1_loss,
     mse_loss,
-    nll_loss,
     smooth_l1_loss,
 )
 from monadl.dsl.ops.norm import group_norm, layer_norm, rms_norm
 from monadl.dsl.ops.padding import PadMode, pad
 from monadl.dsl.ops.recurrent import gru_h, lstm_c, lstm_h
-from monadl.dsl.ops.reductions import argmax, argmin, logsumexp, max, min, std, var
-from monadl.dsl.ops.selection import take_along_axis, where
+from monadl.dsl.ops.reductions import argmax, argmin, logsumexp, max, mean, min, std, sum, var
+from monadl.dsl.ops.selection import take_along_axis, take_rows, where
+from monadl.dsl.ops.shape import concatenate, reshape, split, stack, transpose
 from monadl.dsl.optimizers import (
     SGD,
     Adagrad,

@@ -26,7 +26,7 @@ from test_op_fuzz import FUZZ_SETTINGS, _reduction, outcome
 
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, ShapeError
-from monadl.dsl.primitives import expand_to
+from monadl.dsl.ops.reductions import expand_to
 
 Reference = Callable[..., Any]
 

@@ -335,7 +335,9 @@ def test_a_layer_ops_vjps_on_several_threads_work_out_its_deltas_once() -> None:
         time.sleep(0.05)  # long enough for every thread to ask meanwhile
         return [k * d for k in range(9)]
 
-    prim = layer_ops("fake", forward, deltas, lambda *_, **__: 0.0, lambda *_, **__: None)[8]
+    prim = layer_ops(
+        "fake", forward, deltas, lambda *_, **__: 0.0, lambda *_, **__: None, lambda *_, **__: None
+    )[8]
     operands = (np.ones(2), *[np.ones(1)] * 8)
     _, saved = prim.forward(np, *operands, lengths=(2,))
     d = np.ones(2)

@@ -19,9 +19,8 @@ from returns.primitives.exceptions import UnwrapFailedError
 from returns.result import Failure, Success
 
 import monadl as ml
-from monadl.do.primitive import Batching
+from monadl.do.primitive import Batching, Primitive
 from monadl.dsl.layers import apply_array
-from monadl.dsl.primitives import Primitive
 from monadl.typeclasses.sparse import SparseRows
 
 

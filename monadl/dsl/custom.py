@@ -52,7 +52,7 @@ import numpy as np
 
 from monadl.do.primitive import Batching, Primitive
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer, apply_array, apply_float
-from monadl.dsl.static import FLOAT, Info, ShapeRuleError, promoted
+from monadl.dsl.ops.shape_rules import FLOAT, Info, ShapeRuleError, promoted
 
 __all__ = ["CustomOp", "ShapeRule", "ShapeRuleError", "custom_op"]
 

@@ -22,12 +22,12 @@ from monadl.do.executor import Executor
 from monadl.do.graph import Graph, row_of
 from monadl.do.primitive import Primitive
 from monadl.do.tape import Tape
-from monadl.dsl import primitives as P
 from monadl.dsl import training
 from monadl.dsl.apply import apply_primitive
 from monadl.dsl.base import Differentiable
 from monadl.dsl.deep_learning import forbid_truth_value
 from monadl.dsl.indices import row_indices
+from monadl.dsl.ops.operators import ADD, DIV, GETITEM, MATMUL, MUL, NEG, POW, SUB, TAKE_ROWS, basic_index
 from monadl.typeclasses.backend import Array, RowIndices, is_array
 
 if TYPE_CHECKING:
@@ -98,73 +98,73 @@ class FloatOperators(Differentiable):
     @overload
     def __add__(self, other: AnyArray) -> ArrayLayer: ...
     def __add__(self, other: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
-        return apply(P.add, self, other)
+        return apply(ADD, self, other)
 
     @overload
     def __radd__(self, other: float) -> FloatLayer: ...
     @overload
     def __radd__(self, other: Array) -> ArrayLayer: ...
     def __radd__(self, other: float | Array) -> FloatLayer | ArrayLayer:
-        return apply(P.add, other, self)
+        return apply(ADD, other, self)
 
     @overload
     def __sub__(self, other: AnyFloat) -> FloatLayer: ...
     @overload
     def __sub__(self, other: AnyArray) -> ArrayLayer: ...
     def __sub__(self, other: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
-        return apply(P.sub, self, other)
+        return apply(SUB, self, other)
 
     @overload
     def __rsub__(self, other: float) -> FloatLayer: ...
     @overload
     def __rsub__(self, other: Array) -> ArrayLayer: ...
     def __rsub__(self, other: float | Array) -> FloatLayer | ArrayLayer:
-        return apply(P.sub, other, self)
+        return apply(SUB, other, self)
 
     @overload
     def __mul__(self, other: AnyFloat) -> FloatLayer: ...
     @overload
     def __mul__(self, other: AnyArray) -> ArrayLayer: ...
     def __mul__(self, other: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
-        return apply(P.mul, self, other)
+        return apply(MUL, self, other)
 
     @overload
     def __rmul__(self, other: float) -> FloatLayer: ...
     @overload
     def __rmul__(self, other: Array) -> ArrayLayer: ...
     def __rmul__(self, other: float | Array) -> FloatLayer | ArrayLayer:
-        return apply(P.mul, other, self)
+        return apply(MUL, other, self)
 
     @overload
     def __truediv__(self, other: AnyFloat) -> FloatLayer: ...
     @overload
     def __truediv__(self, other: AnyArray) -> ArrayLayer: ...
     def __truediv__(self, other: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
-        return apply(P.div, self, other)
+        return apply(DIV, self, other)
 
     @overload
     def __rtruediv__(self, other: float) -> FloatLayer: ...
     @overload
     def __rtruediv__(self, other: Array) -> ArrayLayer: ...
     def __rtruediv__(self, other: float | Array) -> FloatLayer | ArrayLayer:
-        return apply(P.div, other, self)
+        return apply(DIV, other, self)
 
     @overload
     def __pow__(self, other: AnyFloat) -> FloatLayer: ...
     @overload
     def __pow__(self, other: AnyArray) -> ArrayLayer: ...
     def __pow__(self, other: AnyFloat | AnyArray) -> FloatLayer | ArrayLayer:
-        return apply(P.power, self, other)
+        return apply(POW, self, other)
 
     @overload
     def __rpow__(self, other: float) -> FloatLayer: ...
     @overload
     def __rpow__(self, other: Array) -> ArrayLayer: ...
     def __rpow__(self, other: float | Array) -> FloatLayer | ArrayLayer:
-        return apply(P.power, other, self)
+        return apply(POW, other, self)
 
     def __neg__(self) -> FloatLayer:
-        return apply_float(P.neg, self)
+        return apply_float(NEG, self)
 
     def __pos__(self) -> Self:
         return self
@@ -199,43 +199,43 @@ class ArrayOperators(Differentiable):
         return tape.data
 
     def __add__(self, other: AnyFloat | AnyArray) -> ArrayLayer:
-        return apply_array(P.add, self, other)
+        return apply_array(ADD, self, other)
 
     def __radd__(self, other: float | Array) -> ArrayLayer:
-        return apply_array(P.add, other, self)
+        return apply_array(ADD, other, self)
 
     def __sub__(self, other: AnyFloat | AnyArray) -> ArrayLayer:
-        return apply_array(P.sub, self, other)
+        return apply_array(SUB, self, other)
 
     def __rsub__(self, other: float | Array) -> ArrayLayer:
-        return apply_array(P.sub, other, self)
+        return apply_array(SUB, other, self)
 
     def __mul__(self, other: AnyFloat | AnyArray) -> ArrayLayer:
-        return apply_array(P.mul, self, other)
+        return apply_array(MUL, self, other)
 
     def __rmul__(self, other: float | Array) -> ArrayLayer:
-        return apply_array(P.mul, other, self)
+        return apply_array(MUL, other, self)
 
     def __truediv__(self, other: AnyFloat | AnyArray) -> ArrayLayer:
-        return apply_array(P.div, self, other)
+        return apply_array(DIV, self, other)
 
     def __rtruediv__(self, other: float | Array) -> ArrayLayer:
-        return apply_array(P.div, other, self)
+        return apply_array(DIV, other, self)
 
     def __pow__(self, other: AnyFloat | AnyArray) -> ArrayLayer:
-        return apply_array(P.power, self, other)
+        return apply_array(POW, self, other)
 
     def __rpow__(self, other: float | Array) -> ArrayLayer:
-        return apply_array(P.power, other, self)
+        return apply_array(POW, other, self)
 
     def __matmul__(self, other: AnyArray) -> ArrayLayer:
-        return apply_array(P.matmul, self, other)
+        return apply_array(MATMUL, self, other)
 
     def __rmatmul__(self, other: Array) -> ArrayLayer:
-        return apply_array(P.matmul, other, self)
+        return apply_array(MATMUL, other, self)
 
     def __neg__(self) -> ArrayLayer:
-        return apply_array(P.neg, self)
+        return apply_array(NEG, self)
 
     def __pos__(self) -> Self:
         return self
@@ -286,8 +286,8 @@ class ArrayOperators(Differentiable):
             if not basic and str(getattr(key, "dtype", "")).endswith("bool"):  # a boolean mask
                 return _index_arrays(self, key)
         if basic:
-            return apply_array(P.getitem, self, index=P.basic_index(key), axis=0)
-        return apply_array(P.take_rows, self, indices=row_indices(cast(RowIndices, key)))
+            return apply_array(GETITEM, self, index=basic_index(key), axis=0)
+        return apply_array(TAKE_ROWS, self, indices=row_indices(cast(RowIndices, key)))
 
 
 STATIC_INFO: Final[list[Callable[[Graph, int], tuple[tuple[int, ...], Any, Any] | None]]] = []

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from monadl.do.primitive import Primitive
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array, is_float_kind
+from monadl.dsl.ops.registry import declare
 from monadl.dsl.training import is_training
 from monadl.nn.buffer import GeneratorBuffer
 from monadl.nn.module import Module
@@ -102,5 +102,5 @@ def _shape(x: Any, **_: Any) -> Any:
     return x
 
 
-DROPOUT = Primitive("dropout", _forward, (_vjp,), saves=True, cost=_inline, own=True, shape_rule=_shape)
+DROPOUT = declare("dropout", _forward, (_vjp,), saves=True, cost=_inline, fresh=False, shape_rule=_shape)
 """The dropout op: ``dropout`` (a :class:`Dropout`) is a static parameter, kept by identity."""

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from monadl.dsl.layers import ArrayLayer
-from monadl.dsl.ops import take_rows
+from monadl.dsl.ops.selection import take_rows
 from monadl.dsl.optimizers import Optimizer
 from monadl.dsl.weights import ArrayWeight
 from monadl.nn.init import Initializer

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.ops import linear, matmul, relu
+from monadl.dsl.ops.activations import relu
+from monadl.dsl.ops.linalg import linear, matmul
 from monadl.dsl.weights import ArrayWeight
 from monadl.nn.init import Initializer
 from monadl.nn.module import Module

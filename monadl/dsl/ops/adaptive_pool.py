@@ -22,10 +22,11 @@ from typing import Any, Final
 
 import numpy as np
 
-from monadl.do.primitive import Batching, Primitive
+from monadl.do.primitive import Batching
 from monadl.dsl.arguments import array_operand, as_index
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
-from monadl.dsl.static import Info
+from monadl.dsl.ops.registry import declare
+from monadl.dsl.ops.shape_rules import Info
 from monadl.typeclasses.backend import NUMPY, ShapeError, on_device, shape_of
 
 __all__ = ["adaptive_avg_pool2d"]
@@ -106,15 +107,13 @@ def _cost(x: Any, output_size: OutputSize) -> float:
     return float(math.prod(x.shape) * (1 if x.shape[-2] % oh == 0 and x.shape[-1] % ow == 0 else oh + ow))
 
 
-ADAPTIVE_AVG_POOL: Final = Primitive(
+ADAPTIVE_AVG_POOL: Final = declare(
     "adaptive_avg_pool2d",
     _forward,
     (_vjp,),
     cost=_cost,
     check=_check,
     batch=Batching(),  # the calls' inputs stacked on a new leading axis
-    fresh=True,
-    own=True,
     shape_rule=_shape,
 )
 """The means of PyTorch's adaptive bins over ``x``'s last two axes."""

@@ -32,6 +32,8 @@ import numpy as np
 from monadl.do.primitive import Batching, Primitive
 from monadl.dsl.arguments import array_operand, flag_param, int_param
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
+from monadl.dsl.ops.registry import declare
+from monadl.dsl.ops.shape_rules import Info, broadcast, promoted
 from monadl.typeclasses.backend import (
     NUMPY,
     AnyNDArray,
@@ -248,9 +250,16 @@ def _cost(q: Any, k: Any, v: Any, **_: Any) -> float:
     return float(math.prod(q.shape[:-1]) * k.shape[-2] * (q.shape[-1] + v.shape[-1]))
 
 
+def _attention_rule(q: Info, k: Info, v: Info, *_: Any, **__: Any) -> Info:
+    """(..., Lq, d), (..., Lk, d), (..., Lk, dv) -> (..., Lq, dv), the leading axes broadcast (a
+    mask, if any, gets no say)."""
+    lead = broadcast(q[0][:-2], k[0][:-2], v[0][:-2])
+    return (*lead, q[0][-2], v[0][-1]), *promoted(q, k, v)
+
+
 def _attention(batch: Batching, per_run: tuple[str, ...] = ()) -> Primitive:
     """The attention primitive; its two forms differ only in how calls batch and in ``per_run``."""
-    return Primitive(
+    return declare(
         "scaled_dot_product_attention",
         _forward,
         (_vjp_q, _vjp_k, _vjp_v),
@@ -260,8 +269,7 @@ def _attention(batch: Batching, per_run: tuple[str, ...] = ()) -> Primitive:
         check=_check,
         batch=batch,
         per_run=per_run,
-        fresh=True,
-        own=True,
+        shape_rule=_attention_rule,
     )
 
 
@@ -318,9 +326,14 @@ def _packed_cost(qkv: Any, **_: Any) -> float:
     return float(math.prod(qkv.shape[:-1]) * qkv.shape[-2] * qkv.shape[-1])
 
 
+def _self_attention_rule(qkv: Info, *_: Any, **__: Any) -> Info:
+    """(..., L, 3n) -> (..., L, n): q, k and v side by side in the last axis."""
+    return (*qkv[0][:-1], qkv[0][-1] // 3), qkv[1], qkv[2]
+
+
 def _self_attention(batch: Batching, per_run: tuple[str, ...] = ()) -> Primitive:
     """The packed attention primitive; its two forms differ as :func:`_attention`'s."""
-    return Primitive(
+    return declare(
         "self_attention",
         _packed_forward,
         (_packed_vjp,),
@@ -329,8 +342,7 @@ def _self_attention(batch: Batching, per_run: tuple[str, ...] = ()) -> Primitive
         check=_check_packed,
         batch=batch,
         per_run=per_run,
-        fresh=True,
-        own=True,
+        shape_rule=_self_attention_rule,
     )
 
 

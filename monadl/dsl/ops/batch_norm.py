@@ -22,8 +22,10 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Protocol
 
-from monadl.do.primitive import Primitive, elementwise_cost
+from monadl.do.primitive import elementwise_cost
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array, is_float_kind
+from monadl.dsl.ops.registry import declare
+from monadl.dsl.ops.shape_rules import same
 from monadl.dsl.training import is_training
 from monadl.runtime.staging import stage_buffer, staged_data
 from monadl.typeclasses.backend import ShapeError, namespace, shape_of
@@ -198,8 +200,15 @@ def _cost(x: Any, gamma: Any, beta: Any, *, eps: float, stats: RunningStats | No
     return -math.inf if stats is not None else 4.0 * elementwise_cost(x)
 
 
-BATCH_NORM = Primitive(
-    "batch_norm", _forward, (_vjp_x, _vjp_gamma, _vjp_beta), saves=True, cost=_cost, check=_check, own=True
+BATCH_NORM = declare(
+    "batch_norm",
+    _forward,
+    (_vjp_x, _vjp_gamma, _vjp_beta),
+    saves=True,
+    cost=_cost,
+    check=_check,
+    fresh=False,
+    shape_rule=same,
 )
 """Batch normalisation: inputs ``x``, ``gamma``, ``beta``; parameters ``eps`` and ``stats`` (None,
 or the module whose running statistics it uses, kept by identity). No batching rule: calls never

@@ -29,9 +29,11 @@ import math
 from collections.abc import Sequence
 from typing import Any, Final, Literal
 
+from monadl.do.primitive import Batching, Primitive
 from monadl.dsl.arguments import array_operand, as_index
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, apply_array, is_float_kind
-from monadl.dsl.primitives import Batching, Primitive
+from monadl.dsl.ops.registry import declare
+from monadl.dsl.ops.shape_rules import Info, promoted
 from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, on_device, shape_of
 
 __all__ = ["avg_pool1d", "avg_pool2d", "conv1d", "conv2d", "max_pool1d", "max_pool2d"]
@@ -274,7 +276,23 @@ def _conv_cost(x: Any, w: Any, b: Any, **_: Any) -> float:
     return float(math.prod(x.shape) * w.shape[0] * math.prod(w.shape[2:]))
 
 
-conv: Final = Primitive(
+def _conv_rule(
+    x: Info,
+    w: Info,
+    b: Info,
+    stride: tuple[int, ...],
+    padding: tuple[tuple[int, int], ...],
+    dilation: tuple[int, ...],
+    groups: int,
+) -> Info:
+    spatial = len(stride)
+    shape, kernel = x[0], w[0][2:]
+    sides = shape[len(shape) - spatial :]
+    out = [_out_size(*args) for args in zip(sides, kernel, stride, padding, dilation, strict=True)]
+    return (*shape[: len(shape) - spatial - 1], w[0][0], *out), *promoted(x, w, b)
+
+
+CONV: Final = declare(
     "conv",
     _conv_forward,
     (_conv_vjp_x, _conv_vjp_w, _conv_vjp_b),
@@ -283,8 +301,7 @@ conv: Final = Primitive(
     check=_check_conv,
     # calls of one kernel and bias merge: their inputs stacked on a new leading axis, one product
     batch=Batching(shared=(1, 2)),
-    fresh=True,
-    own=True,
+    shape_rule=_conv_rule,
 )
 """A convolution of 1 or 2 spatial axes (``len(stride)``): inputs x, w, b (a bias, or a float)."""
 
@@ -408,7 +425,17 @@ def _pool_cost(x: Any, kernel: tuple[int, ...], **_: Any) -> float:
     return float(math.prod(x.shape) * math.prod(kernel))
 
 
-max_pool: Final = Primitive(
+def _pool_rule(
+    x: Info, kernel: tuple[int, ...], stride: tuple[int, ...], padding: tuple[tuple[int, int], ...]
+) -> Info:
+    spatial = len(kernel)
+    shape = x[0]
+    sides = shape[len(shape) - spatial :]
+    out = [_out_size(n, k, s, p, 1) for n, k, s, p in zip(sides, kernel, stride, padding, strict=True)]
+    return (*shape[: len(shape) - spatial], *out), x[1], x[2]
+
+
+MAX_POOL: Final = declare(
     "max_pool",
     _max_pool_forward,
     (_max_pool_vjp,),
@@ -416,18 +443,16 @@ max_pool: Final = Primitive(
     cost=_pool_cost,
     check=_check_pool("max_pool"),
     batch=Batching(),  # the calls' inputs stacked: windows of every row at once
-    fresh=True,
-    own=True,
+    shape_rule=_pool_rule,
 )
-avg_pool: Final = Primitive(
+AVG_POOL: Final = declare(
     "avg_pool",
     _avg_pool_forward,
     (_avg_pool_vjp,),
     cost=_pool_cost,
     check=_check_pool("avg_pool"),
     batch=Batching(),
-    fresh=True,
-    own=True,
+    shape_rule=_pool_rule,
 )
 
 # ----------------------------------------------------------------------------------- public ops
@@ -505,7 +530,7 @@ def _conv(
     if g < 1:
         raise ValueError(f"{op}: groups must be at least 1, got {g}")
     bias: AnyFloat | AnyArray = 0.0 if b is None else float(b) if type(b) is int else b
-    return apply_array(conv, x, w, bias, stride=strides, padding=pads, dilation=dilations, groups=g)
+    return apply_array(CONV, x, w, bias, stride=strides, padding=pads, dilation=dilations, groups=g)
 
 
 def _kernel_of(w: object, spatial: int) -> tuple[int, ...] | None:
@@ -570,23 +595,23 @@ def max_pool1d(x: AnyArray, kernel_size: Size, stride: Size | None = None, paddi
     """The maximum of each window of ``kernel_size`` along the last axis of ``x`` (..., L), every
     ``stride`` (default ``kernel_size``), padding counted as -inf. The delta goes to each window's
     first maximum."""
-    return _pool(max_pool, "max_pool1d", 1, x, kernel_size, stride, padding)
+    return _pool(MAX_POOL, "max_pool1d", 1, x, kernel_size, stride, padding)
 
 
 def max_pool2d(x: AnyArray, kernel_size: Size, stride: Size | None = None, padding: Size = 0) -> ArrayLayer:
     """The maximum of each ``kernel_size`` window over the last two axes of ``x`` (..., H, W), as
     PyTorch's ``max_pool2d`` (NCHW: the channels are leading axes); ``stride`` defaults to the
     kernel. The delta goes to each window's first maximum (row-major)."""
-    return _pool(max_pool, "max_pool2d", 2, x, kernel_size, stride, padding)
+    return _pool(MAX_POOL, "max_pool2d", 2, x, kernel_size, stride, padding)
 
 
 def avg_pool1d(x: AnyArray, kernel_size: Size, stride: Size | None = None, padding: Size = 0) -> ArrayLayer:
     """The mean of each window of ``kernel_size`` along the last axis of ``x`` (..., L), every
     ``stride`` (default ``kernel_size``); padding counts as zeros in the mean."""
-    return _pool(avg_pool, "avg_pool1d", 1, x, kernel_size, stride, padding)
+    return _pool(AVG_POOL, "avg_pool1d", 1, x, kernel_size, stride, padding)
 
 
 def avg_pool2d(x: AnyArray, kernel_size: Size, stride: Size | None = None, padding: Size = 0) -> ArrayLayer:
     """The mean of each ``kernel_size`` window over the last two axes of ``x`` (..., H, W), as
     PyTorch's ``avg_pool2d`` (padding counts as zeros in the mean); ``stride`` defaults to the kernel."""
-    return _pool(avg_pool, "avg_pool2d", 2, x, kernel_size, stride, padding)
+    return _pool(AVG_POOL, "avg_pool2d", 2, x, kernel_size, stride, padding)

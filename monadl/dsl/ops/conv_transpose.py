@@ -22,11 +22,12 @@ import math
 from collections.abc import Sequence
 from typing import Any, Final
 
-from monadl.do.primitive import Batching, Primitive
+from monadl.do.primitive import Batching
 from monadl.dsl.arguments import array_operand, as_index
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, apply_array, is_float_kind
 from monadl.dsl.ops.conv import Pads, Pair, _col2im, _key, _mm, _offsets, _reshape, _sizes
-from monadl.dsl.static import Info, promoted
+from monadl.dsl.ops.registry import declare
+from monadl.dsl.ops.shape_rules import Info, promoted
 from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, on_device, shape_of
 
 __all__ = ["conv_transpose2d"]
@@ -244,7 +245,7 @@ def _cost(x: Any, w: Any, b: Any, **_: Any) -> float:
     return float(math.prod(x.shape) * w.shape[1] * math.prod(w.shape[2:]))
 
 
-CONV_TRANSPOSE: Final = Primitive(
+CONV_TRANSPOSE: Final = declare(
     "conv_transpose2d",
     _forward,
     (_vjp_x, _vjp_w, _vjp_b),
@@ -252,8 +253,6 @@ CONV_TRANSPOSE: Final = Primitive(
     cost=_cost,
     check=_check,
     batch=Batching(shared=(1, 2)),  # calls of one kernel and bias: their inputs stacked, one product
-    fresh=True,
-    own=True,
     shape_rule=_shape,
 )
 """A 2d transposed convolution: inputs x, w, b (a bias, or a float)."""

@@ -15,10 +15,11 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
-from monadl.do.primitive import Batching, Primitive
+from monadl.do.primitive import Batching
 from monadl.dsl.arguments import array_operand, int_param
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
-from monadl.dsl.static import Info
+from monadl.dsl.ops.registry import declare
+from monadl.dsl.ops.shape_rules import Info
 from monadl.typeclasses.backend import ShapeError, shape_of
 
 __all__ = ["flatten"]
@@ -76,15 +77,13 @@ def _shape(x: Info, axis: tuple[int, int]) -> Info:
     return flattened(x[0], *axis), x[1], x[2]
 
 
-FLATTEN: Final = Primitive(
+FLATTEN: Final = declare(
     "flatten",
     _forward,
     (_vjp,),
     cost=lambda *_, **__: 1.0,  # a view: no work worth a pool's thread
     check=_check,
     batch=Batching(axis=True, forward=_stacked_forward, vjps=(_vjp,)),
-    fresh=True,
-    own=True,
     shape_rule=_shape,
 )
 """The axes ``axis = (start, end)`` of ``x`` joined into one."""

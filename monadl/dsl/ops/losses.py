@@ -1,6 +1,6 @@
 """Losses, as PyTorch's functional ones: :func:`mse_loss`, :func:`l1_loss`, :func:`huber_loss`,
-:func:`smooth_l1_loss`, :func:`binary_cross_entropy`, :func:`binary_cross_entropy_with_logits` and
-:func:`nll_loss` (``cross_entropy``, in ``monadl.dsl.ops``, is built on :func:`class_loss` here).
+:func:`smooth_l1_loss`, :func:`binary_cross_entropy` and :func:`binary_cross_entropy_with_logits`
+(the class losses, ``cross_entropy`` and ``nll_loss``, are in ``monadl.dsl.ops.classification``).
 
 Every loss takes ``reduction``: ``"mean"`` (the default) or ``"sum"`` gives a ``FloatLayer``,
 ``"none"`` an ``ArrayLayer`` of the loss of each element (of each row, for the class losses). mypy
@@ -25,39 +25,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Final, Literal, cast, overload
+from typing import Any, Final, Literal, overload
 
 import numpy as np
 
-from monadl.do.primitive import Batching, Primitive
-from monadl.dsl import primitives as P
+from monadl.do.primitive import Batching
 from monadl.dsl.arguments import array_operand, described
-from monadl.dsl.indices import integral
 from monadl.dsl.layers import AnyArray, ArrayLayer, FloatLayer, apply_array, apply_float
-from monadl.dsl.static import FLOAT, Info, promoted
+from monadl.dsl.ops.activations import sigmoid_of
+from monadl.dsl.ops.registry import declare
+from monadl.dsl.ops.shape_rules import Info, promoted, scalar
 from monadl.typeclasses.backend import (
     NDARRAY,
-    NUMPY,
-    AnyNDArray,
-    Array,
     ShapeError,
-    host_in,
-    is_array,
-    is_float_array,
     namespace,
-    on_device,
-    shape_of,
 )
 
 __all__ = [
     "Reduction",
     "binary_cross_entropy",
     "binary_cross_entropy_with_logits",
-    "class_loss",
     "huber_loss",
     "l1_loss",
     "mse_loss",
-    "nll_loss",
     "smooth_l1_loss",
 ]
 
@@ -75,25 +65,25 @@ def reduction_param(op: str, reduction: object) -> str:
     raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
-def _real(op: str, name: str, value: object) -> float:
+def real_param(op: str, name: str, value: object) -> float:
     """A float parameter: a float or an int (not a bool), as a float."""
     if isinstance(value, (float, int, np.floating, np.integer)) and not isinstance(value, (bool, np.bool_)):
         return float(value)
     raise TypeError(f"{op}: {name} must be a float, got {described(value)}")
 
 
-def _mean_of(total: float, count: int | float) -> float:
+def mean_of(total: float, count: int | float) -> float:
     """``total / count``, NaN for a count of 0 (PyTorch's mean over nothing)."""
     return total / count if count else math.nan
 
 
-def _row_deltas(xp: Any, d: Any, like: Any) -> Any:
+def row_deltas(xp: Any, d: Any, like: Any) -> Any:
     """A merged call's delta of one value per row, shaped ``(n, 1, ...)`` to scale rows of
     ``like``, in its dtype."""
     return xp.astype(xp.reshape(d, (d.shape[0],) + (1,) * (like.ndim - 1)), like.dtype)
 
 
-def _row_sums(xp: Any, v: Any) -> Any:
+def row_sums(xp: Any, v: Any) -> Any:
     """The sum of each row of ``v`` (rows of merged calls) as float64 (the loss of a call alone is
     a Python float): each row summed as one flat vector, in the order a call alone sums it."""
     n = v.shape[0]
@@ -133,10 +123,6 @@ def _pair_info(x: Info, t: Info, **_: Any) -> Info:
     return (x[0], *promoted(x, t))
 
 
-def _float_info(*_: Any, **__: Any) -> Info:
-    return FLOAT
-
-
 class _Pointwise:
     """A pointwise loss's rules (``value(xp, x, t, **params)``, ``dx`` and ``dt``: ``(xp, x, t,
     scale, **params)``) and its two primitives."""
@@ -152,18 +138,16 @@ class _Pointwise:
     ) -> None:
         self.what, self.value, self.dx, self.dt = what, value, dx, dt
         check = _check_pair(name, what)
-        self.none = Primitive(
+        self.none = declare(
             name,
             value,
             (self._none_vjp_x, self._none_vjp_t),
             check=check,
             batch=Batching(elementwise=True),
             check_values=check_values,
-            fresh=True,
-            own=True,
             shape_rule=_pair_info,
         )
-        self.reduced = Primitive(
+        self.reduced = declare(
             name,
             self._reduced,
             (self._reduced_vjp_x, self._reduced_vjp_t),
@@ -174,9 +158,7 @@ class _Pointwise:
                 vjps=(self._rows_vjp_x, self._rows_vjp_t),
             ),
             check_values=check_values,
-            fresh=True,
-            own=True,
-            shape_rule=_float_info,
+            shape_rule=scalar,
         )
 
     def _none_vjp_x(self, xp: Any, d: Any, o: Any, x: Any, t: Any, **params: Any) -> Any:
@@ -187,7 +169,7 @@ class _Pointwise:
 
     def _reduced(self, xp: Any, x: Any, t: Any, mean: bool, **params: Any) -> float:
         total = float(xp.sum(self.value(xp, x, t, **params)))
-        return _mean_of(total, math.prod(x.shape)) if mean else total
+        return mean_of(total, math.prod(x.shape)) if mean else total
 
     @staticmethod
     def _scale(d: float, x: Any, mean: bool) -> float:
@@ -201,12 +183,12 @@ class _Pointwise:
         return self.dt(xp, x, t, self._scale(d, x, mean), **params)
 
     def _rows(self, xp: Any, x: Any, t: Any, mean: bool, **params: Any) -> Any:
-        totals = _row_sums(xp, self.value(xp, x, t, **params))
+        totals = row_sums(xp, self.value(xp, x, t, **params))
         n = math.prod(x.shape[1:])
         return (totals / n if n else totals * math.nan) if mean else totals
 
     def _row_scale(self, xp: Any, d: Any, x: Any, mean: bool) -> Any:
-        scale = _row_deltas(xp, d, x)
+        scale = row_deltas(xp, d, x)
         n = math.prod(x.shape[1:])
         return (scale / n if n else scale * 0.0) if mean else scale
 
@@ -332,7 +314,7 @@ _BCE_LOGITS = _Pointwise(
     "binary_cross_entropy_with_logits",
     "logits",
     _bce_logits,
-    lambda xp, x, t, scale: (P.sigmoid_of(xp, x) - t) * scale,
+    lambda xp, x, t, scale: (sigmoid_of(xp, x) - t) * scale,
     lambda xp, x, t, scale: x * -scale,
 )
 
@@ -377,7 +359,7 @@ def l1_loss(
 
 
 def _positive(op: str, name: str, value: object, zero: bool) -> float:
-    v = _real(op, name, value)
+    v = real_param(op, name, value)
     if not (v >= 0.0 if zero else v > 0.0) or math.isinf(v):
         raise ValueError(f"{op}: {name} must be {'>= 0' if zero else '> 0'} and finite, got {v!r}")
     return v
@@ -462,435 +444,3 @@ def binary_cross_entropy_with_logits(
     ``binary_cross_entropy_with_logits``: ``(1 - t) * x + softplus(-x)``, whose delta is
     ``sigmoid(x) - t``. Logits of any size give finite losses and deltas."""
     return _pointwise_loss(_BCE_LOGITS, "binary_cross_entropy_with_logits", logits, targets, reduction)
-
-
-# ------------------------------------------------------------------------------------ class losses
-#
-# ``nll_loss`` (of log-probabilities) and ``cross_entropy`` (of logits) over a last axis of classes.
-# The targets are integer labels (of the inputs' shape without the class axis) or probabilities (of
-# the inputs' shape), constants. Each element's loss is ``-sum(a * log_p)`` over the classes, where
-# ``a`` is the targets made probabilities (a label one-hot), smoothed (``(1 - s) a + s / C``), times
-# the class weights, and zero for a label ignored. The mean divides by the summed weights of the
-# labels not ignored (their count, without weights), or by the number of elements for
-# probabilities, as PyTorch does. The forward saves the delta, so a vjp is one multiplication.
-
-
-def label_range(targets: Any, ignore_index: int | None) -> tuple[int, int]:
-    """The smallest and the largest label of ``targets`` not ``ignore_index`` ((0, 0) where there
-    is none: every class count has label 0). On NumPy by the ufuncs' reductions: ``np.min`` and
-    ``np.max`` add microseconds of Python each, to every training step that makes the op."""
-    if not targets.shape:  # one label (a node of a tree): no reduction needed
-        label = int(targets)
-        if label == ignore_index:
-            return LABEL_RANGES[0]
-        return LABEL_RANGES[label] if 0 <= label < len(LABEL_RANGES) else (label, label)
-    if not math.prod(targets.shape):
-        return (0, 0)
-    xp = namespace(targets)
-    if ignore_index is not None:
-        targets = xp.where(targets == ignore_index, xp.zeros_like(targets), targets)
-    if xp is NUMPY:
-        return int(np.minimum.reduce(targets, axis=None)), int(np.maximum.reduce(targets, axis=None))
-    return int(xp.min(targets)), int(xp.max(targets))
-
-
-def _label_array(label: int) -> AnyNDArray:
-    """A Python int label as a 0-d int64 array (read-only: one per label, shared)."""
-    array = np.asarray(label, dtype=np.int64)
-    array.flags.writeable = False
-    return array
-
-
-LABEL_ARRAYS: Final = [_label_array(label) for label in range(256)]
-"""The 0-d arrays of the labels 0 to 255, made once (a loss per node of a tree takes one each)."""
-LABEL_RANGES: Final = [(label, label) for label in range(256)]
-"""A label's range, made once."""
-
-
-def class_targets(op: str, targets: object) -> AnyNDArray:
-    """The targets of a class loss: an array, or a Python int label as a 0-d array."""
-    if type(targets) is int:  # one example's label (``type``: a bool is no label)
-        label: int = targets
-        return LABEL_ARRAYS[label] if 0 <= label < len(LABEL_ARRAYS) else _label_array(label)
-    if type(targets) is not NDARRAY and not is_array(targets):  # NumPy's arrays first: one per node
-        raise TypeError(f"{op}: expected an array of targets, got {type(targets).__name__}")
-    return cast(AnyNDArray, targets)
-
-
-def _class_terms(
-    xp: Any,
-    x: Any,
-    targets: Any,
-    labels: Any,
-    weight: Any,
-    ignore_index: int | None,
-    smoothing: float,
-    logits: bool,
-) -> tuple[Any, Any, Any]:
-    """The loss of each element (``x.shape[:-1]``), the delta of ``x`` for their sum, and the
-    summed weight of each element's label (its count: 0 ignored, 1 counted; None for probability
-    targets, where every element counts 1)."""
-    classes = x.shape[-1]
-    log_p = P.log_softmax.forward(xp, x, -1) if logits else x
-    if labels is not None and xp is NUMPY and (weight is None or weight.ndim == 1):
-        return _picked_terms(x, log_p, targets, weight, ignore_index, smoothing, logits)
-    counted = None
-    if labels is not None:
-        t = host_in(xp, targets, x)
-        onehot = xp.astype(xp.expand_dims(t, axis=-1) == xp.arange(classes, **on_device(xp, x)), x.dtype)
-        a = onehot * (1.0 - smoothing) + smoothing / classes if smoothing else onehot
-        if ignore_index is not None:
-            counted = xp.astype(t != ignore_index, x.dtype)
-            a = a * xp.expand_dims(counted, axis=-1)
-        if weight is not None:
-            chosen = xp.sum(onehot * weight, axis=-1)
-            counted = chosen if counted is None else chosen * counted
-        elif counted is None:
-            counted = xp.ones(t.shape, dtype=x.dtype, **on_device(xp, x))
-    else:
-        a = xp.astype(host_in(xp, targets, x), x.dtype)
-        if smoothing:
-            a = a * (1.0 - smoothing) + smoothing / classes
-    if weight is not None:
-        a = a * weight
-    if logits:
-        terms = a * log_p
-    else:  # log-probabilities of -inf where a is 0 (a class masked) add nothing, not NaN
-        with np.errstate(invalid="ignore"):
-            terms = a * log_p
-        terms = xp.where(a == 0.0, xp.zeros_like(terms), terms)
-    losses = -xp.sum(terms, axis=-1)
-    if logits:
-        delta = xp.exp(log_p) * xp.sum(a, axis=-1, keepdims=True) - a
-    else:
-        delta = -a
-    return losses, delta, counted
-
-
-def _picked_terms(
-    x: Any, log_p: Any, targets: Any, weight: Any, ignore_index: int | None, smoothing: float, logits: bool
-) -> tuple[Any, Any, Any]:
-    """:func:`_class_terms` of labels on NumPy, each element's label picked by indexing instead of
-    multiplied by a one-hot (a pass over the classes less, and no one-hot made): the label's term
-    ``(1 - s) w_y log_p_y``, the smoothing's ``(s / C) sum(w log_p)``, the delta scattered."""
-    classes = x.shape[-1]
-    lead = x.shape[:-1]
-    m = math.prod(lead)
-    lp = log_p.reshape(m, classes)
-    t = targets.reshape(m)
-    keep = None
-    if ignore_index is not None:
-        keep = t != ignore_index
-        t = np.where(keep, t, 0)  # (any label in range: its terms are taken out by ``keep``)
-    rows = np.arange(m)
-    counted = np.ones(m, dtype=x.dtype) if weight is None else weight[t]
-    if keep is not None:
-        counted = counted * keep
-    coefficient = counted * (1.0 - smoothing) if smoothing else counted  # of the label's term
-    with np.errstate(invalid="ignore"):  # (log-probabilities of -inf, where the coefficient is 0)
-        picked = coefficient * lp[rows, t]
-    if not logits:
-        picked = np.where(coefficient == 0.0, 0.0, picked)
-    losses = -picked
-    total = coefficient  # the sum of each row's coefficients
-    if smoothing:
-        uniform = np.full(m, smoothing / classes, dtype=x.dtype)
-        if keep is not None:
-            uniform = uniform * keep
-        weighted = lp if weight is None else lp * weight
-        losses = losses - uniform * np.add.reduce(weighted, axis=1)
-        total = total + uniform * (classes if weight is None else np.add.reduce(weight))
-    if logits:
-        delta = np.exp(lp) * total[:, None]
-        if smoothing:
-            delta -= uniform[:, None] if weight is None else uniform[:, None] * weight
-    else:
-        delta = np.zeros((m, classes), dtype=x.dtype)
-    delta[rows, t] -= coefficient
-    return losses.reshape(lead), delta.reshape(x.shape), counted.reshape(lead)
-
-
-def _class_weight(xp: Any, weight: Any, x: Any) -> Any:
-    """A class weight as the rule reads it: on ``x``'s device, in its dtype."""
-    return None if weight is None else xp.astype(host_in(xp, weight, x), x.dtype)
-
-
-def _merged_weight(xp: Any, weights: list[Any] | None, x: Any) -> Any:
-    """The class weights of merged calls, to broadcast against their stacked inputs ``x``: one
-    weight where every call has the same one (the common case), else one row per call."""
-    if weights is None:
-        return None
-    first = weights[0]
-    if all(w is first for w in weights):
-        return _class_weight(xp, first, x)
-    stacked = xp.stack([_class_weight(xp, w, x) for w in weights])
-    return xp.reshape(stacked, (len(weights),) + (1,) * (x.ndim - 2) + (x.shape[-1],))
-
-
-class _ClassLoss:
-    """The primitives of a class loss (``logits``: of logits, else of log-probabilities)."""
-
-    def __init__(self, name: str, what: str, logits: bool) -> None:
-        self.name, self.what, self.logits = name, what, logits
-        common: dict[str, Any] = {
-            "saves": True,
-            "check_values": self._check_labels,
-            "per_run": ("targets", "labels", "weight"),
-            "fresh": True,
-            "own": True,
-        }
-        self.none = Primitive(
-            name,
-            self._none,
-            (self._none_vjp,),
-            check=self._check,
-            batch=Batching(
-                forward=self._none_rows,
-                vjps=(self._none_vjp,),
-                row_params=("targets",),
-                check_merged=self._check_labels_merged,
-            ),
-            shape_rule=self._none_info,
-            **common,
-        )
-        self.reduced = Primitive(
-            name,
-            self._reduced,
-            (self._reduced_vjp,),
-            check=self._check,
-            batch=Batching(
-                scalar="always",
-                forward=self._reduced_rows,
-                vjps=(self._reduced_rows_vjp,),
-                row_params=("targets",),
-                check_merged=self._check_labels_merged,
-            ),
-            shape_rule=_float_info,
-            **common,
-        )
-
-    # -- checks
-
-    def _check(
-        self, x: Any, targets: Any, labels: Any, weight: Any, ignore_index: Any, smoothing: float, **rest: Any
-    ) -> None:
-        name = self.name
-        if type(x) is float or x.ndim == 0:
-            raise ShapeError(f"{name}: {self.what} must have a class axis, got shape {shape_of(x)}")
-        shape = tuple(x.shape)
-        if shape[-1] == 0:
-            raise ShapeError(f"{name}: {self.what} of shape {shape} have no classes")
-        if rest.get("mean") and not math.prod(shape):
-            raise ShapeError(f"{name}: {self.what} of shape {shape} are empty (no rows to take the mean of)")
-        wanted = shape[:-1] if labels is not None else shape
-        if tuple(targets.shape) != wanted:
-            raise ShapeError(
-                f"{name}: targets of shape {tuple(targets.shape)} do not fit {self.what} of shape {shape} "
-                f"(expected {wanted}: probabilities, or integer labels of shape {shape[:-1]})"
-            )
-        if weight is not None and tuple(weight.shape) != shape[-1:]:
-            raise ShapeError(
-                f"{name}: a class weight of shape {tuple(weight.shape)} does not fit {shape[-1]} classes "
-                f"({self.what} of shape {shape})"
-            )
-
-    def _check_labels(self, x: Any, labels: tuple[int, int] | None, **_: Any) -> None:
-        if labels is not None:
-            classes = x.shape[-1]
-            lo, hi = labels
-            if lo < 0 or hi >= classes:
-                raise ValueError(
-                    f"{self.name}: label {lo if lo < 0 else hi} is out of range for {classes} classes"
-                )
-
-    def _check_labels_merged(self, inputs: tuple[Any, ...], merged: dict[str, Any]) -> None:
-        ranges: list[tuple[int, int]] | None = merged["labels"]
-        if ranges is not None:
-            lo = min(r[0] for r in ranges)
-            hi = max(r[1] for r in ranges)
-            self._check_labels(inputs[0], (lo, hi))
-
-    def _none_info(self, x: Info, **_: Any) -> Info:
-        return x[0][:-1], x[1], x[2]
-
-    # -- rules
-
-    def _terms(
-        self, xp: Any, x: Any, targets: Any, labels: Any, weight: Any, ignore_index: Any, smoothing: float
-    ) -> tuple[Any, Any, Any]:
-        return _class_terms(xp, x, targets, labels, weight, ignore_index, smoothing, self.logits)
-
-    def _none(
-        self, xp: Any, x: Any, targets: Any, labels: Any, weight: Any, ignore_index: Any, smoothing: float
-    ) -> Any:
-        losses, delta, _ = self._terms(
-            xp, x, targets, labels, _class_weight(xp, weight, x), ignore_index, smoothing
-        )
-        return losses, delta
-
-    def _none_rows(
-        self, xp: Any, x: Any, targets: Any, labels: Any, weight: Any, ignore_index: Any, smoothing: float
-    ) -> Any:
-        losses, delta, _ = self._terms(
-            xp, x, targets, labels, _merged_weight(xp, weight, x), ignore_index, smoothing
-        )
-        return losses, delta
-
-    @staticmethod
-    def _none_vjp(xp: Any, d: Any, saved: Any, x: Any, **_: Any) -> Any:
-        if type(d) is float:  # (the delta of one element's loss)
-            return saved * d
-        return saved * xp.expand_dims(xp.astype(d, saved.dtype), axis=-1)
-
-    def _reduced(
-        self,
-        xp: Any,
-        x: Any,
-        targets: Any,
-        labels: Any,
-        weight: Any,
-        ignore_index: Any,
-        smoothing: float,
-        mean: bool,
-    ) -> tuple[float, tuple[Any, float]]:
-        losses, delta, counted = self._terms(
-            xp, x, targets, labels, _class_weight(xp, weight, x), ignore_index, smoothing
-        )
-        total = float(xp.sum(losses))
-        if not mean:
-            return total, (delta, 1.0)
-        count = math.prod(x.shape[:-1]) if counted is None else float(xp.sum(counted))
-        return _mean_of(total, count), (delta, 1.0 / count if count else 0.0)
-
-    @staticmethod
-    def _reduced_vjp(xp: Any, d: float, saved: tuple[Any, float], x: Any, **_: Any) -> Any:
-        delta, scale = saved
-        return delta * (d * scale)
-
-    def _reduced_rows(
-        self,
-        xp: Any,
-        x: Any,
-        targets: Any,
-        labels: Any,
-        weight: Any,
-        ignore_index: Any,
-        smoothing: float,
-        mean: bool,
-    ) -> tuple[Any, tuple[Any, Any]]:
-        losses, delta, counted = self._terms(
-            xp, x, targets, labels, _merged_weight(xp, weight, x), ignore_index, smoothing
-        )
-        totals = _row_sums(xp, losses)
-        n = x.shape[0]
-        if not mean:
-            return totals, (delta, xp.ones((n,), dtype=xp.float64, **on_device(xp, x)))
-        if counted is None:
-            count = math.prod(x.shape[1:-1])
-            counts = xp.full((n,), float(count), dtype=xp.float64, **on_device(xp, x))
-        else:
-            counts = _row_sums(xp, counted)
-        empty = counts == 0.0
-        safe = xp.where(empty, xp.ones_like(counts), counts)
-        means = xp.where(empty, xp.full_like(totals, math.nan), totals / safe)
-        return means, (delta, xp.where(empty, xp.zeros_like(counts), 1.0 / safe))
-
-    @staticmethod
-    def _reduced_rows_vjp(xp: Any, d: Any, saved: tuple[Any, Any], x: Any, **_: Any) -> Any:
-        delta, scales = saved
-        return delta * _row_deltas(xp, d * scales, delta)
-
-
-NLL: Final = _ClassLoss("nll_loss", "log-probabilities", logits=False)
-CROSS_ENTROPY: Final = _ClassLoss("cross_entropy", "logits", logits=True)
-
-
-def class_loss(
-    loss: _ClassLoss,
-    x: object,
-    targets: object,
-    reduction: object,
-    weight: object,
-    ignore_index: object,
-    label_smoothing: object,
-) -> FloatLayer | ArrayLayer:
-    """A class loss (:data:`NLL`, :data:`CROSS_ENTROPY`) of ``x`` made: its arguments checked."""
-    op = loss.name
-    array_operand(op, x, loss.what)
-    how = reduction_param(op, reduction)
-    t = class_targets(op, targets)
-    if weight is not None and not (
-        is_array(weight) and is_float_array(weight) and len(getattr(weight, "shape", ())) == 1
-    ):
-        raise TypeError(
-            f"{op}: weight must be a 1-d floating-point array (a weight per class), got {described(weight)}"
-        )
-    ignore: int | None = None
-    if ignore_index is not None:
-        if type(ignore_index) is bool or not isinstance(ignore_index, (int, np.integer)):
-            raise TypeError(f"{op}: ignore_index must be an int or None, got {described(ignore_index)}")
-        ignore = int(ignore_index)
-    smoothing = _real(op, "label_smoothing", label_smoothing)
-    if not 0.0 <= smoothing <= 1.0:
-        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {smoothing!r}")
-    labels = None
-    if integral(t):
-        labels = label_range(t, ignore)
-    elif not loss.logits:
-        raise TypeError(f"{op}: expected integer labels, got targets of dtype {t.dtype}")
-    elif not is_float_array(t):
-        raise TypeError(f"{op}: expected integer labels or floating-point probabilities, got dtype {t.dtype}")
-    elif ignore is not None:
-        raise ValueError(
-            f"{op}: ignore_index applies to integer labels; these targets are probabilities "
-            f"(dtype {t.dtype}, shape {tuple(t.shape)})"
-        )
-    params = {
-        "targets": t,
-        "labels": labels,
-        "weight": weight,
-        "ignore_index": ignore,
-        "smoothing": smoothing,
-    }
-    if how == "none":
-        return apply_array(loss.none, x, **params)
-    return apply_float(loss.reduced, x, mean=how == "mean", **params)
-
-
-@overload
-def nll_loss(
-    log_probs: AnyArray,
-    targets: AnyNDArray | int,
-    *,
-    reduction: Literal["mean", "sum"] = "mean",
-    weight: Array | None = None,
-    ignore_index: int | None = None,
-) -> FloatLayer: ...
-@overload
-def nll_loss(
-    log_probs: AnyArray,
-    targets: AnyNDArray | int,
-    *,
-    reduction: Literal["none"],
-    weight: Array | None = None,
-    ignore_index: int | None = None,
-) -> ArrayLayer: ...
-def nll_loss(
-    log_probs: AnyArray,
-    targets: AnyNDArray | int,
-    *,
-    reduction: Reduction = "mean",
-    weight: Array | None = None,
-    ignore_index: int | None = None,
-) -> FloatLayer | ArrayLayer:
-    """The negative log-likelihood of integer labels (PyTorch's ``nll_loss``): ``-log_probs[...,
-    label]`` of each element, reduced; ``log_probs`` of shape ``(..., classes)`` (a
-    :func:`~monadl.log_softmax`'s output), ``targets`` integer labels of shape
-    ``log_probs.shape[:-1]`` (a Python int for one example's ``(classes,)``).
-
-    ``weight``: a weight per class (a 1-d array, a constant), multiplying each element's loss by its
-    label's; the mean is then divided by the sum of those weights (PyTorch's weighted mean).
-    ``ignore_index``: a label whose elements add nothing (their loss is 0, and the mean does not count
-    them; PyTorch's default is -100: pass it for that behaviour). A label out of range (and not
-    ignored) is an error when the op runs. The mean over no counted element is NaN, as PyTorch's."""
-    return class_loss(NLL, log_probs, targets, reduction, weight, ignore_index, 0.0)

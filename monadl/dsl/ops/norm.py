@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from monadl.do.primitive import Batching, Primitive
+from monadl.do.primitive import Batching
 from monadl.dsl.arguments import array_operand, int_param, int_sequence
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
-from monadl.dsl.static import Info
+from monadl.dsl.ops.registry import declare
+from monadl.dsl.ops.shape_rules import Info, same
 from monadl.typeclasses.backend import NUMPY, ShapeError, shape_of
 
 __all__ = ["group_norm", "layer_norm", "rms_norm"]
@@ -108,19 +109,18 @@ def _plain_forward(xp: Any, x: Any, eps: float) -> tuple[Any, tuple[Any, Any]]:
     return _forward(xp, x, None, None, eps)
 
 
-LAYER_NORM = Primitive(
+LAYER_NORM = declare(
     "layer_norm",
     _plain_forward,
     (_vjp_x,),
     saves=True,
     check=_check,
     batch=Batching(),
-    fresh=True,
-    own=True,
+    shape_rule=same,
 )
 """Layer norm without an affine transform: ``x``'s rows normalised."""
 
-LAYER_NORM_AFFINE = Primitive(
+LAYER_NORM_AFFINE = declare(
     "layer_norm",
     _forward,
     (_vjp_x, _vjp_weight, _vjp_bias),
@@ -128,8 +128,7 @@ LAYER_NORM_AFFINE = Primitive(
     check=_check,
     # the rows stacked, the weight and the bias shared: their deltas summed once per group
     batch=Batching(shared=(1, 2)),
-    fresh=True,
-    own=True,
+    shape_rule=same,
 )
 """Layer norm scaled by ``weight`` and shifted by ``bias`` (a Python float where one is absent)."""
 
@@ -276,28 +275,24 @@ def _same_info(x: Info, *_: Any, **__: Any) -> Info:
     return x
 
 
-GROUP_NORM = Primitive(
+GROUP_NORM = declare(
     "group_norm",
     _group_plain_forward,
     (_group_vjp_x,),
     saves=True,
     check=_group_check,
     batch=Batching(axis=True),  # the rows stacked, the channel axis shifted past them
-    fresh=True,
-    own=True,
     shape_rule=_same_info,
 )
 """Group norm without an affine transform."""
 
-GROUP_NORM_AFFINE = Primitive(
+GROUP_NORM_AFFINE = declare(
     "group_norm",
     _group_forward,
     (_group_vjp_x, _group_vjp_weight, _group_vjp_bias),
     saves=True,
     check=_group_check,
     batch=Batching(shared=(1, 2), axis=True),
-    fresh=True,
-    own=True,
     shape_rule=_same_info,
 )
 """Group norm scaled by ``weight`` and shifted by ``bias`` per channel (a float where one is absent)."""
@@ -403,28 +398,24 @@ def _rms_check(x: Any, *affine: Any, shape: tuple[int, ...], eps: float | None) 
         )
 
 
-RMS_NORM = Primitive(
+RMS_NORM = declare(
     "rms_norm",
     _rms_plain_forward,
     (_rms_vjp_x,),
     saves=True,
     check=_rms_check,
     batch=Batching(),
-    fresh=True,
-    own=True,
     shape_rule=_same_info,
 )
 """RMS norm without a weight: ``x``'s last axes (of ``shape``) normalised."""
 
-RMS_NORM_AFFINE = Primitive(
+RMS_NORM_AFFINE = declare(
     "rms_norm",
     _rms_forward,
     (_rms_vjp_x, _rms_vjp_weight),
     saves=True,
     check=_rms_check,
     batch=Batching(shared=(1,)),  # the rows stacked, the weight shared: its delta summed once
-    fresh=True,
-    own=True,
     shape_rule=_same_info,
 )
 """RMS norm scaled by ``weight`` (the shape of the normalised axes)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from monadl.dsl.layers import AnyArray, ArrayLayer
+from monadl.dsl.ops.activations import sigmoid_of
 from monadl.dsl.ops.packing import (
     PER_DIRECTION,
     apply_layer,
@@ -28,7 +29,7 @@ from monadl.dsl.ops.packing import (
     previous_steps,
     unpacked_rows,
 )
-from monadl.dsl.primitives import sigmoid_of
+from monadl.dsl.ops.shape_rules import Info, promoted
 from monadl.typeclasses.backend import ShapeError, shape_of
 
 __all__ = ["packed_gru"]
@@ -143,7 +144,13 @@ def _cost(x: Any, *weights: Any, **_: Any) -> float:
     return float(2 * x.shape[0] * 3 * (inputs + hidden) * hidden * (len(weights) // PER_DIRECTION))
 
 
-PACKED_GRU: Final = layer_ops("packed_gru", _forward, _deltas, _cost, _check)
+def _shape_rule(x: Info, *weights: Info, lengths: tuple[int, ...]) -> Info:
+    """(N, inputs) and D directions' gates -> (N, D hidden)."""
+    directions = len(weights) // 8
+    return (x[0][0], directions * weights[-1][0][0]), *promoted(x, *weights)
+
+
+PACKED_GRU: Final = layer_ops("packed_gru", _forward, _deltas, _cost, _check, _shape_rule)
 
 
 def packed_gru(x: AnyArray, lengths: tuple[int, ...], *weights: AnyArray) -> ArrayLayer:

@@ -21,6 +21,7 @@ import numpy as np
 
 from monadl.do.primitive import Primitive
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
+from monadl.dsl.ops.registry import declare
 from monadl.typeclasses.backend import ShapeError, on_device, shape_of
 
 __all__ = ["Packing", "indices", "layer_ops", "packing"]
@@ -162,22 +163,23 @@ def layer_ops(
     deltas: Callable[..., list[Any]],
     cost: Callable[..., float],
     check: Callable[..., None],
+    shape_rule: Callable[..., Any],
 ) -> dict[int, Primitive]:
     """A whole-layer op's primitives, one a number of directions (one vjp an operand), by their
-    number of weights. ``forward(xp, x, *weights, lengths)`` gives the result and what it saves;
+    number of weights (``shape_rule``: their result's, see ``monadl.dsl.ops.shape_rules``).
+    ``forward(xp, x, *weights, lengths)`` gives the result and what it saves;
     ``deltas(xp, d, saved, x, *weights, lengths)`` gives every operand's delta at once, worked out
     once, by the first vjp that asks (the others wait for it, then read theirs). Its calls never
     merge: each is a whole layer over a batch already."""
     return {
-        n: Primitive(
+        n: declare(
             name,
             _saving(forward),
             tuple(_vjp(deltas, k) for k in range(1 + n)),
             saves=True,
             cost=cost,
             check=check,
-            fresh=True,
-            own=True,
+            shape_rule=shape_rule,
         )
         for n in (PER_DIRECTION, 2 * PER_DIRECTION)
     }

@@ -21,10 +21,11 @@ import math
 from collections.abc import Sequence
 from typing import Any, Final, Literal
 
-from monadl.do.primitive import Batching, Primitive
+from monadl.do.primitive import Batching
 from monadl.dsl.arguments import array_operand, as_index
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
-from monadl.dsl.static import Info
+from monadl.dsl.ops.registry import declare
+from monadl.dsl.ops.shape_rules import Info
 from monadl.typeclasses.backend import ShapeError, on_device, shape_of
 
 __all__ = ["PadMode", "pad"]
@@ -191,15 +192,13 @@ def _cost(x: Any, widths: Widths, **_: Any) -> float:
     return float(math.prod(_sizes(tuple(x.shape), widths)))
 
 
-PAD: Final = Primitive(
+PAD: Final = declare(
     "pad",
     _forward,
     (_vjp,),
     cost=_cost,
     check=_check,
     batch=Batching(),  # the calls' inputs stacked on a new leading axis, which no pad reaches
-    fresh=True,
-    own=True,
     shape_rule=_shape,
 )
 """Padding of ``x``'s last axes by ``widths`` (the first padded axis first), in ``mode``."""

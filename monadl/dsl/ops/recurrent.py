@@ -21,9 +21,12 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from monadl.do.primitive import ELEMENTWISE
 from monadl.dsl.arguments import array_operand
 from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
-from monadl.dsl.primitives import ELEMENTWISE, Primitive, sigmoid_of, sigmoids_of
+from monadl.dsl.ops.activations import sigmoid_of, sigmoids_of
+from monadl.dsl.ops.registry import declare
+from monadl.dsl.ops.shape_rules import elementwise
 
 __all__ = ["gru_h", "lstm_c", "lstm_h"]
 
@@ -105,28 +108,26 @@ def _gru_vjp_h(xp: Any, d: Any, saved: tuple[Any, Any, Any], *_: Any) -> Any:
     return d * saved[1]
 
 
-GRU_H: Final = Primitive(
+GRU_H: Final = declare(
     "gru_h",
     _gru_forward,
     (_gru_vjp_r, _gru_vjp_z, _gru_vjp_n_x, _gru_vjp_n_h, _gru_vjp_h),
     True,
     saves=True,
     batch=ELEMENTWISE,
-    fresh=True,
-    own=True,
+    shape_rule=elementwise,
 )
-LSTM_C: Final = Primitive(
+LSTM_C: Final = declare(
     "lstm_c",
     _c_forward,
     (_c_vjp_i, _c_vjp_f, _c_vjp_u, _c_vjp_c),
     True,
     saves=True,
     batch=ELEMENTWISE,
-    fresh=True,
-    own=True,
+    shape_rule=elementwise,
 )
-LSTM_H: Final = Primitive(
-    "lstm_h", _h_forward, (_h_vjp_o, _h_vjp_c), True, saves=True, batch=ELEMENTWISE, fresh=True, own=True
+LSTM_H: Final = declare(
+    "lstm_h", _h_forward, (_h_vjp_o, _h_vjp_c), True, saves=True, batch=ELEMENTWISE, shape_rule=elementwise
 )
 
 

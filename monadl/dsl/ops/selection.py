@@ -11,19 +11,23 @@ from __future__ import annotations
 import math
 import reprlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
+from monadl.do.primitive import ELEMENTWISE, Batching
 from monadl.dsl.arguments import array_operand, int_param
-from monadl.dsl.indices import integral
+from monadl.dsl.indices import integral, row_indices
 from monadl.dsl.layers import ADVANCED_INDEX, AnyArray, AnyFloat, ArrayLayer, apply_array
-from monadl.dsl.primitives import ELEMENTWISE, Batching, Primitive
+from monadl.dsl.ops.operators import TAKE_ROWS
+from monadl.dsl.ops.registry import declare
+from monadl.dsl.ops.shape_rules import Info, broadcast, promoted
 from monadl.typeclasses.backend import (
     NDARRAY,
     NUMPY,
     AnyNDArray,
     IndexArray,
+    RowIndices,
     ShapeError,
     host_in,
     is_array,
@@ -33,7 +37,15 @@ from monadl.typeclasses.backend import (
     shape_of,
 )
 
-__all__ = ["take_along_axis", "where"]
+__all__ = ["take_along_axis", "take_rows", "where"]
+
+
+def take_rows(table: AnyArray, indices: RowIndices) -> ArrayLayer:
+    """Rows of ``table`` (an embedding lookup): shape ``indices.shape + table.shape[1:]``. The
+    delta adds each row's delta into the rows used, repeated indices included. (Its op,
+    ``TAKE_ROWS``, is also ``table[indices]``'s, so it is declared with the operators.)"""
+    array_operand("take_rows", table)
+    return apply_array(TAKE_ROWS, table, indices=row_indices(indices))
 
 
 def _where(xp: Any, a: Any, b: Any, condition: Any) -> Any:
@@ -55,14 +67,19 @@ def _no_delta(xp: Any, d: Any, o: Any, a: Any, b: Any, condition: Any) -> Any:
     return xp.zeros_like(condition)
 
 
-where_ = Primitive(
+def _where_rule(a: Info, b: Info, condition: Info) -> Info | None:
+    if a[2] is None and b[2] is None:
+        return None  # two floats take the condition's dtype
+    return broadcast(a[0], b[0], condition[0]), *promoted(a, b)
+
+
+WHERE: Final = declare(
     "where",
     _where,
     (_where_vjp_a, _where_vjp_b, _no_delta),
     broadcasts=True,
     batch=ELEMENTWISE,
-    fresh=True,
-    own=True,
+    shape_rule=_where_rule,
 )
 
 
@@ -80,7 +97,7 @@ def where(condition: AnyNDArray, a: AnyFloat | AnyArray, b: AnyFloat | AnyArray)
         values = np.asarray(values)
     xp = namespace(values)
     mask = xp.astype(values, xp.float64)
-    return apply_array(where_, a, b, mask)
+    return apply_array(WHERE, a, b, mask)
 
 
 # ------------------------------------------------------------------ gathers and their scatter-adds
@@ -251,7 +268,16 @@ def _check_take_along_merged(inputs: tuple[Any, ...], merged: dict[str, Any]) ->
     _check_take_along_range(inputs[0], merged["indices"], merged["axis"])
 
 
-take_along_axis_ = Primitive(
+def _take_along_rule(x: Info, indices: Any, axis: int = -1) -> Info:
+    i_shape = tuple(indices.shape)
+    x_shape = (1,) * (len(i_shape) - len(x[0])) + x[0]
+    ax = axis % len(x_shape)
+    lanes = list(broadcast((*x_shape[:ax], 1, *x_shape[ax + 1 :]), (*i_shape[:ax], 1, *i_shape[ax + 1 :])))
+    lanes[ax] = i_shape[ax]
+    return tuple(lanes), x[1], x[2]
+
+
+TAKE_ALONG_AXIS: Final = declare(
     "take_along_axis",
     _take_along,
     (_take_along_vjp,),
@@ -267,8 +293,7 @@ take_along_axis_ = Primitive(
     ),
     check_values=_check_take_along_range,
     per_run=("indices",),
-    fresh=True,
-    own=True,
+    shape_rule=_take_along_rule,
 )
 
 
@@ -282,7 +307,7 @@ def take_along_axis(x: AnyArray, indices: IndexArray | Sequence[Any], axis: int 
     row's score of its label."""
     array_operand("take_along_axis", x)
     index = _index_array("take_along_axis", indices)
-    return apply_array(take_along_axis_, x, indices=index, axis=int_param("take_along_axis", "axis", axis))
+    return apply_array(TAKE_ALONG_AXIS, x, indices=index, axis=int_param("take_along_axis", "axis", axis))
 
 
 # -------------------------------------------------------------------- advanced indexing: x[rows, cols]
@@ -366,7 +391,13 @@ def _check_gather_merged(inputs: tuple[Any, ...], merged: dict[str, Any]) -> Non
     _check_gather_range(inputs[0], _calls_as_one(merged["indices"]), merged.get("axis", 0))
 
 
-index_ = Primitive(
+def _index_arrays_rule(x: Info, indices: Any, axis: int = 0) -> Info:
+    shape = x[0]
+    k = int(indices.shape[0])
+    return (*shape[:axis], *tuple(indices.shape[1:]), *shape[axis + k :]), x[1], x[2]
+
+
+INDEX_ARRAYS: Final = declare(
     "getitem_arrays",
     _gather,
     (_gather_vjp,),
@@ -384,8 +415,7 @@ index_ = Primitive(
     ),
     check_values=_check_gather_range,
     per_run=("indices",),
-    fresh=True,
-    own=True,
+    shape_rule=_index_arrays_rule,
 )
 
 _BAD_ENTRY = (
@@ -453,7 +483,7 @@ def index_arrays(x: Any, key: Any) -> ArrayLayer:
         stacked = xp.stack(xp.broadcast_arrays(*[xp.astype(a, xp.int64) for a in arrays]))
     else:
         stacked = np.stack(np.broadcast_arrays(*[a.astype(np.intp, copy=False) for a in arrays]))
-    return apply_array(index_, x, indices=stacked, axis=before)
+    return apply_array(INDEX_ARRAYS, x, indices=stacked, axis=before)
 
 
 ADVANCED_INDEX.append(index_arrays)  # what ``layer[rows, cols]`` calls (see monadl.dsl.layers)
