@@ -42,7 +42,7 @@ from monadl.dsl.ops.adaptive_pool import adaptive_avg_pool2d
 from monadl.dsl.ops.attention import scaled_dot_product_attention
 from monadl.dsl.ops.batch_norm import batch_norm
 from monadl.dsl.ops.classification import cross_entropy, nll_loss
-from monadl.dsl.ops.conv import avg_pool1d, avg_pool2d, conv1d, conv2d, max_pool1d, max_pool2d
+from monadl.dsl.ops.conv import conv1d, conv2d
 from monadl.dsl.ops.conv_transpose import conv_transpose2d
 from monadl.dsl.ops.elementwise import (
     abs,
@@ -69,6 +69,7 @@ from monadl.dsl.ops.losses import (
 )
 from monadl.dsl.ops.norm import group_norm, layer_norm, rms_norm
 from monadl.dsl.ops.padding import PadMode, pad
+from monadl.dsl.ops.pooling import avg_pool1d, avg_pool2d, max_pool1d, max_pool2d
 from monadl.dsl.ops.recurrent import gru_h, lstm_c, lstm_h
 from monadl.dsl.ops.reductions import argmax, argmin, logsumexp, max, mean, min, std, sum, var
 from monadl.dsl.ops.selection import take_along_axis, take_rows, where

@@ -11,7 +11,7 @@ conventions are ``monadl.dsl.ops.losses``': the class axis is last, the targets 
 from __future__ import annotations
 
 import math
-from typing import Any, Final, Literal, cast, overload
+from typing import Any, Final, Literal, overload
 
 import numpy as np
 
@@ -20,11 +20,21 @@ from monadl.dsl.arguments import array_operand, described
 from monadl.dsl.indices import integral
 from monadl.dsl.layers import AnyArray, ArrayLayer, FloatLayer, apply_array, apply_float
 from monadl.dsl.ops.activations import LOG_SOFTMAX, log_softmax_of
-from monadl.dsl.ops.losses import Reduction, mean_of, real_param, reduction_param, row_deltas, row_sums
+from monadl.dsl.ops.losses import (
+    Reduction,
+    class_targets,
+    class_weight,
+    label_range,
+    mean_of,
+    merged_weight,
+    real_param,
+    reduction_param,
+    row_deltas,
+    row_sums,
+)
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import Info, scalar
 from monadl.typeclasses.backend import (
-    NDARRAY,
     NUMPY,
     AnyNDArray,
     Array,
@@ -32,7 +42,6 @@ from monadl.typeclasses.backend import (
     host_in,
     is_array,
     is_float_array,
-    namespace,
     on_device,
     shape_of,
 )
@@ -49,48 +58,6 @@ __all__ = ["class_loss", "cross_entropy", "nll_loss"]
 # the class weights, and zero for a label ignored. The mean divides by the summed weights of the
 # labels not ignored (their count, without weights), or by the number of elements for
 # probabilities, as PyTorch does. The forward saves the delta, so a vjp is one multiplication.
-
-
-def label_range(targets: Any, ignore_index: int | None) -> tuple[int, int]:
-    """The smallest and the largest label of ``targets`` not ``ignore_index`` ((0, 0) where there
-    is none: every class count has label 0). On NumPy by the ufuncs' reductions: ``np.min`` and
-    ``np.max`` add microseconds of Python each, to every training step that makes the op."""
-    if not targets.shape:  # one label (a node of a tree): no reduction needed
-        label = int(targets)
-        if label == ignore_index:
-            return LABEL_RANGES[0]
-        return LABEL_RANGES[label] if 0 <= label < len(LABEL_RANGES) else (label, label)
-    if not math.prod(targets.shape):
-        return (0, 0)
-    xp = namespace(targets)
-    if ignore_index is not None:
-        targets = xp.where(targets == ignore_index, xp.zeros_like(targets), targets)
-    if xp is NUMPY:
-        return int(np.minimum.reduce(targets, axis=None)), int(np.maximum.reduce(targets, axis=None))
-    return int(xp.min(targets)), int(xp.max(targets))
-
-
-def _label_array(label: int) -> AnyNDArray:
-    """A Python int label as a 0-d int64 array (read-only: one per label, shared)."""
-    array = np.asarray(label, dtype=np.int64)
-    array.flags.writeable = False
-    return array
-
-
-LABEL_ARRAYS: Final = [_label_array(label) for label in range(256)]
-"""The 0-d arrays of the labels 0 to 255, made once (a loss per node of a tree takes one each)."""
-LABEL_RANGES: Final = [(label, label) for label in range(256)]
-"""A label's range, made once."""
-
-
-def class_targets(op: str, targets: object) -> AnyNDArray:
-    """The targets of a class loss: an array, or a Python int label as a 0-d array."""
-    if type(targets) is int:  # one example's label (``type``: a bool is no label)
-        label: int = targets
-        return LABEL_ARRAYS[label] if 0 <= label < len(LABEL_ARRAYS) else _label_array(label)
-    if type(targets) is not NDARRAY and not is_array(targets):  # NumPy's arrays first: one per node
-        raise TypeError(f"{op}: expected an array of targets, got {type(targets).__name__}")
-    return cast(AnyNDArray, targets)
 
 
 def _class_terms(
@@ -184,23 +151,6 @@ def _picked_terms(
         delta = np.zeros((m, classes), dtype=x.dtype)
     delta[rows, t] -= coefficient
     return losses.reshape(lead), delta.reshape(x.shape), counted.reshape(lead)
-
-
-def _class_weight(xp: Any, weight: Any, x: Any) -> Any:
-    """A class weight as the rule reads it: on ``x``'s device, in its dtype."""
-    return None if weight is None else xp.astype(host_in(xp, weight, x), x.dtype)
-
-
-def _merged_weight(xp: Any, weights: list[Any] | None, x: Any) -> Any:
-    """The class weights of merged calls, to broadcast against their stacked inputs ``x``: one
-    weight where every call has the same one (the common case), else one row per call."""
-    if weights is None:
-        return None
-    first = weights[0]
-    if all(w is first for w in weights):
-        return _class_weight(xp, first, x)
-    stacked = xp.stack([_class_weight(xp, w, x) for w in weights])
-    return xp.reshape(stacked, (len(weights),) + (1,) * (x.ndim - 2) + (x.shape[-1],))
 
 
 class _ClassLoss:
@@ -298,7 +248,7 @@ class _ClassLoss:
         self, xp: Any, x: Any, targets: Any, labels: Any, weight: Any, ignore_index: Any, smoothing: float
     ) -> Any:
         losses, delta, _ = self._terms(
-            xp, x, targets, labels, _class_weight(xp, weight, x), ignore_index, smoothing
+            xp, x, targets, labels, class_weight(xp, weight, x), ignore_index, smoothing
         )
         return losses, delta
 
@@ -306,7 +256,7 @@ class _ClassLoss:
         self, xp: Any, x: Any, targets: Any, labels: Any, weight: Any, ignore_index: Any, smoothing: float
     ) -> Any:
         losses, delta, _ = self._terms(
-            xp, x, targets, labels, _merged_weight(xp, weight, x), ignore_index, smoothing
+            xp, x, targets, labels, merged_weight(xp, weight, x), ignore_index, smoothing
         )
         return losses, delta
 
@@ -328,7 +278,7 @@ class _ClassLoss:
         mean: bool,
     ) -> tuple[float, tuple[Any, float]]:
         losses, delta, counted = self._terms(
-            xp, x, targets, labels, _class_weight(xp, weight, x), ignore_index, smoothing
+            xp, x, targets, labels, class_weight(xp, weight, x), ignore_index, smoothing
         )
         total = float(xp.sum(losses))
         if not mean:
@@ -353,7 +303,7 @@ class _ClassLoss:
         mean: bool,
     ) -> tuple[Any, tuple[Any, Any]]:
         losses, delta, counted = self._terms(
-            xp, x, targets, labels, _merged_weight(xp, weight, x), ignore_index, smoothing
+            xp, x, targets, labels, merged_weight(xp, weight, x), ignore_index, smoothing
         )
         totals = row_sums(xp, losses)
         n = x.shape[0]
@@ -559,11 +509,6 @@ def _cross_entropy_rows(
     return -xp.astype(summed, xp.float64) / batch, (xp.exp(log_p) - onehot) / batch
 
 
-def _as_rows(xp: Any, d: Any, like: Any) -> Any:
-    """A delta of one value per row, shaped ``(n, 1, ...)`` to broadcast against ``like``, in its dtype."""
-    return xp.astype(xp.reshape(d, (d.shape[0],) + (1,) * (like.ndim - 1)), like.dtype)
-
-
 # ``labels`` is (min, max) of integer labels, computed once when the op is made, or None for
 # probabilities. The forward saves the gradient, so the backward is one multiplication.
 CROSS_ENTROPY_FUSED: Final = declare(
@@ -575,7 +520,7 @@ CROSS_ENTROPY_FUSED: Final = declare(
     batch=Batching(
         scalar="always",
         forward=_cross_entropy_rows,
-        vjps=(lambda xp, d, saved, logits, targets, labels: saved * _as_rows(xp, d, saved),),
+        vjps=(lambda xp, d, saved, logits, targets, labels: saved * row_deltas(xp, d, saved),),
         row_params=("targets",),
         check_merged=_check_labels_merged,
     ),

@@ -1,11 +1,11 @@
-"""Convolution and pooling: :func:`conv1d`, :func:`conv2d`, :func:`max_pool1d`, :func:`max_pool2d`,
-:func:`avg_pool1d`, :func:`avg_pool2d`.
+"""Convolution: :func:`conv1d` and :func:`conv2d` (pooling, on the same geometry, is in
+``monadl.dsl.ops.pooling``).
 
 Layout: channels first, as PyTorch (NCHW). An input has shape ``(..., C, L)`` (1d) or
 ``(..., C, H, W)`` (2d): any number of leading batch axes, none included; a kernel has shape
 ``(O, C // groups, K)`` or ``(O, C // groups, KH, KW)``; a bias ``(O,)`` or a float. The output of a
 convolution has shape ``(..., O, OH, OW)`` with ``OH = (H + pad_lo + pad_hi - dilation * (KH - 1)
-- 1) // stride + 1``. Pooling keeps the channels: ``(..., C, OH, OW)``.
+- 1) // stride + 1``.
 
 How it is computed: im2col as one copy and one matrix product. The input is laid out channels
 first, batch second (``(C, B, H, W)``), padded, and the ``KH * KW`` strided slices of the kernel's
@@ -29,14 +29,14 @@ import math
 from collections.abc import Sequence
 from typing import Any, Final, Literal
 
-from monadl.do.primitive import Batching, Primitive
+from monadl.do.primitive import Batching
 from monadl.dsl.arguments import array_operand, as_index
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, apply_array, is_float_kind
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import Info, promoted
 from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, on_device, shape_of
 
-__all__ = ["avg_pool1d", "avg_pool2d", "conv1d", "conv2d", "max_pool1d", "max_pool2d"]
+__all__ = ["conv1d", "conv2d"]
 
 Pair = tuple[int, int]
 Pads = tuple[Pair, Pair]
@@ -44,18 +44,19 @@ Pads = tuple[Pair, Pair]
 # ------------------------------------------------------------------------------------- geometry
 
 
-def _out_size(n: int, k: int, stride: int, pad: Pair, dilation: int) -> int:
+def out_size(n: int, k: int, stride: int, pad: Pair, dilation: int) -> int:
+    """The output side of a window of ``k`` over a side of ``n``, padded, strided and dilated."""
     return (n + pad[0] + pad[1] - dilation * (k - 1) - 1) // stride + 1
 
 
-def _windows(
+def windows(
     xp: Any, x: Any, kernel: Pair, stride: Pair, pads: Pads, dilation: Pair, fill: float
 ) -> tuple[Any, int, int]:
     """``x`` of shape (C, B, H, W) padded with ``fill``, and its kernel offsets' strided slices as a
     list (offset ``(i, j)`` at ``i * KW + j``), each of shape (C, B, OH, OW); and OH, OW."""
     h, w = x.shape[-2], x.shape[-1]
-    oh = _out_size(h, kernel[0], stride[0], pads[0], dilation[0])
-    ow = _out_size(w, kernel[1], stride[1], pads[1], dilation[1])
+    oh = out_size(h, kernel[0], stride[0], pads[0], dilation[0])
+    ow = out_size(w, kernel[1], stride[1], pads[1], dilation[1])
     if pads != ((0, 0), (0, 0)):
         (top, bottom), (left, right) = pads
         padded = xp.full(
@@ -63,14 +64,15 @@ def _windows(
         )
         padded[..., top : top + h, left : left + w] = x
         x = padded
-    return [x[(..., *_key(i, j, oh, ow, stride, dilation))] for i, j in _offsets(kernel)], oh, ow
+    return [x[(..., *window_key(i, j, oh, ow, stride, dilation))] for i, j in offsets(kernel)], oh, ow
 
 
-def _offsets(kernel: Pair) -> list[Pair]:
+def offsets(kernel: Pair) -> list[Pair]:
+    """A 2d kernel's offsets, row-major."""
     return [(i, j) for i in range(kernel[0]) for j in range(kernel[1])]
 
 
-def _key(i: int, j: int, oh: int, ow: int, stride: Pair, dilation: Pair) -> tuple[slice, slice]:
+def window_key(i: int, j: int, oh: int, ow: int, stride: Pair, dilation: Pair) -> tuple[slice, slice]:
     """The slice of the padded input that kernel offset ``(i, j)`` reads for every output position."""
     top, left = i * dilation[0], j * dilation[1]
     return (
@@ -79,10 +81,10 @@ def _key(i: int, j: int, oh: int, ow: int, stride: Pair, dilation: Pair) -> tupl
     )
 
 
-def _col2im(
+def col2im(
     xp: Any, parts: Any, shape: tuple[int, ...], kernel: Pair, stride: Pair, pads: Pads, dilation: Pair
 ) -> Any:
-    """The transpose of :func:`_windows`: ``parts[k]`` (offset k's slice delta, (C, B, OH, OW)) added
+    """The transpose of :func:`windows`: ``parts[k]`` (offset k's slice delta, (C, B, OH, OW)) added
     into zeros of the padded input's shape, unpadded: a (C, B, H, W) delta."""
     (top, bottom), (left, right) = pads
     h, w = shape[-2], shape[-1]
@@ -94,35 +96,38 @@ def _col2im(
         tiles = xp.empty(
             (*shape[:-2], oh, kernel[0], ow, kernel[1]), dtype=parts[0].dtype, **on_device(xp, parts[0])
         )
-        for k, (i, j) in enumerate(_offsets(kernel)):
+        for k, (i, j) in enumerate(offsets(kernel)):
             tiles[..., i, :, j] = parts[k]
         g = xp.reshape(tiles, padded)
     else:
         g = xp.zeros(padded, dtype=parts[0].dtype, **on_device(xp, parts[0]))
-        for k, (i, j) in enumerate(_offsets(kernel)):
-            key = (..., *_key(i, j, oh, ow, stride, dilation))
+        for k, (i, j) in enumerate(offsets(kernel)):
+            key = (..., *window_key(i, j, oh, ow, stride, dilation))
             g[key] += parts[k]
     if pads != ((0, 0), (0, 0)):
         g = g[..., top : top + h, left : left + w]
     return g
 
 
-def _as_2d(x: Any, spatial: int) -> tuple[tuple[int, int, int, int], tuple[int, ...]]:
+def as_2d(x: Any, spatial: int) -> tuple[tuple[int, int, int, int], tuple[int, ...]]:
     """The shape (B, C, H, W) of ``x`` (..., C, *spatial), and its leading axes (1d: a height of 1)."""
     lead = tuple(x.shape[: x.ndim - spatial - 1])
     c, h, w = x.shape[-3:] if spatial == 2 else (x.shape[-2], 1, x.shape[-1])
     return (math.prod(lead), c, h, w), lead
 
 
-def _reshape(xp: Any, x: Any, shape: tuple[int, ...]) -> Any:
+def reshaped(xp: Any, x: Any, shape: tuple[int, ...]) -> Any:
+    """``x`` reshaped to ``shape`` (itself where it has that shape)."""
     return x if tuple(x.shape) == shape else xp.reshape(x, shape)
 
 
-def _full2d(spatial: int, v: tuple[int, ...]) -> Pair:
+def full2d(spatial: int, v: tuple[int, ...]) -> Pair:
+    """Per-axis sizes of ``spatial`` axes as 2d ones (a 1d op is 2d with a height of 1)."""
     return (1, v[0]) if spatial == 1 else (v[0], v[1])
 
 
-def _pads2d(spatial: int, pads: tuple[Pair, ...]) -> Pads:
+def pads2d(spatial: int, pads: tuple[Pair, ...]) -> Pads:
+    """Paddings of ``spatial`` axes as 2d ones, as :func:`full2d`."""
     return ((0, 0), pads[0]) if spatial == 1 else (pads[0], pads[1])
 
 
@@ -141,18 +146,18 @@ def _conv_forward(
 ) -> tuple[Any, Any]:
     """The convolution, and the columns (G, Cg * KH * KW, B * OH * OW) saved for the vjps."""
     spatial = len(stride)
-    shape, lead = _as_2d(x, spatial)
+    shape, lead = as_2d(x, spatial)
     bsz, c = shape[0], shape[1]
     o = w.shape[0]
-    kernel = _full2d(spatial, tuple(w.shape[2:]))
-    chw = xp.permute_dims(_reshape(xp, x, shape), (1, 0, 2, 3))  # (C, B, H, W): a view
-    parts, oh, ow = _windows(
-        xp, chw, kernel, _full2d(spatial, stride), _pads2d(spatial, padding), _full2d(spatial, dilation), 0.0
+    kernel = full2d(spatial, tuple(w.shape[2:]))
+    chw = xp.permute_dims(reshaped(xp, x, shape), (1, 0, 2, 3))  # (C, B, H, W): a view
+    parts, oh, ow = windows(
+        xp, chw, kernel, full2d(spatial, stride), pads2d(spatial, padding), full2d(spatial, dilation), 0.0
     )
     # (C, KH * KW, B, OH, OW) in one copy: rows (c, i, j) as the kernel's, columns (b, oh, ow)
     cols = xp.reshape(xp.stack(parts, axis=1), (groups, (c // groups) * len(parts), bsz * oh * ow))
     wm = xp.reshape(w, (groups, o // groups, cols.shape[1]))
-    out = _mm(xp, wm, cols)  # (G, O // G, B * OH * OW)
+    out = group_matmul(xp, wm, cols)  # (G, O // G, B * OH * OW)
     out = xp.reshape(out, (o, bsz * oh * ow))
     if type(b) is not float:
         if xp is NUMPY and type(b) is NDARRAY and b.dtype == out.dtype:
@@ -165,7 +170,7 @@ def _conv_forward(
     return xp.reshape(out, (*lead, o, *((ow,) if spatial == 1 else (oh, ow)))), cols
 
 
-def _mm(xp: Any, a: Any, b: Any) -> Any:
+def group_matmul(xp: Any, a: Any, b: Any) -> Any:
     """Products of (G, n, k) and (G, k, m) stacks; one BLAS product when G is 1."""
     if a.shape[0] == 1:
         return xp.expand_dims(xp.matmul(a[0, ...], b[0, ...]), axis=0)
@@ -174,7 +179,7 @@ def _mm(xp: Any, a: Any, b: Any) -> Any:
 
 def _d_rows(xp: Any, d: Any, x: Any, o: int, spatial: int, groups: int) -> Any:
     """The output's delta (..., O, OH, OW) as (G, O // G, B * OH * OW), as the forward's product."""
-    bsz = _as_2d(x, spatial)[0][0]
+    bsz = as_2d(x, spatial)[0][0]
     positions = math.prod(d.shape[d.ndim - spatial :])
     dm = xp.permute_dims(xp.reshape(d, (bsz, o, positions)), (1, 0, 2))
     return xp.reshape(dm, (groups, o // groups, bsz * positions))
@@ -193,21 +198,21 @@ def _conv_vjp_x(
     groups: int,
 ) -> Any:
     spatial = len(stride)
-    shape, _ = _as_2d(x, spatial)
+    shape, _ = as_2d(x, spatial)
     bsz, c, oh, ow = shape[0], shape[1], d.shape[-2] if spatial == 2 else 1, d.shape[-1]
-    kernel = _full2d(spatial, tuple(w.shape[2:]))
+    kernel = full2d(spatial, tuple(w.shape[2:]))
     wm = xp.reshape(w, (groups, w.shape[0] // groups, cols.shape[1]))
-    dcols = _mm(xp, xp.permute_dims(wm, (0, 2, 1)), _d_rows(xp, d, x, w.shape[0], spatial, groups))
+    dcols = group_matmul(xp, xp.permute_dims(wm, (0, 2, 1)), _d_rows(xp, d, x, w.shape[0], spatial, groups))
     dcols = xp.reshape(dcols, (c, kernel[0] * kernel[1], bsz, oh, ow))
     parts = [dcols[:, k, ...] for k in range(kernel[0] * kernel[1])]
-    g = _col2im(
+    g = col2im(
         xp,
         parts,
         (c, bsz, shape[2], shape[3]),
         kernel,
-        _full2d(spatial, stride),
-        _pads2d(spatial, padding),
-        _full2d(spatial, dilation),
+        full2d(spatial, stride),
+        pads2d(spatial, padding),
+        full2d(spatial, dilation),
     )
     return xp.reshape(xp.permute_dims(g, (1, 0, 2, 3)), tuple(x.shape))
 
@@ -218,7 +223,7 @@ def _conv_vjp_w(
     # (cols @ d.T).T, not d @ cols.T: the same product with the long side (the positions) as its
     # inner dimension on the right, which BLAS kernels with wide registers run faster, others alike
     dm = _d_rows(xp, d, x, w.shape[0], len(stride), groups)
-    dw = xp.permute_dims(_mm(xp, cols, xp.permute_dims(dm, (0, 2, 1))), (0, 2, 1))
+    dw = xp.permute_dims(group_matmul(xp, cols, xp.permute_dims(dm, (0, 2, 1))), (0, 2, 1))
     return xp.reshape(dw, tuple(w.shape))
 
 
@@ -262,7 +267,7 @@ def _check_conv(
     if type(b) is not float and tuple(b.shape) != (o,):
         raise ShapeError(f"{name}: bias of shape {tuple(b.shape)} does not fit {o} output channels")
     sizes = [
-        _out_size(x.shape[x.ndim - spatial + a], w.shape[2 + a], stride[a], padding[a], dilation[a])
+        out_size(x.shape[x.ndim - spatial + a], w.shape[2 + a], stride[a], padding[a], dilation[a])
         for a in range(spatial)
     ]
     if any(n < 1 for n in sizes):
@@ -288,7 +293,7 @@ def _conv_rule(
     spatial = len(stride)
     shape, kernel = x[0], w[0][2:]
     sides = shape[len(shape) - spatial :]
-    out = [_out_size(*args) for args in zip(sides, kernel, stride, padding, dilation, strict=True)]
+    out = [out_size(*args) for args in zip(sides, kernel, stride, padding, dilation, strict=True)]
     return (*shape[: len(shape) - spatial - 1], w[0][0], *out), *promoted(x, w, b)
 
 
@@ -306,155 +311,6 @@ CONV: Final = declare(
 """A convolution of 1 or 2 spatial axes (``len(stride)``): inputs x, w, b (a bias, or a float)."""
 
 
-# ---------------------------------------------------------------------------------------- pooling
-
-
-def _pool_input(xp: Any, x: Any, spatial: int) -> tuple[Any, tuple[int, ...]]:
-    """``x`` (..., *spatial) as (1, B, H, W) (the channels, like the batch, are rows of windows)."""
-    lead = tuple(x.shape[: x.ndim - spatial])
-    h, w = (1, x.shape[-1]) if spatial == 1 else (x.shape[-2], x.shape[-1])
-    return _reshape(xp, x, (1, math.prod(lead), h, w)), lead
-
-
-def _pool_out(xp: Any, out: Any, lead: tuple[int, ...], spatial: int) -> Any:
-    return xp.reshape(out, (*lead, *out.shape[-spatial:]))
-
-
-def _max_pool_forward(
-    xp: Any, x: Any, kernel: tuple[int, ...], stride: tuple[int, ...], padding: tuple[Pair, ...]
-) -> tuple[Any, Any]:
-    """The windows' maxima, and (saved) the offset of each window's first maximum."""
-    spatial = len(kernel)
-    x4, lead = _pool_input(xp, x, spatial)
-    parts, _, _ = _windows(
-        xp,
-        x4,
-        _full2d(spatial, kernel),
-        _full2d(spatial, stride),
-        _pads2d(spatial, padding),
-        (1, 1),
-        -math.inf,
-    )
-    # A running maximum over the offsets, elementwise: a reduction over a stacked leading axis
-    # (``argmax(axis=0)``) walks memory across the whole stack for every element, many times slower,
-    # and so does ``where``. Strictly greater: a tie keeps the earlier offset, the window's first
-    # maximum; the offsets come in increasing order, so the latest greater one is the largest index.
-    index = xp.int8 if len(parts) <= 127 else xp.int32
-    top = xp.asarray(parts[0], copy=True) if len(parts) == 1 else parts[0]
-    first = xp.zeros(tuple(top.shape), dtype=index, **on_device(xp, top))
-    for k, part in enumerate(parts[1:], start=1):
-        first = xp.maximum(first, xp.astype(part > top, index) * k)
-        top = xp.maximum(top, part)
-    return _pool_out(xp, top, lead, spatial), first
-
-
-def _max_pool_vjp(
-    xp: Any,
-    d: Any,
-    first: Any,
-    x: Any,
-    kernel: tuple[int, ...],
-    stride: tuple[int, ...],
-    padding: tuple[Pair, ...],
-) -> Any:
-    """The delta goes to each window's first maximum (as PyTorch's)."""
-    spatial = len(kernel)
-    x4, _ = _pool_input(xp, x, spatial)
-    d4 = xp.reshape(d, tuple(first.shape))
-    k2 = _full2d(spatial, kernel)
-    # a product by the 0/1 mask: many times faster than ``where`` (a delta is finite)
-    parts = [d4 * xp.astype(first == k, d4.dtype) for k in range(k2[0] * k2[1])]
-    g = _col2im(xp, parts, tuple(x4.shape), k2, _full2d(spatial, stride), _pads2d(spatial, padding), (1, 1))
-    return xp.reshape(g, tuple(x.shape))
-
-
-def _avg_pool_forward(
-    xp: Any, x: Any, kernel: tuple[int, ...], stride: tuple[int, ...], padding: tuple[Pair, ...]
-) -> Any:
-    """The windows' means; padding counts as zeros (PyTorch's ``count_include_pad=True``)."""
-    spatial = len(kernel)
-    x4, lead = _pool_input(xp, x, spatial)
-    parts, _, _ = _windows(
-        xp, x4, _full2d(spatial, kernel), _full2d(spatial, stride), _pads2d(spatial, padding), (1, 1), 0.0
-    )
-    total = parts[0] + parts[1] if len(parts) > 1 else parts[0] * 1.0
-    for p in parts[2:]:
-        total += p
-    return _pool_out(xp, total / float(len(parts)), lead, spatial)
-
-
-def _avg_pool_vjp(
-    xp: Any,
-    d: Any,
-    o: Any,
-    x: Any,
-    kernel: tuple[int, ...],
-    stride: tuple[int, ...],
-    padding: tuple[Pair, ...],
-) -> Any:
-    spatial = len(kernel)
-    x4, _ = _pool_input(xp, x, spatial)
-    k2 = _full2d(spatial, kernel)
-    share = xp.reshape(d, (1, x4.shape[1], d.shape[-2] if spatial == 2 else 1, d.shape[-1])) / float(
-        k2[0] * k2[1]
-    )
-    parts = [share] * (k2[0] * k2[1])
-    g = _col2im(xp, parts, tuple(x4.shape), k2, _full2d(spatial, stride), _pads2d(spatial, padding), (1, 1))
-    return xp.reshape(g, tuple(x.shape))
-
-
-def _check_pool(name: str) -> Any:
-    def check(x: Any, kernel: tuple[int, ...], stride: tuple[int, ...], padding: tuple[Pair, ...]) -> None:
-        spatial = len(kernel)
-        full = f"{name}{spatial}d"
-        if type(x) is float or x.ndim < spatial:
-            raise ShapeError(f"{full}: needs an array of at least {spatial} axes, got {shape_of(x)}")
-        for a in range(spatial):
-            n = x.shape[x.ndim - spatial + a]
-            if max(padding[a]) * 2 > kernel[a]:
-                raise ShapeError(f"{full}: padding {padding[a]} is more than half the kernel {kernel}")
-            if _out_size(n, kernel[a], stride[a], padding[a], 1) < 1:
-                raise ShapeError(
-                    f"{full}: a kernel of {kernel} does not fit an input of shape {tuple(x.shape)}"
-                )
-
-    return check
-
-
-def _pool_cost(x: Any, kernel: tuple[int, ...], **_: Any) -> float:
-    return float(math.prod(x.shape) * math.prod(kernel))
-
-
-def _pool_rule(
-    x: Info, kernel: tuple[int, ...], stride: tuple[int, ...], padding: tuple[tuple[int, int], ...]
-) -> Info:
-    spatial = len(kernel)
-    shape = x[0]
-    sides = shape[len(shape) - spatial :]
-    out = [_out_size(n, k, s, p, 1) for n, k, s, p in zip(sides, kernel, stride, padding, strict=True)]
-    return (*shape[: len(shape) - spatial], *out), x[1], x[2]
-
-
-MAX_POOL: Final = declare(
-    "max_pool",
-    _max_pool_forward,
-    (_max_pool_vjp,),
-    saves=True,
-    cost=_pool_cost,
-    check=_check_pool("max_pool"),
-    batch=Batching(),  # the calls' inputs stacked: windows of every row at once
-    shape_rule=_pool_rule,
-)
-AVG_POOL: Final = declare(
-    "avg_pool",
-    _avg_pool_forward,
-    (_avg_pool_vjp,),
-    cost=_pool_cost,
-    check=_check_pool("avg_pool"),
-    batch=Batching(),
-    shape_rule=_pool_rule,
-)
-
 # ----------------------------------------------------------------------------------- public ops
 
 Size = int | Sequence[int]
@@ -464,7 +320,7 @@ Padding = int | Sequence[int] | Literal["valid", "same"]
 (the output as large as the input). Other strings are refused by the type, and when the op is made."""
 
 
-def _sizes(op: str, name: str, value: object, spatial: int, least: int) -> tuple[int, ...]:
+def sizes_param(op: str, name: str, value: object, spatial: int, least: int) -> tuple[int, ...]:
     """An int or ``spatial`` ints, each at least ``least``, as a tuple of ``spatial`` ints."""
     try:
         if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
@@ -501,7 +357,7 @@ def _padding(
         return tuple((t // 2, t - t // 2) for t in totals)
     if isinstance(value, str):
         raise ValueError(f"{op}: padding must be ints, 'valid' or 'same', got {value!r}")
-    return tuple((p, p) for p in _sizes(op, "padding", value, spatial, 0))
+    return tuple((p, p) for p in sizes_param(op, "padding", value, spatial, 0))
 
 
 def _conv(
@@ -519,8 +375,8 @@ def _conv(
     array_operand(op, w, "w")
     if isinstance(b, bool) or (b is not None and not is_float_kind(b)):
         array_operand(op, b, "b")  # (a bool is refused there)
-    strides = _sizes(op, "stride", stride, spatial, 1)
-    dilations = _sizes(op, "dilation", dilation, spatial, 1)
+    strides = sizes_param(op, "stride", stride, spatial, 1)
+    dilations = sizes_param(op, "dilation", dilation, spatial, 1)
     kernel = _kernel_of(w, spatial)
     pads = _padding(op, padding, spatial, kernel, dilations, strides)
     try:
@@ -577,41 +433,3 @@ def conv2d(
     ``padding`` may be ``"valid"`` or ``"same"``. Computed as im2col and one matrix product (see
     the module)."""
     return _conv(2, x, w, b, stride, padding, dilation, groups)
-
-
-def _pool(
-    prim: Primitive, op: str, spatial: int, x: AnyArray, kernel_size: Size, stride: Size | None, padding: Size
-) -> ArrayLayer:
-    array_operand(op, x)
-    kernel = _sizes(op, "kernel_size", kernel_size, spatial, 1)
-    strides = kernel if stride is None else _sizes(op, "stride", stride, spatial, 1)
-    pads = _sizes(op, "padding", padding, spatial, 0)
-    if any(2 * p > k for p, k in zip(pads, kernel, strict=True)):
-        raise ValueError(f"{op}: padding {pads} must be at most half the kernel {kernel}")
-    return apply_array(prim, x, kernel=kernel, stride=strides, padding=tuple((p, p) for p in pads))
-
-
-def max_pool1d(x: AnyArray, kernel_size: Size, stride: Size | None = None, padding: Size = 0) -> ArrayLayer:
-    """The maximum of each window of ``kernel_size`` along the last axis of ``x`` (..., L), every
-    ``stride`` (default ``kernel_size``), padding counted as -inf. The delta goes to each window's
-    first maximum."""
-    return _pool(MAX_POOL, "max_pool1d", 1, x, kernel_size, stride, padding)
-
-
-def max_pool2d(x: AnyArray, kernel_size: Size, stride: Size | None = None, padding: Size = 0) -> ArrayLayer:
-    """The maximum of each ``kernel_size`` window over the last two axes of ``x`` (..., H, W), as
-    PyTorch's ``max_pool2d`` (NCHW: the channels are leading axes); ``stride`` defaults to the
-    kernel. The delta goes to each window's first maximum (row-major)."""
-    return _pool(MAX_POOL, "max_pool2d", 2, x, kernel_size, stride, padding)
-
-
-def avg_pool1d(x: AnyArray, kernel_size: Size, stride: Size | None = None, padding: Size = 0) -> ArrayLayer:
-    """The mean of each window of ``kernel_size`` along the last axis of ``x`` (..., L), every
-    ``stride`` (default ``kernel_size``); padding counts as zeros in the mean."""
-    return _pool(AVG_POOL, "avg_pool1d", 1, x, kernel_size, stride, padding)
-
-
-def avg_pool2d(x: AnyArray, kernel_size: Size, stride: Size | None = None, padding: Size = 0) -> ArrayLayer:
-    """The mean of each ``kernel_size`` window over the last two axes of ``x`` (..., H, W), as
-    PyTorch's ``avg_pool2d`` (padding counts as zeros in the mean); ``stride`` defaults to the kernel."""
-    return _pool(AVG_POOL, "avg_pool2d", 2, x, kernel_size, stride, padding)

@@ -25,7 +25,7 @@ from typing import Any, Final
 from monadl.do.primitive import Batching
 from monadl.dsl.arguments import array_operand, as_index
 from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, apply_array, is_float_kind
-from monadl.dsl.ops.conv import Pads, Pair, _col2im, _key, _mm, _offsets, _reshape, _sizes
+from monadl.dsl.ops.conv import Pads, Pair, col2im, group_matmul, offsets, reshaped, sizes_param, window_key
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import Info, promoted
 from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, on_device, shape_of
@@ -33,7 +33,7 @@ from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, on_device, sh
 __all__ = ["conv_transpose2d"]
 
 
-def _out_size(n: int, k: int, stride: int, pad: int, output_padding: int, dilation: int) -> int:
+def out_size(n: int, k: int, stride: int, pad: int, output_padding: int, dilation: int) -> int:
     return (n - 1) * stride - 2 * pad + dilation * (k - 1) + output_padding + 1
 
 
@@ -47,8 +47,8 @@ def _sides(
 ) -> Pair:
     h, w = x_shape[-2], x_shape[-1]
     return (
-        _out_size(h, w_shape[2], stride[0], padding[0], output_padding[0], dilation[0]),
-        _out_size(w, w_shape[3], stride[1], padding[1], output_padding[1], dilation[1]),
+        out_size(h, w_shape[2], stride[0], padding[0], output_padding[0], dilation[0]),
+        out_size(w, w_shape[3], stride[1], padding[1], output_padding[1], dilation[1]),
     )
 
 
@@ -61,7 +61,7 @@ def _rows(xp: Any, x: Any, groups: int) -> tuple[Any, tuple[int, ...], int, int,
     lead = tuple(x.shape[:-3])
     c, h, w = x.shape[-3:]
     bsz = math.prod(lead)
-    xm = xp.permute_dims(_reshape(xp, x, (bsz, c, h * w)), (1, 0, 2))  # (C, B, H * W)
+    xm = xp.permute_dims(reshaped(xp, x, (bsz, c, h * w)), (1, 0, 2))  # (C, B, H * W)
     return xp.reshape(xm, (groups, c // groups, bsz * h * w)), lead, bsz, h, w
 
 
@@ -81,10 +81,10 @@ def _forward(
     o = og * groups
     xm, lead, bsz, h, ww = _rows(xp, x, groups)
     wm = xp.reshape(w, (groups, c_in // groups, og * kh * kw))
-    cols = _mm(xp, xp.permute_dims(wm, (0, 2, 1)), xm)  # (G, O // G * KH * KW, B * H * W)
+    cols = group_matmul(xp, xp.permute_dims(wm, (0, 2, 1)), xm)  # (G, O // G * KH * KW, B * H * W)
     cols = xp.reshape(cols, (o, kh * kw, bsz, h, ww))
     oh, ow = _sides(x.shape, w.shape, stride, padding, output_padding, dilation)
-    out = _col2im(
+    out = col2im(
         xp,
         [cols[:, k, ...] for k in range(kh * kw)],
         (o, bsz, oh, ow),
@@ -115,13 +115,13 @@ def _columns(
     h, ww = x.shape[-2], x.shape[-1]
     bsz = math.prod(x.shape[:-3])
     oh, ow = d.shape[-2], d.shape[-1]
-    dm = xp.permute_dims(_reshape(xp, d, (bsz, o, oh, ow)), (1, 0, 2, 3))  # (O, B, OH, OW)
+    dm = xp.permute_dims(reshaped(xp, d, (bsz, o, oh, ow)), (1, 0, 2, 3))  # (O, B, OH, OW)
     (top, left) = padding
     if top or left:
         padded = xp.zeros((o, bsz, oh + 2 * top, ow + 2 * left), dtype=d.dtype, **on_device(xp, d))
         padded[:, :, top : top + oh, left : left + ow] = dm
         dm = padded
-    parts = [dm[(..., *_key(i, j, h, ww, stride, dilation))] for i, j in _offsets((kh, kw))]
+    parts = [dm[(..., *window_key(i, j, h, ww, stride, dilation))] for i, j in offsets((kh, kw))]
     return xp.reshape(xp.stack(parts, axis=1), (groups, og * kh * kw, bsz * h * ww))
 
 
@@ -162,7 +162,7 @@ def _vjp_x(
     c_in, og, kh, kw = w.shape
     cols = _cached_columns(xp, d, saved, x, w, stride, padding, dilation, groups)
     wm = xp.reshape(w, (groups, c_in // groups, og * kh * kw))
-    g = _mm(xp, wm, cols)  # (G, C // G, B * H * W)
+    g = group_matmul(xp, wm, cols)  # (G, C // G, B * H * W)
     lead = tuple(x.shape[:-3])
     h, ww = x.shape[-2], x.shape[-1]
     g = xp.permute_dims(xp.reshape(g, (c_in, math.prod(lead), h * ww)), (1, 0, 2))
@@ -184,7 +184,7 @@ def _vjp_w(
 ) -> Any:
     cols = _cached_columns(xp, d, saved, x, w, stride, padding, dilation, groups)
     xm = _rows(xp, x, groups)[0]
-    dw = _mm(xp, xm, xp.permute_dims(cols, (0, 2, 1)))  # (G, C // G, O // G * KH * KW)
+    dw = group_matmul(xp, xm, xp.permute_dims(cols, (0, 2, 1)))  # (G, C // G, O // G * KH * KW)
     return xp.reshape(dw, tuple(w.shape))
 
 
@@ -285,10 +285,10 @@ def conv_transpose2d(
     array_operand(op, w, "w")
     if isinstance(b, bool) or (b is not None and not is_float_kind(b)):
         array_operand(op, b, "b")  # (a bool is refused there)
-    strides = _pair(_sizes(op, "stride", stride, 2, 1))
-    pads = _pair(_sizes(op, "padding", padding, 2, 0))
-    extra = _pair(_sizes(op, "output_padding", output_padding, 2, 0))
-    dilations = _pair(_sizes(op, "dilation", dilation, 2, 1))
+    strides = _pair(sizes_param(op, "stride", stride, 2, 1))
+    pads = _pair(sizes_param(op, "padding", padding, 2, 0))
+    extra = _pair(sizes_param(op, "output_padding", output_padding, 2, 0))
+    dilations = _pair(sizes_param(op, "dilation", dilation, 2, 1))
     for a in range(2):
         if extra[a] >= max(strides[a], dilations[a]):
             raise ValueError(

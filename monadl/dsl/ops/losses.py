@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Final, Literal, overload
+from typing import Any, Final, Literal, cast, overload
 
 import numpy as np
 
@@ -35,11 +35,7 @@ from monadl.dsl.layers import AnyArray, ArrayLayer, FloatLayer, apply_array, app
 from monadl.dsl.ops.activations import sigmoid_of
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import Info, promoted, scalar
-from monadl.typeclasses.backend import (
-    NDARRAY,
-    ShapeError,
-    namespace,
-)
+from monadl.typeclasses.backend import NDARRAY, NUMPY, AnyNDArray, ShapeError, host_in, is_array, namespace
 
 __all__ = [
     "Reduction",
@@ -444,3 +440,67 @@ def binary_cross_entropy_with_logits(
     ``binary_cross_entropy_with_logits``: ``(1 - t) * x + softplus(-x)``, whose delta is
     ``sigmoid(x) - t``. Logits of any size give finite losses and deltas."""
     return _pointwise_loss(_BCE_LOGITS, "binary_cross_entropy_with_logits", logits, targets, reduction)
+
+
+# --------------------------------------------------------------------- class labels and weights
+
+
+def label_range(targets: Any, ignore_index: int | None) -> tuple[int, int]:
+    """The smallest and the largest label of ``targets`` not ``ignore_index`` ((0, 0) where there
+    is none: every class count has label 0). On NumPy by the ufuncs' reductions: ``np.min`` and
+    ``np.max`` add microseconds of Python each, to every training step that makes the op."""
+    if not targets.shape:  # one label (a node of a tree): no reduction needed
+        label = int(targets)
+        if label == ignore_index:
+            return LABEL_RANGES[0]
+        return LABEL_RANGES[label] if 0 <= label < len(LABEL_RANGES) else (label, label)
+    if not math.prod(targets.shape):
+        return (0, 0)
+    xp = namespace(targets)
+    if ignore_index is not None:
+        targets = xp.where(targets == ignore_index, xp.zeros_like(targets), targets)
+    if xp is NUMPY:
+        return int(np.minimum.reduce(targets, axis=None)), int(np.maximum.reduce(targets, axis=None))
+    return int(xp.min(targets)), int(xp.max(targets))
+
+
+def label_array(label: int) -> AnyNDArray:
+    """A Python int label as a 0-d int64 array (read-only: one per label, shared)."""
+    array = np.asarray(label, dtype=np.int64)
+    array.flags.writeable = False
+    return array
+
+
+LABEL_ARRAYS: Final = [label_array(label) for label in range(256)]
+"""The 0-d arrays of the labels 0 to 255, made once (a loss per node of a tree takes one each)."""
+
+
+LABEL_RANGES: Final = [(label, label) for label in range(256)]
+"""A label's range, made once."""
+
+
+def class_targets(op: str, targets: object) -> AnyNDArray:
+    """The targets of a class loss: an array, or a Python int label as a 0-d array."""
+    if type(targets) is int:  # one example's label (``type``: a bool is no label)
+        label: int = targets
+        return LABEL_ARRAYS[label] if 0 <= label < len(LABEL_ARRAYS) else label_array(label)
+    if type(targets) is not NDARRAY and not is_array(targets):  # NumPy's arrays first: one per node
+        raise TypeError(f"{op}: expected an array of targets, got {type(targets).__name__}")
+    return cast(AnyNDArray, targets)
+
+
+def class_weight(xp: Any, weight: Any, x: Any) -> Any:
+    """A class weight as the rule reads it: on ``x``'s device, in its dtype."""
+    return None if weight is None else xp.astype(host_in(xp, weight, x), x.dtype)
+
+
+def merged_weight(xp: Any, weights: list[Any] | None, x: Any) -> Any:
+    """The class weights of merged calls, to broadcast against their stacked inputs ``x``: one
+    weight where every call has the same one (the common case), else one row per call."""
+    if weights is None:
+        return None
+    first = weights[0]
+    if all(w is first for w in weights):
+        return class_weight(xp, first, x)
+    stacked = xp.stack([class_weight(xp, w, x) for w in weights])
+    return xp.reshape(stacked, (len(weights),) + (1,) * (x.ndim - 2) + (x.shape[-1],))
