@@ -90,9 +90,9 @@ def sigmoid_of(xp: Any, x: Any) -> Any:
     """``1 / (1 + exp(-x))``, accurate to a few ulps wherever the result is a normal number.
 
     ``exp(-x)`` and the sum keep their relative error of an ulp or so, and a quotient adds half an
-    ulp, at every x: no difference of nearly equal values. (``0.5 * (1 + tanh(x / 2))``, as it was,
-    cancels for negative x: all its digits were gone below -38 in float64, -18 in float32, so
-    ``log(sigmoid(x))`` was infinite.) For x below -log(max float) (-709.8 in float64, -88.7 in
+    ulp, at every x: no difference of nearly equal values. (``0.5 * (1 + tanh(x / 2))`` cancels for
+    negative x: all its digits are gone below -38 in float64, -18 in float32, and
+    ``log(sigmoid(x))`` is infinite there.) For x below -log(max float) (-709.8 in float64, -88.7 in
     float32) ``exp(-x)`` overflows to inf and the result is 0 where the exact one is subnormal;
     the overflow is expected there, not warned of. One exp, as fast as this can be in NumPy: an
     ``exp(-|x|)`` form, which cannot overflow, needs a select (``where``), which costs NumPy twice
@@ -121,7 +121,7 @@ def _sigmoid(xp: Any, x: Any) -> Any:
 
 
 # d * s * (1 - s), as PyTorch and JAX compute it. Where s <= 1/2 (x <= 0), 1 - s is in [1/2, 1]
-# and the product is good to a few ulps (an accurate s matters there: the old one was 0 below -38).
+# and the product is good to a few ulps (an accurate s matters there: see sigmoid_of).
 # For large positive x, 1 - s cancels, but only to an absolute error of about eps * |d| (the
 # rounding of s near 1): large relative error only in a gradient below the rounding of whatever it
 # is added to. (An exact form, d * s / (1 + exp(x)), would add an exp to every gate's backward:
@@ -216,7 +216,7 @@ def log_softmax_of(xp: Any, x: Any, axis: int) -> Any:
 
 
 def _softmax(xp: Any, x: Any, axis: int = -1) -> Any:
-    """``exp(x - max) / sum(exp(x - max))`` along ``axis``. (``exp(log_softmax(x))``, as it was, costs
+    """``exp(x - max) / sum(exp(x - max))`` along ``axis``. (``exp(log_softmax(x))`` would cost
     a log and a second exp more, and rounds the log-probability ``x - max - logsumexp`` once more
     before its exp: up to |log-probability| / 2 ulps of relative error, 32 ulps for a probability of
     e^-100.) Along an axis of length 0, the result is as empty as ``x`` (PyTorch's)."""

@@ -3,9 +3,8 @@
 ``softmax(q @ k.T * scale + mask) @ v`` over the last two axes (queries, keys), with any leading
 axes (batch, heads) broadcast as ``matmul`` broadcasts them. One primitive with a hand-written vjp:
 its forward saves the attention weights ``p``, and the backward is four matrix products (the
-score's delta ``p * (dp - sum(dp * p))``, computed once for ``q`` and ``k``). It measured faster than
-the same function composed of ``matmul``, ``softmax`` and arithmetic (five ops and their tapes)
-in a step of the Transformer example, at its sizes, on one thread.
+score's delta ``p * (dp - sum(dp * p))``, computed once for ``q`` and ``k``): one node of the
+graph where the same function composed of ``matmul``, ``softmax`` and arithmetic would be five.
 
 Layout: ``q`` of shape (..., Lq, heads * d), ``k`` (..., Lk, heads * d), ``v`` (..., Lk, heads *
 dv), the result (..., Lq, heads * dv). With ``heads`` > 1 the last axis holds the heads side by side
