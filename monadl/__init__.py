@@ -11,11 +11,8 @@ from monadl._compiled import compiled as compiled
 from monadl.checkpoint import CheckpointError, load, save
 from monadl.data.loader import DataLoader
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
-from monadl.dsl.apply_gradients import apply_gradients
-from monadl.dsl.custom import CustomOp, ShapeRuleError, custom_op
-from monadl.dsl.deep_learning import DeepLearning
-from monadl.dsl.direct import direct, parallel
-from monadl.dsl.layers import (
+from monadl.dsl.core.deep_learning import DeepLearning
+from monadl.dsl.core.layers import (
     AnyArray,
     AnyFloat,
     AnyLayer,
@@ -24,7 +21,47 @@ from monadl.dsl.layers import (
     FloatLayer,
     FloatOperators,
 )
-from monadl.dsl.operation import batchable
+from monadl.dsl.core.static import static_info as _static_info  # noqa: F401 - it gives layers their .shape
+from monadl.dsl.core.weights import ArrayWeight, FloatWeight
+from monadl.dsl.extend.custom import CustomOp, ShapeRuleError, custom_op
+from monadl.dsl.extend.direct import direct, parallel
+from monadl.dsl.extend.operation import batchable
+from monadl.dsl.learning.apply_gradients import apply_gradients
+from monadl.dsl.learning.optimizers import (
+    SGD,
+    Adagrad,
+    Adam,
+    AdamW,
+    Chain,
+    GradientTransform,
+    Momentum,
+    Optimizer,
+    RMSprop,
+    chain,
+    clip_by_global_norm,
+    clip_by_value,
+    global_norm,
+)
+from monadl.dsl.learning.schedules import (
+    Constant,
+    CosineDecay,
+    LearningRate,
+    LinearWarmup,
+    Schedule,
+    StepDecay,
+)
+from monadl.dsl.learning.training import (
+    NonFiniteBufferError,
+    NonFiniteGradientError,
+    NonFiniteLossError,
+    NoOptimizerError,
+    compute_gradients,
+    is_training,
+    predict,
+    predict_blocking,
+    train,
+    train_blocking,
+)
 from monadl.dsl.ops.activations import (
     clip,
     elu,
@@ -74,36 +111,6 @@ from monadl.dsl.ops.recurrent import gru_h, lstm_c, lstm_h
 from monadl.dsl.ops.reductions import argmax, argmin, logsumexp, max, mean, min, std, sum, var
 from monadl.dsl.ops.selection import take_along_axis, take_rows, where
 from monadl.dsl.ops.shape import concatenate, reshape, split, stack, transpose
-from monadl.dsl.optimizers import (
-    SGD,
-    Adagrad,
-    Adam,
-    AdamW,
-    Chain,
-    GradientTransform,
-    Momentum,
-    Optimizer,
-    RMSprop,
-    chain,
-    clip_by_global_norm,
-    clip_by_value,
-    global_norm,
-)
-from monadl.dsl.schedules import Constant, CosineDecay, LearningRate, LinearWarmup, Schedule, StepDecay
-from monadl.dsl.static import static_info as _static_info  # noqa: F401 - it gives layers their .shape
-from monadl.dsl.training import (
-    NonFiniteBufferError,
-    NonFiniteGradientError,
-    NonFiniteLossError,
-    NoOptimizerError,
-    compute_gradients,
-    is_training,
-    predict,
-    predict_blocking,
-    train,
-    train_blocking,
-)
-from monadl.dsl.weights import ArrayWeight, FloatWeight
 from monadl.gradcheck import GradientMismatch, check_gradients
 from monadl.nn.buffer import ArrayBuffer, Buffer, BufferState, GeneratorBuffer
 from monadl.nn.dropout import Dropout

@@ -1,4 +1,4 @@
-"""Batchable operations (``@ml.batchable``, ``monadl.dsl.operation``): a decorated function computes
+"""Batchable operations (``@ml.batchable``, ``monadl.dsl.extend.operation``): a decorated function computes
 what the plain function computes, merged or not; its calls merge by signature (the function, the
 identity of its non-layer arguments, the rows' shapes and dtypes); weights it is given are shared,
 not stacked; and the gradients of a merged run equal central finite differences.

@@ -29,7 +29,7 @@ from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.data.trees import Tree
 from monadl.do.batching import merge_params
 from monadl.do.primitive import ELEMENTWISE, Primitive
-from monadl.dsl.layers import apply_array
+from monadl.dsl.core.layers import apply_array
 from monadl.dsl.ops.classification import CROSS_ENTROPY_FUSED
 from monadl.dsl.ops.operators import TAKE_ROWS
 from monadl.gradcheck import check_gradients

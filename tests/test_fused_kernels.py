@@ -25,10 +25,10 @@ from returns.pipeline import is_successful
 
 import monadl as ml
 from monadl.dsl import fused
-from monadl.dsl import optimizers as O
+from monadl.dsl.learning import optimizers as O
+from monadl.dsl.learning.training import commit_gradients
 from monadl.dsl.ops import activations
 from monadl.dsl.ops.activations import SIGMOID, TANH, sigmoid_of
-from monadl.dsl.training import commit_gradients
 
 
 class FakeCupyArray(np.ndarray):

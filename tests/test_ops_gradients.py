@@ -28,7 +28,7 @@ from op_cases import (
 import monadl
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight, ShapeError
 from monadl.do.primitive import Primitive
-from monadl.dsl.layers import apply_array, apply_float
+from monadl.dsl.core.layers import apply_array, apply_float
 from monadl.dsl.ops.activations import RELU
 from monadl.gradcheck import GradientMismatch, check_gradients, gradients_of
 

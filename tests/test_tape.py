@@ -15,7 +15,7 @@ import monadl as ml
 from monadl.do.do import Do, Pure
 from monadl.do.primitive import Primitive
 from monadl.do.tape import Tape
-from monadl.dsl.layers import apply_array
+from monadl.dsl.core.layers import apply_array
 from monadl.dsl.ops.operators import MUL
 
 

@@ -20,7 +20,7 @@ from returns.result import Failure, Success
 
 import monadl as ml
 from monadl.do.primitive import Batching, Primitive
-from monadl.dsl.layers import apply_array
+from monadl.dsl.core.layers import apply_array
 from monadl.typeclasses.sparse import SparseRows
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from monadl.dsl.layers import AnyArray, ArrayLayer
+from monadl.dsl.core.layers import AnyArray, ArrayLayer
 from monadl.dsl.ops.activations import relu
 from monadl.dsl.ops.attention import scaled_dot_product_attention, self_attention
 from monadl.dsl.ops.linalg import linear, matmul

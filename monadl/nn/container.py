@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
-from monadl.dsl.layers import AnyArray, ArrayLayer
+from monadl.dsl.core.layers import AnyArray, ArrayLayer
 from monadl.dsl.ops.flatten import flatten
 from monadl.nn.module import Module
 

@@ -17,12 +17,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from monadl.dsl.layers import AnyArray, ArrayLayer
+from monadl.dsl.core.layers import AnyArray, ArrayLayer
+from monadl.dsl.core.weights import ArrayWeight
 from monadl.dsl.ops.adaptive_pool import adaptive_avg_pool2d
 from monadl.dsl.ops.conv import Padding, Size, conv1d, conv2d
 from monadl.dsl.ops.conv_transpose import conv_transpose2d
 from monadl.dsl.ops.pooling import avg_pool2d, max_pool2d
-from monadl.dsl.weights import ArrayWeight
 from monadl.nn.init import Initializer
 from monadl.nn.linear import Seed, generator, positive
 from monadl.nn.module import Module

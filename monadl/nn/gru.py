@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.operation import batchable
+from monadl.dsl.core.layers import AnyArray, ArrayLayer
+from monadl.dsl.extend.operation import batchable
 from monadl.dsl.ops.elementwise import lift_array
 from monadl.dsl.ops.recurrent import gru_h
 from monadl.dsl.ops.shape import concatenate

@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.operation import batchable
+from monadl.dsl.core.layers import AnyArray, ArrayLayer
+from monadl.dsl.core.weights import ArrayWeight
+from monadl.dsl.extend.operation import batchable
 from monadl.dsl.ops.elementwise import lift_array
 from monadl.dsl.ops.recurrent import lstm_c, lstm_h
 from monadl.dsl.ops.shape import concatenate
-from monadl.dsl.weights import ArrayWeight
 from monadl.nn.init import Initializer
 from monadl.nn.linear import Linear, Seed, generator, positive
 from monadl.nn.module import Module

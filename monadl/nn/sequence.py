@@ -26,12 +26,12 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from monadl.dsl.layers import AnyArray, ArrayLayer
+from monadl.dsl.core.layers import AnyArray, ArrayLayer
+from monadl.dsl.core.weights import ArrayWeight
 from monadl.dsl.ops.packed_gru import packed_gru
 from monadl.dsl.ops.packed_lstm import packed_lstm
 from monadl.dsl.ops.selection import take_rows
 from monadl.dsl.ops.shape import stack
-from monadl.dsl.weights import ArrayWeight
 from monadl.nn.gru import GRUCell
 from monadl.nn.init import Initializer
 from monadl.nn.linear import Seed, generator, positive

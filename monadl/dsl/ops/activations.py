@@ -17,9 +17,9 @@ from typing import Any, Final, overload
 import numpy as np
 
 from monadl.do.primitive import Batching
-from monadl.dsl.arguments import array_operand, int_param
+from monadl.dsl.core.arguments import array_operand, int_param
+from monadl.dsl.core.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer, apply, apply_array
 from monadl.dsl.fused import Kernel, on_cupy
-from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer, apply, apply_array
 from monadl.dsl.ops.operators import elementwise_op
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import same

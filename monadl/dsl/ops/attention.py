@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from monadl.do.primitive import Batching, Primitive
-from monadl.dsl.arguments import array_operand, flag_param, int_param
-from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
+from monadl.dsl.core.arguments import array_operand, flag_param, int_param
+from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import Info, broadcast, promoted
 from monadl.typeclasses.backend import (

@@ -23,10 +23,10 @@ from contextvars import ContextVar
 from typing import Any, Protocol
 
 from monadl.do.primitive import elementwise_cost
-from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array, is_float_kind
+from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array, is_float_kind
+from monadl.dsl.learning.training import is_training
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import same
-from monadl.dsl.training import is_training
 from monadl.runtime.staging import stage_buffer, staged_data
 from monadl.typeclasses.backend import ShapeError, namespace, shape_of
 

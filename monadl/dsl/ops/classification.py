@@ -16,9 +16,9 @@ from typing import Any, Final, Literal, overload
 import numpy as np
 
 from monadl.do.primitive import Batching
-from monadl.dsl.arguments import array_operand, described
-from monadl.dsl.indices import integral
-from monadl.dsl.layers import AnyArray, ArrayLayer, FloatLayer, apply_array, apply_float
+from monadl.dsl.core.arguments import array_operand, described
+from monadl.dsl.core.indices import integral
+from monadl.dsl.core.layers import AnyArray, ArrayLayer, FloatLayer, apply_array, apply_float
 from monadl.dsl.ops.activations import LOG_SOFTMAX, log_softmax_of
 from monadl.dsl.ops.losses import (
     Reduction,

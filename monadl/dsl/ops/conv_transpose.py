@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from monadl.do.primitive import Batching
-from monadl.dsl.arguments import array_operand, as_index
-from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, apply_array, is_float_kind
+from monadl.dsl.core.arguments import array_operand, as_index
+from monadl.dsl.core.layers import AnyArray, AnyFloat, ArrayLayer, apply_array, is_float_kind
 from monadl.dsl.ops.conv import Pads, Pair, col2im, group_matmul, offsets, reshaped, sizes_param, window_key
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import Info, promoted

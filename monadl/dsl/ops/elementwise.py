@@ -13,12 +13,12 @@ from typing import Final, cast, overload
 
 from monadl.do.primitive import Primitive
 from monadl.do.primitive import add_n as engine_add_n
-from monadl.dsl.apply import forward_of
-from monadl.dsl.arguments import (
+from monadl.dsl.core.apply import forward_of
+from monadl.dsl.core.arguments import (
     described,
     operands_of,
 )
-from monadl.dsl.layers import (
+from monadl.dsl.core.layers import (
     AnyArray,
     AnyFloat,
     ArrayLayer,

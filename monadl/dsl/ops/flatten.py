@@ -16,8 +16,8 @@ import math
 from typing import Any, Final
 
 from monadl.do.primitive import Batching
-from monadl.dsl.arguments import array_operand, int_param
-from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
+from monadl.dsl.core.arguments import array_operand, int_param
+from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import Info
 from monadl.typeclasses.backend import ShapeError, shape_of

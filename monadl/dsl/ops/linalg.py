@@ -12,10 +12,10 @@ from typing import Any, Final
 import numpy as np
 
 from monadl.do.primitive import Batching, FanOut
-from monadl.dsl.arguments import (
+from monadl.dsl.core.arguments import (
     array_operand,
 )
-from monadl.dsl.layers import (
+from monadl.dsl.core.layers import (
     AnyArray,
     AnyFloat,
     ArrayLayer,

@@ -30,8 +30,8 @@ from typing import Any, Final, Literal, cast, overload
 import numpy as np
 
 from monadl.do.primitive import Batching
-from monadl.dsl.arguments import array_operand, described
-from monadl.dsl.layers import AnyArray, ArrayLayer, FloatLayer, apply_array, apply_float
+from monadl.dsl.core.arguments import array_operand, described
+from monadl.dsl.core.layers import AnyArray, ArrayLayer, FloatLayer, apply_array, apply_float
 from monadl.dsl.ops.activations import sigmoid_of
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import Info, promoted, scalar

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from monadl.do.primitive import Batching
-from monadl.dsl.arguments import array_operand, int_param, int_sequence
-from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
+from monadl.dsl.core.arguments import array_operand, int_param, int_sequence
+from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import Info, same
 from monadl.typeclasses.backend import NUMPY, ShapeError, shape_of

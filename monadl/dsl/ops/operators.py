@@ -1,7 +1,7 @@
 """The ops behind the layers' operators: ``+``, ``-``, ``*``, ``/``, ``**``, unary ``-``, ``@`` and
 indexing (``x[1:3]``, ``x[indices]``).
 
-Their public form is the operator (``monadl.dsl.layers``' ``FloatOperators`` and ``ArrayOperators``),
+Their public form is the operator (``monadl.dsl.core.layers``' ``FloatOperators`` and ``ArrayOperators``),
 so these declarations have no wrapper beside them; the function forms (:func:`~monadl.matmul`,
 :func:`~monadl.take_rows`) are in their families' modules (``linalg``, ``selection``) and apply the
 primitives declared here. This module imports nothing of the layers (the layers import it).

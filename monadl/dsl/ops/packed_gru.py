@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from monadl.dsl.layers import AnyArray, ArrayLayer
+from monadl.dsl.core.layers import AnyArray, ArrayLayer
 from monadl.dsl.ops.activations import sigmoid_of
 from monadl.dsl.ops.packing import (
     PER_DIRECTION,

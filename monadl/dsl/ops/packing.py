@@ -20,7 +20,7 @@ from typing import Any, Final
 import numpy as np
 
 from monadl.do.primitive import Primitive
-from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
+from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array
 from monadl.dsl.ops.registry import declare
 from monadl.typeclasses.backend import ShapeError, on_device, shape_of
 

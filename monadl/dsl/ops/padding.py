@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from typing import Any, Final, Literal
 
 from monadl.do.primitive import Batching
-from monadl.dsl.arguments import array_operand, as_index
-from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
+from monadl.dsl.core.arguments import array_operand, as_index
+from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import Info
 from monadl.typeclasses.backend import ShapeError, on_device, shape_of

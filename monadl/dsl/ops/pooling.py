@@ -11,8 +11,8 @@ import math
 from typing import Any, Final
 
 from monadl.do.primitive import Batching, Primitive
-from monadl.dsl.arguments import array_operand
-from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
+from monadl.dsl.core.arguments import array_operand
+from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array
 from monadl.dsl.ops.conv import (
     Pair,
     Size,

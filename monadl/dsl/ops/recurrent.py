@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 from monadl.do.primitive import ELEMENTWISE
-from monadl.dsl.arguments import array_operand
-from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array
+from monadl.dsl.core.arguments import array_operand
+from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array
 from monadl.dsl.ops.activations import sigmoid_of, sigmoids_of
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import elementwise

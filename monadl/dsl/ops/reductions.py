@@ -18,12 +18,12 @@ import numpy as np
 from returns.pipeline import is_successful
 
 from monadl.do.primitive import Batching, Primitive
-from monadl.dsl.arguments import array_operand, axis_param, flag_param
-from monadl.dsl.layers import AnyArray, ArrayLayer, ArrayOperators, FloatLayer, apply_array, apply_float
+from monadl.dsl.core.arguments import array_operand, axis_param, flag_param
+from monadl.dsl.core.layers import AnyArray, ArrayLayer, ArrayOperators, FloatLayer, apply_array, apply_float
+from monadl.dsl.core.weights import ArrayWeight
 from monadl.dsl.ops.operators import index_int
 from monadl.dsl.ops.registry import declare, not_a_float
 from monadl.dsl.ops.shape_rules import reduced
-from monadl.dsl.weights import ArrayWeight
 from monadl.typeclasses.backend import (
     NDARRAY,
     IndexArray,

@@ -16,9 +16,9 @@ from typing import Any, Final
 import numpy as np
 
 from monadl.do.primitive import ELEMENTWISE, Batching
-from monadl.dsl.arguments import array_operand, int_param
-from monadl.dsl.indices import integral, row_indices
-from monadl.dsl.layers import ADVANCED_INDEX, AnyArray, AnyFloat, ArrayLayer, apply_array
+from monadl.dsl.core.arguments import array_operand, int_param
+from monadl.dsl.core.indices import integral, row_indices
+from monadl.dsl.core.layers import ADVANCED_INDEX, AnyArray, AnyFloat, ArrayLayer, apply_array
 from monadl.dsl.ops.operators import TAKE_ROWS
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import Info, broadcast, promoted
@@ -486,4 +486,4 @@ def index_arrays(x: Any, key: Any) -> ArrayLayer:
     return apply_array(INDEX_ARRAYS, x, indices=stacked, axis=before)
 
 
-ADVANCED_INDEX.append(index_arrays)  # what ``layer[rows, cols]`` calls (see monadl.dsl.layers)
+ADVANCED_INDEX.append(index_arrays)  # what ``layer[rows, cols]`` calls (see monadl.dsl.core.layers)

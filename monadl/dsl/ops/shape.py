@@ -12,15 +12,15 @@ from typing import Any, Final
 import numpy as np
 
 from monadl.do.primitive import Batching, Primitive, Rule
-from monadl.dsl.arguments import (
+from monadl.dsl.core.arguments import (
     array_operand,
     array_operands,
     as_index,
     int_param,
     int_sequence,
 )
-from monadl.dsl.indices import integral
-from monadl.dsl.layers import (
+from monadl.dsl.core.indices import integral
+from monadl.dsl.core.layers import (
     AnyArray,
     ArrayLayer,
     apply_array,

@@ -37,11 +37,11 @@ from monadl.do.do import Call, Node, Operation, Pure
 from monadl.do.graph import CALL, RESULT, Graph, recording
 from monadl.do.primitive import float_key
 from monadl.do.tape import Tape
-from monadl.dsl.apply import forward_of, row_in
-from monadl.dsl.base import Differentiable
-from monadl.dsl.deep_learning import DeepLearning
-from monadl.dsl.layers import ArrayLayer, FloatLayer, array_layer, float_layer
-from monadl.dsl.weights import ArrayWeight, FloatWeight
+from monadl.dsl.core.apply import forward_of, row_in
+from monadl.dsl.core.base import Differentiable
+from monadl.dsl.core.deep_learning import DeepLearning
+from monadl.dsl.core.layers import ArrayLayer, FloatLayer, array_layer, float_layer
+from monadl.dsl.core.weights import ArrayWeight, FloatWeight
 from monadl.typeclasses.backend import is_array
 
 P = ParamSpec("P")

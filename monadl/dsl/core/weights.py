@@ -18,9 +18,9 @@ from typing import Any, ClassVar, final
 import numpy as np
 
 from monadl.do.do import Variable
-from monadl.dsl.arguments import int_sequence
-from monadl.dsl.layers import ArrayOperators, FloatOperators
-from monadl.dsl.optimizers import Optimizer
+from monadl.dsl.core.arguments import int_sequence
+from monadl.dsl.core.layers import ArrayOperators, FloatOperators
+from monadl.dsl.learning.optimizers import Optimizer
 from monadl.runtime.versions import COMMIT_LOCK, Version, publish, read
 from monadl.typeclasses.backend import (
     Array,
@@ -41,7 +41,7 @@ class _WeightState:
     __slots__ = ()
     _array_value: ClassVar[str] = "weight.data"
     """What NumPy's functions are told to use for a weight's value (they refuse the weight itself:
-    see :func:`~monadl.dsl.deep_learning.array_refusal`)."""
+    see :func:`~monadl.dsl.core.deep_learning.array_refusal`)."""
     head: Version
     optimizer: Optimizer | None
     name: str

@@ -36,7 +36,7 @@ from typing import Any, Final
 from monadl.do.do import PURE
 from monadl.do.graph import CONST, NODE, OP, WEIGHT, Graph
 from monadl.do.primitive import Primitive
-from monadl.dsl import layers
+from monadl.dsl.core import layers
 from monadl.dsl.ops.shape_rules import FLOAT, Info, Mismatch, ShapeRule, ShapeRuleError
 from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, namespace
 
@@ -187,4 +187,4 @@ def _cast_constants(inputs: list[Info], weighted: list[bool]) -> list[Info]:
     return out
 
 
-layers.STATIC_INFO.append(static_info)  # what ``.shape`` and ``.dtype`` ask (see monadl.dsl.layers)
+layers.STATIC_INFO.append(static_info)  # what ``.shape`` and ``.dtype`` ask (see monadl.dsl.core.layers)

@@ -51,7 +51,7 @@ from typing import Any, Generic, TypeVar, overload
 import numpy as np
 
 from monadl.do.primitive import Batching, Primitive
-from monadl.dsl.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer, apply_array, apply_float
+from monadl.dsl.core.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer, apply_array, apply_float
 from monadl.dsl.ops.shape_rules import FLOAT, Info, ShapeRuleError, promoted
 
 __all__ = ["CustomOp", "ShapeRule", "ShapeRuleError", "custom_op"]
@@ -155,7 +155,7 @@ def _float_info(*_: Info, **__: Any) -> Info:
 
 
 class _InfoRule:
-    """A user's rule of shapes as a rule of static information (``monadl.dsl.static``): the shape
+    """A user's rule of shapes as a rule of static information (``monadl.dsl.core.static``): the shape
     checked, the dtype and namespace the operands' promoted."""
 
     def __init__(self, name: str, rule: ShapeRule) -> None:

@@ -23,10 +23,10 @@ from typing import Any, ParamSpec, TypeVar, overload
 from monadl.do.coroutine import from_coroutine
 from monadl.do.do import Defer, Do, gather_all
 from monadl.do.tape import Tape
-from monadl.dsl.apply import forward_of
-from monadl.dsl.base import Differentiable
-from monadl.dsl.deep_learning import DeepLearning
-from monadl.dsl.layers import ArrayLayer, FloatLayer, is_float_kind
+from monadl.dsl.core.apply import forward_of
+from monadl.dsl.core.base import Differentiable
+from monadl.dsl.core.deep_learning import DeepLearning
+from monadl.dsl.core.layers import ArrayLayer, FloatLayer, is_float_kind
 
 P = ParamSpec("P")
 L = TypeVar("L", FloatLayer, ArrayLayer)

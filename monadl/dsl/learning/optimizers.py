@@ -11,7 +11,7 @@ weight's state (moments, sums, velocities, and the number of updates so far: the
 beside the weight's data. A training step keeps a weight's state as long as its optimizer is of the
 same kind (:func:`state_kind`: its class, or the class of a :class:`Chain`'s optimizer): a new
 ``Adam`` with another learning rate goes on with the old one's moments and step count. A learning
-rate may be a schedule of the step (``monadl.dsl.schedules``); the step a rate is asked for is the
+rate may be a schedule of the step (``monadl.dsl.learning.schedules``); the step a rate is asked for is the
 number of updates before this one (0 for a weight's first), counted in the weight's state (SGD's
 state is that count: ``None``, from earlier versions, counts as 0).
 
@@ -64,7 +64,7 @@ from typing import Any, Protocol, overload
 import numpy as np
 
 from monadl.dsl.fused import Kernel, on_cupy, sum_on_devices
-from monadl.dsl.schedules import LearningRate
+from monadl.dsl.learning.schedules import LearningRate
 from monadl.typeclasses.backend import namespace
 from monadl.typeclasses.sparse import SparseRows, dense
 

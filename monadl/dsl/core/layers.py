@@ -22,16 +22,16 @@ from monadl.do.executor import Executor
 from monadl.do.graph import Graph, row_of
 from monadl.do.primitive import Primitive
 from monadl.do.tape import Tape
-from monadl.dsl import training
-from monadl.dsl.apply import apply_primitive
-from monadl.dsl.base import Differentiable
-from monadl.dsl.deep_learning import forbid_truth_value
-from monadl.dsl.indices import row_indices
+from monadl.dsl.core.apply import apply_primitive
+from monadl.dsl.core.base import Differentiable
+from monadl.dsl.core.deep_learning import forbid_truth_value
+from monadl.dsl.core.indices import row_indices
+from monadl.dsl.learning import training
 from monadl.dsl.ops.operators import ADD, DIV, GETITEM, MATMUL, MUL, NEG, POW, SUB, TAKE_ROWS, basic_index
 from monadl.typeclasses.backend import Array, RowIndices, is_array
 
 if TYPE_CHECKING:
-    from monadl.dsl.optimizers import Optimizer
+    from monadl.dsl.learning.optimizers import Optimizer
 
 BasicIndex: TypeAlias = "int | np.integer[Any] | slice | EllipsisType | None"
 """An entry of a basic index (``layer[:, 1:3]``, ``layer[..., 0]``)."""
@@ -248,7 +248,7 @@ class ArrayOperators(Differentiable):
         ``transpose``, ``concatenate``, ``stack``, ``split``, indexing (basic and advanced),
         ``take_rows``, ``take_along_axis``, ``where``, ``softmax``, ``log_softmax``,
         ``batch_norm``, dropout, convolutions and pools. A ``@batchable`` call's result, a
-        ``custom_op``'s and anything that depends on one are None (:mod:`monadl.dsl.static`).
+        ``custom_op``'s and anything that depends on one are None (:mod:`monadl.dsl.core.static`).
         Worked out on first access, not while the graph is built. A graph that cannot run has no
         shape: where an op's operands do not fit it (``zeros((3, 4)) @ zeros((5, 2))``), this
         raises the error its run would give, a :class:`~monadl.ShapeError` naming the op."""
@@ -291,13 +291,13 @@ class ArrayOperators(Differentiable):
 
 
 STATIC_INFO: Final[list[Callable[[Graph, int], tuple[tuple[int, ...], Any, Any] | None]]] = []
-"""What ``.shape`` and ``.dtype`` ask: :func:`monadl.dsl.static.static_info`, registered by that
+"""What ``.shape`` and ``.dtype`` ask: :func:`monadl.dsl.core.static.static_info`, registered by that
 module, whose rules build on the op modules that build on this one; ``monadl`` imports it."""
 
 
 def _static(x: ArrayOperators) -> tuple[tuple[int, ...], Any, Any] | None:
     if not STATIC_INFO:
-        return None  # (monadl.dsl.static not imported: nothing is known)
+        return None  # (monadl.dsl.core.static not imported: nothing is known)
     graph = x.graph
     if graph is not None:
         return STATIC_INFO[0](graph, x.row)

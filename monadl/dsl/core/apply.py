@@ -21,8 +21,8 @@ from typing import Any, Final
 from monadl.do.do import Node, as_node
 from monadl.do.graph import Graph, recording
 from monadl.do.primitive import Primitive
-from monadl.dsl.base import Differentiable
-from monadl.dsl.deep_learning import DeepLearning
+from monadl.dsl.core.base import Differentiable
+from monadl.dsl.core.deep_learning import DeepLearning
 from monadl.typeclasses.backend import NDARRAY, check_float_array, is_array
 
 

@@ -14,10 +14,10 @@ from typing import Any
 
 from returns.result import Result, Success
 
-from monadl.dsl.optimizers import Optimizer
-from monadl.dsl.results import failed
-from monadl.dsl.training import commit_gradients
-from monadl.dsl.weights import ArrayWeight, FloatWeight
+from monadl.dsl.core.weights import ArrayWeight, FloatWeight
+from monadl.dsl.learning.optimizers import Optimizer
+from monadl.dsl.learning.results import failed
+from monadl.dsl.learning.training import commit_gradients
 from monadl.typeclasses.backend import is_array
 from monadl.typeclasses.sparse import SparseRows
 

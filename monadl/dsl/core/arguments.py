@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from monadl.dsl.deep_learning import DeepLearning
-from monadl.dsl.layers import ArrayOperators, is_float_kind
+from monadl.dsl.core.deep_learning import DeepLearning
+from monadl.dsl.core.layers import ArrayOperators, is_float_kind
 from monadl.typeclasses.backend import NDARRAY, check_float_array, is_array
 
 __all__ = [

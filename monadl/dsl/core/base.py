@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 from mypy_extensions import mypyc_attr
 
 from monadl.do.do import Node, Ref
-from monadl.dsl.deep_learning import forbid_array_value, no_truth_value
+from monadl.dsl.core.deep_learning import forbid_array_value, no_truth_value
 
 if TYPE_CHECKING:
     from monadl.do.graph import Graph
@@ -25,7 +25,7 @@ class Differentiable:
 
     ``__array_ufunc__ = None`` makes ``ndarray * layer`` call our reflected operator instead of
     building an object array. NumPy's functions and ``numpy.asarray`` refuse it, with a
-    ``TypeError`` naming monadl's op (:func:`~monadl.dsl.deep_learning.forbid_array_value`).
+    ``TypeError`` naming monadl's op (:func:`~monadl.dsl.core.deep_learning.forbid_array_value`).
     ``await x`` (in a ``@direct`` function) gives its forward data, shared with every
     differentiable use of ``x`` in the same run.
     """

@@ -53,8 +53,8 @@ from monadl.do.executor import Executor, default_executor
 from monadl.do.stats import RunStats
 from monadl.do.tape import Tape
 from monadl.dsl.fused import all_true
-from monadl.dsl.optimizers import Optimizer, state_kind
-from monadl.dsl.results import Deferred, failed
+from monadl.dsl.learning.optimizers import Optimizer, state_kind
+from monadl.dsl.learning.results import Deferred, failed
 from monadl.runtime.staging import staging
 from monadl.runtime.versions import COMMIT_LOCK, Snapshot, data_of, publish
 from monadl.tape.backward import NonFiniteDelta, backward
@@ -62,8 +62,8 @@ from monadl.typeclasses.backend import NDARRAY, Array, freeze, namespace
 from monadl.typeclasses.sparse import SparseRows
 
 if TYPE_CHECKING:
-    from monadl.dsl.layers import ArrayLayer, FloatLayer
-    from monadl.dsl.weights import ArrayWeight, FloatWeight
+    from monadl.dsl.core.layers import ArrayLayer, FloatLayer
+    from monadl.dsl.core.weights import ArrayWeight, FloatWeight
 
 
 @mypyc_attr(native_class=False)  # a compiled subclass of a builtin exception is not a plain one
