@@ -21,7 +21,7 @@ from monadl.dsl.core.layers import (
     FloatLayer,
     FloatOperators,
 )
-from monadl.dsl.core.static import static_info as _static_info  # noqa: F401 - it gives layers their .shape
+from monadl.dsl.core.shapes import static_info as _static_info  # noqa: F401 - it gives layers their .shape
 from monadl.dsl.core.weights import ArrayWeight, FloatWeight
 from monadl.dsl.extend.custom import CustomOp, ShapeRuleError, custom_op
 from monadl.dsl.extend.direct import direct, parallel

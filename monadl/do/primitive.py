@@ -145,7 +145,7 @@ class Primitive:
     bias), or None where it is not one; a backward pass adds up a weight's products over all the
     calls of a step and multiplies once (``monadl.tape.backward``). ``shape_rule``: the result's
     static shape, dtype and namespace from the inputs' (``(shape, dtype, xp)`` each) and the
-    parameters, or None (see ``monadl.dsl.core.static``): a layer's ``.shape`` and ``.dtype``."""
+    parameters, or None (see ``monadl.dsl.core.shapes``): a layer's ``.shape`` and ``.dtype``."""
 
     def __init__(
         self,

@@ -98,7 +98,7 @@ def _inline(*_: Any, **__: Any) -> float:
 
 
 def _shape(x: Any, **_: Any) -> Any:
-    """The static shape rule: the input's shape and dtype (see :mod:`monadl.dsl.core.static`)."""
+    """The static shape rule: the input's shape and dtype (see :mod:`monadl.dsl.core.shapes`)."""
     return x
 
 

@@ -2,6 +2,6 @@
 
 ``layers`` (``FloatLayer``, ``ArrayLayer``, their operators, ``apply``), ``weights``, ``base`` and
 ``deep_learning`` (the ``DeepLearning`` type class), ``apply`` (an op's node recorded),
-``arguments`` and ``indices`` (the checks of the ops' arguments), and ``static`` (a layer's static
+``arguments`` and ``indices`` (the checks of the ops' arguments), and ``shapes`` (a layer's static
 shape and dtype, walked from the ops' shape rules).
 """

@@ -248,7 +248,7 @@ class ArrayOperators(Differentiable):
         ``transpose``, ``concatenate``, ``stack``, ``split``, indexing (basic and advanced),
         ``take_rows``, ``take_along_axis``, ``where``, ``softmax``, ``log_softmax``,
         ``batch_norm``, dropout, convolutions and pools. A ``@batchable`` call's result, a
-        ``custom_op``'s and anything that depends on one are None (:mod:`monadl.dsl.core.static`).
+        ``custom_op``'s and anything that depends on one are None (:mod:`monadl.dsl.core.shapes`).
         Worked out on first access, not while the graph is built. A graph that cannot run has no
         shape: where an op's operands do not fit it (``zeros((3, 4)) @ zeros((5, 2))``), this
         raises the error its run would give, a :class:`~monadl.ShapeError` naming the op."""
@@ -291,13 +291,13 @@ class ArrayOperators(Differentiable):
 
 
 STATIC_INFO: Final[list[Callable[[Graph, int], tuple[tuple[int, ...], Any, Any] | None]]] = []
-"""What ``.shape`` and ``.dtype`` ask: :func:`monadl.dsl.core.static.static_info`, registered by that
+"""What ``.shape`` and ``.dtype`` ask: :func:`monadl.dsl.core.shapes.static_info`, registered by that
 module, whose rules build on the op modules that build on this one; ``monadl`` imports it."""
 
 
 def _static(x: ArrayOperators) -> tuple[tuple[int, ...], Any, Any] | None:
     if not STATIC_INFO:
-        return None  # (monadl.dsl.core.static not imported: nothing is known)
+        return None  # (monadl.dsl.core.shapes not imported: nothing is known)
     graph = x.graph
     if graph is not None:
         return STATIC_INFO[0](graph, x.row)

@@ -155,7 +155,7 @@ def _float_info(*_: Info, **__: Any) -> Info:
 
 
 class _InfoRule:
-    """A user's rule of shapes as a rule of static information (``monadl.dsl.core.static``): the shape
+    """A user's rule of shapes as a rule of static information (``monadl.dsl.core.shapes``): the shape
     checked, the dtype and namespace the operands' promoted."""
 
     def __init__(self, name: str, rule: ShapeRule) -> None:

@@ -5,7 +5,7 @@ packed one, and their primitives, whose vjps share one backward pass.
 
 The sequences' steps come one sequence after another (the rows of ``x``); packed, the steps of time
 ``t`` of every sequence that has one are consecutive rows, the sequences sorted by length, longest
-first, so that those still running at step ``t`` are the first ``batch[t]``. A backward direction
+first, so that those still running at step ``t`` are the first ``batch[t]``. A right-to-left direction
 reads each sequence from its last step, so it has its own packing of the same shape.
 """
 
@@ -41,15 +41,15 @@ class Packing:
     """``offsets[t]``: the packed row of step ``t``'s first sequence."""
     order: np.ndarray[Any, np.dtype[np.intp]]
     """The sequences in sorted order."""
-    forward: np.ndarray[Any, np.dtype[np.intp]]
-    """For each packed row, the row of ``x`` the forward direction reads there."""
-    backward: np.ndarray[Any, np.dtype[np.intp]]
-    """For each packed row, the row of ``x`` the backward direction reads there (each sequence's
-    steps from its last)."""
-    forward_rows: np.ndarray[Any, np.dtype[np.intp]]
-    """The inverse of ``forward``: for each row of ``x``, its packed row."""
-    backward_rows: np.ndarray[Any, np.dtype[np.intp]]
-    """The inverse of ``backward``."""
+    left_to_right: np.ndarray[Any, np.dtype[np.intp]]
+    """For each packed row, the row of ``x`` the left-to-right direction reads there."""
+    right_to_left: np.ndarray[Any, np.dtype[np.intp]]
+    """For each packed row, the row of ``x`` the right-to-left direction reads there (each
+    sequence's steps from its last)."""
+    left_to_right_rows: np.ndarray[Any, np.dtype[np.intp]]
+    """The inverse of ``left_to_right``: for each row of ``x``, its packed row."""
+    right_to_left_rows: np.ndarray[Any, np.dtype[np.intp]]
+    """The inverse of ``right_to_left``."""
     last: np.ndarray[Any, np.dtype[np.intp]]
     """For each sequence, the packed row of its last step (in either direction)."""
 
@@ -61,23 +61,23 @@ def packing(lengths: tuple[int, ...]) -> Packing:
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.intp)
     batch = tuple(sum(1 for n in lengths if n > t) for t in range(max(lengths)))
     offsets = tuple(int(o) for o in np.concatenate([[0], np.cumsum(batch)[:-1]]))
-    forward = np.empty(sum(lengths), dtype=np.intp)
-    backward = np.empty_like(forward)
+    left_to_right = np.empty(sum(lengths), dtype=np.intp)
+    right_to_left = np.empty_like(left_to_right)
     last = np.empty(len(lengths), dtype=np.intp)
     for rank, s in enumerate(order):
         n = lengths[s]
         steps = np.asarray(offsets[:n], dtype=np.intp) + rank
-        forward[steps] = starts[s] + np.arange(n)
-        backward[steps] = starts[s] + np.arange(n)[::-1]
+        left_to_right[steps] = starts[s] + np.arange(n)
+        right_to_left[steps] = starts[s] + np.arange(n)[::-1]
         last[s] = steps[-1]
     return Packing(
         batch,
         offsets,
         np.asarray(order, dtype=np.intp),
-        forward,
-        backward,
-        np.argsort(forward).astype(np.intp),
-        np.argsort(backward).astype(np.intp),
+        left_to_right,
+        right_to_left,
+        np.argsort(left_to_right).astype(np.intp),
+        np.argsort(right_to_left).astype(np.intp),
         last,
     )
 
@@ -89,15 +89,15 @@ def indices(xp: Any, like: Any, *arrays: Any) -> list[Any]:
 
 def packed_rows(xp: Any, x: Any, layout: Packing, directions: int) -> Any:
     """The rows of ``x`` (N, ...) in each direction's packed order: (D, N, ...)."""
-    reads = indices(xp, x, layout.forward, layout.backward)[:directions]
+    reads = indices(xp, x, layout.left_to_right, layout.right_to_left)[:directions]
     return xp.stack([xp.take(x, r, axis=0) for r in reads])
 
 
 def packed_deltas(xp: Any, d: Any, layout: Packing, directions: int, hidden: int) -> Any:
     """The outputs' deltas: the first N rows of ``d``, each direction's ``hidden`` columns, in its
     packed order (D, N, hidden)."""
-    reads = indices(xp, d, layout.forward, layout.backward)[:directions]
-    steps = layout.forward.shape[0]
+    reads = indices(xp, d, layout.left_to_right, layout.right_to_left)[:directions]
+    steps = layout.left_to_right.shape[0]
     return xp.stack(
         [xp.take(d[:steps, k * hidden : (k + 1) * hidden], reads[k], axis=0) for k in range(directions)]
     )
@@ -106,7 +106,7 @@ def packed_deltas(xp: Any, d: Any, layout: Packing, directions: int, hidden: int
 def unpacked_rows(xp: Any, packed: Any, layout: Packing, summed: bool) -> Any:
     """Each direction's packed rows (D, N, k) back in the sequences' order: side by side, (N, D k),
     or ``summed``, (N, k) (an input's delta, read by both directions)."""
-    rows = indices(xp, packed, layout.forward_rows, layout.backward_rows)[: packed.shape[0]]
+    rows = indices(xp, packed, layout.left_to_right_rows, layout.right_to_left_rows)[: packed.shape[0]]
     parts = [xp.take(packed[d, ...], rows[d], axis=0) for d in range(packed.shape[0])]
     if not summed:
         return xp.concat(parts, axis=1)

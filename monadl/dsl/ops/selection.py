@@ -335,7 +335,7 @@ def _parts(x: Any, indices: Any, axis: int) -> tuple[tuple[int, ...], tuple[int,
     return xs[:axis], xs[axis : axis + k], xs[axis + k :]
 
 
-def _gather(xp: Any, x: Any, indices: Any, axis: int = 0) -> Any:
+def _index_arrays(xp: Any, x: Any, indices: Any, axis: int = 0) -> Any:
     before, dims, after = _parts(x, indices, axis)
     flat = host_in(xp, _flat(namespace_of_type(type(indices), indices), indices, dims), x)
     rows = xp.reshape(x, (*before, math.prod(dims), *after))
@@ -343,7 +343,7 @@ def _gather(xp: Any, x: Any, indices: Any, axis: int = 0) -> Any:
     return xp.reshape(out, (*before, *flat.shape, *after))
 
 
-def _gather_vjp(xp: Any, d: Any, o: Any, x: Any, indices: Any, axis: int = 0) -> Any:
+def _index_arrays_vjp(xp: Any, d: Any, o: Any, x: Any, indices: Any, axis: int = 0) -> Any:
     before, dims, after = _parts(x, indices, axis)
     flat = host_in(xp, _flat(namespace_of_type(type(indices), indices), indices, dims), d)
     f = math.prod(flat.shape)
@@ -360,23 +360,24 @@ def _calls_as_one(indices: Any) -> Any:
     return xp.moveaxis(indices, 0, 1)
 
 
-def _gather_merged(xp: Any, x: Any, indices: Any, axis: int = 0) -> Any:
-    out = _gather(xp, x, _calls_as_one(indices), axis)
+def _index_arrays_merged(xp: Any, x: Any, indices: Any, axis: int = 0) -> Any:
+    out = _index_arrays(xp, x, _calls_as_one(indices), axis)
     return out if axis == 0 else xp.moveaxis(out, axis, 0)
 
 
-def _gather_merged_vjp(xp: Any, d: Any, o: Any, x: Any, indices: Any, axis: int = 0) -> Any:
-    return _gather_vjp(xp, d if axis == 0 else xp.moveaxis(d, 0, axis), o, x, _calls_as_one(indices), axis)
+def _index_arrays_merged_vjp(xp: Any, d: Any, o: Any, x: Any, indices: Any, axis: int = 0) -> Any:
+    rows = d if axis == 0 else xp.moveaxis(d, 0, axis)
+    return _index_arrays_vjp(xp, rows, o, x, _calls_as_one(indices), axis)
 
 
-def _check_gather(x: Any, indices: Any, axis: int = 0) -> None:
+def _check_index_arrays(x: Any, indices: Any, axis: int = 0) -> None:
     if type(x) is float or len(x.shape) < axis + indices.shape[0]:
         raise ShapeError(
             f"getitem: {axis + indices.shape[0]} indices are too many for an array of shape {shape_of(x)}"
         )
 
 
-def _check_gather_range(x: Any, indices: Any, axis: int = 0) -> None:
+def _check_index_arrays_range(x: Any, indices: Any, axis: int = 0) -> None:
     _, dims, _ = _parts(x, indices, axis)
     for j, n in enumerate(dims):
         span = _index_range(None, indices[j, ...])
@@ -387,8 +388,8 @@ def _check_gather_range(x: Any, indices: Any, axis: int = 0) -> None:
             )
 
 
-def _check_gather_merged(inputs: tuple[Any, ...], merged: dict[str, Any]) -> None:
-    _check_gather_range(inputs[0], _calls_as_one(merged["indices"]), merged.get("axis", 0))
+def _check_index_arrays_merged(inputs: tuple[Any, ...], merged: dict[str, Any]) -> None:
+    _check_index_arrays_range(inputs[0], _calls_as_one(merged["indices"]), merged.get("axis", 0))
 
 
 def _index_arrays_rule(x: Info, indices: Any, axis: int = 0) -> Info:
@@ -399,21 +400,21 @@ def _index_arrays_rule(x: Info, indices: Any, axis: int = 0) -> Info:
 
 INDEX_ARRAYS: Final = declare(
     "getitem_arrays",
-    _gather,
-    (_gather_vjp,),
+    _index_arrays,
+    (_index_arrays_vjp,),
     cost=lambda x, indices, axis=0: float(
         math.prod(indices.shape[1:]) * math.prod(x.shape[axis + indices.shape[0] :])
     ),
-    check=_check_gather,
+    check=_check_index_arrays,
     # calls that index one weight merge: their indices stacked, one gather and one scatter-add
     batch=Batching(
         shared=(0,),
         row_params=("indices",),
-        forward=_gather_merged,
-        vjps=(_gather_merged_vjp,),
-        check_merged=_check_gather_merged,
+        forward=_index_arrays_merged,
+        vjps=(_index_arrays_merged_vjp,),
+        check_merged=_check_index_arrays_merged,
     ),
-    check_values=_check_gather_range,
+    check_values=_check_index_arrays_range,
     per_run=("indices",),
     shape_rule=_index_arrays_rule,
 )

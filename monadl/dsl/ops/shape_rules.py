@@ -1,7 +1,7 @@
 """What shape rules share: the static information of a value and the rules many ops use.
 
 An op's ``shape_rule`` (declared with the op, see :mod:`monadl.dsl.ops.registry`) gives its
-result's :data:`Info` from its inputs' and its parameters; :mod:`monadl.dsl.core.static` walks a graph
+result's :data:`Info` from its inputs' and its parameters; :mod:`monadl.dsl.core.shapes` walks a graph
 with them. A rule sees its operands already cast as the run casts them; it raises :class:`Mismatch`
 for operands that do not broadcast (a library op's ``ShapeError``, in the run's words).
 """
