@@ -304,7 +304,7 @@ CASES: list[OpCase] = [
     ),
 ]
 
-# Issue 30: batch norm (the batch's statistics; channels on axis 1).
+# Batch norm (the batch's statistics; channels on axis 1).
 CASES += [
     OpCase("batch_norm 2d", lambda c, x, g, b: monadl.batch_norm(x, g, b), (_A, _u(60, (4,)), _u(61, (4,)))),
     OpCase(
@@ -314,7 +314,7 @@ CASES += [
     ),
 ]
 
-# ------------------------------------------------ activations and reductions (issue 30, item 1)
+# ------------------------------------------------ activations and reductions
 
 CASES += [
     OpCase("softplus", lambda c, a: monadl.softplus(a), (_u(60, (3, 4), -30.0, 30.0),)),
@@ -430,7 +430,7 @@ CASES += [  # the modules' attention of q, k and v packed in one array (not expo
     ),
 ]
 
-# Gathers (issue 30): take_along_axis and advanced indexing, repeated indices included (their
+# Gathers: take_along_axis and advanced indexing, repeated indices included (their
 # deltas add).
 _ALONG = np.array([[3, 0, 3], [1, 1, 2], [0, 3, 3]], dtype=np.int64)
 CASES += [
@@ -499,7 +499,7 @@ CASES += [
     ),
 ]
 
-# Cross-attention (issue 30): queries and keys of different lengths, a mask of shape (Lq, Lk) for
+# Cross-attention: queries and keys of different lengths, a mask of shape (Lq, Lk) for
 # every batch row and head, and keys that broadcast over the queries' batch axis.
 _CROSS_KEEP = np.array([[1, 0, 1, 1, 0], [0, 1, 0, 0, 1]], dtype=bool)
 CASES += [

@@ -38,7 +38,7 @@ PUBLIC_MODULES = [
     "monadl.distributed",
     "monadl.interop",
 ]
-# What the reference must not show: the engine's internals (issue 31).
+# What the reference must not show: the engine's internals.
 INTERNALS = [
     "monadl.SGD.update_owned",
     "monadl.SGD.update_folded",

@@ -1,5 +1,5 @@
 """``take_along_axis`` and advanced indexing (``layer[rows, cols]``, ``layer[mask]``) of
-``monadl.dsl.ops.selection`` (issue 30).
+``monadl.dsl.ops.selection``.
 
 Their values against NumPy's, their gradients against finite differences (the shared checker,
 float64), their calls merged under dynamic batching equal to their calls alone, and their errors.

@@ -1,4 +1,4 @@
-"""The reductions of ``monadl.dsl.ops.reductions`` (issue 30): ``max``, ``min``, ``logsumexp``, ``var``,
+"""The reductions of ``monadl.dsl.ops.reductions``: ``max``, ``min``, ``logsumexp``, ``var``,
 ``std``, and the index functions ``argmax`` and ``argmin``.
 
 Their values against NumPy's, their gradients against finite differences (the shared checker,
