@@ -11,7 +11,7 @@ function (see ``docs/design.md``, "Adding an op").
 * ``selection``: ``take_rows``, ``take_along_axis``, ``where``, ``index_arrays``;
 * ``linalg``: ``matmul``, ``dot``, ``linear``;
 * ``losses``, ``classification``: the regression and binary losses; ``cross_entropy``, ``nll_loss``;
-* ``conv``, ``conv_transpose``, ``adaptive_pool``: convolutions and pooling;
+* ``conv``, ``conv_transpose``, ``pooling``, ``adaptive_pool``: convolutions and pooling;
 * ``norm``, ``batch_norm``: layer, group, RMS and batch normalisation;
 * ``attention``: scaled dot-product attention;
 * ``recurrent``, ``packing``, ``packed_lstm``, ``packed_gru``: the recurrent cells' ops and the
