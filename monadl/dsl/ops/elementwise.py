@@ -14,18 +14,8 @@ from typing import Final, cast, overload
 from monadl.do.primitive import Primitive
 from monadl.do.primitive import add_n as engine_add_n
 from monadl.dsl.core.apply import forward_of
-from monadl.dsl.core.arguments import (
-    described,
-    operands_of,
-)
-from monadl.dsl.core.layers import (
-    AnyArray,
-    AnyFloat,
-    ArrayLayer,
-    FloatLayer,
-    apply,
-    is_float_kind,
-)
+from monadl.dsl.core.arguments import described, operands_of
+from monadl.dsl.core.layers import AnyArray, AnyFloat, ArrayLayer, FloatLayer, apply, is_float_kind
 from monadl.dsl.ops.operators import elementwise_op
 from monadl.dsl.ops.registry import PerArity
 from monadl.dsl.ops.shape_rules import elementwise

@@ -12,26 +12,12 @@ from typing import Any, Final
 import numpy as np
 
 from monadl.do.primitive import Batching, FanOut
-from monadl.dsl.core.arguments import (
-    array_operand,
-)
-from monadl.dsl.core.layers import (
-    AnyArray,
-    AnyFloat,
-    ArrayLayer,
-    apply_array,
-)
+from monadl.dsl.core.arguments import array_operand
+from monadl.dsl.core.layers import AnyArray, AnyFloat, ArrayLayer, apply_array
 from monadl.dsl.ops.operators import MATMUL, matmul_op, matrix_rows, mm
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import Info, promoted
-from monadl.typeclasses.backend import (
-    NDARRAY,
-    NUMPY,
-    ShapeError,
-    on_device,
-    shape_of,
-    unbroadcast,
-)
+from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, on_device, shape_of, unbroadcast
 
 __all__ = ["dot", "linear", "matmul"]
 

@@ -13,17 +13,7 @@ from typing import Any, Final
 from monadl.do.primitive import Batching, Primitive
 from monadl.dsl.core.arguments import array_operand
 from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array
-from monadl.dsl.ops.conv import (
-    Pair,
-    Size,
-    col2im,
-    full2d,
-    out_size,
-    pads2d,
-    reshaped,
-    sizes_param,
-    windows,
-)
+from monadl.dsl.ops.conv import Pair, Size, col2im, full2d, out_size, pads2d, reshaped, sizes_param, windows
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import Info
 from monadl.typeclasses.backend import ShapeError, on_device, shape_of

@@ -12,28 +12,14 @@ from typing import Any, Final
 import numpy as np
 
 from monadl.do.primitive import Batching, Primitive, Rule
-from monadl.dsl.core.arguments import (
-    array_operand,
-    array_operands,
-    as_index,
-    int_param,
-    int_sequence,
-)
+from monadl.dsl.core.arguments import array_operand, array_operands, as_index, int_param, int_sequence
 from monadl.dsl.core.indices import integral
-from monadl.dsl.core.layers import (
-    AnyArray,
-    ArrayLayer,
-    apply_array,
-)
+from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array
 from monadl.dsl.ops.elementwise import as_layer
 from monadl.dsl.ops.operators import WHOLE, key_for, scatter
 from monadl.dsl.ops.registry import PerArity, declare, not_a_float
 from monadl.dsl.ops.shape_rules import Info, promoted
-from monadl.typeclasses.backend import (
-    IndexArray,
-    ShapeError,
-    shape_of,
-)
+from monadl.typeclasses.backend import IndexArray, ShapeError, shape_of
 
 __all__ = ["concatenate", "reshape", "split", "stack", "transpose"]
 
