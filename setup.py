@@ -35,11 +35,12 @@ from typing import Any
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-# The one list of modules compiled with mypyc. Kept interpreted: monadl/dsl/deep_learning.py (a
-# runtime_checkable protocol), the public surface that validates its own arguments
-# (monadl/dsl/ops.py, monadl/dsl/weights.py: compiled, mypyc's argument checks pre-empt its
-# messages, and FloatWeight(True) became 1.0), and optimizers (values users may subclass and
-# tests spy on), direct, data/, bench/, cli (not hot).
+# The one list of modules compiled with mypyc. Kept interpreted: monadl/dsl/core/deep_learning.py (a
+# runtime_checkable protocol), the public surface that validates its own arguments (the op
+# families in monadl/dsl/ops/, which hold their public functions, and monadl/dsl/core/weights.py:
+# compiled, mypyc's argument checks pre-empt their messages, and FloatWeight(True) became 1.0;
+# monadl/dsl/ops/operators.py, the operators' ops, has no public function and is compiled), and
+# optimizers (values users may subclass and tests spy on), direct, data/, bench/, cli (not hot).
 COMPILED_MODULES = [
     "monadl/do/do.py",
     "monadl/do/graph.py",
@@ -57,13 +58,13 @@ COMPILED_MODULES = [
     "monadl/tape/backward.py",
     "monadl/typeclasses/backend.py",
     "monadl/typeclasses/sparse.py",
-    "monadl/dsl/apply.py",
-    "monadl/dsl/base.py",
-    "monadl/dsl/layers.py",
-    "monadl/dsl/indices.py",
-    "monadl/dsl/primitives.py",
-    "monadl/dsl/operation.py",
-    "monadl/dsl/training.py",
+    "monadl/dsl/core/apply.py",
+    "monadl/dsl/core/base.py",
+    "monadl/dsl/core/layers.py",
+    "monadl/dsl/core/indices.py",
+    "monadl/dsl/ops/operators.py",
+    "monadl/dsl/extend/operation.py",
+    "monadl/dsl/learning/training.py",
 ]
 
 # The group's shared library (``monadl/_engine__mypyc.<suffix>``: inside the package, so that an

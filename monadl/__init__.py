@@ -11,18 +11,8 @@ from monadl._compiled import compiled as compiled
 from monadl.checkpoint import CheckpointError, load, save
 from monadl.data.loader import DataLoader
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
-from monadl.dsl.activations import clip, elu, gelu, leaky_relu, silu, softplus
-from monadl.dsl.adaptive_pool import adaptive_avg_pool2d
-from monadl.dsl.apply_gradients import apply_gradients
-from monadl.dsl.attention import scaled_dot_product_attention
-from monadl.dsl.batch_norm import batch_norm
-from monadl.dsl.conv import avg_pool1d, avg_pool2d, conv1d, conv2d, max_pool1d, max_pool2d
-from monadl.dsl.conv_transpose import conv_transpose2d
-from monadl.dsl.custom import CustomOp, ShapeRuleError, custom_op
-from monadl.dsl.deep_learning import DeepLearning
-from monadl.dsl.direct import direct, parallel
-from monadl.dsl.flatten import flatten
-from monadl.dsl.layers import (
+from monadl.dsl.core.deep_learning import DeepLearning
+from monadl.dsl.core.layers import (
     AnyArray,
     AnyFloat,
     AnyLayer,
@@ -31,48 +21,13 @@ from monadl.dsl.layers import (
     FloatLayer,
     FloatOperators,
 )
-from monadl.dsl.losses import (
-    Reduction,
-    binary_cross_entropy,
-    binary_cross_entropy_with_logits,
-    huber_loss,
-    l1_loss,
-    mse_loss,
-    nll_loss,
-    smooth_l1_loss,
-)
-from monadl.dsl.norm import group_norm, layer_norm, rms_norm
-from monadl.dsl.operation import batchable
-from monadl.dsl.ops import (
-    abs,
-    add_n,
-    concatenate,
-    cross_entropy,
-    dot,
-    exp,
-    lift,
-    lift_array,
-    lift_float,
-    linear,
-    log,
-    log_softmax,
-    matmul,
-    maximum,
-    mean,
-    minimum,
-    relu,
-    reshape,
-    sigmoid,
-    softmax,
-    split,
-    sqrt,
-    stack,
-    sum,
-    take_rows,
-    tanh,
-    transpose,
-)
-from monadl.dsl.optimizers import (
+from monadl.dsl.core.shapes import static_info as _static_info  # noqa: F401 - it gives layers their .shape
+from monadl.dsl.core.weights import ArrayWeight, FloatWeight
+from monadl.dsl.extend.custom import CustomOp, ShapeRuleError, custom_op
+from monadl.dsl.extend.direct import direct, parallel
+from monadl.dsl.extend.operation import batchable
+from monadl.dsl.learning.apply_gradients import apply_gradients
+from monadl.dsl.learning.optimizers import (
     SGD,
     Adagrad,
     Adam,
@@ -87,13 +42,15 @@ from monadl.dsl.optimizers import (
     clip_by_value,
     global_norm,
 )
-from monadl.dsl.padding import PadMode, pad
-from monadl.dsl.recurrent import gru_h, lstm_c, lstm_h
-from monadl.dsl.reductions import argmax, argmin, logsumexp, max, min, std, var
-from monadl.dsl.schedules import Constant, CosineDecay, LearningRate, LinearWarmup, Schedule, StepDecay
-from monadl.dsl.selection import take_along_axis, where
-from monadl.dsl.static import static_info as _static_info  # noqa: F401 - it gives layers their .shape
-from monadl.dsl.training import (
+from monadl.dsl.learning.schedules import (
+    Constant,
+    CosineDecay,
+    LearningRate,
+    LinearWarmup,
+    Schedule,
+    StepDecay,
+)
+from monadl.dsl.learning.training import (
     NonFiniteBufferError,
     NonFiniteGradientError,
     NonFiniteLossError,
@@ -105,7 +62,55 @@ from monadl.dsl.training import (
     train,
     train_blocking,
 )
-from monadl.dsl.weights import ArrayWeight, FloatWeight
+from monadl.dsl.ops.activations import (
+    clip,
+    elu,
+    gelu,
+    leaky_relu,
+    log_softmax,
+    relu,
+    sigmoid,
+    silu,
+    softmax,
+    softplus,
+    tanh,
+)
+from monadl.dsl.ops.adaptive_pool import adaptive_avg_pool2d
+from monadl.dsl.ops.attention import scaled_dot_product_attention
+from monadl.dsl.ops.batch_norm import batch_norm
+from monadl.dsl.ops.classification import cross_entropy, nll_loss
+from monadl.dsl.ops.conv import conv1d, conv2d
+from monadl.dsl.ops.conv_transpose import conv_transpose2d
+from monadl.dsl.ops.elementwise import (
+    abs,
+    add_n,
+    exp,
+    lift,
+    lift_array,
+    lift_float,
+    log,
+    maximum,
+    minimum,
+    sqrt,
+)
+from monadl.dsl.ops.flatten import flatten
+from monadl.dsl.ops.linalg import dot, linear, matmul
+from monadl.dsl.ops.losses import (
+    Reduction,
+    binary_cross_entropy,
+    binary_cross_entropy_with_logits,
+    huber_loss,
+    l1_loss,
+    mse_loss,
+    smooth_l1_loss,
+)
+from monadl.dsl.ops.norm import group_norm, layer_norm, rms_norm
+from monadl.dsl.ops.padding import PadMode, pad
+from monadl.dsl.ops.pooling import avg_pool1d, avg_pool2d, max_pool1d, max_pool2d
+from monadl.dsl.ops.recurrent import gru_h, lstm_c, lstm_h
+from monadl.dsl.ops.reductions import argmax, argmin, logsumexp, max, mean, min, std, sum, var
+from monadl.dsl.ops.selection import take_along_axis, take_rows, where
+from monadl.dsl.ops.shape import concatenate, reshape, split, stack, transpose
 from monadl.gradcheck import GradientMismatch, check_gradients
 from monadl.nn.buffer import ArrayBuffer, Buffer, BufferState, GeneratorBuffer
 from monadl.nn.dropout import Dropout
@@ -116,154 +121,165 @@ from monadl.typeclasses.backend import Array, ShapeError
 __version__ = "0.1.0"
 
 __all__ = [
-    "add_n",
-    "batchable",
-    "gc_paused",
-    "SGD",
-    "Adagrad",
-    "Adam",
-    "AdamW",
+    # layers and weights
+    "Array",
     "AnyArray",
     "AnyFloat",
-    "Array",
+    "AnyLayer",
     "ArrayLayer",
-    "ArrayWeight",
-    "ArrayBuffer",
-    "Buffer",
-    "BufferState",
-    "CheckpointError",
-    "CustomOp",
-    "DeepLearning",
-    "Do",
-    "Executor",
     "FloatLayer",
+    "ArrayOperators",
+    "FloatOperators",
+    "ArrayWeight",
     "FloatWeight",
-    "GeneratorBuffer",
-    "GradientMismatch",
-    "Module",
-    "Momentum",
+    "DeepLearning",
+    "lift",
+    "lift_array",
+    "lift_float",
+    # running and training a layer
+    "predict",
+    "predict_blocking",
+    "train",
+    "train_blocking",
+    "compute_gradients",
+    "apply_gradients",
+    "is_training",
     "NoOptimizerError",
     "NonFiniteBufferError",
     "NonFiniteGradientError",
     "NonFiniteLossError",
-    "Optimizer",
-    "RMSprop",
-    "ShapeError",
-    "ShapeRuleError",
+    # ops: elementwise
     "abs",
-    "check_gradients",
-    "compute_gradients",
-    "custom_op",
-    "concatenate",
-    "cross_entropy",
-    # losses, beside cross_entropy
-    "Reduction",
-    "binary_cross_entropy",
-    "binary_cross_entropy_with_logits",
-    "huber_loss",
-    "l1_loss",
-    "mse_loss",
-    "nll_loss",
-    "smooth_l1_loss",
-    "default_executor",
-    "direct",
-    "dot",
     "exp",
-    "gather",
-    "lift",
-    "lift_array",
-    "lift_float",
-    "AnyLayer",
-    "ArrayOperators",
-    "FloatOperators",
-    "linear",
-    "load",
     "log",
-    "log_softmax",
-    "matmul",
-    "maximum",
-    "mean",
-    "minimum",
-    "parallel",
-    "predict",
-    "predict_blocking",
-    "pure",
-    "relu",
-    "reshape",
-    "save",
-    "set_default_executor",
-    "sigmoid",
-    "softmax",
-    "split",
     "sqrt",
-    "stack",
-    "sum",
-    "take_rows",
+    "maximum",
+    "minimum",
+    "add_n",
+    # ops: activations
     "tanh",
-    "train",
-    "train_blocking",
-    "transpose",
-    "Chain",
-    "Constant",
-    "CosineDecay",
-    "Dropout",
-    "GradientTransform",
-    "LearningRate",
-    "LinearWarmup",
-    "Schedule",
-    "StepDecay",
-    "chain",
-    "clip_by_global_norm",
-    "clip_by_value",
-    "global_norm",
-    "is_training",
-    "buffers_of",
-    "weights_of",
-    # Issue 30, training helpers.
-    "apply_gradients",
-    "batch_norm",
-    "parameter_count",
-    "stage_buffer",
-    "staged_data",
-    "summary",
-    "to_device",
-    # activations, reductions and selection (issue 30)
-    "argmax",
-    "argmin",
-    "clip",
-    "elu",
+    "sigmoid",
+    "relu",
+    "softplus",
     "gelu",
+    "silu",
     "leaky_relu",
-    "logsumexp",
+    "elu",
+    "clip",
+    "softmax",
+    "log_softmax",
+    # ops: reductions
+    "sum",
+    "mean",
     "max",
     "min",
-    "silu",
-    "softplus",
-    "std",
+    "logsumexp",
     "var",
+    "std",
+    "argmax",
+    "argmin",
+    # ops: shape
+    "reshape",
+    "transpose",
+    "concatenate",
+    "split",
+    "stack",
+    "flatten",
+    "pad",
+    "PadMode",
+    # ops: selection
+    "take_rows",
+    "take_along_axis",
     "where",
-    "take_along_axis",  # gathers (issue 30)
-    "avg_pool1d",
-    "avg_pool2d",
+    # ops: linear algebra
+    "matmul",
+    "dot",
+    "linear",
+    # ops: losses
+    "cross_entropy",
+    "nll_loss",
+    "mse_loss",
+    "l1_loss",
+    "huber_loss",
+    "smooth_l1_loss",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "Reduction",
+    # ops: convolution and pooling
     "conv1d",
     "conv2d",
+    "conv_transpose2d",
     "max_pool1d",
     "max_pool2d",
+    "avg_pool1d",
+    "avg_pool2d",
+    "adaptive_avg_pool2d",
+    # ops: normalisation, attention, recurrent cells
     "layer_norm",
+    "group_norm",
+    "rms_norm",
+    "batch_norm",
     "scaled_dot_product_attention",
     "lstm_c",
     "lstm_h",
     "gru_h",
-    # batches of a data set (monadl.data.loader)
+    # optimizers, gradient transforms and learning-rate schedules
+    "Optimizer",
+    "SGD",
+    "Momentum",
+    "Adagrad",
+    "RMSprop",
+    "Adam",
+    "AdamW",
+    "GradientTransform",
+    "Chain",
+    "chain",
+    "clip_by_global_norm",
+    "clip_by_value",
+    "global_norm",
+    "LearningRate",
+    "Schedule",
+    "Constant",
+    "CosineDecay",
+    "LinearWarmup",
+    "StepDecay",
+    # modules and buffers
+    "Module",
+    "Dropout",
+    "Buffer",
+    "BufferState",
+    "ArrayBuffer",
+    "GeneratorBuffer",
+    "weights_of",
+    "buffers_of",
+    "parameter_count",
+    "summary",
+    "to_device",
+    "stage_buffer",
+    "staged_data",
+    # the monad and its execution
+    "Do",
+    "pure",
+    "gather",
+    "direct",
+    "parallel",
+    "batchable",
+    "Executor",
+    "default_executor",
+    "set_default_executor",
+    "gc_paused",
+    # extending: custom ops and gradient checks; errors
+    "custom_op",
+    "CustomOp",
+    "ShapeRuleError",
+    "check_gradients",
+    "GradientMismatch",
+    "ShapeError",
+    # data and checkpoints
     "DataLoader",
-    # image layers, padding, flattening and normalisation beside layer_norm
-    "adaptive_avg_pool2d",
-    "conv_transpose2d",
-    "flatten",
-    "group_norm",
-    "pad",
-    "PadMode",
-    "rms_norm",
+    "save",
+    "load",
+    "CheckpointError",
 ]
 
 if compiled():  # mypyc keeps no docstrings and no annotated signatures: the build recorded them

@@ -26,7 +26,7 @@ keys, lists, str, int (of 4,300 digits at most: what Python's json reads), bool,
 floats, nested at most :data:`MAX_DEPTH` (64) deep; a tuple, a set, a non-str key, NaN or a longer
 int is refused at save (a ``TypeError`` naming its key path), not changed into something else. An
 optimizer is saved by its settings, each of the type its class declares, so its classes must be
-monadl's: a learning-rate schedule must be one of :mod:`monadl.dsl.schedules`' classes
+monadl's: a learning-rate schedule must be one of :mod:`monadl.dsl.learning.schedules`' classes
 (``Constant``, ``StepDecay``, ``CosineDecay``, ``LinearWarmup``); a plain function trains, but
 ``save`` refuses it, naming the weight and the schedule.
 
@@ -43,7 +43,7 @@ malformed or too deeply nested file is a :class:`CheckpointError` naming the fil
 never a crash. So is a number the description's JSON reads as infinity (``1e999``) or an int of more
 than 4,300 digits, and an optimizer whose settings are not all there (a default would stand in for
 the one saved) or not of the types its class declares; each optimizer checks its state
-(:meth:`~monadl.dsl.optimizers.Adam.check_state`: step counts from 0 to ``2**63 - 1``, second
+(:meth:`~monadl.dsl.learning.optimizers.Adam.check_state`: step counts from 0 to ``2**63 - 1``, second
 moments and sums of squares >= 0). Buffers are checked the same way (a buffer of another kind, or
 whose state its :meth:`~monadl.nn.Buffer.check_state` refuses, such as batch norm's running variance
 with a negative entry, is an error naming it). Files written before digests existed (format 1) still
@@ -69,8 +69,8 @@ from typing import Any, NoReturn, cast
 import numpy as np
 
 from monadl.data.files import atomic_write_bytes, read_regular_file
-from monadl.dsl import optimizers, schedules
-from monadl.dsl.weights import FloatWeight
+from monadl.dsl.core.weights import FloatWeight
+from monadl.dsl.learning import optimizers, schedules
 from monadl.nn.buffer import JSON, Buffer, BufferState
 from monadl.nn.module import Weight, buffers_of, moved_to, weights_of
 from monadl.runtime.versions import COMMIT_LOCK, publish, read

@@ -28,7 +28,7 @@ every shard's gradients to the driver, adds them in worker order and sends the s
 replica applies the one sum, so the replicas stay bit-identical (:meth:`DataParallel.digests`).
 
 **All or nothing.** A step is a two-phase commit. Every worker computes its gradients and *stages*
-its replica's update (:func:`monadl.dsl.training.staged_updates`: the new weights and optimizer
+its replica's update (:func:`monadl.dsl.learning.training.staged_updates`: the new weights and optimizer
 state, computed, not committed); only when every worker has succeeded does the driver tell them all
 to commit. A step that fails anywhere (an exception in ``loss``, a non-finite loss, gradient or new
 weight, a worker's process dying) is aborted everywhere: no replica and no optimizer state changes,
@@ -112,15 +112,15 @@ from returns.result import Failure, Result, Success
 
 from monadl import checkpoint
 from monadl.data.files import atomic_write_bytes, read_regular_file
-from monadl.dsl.batch_norm import Statistics, recording_statistics, stage_statistics
-from monadl.dsl.training import (
+from monadl.dsl.learning.training import (
     NonFiniteBufferError,
     NonFiniteGradientError,
     Update,
     commit_updates,
     staged_updates,
 )
-from monadl.dsl.training import _step as gradients_and_buffers
+from monadl.dsl.learning.training import _step as gradients_and_buffers
+from monadl.dsl.ops.batch_norm import Statistics, recording_statistics, stage_statistics
 from monadl.nn.buffer import GeneratorBuffer
 from monadl.nn.module import buffers_of, weights_of
 from monadl.runtime.staging import staging
@@ -128,8 +128,8 @@ from monadl.typeclasses.backend import dtype_name, namespace
 from monadl.typeclasses.sparse import SparseRows
 
 if TYPE_CHECKING:
-    from monadl.dsl.layers import FloatLayer
-    from monadl.dsl.optimizers import Optimizer
+    from monadl.dsl.core.layers import FloatLayer
+    from monadl.dsl.learning.optimizers import Optimizer
 
 __all__ = [
     "DataParallel",
@@ -339,7 +339,7 @@ def _finite(gradient: Any) -> bool:
 @dataclass
 class _RunningStats:
     """A batch norm module's running statistics as a replica finds them by name (what
-    :func:`~monadl.dsl.batch_norm.stage_statistics` reads)."""
+    :func:`~monadl.dsl.ops.batch_norm.stage_statistics` reads)."""
 
     running_mean: Any
     running_var: Any
@@ -593,7 +593,7 @@ class _Replica:
         size = batch_size(shard)
         if size == 0:
             return 0.0, [None] * len(self._weights) + [_BufferUpdates()]
-        from monadl.dsl.layers import FloatLayer
+        from monadl.dsl.core.layers import FloatLayer
 
         layer = self._loss(self._model, shard)
         if not isinstance(layer, FloatLayer):

@@ -25,9 +25,9 @@ from numpy.typing import NDArray
 from returns.result import Failure
 
 from monadl.do.executor import Executor
-from monadl.dsl.layers import FloatLayer
-from monadl.dsl.training import compute_gradients
-from monadl.dsl.weights import ArrayWeight, FloatWeight
+from monadl.dsl.core.layers import FloatLayer
+from monadl.dsl.core.weights import ArrayWeight, FloatWeight
+from monadl.dsl.learning.training import compute_gradients
 from monadl.typeclasses.sparse import SparseRows
 
 __all__ = ["GradientMismatch", "check_gradients", "gradients_of", "make_weights", "numerical_gradients"]

@@ -81,7 +81,7 @@ import numpy as np
 
 from monadl.checkpoint import CheckpointError
 from monadl.data.files import atomic_write_bytes, read_regular_file
-from monadl.dsl.weights import ArrayWeight, FloatWeight
+from monadl.dsl.core.weights import ArrayWeight, FloatWeight
 from monadl.nn.attention import MultiHeadAttention, TransformerDecoderLayer, TransformerEncoderLayer
 from monadl.nn.batchnorm import BatchNorm1d, BatchNorm2d
 from monadl.nn.buffer import ArrayBuffer

@@ -20,9 +20,9 @@ from returns.result import Result
 
 import monadl
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
-from monadl.dsl.attention import self_attention
-from monadl.dsl.packed_gru import packed_gru
-from monadl.dsl.packed_lstm import packed_lstm
+from monadl.dsl.ops.attention import self_attention
+from monadl.dsl.ops.packed_gru import packed_gru
+from monadl.dsl.ops.packed_lstm import packed_lstm
 from monadl.gradcheck import ATOL, RTOL, check_gradients, gradients_of, make_weights
 
 F64 = NDArray[np.float64]
@@ -304,7 +304,7 @@ CASES: list[OpCase] = [
     ),
 ]
 
-# Issue 30: batch norm (the batch's statistics; channels on axis 1).
+# Batch norm (the batch's statistics; channels on axis 1).
 CASES += [
     OpCase("batch_norm 2d", lambda c, x, g, b: monadl.batch_norm(x, g, b), (_A, _u(60, (4,)), _u(61, (4,)))),
     OpCase(
@@ -314,7 +314,7 @@ CASES += [
     ),
 ]
 
-# ------------------------------------------------ activations and reductions (issue 30, item 1)
+# ------------------------------------------------ activations and reductions
 
 CASES += [
     OpCase("softplus", lambda c, a: monadl.softplus(a), (_u(60, (3, 4), -30.0, 30.0),)),
@@ -345,7 +345,7 @@ CASES += [
     OpCase("where constant branch", lambda c, a: monadl.where(c(_A < 0.5), c(_B), a), (_A,)),
 ]
 
-# Convolution and pooling (monadl.dsl.conv): NCHW; every parameter of the ops at least once. Max
+# Convolution and pooling (monadl.dsl.ops.conv): NCHW; every parameter of the ops at least once. Max
 # pooling's inputs are drawn apart from one another (no ties within a finite-difference step).
 _MAX_POOL_X = np.random.default_rng(61).permutation(2 * 3 * 7 * 6).reshape(2, 3, 7, 6) / 40.0 - 1.0
 CASES += [
@@ -392,7 +392,7 @@ CASES += [
     ),
 ]
 
-# layer norm and attention (monadl.dsl.norm, monadl.dsl.attention)
+# layer norm and attention (monadl.dsl.ops.norm, monadl.dsl.ops.attention)
 _KEEP = np.array([[1, 0, 1, 1], [1, 1, 0, 0], [1, 0, 0, 1]], dtype=bool)
 CASES += [
     OpCase(
@@ -430,7 +430,7 @@ CASES += [  # the modules' attention of q, k and v packed in one array (not expo
     ),
 ]
 
-# Gathers (issue 30): take_along_axis and advanced indexing, repeated indices included (their
+# Gathers: take_along_axis and advanced indexing, repeated indices included (their
 # deltas add).
 _ALONG = np.array([[3, 0, 3], [1, 1, 2], [0, 3, 3]], dtype=np.int64)
 CASES += [
@@ -450,7 +450,7 @@ CASES += [
     OpCase("getitem mask", lambda c, a: a[c(_A > 0.0)], (_B,)),
 ]
 
-# The LSTM cell's fused gate arithmetic (monadl.dsl.recurrent); c broadcast from one row too.
+# The LSTM cell's fused gate arithmetic (monadl.dsl.ops.recurrent); c broadcast from one row too.
 CASES += [
     OpCase(
         "lstm_c",
@@ -463,7 +463,7 @@ CASES += [
         (_u(84, (2, 3)), _u(85, (2, 3)), _u(86, (2, 3)), _u(87, (3,))),
     ),
     OpCase("lstm_h", lambda c, o, m: monadl.lstm_h(o, m), (_u(88, (3, 4)), _u(89, (3, 4)))),
-    # nn.LSTM's whole layer (monadl.dsl.packed_lstm): x (steps, 2), hidden 3, gates (5, 3) and
+    # nn.LSTM's whole layer (monadl.dsl.ops.packed_lstm): x (steps, 2), hidden 3, gates (5, 3) and
     # biases (3,) per direction; sequences of unequal lengths, not sorted (final memories included)
     OpCase(
         "packed_lstm bidirectional",
@@ -475,7 +475,7 @@ CASES += [
         lambda c, x, *w: packed_lstm(x, (3,), *w),
         (_u(112, (3, 2)), *[_u(113 + k, (5, 3) if k < 4 else (3,)) for k in range(8)]),
     ),
-    # nn.GRU's whole layer (monadl.dsl.packed_gru): r and z (5, 3), n_x (2, 3), n_h (3, 3), biases
+    # nn.GRU's whole layer (monadl.dsl.ops.packed_gru): r and z (5, 3), n_x (2, 3), n_h (3, 3), biases
     OpCase(
         "packed_gru bidirectional",
         lambda c, x, *w: packed_gru(x, (2, 3, 1), *w),
@@ -499,7 +499,7 @@ CASES += [
     ),
 ]
 
-# Cross-attention (issue 30): queries and keys of different lengths, a mask of shape (Lq, Lk) for
+# Cross-attention: queries and keys of different lengths, a mask of shape (Lq, Lk) for
 # every batch row and head, and keys that broadcast over the queries' batch axis.
 _CROSS_KEEP = np.array([[1, 0, 1, 1, 0], [0, 1, 0, 0, 1]], dtype=bool)
 CASES += [

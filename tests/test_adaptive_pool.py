@@ -14,7 +14,7 @@ from op_cases import predict, probe
 
 import monadl as ml
 from monadl import ArrayWeight, FloatLayer, ShapeError, nn
-from monadl.dsl.adaptive_pool import bins
+from monadl.dsl.ops.adaptive_pool import bins
 
 
 def uniform(seed: int, *shape: int) -> Any:

@@ -15,7 +15,7 @@ from op_cases import predict, value_of
 
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, nn
-from monadl.dsl.attention import self_attention
+from monadl.dsl.ops.attention import self_attention
 
 F64 = np.ndarray[Any, np.dtype[np.float64]]
 

@@ -1568,7 +1568,7 @@ rows(
     ),
 )
 
-# The losses of monadl.dsl.losses: targets of another shape, an unknown reduction, integer data.
+# The losses of monadl.dsl.ops.losses: targets of another shape, an unknown reduction, integer data.
 
 
 def _pointwise_loss_rows(name: str, what: str) -> None:

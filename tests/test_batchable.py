@@ -1,4 +1,4 @@
-"""Batchable operations (``@ml.batchable``, ``monadl.dsl.operation``): a decorated function computes
+"""Batchable operations (``@ml.batchable``, ``monadl.dsl.extend.operation``): a decorated function computes
 what the plain function computes, merged or not; its calls merge by signature (the function, the
 identity of its non-layer arguments, the rows' shapes and dtypes); weights it is given are shared,
 not stacked; and the gradients of a merged run equal central finite differences.
@@ -147,7 +147,7 @@ def test_a_call_that_merges_with_nobody_runs_alone_as_the_plain_function() -> No
 
 def test_the_first_call_ever_is_recorded_as_every_call_is() -> None:
     # The first call learns the result's structure, and is an operation's call like the second:
-    # a process's first run launches (and rounds) as every later one does (issue 22, item 8).
+    # a process's first run launches (and rounds) as every later one does.
     def plain(x: ArrayLayer) -> ArrayLayer:
         return ml.tanh(x) * 2.0
 

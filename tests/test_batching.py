@@ -28,9 +28,10 @@ from examples.tree_lstm import TreeLstm
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.data.trees import Tree
 from monadl.do.batching import merge_params
-from monadl.dsl import primitives as P
-from monadl.dsl.layers import apply_array
-from monadl.dsl.primitives import ELEMENTWISE, Primitive
+from monadl.do.primitive import ELEMENTWISE, Primitive
+from monadl.dsl.core.layers import apply_array
+from monadl.dsl.ops.classification import CROSS_ENTROPY_FUSED
+from monadl.dsl.ops.operators import TAKE_ROWS
 from monadl.gradcheck import check_gradients
 from monadl.typeclasses.sparse import SparseRows
 
@@ -872,7 +873,7 @@ def test_one_check_of_merged_lookups_fails_exactly_when_a_calls_check_does(
     table = ArrayWeight(np.ones((table_rows, 2)))
     indices = [np.zeros((0,), dtype=np.int64) if empty else np.asarray(r) for r in rows]
     calls = [_recorded_params(ml.take_rows(table, i)) for i in indices]
-    _merged_check_agrees(P.take_rows, (table.data,), calls)
+    _merged_check_agrees(TAKE_ROWS, (table.data,), calls)
 
 
 @settings(max_examples=200, deadline=None)
@@ -884,7 +885,7 @@ def test_one_check_of_merged_losses_fails_exactly_when_a_calls_check_does(
     labels = data.draw(st.lists(st.lists(label, min_size=3, max_size=3), min_size=1, max_size=6))
     logits = ArrayWeight(np.zeros((3, classes)))
     calls = [_recorded_params(ml.cross_entropy(logits, np.asarray(t))) for t in labels]
-    _merged_check_agrees(P.cross_entropy, (logits.data,), calls)
+    _merged_check_agrees(CROSS_ENTROPY_FUSED, (logits.data,), calls)
 
 
 def test_a_wrong_label_in_a_merged_loss_names_its_call_and_changes_nothing() -> None:

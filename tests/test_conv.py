@@ -1,4 +1,4 @@
-"""Convolution and pooling (``monadl.dsl.conv``, ``monadl.nn.conv``): values and gradients against
+"""Convolution and pooling (``monadl.dsl.ops.conv``, ``monadl.nn.conv``): values and gradients against
 PyTorch where it is installed, gradients against finite differences, batched equal to unbatched,
 and errors that name the op. (Every op also has cases in ``op_cases.CASES``: NumPy gradients,
 array-api-strict and CuPy.)"""

@@ -1,4 +1,4 @@
-"""Reliability of the data readers and writers (issue 22, items 1, 11, 12 and 13): a file changed under
+"""Reliability of the data readers and writers: a file changed under
 an open reader is an error, not a crash; a synthetic-data description is checked against its files;
 a path that is no regular file is named for what it is; a killed writer's temporary files are removed
 by the next write. Files are small and written under pytest's tmp_path.

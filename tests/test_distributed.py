@@ -28,7 +28,7 @@ import monadl as ml
 from monadl import nn
 from monadl.distributed import DataParallel, StepStats, WorkerError, batch_size, shard_batch
 from monadl.do.primitive import Primitive
-from monadl.dsl.layers import apply_array
+from monadl.dsl.core.layers import apply_array
 
 Batch = tuple[np.ndarray, np.ndarray, np.ndarray]
 POISON = 999.0  # an input value that makes the loss raise

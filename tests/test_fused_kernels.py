@@ -24,10 +24,11 @@ import pytest
 from returns.pipeline import is_successful
 
 import monadl as ml
-from monadl.dsl import activations, fused
-from monadl.dsl import optimizers as O
-from monadl.dsl import primitives as P
-from monadl.dsl.training import commit_gradients
+from monadl.dsl import fused
+from monadl.dsl.learning import optimizers as O
+from monadl.dsl.learning.training import commit_gradients
+from monadl.dsl.ops import activations
+from monadl.dsl.ops.activations import SIGMOID, TANH, sigmoid_of
 
 
 class FakeCupyArray(np.ndarray):
@@ -172,8 +173,8 @@ def test_amsgrad_and_sparse_gradients_keep_their_rules(fake_cupy: list[str]) -> 
 
 
 ACTIVATIONS: list[tuple[str, Callable[..., Any], Callable[..., Any]]] = [
-    ("sigmoid", lambda xp, x: P.sigmoid_of(xp, x), lambda xp, d, o, x: P.sigmoid.vjps[0](xp, d, o, x)),
-    ("tanh", lambda xp, x: P.tanh.forward(xp, x), lambda xp, d, o, x: P.tanh.vjps[0](xp, d, o, x)),
+    ("sigmoid", lambda xp, x: sigmoid_of(xp, x), lambda xp, d, o, x: SIGMOID.vjps[0](xp, d, o, x)),
+    ("tanh", lambda xp, x: TANH.forward(xp, x), lambda xp, d, o, x: TANH.vjps[0](xp, d, o, x)),
     ("gelu", activations._gelu, activations._gelu_vjp),
 ]
 
@@ -210,7 +211,7 @@ def test_numpy_strict_and_floats_take_no_fused_branch(fake_cupy: list[str]) -> N
     adam = O.Adam(0.1)
     for data in (x, strict):
         adam.update(data, data, adam.init(data))
-    P.sigmoid_of(xps, strict)
+    sigmoid_of(xps, strict)
     activations._gelu(xps, strict)
     assert fake_cupy == []
 

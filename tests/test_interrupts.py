@@ -1,6 +1,6 @@
 """A step interrupted at any moment (Ctrl-C: a timer signal whose handler raises
 ``KeyboardInterrupt``) returns control to the caller at once and leaves every weight and optimizer
-state as the step before left them, or every one updated: never some (issue 22, items 2 and 3).
+state as the step before left them, or every one updated: never some.
 Each mode runs in a process of its own, under a watchdog (the subprocess's timeout): a hang fails
 the test, not the suite."""
 

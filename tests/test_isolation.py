@@ -1,5 +1,5 @@
 """Predictions made while another thread trains see the weights of one committed step (snapshot
-isolation, issue 22 item 7): a stress test with two threads, bounded by a deadline, in which every
+isolation): a stress test with two threads, bounded by a deadline, in which every
 prediction must equal, bit for bit, the prediction of one committed state."""
 
 from __future__ import annotations

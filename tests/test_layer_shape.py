@@ -24,7 +24,7 @@ from returns.pipeline import is_successful
 import monadl
 import monadl.nn
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
-from monadl.dsl import static
+from monadl.dsl.ops import shape_rules
 
 STRICT = Backend("array_api_strict", xps.asarray, lambda x: np.asarray(np.from_dlpack(x)))
 
@@ -169,7 +169,7 @@ def test_operands_that_do_not_fit_raise_the_runs_error() -> None:
 def test_a_user_op_whose_operands_do_not_fit_is_unknown() -> None:
     # A custom op's own checks are its own: its rule's mismatch is no library op's error.
     add = monadl.custom_op("add2", lambda xp, a, b: a + b, (lambda xp, d, o, a, b: d,) * 2, broadcasts=True)
-    add.primitive.shape_rule = static.elementwise
+    add.primitive.shape_rule = shape_rules.elementwise
     assert add(_layer(np.ones((2, 3))), np.ones((4,))).shape is None
 
 

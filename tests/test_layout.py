@@ -130,3 +130,53 @@ def test_dependencies_point_one_way(package: str) -> None:
         if not any(target == p or target.startswith(p + ".") for p in allowed)
     }
     assert not wrong, f"{package} imports outside its layer: {sorted(wrong)}"
+
+
+ROOMS = {
+    # a room of monadl.dsl: the rooms, or modules of them, it may import (besides LAYERS' packages)
+    "monadl.dsl.core": {
+        "monadl.dsl.fused",
+        "monadl.dsl.ops.operators",  # the ops behind the layers' operators
+        "monadl.dsl.ops.registry",  # (what operators.py declares its ops with)
+        "monadl.dsl.ops.shape_rules",  # what the static walk reads
+        "monadl.dsl.learning",  # a layer's train and predict run a step; a weight holds its optimizer
+    },
+    "monadl.dsl.ops": {
+        "monadl.dsl.core",
+        "monadl.dsl.fused",
+        "monadl.dsl.learning.training",  # batch norm reads the step's training mode
+    },
+    "monadl.dsl.learning": {
+        "monadl.dsl.fused",
+        "monadl.dsl.core.weights",  # apply_gradients updates weights
+    },
+    "monadl.dsl.extend": {"monadl.dsl.core", "monadl.dsl.ops", "monadl.dsl.learning", "monadl.dsl.fused"},
+    "monadl.dsl.fused": set(),
+}
+"""``monadl.dsl`` by role: the layer types and operators (core), the ops by family (ops), training
+(learning) and the extension points (extend: a user's op, ``@batchable``, direct style), which
+nothing else in ``monadl.dsl`` imports."""
+
+
+def _room(module: str) -> str | None:
+    return next((r for r in ROOMS if module == r or module.startswith(r + ".")), None)
+
+
+def test_every_dsl_module_is_in_a_room() -> None:
+    loose = {m for m in modules() if m.startswith("monadl.dsl.") and _room(m) is None}
+    assert not loose, f"modules of monadl.dsl in no room of ROOMS: {sorted(loose)}"
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS))
+def test_the_rooms_of_dsl_import_what_their_role_needs(room: str) -> None:
+    allowed = ROOMS[room]
+    wrong = {
+        (name, target)
+        for name, targets in graph().items()
+        if _room(name) == room
+        for target in targets
+        if target.startswith("monadl.dsl.")
+        and _room(target) != room
+        and not any(target == a or target.startswith(a + ".") for a in allowed)
+    }
+    assert not wrong, f"{room} imports outside what its role needs: {sorted(wrong)}"

@@ -1,4 +1,4 @@
-"""The losses (``monadl.dsl.losses``, and ``cross_entropy``'s options): values and gradients equal to
+"""The losses (``monadl.dsl.ops.losses``, and ``cross_entropy``'s options): values and gradients equal to
 PyTorch's, gradients equal to finite differences over randomly drawn inputs and settings, merged
 calls equal to calls alone, static shapes, other array namespaces, and clear errors.
 
@@ -930,7 +930,7 @@ def test_labels_picked_on_numpy_are_the_generic_rule(
     """The NumPy path of the class losses' rule (each label picked by indexing) gives what the
     generic one (a one-hot, as on any array namespace) gives: losses, delta and counts."""
     xps = pytest.importorskip("array_api_strict")
-    from monadl.dsl.losses import _class_terms
+    from monadl.dsl.ops.classification import _class_terms
     from monadl.typeclasses.backend import NUMPY
 
     rng = np.random.default_rng(seed)

@@ -14,7 +14,7 @@ from op_cases import predict
 
 import monadl as ml
 from monadl import ArrayWeight, FloatLayer, nn
-from monadl.dsl.norm import _forward, _vjp_x
+from monadl.dsl.ops.norm import _forward, _vjp_x
 from monadl.typeclasses.backend import NUMPY
 
 

@@ -32,7 +32,9 @@ from op_cases import predict
 
 import monadl
 from monadl import ArrayWeight, FloatWeight
-from monadl.dsl import primitives as P
+from monadl.dsl.ops.activations import LOG_SOFTMAX, SIGMOID, SOFTMAX, TANH, sigmoid_of, sigmoids_of
+from monadl.dsl.ops.classification import CROSS_ENTROPY_FUSED
+from monadl.dsl.ops.elementwise import EXP, LOG
 from monadl.gradcheck import check_gradients, gradients_of
 from monadl.typeclasses.backend import NUMPY
 
@@ -132,10 +134,10 @@ def _positive() -> Array:
 
 UNARY: dict[str, tuple[Any, Callable[[float], Decimal], Callable[[], Array]]] = {
     # name: (primitive, reference, inputs)
-    "sigmoid": (P.sigmoid, ref_sigmoid, _grid),
-    "tanh": (P.tanh, ref_tanh, _grid),
-    "exp": (P.exp, ref_exp, lambda: np.linspace(-745.0, 709.0, 6000)),
-    "log": (P.log, ref_log, _positive),
+    "sigmoid": (SIGMOID, ref_sigmoid, _grid),
+    "tanh": (TANH, ref_tanh, _grid),
+    "exp": (EXP, ref_exp, lambda: np.linspace(-745.0, 709.0, 6000)),
+    "log": (LOG, ref_log, _positive),
 }
 
 
@@ -187,7 +189,7 @@ def test_sigmoid_of_a_float_and_its_extremes() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for dtype in DTYPES:
-            out = P.sigmoid.forward(NUMPY, np.array([-1e4, -800.0, -100.0, 100.0, 1e4], dtype=dtype))
+            out = SIGMOID.forward(NUMPY, np.array([-1e4, -800.0, -100.0, 100.0, 1e4], dtype=dtype))
             assert out.dtype == dtype
             assert out[0] == 0.0 and out[-1] == 1.0 and out[-2] == 1.0
 
@@ -203,7 +205,7 @@ def test_the_numpy_sigmoids_are_the_generic_rule_bit_for_bit(dtype: Any, shape: 
         x.flat[0] = -1000.0
     with np.errstate(over="ignore"):
         expected = 1.0 / (1.0 + np.exp(-x))
-    for got in (P.sigmoid_of(NUMPY, x), *P.sigmoids_of(NUMPY, x, x)):
+    for got in (sigmoid_of(NUMPY, x), *sigmoids_of(NUMPY, x, x)):
         assert np.asarray(got).dtype == expected.dtype
         np.testing.assert_array_equal(got, expected, strict=True)
 
@@ -216,8 +218,8 @@ def test_sigmoid_vjp_accuracy(dtype: Any) -> None:
     below the rounding of anything it is added to."""
     x = _as(_grid(), dtype)
     d = np.ones_like(x)
-    (rule,) = P.sigmoid.vjps
-    g = rule(NUMPY, d, P.sigmoid.forward(NUMPY, x), x)
+    (rule,) = SIGMOID.vjps
+    g = rule(NUMPY, d, SIGMOID.forward(NUMPY, x), x)
     assert g.dtype == dtype
     eps = float(np.finfo(dtype).eps)
     with exact(60):
@@ -335,7 +337,7 @@ def test_softmax_sweep(dtype: Any, space: tuple[Any, Callable[[Any], Any]]) -> N
     which rounds the log-probability once more): 31, 4.4 eps."""
     xp, asarray = space
     x = _rows(dtype)
-    y = np.asarray(P.softmax.forward(xp, asarray(x)))
+    y = np.asarray(SOFTMAX.forward(xp, asarray(x)))
     assert y.dtype == dtype
     with exact(400):
         excess = _softmax_excess(y, x, dtype)
@@ -350,8 +352,8 @@ def test_log_softmax_sweep(dtype: Any, space: tuple[Any, Callable[[Any], Any]]) 
     (NumPy's path for a batch of logits) and on columns, in 3 dimensions (its path for any axis)."""
     xp, asarray = space
     x = _rows(dtype)
-    y = np.asarray(P.log_softmax.forward(xp, asarray(x)))
-    columns = np.asarray(P.log_softmax.forward(xp, asarray(np.ascontiguousarray(x.T)[None]), axis=1))
+    y = np.asarray(LOG_SOFTMAX.forward(xp, asarray(x)))
+    columns = np.asarray(LOG_SOFTMAX.forward(xp, asarray(np.ascontiguousarray(x.T)[None]), axis=1))
     assert y.dtype == columns.dtype == dtype
     with exact(400):
         excess = _log_softmax_excess(y, x, dtype)
@@ -375,9 +377,11 @@ def test_cross_entropy_sweep(dtype: Any, targets: str) -> None:
             label = int(labels[k])
             logits = x[k : k + 1]
             if targets == "labels":
-                loss, _ = P.cross_entropy.forward(NUMPY, logits, labels[k : k + 1], (label, label))
+                loss, _ = CROSS_ENTROPY_FUSED.forward(NUMPY, logits, labels[k : k + 1], (label, label))
             else:
-                loss, _ = P.cross_entropy.forward(NUMPY, logits, np.eye(3, dtype=dtype)[label][None], None)
+                loss, _ = CROSS_ENTROPY_FUSED.forward(
+                    NUMPY, logits, np.eye(3, dtype=dtype)[label][None], None
+                )
             s, ly, p = references[k]
             weight = sum((abs((1 if label == j else 0) - p[j]) * abs(s[j]) for j in range(3)), Decimal(0))
             cond = weight / abs(ly[label]) if ly[label] else Decimal(0)

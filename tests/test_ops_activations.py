@@ -1,4 +1,4 @@
-"""The activations of ``monadl.dsl.activations`` (issue 30): ``softplus``, ``gelu``, ``silu``,
+"""The activations of ``monadl.dsl.ops.activations``: ``softplus``, ``gelu``, ``silu``,
 ``leaky_relu``, ``elu`` and ``clip``.
 
 Their values against NumPy references, their gradients against finite differences (the shared

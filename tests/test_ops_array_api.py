@@ -15,7 +15,7 @@ from hypothesis.extra import numpy as hnp
 from op_cases import CASES, F64, NUMPY, Backend, OpCase, predict, run_case
 
 import monadl
-from monadl.dsl import primitives as P
+from monadl.dsl.ops.linalg import LINEAR
 from monadl.typeclasses.backend import minus_zeros, stack_arrays
 
 STRICT_ARRAY = type(xps.asarray(0.0))
@@ -174,7 +174,7 @@ def test_the_fan_out_rules_of_linear_match_numpy(bias: str, lead: tuple[int, ...
         rng.normal(size=4) if bias == "array" else float(rng.normal()) for _ in range(3)
     )
     d = rng.normal(size=(3, *lead, 4))
-    fan = P.linear.batch.fan if P.linear.batch is not None else None
+    fan = LINEAR.batch.fan if LINEAR.batch is not None else None
     assert fan is not None
     expected = [fan.forward(np, x, ws, bs), *(vjp(np, d, None, x, ws, bs) for vjp in fan.vjps)]
     for j in range(3):  # the calls one by one

@@ -1,5 +1,5 @@
 """``take_along_axis`` and advanced indexing (``layer[rows, cols]``, ``layer[mask]``) of
-``monadl.dsl.selection`` (issue 30).
+``monadl.dsl.ops.selection``.
 
 Their values against NumPy's, their gradients against finite differences (the shared checker,
 float64), their calls merged under dynamic batching equal to their calls alone, and their errors.
@@ -17,7 +17,7 @@ from op_cases import F64, check_op, probe
 
 import monadl as ml
 from monadl import ArrayWeight
-from monadl.dsl import selection
+from monadl.dsl.ops import selection
 from monadl.typeclasses.backend import NUMPY
 
 

@@ -27,8 +27,9 @@ from op_cases import (
 
 import monadl
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight, ShapeError
-from monadl.dsl.layers import apply_array, apply_float
-from monadl.dsl.primitives import Primitive, relu
+from monadl.do.primitive import Primitive
+from monadl.dsl.core.layers import apply_array, apply_float
+from monadl.dsl.ops.activations import RELU
 from monadl.gradcheck import GradientMismatch, check_gradients, gradients_of
 
 SETTINGS = settings(max_examples=25, deadline=None)
@@ -220,7 +221,7 @@ def test_unary(name: str, kind: str, data: st.DataObject) -> None:
 def test_relu_vjp_is_the_delta_times_the_mask_of_the_units_on(
     dtype: type[np.floating[Any]], rows: int, transposed: bool, seed: int
 ) -> None:
-    # relu's vjp is one multiplication (primitives._relu_vjp): d where x > 0, d * 0 elsewhere, in
+    # relu's vjp is one multiplication (activations._relu_vjp): d where x > 0, d * 0 elsewhere, in
     # d's dtype: for finite deltas, where(x > 0, d, 0) up to the sign of the zeros; a non-finite
     # delta of a unit that is off gives NaN, as IEEE's product does. x may hold NaN and 0.0.
     rng = np.random.default_rng(seed)
@@ -230,13 +231,13 @@ def test_relu_vjp_is_the_delta_times_the_mask_of_the_units_on(
     x.flat[spots] = np.array([np.nan, 0.0, -0.0], dtype=dtype)[rng.integers(0, 3, 20)]
     if transposed:  # a delta that is a view with other strides
         d = np.ascontiguousarray(d.T).T
-    got = relu.vjps[0](np, d, None, x)
+    got = RELU.vjps[0](np, d, None, x)
     assert got.dtype == dtype and got.shape == d.shape
     on = x > 0.0
     np.testing.assert_array_equal(got[on], d[on])  # the same bits where the unit is on
     assert np.all(got[~on] == 0.0)  # zeros (of either sign) where it is off
     d.flat[0], x.flat[0] = np.nan, -1.0  # a NaN delta of a unit that is off
-    assert np.isnan(relu.vjps[0](np, d, None, x).flat[0])
+    assert np.isnan(RELU.vjps[0](np, d, None, x).flat[0])
 
 
 def test_relu_gradient_of_a_large_weight_equals_a_central_difference() -> None:
@@ -500,13 +501,14 @@ def test_numpy_softmax_paths_equal_the_generic_rules(
     here on array_api_compat's NumPy namespace, which is not ``np``) to rounding."""
     import array_api_compat.numpy as compat
 
-    from monadl.dsl.primitives import _cross_entropy, _log_softmax
+    from monadl.dsl.ops.activations import log_softmax_of
+    from monadl.dsl.ops.classification import _cross_entropy
 
     shape = data.draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=5))
     logits = data.draw(arrays(shape, floats(-30.0, 30.0))).astype(dtype)
     labels = data.draw(hnp.arrays(np.int64, shape[:-1], elements=st.integers(0, shape[-1] - 1)))
     rtol, atol = (1e-5, 1e-6) if dtype == np.float32 else (1e-13, 1e-14)
-    fast, generic = _log_softmax(np, logits, -1), _log_softmax(compat, logits, -1)
+    fast, generic = log_softmax_of(np, logits, -1), log_softmax_of(compat, logits, -1)
     assert fast.dtype == generic.dtype == dtype
     np.testing.assert_array_equal(fast, generic)  # the same operations, in place
     bounds = (int(labels.min(initial=0)), int(labels.max(initial=0)))

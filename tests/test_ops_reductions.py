@@ -1,4 +1,4 @@
-"""The reductions of ``monadl.dsl.reductions`` (issue 30): ``max``, ``min``, ``logsumexp``, ``var``,
+"""The reductions of ``monadl.dsl.ops.reductions``: ``max``, ``min``, ``logsumexp``, ``var``,
 ``std``, and the index functions ``argmax`` and ``argmin``.
 
 Their values against NumPy's, their gradients against finite differences (the shared checker,
@@ -26,7 +26,7 @@ from test_op_fuzz import FUZZ_SETTINGS, _reduction, outcome
 
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, ShapeError
-from monadl.dsl.primitives import expand_to
+from monadl.dsl.ops.reductions import expand_to
 
 Reference = Callable[..., Any]
 

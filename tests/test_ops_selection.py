@@ -1,4 +1,4 @@
-"""``where(condition, a, b)`` of ``monadl.dsl.selection`` (issue 30).
+"""``where(condition, a, b)`` of ``monadl.dsl.ops.selection``.
 
 Its values against ``numpy.where``, its gradients against finite differences (the shared checker,
 float64) for every broadcast of the three operands; its calls merged under dynamic batching equal

@@ -1,6 +1,6 @@
 """Every public name keeps its docstring and its real signature, whichever way the engine runs:
-mypyc keeps neither, so the build records them and ``monadl/_documented.py`` gives them back
-(issue 31). ``help()`` and the API reference (pdoc, built from the compiled engine in CI) read them.
+mypyc keeps neither, so the build records them and ``monadl/_documented.py`` gives them back.
+``help()`` and the API reference (pdoc, built from the compiled engine in CI) read them.
 
 Run in both forms: as it is (compiled where the extensions are built) and with ``MONADL_PURE=1``."""
 

@@ -1,4 +1,4 @@
-"""The recurrent cells' fused gate ops, ``lstm_c``, ``lstm_h`` and ``gru_h`` (monadl.dsl.recurrent):
+"""The recurrent cells' fused gate ops, ``lstm_c``, ``lstm_h`` and ``gru_h`` (monadl.dsl.ops.recurrent):
 values against the elementwise ops they replace, gradients against finite differences, merged
 calls against calls on their own, errors, and the cells built on them."""
 

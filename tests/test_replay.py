@@ -26,9 +26,9 @@ from returns.result import Failure, Success
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.do import delay
+from monadl.do.primitive import Primitive
 from monadl.do.tape import Tape
-from monadl.dsl.layers import apply_array
-from monadl.dsl.primitives import Primitive
+from monadl.dsl.core.layers import apply_array
 from monadl.gradcheck import ATOL, RTOL, gradients_of, numerical_gradients
 from monadl.typeclasses.backend import ShapeError
 from monadl.typeclasses.sparse import SparseRows

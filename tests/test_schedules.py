@@ -15,7 +15,7 @@ import pytest
 from returns.result import Success
 
 import monadl as ml
-from monadl.dsl.optimizers import state_kind
+from monadl.dsl.learning.optimizers import state_kind
 
 # ------------------------------------------------------------------------------------ the values
 

@@ -17,7 +17,7 @@ from returns.result import Failure
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, nn
 from monadl.bench.suite_dynet import fused_lstm
-from monadl.dsl.packing import layer_ops
+from monadl.dsl.ops.packing import layer_ops
 from monadl.gradcheck import check_gradients
 
 LENGTHS = (5, 2, 3, 1)
@@ -201,7 +201,7 @@ def by_cells(model: nn.LSTM | nn.GRU, sequences: list[list[Any]]) -> nn.Sequence
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_a_layer_as_one_op_is_its_cells_called_step_by_step(kind: str) -> None:
-    # each layer runs as one op (monadl.dsl.packed_lstm, packed_gru); calling its cells one step at
+    # each layer runs as one op (monadl.dsl.ops.packed_lstm, packed_gru); calling its cells one step at
     # a time gives the same values and gradients, but for the order of the sums
     build = nn.LSTM.new if kind == "lstm" else nn.GRU.new
     model = build(3, 4, layers=2, bidirectional=True, seed=12, dtype=np.float64)
@@ -335,7 +335,9 @@ def test_a_layer_ops_vjps_on_several_threads_work_out_its_deltas_once() -> None:
         time.sleep(0.05)  # long enough for every thread to ask meanwhile
         return [k * d for k in range(9)]
 
-    prim = layer_ops("fake", forward, deltas, lambda *_, **__: 0.0, lambda *_, **__: None)[8]
+    prim = layer_ops(
+        "fake", forward, deltas, lambda *_, **__: 0.0, lambda *_, **__: None, lambda *_, **__: None
+    )[8]
     operands = (np.ones(2), *[np.ones(1)] * 8)
     _, saved = prim.forward(np, *operands, lengths=(2,))
     d = np.ones(2)

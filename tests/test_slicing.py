@@ -1,4 +1,4 @@
-"""Slicing and splitting (issue 21): ``layer[...]`` (NumPy's basic indexing), ``split`` and ``stack``.
+"""Slicing and splitting: ``layer[...]`` (NumPy's basic indexing), ``split`` and ``stack``.
 
 Their values against NumPy's, their gradients against finite differences (the shared checker),
 on NumPy and on array-api-strict; their calls merged (batching on, several calls of one op in a

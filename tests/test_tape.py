@@ -13,8 +13,10 @@ from peak_memory import assert_one_summed_delta
 
 import monadl as ml
 from monadl.do.do import Do, Pure
+from monadl.do.primitive import Primitive
 from monadl.do.tape import Tape
-from monadl.dsl.layers import apply_array
+from monadl.dsl.core.layers import apply_array
+from monadl.dsl.ops.operators import MUL
 
 
 def gradients(loss: ml.FloatLayer) -> tuple[Any, dict[Any, Any], ml.do.RunStats]:
@@ -91,7 +93,7 @@ def test_nodes_off_the_path_to_the_loss_give_no_delta() -> None:
 def test_literal_deltas_are_never_computed() -> None:
     """A literal's backward ignores its delta, so the kernel that would compute it never runs."""
     computed: list[int] = []
-    original = ml.dsl.primitives.mul.vjps
+    original = MUL.vjps
 
     w = ml.ArrayWeight(np.ones(3))
     literal = np.full(3, 2.0)
@@ -103,9 +105,7 @@ def test_literal_deltas_are_never_computed() -> None:
 
         return vjp
 
-    prim = ml.dsl.primitives.Primitive(
-        "mul", ml.dsl.primitives.mul.forward, (recording(0), recording(1)), True
-    )
+    prim = Primitive("mul", MUL.forward, (recording(0), recording(1)), True)
     _, grads = ml.compute_gradients(ml.sum(apply_array(prim, w, literal)))
     np.testing.assert_array_equal(grads[w], literal)
     assert computed == [0]  # the weight's delta only; the literal's was never computed

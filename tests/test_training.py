@@ -19,9 +19,8 @@ from returns.primitives.exceptions import UnwrapFailedError
 from returns.result import Failure, Success
 
 import monadl as ml
-from monadl.do.primitive import Batching
-from monadl.dsl.layers import apply_array
-from monadl.dsl.primitives import Primitive
+from monadl.do.primitive import Batching, Primitive
+from monadl.dsl.core.layers import apply_array
 from monadl.typeclasses.sparse import SparseRows
 
 
@@ -489,7 +488,7 @@ def test_a_users_broadcasting_vjp_is_summed_back_on_every_run(replay: bool) -> N
         np.testing.assert_allclose(w.data, 1.0 - 0.1 * (step + 1) * x, rtol=1e-12)
 
 
-# A finite loss with a gradient of NaN or infinity fails and changes nothing (issue 22, item 4).
+# A finite loss with a gradient of NaN or infinity fails and changes nothing.
 
 
 @pytest.mark.parametrize("optimizer", [ml.SGD(0.1), ml.Adam(0.1), ml.Momentum(0.1, 0.9), ml.Adagrad(0.1)])

@@ -34,7 +34,7 @@ from monadl.bench.suite_monadl import ADAM
 from monadl.cli import positive_int
 from monadl.data import sst
 from monadl.do.stats import RunStats
-from monadl.dsl import training
+from monadl.dsl.learning import training
 from monadl.runtime.staging import staging
 from monadl.runtime.versions import COMMIT_LOCK
 from monadl.tape.backward import backward

@@ -3,8 +3,9 @@
 A primitive is a forward rule, one vector-Jacobian product per input, a cost, checks, and how its
 calls merge under dynamic batching (:class:`Batching`, as DyNet's ``autobatch_sig``). The rules are
 written against an array namespace ``xp`` taken from the inputs, so they run on NumPy, CuPy,
-array-api-strict and, for elementwise ops, Python floats. The library's table of primitives is
-``monadl.dsl.primitives``; this module also holds the engine's own sums (:func:`add_n`, and
+array-api-strict and, for elementwise ops, Python floats. The library's primitives are declared
+by family in ``monadl.dsl.ops`` (``monadl.dsl.ops.registry.declare``, with the library's defaults
+for ``fresh`` and ``own``); this module also holds the engine's own sums (:func:`add_n`, and
 :data:`ROWS_SUM`, a gathered array's rows summed). It imports nothing of the graph.
 
 A vjp has the signature ``vjp(xp, delta, out, *inputs, **params)`` and returns the delta for its
@@ -144,7 +145,7 @@ class Primitive:
     bias), or None where it is not one; a backward pass adds up a weight's products over all the
     calls of a step and multiplies once (``monadl.tape.backward``). ``shape_rule``: the result's
     static shape, dtype and namespace from the inputs' (``(shape, dtype, xp)`` each) and the
-    parameters, or None (see ``monadl.dsl.static``): a layer's ``.shape`` and ``.dtype``."""
+    parameters, or None (see ``monadl.dsl.core.shapes``): a layer's ``.shape`` and ``.dtype``."""
 
     def __init__(
         self,

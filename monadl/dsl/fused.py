@@ -4,7 +4,7 @@ On a GPU, a rule written with array operators (Adam's update, GELU's slope) runs
 operator, each reading and writing a whole temporary array: a dozen passes over memory where one
 would do. A :class:`Kernel` is such a rule written once as one kernel: a few assignments in the
 common subset of CUDA C++ and Python, which :func:`on_cupy` arrays run as one
-``cupy.ElementwiseKernel``. The callers (``optimizers``, ``primitives``, ``activations``) take the
+``cupy.ElementwiseKernel``. The callers (``optimizers``, the op families in ``monadl.dsl.ops``) take the
 fused path only for CuPy arrays of one float dtype; NumPy, array-api-strict and every other
 namespace keep their rules as written.
 

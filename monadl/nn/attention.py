@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from monadl.dsl.attention import scaled_dot_product_attention, self_attention
-from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.ops import linear, matmul, relu
+from monadl.dsl.core.layers import AnyArray, ArrayLayer
+from monadl.dsl.ops.activations import relu
+from monadl.dsl.ops.attention import scaled_dot_product_attention, self_attention
+from monadl.dsl.ops.linalg import linear, matmul
 from monadl.nn.dropout import Dropout
 from monadl.nn.linear import Activation, Linear, Seed, generator, positive
 from monadl.nn.module import Module

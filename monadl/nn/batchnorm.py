@@ -24,9 +24,9 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 
-from monadl.dsl.batch_norm import BATCH_NORM
-from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array, is_float_kind
-from monadl.dsl.weights import ArrayWeight
+from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array, is_float_kind
+from monadl.dsl.core.weights import ArrayWeight
+from monadl.dsl.ops.batch_norm import BATCH_NORM
 from monadl.nn.buffer import ArrayBuffer, BufferState
 from monadl.nn.module import Module
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
-from monadl.dsl.flatten import flatten
-from monadl.dsl.layers import AnyArray, ArrayLayer
+from monadl.dsl.core.layers import AnyArray, ArrayLayer
+from monadl.dsl.ops.flatten import flatten
 from monadl.nn.module import Module
 
 __all__ = ["Flatten", "Layer", "Sequential"]

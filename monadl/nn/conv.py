@@ -1,6 +1,6 @@
 """Convolution and pooling modules: :class:`Conv1d`, :class:`Conv2d`, :class:`ConvTranspose2d`,
-:class:`MaxPool2d`, :class:`AvgPool2d` and :class:`AdaptiveAvgPool2d`, over :mod:`monadl.dsl.conv`,
-:mod:`monadl.dsl.conv_transpose` and :mod:`monadl.dsl.adaptive_pool`.
+:class:`MaxPool2d`, :class:`AvgPool2d` and :class:`AdaptiveAvgPool2d`, over :mod:`monadl.dsl.ops.conv`,
+:mod:`monadl.dsl.ops.pooling`, :mod:`monadl.dsl.ops.conv_transpose` and :mod:`monadl.dsl.ops.adaptive_pool`.
 
 Channels first, as PyTorch (NCHW): an input has shape ``(..., C, H, W)`` (``Conv1d``:
 ``(..., C, L)``), a kernel ``(O, C // groups, KH, KW)`` (``ConvTranspose2d``'s, as PyTorch's:
@@ -17,11 +17,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from monadl.dsl.adaptive_pool import adaptive_avg_pool2d
-from monadl.dsl.conv import Padding, Size, avg_pool2d, conv1d, conv2d, max_pool2d
-from monadl.dsl.conv_transpose import conv_transpose2d
-from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.weights import ArrayWeight
+from monadl.dsl.core.layers import AnyArray, ArrayLayer
+from monadl.dsl.core.weights import ArrayWeight
+from monadl.dsl.ops.adaptive_pool import adaptive_avg_pool2d
+from monadl.dsl.ops.conv import Padding, Size, conv1d, conv2d
+from monadl.dsl.ops.conv_transpose import conv_transpose2d
+from monadl.dsl.ops.pooling import avg_pool2d, max_pool2d
 from monadl.nn.init import Initializer
 from monadl.nn.linear import Seed, generator, positive
 from monadl.nn.module import Module

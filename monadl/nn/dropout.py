@@ -2,7 +2,7 @@
 
 ``drop = ml.Dropout(0.5, seed=0)`` is a layer applied to an array-like: ``drop(h)``. In a training
 step's forward pass (``train``, ``train_blocking``, ``compute_gradients``: see
-:func:`monadl.dsl.training.is_training`) each entry is kept with probability ``1 - p`` and scaled by
+:func:`monadl.dsl.learning.training.is_training`) each entry is kept with probability ``1 - p`` and scaled by
 ``1 / (1 - p)`` (inverted dropout: the expected value is unchanged, so a prediction needs no
 rescaling); the mask is saved for the backward pass, whose delta is ``delta * mask``. A prediction
 (``predict``, ``predict_blocking``, and any run outside a training step) never drops: the input
@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from monadl.do.primitive import Primitive
-from monadl.dsl.layers import AnyArray, ArrayLayer, apply_array, is_float_kind
-from monadl.dsl.training import is_training
+from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array, is_float_kind
+from monadl.dsl.learning.training import is_training
+from monadl.dsl.ops.registry import declare
 from monadl.nn.buffer import GeneratorBuffer
 from monadl.nn.module import Module
 from monadl.typeclasses.backend import NUMPY, on_device
@@ -98,9 +98,9 @@ def _inline(*_: Any, **__: Any) -> float:
 
 
 def _shape(x: Any, **_: Any) -> Any:
-    """The static shape rule: the input's shape and dtype (see :mod:`monadl.dsl.static`)."""
+    """The static shape rule: the input's shape and dtype (see :mod:`monadl.dsl.core.shapes`)."""
     return x
 
 
-DROPOUT = Primitive("dropout", _forward, (_vjp,), saves=True, cost=_inline, own=True, shape_rule=_shape)
+DROPOUT = declare("dropout", _forward, (_vjp,), saves=True, cost=_inline, fresh=False, shape_rule=_shape)
 """The dropout op: ``dropout`` (a :class:`Dropout`) is a static parameter, kept by identity."""

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from monadl.dsl.layers import ArrayLayer
-from monadl.dsl.ops import take_rows
-from monadl.dsl.optimizers import Optimizer
-from monadl.dsl.weights import ArrayWeight
+from monadl.dsl.core.layers import ArrayLayer
+from monadl.dsl.core.weights import ArrayWeight
+from monadl.dsl.learning.optimizers import Optimizer
+from monadl.dsl.ops.selection import take_rows
 from monadl.nn.init import Initializer
 from monadl.nn.linear import Seed, generator, positive
 from monadl.nn.module import Module

@@ -7,10 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.operation import batchable
-from monadl.dsl.ops import concatenate, lift_array
-from monadl.dsl.recurrent import gru_h
+from monadl.dsl.core.layers import AnyArray, ArrayLayer
+from monadl.dsl.extend.operation import batchable
+from monadl.dsl.ops.elementwise import lift_array
+from monadl.dsl.ops.recurrent import gru_h
+from monadl.dsl.ops.shape import concatenate
 from monadl.nn.init import Initializer
 from monadl.nn.linear import Linear, Seed, generator, positive
 from monadl.nn.module import Module
@@ -101,5 +102,5 @@ class GRUCell(Module):
     def __call__(self, x: AnyArray, h: AnyArray) -> ArrayLayer:
         """The next state ``h'``."""
         xh = concatenate([x, h], axis=-1)  # axis -1: merged calls' rows stay apart
-        # the gates' activations and the blend fused: 1 kernel forward, 5 vjps (monadl.dsl.recurrent)
+        # the gates' activations and the blend fused: 1 kernel forward, 5 vjps (monadl.dsl.ops.recurrent)
         return gru_h(self.r(xh), self.z(xh), self.n_x(x), self.n_h(h), h)

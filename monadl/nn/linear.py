@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.ops import linear, matmul, relu
-from monadl.dsl.weights import ArrayWeight
+from monadl.dsl.core.layers import AnyArray, ArrayLayer
+from monadl.dsl.core.weights import ArrayWeight
+from monadl.dsl.ops.activations import relu
+from monadl.dsl.ops.linalg import linear, matmul
 from monadl.nn.init import Initializer
 from monadl.nn.module import Module
 

@@ -7,11 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.operation import batchable
-from monadl.dsl.ops import concatenate, lift_array
-from monadl.dsl.recurrent import lstm_c, lstm_h
-from monadl.dsl.weights import ArrayWeight
+from monadl.dsl.core.layers import AnyArray, ArrayLayer
+from monadl.dsl.core.weights import ArrayWeight
+from monadl.dsl.extend.operation import batchable
+from monadl.dsl.ops.elementwise import lift_array
+from monadl.dsl.ops.recurrent import lstm_c, lstm_h
+from monadl.dsl.ops.shape import concatenate
 from monadl.nn.init import Initializer
 from monadl.nn.linear import Linear, Seed, generator, positive
 from monadl.nn.module import Module
@@ -97,6 +98,6 @@ class LSTMCell(Module):
     def __call__(self, x: AnyArray, h: AnyArray, c: AnyArray) -> tuple[ArrayLayer, ArrayLayer]:
         """The next state ``(h', c')``."""
         xh = concatenate([x, h], axis=-1)  # [x; h], shared by the four gates (axis -1: rows merge)
-        # the gates' activations and products fused: 2 kernels forward, 6 vjps (monadl.dsl.recurrent)
+        # the gates' activations and products fused: 2 kernels forward, 6 vjps (monadl.dsl.ops.recurrent)
         c_next = lstm_c(self.i(xh), self.f(xh), self.u(xh), c)
         return lstm_h(self.o(xh), c_next), c_next

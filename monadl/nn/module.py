@@ -21,7 +21,7 @@ from typing import Any, Self, cast
 
 import numpy as np
 
-from monadl.dsl.weights import ArrayWeight, FloatWeight
+from monadl.dsl.core.weights import ArrayWeight, FloatWeight
 from monadl.nn.buffer import ArrayBuffer, Buffer
 from monadl.runtime.versions import COMMIT_LOCK, publish, read
 from monadl.typeclasses.backend import dtype_name, freeze, is_array, to_namespace

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.norm import group_norm, layer_norm, rms_norm
-from monadl.dsl.weights import ArrayWeight
+from monadl.dsl.core.layers import AnyArray, ArrayLayer
+from monadl.dsl.core.weights import ArrayWeight
+from monadl.dsl.ops.norm import group_norm, layer_norm, rms_norm
 from monadl.nn.linear import positive
 from monadl.nn.module import Module
 

@@ -8,8 +8,8 @@ of data whose rows are the steps. Layer ``k + 1`` reads, at each step, layer ``k
 both directions concatenated, forward first.
 
 Each layer, both directions and every sequence, runs as one op (as PyTorch's ``nn.LSTM`` and
-``nn.GRU`` over a packed batch): :func:`~monadl.dsl.packed_lstm.packed_lstm` or
-:func:`~monadl.dsl.packed_gru.packed_gru`, the cells' arithmetic on stacked rows, one time step
+``nn.GRU`` over a packed batch): :func:`~monadl.dsl.ops.packed_lstm.packed_lstm` or
+:func:`~monadl.dsl.ops.packed_gru.packed_gru`, the cells' arithmetic on stacked rows, one time step
 after another, with a hand-written backward pass. The cells hold the weights (their names and
 checkpoints are the cells'). A layer's steps' outputs are one lookup each in its result, and those
 lookups merge under dynamic batching. Give a layer all the sequences of a batch in one call:
@@ -26,11 +26,12 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.ops import stack, take_rows
-from monadl.dsl.packed_gru import packed_gru
-from monadl.dsl.packed_lstm import packed_lstm
-from monadl.dsl.weights import ArrayWeight
+from monadl.dsl.core.layers import AnyArray, ArrayLayer
+from monadl.dsl.core.weights import ArrayWeight
+from monadl.dsl.ops.packed_gru import packed_gru
+from monadl.dsl.ops.packed_lstm import packed_lstm
+from monadl.dsl.ops.selection import take_rows
+from monadl.dsl.ops.shape import stack
 from monadl.nn.gru import GRUCell
 from monadl.nn.init import Initializer
 from monadl.nn.linear import Seed, generator, positive

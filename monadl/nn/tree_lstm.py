@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from monadl.dsl.layers import AnyArray, ArrayLayer
-from monadl.dsl.operation import batchable
-from monadl.dsl.ops import concatenate, sigmoid, tanh
+from monadl.dsl.core.layers import AnyArray, ArrayLayer
+from monadl.dsl.extend.operation import batchable
+from monadl.dsl.ops.activations import sigmoid, tanh
+from monadl.dsl.ops.shape import concatenate
 from monadl.nn.init import Initializer
 from monadl.nn.linear import Linear, Seed, generator, positive
 from monadl.nn.module import Module

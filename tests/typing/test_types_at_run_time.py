@@ -79,7 +79,8 @@ def test_an_any_layer_function_runs_and_trains_on_weights_as_they_are() -> None:
 
 
 def _docstring(module: str, qualname: str) -> str:
-    """The docstring of ``qualname`` in ``monadl/dsl/<module>.py``, the last of its definitions."""
+    """The docstring of ``qualname`` in ``monadl/dsl/<module>.py`` (``module``: its path there, without
+    ``.py``), the last of its definitions."""
     tree = ast.parse((ROOT / "monadl" / "dsl" / f"{module}.py").read_text())
     *classes, name = qualname.split(".")
     body = tree.body
@@ -91,7 +92,11 @@ def _docstring(module: str, qualname: str) -> str:
 
 def test_awaiting_train_and_predict_gives_the_documented_io_result() -> None:
     # (read from the sources: a module compiled with mypyc keeps no docstrings)
-    for module, name in [("training", "train"), ("training", "predict"), ("layers", "FloatLayer.train")]:
+    for module, name in [
+        ("learning/training", "train"),
+        ("learning/training", "predict"),
+        ("core/layers", "FloatLayer.train"),
+    ]:
         assert "IOResult" in _docstring(module, name), (module, name)
     s = ml.FloatWeight(3.0)
     loss = s * s

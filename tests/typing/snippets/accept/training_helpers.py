@@ -1,4 +1,4 @@
-"""Issue 30's training helpers: apply_gradients gives a Result, parameter_count an int, summary a
+"""The training helpers: apply_gradients gives a Result, parameter_count an int, summary a
 str, Module.to the module itself, cross_entropy a Python int label, batch norm array layers."""
 
 from typing import Any, assert_type

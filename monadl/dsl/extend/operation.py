@@ -1,0 +1,186 @@
+"""Batchable operations (as TensorFlow Fold does): a differentiable function whose calls merge.
+
+``@batchable`` declares a function of layers a batchable operation. A call records one node (a
+``Call``) instead of the function's whole graph. The scheduler merges the calls with equal
+signatures that are ready together (the function; the identities of the weights and other
+non-layer arguments it is given, or the type and value of a plain int, float, str or bool,
+keyword arguments alike; each layer argument's per-row shape, dtype and array type): each layer
+argument of the calls is stacked into one array of rows, the function's body runs *once* on those
+stacked layers, and row k of each result goes back to call k. The cost of recording and running a
+cell of a Tree-LSTM is then independent of the number of nodes it is applied to. Its backward is
+merged too: it is the body's backward, on the stacked rows.
+
+The body must treat a leading axis as the rows' axis: ``linear``, elementwise ops and
+``concatenate(..., axis=-1)`` do. A call that merges with no other (and every call when batching is
+off) runs the body on its own arguments: it computes what the undecorated function computes. Merged
+or not, a body is recorded once per signature (per executor) and its program replayed for the later
+calls of that signature, so Python code in the body (a branch on outside state, a print, a raise)
+runs when the signature is first met, not at every call: keep the body a function of its
+arguments, as for ``jax.jit``. The first call
+of an operation also builds the body's graph once, and drops it, to learn its result's structure (a
+layer, or a tuple of layers), which must be the same for every call; it is then recorded as every
+call is, so that a process's first run computes (and rounds) as every later one does. The body must
+read only its arguments (and weights): a layer it reads from elsewhere is an error when it runs
+merged.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable, Hashable
+from typing import Any, Final, Generic, ParamSpec, TypeVar, cast
+
+from mypy_extensions import mypyc_attr
+
+from monadl.do.do import Call, Node, Operation, Pure
+from monadl.do.graph import CALL, RESULT, Graph, recording
+from monadl.do.primitive import float_key
+from monadl.do.tape import Tape
+from monadl.dsl.core.apply import forward_of, row_in
+from monadl.dsl.core.base import Differentiable
+from monadl.dsl.core.deep_learning import DeepLearning
+from monadl.dsl.core.layers import ArrayLayer, FloatLayer, array_layer, float_layer
+from monadl.dsl.core.weights import ArrayWeight, FloatWeight
+from monadl.typeclasses.backend import is_array
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+Layer = ArrayLayer | FloatLayer
+
+
+def batchable(f: Callable[P, R]) -> Callable[P, R]:
+    """Declares ``f``, a function of layers returning a layer or a tuple of layers, a batchable
+    operation: its calls of equal signature merge into one call on stacked rows (see the module)."""
+    return cast("Callable[P, R]", BatchableOperation(f))
+
+
+@mypyc_attr(native_class=False)  # a Python class (a method descriptor, wrapped), compiled methods
+class BatchableOperation(Operation, Generic[P, R]):
+    """A batchable operation: ``f`` and the structure of its results (learnt on the first call)."""
+
+    def __init__(self, f: Callable[P, R]) -> None:
+        super().__init__(f.__qualname__)
+        functools.update_wrapper(self, f)
+        self.f = f
+        self.structure: tuple[type[Layer], ...] | None = None  # the results' layer types
+        self.single = True  # f returns one layer (not a tuple)
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        return self if instance is None else types.MethodType(self, instance)
+
+    def __repr__(self) -> str:
+        return f"batchable({self.f.__qualname__})"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        structure = self.structure
+        if structure is None:
+            # Building the graph computes nothing: the body's result is only looked at, and the
+            # call is recorded below like any other (run directly, it would round differently).
+            structure = self._learn(self.f(*args, **kwargs))
+        # Recording one call: this runs once per node of every tree, so it is written out.
+        graph = recording()
+        row_args: list[int] = []
+        statics: list[Hashable] = []
+        rows: list[int] = []
+        for i, a in enumerate(args):
+            kind = type(a)
+            row = _row_kinds.get(kind)
+            if row is None:
+                row = _row_kind(a)
+            # The signature's static part has an entry per argument, a row's a marker: f(x, w) and
+            # f(w, x) (a layer and a weight swapped) do not merge.
+            if row == _LAYER_ROW or row == _VALUE_ROW:
+                row_args.append(i)
+                rows.append(row_in(graph, a, self.name))
+                statics.append(_ROW)
+            else:
+                statics.append(_static_key(a))
+        if kwargs:
+            statics.append(tuple([(name, _static_key(v)) for name, v in kwargs.items()]))
+        else:
+            kwargs = _NO_KWARGS  # (the call's own empty dict is freed now, not with the graph)
+        statics.append(self)
+        # The call keeps its arguments but its rows (its row's inputs): a layer held by its own
+        # graph would be a reference cycle.
+        kept = list(args)
+        for i in row_args:
+            kept[i] = None
+        call = graph.add(CALL, Call(self, tuple(kept), kwargs, row_args, tuple(statics)), None, rows, None, 0)
+        if self.single:
+            return _layer(structure[0], graph, call)
+        results = [_layer(structure[0], graph, call)]
+        for j in range(1, len(structure)):  # a loop: a comprehension is a call of its own in 3.11
+            results.append(_layer(structure[j], graph, graph.add(RESULT, None, j, [call], None, 0)))
+        return tuple(results)
+
+    def _learn(self, result: object) -> tuple[type[Layer], ...]:
+        results = result if isinstance(result, tuple) else (result,)
+        if not results or not all(isinstance(r, (ArrayLayer, FloatLayer)) for r in results):
+            raise TypeError(
+                f"batchable {self.f.__qualname__}: must return a layer or a tuple of layers, "
+                f"got {type(result).__name__}"
+            )
+        self.single = not isinstance(result, tuple)
+        structure = self.structure = tuple(type(r) for r in results)
+        self.scalars = [cls is FloatLayer for cls in structure]
+        return structure
+
+    def expand(self, call: Call, inputs: list[Tape[Any, Any]]) -> list[Node]:
+        """The forwards of the body's results, the body run on ``inputs`` (a call's own values, or
+        the stacked rows of a group's) in place of the call's layer arguments."""
+        args = list(call.args)
+        for i, tape in zip(call.row_args, inputs, strict=True):
+            args[i] = FloatLayer(Pure(tape)) if type(tape.data) is float else ArrayLayer(Pure(tape))
+        result = self.f(*args, **call.kwargs)
+        results = result if isinstance(result, tuple) else (result,)
+        structure = self.structure
+        assert structure is not None
+        if len(results) != len(structure):
+            raise TypeError(
+                f"batchable {self.name}: returned {len(results)} results, where its first call "
+                f"returned {len(structure)}"
+            )
+        return [forward_of(r, self.name) for r in results]
+
+
+def _layer(kind: type[Layer], graph: Graph, row: int) -> Layer:
+    """A layer of ``kind`` for row ``row`` (made natively: a type called as an object is a generic
+    call)."""
+    return array_layer(graph, row) if kind is ArrayLayer else float_layer(graph, row)
+
+
+_STATIC_ROW, _LAYER_ROW, _VALUE_ROW = range(3)
+_PLAIN = (int, float, str, bool)
+
+
+def _row_kind(a: object) -> int:
+    """Whether an argument of this type is a static (a weight, an object, a scalar: shared by all
+    rows), a layer (stacked; its ``forward``), or another value that is stacked (an array, a user's
+    differentiable type); learnt once per type, since a check against the DeepLearning protocol is
+    slow."""
+    kind = type(a)
+    if issubclass(kind, (ArrayWeight, FloatWeight)):
+        row = _STATIC_ROW
+    elif issubclass(kind, Differentiable):
+        row = _LAYER_ROW
+    elif is_array(a) or isinstance(a, DeepLearning):
+        row = _VALUE_ROW
+    else:
+        row = _STATIC_ROW
+    _row_kinds[kind] = row
+    return row
+
+
+_row_kinds: dict[type, int] = {}
+_NO_KWARGS: dict[str, Any] = {}  # shared by the calls without keyword arguments: never changed
+_ROW: Final = "row"  # a row argument's entry in a call's static key (a static's is a tuple or an int)
+
+
+def _static_key(a: object) -> Hashable:
+    """A non-layer argument's part of a signature: its value if a plain scalar, else its identity
+    (the weights a call is given, the object a method is bound to)."""
+    if type(a) is float:
+        return ("value", float, float_key(a))
+    return ("value", type(a), a) if type(a) in _PLAIN else id(a)

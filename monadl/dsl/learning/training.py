@@ -1,0 +1,605 @@
+"""Training and prediction.
+
+A training step is all-or-nothing:
+
+1. forward: one run of the loss's ``Do`` (replayed from a compiled program when the graph's
+   structure was seen before), every computation a step of the run's record;
+2. the loss must be finite, else the step fails with :class:`NonFiniteLossError` before backward;
+   and every weight's new value must be finite, else it fails with :class:`NonFiniteGradientError`
+   before the commit (``Executor(check_finite=False)`` skips this check);
+3. backward: the record read backwards from dL/dL = 1 (``monadl.tape``): each node's delta is the
+   sum of its consumers', its vjps run once, and each weight's summed delta is its gradient;
+4. update: every weight's new data and optimizer state are computed first, then all are committed
+   together (``monadl.runtime.versions``: one store makes them visible). An exception anywhere before
+   the commit, or an interrupt (Ctrl-C) at any moment, leaves every weight and state as it was or
+   every one updated, never some. A chain's gradient transformations (clipping) run first, on the
+   gradients of all the weights the chain updates. A weight's state is kept while its optimizer is
+   of the same kind (``optimizers.state_kind``), whatever its hyper-parameters. A frozen weight
+   (``trainable = False``) is skipped: no update, no optimizer state, though deltas flow through it.
+
+A step's forward pass runs in training mode (:func:`is_training`, a context variable of the calling
+thread), which ops such as dropout read; a prediction's runs in evaluation mode.
+
+Every run reads the weights as of one commit (a snapshot): a prediction beside a training thread
+sees one step's weights, never a mix of two.
+   An optimizer with an ``update_owned`` (SGD) writes the new data into the step's own gradient
+   array where the backward pass says nothing else holds it: no weight-sized allocation.
+
+``train``/``predict`` return ``returns``' ``FutureResult`` (the paper's typed asynchronous result);
+``train_blocking``/``predict_blocking`` return a ``Result`` for scripts. Awaiting a
+``FutureResult[float, Exception]`` (``await loss.train(optimizer)``, in a coroutine that an asyncio
+loop runs: the step runs in a worker thread) gives what ``returns`` gives for every
+``FutureResult``: an ``IOResult[float, Exception]``, ``IOSuccess(loss)`` or ``IOFailure(exception)``,
+the blocking form's ``Result`` marked as the outcome of a side effect. ``.map``, ``.bind`` and
+``.value_or`` work on the ``IOResult`` itself (``value_or`` and ``unwrap`` give an ``IO``); returns'
+escape from ``IO``, ``unsafe_perform_io(IO.from_ioresult(io_result))``, gives the ``Result``
+(``unsafe_perform_io(io_result)`` gives it too, but is typed for an ``IO`` only).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
+from mypy_extensions import mypyc_attr
+from returns.future import FutureResult
+from returns.result import Result, Success
+
+from monadl.do.executor import Executor, default_executor
+from monadl.do.stats import RunStats
+from monadl.do.tape import Tape
+from monadl.dsl.fused import all_true
+from monadl.dsl.learning.optimizers import Optimizer, state_kind
+from monadl.dsl.learning.results import Deferred, failed
+from monadl.runtime.staging import staging
+from monadl.runtime.versions import COMMIT_LOCK, Snapshot, data_of, publish
+from monadl.tape.backward import NonFiniteDelta, backward
+from monadl.typeclasses.backend import NDARRAY, Array, freeze, namespace
+from monadl.typeclasses.sparse import SparseRows
+
+if TYPE_CHECKING:
+    from monadl.dsl.core.layers import ArrayLayer, FloatLayer
+    from monadl.dsl.core.weights import ArrayWeight, FloatWeight
+
+
+@mypyc_attr(native_class=False)  # a compiled subclass of a builtin exception is not a plain one
+class NonFiniteLossError(ArithmeticError):
+    """The loss of a training step was NaN or infinite; no weight was changed."""
+
+
+@mypyc_attr(native_class=False)
+class NonFiniteGradientError(ArithmeticError):
+    """A weight's gradient, or its new value, was NaN or infinite; no weight was changed. Its
+    message names the weight and, where the step could be run again to find it, the op whose vjp
+    gave the first delta of NaN or infinity (``origin``; None where unknown)."""
+
+    origin: str | None = None
+
+
+@mypyc_attr(native_class=False)
+class NonFiniteBufferError(ArithmeticError):
+    """A buffer's new value staged by a training step (batch norm's running statistics) was NaN or
+    infinite; no weight and no buffer was changed."""
+
+
+@mypyc_attr(native_class=False)
+class NoOptimizerError(ValueError):
+    """A weight received a gradient but neither it nor the step has an optimizer."""
+
+
+_TRAINING: ContextVar[bool] = ContextVar("monadl_training", default=False)
+
+
+def is_training() -> bool:
+    """Whether the calling thread is running the forward pass of a training step (``train``,
+    ``train_blocking``, ``compute_gradients``); False in a prediction and outside any run. Ops that
+    behave differently in training (dropout) read it in their forward."""
+    return _TRAINING.get()
+
+
+def _is_finite(value: Any) -> bool:
+    if type(value) is float:
+        return math.isfinite(value)
+    xp = namespace(value)
+    return bool(xp.all(xp.isfinite(value)))
+
+
+def _all_finite(x: Any) -> bool:
+    """Whether every element of ``x`` is finite, in one pass for a NumPy array: a dot product with
+    itself is NaN or infinite if an element is (and finite otherwise, unless the squares overflow:
+    then the elements are checked one by one). ``vdot`` is BLAS's, with the least overhead of
+    NumPy's reductions (a model has many small weights: per call, overhead is most of the cost)."""
+    if type(x) is float:
+        return math.isfinite(x)
+    if type(x) is NDARRAY and x.dtype.kind == "f":
+        if math.isfinite(np.vdot(x, x)):
+            return True
+        return bool(np.isfinite(x).all())
+    xp = namespace(x)
+    return bool(xp.all(xp.isfinite(x)))
+
+
+Pending = list[tuple[Any, Callable[[], Exception]]]
+"""Finite checks of arrays off NumPy, not read yet: each array's ``all(isfinite)`` on its device,
+and the error to raise if it is false."""
+
+
+def _check_later(pending: Pending, x: Any, error: Callable[[], Exception]) -> None:
+    """Queues the finite check of ``x`` (an array off NumPy) on its device: :func:`_check_pending`
+    reads all a step's checks with one wait for each device, not one per weight."""
+    xp = namespace(x)
+    pending.append((xp.all(xp.isfinite(x)), error))
+
+
+def _check_pending(pending: Pending) -> None:
+    """Raises the error of the first of ``pending`` whose array is not finite, if any."""
+    if pending and not all_true([flag for flag, _ in pending]):
+        for flag, error in pending:
+            if not bool(flag):
+                raise error()
+
+
+def _is_float_array(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and namespace(x).isdtype(dtype, "real floating")
+
+
+def _non_finite(weight: Any, gradient: Any, data: Any) -> NonFiniteGradientError:
+    """The error of a weight whose new value ``data`` is not finite: its name and shape, and
+    whether its gradient already was not."""
+    rows = gradient.values if type(gradient) is SparseRows else gradient
+    cause = "its gradient is not finite" if not _all_finite(rows) else "its gradient is, its update is not"
+    if type(data) is float:
+        what = f"{weight!r}: its new value {data!r} is not finite"
+    else:
+        xp = namespace(data)
+        bad = int(xp.sum(xp.astype(~xp.isfinite(data), xp.int64)))  # (the array API sums no bools)
+        what = f"{weight!r}: {bad} of {int(np.prod(data.shape))} entries of its new value are not finite"
+    return NonFiniteGradientError(f"{what} ({cause}); no weight was changed")
+
+
+def _seed(value: Any, rate: float = 1.0) -> Any:
+    """dL/dL, times ``rate`` (a learning rate folded into the backward pass)."""
+    if type(value) is float:
+        return rate
+    seed = namespace(value).ones_like(value)
+    return seed if rate == 1.0 else seed * rate
+
+
+Gradients = dict["FloatWeight | ArrayWeight", Any]
+Staged = dict[Any, Any]
+"""Buffer updates staged by a step's forward pass: buffer to new value."""
+
+
+def compute_gradients(
+    loss: FloatLayer | ArrayLayer, *, executor: Executor | None = None
+) -> tuple[Any, Gradients]:
+    """The loss and every weight's gradient, without updating anything.
+
+    A gradient is what the weight received, summed: a float for a ``FloatWeight``, an array for an
+    ``ArrayWeight`` used densely, and a :class:`~monadl.typeclasses.sparse.SparseRows` for a table
+    used only through ``take_rows`` (an embedding table: the looked-up rows, not a dense table).
+    ``gradient.to_dense()`` (or ``np.asarray(gradient)`` for NumPy) gives the dense array to compare.
+    The gradients are the raw ones (no chain's clipping), and a frozen weight's is reported too.
+    The forward pass runs in training mode (dropout drops).
+
+    Dtypes: a constant (an array or a float that depends on no weight) takes the dtype of the
+    layers and weights it meets (a float32 model stays float32 beside a float64 array or a Python
+    float); layers and weights of different dtypes promote as the array namespace does (float32
+    with float64 gives float64); every array gradient is returned in its weight's dtype.
+
+    Raises :class:`NonFiniteLossError` for a non-finite loss, or whatever the forward or backward
+    pass raised.
+    """
+    value, gradients, _, _, _ = _step(loss, executor, False)
+    return value, gradients
+
+
+def _step(
+    loss: FloatLayer | ArrayLayer,
+    executor: Executor | None,
+    optimizer: Optimizer | bool | None,
+    diagnose: bool = False,
+) -> tuple[Any, Gradients, set[Any], float | None, Staged]:
+    """A step's forward and backward passes: the loss, the gradients, the weights whose gradient is
+    an array of the step's own (an optimizer may write into it), the learning rate folded into
+    the gradients (None: they are the true ones), and the buffer updates the forward pass staged
+    (``monadl.runtime.staging``: committed with the weights, or not at all). ``optimizer``: the
+    default of a training step (False: the gradients are wanted as they are). Its statistics (both
+    passes) are the executor's ``last_stats``. ``diagnose``: the backward pass checks every delta
+    (``Backward``)."""
+    ex = executor or default_executor()
+    stats = RunStats()
+    try:
+        with ex.paused():
+            mode = _TRAINING.set(True)
+            try:
+                with staging() as staged:
+                    evaluation = ex.evaluate(loss.forward, stats, own_root=True)
+            finally:
+                _TRAINING.reset(mode)
+            value = evaluation.value
+            if type(value) is not float and math.prod(value.shape) != 1:
+                raise ValueError(
+                    f"the loss must be one number (a FloatLayer, or an array of one element), not an "
+                    f"array of shape {tuple(value.shape)}: reduce it first (ml.sum, ml.mean); no weight "
+                    "was changed"
+                )
+            if not _is_finite(value):
+                raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
+            assert evaluation.slot >= 0  # own_root: the root's value has a slot of its own
+            run = evaluation.run
+            rate = None if optimizer is False else _folded_rate(run.leaves, optimizer)
+            seed = _seed(value) if rate is None else _seed(value, rate)
+            gradients, owned = backward(run, evaluation.slot, seed, run.dispatcher, diagnose)
+    finally:
+        ex.publish(stats)
+    gradients, owned = _unaliased(gradients, owned, run.snapshot)
+    return value, gradients, owned, rate, staged
+
+
+def _folded_rate(weights: list[Any], default: Any) -> float | None:
+    """The learning rate a step may fold into its backward pass's seed (``SGD.folded_rate``): the
+    one every trained weight's optimizer folds; None where one does not, or they differ."""
+    rate: float | None = None
+    for weight in weights:
+        if not weight.trainable:
+            continue
+        optimizer = weight.optimizer or default
+        fold = getattr(optimizer, "folded_rate", None)
+        own = None if fold is None else fold()
+        if own is None or (rate is not None and own != rate):
+            return None
+        rate = own
+    return rate
+
+
+def _unaliased(gradients: Gradients, owned: set[Any], snapshot: Snapshot) -> tuple[Gradients, set[Any]]:
+    """The gradients, each in its weight's dtype and with memory of its own.
+
+    A float32 weight that met a float64 weight in the graph (the op's result is promoted) gets a
+    float32 gradient, as its optimizer and ``compute_gradients``' caller expect. A delta passed
+    through unchanged (by ``+``, say), or a view of one (by ``reshape``), can be the gradient of two
+    weights at once, and changing one in place must not change the other. A copy made here is the
+    step's own."""
+    seen: set[int] = set()
+    for weight, gradient in gradients.items():
+        if type(gradient) is float:
+            continue
+        data = data_of(weight, snapshot)
+        if type(data) is not float and gradient.dtype != data.dtype:
+            if type(gradient) is SparseRows:
+                values = namespace(gradient.values).astype(gradient.values, data.dtype)
+                gradient = SparseRows(gradient.indices, values, gradient.shape)
+            else:
+                gradient = namespace(gradient).astype(gradient, data.dtype)
+            gradients[weight] = gradient
+            owned.add(weight)
+        elif _memory(gradient) in seen:
+            gradient = gradients[weight] = (
+                gradient.copy()  # its own object, with its own rows
+                if type(gradient) is SparseRows
+                else namespace(gradient).asarray(gradient, copy=True)
+            )
+            owned.add(weight)
+        seen.add(_memory(gradient))
+    return gradients, owned
+
+
+def _memory(gradient: Any) -> int:
+    """The identity of the array that owns a gradient's memory (the array, or its rows' for a
+    ``SparseRows``; or the base they are a view of)."""
+    array = gradient.values if type(gradient) is SparseRows else gradient
+    while getattr(array, "base", None) is not None and hasattr(array.base, "shape"):
+        array = array.base
+    return id(array)
+
+
+def _apply(
+    gradients: Gradients,
+    default: Optimizer | None,
+    owned: set[Any],
+    rate: float | None,
+    check: bool,
+    staged: Staged,
+) -> None:
+    """Computes every update, then commits them all with the ``staged`` buffer updates (nothing is
+    committed if one fails). The caller holds ``COMMIT_LOCK``."""
+    pending: Pending = []
+    updates = _updates(gradients, default, owned, rate, check, pending)
+    for buffer, data in staged.items():
+        if check and _is_float_array(data):
+            error = functools.partial(_non_finite_buffer, buffer)
+            if type(data) is not NDARRAY:
+                _check_later(pending, data, error)
+            elif not _all_finite(data):
+                raise error()
+        updates.append((buffer, data, None))
+    _check_pending(pending)
+    publish(updates)
+
+
+def _non_finite_buffer(buffer: Any) -> NonFiniteBufferError:
+    return NonFiniteBufferError(
+        f"{buffer!r}: the step's new value of it is not finite (an empty or extreme batch's "
+        "statistics?); no weight and no buffer was changed"
+    )
+
+
+Update = tuple[Any, Any, Any]
+"""A weight's update, computed and not yet committed: ``(weight, new data, (optimizer, state))``."""
+
+
+def staged_updates(
+    gradients: Gradients, optimizer: Optimizer | None = None, *, check_finite: bool = True
+) -> list[Update]:
+    """The updates a training step would make from ``gradients`` (true gradients, as
+    :func:`compute_gradients` gives them, or a sum of such), computed but not committed: nothing
+    changes until :func:`commit_updates`. ``optimizer``: the default of weights without their own.
+    Raises as a step would (:class:`NonFiniteGradientError`, :class:`NoOptimizerError`).
+
+    The two halves of a step let a caller commit only when others agree (data-parallel replicas:
+    ``monadl.distributed``). The updates are computed from the weights' current values: commit them
+    before another step changes the weights."""
+    with COMMIT_LOCK:
+        return _updates(gradients, optimizer, set(), None, check_finite)
+
+
+def commit_gradients(
+    gradients: Gradients, optimizer: Optimizer | None = None, *, check_finite: bool = True
+) -> None:
+    """:func:`staged_updates` and :func:`commit_updates` under one hold of the commit lock: no other
+    step's commit comes between the weights the updates are computed from and the commit."""
+    with COMMIT_LOCK:
+        publish(_updates(gradients, optimizer, set(), None, check_finite))
+
+
+def commit_updates(updates: list[Update]) -> None:
+    """Commits updates from :func:`staged_updates`: every weight and optimizer state at once."""
+    with COMMIT_LOCK:
+        publish(updates)
+
+
+def _updates(
+    gradients: Gradients,
+    default: Optimizer | None,
+    owned: set[Any],
+    rate: float | None,
+    check: bool,
+    pending: Pending | None = None,
+) -> list[Update]:
+    """Every weight's update, computed, not committed (nothing is, if one fails). ``rate``: the
+    learning rate already folded into the gradients (their optimizers' ``update_folded``).
+    ``check``: fail if a new value is not finite: at once for NumPy arrays and floats, and for
+    arrays off NumPy (on a GPU) in one read at the end, or by the caller where it gives ``pending``.
+
+    A frozen weight is skipped. An optimizer with ``transform_gradients`` (a chain: clipping) gets
+    the gradients of all the weights it updates at once, before any of them is updated."""
+    later: Pending = [] if pending is None else pending
+    updates: list[Update] = []
+    chains: list[Any] = []  # the optimizers that transform gradients, and for each, its weights
+    members: list[list[Any]] = []
+    for weight, gradient in gradients.items():
+        if not weight.trainable:
+            continue  # frozen: deltas flowed through it; its data and state stay as they are
+        optimizer = weight.optimizer or default
+        if optimizer is None:
+            raise NoOptimizerError(
+                f"{weight!r} has a gradient but no optimizer: pass one to train() or to the weight"
+            )
+        if getattr(optimizer, "transform_gradients", None) is None:
+            updates.append(_updated(weight, gradient, optimizer, owned, rate, check, later))
+            continue
+        k = 0
+        while k < len(chains) and not (chains[k] is optimizer or chains[k] == optimizer):
+            k += 1
+        if k == len(chains):
+            chains.append(optimizer)
+            members.append([])
+        members[k].append(weight)
+    for k in range(len(chains)):
+        optimizer = chains[k]
+        weights = members[k]
+        given = [_in_dtype_of(gradients[weight], weight.data) for weight in weights]
+        transformed = optimizer.transform_gradients(given)
+        if len(transformed) != len(weights):
+            raise ValueError(
+                f"{optimizer!r}: transform_gradients gave {len(transformed)} gradients for {len(weights)}"
+            )
+        # (No rate folded here: a chain has no folded_rate, so the gradients are the true ones.)
+        for weight, gradient in zip(weights, transformed, strict=True):
+            updates.append(_updated(weight, gradient, optimizer, set(), None, check, later))
+    if pending is None:
+        _check_pending(later)
+    return updates
+
+
+def _updated(
+    weight: Any,
+    gradient: Any,
+    optimizer: Any,
+    owned: set[Any],
+    rate: float | None,
+    check: bool,
+    pending: Pending,
+) -> Update:
+    """A weight's update: ``(weight, new data, (optimizer, new state))``, computed, not committed.
+    The state is the weight's own while its optimizers are of one kind, else a fresh one. The
+    finite check of an array off NumPy goes to ``pending``."""
+    held = weight.optimizer_state
+    # The same optimizer object first: no call for a loop over one optimizer.
+    if held is not None and (held[0] is optimizer or state_kind(held[0]) is state_kind(optimizer)):
+        state = held[1]
+    else:
+        state = optimizer.init(weight.data)
+    converted = _in_dtype_of(gradient, weight.data)
+    mine = (weight in owned or converted is not gradient) and _fits(converted, weight.data)
+    if rate is not None:
+        fold = getattr(optimizer, "folded_rate", None)
+        if fold is None or fold() != rate:  # the step folded a rate this weight's optimizer does not
+            raise RuntimeError(
+                f"monadl: {weight!r}'s gradient was scaled by a learning rate ({rate}) that its "
+                f"optimizer {optimizer!r} does not fold; no weight was changed (please report this)"
+            )
+        data, state = optimizer.update_folded(weight.data, converted, state, mine)
+    else:
+        update_owned = getattr(optimizer, "update_owned", None)
+        if update_owned is not None and mine:
+            data, state = update_owned(weight.data, converted, state)
+        else:
+            data, state = optimizer.update(weight.data, converted, state)
+    if check:
+        # A table's sparse gradient changes only its rows: their values are what to check.
+        checked = gradient.values if type(gradient) is SparseRows else data
+        if type(checked) is NDARRAY or type(checked) is float:
+            if not _all_finite(checked):
+                raise _non_finite(weight, gradient, data)
+        else:
+            _check_later(pending, checked, functools.partial(_non_finite, weight, gradient, data))
+    return weight, freeze(data), (optimizer, state)
+
+
+def _in_dtype_of(gradient: Any, data: Any) -> Any:
+    """``gradient`` in the float type of the weight's ``data`` (a float32 weight used with float64
+    inputs gets a float64 gradient), so that a step never changes a weight's dtype, nor that of
+    its optimizer's state."""
+    if type(data) is float:
+        return gradient
+    dtype = data.dtype
+    theirs = getattr(gradient, "dtype", dtype)  # a float (a 0-d weight's delta) has none
+    if theirs is dtype or theirs == dtype:  # NumPy's dtypes are one object each: ``==`` is slower
+        return gradient
+    if type(gradient) is SparseRows:
+        xp = namespace(gradient.values)
+        return SparseRows(gradient.indices, xp.astype(gradient.values, dtype), gradient.shape)
+    return namespace(gradient).astype(gradient, dtype)
+
+
+def _fits(gradient: Any, data: Any) -> bool:
+    """Whether an optimizer may write ``data``'s update into ``gradient``'s memory (the step's
+    own): a writable NumPy array of data's shape and dtype, owning its memory."""
+    return (
+        type(gradient) is NDARRAY
+        and type(data) is NDARRAY
+        and gradient.shape == data.shape
+        and gradient.dtype == data.dtype
+        and gradient.base is None
+        and gradient.flags.writeable
+    )
+
+
+@overload
+def train_blocking(
+    loss: FloatLayer, optimizer: Optimizer | None = None, *, executor: Executor | None = None
+) -> Result[float, Exception]: ...
+@overload
+def train_blocking(
+    loss: ArrayLayer, optimizer: Optimizer | None = None, *, executor: Executor | None = None
+) -> Result[Array, Exception]: ...
+def train_blocking(
+    loss: FloatLayer | ArrayLayer,
+    optimizer: Optimizer | None = None,
+    *,
+    executor: Executor | None = None,
+) -> Result[Any, Exception]:
+    """One training step, now: ``Success(loss)``, or ``Failure(exception)`` with no weight changed.
+
+    ``optimizer`` is the default for weights that have none of their own (a chain with clipping
+    too). Frozen weights (``trainable = False``) are not updated. The forward pass runs in training
+    mode (dropout drops).
+    """
+    try:
+        ex = executor or default_executor()
+        value, gradients, owned, rate, staged = _step(loss, ex, optimizer)
+        with COMMIT_LOCK:
+            _apply(gradients, optimizer, owned, rate, ex.check_finite, staged)
+    except NonFiniteGradientError as non_finite:  # (its own name: mypyc types a name once)
+        return failed(_located(non_finite, loss, ex, optimizer))
+    except Exception as e:  # noqa: BLE001 - every failure is the caller's Failure, not a crash
+        return failed(e)
+    return Success(value)
+
+
+def _located(
+    error: NonFiniteGradientError, loss: FloatLayer | ArrayLayer, ex: Executor, optimizer: Optimizer | None
+) -> NonFiniteGradientError:
+    """``error``, with the op whose vjp gave the first non-finite delta where a second run of the
+    step, checking every delta, finds it (only a failed step pays for it)."""
+    try:
+        _step(loss, ex, optimizer, diagnose=True)
+    except NonFiniteDelta as found:
+        located = NonFiniteGradientError(f"{error}; {found}")
+        located.origin = found.origin
+        return located
+    except Exception:  # noqa: BLE001 - the step's own error stands, unlocated
+        return error
+    return error
+
+
+@overload
+def predict_blocking(layer: FloatLayer, *, executor: Executor | None = None) -> Result[float, Exception]: ...
+@overload
+def predict_blocking(layer: ArrayLayer, *, executor: Executor | None = None) -> Result[Array, Exception]: ...
+def predict_blocking(
+    layer: FloatLayer | ArrayLayer, *, executor: Executor | None = None
+) -> Result[Any, Exception]:
+    """The forward value of ``layer``, now: ``Success(value)`` or ``Failure(exception)``. The
+    forward pass runs in evaluation mode (dropout passes its input on)."""
+    ex = executor or default_executor()
+    stats = RunStats()
+    try:
+        with ex.paused():
+            mode = _TRAINING.set(False)  # (evaluation mode even where called inside a training step)
+            try:
+                value = ex.evaluate(layer.forward, stats).value
+            finally:
+                _TRAINING.reset(mode)
+        if isinstance(value, Tape):  # a literal's or a user's own tape, the root of a dynamic graph
+            value = value.data
+    except Exception as e:  # noqa: BLE001
+        return failed(e)
+    finally:
+        ex.publish(stats)
+    return Success(value)
+
+
+@overload
+def train(
+    loss: FloatLayer, optimizer: Optimizer | None = None, *, executor: Executor | None = None
+) -> FutureResult[float, Exception]: ...
+@overload
+def train(
+    loss: ArrayLayer, optimizer: Optimizer | None = None, *, executor: Executor | None = None
+) -> FutureResult[Array, Exception]: ...
+def train(
+    loss: FloatLayer | ArrayLayer,
+    optimizer: Optimizer | None = None,
+    *,
+    executor: Executor | None = None,
+) -> FutureResult[Any, Exception]:
+    """One training step as a ``FutureResult``: it runs, once, in a worker thread when first
+    awaited (in an asyncio loop). Awaiting it (or its ``awaitable()``) gives an ``IOResult``:
+    ``IOSuccess(loss)``, or ``IOFailure(exception)`` with no weight changed, where
+    :func:`train_blocking` returns ``Success(loss)`` or ``Failure(exception)``
+    (``unsafe_perform_io(IO.from_ioresult(io_result))`` is that ``Result``)."""
+    return FutureResult(
+        Deferred(lambda: train_blocking(loss, optimizer, executor=executor), "a training step (train)")
+    )
+
+
+@overload
+def predict(layer: FloatLayer, *, executor: Executor | None = None) -> FutureResult[float, Exception]: ...
+@overload
+def predict(layer: ArrayLayer, *, executor: Executor | None = None) -> FutureResult[Array, Exception]: ...
+def predict(
+    layer: FloatLayer | ArrayLayer, *, executor: Executor | None = None
+) -> FutureResult[Any, Exception]:
+    """The forward value as a ``FutureResult``: it runs, once, in a worker thread when first
+    awaited (in an asyncio loop). Awaiting it (or its ``awaitable()``) gives an ``IOResult``:
+    ``IOSuccess(value)`` or ``IOFailure(exception)``, where :func:`predict_blocking` returns
+    ``Success(value)`` or ``Failure(exception)``."""
+    return FutureResult(Deferred(lambda: predict_blocking(layer, executor=executor), None))
