@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from batching_check import gradients_of, merged_and_alone
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from op_cases import probe
 from returns.result import Failure
@@ -464,6 +464,9 @@ def test_pointwise_gradients_are_finite_differences(
 
 
 @settings(max_examples=30, deadline=None)
+@example(  # every label the ignored one once the first is set to it
+    logits=True, labels=True, shape=(3, 4), reduction="mean", smoothing=0.0, weighted=False, ignore=1, seed=1
+)
 @given(
     logits=st.booleans(),
     labels=st.booleans(),
@@ -490,7 +493,10 @@ def test_class_loss_gradients_are_finite_differences(
     if labels or not logits:  # (nll_loss takes labels only)
         t: Any = rng.integers(0, shape[-1], shape[:-1])
         if ignore is not None and t.ndim:
-            t.reshape(-1)[0] = ignore  # one ignored, the rest counted
+            flat = t.reshape(-1)
+            flat[0] = ignore  # one ignored, the rest counted
+            if np.all(flat == ignore):  # (all ignored: a mean over none, NaN as PyTorch's)
+                flat[-1] = (ignore + 1) % shape[-1]
         elif ignore is not None and t == ignore:  # (one label alone, ignored: a mean over none)
             t = np.asarray((ignore + 1) % shape[-1])
     else:
