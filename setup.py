@@ -64,6 +64,7 @@ COMPILED_MODULES = [
     "monadl/dsl/core/indices.py",
     "monadl/dsl/ops/operators.py",
     "monadl/dsl/extend/operation.py",
+    "monadl/dsl/learning/finite.py",
     "monadl/dsl/learning/training.py",
 ]
 

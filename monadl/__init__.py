@@ -27,21 +27,17 @@ from monadl.dsl.extend.custom import CustomOp, ShapeRuleError, custom_op
 from monadl.dsl.extend.direct import direct, parallel
 from monadl.dsl.extend.operation import batchable
 from monadl.dsl.learning.apply_gradients import apply_gradients
-from monadl.dsl.learning.optimizers import (
-    SGD,
-    Adagrad,
-    Adam,
-    AdamW,
+from monadl.dsl.learning.optimizers.adagrad import Adagrad, RMSprop
+from monadl.dsl.learning.optimizers.adam import Adam, AdamW
+from monadl.dsl.learning.optimizers.base import GradientTransform, Optimizer
+from monadl.dsl.learning.optimizers.clipping import (
     Chain,
-    GradientTransform,
-    Momentum,
-    Optimizer,
-    RMSprop,
     chain,
     clip_by_global_norm,
     clip_by_value,
     global_norm,
 )
+from monadl.dsl.learning.optimizers.sgd import SGD, Momentum
 from monadl.dsl.learning.schedules import (
     Constant,
     CosineDecay,

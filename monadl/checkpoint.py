@@ -43,7 +43,7 @@ malformed or too deeply nested file is a :class:`CheckpointError` naming the fil
 never a crash. So is a number the description's JSON reads as infinity (``1e999``) or an int of more
 than 4,300 digits, and an optimizer whose settings are not all there (a default would stand in for
 the one saved) or not of the types its class declares; each optimizer checks its state
-(:meth:`~monadl.dsl.learning.optimizers.Adam.check_state`: step counts from 0 to ``2**63 - 1``, second
+(:meth:`~monadl.dsl.learning.optimizers.adam.Adam.check_state`: step counts from 0 to ``2**63 - 1``, second
 moments and sums of squares >= 0). Buffers are checked the same way (a buffer of another kind, or
 whose state its :meth:`~monadl.nn.Buffer.check_state` refuses, such as batch norm's running variance
 with a negative entry, is an error naming it). Files written before digests existed (format 1) still
@@ -71,6 +71,7 @@ import numpy as np
 from monadl.data.files import atomic_write_bytes, read_regular_file
 from monadl.dsl.core.weights import FloatWeight
 from monadl.dsl.learning import optimizers, schedules
+from monadl.dsl.learning.optimizers import adagrad, adam, clipping, sgd
 from monadl.nn.buffer import JSON, Buffer, BufferState
 from monadl.nn.module import Weight, buffers_of, moved_to, weights_of
 from monadl.runtime.versions import COMMIT_LOCK, publish, read
@@ -679,7 +680,7 @@ def _frozen(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 _OPTIMIZERS: dict[str, type] = {
     cls.__name__: cls
-    for module in (optimizers, schedules)
+    for module in (sgd, adam, adagrad, clipping, schedules)
     for cls in vars(module).values()
     if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == module.__name__
 }

@@ -129,7 +129,7 @@ from monadl.typeclasses.sparse import SparseRows
 
 if TYPE_CHECKING:
     from monadl.dsl.core.layers import FloatLayer
-    from monadl.dsl.learning.optimizers import Optimizer
+    from monadl.dsl.learning.optimizers.base import Optimizer
 
 __all__ = [
     "DataParallel",

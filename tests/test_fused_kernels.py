@@ -25,7 +25,6 @@ from returns.pipeline import is_successful
 
 import monadl as ml
 from monadl.dsl import fused
-from monadl.dsl.learning import optimizers as O
 from monadl.dsl.learning.training import commit_gradients
 from monadl.dsl.ops import activations
 from monadl.dsl.ops.activations import SIGMOID, TANH, sigmoid_of
@@ -113,18 +112,18 @@ def _state_as_fake(state: Any) -> Any:
 
 
 OPTIMIZERS: list[Any] = [
-    O.SGD(0.1),
-    O.SGD(0.1, weight_decay=0.01),
-    O.Momentum(0.1, 0.9),
-    O.Momentum(0.1, 0.9, weight_decay=0.01),
-    O.Adam(0.01),
-    O.Adam(0.01, weight_decay=0.01),
-    O.AdamW(0.01),
-    O.AdamW(0.01, weight_decay=0.0),
-    O.Adagrad(0.1),
-    O.Adagrad(0.1, weight_decay=0.01),
+    ml.SGD(0.1),
+    ml.SGD(0.1, weight_decay=0.01),
+    ml.Momentum(0.1, 0.9),
+    ml.Momentum(0.1, 0.9, weight_decay=0.01),
+    ml.Adam(0.01),
+    ml.Adam(0.01, weight_decay=0.01),
+    ml.AdamW(0.01),
+    ml.AdamW(0.01, weight_decay=0.0),
+    ml.Adagrad(0.1),
+    ml.Adagrad(0.1, weight_decay=0.01),
     *(
-        O.RMSprop(0.01, centered=centered, momentum=momentum, weight_decay=wd)
+        ml.RMSprop(0.01, centered=centered, momentum=momentum, weight_decay=wd)
         for centered in (False, True)
         for momentum in (0.0, 0.9)
         for wd in (0.0, 0.01)
@@ -155,7 +154,7 @@ def test_a_fused_update_is_the_rule_bit_for_bit(optimizer: Any, dtype: Any, fake
 
 
 def test_a_chain_clips_then_runs_the_fused_update(fake_cupy: list[str]) -> None:
-    optimizer = O.chain(O.clip_by_value(0.5), O.Adam(0.01))
+    optimizer = ml.chain(ml.clip_by_value(0.5), ml.Adam(0.01))
     data, gradient = _arrays(np.float32)
     (clipped,) = optimizer.transform_gradients([gradient])
     expected, _ = optimizer.update(data, clipped, optimizer.init(data))
@@ -166,7 +165,7 @@ def test_a_chain_clips_then_runs_the_fused_update(fake_cupy: list[str]) -> None:
 
 def test_amsgrad_and_sparse_gradients_keep_their_rules(fake_cupy: list[str]) -> None:
     data, gradient = _arrays(np.float64)
-    amsgrad = O.AdamW(0.01, amsgrad=True)
+    amsgrad = ml.AdamW(0.01, amsgrad=True)
     new, _ = amsgrad.update(_fake(data), _fake(gradient), _state_as_fake(amsgrad.init(data)))
     np.testing.assert_array_equal(np.asarray(new), amsgrad.update(data, gradient, amsgrad.init(data))[0])
     assert fake_cupy == []
@@ -208,7 +207,7 @@ def test_numpy_strict_and_floats_take_no_fused_branch(fake_cupy: list[str]) -> N
     assert not fused.on_cupy(_fake(x), _fake(x.astype(np.float32)))  # two dtypes
     assert not fused.on_cupy(_fake(x.astype(np.float16)))
     assert fused.on_cupy(_fake(x), _fake(x))
-    adam = O.Adam(0.1)
+    adam = ml.Adam(0.1)
     for data in (x, strict):
         adam.update(data, data, adam.init(data))
     sigmoid_of(xps, strict)
@@ -219,7 +218,7 @@ def test_numpy_strict_and_floats_take_no_fused_branch(fake_cupy: list[str]) -> N
 def test_fusion_turned_off_runs_the_rules(fake_cupy: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fused, "ENABLED", False)
     data, gradient = _arrays(np.float32)
-    adam = O.Adam(0.01)
+    adam = ml.Adam(0.01)
     new, _ = adam.update(_fake(data), _fake(gradient), _state_as_fake(adam.init(data)))
     np.testing.assert_array_equal(np.asarray(new), adam.update(data, gradient, adam.init(data))[0])
     assert not fused.on_cupy(_fake(data)) and fake_cupy == []
@@ -294,7 +293,7 @@ def _updates_reads(monkeypatch: pytest.MonkeyPatch, count: int, optimizer: Any) 
 
 
 @pytest.mark.parametrize(
-    "optimizer", [O.SGD(0.1), O.Adam(0.1), O.chain(O.clip_by_global_norm(1.0), O.Adam(0.1))]
+    "optimizer", [ml.SGD(0.1), ml.Adam(0.1), ml.chain(ml.clip_by_global_norm(1.0), ml.Adam(0.1))]
 )
 def test_a_step_off_numpy_reads_the_device_once_whatever_its_weights(
     monkeypatch: pytest.MonkeyPatch, optimizer: Any
@@ -310,7 +309,7 @@ def _failed_step(on: Callable[[Any], Any]) -> tuple[str, list[ml.ArrayWeight], l
     weights = [ml.ArrayWeight(on(r), name=f"w{k}") for k, r in enumerate(rows)]
     loss = ml.add_n([ml.sum(w * w) for w in weights[:2]] + [ml.sum(ml.sqrt(w)) for w in weights[2:]])
     before = [w.data for w in weights]
-    result = loss.train_blocking(O.SGD(0.1))
+    result = loss.train_blocking(ml.SGD(0.1))
     assert not is_successful(result)
     error = result.failure()
     assert isinstance(error, ml.NonFiniteGradientError)
@@ -329,9 +328,9 @@ def test_the_weight_that_is_not_finite_is_named_as_on_numpy_and_nothing_changes(
 
 def test_a_global_norm_off_numpy_is_read_once_and_equals_numpys(monkeypatch: pytest.MonkeyPatch) -> None:
     host = [RNG.normal(size=(3, 4)) for _ in range(5)]
-    expected = O.global_norm(host)
+    expected = ml.global_norm(host)
     reads = Reads(monkeypatch)
-    assert O.global_norm([xps.asarray(g) for g in host]) == pytest.approx(expected, rel=1e-14)
+    assert ml.global_norm([xps.asarray(g) for g in host]) == pytest.approx(expected, rel=1e-14)
     assert reads.count == 1
     assert fused.all_true([xps.asarray(True), xps.asarray(False)]) is False
     assert fused.all_true([xps.asarray(True)] * 3) is True

@@ -310,7 +310,7 @@ def test_rmsprop_settings_are_checked(settings: dict[str, Any], message: str) ->
 def test_adamw_on_a_large_tables_sparse_gradient_is_its_dense_rule_bit_for_bit(dtype: Any) -> None:
     """A table over 32k elements is updated a chunk of rows at a time, from a sparse gradient's
     rows without a dense gradient: the same bits as the rule on the dense gradient, written out."""
-    from monadl.dsl.learning.optimizers import adam_rule
+    from monadl.dsl.learning.optimizers.adam import adam_rule
     from monadl.typeclasses.sparse import SparseRows
 
     rng = np.random.default_rng(4)

@@ -19,7 +19,10 @@ from peak_memory import gradients_with_peak
 
 import monadl as ml
 from monadl import ArrayWeight, FloatLayer
-from monadl.dsl.learning.optimizers import SGD, Adagrad, Adam, Momentum, Optimizer
+from monadl.dsl.learning.optimizers.adagrad import Adagrad
+from monadl.dsl.learning.optimizers.adam import Adam
+from monadl.dsl.learning.optimizers.base import Optimizer
+from monadl.dsl.learning.optimizers.sgd import SGD, Momentum
 from monadl.gradcheck import check_gradients
 from monadl.typeclasses.sparse import SparseRows, row_sums
 from monadl.typeclasses.sparse import add as _add

@@ -201,7 +201,7 @@ def test_adams_numpy_paths_are_its_rule_bit_for_bit(shape: tuple[int, ...], dtyp
     """Adam's update, on small weights and on large ones (in place, a chunk of rows at a time),
     gives the rule as written (``adam_rule``) in every bit, over steps whose moments and gradients
     vary widely."""
-    from monadl.dsl.learning.optimizers import adam_rule
+    from monadl.dsl.learning.optimizers.adam import adam_rule
 
     rng = np.random.default_rng(len(shape))
     data = rng.standard_normal(shape).astype(dtype)

@@ -9,7 +9,7 @@ import numpy as np
 
 from monadl.dsl.core.layers import ArrayLayer
 from monadl.dsl.core.weights import ArrayWeight
-from monadl.dsl.learning.optimizers import Optimizer
+from monadl.dsl.learning.optimizers.base import Optimizer
 from monadl.dsl.ops.selection import take_rows
 from monadl.nn.init import Initializer
 from monadl.nn.linear import Seed, generator, positive

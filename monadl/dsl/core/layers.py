@@ -31,7 +31,7 @@ from monadl.dsl.ops.operators import ADD, DIV, GETITEM, MATMUL, MUL, NEG, POW, S
 from monadl.typeclasses.backend import Array, RowIndices, is_array
 
 if TYPE_CHECKING:
-    from monadl.dsl.learning.optimizers import Optimizer
+    from monadl.dsl.learning.optimizers.base import Optimizer
 
 BasicIndex: TypeAlias = "int | np.integer[Any] | slice | EllipsisType | None"
 """An entry of a basic index (``layer[:, 1:3]``, ``layer[..., 0]``)."""

@@ -20,7 +20,7 @@ import numpy as np
 from monadl.do.do import Variable
 from monadl.dsl.core.arguments import int_sequence
 from monadl.dsl.core.layers import ArrayOperators, FloatOperators
-from monadl.dsl.learning.optimizers import Optimizer
+from monadl.dsl.learning.optimizers.base import Optimizer
 from monadl.runtime.versions import COMMIT_LOCK, Version, publish, read
 from monadl.typeclasses.backend import (
     Array,

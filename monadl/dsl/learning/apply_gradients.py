@@ -15,7 +15,7 @@ from typing import Any
 from returns.result import Result, Success
 
 from monadl.dsl.core.weights import ArrayWeight, FloatWeight
-from monadl.dsl.learning.optimizers import Optimizer
+from monadl.dsl.learning.optimizers.base import Optimizer
 from monadl.dsl.learning.results import failed
 from monadl.dsl.learning.training import commit_gradients
 from monadl.typeclasses.backend import is_array

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, overload
 
@@ -52,8 +51,16 @@ from returns.result import Result, Success
 from monadl.do.executor import Executor, default_executor
 from monadl.do.stats import RunStats
 from monadl.do.tape import Tape
-from monadl.dsl.fused import all_true
-from monadl.dsl.learning.optimizers import Optimizer, state_kind
+from monadl.dsl.learning.finite import (
+    Pending,
+    all_finite,
+    check_later,
+    check_pending,
+    is_finite,
+    is_float_array,
+)
+from monadl.dsl.learning.optimizers import state_kind
+from monadl.dsl.learning.optimizers.base import Optimizer
 from monadl.dsl.learning.results import Deferred, failed
 from monadl.runtime.staging import staging
 from monadl.runtime.versions import COMMIT_LOCK, Snapshot, data_of, publish
@@ -101,58 +108,11 @@ def is_training() -> bool:
     return _TRAINING.get()
 
 
-def _is_finite(value: Any) -> bool:
-    if type(value) is float:
-        return math.isfinite(value)
-    xp = namespace(value)
-    return bool(xp.all(xp.isfinite(value)))
-
-
-def _all_finite(x: Any) -> bool:
-    """Whether every element of ``x`` is finite, in one pass for a NumPy array: a dot product with
-    itself is NaN or infinite if an element is (and finite otherwise, unless the squares overflow:
-    then the elements are checked one by one). ``vdot`` is BLAS's, with the least overhead of
-    NumPy's reductions (a model has many small weights: per call, overhead is most of the cost)."""
-    if type(x) is float:
-        return math.isfinite(x)
-    if type(x) is NDARRAY and x.dtype.kind == "f":
-        if math.isfinite(np.vdot(x, x)):
-            return True
-        return bool(np.isfinite(x).all())
-    xp = namespace(x)
-    return bool(xp.all(xp.isfinite(x)))
-
-
-Pending = list[tuple[Any, Callable[[], Exception]]]
-"""Finite checks of arrays off NumPy, not read yet: each array's ``all(isfinite)`` on its device,
-and the error to raise if it is false."""
-
-
-def _check_later(pending: Pending, x: Any, error: Callable[[], Exception]) -> None:
-    """Queues the finite check of ``x`` (an array off NumPy) on its device: :func:`_check_pending`
-    reads all a step's checks with one wait for each device, not one per weight."""
-    xp = namespace(x)
-    pending.append((xp.all(xp.isfinite(x)), error))
-
-
-def _check_pending(pending: Pending) -> None:
-    """Raises the error of the first of ``pending`` whose array is not finite, if any."""
-    if pending and not all_true([flag for flag, _ in pending]):
-        for flag, error in pending:
-            if not bool(flag):
-                raise error()
-
-
-def _is_float_array(x: Any) -> bool:
-    dtype = getattr(x, "dtype", None)
-    return dtype is not None and namespace(x).isdtype(dtype, "real floating")
-
-
 def _non_finite(weight: Any, gradient: Any, data: Any) -> NonFiniteGradientError:
     """The error of a weight whose new value ``data`` is not finite: its name and shape, and
     whether its gradient already was not."""
     rows = gradient.values if type(gradient) is SparseRows else gradient
-    cause = "its gradient is not finite" if not _all_finite(rows) else "its gradient is, its update is not"
+    cause = "its gradient is not finite" if not all_finite(rows) else "its gradient is, its update is not"
     if type(data) is float:
         what = f"{weight!r}: its new value {data!r} is not finite"
     else:
@@ -229,7 +189,7 @@ def _step(
                     f"array of shape {tuple(value.shape)}: reduce it first (ml.sum, ml.mean); no weight "
                     "was changed"
                 )
-            if not _is_finite(value):
+            if not is_finite(value):
                 raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
             assert evaluation.slot >= 0  # own_root: the root's value has a slot of its own
             run = evaluation.run
@@ -312,14 +272,14 @@ def _apply(
     pending: Pending = []
     updates = _updates(gradients, default, owned, rate, check, pending)
     for buffer, data in staged.items():
-        if check and _is_float_array(data):
+        if check and is_float_array(data):
             error = functools.partial(_non_finite_buffer, buffer)
             if type(data) is not NDARRAY:
-                _check_later(pending, data, error)
-            elif not _all_finite(data):
+                check_later(pending, data, error)
+            elif not all_finite(data):
                 raise error()
         updates.append((buffer, data, None))
-    _check_pending(pending)
+    check_pending(pending)
     publish(updates)
 
 
@@ -414,7 +374,7 @@ def _updates(
         for weight, gradient in zip(weights, transformed, strict=True):
             updates.append(_updated(weight, gradient, optimizer, set(), None, check, later))
     if pending is None:
-        _check_pending(later)
+        check_pending(later)
     return updates
 
 
@@ -456,10 +416,10 @@ def _updated(
         # A table's sparse gradient changes only its rows: their values are what to check.
         checked = gradient.values if type(gradient) is SparseRows else data
         if type(checked) is NDARRAY or type(checked) is float:
-            if not _all_finite(checked):
+            if not all_finite(checked):
                 raise _non_finite(weight, gradient, data)
         else:
-            _check_later(pending, checked, functools.partial(_non_finite, weight, gradient, data))
+            check_later(pending, checked, functools.partial(_non_finite, weight, gradient, data))
     return weight, freeze(data), (optimizer, state)
 
 

@@ -1,0 +1,209 @@
+"""Rates from the squared gradients: :class:`Adagrad` (their sum; sparse rows updated alone) and
+:class:`RMSprop` (their running mean, centered or not, with or without momentum)."""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from monadl.dsl.fused import Kernel, on_cupy
+from monadl.dsl.learning.optimizers.base import (
+    _check,
+    _check_epsilon,
+    _decay,
+    _decayed,
+    _kept,
+    _rate,
+    _summed_rows,
+    _with_rows,
+)
+from monadl.dsl.learning.optimizers.checks import _array_problem, _parts_problem, _step_problem
+from monadl.dsl.learning.schedules import LearningRate
+from monadl.typeclasses.sparse import dense
+
+
+@functools.cache
+def _adagrad_kernel(decay: bool) -> Kernel:
+    wd, first, g = _decay(decay)
+    body = (*first, f"snew = s + {g} * {g}", f"dnew = d - rate * {g} / (sqrt(snew) + eps)")
+    return Kernel("adagrad", ("d", "g", "s"), ("rate", "eps", *wd), ("dnew", "snew"), body)
+
+
+@functools.cache
+def _rmsprop_kernel(decay: bool, centered: bool, momentum: str) -> Kernel:
+    """RMSprop's rule as one kernel; ``momentum``: "" (none), "first" (the velocity starts as the
+    scaled gradient) or "next" (a velocity to decay)."""
+    wd, first, g = _decay(decay)
+    inputs, scalars, outputs = ["d", "g", "q"], ["alpha", "c", "eps", "rate", *wd], ["dnew", "qnew"]
+    body = [*first, f"qnew = alpha * q + c * ({g} * {g})"]
+    if centered:
+        inputs.append("a")
+        outputs.append("anew")
+        body += [f"anew = a + c * ({g} - a)", "root = sqrt(qnew - anew * anew)"]
+    else:
+        body.append("root = sqrt(qnew)")
+    body.append(f"scaled = {g} / (root + eps)")
+    if momentum:
+        outputs.append("unew")
+        if momentum == "next":
+            inputs.append("u")
+            scalars.append("mu")
+            body.append("unew = mu * u + scaled")
+        else:
+            body.append("unew = scaled")
+        body.append("dnew = d - rate * unew")
+    else:
+        body.append("dnew = d - rate * scaled")
+    return Kernel("rmsprop", tuple(inputs), tuple(scalars), tuple(outputs), tuple(body))
+
+
+@dataclass(frozen=True)
+class Adagrad:
+    """Adagrad (Duchi et al. 2011): per-coordinate rates from the sum of squared gradients.
+    State: that sum and the step count."""
+
+    learning_rate: LearningRate = 0.01
+    epsilon: float = 1e-8
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(self.learning_rate, self.weight_decay)
+        _check_epsilon(self.epsilon)
+
+    def init(self, data: Any) -> tuple[Any, int]:
+        return _kept(data * 0.0, data), 0
+
+    def check_state(self, state: object, data: Any) -> str | None:
+        """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must be
+        ``(sum of squared gradients, step count)``, the sum >= 0 and of the weight's shape and
+        dtype."""
+        problem = _parts_problem(state, ("sum of squared gradients", "step count"))
+        if problem is not None or not isinstance(state, tuple):
+            return problem
+        return _array_problem("sum of squared gradients", state[0], data, non_negative=True) or _step_problem(
+            state[1]
+        )
+
+    def update(self, data: Any, gradient: Any, state: tuple[Any, int]) -> tuple[Any, tuple[Any, int]]:
+        total, step = state
+        rate = _rate(self.learning_rate, step)
+        sparse = None if self.weight_decay or not self.epsilon > 0.0 else _summed_rows(gradient)
+        if sparse is not None:  # the touched rows only: the rest keep their data and their sum
+            xp, rows, g = sparse
+            total = _with_rows(xp, total, rows, total[rows] + g * g)
+            new = _with_rows(xp, data, rows, data[rows] - rate * g / (total[rows] ** 0.5 + self.epsilon))
+            return new, (total, step + 1)
+        g = dense(gradient)
+        if on_cupy(data, g, total):
+            wd = self.weight_decay
+            scalars = (rate, self.epsilon, wd) if wd else (rate, self.epsilon)
+            new, total = _adagrad_kernel(bool(wd))((data, g, total), scalars)
+            return new, (total, step + 1)
+        g = _decayed(g, data, self.weight_decay)
+        total = _kept(total + g * g, data)
+        return _kept(data - rate * g / (total**0.5 + self.epsilon), data), (total, step + 1)
+
+
+def _sqrt(x: Any) -> Any:
+    """``x ** 0.5``, NaN for a negative float (Python's power would give a complex number)."""
+    if isinstance(x, float):
+        return math.sqrt(x) if x >= 0.0 else math.nan
+    return x**0.5
+
+
+@dataclass(frozen=True)
+class RMSprop:
+    """RMSprop (Hinton 2012), as ``torch.optim.RMSprop`` (its defaults too): the gradient divided by
+    the root of a running mean of its squares, ``mean = alpha * mean + (1 - alpha) * g * g``,
+    ``data -= learning_rate * g / (sqrt(mean) + epsilon)``. ``centered``: the running mean of the
+    gradient is taken off (its variance, not its second moment); ``momentum``: the divided gradient
+    is accumulated in a velocity, which the step takes. ``weight_decay`` adds L2 to the gradient.
+    State: the mean of the squares, the velocity and the mean of the gradient (each None until
+    ``momentum`` or ``centered`` needs it) and the step count. A sparse gradient is made dense (the
+    mean decays on every row)."""
+
+    learning_rate: LearningRate = 0.01
+    alpha: float = 0.99
+    epsilon: float = 1e-8
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    centered: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.learning_rate, self.weight_decay)
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        _check_epsilon(self.epsilon)
+
+    def init(self, data: Any) -> tuple[Any, Any, Any, int]:
+        return _kept(data * 0.0, data), None, None, 0
+
+    def check_state(self, state: object, data: Any) -> str | None:
+        """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must be
+        ``(mean of squares, velocity or None, mean gradient or None, step count)``, the arrays of
+        the weight's shape and dtype, the mean of squares >= 0."""
+        names = ("mean of squares", "velocity", "mean gradient", "step count")
+        problem = _parts_problem(state, names)
+        if problem is not None or not isinstance(state, tuple):
+            return problem
+        return (
+            _array_problem(names[0], state[0], data, non_negative=True)
+            or (None if state[1] is None else _array_problem(names[1], state[1], data))
+            or (None if state[2] is None else _array_problem(names[2], state[2], data))
+            or _step_problem(state[3])
+        )
+
+    def _fused(
+        self, data: Any, g: Any, square: Any, velocity: Any, mean: Any, rate: float, step: int
+    ) -> tuple[Any, tuple[Any, Any, Any, int]]:
+        """``update`` of CuPy arrays (a dense gradient) in one kernel."""
+        momentum = "" if not self.momentum > 0.0 else "first" if velocity is None else "next"
+        kernel = _rmsprop_kernel(bool(self.weight_decay), self.centered, momentum)
+        arrays = [data, g, square]
+        scalars = [self.alpha, 1.0 - self.alpha, self.epsilon, rate]
+        if self.weight_decay:
+            scalars.append(self.weight_decay)
+        if self.centered:
+            arrays.append(mean)
+        if momentum == "next":
+            arrays.append(velocity)
+            scalars.append(self.momentum)
+        out = iter(kernel(arrays, scalars))
+        new, square = next(out), next(out)
+        if self.centered:
+            mean = next(out)
+        if momentum:
+            velocity = next(out)
+        return new, (square, velocity, mean, step + 1)
+
+    def update(
+        self, data: Any, gradient: Any, state: tuple[Any, Any, Any, int]
+    ) -> tuple[Any, tuple[Any, Any, Any, int]]:
+        square, velocity, mean, step = state
+        rate = _rate(self.learning_rate, step)
+        alpha = self.alpha
+        g = dense(gradient)
+        if self.centered and mean is None:
+            mean = _kept(data * 0.0, data)
+        if (
+            on_cupy(data, g, square)
+            and (velocity is None or on_cupy(data, velocity))
+            and (mean is None or on_cupy(data, mean))
+        ):
+            return self._fused(data, g, square, velocity, mean, rate, step)
+        g = _decayed(g, data, self.weight_decay)
+        square = _kept(alpha * square + (1.0 - alpha) * (g * g), data)
+        if self.centered:
+            mean = _kept(mean + (1.0 - alpha) * (g - mean), data)
+            root = _sqrt(square - mean * mean)  # (a variance that rounds below 0: NaN, as PyTorch's)
+        else:
+            root = square**0.5
+        scaled = g / (root + self.epsilon)
+        if self.momentum > 0.0:
+            velocity = _kept(scaled if velocity is None else self.momentum * velocity + scaled, data)
+            return _kept(data - rate * velocity, data), (square, velocity, mean, step + 1)
+        return _kept(data - rate * scaled, data), (square, velocity, mean, step + 1)

@@ -1,0 +1,153 @@
+"""Gradient descent: :class:`SGD` (with the folded-rate and in-place updates a training step may
+use) and :class:`Momentum` (heavy-ball, dense or lazy on a sparse gradient)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from monadl.dsl.fused import Kernel, on_cupy
+from monadl.dsl.learning.optimizers.base import (
+    _check,
+    _decay,
+    _decayed,
+    _kept,
+    _lazy_rows,
+    _rate,
+    _summed_rows,
+    _with_rows,
+)
+from monadl.dsl.learning.optimizers.checks import _array_problem, _parts_problem, _step_problem
+from monadl.dsl.learning.schedules import LearningRate
+from monadl.typeclasses.sparse import dense
+
+
+@functools.cache
+def _sgd_kernel(decay: bool) -> Kernel:
+    wd, first, g = _decay(decay)
+    return Kernel("sgd", ("d", "g"), ("rate", *wd), ("dnew",), (*first, f"dnew = d - rate * {g}"))
+
+
+@functools.cache
+def _momentum_kernel(decay: bool) -> Kernel:
+    wd, first, g = _decay(decay)
+    body = (*first, f"unew = mu * u + {g}", "dnew = d - rate * unew")
+    return Kernel("momentum", ("d", "g", "u"), ("mu", "rate", *wd), ("dnew", "unew"), body)
+
+
+@dataclass(frozen=True)
+class SGD:
+    """Plain gradient descent: ``data - learning_rate * gradient``. State: the step count."""
+
+    learning_rate: LearningRate = 0.01
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(self.learning_rate, self.weight_decay)
+
+    def init(self, data: Any) -> int:
+        return 0
+
+    def update(self, data: Any, gradient: Any, state: int | None) -> tuple[Any, Any]:
+        step = state or 0
+        rate = _rate(self.learning_rate, step)
+        sparse = None if self.weight_decay else _summed_rows(gradient)
+        if sparse is not None:  # the touched rows only: the rest keep ``data - lr * 0 == data``
+            xp, rows, g = sparse
+            return _with_rows(xp, data, rows, data[rows] - rate * g), step + 1
+        g = dense(gradient)
+        if on_cupy(data, g):
+            wd = self.weight_decay
+            return _sgd_kernel(bool(wd))((data, g), (rate, wd) if wd else (rate,))[0], step + 1
+        return _kept(data - rate * _decayed(g, data, self.weight_decay), data), step + 1
+
+    def check_state(self, state: object, data: Any) -> str | None:
+        """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must
+        be a step count (``None``, from earlier versions, counts as 0)."""
+        return None if state is None else _step_problem(state)
+
+    def update_owned(self, data: Any, gradient: Any, state: int | None) -> tuple[Any, Any]:
+        """``update`` for a gradient whose memory the caller hands over (a training step's own NumPy
+        array, which nothing else holds): the new data is written into that memory, bit for bit
+        ``update``'s result. It saves ``update``'s two fresh arrays as large as the weight; for a
+        large weight glibc maps them anew on every step, and page-faulting them in costs several
+        times the arithmetic (``docs/benchmarks.md``)."""
+        if self.weight_decay or type(gradient) is not np.ndarray:
+            return self.update(data, gradient, state)
+        step = state or 0
+        # -(lr * g) + data rounds exactly as data - lr * g: negation is exact.
+        np.multiply(gradient, -_rate(self.learning_rate, step), out=gradient)
+        np.add(data, gradient, out=gradient)
+        return gradient, step + 1
+
+    def folded_rate(self) -> float | None:
+        """The factor a training step may fold into its backward pass's seed, so that every gradient
+        comes out already multiplied by it and the update is one subtraction (:meth:`update_folded`):
+        the learning rate, where it is a constant and there is no weight decay (which is added to
+        the gradient unscaled)."""
+        rate = self.learning_rate
+        return None if self.weight_decay or callable(rate) else rate
+
+    def update_folded(self, data: Any, scaled: Any, state: int | None, owned: bool) -> tuple[Any, Any]:
+        """``update`` of a gradient already multiplied by the learning rate (folded into the step's
+        seed): ``data - scaled``, written into ``scaled``'s memory when the step owns it (``owned``):
+        one pass over the weight where ``update_owned`` makes two."""
+        step = (state or 0) + 1
+        sparse = _summed_rows(scaled)
+        if sparse is not None:
+            xp, rows, g = sparse
+            return _with_rows(xp, data, rows, data[rows] - g), step
+        if owned and type(scaled) is np.ndarray:
+            np.subtract(data, scaled, out=scaled)
+            return scaled, step
+        return _kept(data - dense(scaled), data), step
+
+
+@dataclass(frozen=True)
+class Momentum:
+    """Gradient descent with (heavy-ball) momentum: ``v = momentum * v + g; data -= lr * v``.
+    State: the velocity and the step count. ``lazy``: a sparse gradient updates its rows only."""
+
+    learning_rate: LearningRate = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    lazy: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.learning_rate, self.weight_decay)
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+
+    def init(self, data: Any) -> tuple[Any, int]:
+        return _kept(data * 0.0, data), 0
+
+    def check_state(self, state: object, data: Any) -> str | None:
+        """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must be
+        ``(velocity, step count)``, the velocity of the weight's shape and dtype."""
+        problem = _parts_problem(state, ("velocity", "step count"))
+        if problem is not None or not isinstance(state, tuple):
+            return problem
+        return _array_problem("velocity", state[0], data) or _step_problem(state[1])
+
+    def update(self, data: Any, gradient: Any, state: tuple[Any, int]) -> tuple[Any, tuple[Any, int]]:
+        velocity, step = state
+        rate = _rate(self.learning_rate, step)
+        sparse = _lazy_rows(gradient, data, self.weight_decay) if self.lazy else None
+        if sparse is not None:
+            xp, rows, g = sparse
+            new_velocity = _with_rows(xp, velocity, rows, self.momentum * velocity[rows] + g)
+            return _with_rows(xp, data, rows, data[rows] - rate * new_velocity[rows]), (
+                new_velocity,
+                step + 1,
+            )
+        g = dense(gradient)
+        if on_cupy(data, g, velocity):
+            wd = self.weight_decay
+            scalars = (self.momentum, rate, wd) if wd else (self.momentum, rate)
+            new, velocity = _momentum_kernel(bool(wd))((data, g, velocity), scalars)
+            return new, (velocity, step + 1)
+        velocity = _kept(self.momentum * velocity + _decayed(g, data, self.weight_decay), data)
+        return _kept(data - rate * velocity, data), (velocity, step + 1)
