@@ -119,7 +119,7 @@ from monadl.dsl.learning.training import (
     commit_updates,
     staged_updates,
 )
-from monadl.dsl.learning.training import _step as gradients_and_buffers
+from monadl.dsl.learning.training import forward_and_backward as gradients_and_buffers
 from monadl.dsl.ops.batch_norm import Statistics, recording_statistics, stage_statistics
 from monadl.nn.buffer import GeneratorBuffer
 from monadl.nn.module import buffers_of, weights_of

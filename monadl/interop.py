@@ -91,7 +91,7 @@ from monadl.nn.embedding import Embedding
 from monadl.nn.gru import GRUCell
 from monadl.nn.linear import MLP, Linear
 from monadl.nn.lstm import LSTMCell
-from monadl.nn.module import _children, moved_to
+from monadl.nn.module import children_of, moved_to
 from monadl.nn.norm import GroupNorm, LayerNorm, RMSNorm
 from monadl.nn.sequence import GRU, LSTM
 from monadl.runtime.versions import COMMIT_LOCK, publish, read
@@ -524,7 +524,7 @@ def _leaves(model: object) -> list[_Leaf]:
         children = (
             [(str(k), layer) for k, layer in enumerate(value.layers)]  # PyTorch's names: "0.weight"
             if isinstance(value, Sequential)
-            else _children(value, path, "monadl.interop")
+            else children_of(value, path, "monadl.interop")
         )
         if children is None:
             continue

@@ -96,7 +96,7 @@ def _leaves(structure: object, leaf: tuple[type, ...], caller: str) -> dict[str,
                 named.add(id(value))
                 found[path] = value
             continue
-        children = _children(value, path, caller)
+        children = children_of(value, path, caller)
         if children is None or id(value) in visiting:
             continue
         visiting.add(id(value))
@@ -104,7 +104,7 @@ def _leaves(structure: object, leaf: tuple[type, ...], caller: str) -> dict[str,
     return found
 
 
-def _children(value: object, path: str, caller: str) -> list[tuple[str, object]] | None:
+def children_of(value: object, path: str, caller: str) -> list[tuple[str, object]] | None:
     """The named children of a container (None: not one)."""
     if isinstance(value, Module):
         cls: Any = type(value)

@@ -155,11 +155,11 @@ def compute_gradients(
     Raises :class:`NonFiniteLossError` for a non-finite loss, or whatever the forward or backward
     pass raised.
     """
-    value, gradients, _, _, _ = _step(loss, executor, False)
+    value, gradients, _, _, _ = forward_and_backward(loss, executor, False)
     return value, gradients
 
 
-def _step(
+def forward_and_backward(
     loss: FloatLayer | ArrayLayer,
     executor: Executor | None,
     optimizer: Optimizer | bool | None,
@@ -474,7 +474,7 @@ def train_blocking(
     """
     try:
         ex = executor or default_executor()
-        value, gradients, owned, rate, staged = _step(loss, ex, optimizer)
+        value, gradients, owned, rate, staged = forward_and_backward(loss, ex, optimizer)
         with COMMIT_LOCK:
             _apply(gradients, optimizer, owned, rate, ex.check_finite, staged)
     except NonFiniteGradientError as non_finite:  # (its own name: mypyc types a name once)
@@ -490,7 +490,7 @@ def _located(
     """``error``, with the op whose vjp gave the first non-finite delta where a second run of the
     step, checking every delta, finds it (only a failed step pays for it)."""
     try:
-        _step(loss, ex, optimizer, diagnose=True)
+        forward_and_backward(loss, ex, optimizer, diagnose=True)
     except NonFiniteDelta as found:
         located = NonFiniteGradientError(f"{error}; {found}")
         located.origin = found.origin

@@ -10,23 +10,23 @@ from typing import Any
 
 from monadl.dsl.fused import Kernel, on_cupy
 from monadl.dsl.learning.optimizers.base import (
-    _check,
-    _check_epsilon,
-    _decay,
-    _decayed,
-    _kept,
-    _rate,
-    _summed_rows,
-    _with_rows,
+    check_epsilon,
+    check_learning_settings,
+    decay_parts,
+    keep_array,
+    rate_at_step,
+    summed_rows,
+    with_rows,
+    with_weight_decay,
 )
-from monadl.dsl.learning.optimizers.checks import _array_problem, _parts_problem, _step_problem
+from monadl.dsl.learning.optimizers.checks import array_problem, parts_problem, step_problem
 from monadl.dsl.learning.schedules import LearningRate
 from monadl.typeclasses.sparse import dense
 
 
 @functools.cache
 def _adagrad_kernel(decay: bool) -> Kernel:
-    wd, first, g = _decay(decay)
+    wd, first, g = decay_parts(decay)
     body = (*first, f"snew = s + {g} * {g}", f"dnew = d - rate * {g} / (sqrt(snew) + eps)")
     return Kernel("adagrad", ("d", "g", "s"), ("rate", "eps", *wd), ("dnew", "snew"), body)
 
@@ -35,7 +35,7 @@ def _adagrad_kernel(decay: bool) -> Kernel:
 def _rmsprop_kernel(decay: bool, centered: bool, momentum: str) -> Kernel:
     """RMSprop's rule as one kernel; ``momentum``: "" (none), "first" (the velocity starts as the
     scaled gradient) or "next" (a velocity to decay)."""
-    wd, first, g = _decay(decay)
+    wd, first, g = decay_parts(decay)
     inputs, scalars, outputs = ["d", "g", "q"], ["alpha", "c", "eps", "rate", *wd], ["dnew", "qnew"]
     body = [*first, f"qnew = alpha * q + c * ({g} * {g})"]
     if centered:
@@ -69,31 +69,31 @@ class Adagrad:
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        _check(self.learning_rate, self.weight_decay)
-        _check_epsilon(self.epsilon)
+        check_learning_settings(self.learning_rate, self.weight_decay)
+        check_epsilon(self.epsilon)
 
     def init(self, data: Any) -> tuple[Any, int]:
-        return _kept(data * 0.0, data), 0
+        return keep_array(data * 0.0, data), 0
 
     def check_state(self, state: object, data: Any) -> str | None:
         """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must be
         ``(sum of squared gradients, step count)``, the sum >= 0 and of the weight's shape and
         dtype."""
-        problem = _parts_problem(state, ("sum of squared gradients", "step count"))
+        problem = parts_problem(state, ("sum of squared gradients", "step count"))
         if problem is not None or not isinstance(state, tuple):
             return problem
-        return _array_problem("sum of squared gradients", state[0], data, non_negative=True) or _step_problem(
+        return array_problem("sum of squared gradients", state[0], data, non_negative=True) or step_problem(
             state[1]
         )
 
     def update(self, data: Any, gradient: Any, state: tuple[Any, int]) -> tuple[Any, tuple[Any, int]]:
         total, step = state
-        rate = _rate(self.learning_rate, step)
-        sparse = None if self.weight_decay or not self.epsilon > 0.0 else _summed_rows(gradient)
+        rate = rate_at_step(self.learning_rate, step)
+        sparse = None if self.weight_decay or not self.epsilon > 0.0 else summed_rows(gradient)
         if sparse is not None:  # the touched rows only: the rest keep their data and their sum
             xp, rows, g = sparse
-            total = _with_rows(xp, total, rows, total[rows] + g * g)
-            new = _with_rows(xp, data, rows, data[rows] - rate * g / (total[rows] ** 0.5 + self.epsilon))
+            total = with_rows(xp, total, rows, total[rows] + g * g)
+            new = with_rows(xp, data, rows, data[rows] - rate * g / (total[rows] ** 0.5 + self.epsilon))
             return new, (total, step + 1)
         g = dense(gradient)
         if on_cupy(data, g, total):
@@ -101,9 +101,9 @@ class Adagrad:
             scalars = (rate, self.epsilon, wd) if wd else (rate, self.epsilon)
             new, total = _adagrad_kernel(bool(wd))((data, g, total), scalars)
             return new, (total, step + 1)
-        g = _decayed(g, data, self.weight_decay)
-        total = _kept(total + g * g, data)
-        return _kept(data - rate * g / (total**0.5 + self.epsilon), data), (total, step + 1)
+        g = with_weight_decay(g, data, self.weight_decay)
+        total = keep_array(total + g * g, data)
+        return keep_array(data - rate * g / (total**0.5 + self.epsilon), data), (total, step + 1)
 
 
 def _sqrt(x: Any) -> Any:
@@ -132,29 +132,29 @@ class RMSprop:
     centered: bool = False
 
     def __post_init__(self) -> None:
-        _check(self.learning_rate, self.weight_decay)
+        check_learning_settings(self.learning_rate, self.weight_decay)
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-        _check_epsilon(self.epsilon)
+        check_epsilon(self.epsilon)
 
     def init(self, data: Any) -> tuple[Any, Any, Any, int]:
-        return _kept(data * 0.0, data), None, None, 0
+        return keep_array(data * 0.0, data), None, None, 0
 
     def check_state(self, state: object, data: Any) -> str | None:
         """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must be
         ``(mean of squares, velocity or None, mean gradient or None, step count)``, the arrays of
         the weight's shape and dtype, the mean of squares >= 0."""
         names = ("mean of squares", "velocity", "mean gradient", "step count")
-        problem = _parts_problem(state, names)
+        problem = parts_problem(state, names)
         if problem is not None or not isinstance(state, tuple):
             return problem
         return (
-            _array_problem(names[0], state[0], data, non_negative=True)
-            or (None if state[1] is None else _array_problem(names[1], state[1], data))
-            or (None if state[2] is None else _array_problem(names[2], state[2], data))
-            or _step_problem(state[3])
+            array_problem(names[0], state[0], data, non_negative=True)
+            or (None if state[1] is None else array_problem(names[1], state[1], data))
+            or (None if state[2] is None else array_problem(names[2], state[2], data))
+            or step_problem(state[3])
         )
 
     def _fused(
@@ -184,26 +184,26 @@ class RMSprop:
         self, data: Any, gradient: Any, state: tuple[Any, Any, Any, int]
     ) -> tuple[Any, tuple[Any, Any, Any, int]]:
         square, velocity, mean, step = state
-        rate = _rate(self.learning_rate, step)
+        rate = rate_at_step(self.learning_rate, step)
         alpha = self.alpha
         g = dense(gradient)
         if self.centered and mean is None:
-            mean = _kept(data * 0.0, data)
+            mean = keep_array(data * 0.0, data)
         if (
             on_cupy(data, g, square)
             and (velocity is None or on_cupy(data, velocity))
             and (mean is None or on_cupy(data, mean))
         ):
             return self._fused(data, g, square, velocity, mean, rate, step)
-        g = _decayed(g, data, self.weight_decay)
-        square = _kept(alpha * square + (1.0 - alpha) * (g * g), data)
+        g = with_weight_decay(g, data, self.weight_decay)
+        square = keep_array(alpha * square + (1.0 - alpha) * (g * g), data)
         if self.centered:
-            mean = _kept(mean + (1.0 - alpha) * (g - mean), data)
+            mean = keep_array(mean + (1.0 - alpha) * (g - mean), data)
             root = _sqrt(square - mean * mean)  # (a variance that rounds below 0: NaN, as PyTorch's)
         else:
             root = square**0.5
         scaled = g / (root + self.epsilon)
         if self.momentum > 0.0:
-            velocity = _kept(scaled if velocity is None else self.momentum * velocity + scaled, data)
-            return _kept(data - rate * velocity, data), (square, velocity, mean, step + 1)
-        return _kept(data - rate * scaled, data), (square, velocity, mean, step + 1)
+            velocity = keep_array(scaled if velocity is None else self.momentum * velocity + scaled, data)
+            return keep_array(data - rate * velocity, data), (square, velocity, mean, step + 1)
+        return keep_array(data - rate * scaled, data), (square, velocity, mean, step + 1)

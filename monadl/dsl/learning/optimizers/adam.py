@@ -13,17 +13,17 @@ import numpy as np
 
 from monadl.dsl.fused import Kernel, on_cupy
 from monadl.dsl.learning.optimizers.base import (
-    _check,
-    _check_epsilon,
-    _decay,
-    _decayed,
-    _kept,
-    _lazy_rows,
-    _rate,
-    _summed_rows,
-    _with_rows,
+    check_epsilon,
+    check_learning_settings,
+    decay_parts,
+    keep_array,
+    lazy_rows,
+    rate_at_step,
+    summed_rows,
+    with_rows,
+    with_weight_decay,
 )
-from monadl.dsl.learning.optimizers.checks import _array_problem, _parts_problem, _step_problem
+from monadl.dsl.learning.optimizers.checks import array_problem, parts_problem, step_problem
 from monadl.dsl.learning.schedules import LearningRate
 from monadl.typeclasses.backend import namespace
 from monadl.typeclasses.sparse import SparseRows, dense
@@ -37,7 +37,7 @@ def _adam_kernel(decay: str) -> Kernel:
     first: tuple[str, ...] = ()
     g, d = "g", "d"
     if decay == "l2":
-        wd, first, g = _decay(True)
+        wd, first, g = decay_parts(True)
         scalars += wd
     elif decay == "decoupled":
         scalars, first, d = (*scalars, "shrink"), ("dd = d * shrink",), "dd"
@@ -84,35 +84,35 @@ class Adam:
     lazy: bool = False
 
     def __post_init__(self) -> None:
-        _check(self.learning_rate, self.weight_decay)
+        check_learning_settings(self.learning_rate, self.weight_decay)
         if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
             raise ValueError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}")
-        _check_epsilon(self.epsilon)
+        check_epsilon(self.epsilon)
 
     def init(self, data: Any) -> tuple[Any, Any, int]:
-        return _kept(data * 0.0, data), _kept(data * 0.0, data), 0
+        return keep_array(data * 0.0, data), keep_array(data * 0.0, data), 0
 
     def check_state(self, state: object, data: Any) -> str | None:
         """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must be
         ``(first moment, second moment, step count)``, the moments of the weight's shape and dtype
         (lazy or not), the second one >= 0."""
-        problem = _parts_problem(state, ("first moment", "second moment", "step count"))
+        problem = parts_problem(state, ("first moment", "second moment", "step count"))
         if problem is not None or not isinstance(state, tuple):
             return problem
         return (
-            _array_problem("first moment", state[0], data)
-            or _array_problem("second moment", state[1], data, non_negative=True)
-            or _step_problem(state[2])
+            array_problem("first moment", state[0], data)
+            or array_problem("second moment", state[1], data, non_negative=True)
+            or step_problem(state[2])
         )
 
     def update(
         self, data: Any, gradient: Any, state: tuple[Any, Any, int]
     ) -> tuple[Any, tuple[Any, Any, int]]:
         m, v, t = state
-        rate = _rate(self.learning_rate, t)
+        rate = rate_at_step(self.learning_rate, t)
         t += 1
         b1, b2 = self.beta1, self.beta2
-        sparse = _lazy_rows(gradient, data, self.weight_decay) if self.lazy else None
+        sparse = lazy_rows(gradient, data, self.weight_decay) if self.lazy else None
         if sparse is not None:  # torch.optim.SparseAdam's operations, in its order (its bits)
             xp, rows, g = sparse
             m_rows, v_rows = m[rows], v[rows]
@@ -120,10 +120,10 @@ class Adam:
             v_rows = v_rows + (1.0 - b2) * (g * g - v_rows)
             step_size = rate * math.sqrt(1.0 - b2**t) / (1.0 - b1**t)
             new_rows = data[rows] - step_size * (m_rows / (v_rows**0.5 + self.epsilon))
-            m, v = _with_rows(xp, m, rows, m_rows), _with_rows(xp, v, rows, v_rows)
-            return _with_rows(xp, data, rows, new_rows), (m, v, t)
+            m, v = with_rows(xp, m, rows, m_rows), with_rows(xp, v, rows, v_rows)
+            return with_rows(xp, data, rows, new_rows), (m, v, t)
         if type(gradient) is SparseRows and not self.weight_decay and _same_arrays(data, m, v):
-            summed = _summed_rows(gradient)
+            summed = summed_rows(gradient)
             if summed is not None and type(summed[2]) is np.ndarray and summed[2].dtype == data.dtype:
                 new, m, v = _adam_in_chunks(data, summed[2], m, v, b1, b2, t, rate, self.epsilon, summed[1])
                 return new, (m, v, t)
@@ -133,12 +133,12 @@ class Adam:
             decay = ("l2", wd) if wd else None
             new, m, v = _fused_adam(data, g, m, v, b1, b2, t, rate, self.epsilon, decay)
             return new, (m, v, t)
-        g = _decayed(g, data, self.weight_decay)
+        g = with_weight_decay(g, data, self.weight_decay)
         if _same_arrays(data, g, m, v):
             new, m, v = _adam_in_chunks(data, g, m, v, b1, b2, t, rate, self.epsilon)
             return new, (m, v, t)
         new, m, v = adam_rule(data, g, m, v, b1, b2, t, rate, self.epsilon)
-        return _kept(new, data), (_kept(m, data), _kept(v, data), t)
+        return keep_array(new, data), (keep_array(m, data), keep_array(v, data), t)
 
 
 _CHUNK = 1 << 15
@@ -258,44 +258,44 @@ class AdamW:
     amsgrad: bool = False
 
     def __post_init__(self) -> None:
-        _check(self.learning_rate, self.weight_decay)
+        check_learning_settings(self.learning_rate, self.weight_decay)
         if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
             raise ValueError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}")
-        _check_epsilon(self.epsilon)
+        check_epsilon(self.epsilon)
 
     def init(self, data: Any) -> tuple[Any, Any, Any, int]:
-        return _kept(data * 0.0, data), _kept(data * 0.0, data), None, 0
+        return keep_array(data * 0.0, data), keep_array(data * 0.0, data), None, 0
 
     def check_state(self, state: object, data: Any) -> str | None:
         """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must be
         ``(first moment, second moment, largest second moment or None, step count)``, the moments
         of the weight's shape and dtype, the second ones >= 0."""
         names = ("first moment", "second moment", "largest second moment", "step count")
-        problem = _parts_problem(state, names)
+        problem = parts_problem(state, names)
         if problem is not None or not isinstance(state, tuple):
             return problem
         return (
-            _array_problem("first moment", state[0], data)
-            or _array_problem("second moment", state[1], data, non_negative=True)
-            or (None if state[2] is None else _array_problem(names[2], state[2], data, non_negative=True))
-            or _step_problem(state[3])
+            array_problem("first moment", state[0], data)
+            or array_problem("second moment", state[1], data, non_negative=True)
+            or (None if state[2] is None else array_problem(names[2], state[2], data, non_negative=True))
+            or step_problem(state[3])
         )
 
     def update(
         self, data: Any, gradient: Any, state: tuple[Any, Any, Any, int]
     ) -> tuple[Any, tuple[Any, Any, Any, int]]:
         m, v, v_max, t = state
-        rate = _rate(self.learning_rate, t)
+        rate = rate_at_step(self.learning_rate, t)
         t += 1
         b1, b2 = self.beta1, self.beta2
         if not self.amsgrad and on_cupy(data, m, v) and on_cupy(data, g := dense(gradient)):
             shrink = ("decoupled", 1.0 - rate * self.weight_decay) if self.weight_decay else None
             new, m, v = _fused_adam(data, g, m, v, b1, b2, t, rate, self.epsilon, shrink)
             return new, (m, v, v_max, t)
-        decayed = _kept(data * (1.0 - rate * self.weight_decay), data) if self.weight_decay else data
+        decayed = keep_array(data * (1.0 - rate * self.weight_decay), data) if self.weight_decay else data
         if not self.amsgrad:
             if type(gradient) is SparseRows and _same_arrays(decayed, m, v):
-                summed = _summed_rows(gradient)
+                summed = summed_rows(gradient)
                 if summed is not None and type(summed[2]) is np.ndarray and summed[2].dtype == data.dtype:
                     new, m, v = _adam_in_chunks(
                         decayed, summed[2], m, v, b1, b2, t, rate, self.epsilon, summed[1]
@@ -306,13 +306,13 @@ class AdamW:
                 new, m, v = _adam_in_chunks(decayed, g, m, v, b1, b2, t, rate, self.epsilon)
                 return new, (m, v, v_max, t)
             new, m, v = adam_rule(decayed, g, m, v, b1, b2, t, rate, self.epsilon)
-            return _kept(new, data), (_kept(m, data), _kept(v, data), v_max, t)
+            return keep_array(new, data), (keep_array(m, data), keep_array(v, data), v_max, t)
         g = dense(gradient)
-        m = _kept(b1 * m + (1.0 - b1) * g, data)
-        v = _kept(b2 * v + (1.0 - b2) * (g * g), data)
-        v_max = _kept(_maximum(v if v_max is None else v_max, v), data)
+        m = keep_array(b1 * m + (1.0 - b1) * g, data)
+        v = keep_array(b2 * v + (1.0 - b2) * (g * g), data)
+        v_max = keep_array(_maximum(v if v_max is None else v_max, v), data)
         new = decayed - rate * (m / (1.0 - b1**t)) / ((v_max / (1.0 - b2**t)) ** 0.5 + self.epsilon)
-        return _kept(new, data), (m, v, v_max, t)
+        return keep_array(new, data), (m, v, v_max, t)
 
 
 def _maximum(a: Any, b: Any) -> Any:

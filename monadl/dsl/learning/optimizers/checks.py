@@ -18,7 +18,7 @@ def _shown(value: object) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
-def _parts_problem(state: object, names: tuple[str, ...]) -> str | None:
+def parts_problem(state: object, names: tuple[str, ...]) -> str | None:
     """What is wrong with the shape of a state that should be the tuple ``names``."""
     if type(state) is not tuple or len(state) != len(names):
         return f"the state is {_shown(state)}, not a tuple ({', '.join(names)})"
@@ -31,7 +31,7 @@ makes, and an exponent that the bias correction's ``beta ** step`` takes (``10**
 Python's float there, and every later update would fail)."""
 
 
-def _step_problem(step: object) -> str | None:
+def step_problem(step: object) -> str | None:
     """What is wrong with a step count (a schedule's argument, the bias correction's exponent)."""
     if type(step) is not int or step < 0:
         return f"the step count is {_shown(step)}, not an int >= 0"
@@ -40,7 +40,7 @@ def _step_problem(step: object) -> str | None:
     return None
 
 
-def _array_problem(name: str, part: Any, data: Any, non_negative: bool = False) -> str | None:
+def array_problem(name: str, part: Any, data: Any, non_negative: bool = False) -> str | None:
     """What is wrong with a state's array ``part`` (a moment, a sum) for a weight holding ``data``:
     not of the weight's type, shape and dtype (a float for a float weight), or negative where it
     must not be (a sum of squares, whose square root is taken). NaN and infinity are not checked:

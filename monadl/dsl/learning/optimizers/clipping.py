@@ -11,7 +11,7 @@ from typing import Any, overload
 import numpy as np
 
 from monadl.dsl.fused import sum_on_devices
-from monadl.dsl.learning.optimizers.base import GradientTransform, Optimizer, _summed_rows
+from monadl.dsl.learning.optimizers.base import GradientTransform, Optimizer, summed_rows
 from monadl.typeclasses.backend import namespace
 from monadl.typeclasses.sparse import SparseRows
 
@@ -22,7 +22,7 @@ def _sum_of_squares(gradient: Any) -> Any:
     if type(gradient) is float:
         return gradient * gradient
     if type(gradient) is SparseRows:
-        sparse = _summed_rows(gradient)
+        sparse = summed_rows(gradient)
         gradient = gradient.to_dense() if sparse is None else sparse[2]
     if type(gradient) is np.ndarray:
         return float(np.vdot(gradient, gradient))  # BLAS: one pass, no temporary array
@@ -56,7 +56,7 @@ def _clipped(gradient: Any, limit: float) -> Any:
     if type(gradient) is float:  # NaN stays NaN (min and max would turn it into a limit)
         return limit if gradient > limit else -limit if gradient < -limit else gradient
     if type(gradient) is SparseRows:
-        sparse = _summed_rows(gradient)
+        sparse = summed_rows(gradient)
         if sparse is None:
             gradient = gradient.to_dense()
         else:

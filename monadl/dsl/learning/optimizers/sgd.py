@@ -11,29 +11,29 @@ import numpy as np
 
 from monadl.dsl.fused import Kernel, on_cupy
 from monadl.dsl.learning.optimizers.base import (
-    _check,
-    _decay,
-    _decayed,
-    _kept,
-    _lazy_rows,
-    _rate,
-    _summed_rows,
-    _with_rows,
+    check_learning_settings,
+    decay_parts,
+    keep_array,
+    lazy_rows,
+    rate_at_step,
+    summed_rows,
+    with_rows,
+    with_weight_decay,
 )
-from monadl.dsl.learning.optimizers.checks import _array_problem, _parts_problem, _step_problem
+from monadl.dsl.learning.optimizers.checks import array_problem, parts_problem, step_problem
 from monadl.dsl.learning.schedules import LearningRate
 from monadl.typeclasses.sparse import dense
 
 
 @functools.cache
 def _sgd_kernel(decay: bool) -> Kernel:
-    wd, first, g = _decay(decay)
+    wd, first, g = decay_parts(decay)
     return Kernel("sgd", ("d", "g"), ("rate", *wd), ("dnew",), (*first, f"dnew = d - rate * {g}"))
 
 
 @functools.cache
 def _momentum_kernel(decay: bool) -> Kernel:
-    wd, first, g = _decay(decay)
+    wd, first, g = decay_parts(decay)
     body = (*first, f"unew = mu * u + {g}", "dnew = d - rate * unew")
     return Kernel("momentum", ("d", "g", "u"), ("mu", "rate", *wd), ("dnew", "unew"), body)
 
@@ -46,28 +46,28 @@ class SGD:
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        _check(self.learning_rate, self.weight_decay)
+        check_learning_settings(self.learning_rate, self.weight_decay)
 
     def init(self, data: Any) -> int:
         return 0
 
     def update(self, data: Any, gradient: Any, state: int | None) -> tuple[Any, Any]:
         step = state or 0
-        rate = _rate(self.learning_rate, step)
-        sparse = None if self.weight_decay else _summed_rows(gradient)
+        rate = rate_at_step(self.learning_rate, step)
+        sparse = None if self.weight_decay else summed_rows(gradient)
         if sparse is not None:  # the touched rows only: the rest keep ``data - lr * 0 == data``
             xp, rows, g = sparse
-            return _with_rows(xp, data, rows, data[rows] - rate * g), step + 1
+            return with_rows(xp, data, rows, data[rows] - rate * g), step + 1
         g = dense(gradient)
         if on_cupy(data, g):
             wd = self.weight_decay
             return _sgd_kernel(bool(wd))((data, g), (rate, wd) if wd else (rate,))[0], step + 1
-        return _kept(data - rate * _decayed(g, data, self.weight_decay), data), step + 1
+        return keep_array(data - rate * with_weight_decay(g, data, self.weight_decay), data), step + 1
 
     def check_state(self, state: object, data: Any) -> str | None:
         """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must
         be a step count (``None``, from earlier versions, counts as 0)."""
-        return None if state is None else _step_problem(state)
+        return None if state is None else step_problem(state)
 
     def update_owned(self, data: Any, gradient: Any, state: int | None) -> tuple[Any, Any]:
         """``update`` for a gradient whose memory the caller hands over (a training step's own NumPy
@@ -79,7 +79,7 @@ class SGD:
             return self.update(data, gradient, state)
         step = state or 0
         # -(lr * g) + data rounds exactly as data - lr * g: negation is exact.
-        np.multiply(gradient, -_rate(self.learning_rate, step), out=gradient)
+        np.multiply(gradient, -rate_at_step(self.learning_rate, step), out=gradient)
         np.add(data, gradient, out=gradient)
         return gradient, step + 1
 
@@ -96,14 +96,14 @@ class SGD:
         seed): ``data - scaled``, written into ``scaled``'s memory when the step owns it (``owned``):
         one pass over the weight where ``update_owned`` makes two."""
         step = (state or 0) + 1
-        sparse = _summed_rows(scaled)
+        sparse = summed_rows(scaled)
         if sparse is not None:
             xp, rows, g = sparse
-            return _with_rows(xp, data, rows, data[rows] - g), step
+            return with_rows(xp, data, rows, data[rows] - g), step
         if owned and type(scaled) is np.ndarray:
             np.subtract(data, scaled, out=scaled)
             return scaled, step
-        return _kept(data - dense(scaled), data), step
+        return keep_array(data - dense(scaled), data), step
 
 
 @dataclass(frozen=True)
@@ -117,29 +117,29 @@ class Momentum:
     lazy: bool = False
 
     def __post_init__(self) -> None:
-        _check(self.learning_rate, self.weight_decay)
+        check_learning_settings(self.learning_rate, self.weight_decay)
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
 
     def init(self, data: Any) -> tuple[Any, int]:
-        return _kept(data * 0.0, data), 0
+        return keep_array(data * 0.0, data), 0
 
     def check_state(self, state: object, data: Any) -> str | None:
         """What is wrong with ``state`` for a weight holding ``data`` (None if nothing): it must be
         ``(velocity, step count)``, the velocity of the weight's shape and dtype."""
-        problem = _parts_problem(state, ("velocity", "step count"))
+        problem = parts_problem(state, ("velocity", "step count"))
         if problem is not None or not isinstance(state, tuple):
             return problem
-        return _array_problem("velocity", state[0], data) or _step_problem(state[1])
+        return array_problem("velocity", state[0], data) or step_problem(state[1])
 
     def update(self, data: Any, gradient: Any, state: tuple[Any, int]) -> tuple[Any, tuple[Any, int]]:
         velocity, step = state
-        rate = _rate(self.learning_rate, step)
-        sparse = _lazy_rows(gradient, data, self.weight_decay) if self.lazy else None
+        rate = rate_at_step(self.learning_rate, step)
+        sparse = lazy_rows(gradient, data, self.weight_decay) if self.lazy else None
         if sparse is not None:
             xp, rows, g = sparse
-            new_velocity = _with_rows(xp, velocity, rows, self.momentum * velocity[rows] + g)
-            return _with_rows(xp, data, rows, data[rows] - rate * new_velocity[rows]), (
+            new_velocity = with_rows(xp, velocity, rows, self.momentum * velocity[rows] + g)
+            return with_rows(xp, data, rows, data[rows] - rate * new_velocity[rows]), (
                 new_velocity,
                 step + 1,
             )
@@ -149,5 +149,5 @@ class Momentum:
             scalars = (self.momentum, rate, wd) if wd else (self.momentum, rate)
             new, velocity = _momentum_kernel(bool(wd))((data, g, velocity), scalars)
             return new, (velocity, step + 1)
-        velocity = _kept(self.momentum * velocity + _decayed(g, data, self.weight_decay), data)
-        return _kept(data - rate * velocity, data), (velocity, step + 1)
+        velocity = keep_array(self.momentum * velocity + with_weight_decay(g, data, self.weight_decay), data)
+        return keep_array(data - rate * velocity, data), (velocity, step + 1)
