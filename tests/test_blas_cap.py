@@ -45,3 +45,27 @@ def _capped_while_open_and_restored_after_the_last() -> None:
 @pytest.mark.skipif(not _blas_has_threads(), reason="no BLAS library with threads to cap")
 def test_blas_is_capped_while_any_executor_is_open_and_restored_after_the_last() -> None:
     in_child(_capped_while_open_and_restored_after_the_last)
+
+
+def _a_hold_dropped_at_exit_prints_nothing() -> None:
+    """As at interpreter exit: threadpoolctl's globals are torn down (None) before the last hold
+    goes. Restoring the limits then would only print an ignored exception; the hold leaves them."""
+    import sys
+
+    import threadpoolctl
+
+    from monadl.runtime.process import BlasCap
+
+    unraisable: list[object] = []
+    sys.unraisablehook = unraisable.append
+    hold = BlasCap()
+    threadpoolctl.current_thread = None
+    sys.is_finalizing = lambda: True
+    del hold
+    gc.collect()
+    assert unraisable == []
+
+
+@pytest.mark.skipif(not _blas_has_threads(), reason="no BLAS library with threads to cap")
+def test_a_hold_dropped_at_interpreter_exit_prints_no_error() -> None:
+    in_child(_a_hold_dropped_at_exit_prints_nothing)

@@ -27,6 +27,7 @@ in the same proportions (``pytest -s`` prints the counts).
 
 from __future__ import annotations
 
+import importlib
 import math
 import operator
 import os
@@ -68,12 +69,14 @@ from monadl.dsl.ops.packed_gru import packed_gru
 from monadl.dsl.ops.packed_lstm import packed_lstm
 from monadl.gradcheck import check_gradients, make_weights
 
+# PyTorch is optional (CI does not install it): imported by name, so that mypy needs no stubs for it.
 torch: Any
+F: Any
 try:
-    import torch
-    import torch.nn.functional as F
+    torch = importlib.import_module("torch")
+    F = importlib.import_module("torch.nn.functional")
 except ImportError:  # pragma: no cover - the comparisons with PyTorch are skipped
-    torch = None
+    torch = F = None
 
 F64 = np.ndarray[Any, np.dtype[np.float64]]
 Input = F64 | float

@@ -148,4 +148,7 @@ class BlasCap:
             release_blas()
 
     def __del__(self) -> None:
-        self.release()
+        # At interpreter exit the limits die with the process, and threadpoolctl's module may already
+        # be torn down (its globals None): restoring them then only prints an ignored exception.
+        if not sys.is_finalizing():
+            self.release()
