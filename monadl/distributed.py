@@ -103,7 +103,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from time import perf_counter
+from time import perf_counter, sleep
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
@@ -217,6 +217,8 @@ STEP_TIMEOUT_WINDOW = 20
 """The number of recent successful steps whose median time sets the timeout."""
 RECOVERY_ROUNDS = 3
 """How many times a recovery restores the lost workers where one is lost again meanwhile."""
+UNAVAILABLE_PAUSE_S = 0.2
+"""How long a read waits before asking again a worker that Ray says is coming back."""
 
 
 def _check_seconds(name: str, value: object, other: str = "") -> None:
@@ -1311,7 +1313,12 @@ class DataParallel(Generic[M, B]):
         if self._reload:
             self._recover()
         ranks = list(range(self.workers)) if ranks is None else ranks
-        for attempt in range(2):
+        # Ray answers ActorUnavailableError while a worker it restarts is coming back: that is no
+        # attempt of the worker's, so it is asked again until the reply timeout has passed.
+        unavailable = getattr(self._ray.exceptions, "ActorUnavailableError", ())
+        deadline = perf_counter() + self._reply_timeout
+        attempt = 0
+        while True:
             refs = [self._actors[rank].read.remote(what, *args) for rank in ranks]
             answers = self._answers(ranks, refs, self._reply_timeout)
             values: list[Any] = []
@@ -1329,10 +1336,14 @@ class DataParallel(Generic[M, B]):
                 return values
             # (A hung worker is killed even when this call gives up: the next restores it.)
             self._kill([rank for rank, error in failed if isinstance(error, TimeoutError)])
-            if attempt:
+            coming_back = all(isinstance(error, unavailable) for _, error in failed)
+            if coming_back and perf_counter() < deadline:
+                sleep(UNAVAILABLE_PAUSE_S)
+            elif attempt:
                 raise WorkerUnavailableError(failed[0][0], self.workers, call, failed[0][1])
+            else:
+                attempt = 1
             self._recover()
-        raise AssertionError("unreachable")
 
     def save(self, path: str | Path, *, metadata: Mapping[str, Any] | None = None) -> None:
         """Writes the last committed state (weights and optimizer state) to a checkpoint, atomically

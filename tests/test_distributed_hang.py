@@ -381,6 +381,46 @@ def test_a_worker_that_hangs_again_after_its_restore_is_named(ray_session: Any, 
         assert_close(trainer, reference(batches, ml.Adam(0.01)))
 
 
+class ComingBack:
+    """Stands in for the trainer's ``_answers``: worker 0's reads answer Ray's
+    ``ActorUnavailableError`` (a worker Ray is restarting) ``times`` times, then as they are."""
+
+    def __init__(self, trainer: DataParallel[Any, Any], times: int) -> None:
+        import ray
+
+        self.answers = trainer._answers  # the seam the test injects the error at
+        self.error = ray.exceptions.ActorUnavailableError("worker 0 is restarting", None)
+        self.left = times
+
+    def __call__(self, ranks: list[int], refs: list[Any], timeout: float) -> list[Any]:
+        answers = self.answers(ranks, refs, timeout)
+        if self.left and 0 in ranks and timeout == REPLY:
+            self.left -= 1
+            answers[ranks.index(0)] = self.error
+        return answers
+
+
+@pytest.mark.parametrize("times", [3, 1000])
+def test_a_worker_ray_says_is_coming_back_is_asked_until_the_reply_timeout(
+    ray_session: Any, tmp_path: Path, times: int
+) -> None:
+    """Ray's transient ``ActorUnavailableError`` (a restarted worker not back yet) is not the
+    worker's failure: the read asks again until ``reply_timeout_s`` has passed (then it names the
+    worker and the call)."""
+    with bounded(), probed_trainer(tmp_path) as trainer:
+        assert isinstance(trainer.train([batch(0)]), Success)
+        digests = trainer.digests()
+        trainer._answers = ComingBack(trainer, times)  # type: ignore[method-assign]
+        started = time.perf_counter()
+        if times == 3:
+            assert trainer.digests() == digests
+        else:
+            with pytest.raises(WorkerUnavailableError, match=r"DataParallel\.digests: worker 0 of 2"):
+                trainer.digests()
+            assert time.perf_counter() - started >= REPLY
+        assert trainer.steps == 1
+
+
 def test_the_reply_and_restart_timeouts_are_checked() -> None:
     bad: Any
     for bad in (0, -1.0, float("nan"), None):
