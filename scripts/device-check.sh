@@ -119,7 +119,8 @@ if compgen -G "$WHEELS/*.whl" >/dev/null; then
     export PATH="/tmp/monadl-site/bin:$PATH"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-step environment 20 bash -c "$PYTHON --version; nvidia-smi -L; nproc; $PYTHON -c 'import numpy; print(\"numpy\", numpy.__version__)'; $PYTHON -c 'import cupy; print(\"cupy\", cupy.__version__)'; $PYTHON -c 'import torch; print(\"torch\", torch.__version__, \"cuda\", torch.cuda.is_available())'"
+# What is missing (a GPU, CuPy, torch) is reported; the steps that need it say so and are skipped.
+step environment 20 bash -c "$PYTHON --version; nvidia-smi -L || echo 'nvidia-smi: none'; nproc; $PYTHON -c 'import numpy; print(\"numpy\", numpy.__version__)'; $PYTHON -c 'import cupy; print(\"cupy\", cupy.__version__)' 2>/dev/null || echo 'cupy: not installed'; $PYTHON -c 'import torch; print(\"torch\", torch.__version__, \"cuda\", torch.cuda.is_available())' 2>/dev/null || echo 'torch: not installed'"
 
 NO_GPU=$("$PYTHON" - <<'EOF' 2>&1
 try:
