@@ -604,7 +604,8 @@ class _Replica:
                 f"losses), got {type(layer).__name__}"
             )
         with recording_statistics() as recorded:
-            value, gradients, _, _, staged = gradients_and_buffers(layer * scale, None, False)
+            passes = gradients_and_buffers(layer * scale, None)
+            value, gradients, staged = passes.loss, passes.gradients, passes.staged
         packed: Packed = []
         for name, weight in self._weights:
             gradient = gradients.get(weight)

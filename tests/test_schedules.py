@@ -193,10 +193,7 @@ def test_a_chain_keeps_its_optimizers_state() -> None:
     assert state_kind(optimizers[1]) is ml.Adam
 
 
-def test_sgd_with_a_schedule_does_not_fold_its_rate_but_a_constant_does() -> None:
-    assert ml.SGD(0.1).folded_rate() == 0.1
-    assert ml.SGD(ml.Constant(0.1)).folded_rate() is None
-    # Folded or not, the step is the same.
+def test_sgd_with_a_constant_schedule_steps_as_with_the_constant() -> None:
     a, b = ml.ArrayWeight(np.ones(3)), ml.ArrayWeight(np.ones(3))
     _trained(a, [ml.SGD(0.1)] * 3)
     _trained(b, [ml.SGD(ml.Constant(0.1))] * 3)

@@ -275,47 +275,24 @@ def test_sgd_update_owned_is_update_bit_for_bit(dtype: type[np.floating[Any]]) -
     np.testing.assert_array_equal(got, expected)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_sgd_update_folded_subtracts_the_scaled_gradient(dtype: type[np.floating[Any]]) -> None:
-    rng = np.random.default_rng(4)
-    data = rng.standard_normal((7, 5)).astype(dtype)
-    scaled = (0.03 * rng.standard_normal((7, 5))).astype(dtype)
-    expected = data - scaled
-    mine = scaled.copy()
-    got, _ = ml.SGD(0.03).update_folded(data, mine, None, True)
-    assert got is mine and got.dtype == dtype  # written into the gradient's own memory
-    np.testing.assert_array_equal(got, expected)
-    theirs = scaled.copy()
-    got, _ = ml.SGD(0.03).update_folded(data, theirs, None, False)
-    np.testing.assert_array_equal(theirs, scaled)  # not the step's own: not written into
-    np.testing.assert_array_equal(got, expected)
-    assert ml.SGD(0.03).folded_rate() == 0.03 and ml.SGD(0.03, weight_decay=1e-4).folded_rate() is None
-
-
 @pytest.fixture
 def handed(monkeypatch: pytest.MonkeyPatch) -> list[np.ndarray]:
-    """The gradients SGD is given to write its updates into (a step's own: ``update_owned``, or
-    ``update_folded`` with the learning rate folded into the backward pass), in order."""
+    """The gradients SGD is given to write its updates into (a step's own: ``update_owned``), in
+    order."""
     given: list[np.ndarray] = []
-    update_owned, update_folded = ml.SGD.update_owned, ml.SGD.update_folded
+    update_owned = ml.SGD.update_owned
 
     def spy_owned(self: ml.SGD, data: Any, gradient: Any, state: None) -> tuple[Any, None]:
         given.append(gradient)
         return update_owned(self, data, gradient, state)
 
-    def spy_folded(self: ml.SGD, data: Any, gradient: Any, state: None, owned: bool) -> tuple[Any, None]:
-        if owned:
-            given.append(gradient)
-        return update_folded(self, data, gradient, state, owned)
-
     monkeypatch.setattr(ml.SGD, "update_owned", spy_owned)
-    monkeypatch.setattr(ml.SGD, "update_folded", spy_folded)
     return given
 
 
 def test_a_step_writes_sgd_updates_into_its_own_gradients(handed: list[np.ndarray]) -> None:
-    # Every weight trained by SGD at one rate: the rate is folded into the backward pass (the
-    # gradients come out scaled) and the update is one subtraction, into the gradient's memory.
+    # SGD declares update_owned: the step hands it the gradient it owns, and the new data is
+    # written into the gradient's memory.
     rng = np.random.default_rng(2)
     w = ml.ArrayWeight(rng.standard_normal((4, 3)))
     loss = ml.sum(ml.tanh(X @ w))
@@ -324,7 +301,7 @@ def test_a_step_writes_sgd_updates_into_its_own_gradients(handed: list[np.ndarra
     assert isinstance(loss.train_blocking(ml.SGD(0.1)), Success)
     assert len(handed) == 1
     assert w.data is handed[0]  # the new data lives in the gradient's memory: nothing allocated
-    np.testing.assert_allclose(w.data, expected, rtol=1e-14)  # the rate multiplied in earlier
+    np.testing.assert_allclose(w.data, expected, rtol=1e-14)
     assert not w.data.flags.writeable
 
 
@@ -347,17 +324,17 @@ def test_stacked_weights_and_their_biases_take_updates_in_their_own_gradients(
         np.testing.assert_allclose(weight.data, expected[weight], rtol=1e-14)
 
 
-@pytest.mark.parametrize("fold", [False, True])
-def test_a_gradient_held_elsewhere_is_not_written_into(handed: list[np.ndarray], fold: bool) -> None:
+@pytest.mark.parametrize("own", [False, True], ids=["one optimizer", "two optimizers"])
+def test_a_gradient_held_elsewhere_is_not_written_into(handed: list[np.ndarray], own: bool) -> None:
     # A primitive of the user's own whose vjp hands out an array its author keeps (scaled by the
-    # delta, as a vjp is: the learning rate folded in or not): the gradient is that array. Only the
-    # library's own primitives declare their vjps' arrays fresh, so it is never written into.
+    # delta, as a vjp is): the gradient is that array. Only the library's own primitives declare
+    # their vjps' arrays fresh, so it is never written into.
     kept = np.full((2, 2), 0.5)
     hold = Primitive(
         "hold", lambda xp, x: x * 1.0, (lambda xp, d, o, x: kept if np.all(d == 1.0) else kept * d,)
     )
     w = ml.ArrayWeight(np.ones((2, 2)))
-    other = ml.FloatWeight(1.0, optimizer=None if fold else ml.SGD(0.2))  # another rate: no folding
+    other = ml.FloatWeight(1.0, optimizer=ml.SGD(0.2) if own else None)
     loss = ml.sum(apply_array(hold, w)) + other * 0.0
     assert isinstance(loss.train_blocking(ml.SGD(0.1)), Success)
     np.testing.assert_array_equal(kept, np.full((2, 2), 0.5))

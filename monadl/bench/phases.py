@@ -82,7 +82,7 @@ def measure(
             t3 = time.perf_counter()
             gradients, owned = training._unaliased(gradients, owned, run.snapshot)
             with COMMIT_LOCK:
-                training._apply(gradients, ADAM, owned, None, True, staged)
+                training._apply(training.StepResult(evaluation.value, gradients, owned, staged), ADAM, True)
             t4 = time.perf_counter()
             graph = getattr(loss, "graph", None)  # (an engine of nodes as objects has none)
             nodes = 0 if graph is None else len(graph)

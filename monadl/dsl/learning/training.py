@@ -22,8 +22,11 @@ thread), which ops such as dropout read; a prediction's runs in evaluation mode.
 
 Every run reads the weights as of one commit (a snapshot): a prediction beside a training thread
 sees one step's weights, never a mix of two.
-   An optimizer with an ``update_owned`` (SGD) writes the new data into the step's own gradient
-   array where the backward pass says nothing else holds it: no weight-sized allocation.
+   An optimizer whose class declares ``update_owned`` (``UpdatesInPlace``: SGD) writes the new data
+   into the step's own gradient array where the backward pass says nothing else holds it: no
+   weight-sized allocation. What an optimizer can do beyond ``init`` and ``update`` is declared by
+   its class (``optimizers.base.capabilities``), and one that lacks either fails the step with a
+   ``TypeError`` naming it, before anything runs.
 
 ``train``/``predict`` return ``returns``' ``FutureResult`` (the paper's typed asynchronous result);
 ``train_blocking``/``predict_blocking`` return a ``Result`` for scripts. Awaiting a
@@ -41,6 +44,7 @@ from __future__ import annotations
 import functools
 import math
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
@@ -60,7 +64,7 @@ from monadl.dsl.learning.finite import (
     is_float_array,
 )
 from monadl.dsl.learning.optimizers import state_kind
-from monadl.dsl.learning.optimizers.base import Optimizer
+from monadl.dsl.learning.optimizers.base import Capabilities, Optimizer, capabilities
 from monadl.dsl.learning.results import Deferred, failed
 from monadl.runtime.staging import staging
 from monadl.runtime.versions import COMMIT_LOCK, Snapshot, data_of, publish
@@ -122,17 +126,31 @@ def _non_finite(weight: Any, gradient: Any, data: Any) -> NonFiniteGradientError
     return NonFiniteGradientError(f"{what} ({cause}); no weight was changed")
 
 
-def _seed(value: Any, rate: float = 1.0) -> Any:
-    """dL/dL, times ``rate`` (a learning rate folded into the backward pass)."""
+def _seed(value: Any) -> Any:
+    """dL/dL: 1, as a float or an array like the loss."""
     if type(value) is float:
-        return rate
-    seed = namespace(value).ones_like(value)
-    return seed if rate == 1.0 else seed * rate
+        return 1.0
+    return namespace(value).ones_like(value)
 
 
 Gradients = dict["FloatWeight | ArrayWeight", Any]
 Staged = dict[Any, Any]
 """Buffer updates staged by a step's forward pass: buffer to new value."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a step's forward and backward passes give (:func:`forward_and_backward`)."""
+
+    loss: Any
+    """The loss: a float, or an array of one element."""
+    gradients: Gradients
+    """Every weight's gradient (the true one), each in its weight's dtype."""
+    owned: set[Any]
+    """The weights whose gradient is an array of the step's own: an optimizer may write into it."""
+    staged: Staged
+    """The buffer updates the forward pass staged (``monadl.runtime.staging``): committed with the
+    weights, or not at all."""
 
 
 def compute_gradients(
@@ -155,22 +173,15 @@ def compute_gradients(
     Raises :class:`NonFiniteLossError` for a non-finite loss, or whatever the forward or backward
     pass raised.
     """
-    value, gradients, _, _, _ = forward_and_backward(loss, executor, False)
-    return value, gradients
+    passes = forward_and_backward(loss, executor)
+    return passes.loss, passes.gradients
 
 
 def forward_and_backward(
-    loss: FloatLayer | ArrayLayer,
-    executor: Executor | None,
-    optimizer: Optimizer | bool | None,
-    diagnose: bool = False,
-) -> tuple[Any, Gradients, set[Any], float | None, Staged]:
-    """A step's forward and backward passes: the loss, the gradients, the weights whose gradient is
-    an array of the step's own (an optimizer may write into it), the learning rate folded into
-    the gradients (None: they are the true ones), and the buffer updates the forward pass staged
-    (``monadl.runtime.staging``: committed with the weights, or not at all). ``optimizer``: the
-    default of a training step (False: the gradients are wanted as they are). Its statistics (both
-    passes) are the executor's ``last_stats``. ``diagnose``: the backward pass checks every delta
+    loss: FloatLayer | ArrayLayer, executor: Executor | None, diagnose: bool = False
+) -> StepResult:
+    """A step's forward and backward passes (:class:`StepResult`). Their statistics are the
+    executor's ``last_stats``. ``diagnose``: the backward pass checks every delta
     (``Backward``)."""
     ex = executor or default_executor()
     stats = RunStats()
@@ -193,29 +204,11 @@ def forward_and_backward(
                 raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
             assert evaluation.slot >= 0  # own_root: the root's value has a slot of its own
             run = evaluation.run
-            rate = None if optimizer is False else _folded_rate(run.leaves, optimizer)
-            seed = _seed(value) if rate is None else _seed(value, rate)
-            gradients, owned = backward(run, evaluation.slot, seed, run.dispatcher, diagnose)
+            gradients, owned = backward(run, evaluation.slot, _seed(value), run.dispatcher, diagnose)
     finally:
         ex.publish(stats)
     gradients, owned = _unaliased(gradients, owned, run.snapshot)
-    return value, gradients, owned, rate, staged
-
-
-def _folded_rate(weights: list[Any], default: Any) -> float | None:
-    """The learning rate a step may fold into its backward pass's seed (``SGD.folded_rate``): the
-    one every trained weight's optimizer folds; None where one does not, or they differ."""
-    rate: float | None = None
-    for weight in weights:
-        if not weight.trainable:
-            continue
-        optimizer = weight.optimizer or default
-        fold = getattr(optimizer, "folded_rate", None)
-        own = None if fold is None else fold()
-        if own is None or (rate is not None and own != rate):
-            return None
-        rate = own
-    return rate
+    return StepResult(value, gradients, owned, staged)
 
 
 def _unaliased(gradients: Gradients, owned: set[Any], snapshot: Snapshot) -> tuple[Gradients, set[Any]]:
@@ -259,19 +252,12 @@ def _memory(gradient: Any) -> int:
     return id(array)
 
 
-def _apply(
-    gradients: Gradients,
-    default: Optimizer | None,
-    owned: set[Any],
-    rate: float | None,
-    check: bool,
-    staged: Staged,
-) -> None:
-    """Computes every update, then commits them all with the ``staged`` buffer updates (nothing is
-    committed if one fails). The caller holds ``COMMIT_LOCK``."""
+def _apply(passes: StepResult, default: Optimizer | None, check: bool) -> None:
+    """Computes every update, then commits them all with the buffer updates the step staged
+    (nothing is committed if one fails). The caller holds ``COMMIT_LOCK``."""
     pending: Pending = []
-    updates = _updates(gradients, default, owned, rate, check, pending)
-    for buffer, data in staged.items():
+    updates = _updates(passes.gradients, default, passes.owned, check, pending)
+    for buffer, data in passes.staged.items():
         if check and is_float_array(data):
             error = functools.partial(_non_finite_buffer, buffer)
             if type(data) is not NDARRAY:
@@ -306,7 +292,7 @@ def staged_updates(
     ``monadl.distributed``). The updates are computed from the weights' current values: commit them
     before another step changes the weights."""
     with COMMIT_LOCK:
-        return _updates(gradients, optimizer, set(), None, check_finite)
+        return _updates(gradients, optimizer, set(), check_finite)
 
 
 def commit_gradients(
@@ -315,7 +301,7 @@ def commit_gradients(
     """:func:`staged_updates` and :func:`commit_updates` under one hold of the commit lock: no other
     step's commit comes between the weights the updates are computed from and the commit."""
     with COMMIT_LOCK:
-        publish(_updates(gradients, optimizer, set(), None, check_finite))
+        publish(_updates(gradients, optimizer, set(), check_finite))
 
 
 def commit_updates(updates: list[Update]) -> None:
@@ -328,21 +314,23 @@ def _updates(
     gradients: Gradients,
     default: Optimizer | None,
     owned: set[Any],
-    rate: float | None,
     check: bool,
     pending: Pending | None = None,
 ) -> list[Update]:
-    """Every weight's update, computed, not committed (nothing is, if one fails). ``rate``: the
-    learning rate already folded into the gradients (their optimizers' ``update_folded``).
-    ``check``: fail if a new value is not finite: at once for NumPy arrays and floats, and for
-    arrays off NumPy (on a GPU) in one read at the end, or by the caller where it gives ``pending``.
+    """Every weight's update, computed, not committed (nothing is, if one fails). ``owned``: the
+    weights whose gradient memory the step hands over. ``check``: fail if a new value is not
+    finite: at once for NumPy arrays and floats, and for arrays off NumPy (on a GPU) in one read at
+    the end, or by the caller where it gives ``pending``.
 
-    A frozen weight is skipped. An optimizer with ``transform_gradients`` (a chain: clipping) gets
-    the gradients of all the weights it updates at once, before any of them is updated."""
+    A frozen weight is skipped. An optimizer that transforms gradients (``TransformsGradients``: a
+    chain with clipping) gets the gradients of all the weights it updates at once, before any of
+    them is updated. An object that is not an optimizer is a ``TypeError`` naming what it lacks."""
     later: Pending = [] if pending is None else pending
     updates: list[Update] = []
     chains: list[Any] = []  # the optimizers that transform gradients, and for each, its weights
     members: list[list[Any]] = []
+    last: Any = None
+    can = Capabilities(False, False)
     for weight, gradient in gradients.items():
         if not weight.trainable:
             continue  # frozen: deltas flowed through it; its data and state stay as they are
@@ -351,8 +339,10 @@ def _updates(
             raise NoOptimizerError(
                 f"{weight!r} has a gradient but no optimizer: pass one to train() or to the weight"
             )
-        if getattr(optimizer, "transform_gradients", None) is None:
-            updates.append(_updated(weight, gradient, optimizer, owned, rate, check, later))
+        if optimizer is not last:  # (a run of weights with one optimizer, the default: one look-up)
+            last, can = optimizer, capabilities(optimizer)
+        if not can.transforms_gradients:
+            updates.append(_updated(weight, gradient, optimizer, can.updates_in_place, owned, check, later))
             continue
         k = 0
         while k < len(chains) and not (chains[k] is optimizer or chains[k] == optimizer):
@@ -370,9 +360,8 @@ def _updates(
             raise ValueError(
                 f"{optimizer!r}: transform_gradients gave {len(transformed)} gradients for {len(weights)}"
             )
-        # (No rate folded here: a chain has no folded_rate, so the gradients are the true ones.)
-        for weight, gradient in zip(weights, transformed, strict=True):
-            updates.append(_updated(weight, gradient, optimizer, set(), None, check, later))
+        for weight, gradient in zip(weights, transformed, strict=True):  # (not the step's own arrays)
+            updates.append(_updated(weight, gradient, optimizer, False, set(), check, later))
     if pending is None:
         check_pending(later)
     return updates
@@ -382,14 +371,15 @@ def _updated(
     weight: Any,
     gradient: Any,
     optimizer: Any,
+    in_place: bool,
     owned: set[Any],
-    rate: float | None,
     check: bool,
     pending: Pending,
 ) -> Update:
     """A weight's update: ``(weight, new data, (optimizer, new state))``, computed, not committed.
-    The state is the weight's own while its optimizers are of one kind, else a fresh one. The
-    finite check of an array off NumPy goes to ``pending``."""
+    The state is the weight's own while its optimizers are of one kind, else a fresh one.
+    ``in_place``: the optimizer declares ``update_owned``, used where the step owns the gradient's
+    memory. The finite check of an array off NumPy goes to ``pending``."""
     held = weight.optimizer_state
     # The same optimizer object first: no call for a loop over one optimizer.
     if held is not None and (held[0] is optimizer or state_kind(held[0]) is state_kind(optimizer)):
@@ -398,20 +388,10 @@ def _updated(
         state = optimizer.init(weight.data)
     converted = _in_dtype_of(gradient, weight.data)
     mine = (weight in owned or converted is not gradient) and _fits(converted, weight.data)
-    if rate is not None:
-        fold = getattr(optimizer, "folded_rate", None)
-        if fold is None or fold() != rate:  # the step folded a rate this weight's optimizer does not
-            raise RuntimeError(
-                f"monadl: {weight!r}'s gradient was scaled by a learning rate ({rate}) that its "
-                f"optimizer {optimizer!r} does not fold; no weight was changed (please report this)"
-            )
-        data, state = optimizer.update_folded(weight.data, converted, state, mine)
+    if in_place and mine:
+        data, state = optimizer.update_owned(weight.data, converted, state)
     else:
-        update_owned = getattr(optimizer, "update_owned", None)
-        if update_owned is not None and mine:
-            data, state = update_owned(weight.data, converted, state)
-        else:
-            data, state = optimizer.update(weight.data, converted, state)
+        data, state = optimizer.update(weight.data, converted, state)
     if check:
         # A table's sparse gradient changes only its rows: their values are what to check.
         checked = gradient.values if type(gradient) is SparseRows else data
@@ -469,28 +449,31 @@ def train_blocking(
     """One training step, now: ``Success(loss)``, or ``Failure(exception)`` with no weight changed.
 
     ``optimizer`` is the default for weights that have none of their own (a chain with clipping
-    too). Frozen weights (``trainable = False``) are not updated. The forward pass runs in training
-    mode (dropout drops).
+    too); an object without ``init`` and ``update`` methods is a ``Failure(TypeError)`` naming the
+    one it lacks, before the forward pass. Frozen weights (``trainable = False``) are not updated.
+    The forward pass runs in training mode (dropout drops).
     """
     try:
         ex = executor or default_executor()
-        value, gradients, owned, rate, staged = forward_and_backward(loss, ex, optimizer)
+        if optimizer is not None:
+            capabilities(optimizer)  # (a TypeError naming what it lacks, before any work)
+        passes = forward_and_backward(loss, ex)
         with COMMIT_LOCK:
-            _apply(gradients, optimizer, owned, rate, ex.check_finite, staged)
+            _apply(passes, optimizer, ex.check_finite)
     except NonFiniteGradientError as non_finite:  # (its own name: mypyc types a name once)
-        return failed(_located(non_finite, loss, ex, optimizer))
+        return failed(_located(non_finite, loss, ex))
     except Exception as e:  # noqa: BLE001 - every failure is the caller's Failure, not a crash
         return failed(e)
-    return Success(value)
+    return Success(passes.loss)
 
 
 def _located(
-    error: NonFiniteGradientError, loss: FloatLayer | ArrayLayer, ex: Executor, optimizer: Optimizer | None
+    error: NonFiniteGradientError, loss: FloatLayer | ArrayLayer, ex: Executor
 ) -> NonFiniteGradientError:
     """``error``, with the op whose vjp gave the first non-finite delta where a second run of the
     step, checking every delta, finds it (only a failed step pays for it)."""
     try:
-        forward_and_backward(loss, ex, optimizer, diagnose=True)
+        forward_and_backward(loss, ex, diagnose=True)
     except NonFiniteDelta as found:
         located = NonFiniteGradientError(f"{error}; {found}")
         located.origin = found.origin

@@ -20,8 +20,12 @@ rate may be a schedule of the step (``monadl.dsl.learning.schedules``); the step
 number of updates before this one (0 for a weight's first), counted in the weight's state (SGD's
 state is that count: ``None``, from earlier versions, counts as 0).
 
-An optimizer may add ``update_owned``: the same rule, allowed to write into the gradient's memory.
-A training step calls it for gradients that nothing else holds (SGD's saves two weight-sized arrays).
+**Capabilities are declared.** An optimizer is any object whose class has ``init`` and ``update``
+(``base.Optimizer``). What a training step may use besides is declared by the class's methods, one
+protocol each in ``base``, and found once per class (``base.capabilities``): ``update_owned``
+(``UpdatesInPlace``: the same rule, allowed to write into the memory of a gradient that nothing
+else holds; SGD's saves two weight-sized arrays), ``transform_gradients`` (``TransformsGradients``:
+a chain's) and ``check_state`` (``ChecksState``: a checkpoint's state checked).
 
 **Gradient transformations** (:func:`clip_by_global_norm`, :func:`clip_by_value`) go before an
 optimizer in a :func:`chain`, which is an optimizer itself: ``chain(clip_by_global_norm(1.0),

@@ -1,11 +1,14 @@
 """What the optimizers share: the :class:`Optimizer` and :class:`GradientTransform` protocols, the
-checks of their settings, the learning rate at a step, weight decay, a sparse gradient's rows, and
-the helpers that keep a weight's type and build the fused CuPy kernels (``monadl.dsl.fused``). The
-underscore names are the package's own, used by its optimizer modules."""
+optional capabilities a training step may use (:class:`UpdatesInPlace`, :class:`TransformsGradients`,
+:class:`ChecksState`, found once per class by :func:`capabilities`), the checks of their settings,
+the learning rate at a step, weight decay, a sparse gradient's rows, and the helpers that keep a
+weight's type and build the fused CuPy kernels (``monadl.dsl.fused``)."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -14,8 +17,15 @@ from monadl.typeclasses.backend import namespace
 from monadl.typeclasses.sparse import SparseRows, dense
 
 
+@runtime_checkable
 class Optimizer(Protocol):
-    """An update rule with its hyper-parameters."""
+    """An update rule with its hyper-parameters: what a training step requires of an optimizer.
+
+    Any object whose class has these two methods is one (no base class to inherit); a step given
+    one that lacks either fails with a ``TypeError`` naming it. A class may declare more, which a
+    step then uses: ``transform_gradients``, to see the gradients of all its weights at once (a
+    chain's clipping), and ``check_state``, to check a checkpoint's state (see the how-to "Write an
+    optimizer")."""
 
     def init(self, data: Any) -> Any:
         """The initial state for a weight holding ``data``."""
@@ -26,6 +36,38 @@ class Optimizer(Protocol):
         ...
 
 
+@runtime_checkable
+class UpdatesInPlace(Protocol):
+    """An optimizer that can write a weight's new data into its gradient's memory, where the training
+    step owns that memory (nothing else holds it): the same result as ``update``, bit for bit. A
+    step uses it only where the class that defines it defines ``update`` too (or derives from the
+    one that does): a subclass that overrides ``update`` alone is updated by its ``update``."""
+
+    def update_owned(self, data: Any, gradient: Any, state: Any) -> tuple[Any, Any]:
+        """``update``, allowed to write into ``gradient``."""
+        ...
+
+
+@runtime_checkable
+class TransformsGradients(Protocol):
+    """An optimizer that sees the gradients of all the weights it updates in a step together, before
+    updating any (a :func:`~monadl.chain`: clipping by their global norm)."""
+
+    def transform_gradients(self, gradients: list[Any]) -> list[Any]:
+        """The new gradients, in order, as many as given; the given ones unchanged."""
+        ...
+
+
+@runtime_checkable
+class ChecksState(Protocol):
+    """An optimizer that can say what is wrong with a state from outside a step (a checkpoint's)."""
+
+    def check_state(self, state: object, data: Any) -> str | None:
+        """The problem with ``state`` for a weight holding ``data``, or None."""
+        ...
+
+
+@runtime_checkable
 class GradientTransform(Protocol):
     """A change of the gradients of all the weights that one optimizer updates in a step, seen
     together (a global norm needs them all). Used in a :func:`chain`."""
@@ -33,6 +75,52 @@ class GradientTransform(Protocol):
     def transform(self, gradients: list[Any]) -> list[Any]:
         """The new gradients, in order; the given ones unchanged."""
         ...
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a training step may ask of an optimizer beyond :class:`Optimizer`'s two methods."""
+
+    updates_in_place: bool
+    """Its class is an :class:`UpdatesInPlace`."""
+    transforms_gradients: bool
+    """Its class is a :class:`TransformsGradients`."""
+
+
+_NONE = Capabilities(False, False)
+_KNOWN: WeakKeyDictionary[type, Capabilities] = WeakKeyDictionary()  # (a class defined in a loop is freed)
+
+
+def capabilities(optimizer: object) -> Capabilities:
+    """The capabilities ``optimizer``'s class declares (its methods, by the protocols above), found
+    once per class: a step looks them up for each optimizer it uses, and an ``isinstance`` of a
+    protocol costs tens of microseconds. Raises ``TypeError`` naming the method of
+    :class:`Optimizer` that ``optimizer`` lacks."""
+    kind = type(optimizer)
+    known = _KNOWN.get(kind)
+    if known is not None:
+        return known
+    if not issubclass(kind, Optimizer):
+        if isinstance(optimizer, Optimizer):  # methods of the object's own, not of its class
+            return _NONE
+        missing = [name for name in ("init", "update") if not callable(getattr(optimizer, name, None))]
+        raise TypeError(
+            f"{optimizer!r} is not an optimizer: it has no {' and no '.join(missing)} method (an "
+            "optimizer has init(data) -> state and update(data, gradient, state) -> (data, state))"
+        )
+    # An in-place update counts where the class that defines it defines ``update`` too, or is a
+    # subclass of the one that does: a subclass that overrides ``update`` alone is updated by it.
+    in_place = issubclass(kind, UpdatesInPlace) and issubclass(
+        _defining(kind, "update_owned"), _defining(kind, "update")
+    )
+    found = Capabilities(in_place, issubclass(kind, TransformsGradients))
+    _KNOWN[kind] = found
+    return found
+
+
+def _defining(kind: type, name: str) -> type:
+    """The class of ``kind``'s method resolution order that defines ``name`` (``kind`` has it)."""
+    return next(base for base in kind.__mro__ if name in base.__dict__)
 
 
 def check_learning_settings(learning_rate: LearningRate, weight_decay: float) -> None:

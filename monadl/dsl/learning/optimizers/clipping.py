@@ -6,12 +6,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import numpy as np
 
 from monadl.dsl.fused import sum_on_devices
-from monadl.dsl.learning.optimizers.base import GradientTransform, Optimizer, summed_rows
+from monadl.dsl.learning.optimizers.base import (
+    ChecksState,
+    GradientTransform,
+    Optimizer,
+    TransformsGradients,
+    capabilities,
+    summed_rows,
+)
 from monadl.typeclasses.backend import namespace
 from monadl.typeclasses.sparse import SparseRows
 
@@ -124,10 +131,12 @@ class Chain:
 
     def __post_init__(self) -> None:
         for t in self.transforms:
-            if not callable(getattr(t, "transform", None)):
-                raise TypeError(f"chain: {t!r} is not a gradient transformation")
-        if not callable(getattr(self.optimizer, "update", None)):
-            raise TypeError(f"chain: {self.optimizer!r} is not an optimizer")
+            if not isinstance(t, GradientTransform):
+                raise TypeError(f"chain: {t!r} is not a gradient transformation (it has no transform method)")
+        try:
+            capabilities(self.optimizer)
+        except TypeError as e:
+            raise TypeError(f"chain: {e}") from None
 
     def init(self, data: Any) -> Any:
         return self.optimizer.init(data)
@@ -137,16 +146,18 @@ class Chain:
 
     def check_state(self, state: object, data: Any) -> str | None:
         """Its optimizer's ``check_state`` (None where that optimizer has none: it is not checked)."""
-        check = getattr(self.optimizer, "check_state", None)
-        return None if check is None else check(state, data)
+        inner = self.optimizer
+        return inner.check_state(state, data) if isinstance(inner, ChecksState) else None
 
     def transform_gradients(self, gradients: list[Any]) -> list[Any]:
         """The gradients of every weight of a step that this chain updates, transformed in turn
         (an inner chain's transformations last)."""
         for t in self.transforms:
             gradients = t.transform(gradients)
-        inner = getattr(self.optimizer, "transform_gradients", None)
-        return gradients if inner is None else list(inner(gradients))
+        inner = self.optimizer
+        if capabilities(inner).transforms_gradients:
+            return list(cast(TransformsGradients, inner).transform_gradients(gradients))
+        return gradients
 
 
 @overload

@@ -1,5 +1,5 @@
-"""Gradient descent: :class:`SGD` (with the folded-rate and in-place updates a training step may
-use) and :class:`Momentum` (heavy-ball, dense or lazy on a sparse gradient)."""
+"""Gradient descent: :class:`SGD` (with the in-place update a training step may use,
+``UpdatesInPlace``) and :class:`Momentum` (heavy-ball, dense or lazy on a sparse gradient)."""
 
 from __future__ import annotations
 
@@ -82,28 +82,6 @@ class SGD:
         np.multiply(gradient, -rate_at_step(self.learning_rate, step), out=gradient)
         np.add(data, gradient, out=gradient)
         return gradient, step + 1
-
-    def folded_rate(self) -> float | None:
-        """The factor a training step may fold into its backward pass's seed, so that every gradient
-        comes out already multiplied by it and the update is one subtraction (:meth:`update_folded`):
-        the learning rate, where it is a constant and there is no weight decay (which is added to
-        the gradient unscaled)."""
-        rate = self.learning_rate
-        return None if self.weight_decay or callable(rate) else rate
-
-    def update_folded(self, data: Any, scaled: Any, state: int | None, owned: bool) -> tuple[Any, Any]:
-        """``update`` of a gradient already multiplied by the learning rate (folded into the step's
-        seed): ``data - scaled``, written into ``scaled``'s memory when the step owns it (``owned``):
-        one pass over the weight where ``update_owned`` makes two."""
-        step = (state or 0) + 1
-        sparse = summed_rows(scaled)
-        if sparse is not None:
-            xp, rows, g = sparse
-            return with_rows(xp, data, rows, data[rows] - g), step
-        if owned and type(scaled) is np.ndarray:
-            np.subtract(data, scaled, out=scaled)
-            return scaled, step
-        return keep_array(data - dense(scaled), data), step
 
 
 @dataclass(frozen=True)
