@@ -120,7 +120,7 @@ def test_train_blocking_and_train_drop() -> None:
 
 
 def test_on_a_pool_it_drops_in_training_and_passes_on_in_a_prediction() -> None:
-    # Every kernel worth the pool: dropout's runs on a worker, with its run's mode and generator.
+    # Every kernel worth the pool: dropout's may run on a worker, with its run's mode and generator.
     with ml.Executor(2, min_pool_cost=0.0) as executor:
         w = ml.ArrayWeight(np.ones((20, 20)))
         loss = ml.sum(ml.Dropout(0.5, seed=8)(w @ w))
