@@ -11,6 +11,7 @@ from monadl._compiled import compiled as compiled
 from monadl.checkpoint import CheckpointError, load, save
 from monadl.data.loader import DataLoader
 from monadl.do import Do, Executor, default_executor, gather, gc_paused, pure, set_default_executor
+from monadl.do.context import RunContext
 from monadl.dsl.core.deep_learning import DeepLearning
 from monadl.dsl.core.layers import (
     AnyArray,
@@ -267,6 +268,7 @@ __all__ = [
     # extending: custom ops and gradient checks; errors
     "custom_op",
     "CustomOp",
+    "RunContext",
     "ShapeRuleError",
     "check_gradients",
     "GradientMismatch",

@@ -2192,7 +2192,10 @@ _NOT_OPS: list[tuple[str, str]] = [
         "Do Executor default_executor set_default_executor gather pure parallel direct batchable gc_paused "
         "DeepLearning",
     ),
-    ("makes ops: a user's op's checks are its own (test_custom_op.py)", "custom_op CustomOp ShapeRuleError"),
+    (
+        "makes ops, or what their forward reads: test_custom_op.py, test_run_context.py",
+        "custom_op CustomOp ShapeRuleError RunContext",
+    ),
     (
         "an exception",
         "ShapeError NoOptimizerError NonFiniteGradientError NonFiniteLossError NonFiniteBufferError "

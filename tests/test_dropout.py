@@ -119,9 +119,8 @@ def test_train_blocking_and_train_drop() -> None:
     np.testing.assert_array_equal(w.data, -mask - second)
 
 
-def test_a_pool_does_not_run_it_outside_the_steps_thread() -> None:
-    # Even where every kernel is worth the pool, dropout runs on the calling thread (it reads the
-    # step's mode there) and drops.
+def test_on_a_pool_it_drops_in_training_and_passes_on_in_a_prediction() -> None:
+    # Every kernel worth the pool: dropout's may run on a worker, with its run's mode and generator.
     with ml.Executor(2, min_pool_cost=0.0) as executor:
         w = ml.ArrayWeight(np.ones((20, 20)))
         loss = ml.sum(ml.Dropout(0.5, seed=8)(w @ w))

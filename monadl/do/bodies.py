@@ -56,7 +56,7 @@ def record(
     ``run``; and whether its program may be kept for later groups (it holds for any number of rows
     and read nothing that only this run has). Raises a ShapeError where a merged body mixes its
     calls' rows."""
-    frame = Run(run.dispatcher, RunStats(), run.snapshot)
+    frame = Run(run.dispatcher, RunStats(), run.snapshot, context=run.context)
     tapes: list[Tape[Any, Any]] = []
     for source in ins:
         slot = frame.new_slot(run.wants[source])

@@ -23,6 +23,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 from monadl.do.batching import slot_of
+from monadl.do.context import RunContext
 from monadl.do.do import Do, as_node
 from monadl.do.graph import CONST, OP, WEIGHT, Graph, recording, row_of, running, swap_recording
 from monadl.do.primitive import Primitive, float_key, value_key
@@ -218,21 +219,36 @@ class Executor:
         return evaluation.value  # type: ignore[no-any-return]
 
     def evaluate(
-        self, do: Do[Any], stats: RunStats, *, batching: bool | None = None, own_root: bool = False
+        self,
+        do: Do[Any],
+        stats: RunStats,
+        *,
+        batching: bool | None = None,
+        own_root: bool = False,
+        context: RunContext | None = None,
     ) -> Evaluation:
         """The forward run of ``do``, counted in ``stats`` (published by the caller): replayed from a
         compiled program where one fits, else interpreted by the scheduler. ``own_root``: the
-        root's value in a slot of its own (a backward pass is seeded there)."""
+        root's value in a slot of its own (a backward pass is seeded there). ``context``: the run's
+        context, given to the ops that declare they need it (default: one of the calling thread's
+        mode and staging, :meth:`RunContext.of_thread`)."""
         graph, root = row_of(as_node(do))
         if graph is recording() and not running():
             swap_recording(None)  # what the user records next goes to a graph of its own
+        ctx = RunContext.of_thread() if context is None else context
         if graph.dynamic:
             with graph.lock:  # (a run of a graph with rows of the monad's own may add rows to it)
-                return self._evaluate(graph, root, stats, batching, own_root)
-        return self._evaluate(graph, root, stats, batching, own_root)
+                return self._evaluate(graph, root, stats, batching, own_root, ctx)
+        return self._evaluate(graph, root, stats, batching, own_root, ctx)
 
     def _evaluate(
-        self, graph: Graph, root: int, stats: RunStats, batching: bool | None, own_root: bool
+        self,
+        graph: Graph,
+        root: int,
+        stats: RunStats,
+        batching: bool | None,
+        own_root: bool,
+        ctx: RunContext,
     ) -> Evaluation:
         dispatcher = self.dispatcher()
         snap = snapshot()  # every weight as of the newest commit, for the whole run
@@ -250,7 +266,7 @@ class Executor:
             program = self._programs.get(key)
             if program is not None:
                 self._misses = 0
-                run = Run(dispatcher, stats, snap, graph, structure.bound)
+                run = Run(dispatcher, stats, snap, graph, structure.bound, ctx)
                 run.reserve(program.slots)
                 run.steps = program.steps
                 stats.add(program.stats)  # its launches, as they are attempted
@@ -259,7 +275,7 @@ class Executor:
                 self._seen.put((graph, root), (key, structure))
                 slot, row = program.outputs[0]
                 return Evaluation(run, slot, row, run.value(slot, row))
-        run = Run(dispatcher, stats, snap, graph, None if structure is None else structure.bound)
+        run = Run(dispatcher, stats, snap, graph, None if structure is None else structure.bound, ctx)
         scheduler = Scheduler(graph, run, batch, {} if structure is None else structure.index, self._bodies)
         scheduler.execute([root])
         if scheduler.state[root] != DONE:  # pragma: no cover - a scheduler bug, not a user's

@@ -145,7 +145,10 @@ class Primitive:
     bias), or None where it is not one; a backward pass adds up a weight's products over all the
     calls of a step and multiplies once (``monadl.tape.backward``). ``shape_rule``: the result's
     static shape, dtype and namespace from the inputs' (``(shape, dtype, xp)`` each) and the
-    parameters, or None (see ``monadl.dsl.core.shapes``): a layer's ``.shape`` and ``.dtype``."""
+    parameters, or None (see ``monadl.dsl.core.shapes``): a layer's ``.shape`` and ``.dtype``.
+    ``context``: the forward behaves by the run it is part of (its mode, a random stream, buffer
+    updates it stages): it receives the run's :class:`~monadl.do.context.RunContext` as the keyword
+    argument ``ctx``; its calls do not merge (no ``batch``)."""
 
     def __init__(
         self,
@@ -165,7 +168,12 @@ class Primitive:
         own: bool = False,
         products: dict[int, Rule] | None = None,
         shape_rule: Rule | None = None,
+        context: bool = False,
     ) -> None:
+        if context and batch is not None:
+            raise ValueError(
+                f"{name}: a primitive given the run's context does not merge (batch must be None)"
+            )
         self.name = name
         self.forward = forward
         self.vjps = vjps
@@ -181,6 +189,7 @@ class Primitive:
         self.own = own
         self.products = products or {}
         self.shape_rule = shape_rule
+        self.context = context
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"
@@ -222,11 +231,14 @@ class Primitive:
                 params[name] = None if all(v is None for v in column) else column
         return params
 
-    def run(self, datas: tuple[Any, ...], params: dict[str, Any], checked: bool) -> tuple[Any, Any, Any]:
+    def run(
+        self, datas: tuple[Any, ...], params: dict[str, Any], checked: bool, ctx: Any = None
+    ) -> tuple[Any, Any, Any]:
         """This primitive applied to its inputs' data: the array namespace, the result, and what it
         saves for its vjps (the result itself if it saves nothing). ``checked``: run ``check`` (a
         program replayed for inputs of the same structure skips it; ``check_values`` always runs).
-        Errors name the op and the shapes."""
+        ``ctx``: the run's context, given to the forward of a ``context`` primitive. Errors name the
+        op and the shapes."""
         d0 = datas[0]
         xp = NUMPY if type(d0) is NDARRAY else namespace(*datas)
         if checked:
@@ -236,6 +248,10 @@ class Primitive:
                 self.check(*datas, **params)
         if self.check_values is not None:
             self.check_values(*datas, **params)
+        if self.context:
+            if ctx is None:
+                raise RuntimeError(f"{self.name}: run without a run context (the engine gives it one)")
+            params = {**params, "ctx": ctx}  # (the forward's alone: checks and vjps take none)
         try:
             out = call_forward(self.forward, xp, datas, params)
         except ValueError as e:

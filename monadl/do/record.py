@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mypy_extensions import mypyc_attr
 
+from monadl.do.context import RunContext
 from monadl.do.do import Bind, Pure
 from monadl.do.kinds import kind_id, row_kind
 from monadl.do.stats import RunStats
@@ -43,6 +44,7 @@ class Run:
         snapshot: Snapshot,
         graph: Graph | None = None,
         bound: list[int] | None = None,
+        context: RunContext | None = None,
     ) -> None:
         self.graph = graph
         self.bound: list[int] = [] if bound is None else bound
@@ -62,6 +64,9 @@ class Run:
         self.stats = stats
         self.snapshot = snapshot
         """The commit the run reads every weight as of (``monadl.runtime.versions``)."""
+        self.context = RunContext() if context is None else context
+        """The run's mode, random streams and staged updates, for the ops that declare they need
+        them (``monadl.do.context``); a frame of the run shares it."""
         self.replayable = True
         """False once a step read what only this run has (then its program is not kept)."""
         self.alone: dict[tuple[int, int], int] = {}  # (stacked slot, row) -> a slot of that row alone

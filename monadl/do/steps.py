@@ -144,11 +144,15 @@ class OpStep(Step):
         return tuple(args)
 
     def forward(self, run: Run, checked: bool) -> None:
-        self.store(run, self.prim.run(self.args(run), self.params_in(run, checked), checked))
+        self.store(run, self.prim.run(self.args(run), self.params_in(run, checked), checked, run.context))
 
     def submit(self, run: Run, dispatcher: Dispatcher, checked: bool) -> None:
         dispatcher.submit(
-            self.prim.run, (self.args(run), self.params_in(run, checked), checked), self, run, self.affinity
+            self.prim.run,
+            (self.args(run), self.params_in(run, checked), checked, run.context),
+            self,
+            run,
+            self.affinity,
         )
 
     def reads(self) -> list[int]:
@@ -510,7 +514,7 @@ class BodyStep(Step):
 
     def forward(self, run: Run, checked: bool) -> None:
         program = self.program
-        frame = Run(run.dispatcher, run.stats, run.snapshot)
+        frame = Run(run.dispatcher, run.stats, run.snapshot, context=run.context)
         frame.reserve(program.slots)
         frame.steps = program.steps
         for j, slot in enumerate(program.inputs):

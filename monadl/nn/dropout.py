@@ -19,20 +19,22 @@ settings). A step that fails has drawn its masks all the same, and a failed step
 name the op of a non-finite delta) draws again. Masks are drawn on the host and copied to the
 array's device (CuPy, array-api-strict).
 
-Its op reads the mode of the calling thread, so its kernel always runs there, never on the
-executor's pool (its cost is below any threshold); it never merges with other calls under dynamic
-batching (each call's mask is its own draw).
+Its op reads the mode and the generator from its run's context (``context=True``: see
+:mod:`monadl.do.context`), never from the calling thread, so its kernel runs on the executor's
+workers where its cost says so, as any other; uses of one layer whose kernels run on the workers at
+the same time draw in the order they run. It never merges with other calls under dynamic batching
+(each call's mask is its own draw).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
+from monadl.do.context import RunContext
+from monadl.do.primitive import elementwise_cost
 from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array, is_float_kind
-from monadl.dsl.learning.training import is_training
 from monadl.dsl.ops.registry import declare
 from monadl.nn.buffer import GeneratorBuffer
 from monadl.nn.module import Module
@@ -65,13 +67,14 @@ class Dropout(Module):
             )
         return apply_array(DROPOUT, x, dropout=self)
 
-    def mask(self, xp: Any, x: Any) -> Any:
+    def mask(self, xp: Any, x: Any, generator: Any = None) -> Any:
         """A fresh mask for ``x``: ``1 / (1 - p)`` where an entry is kept, 0 where it is dropped, in
-        ``x``'s dtype and namespace (``xp``)."""
+        ``x``'s dtype and namespace (``xp``), drawn from ``generator`` (default: the layer's)."""
         scale = 1.0 / (1.0 - self.p)
+        source = self.generator if generator is None else generator
         if type(x) is float:
-            return scale if float(self.generator.random()) >= self.p else 0.0
-        keep = self.generator.random(tuple(x.shape)) >= self.p
+            return scale if float(source.random()) >= self.p else 0.0
+        keep = source.random(tuple(x.shape)) >= self.p
         if xp is NUMPY:
             return np.multiply(keep, scale, dtype=x.dtype)
         return xp.astype(xp.asarray(keep, **on_device(xp, x)), x.dtype) * scale
@@ -80,11 +83,11 @@ class Dropout(Module):
         return f"Dropout(p={self.p})"
 
 
-def _forward(xp: Any, x: Any, dropout: Dropout) -> tuple[Any, Any]:
+def _forward(xp: Any, x: Any, dropout: Dropout, ctx: RunContext) -> tuple[Any, Any]:
     """The output and the mask it saves (None: nothing dropped, the input itself passed on)."""
-    if dropout.p == 0.0 or not is_training():
+    if dropout.p == 0.0 or not ctx.training:
         return x, None
-    mask = dropout.mask(xp, x)
+    mask = dropout.mask(xp, x, ctx.generator(dropout))
     return x * mask, mask
 
 
@@ -92,15 +95,19 @@ def _vjp(xp: Any, delta: Any, mask: Any, x: Any, dropout: Dropout) -> Any:
     return delta if mask is None else delta * mask
 
 
-def _inline(*_: Any, **__: Any) -> float:
-    """Below any pool threshold: the op reads the calling thread's mode (``is_training``)."""
-    return -math.inf
-
-
 def _shape(x: Any, **_: Any) -> Any:
     """The static shape rule: the input's shape and dtype (see :mod:`monadl.dsl.core.shapes`)."""
     return x
 
 
-DROPOUT = declare("dropout", _forward, (_vjp,), saves=True, cost=_inline, fresh=False, shape_rule=_shape)
+DROPOUT = declare(
+    "dropout",
+    _forward,
+    (_vjp,),
+    saves=True,
+    cost=elementwise_cost,
+    fresh=False,
+    shape_rule=_shape,
+    context=True,
+)
 """The dropout op: ``dropout`` (a :class:`Dropout`) is a static parameter, kept by identity."""

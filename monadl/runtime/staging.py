@@ -10,9 +10,10 @@ prediction reads either the old values of all of them or the new ones.
 
 A buffer staged twice in one step (a layer used twice) keeps the last value: an op that updates a
 buffer from its old value reads :func:`staged_data`, the step's staged value if there is one, else
-the committed one, so two uses compose as two steps would. Ops that stage run in the calling
-thread (their forward reads the calling thread's context: give them a cost below the pool's
-threshold, as dropout's).
+the committed one, so two uses compose as two steps would. These functions read the calling
+thread's context: an op that stages from a kernel that may run on the executor's workers declares
+``context=True`` and stages through the run's context instead (``monadl.do.context.RunContext``:
+batch norm's), which writes to the same staged updates.
 
 A buffer that can be staged holds a ``head`` (its chain of versions, as a weight's) and a
 ``data`` property reading its newest committed version: :class:`monadl.nn.ArrayBuffer` is one.
@@ -25,7 +26,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["stage_buffer", "staged_data", "staging"]
+__all__ = ["current_staging", "stage_buffer", "staged_data", "staging"]
 
 _STAGED: ContextVar[dict[Any, Any] | None] = ContextVar("monadl_staged_buffers", default=None)
 
@@ -49,6 +50,12 @@ def staged_data(buffer: Any) -> Any:
         if value is not staged:
             return value
     return buffer.data
+
+
+def current_staging() -> dict[Any, Any] | None:
+    """The updates the calling thread is staging into (buffer to new value), or None outside a
+    training step's forward pass."""
+    return _STAGED.get()
 
 
 @contextmanager

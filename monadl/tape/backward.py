@@ -544,7 +544,7 @@ def run_do(b: Backward, do: Node) -> None:
     """Runs a ``Do`` of a user's tape's backward (it may give deltas to this run's tapes)."""
     graph = Graph()
     root = graph.node(do)
-    run = Run(b.dispatcher, b.stats, b.run.snapshot)
+    run = Run(b.dispatcher, b.stats, b.run.snapshot, context=b.run.context)
     Scheduler(graph, run, False, {}, Recent(0)).execute([root])
 
 

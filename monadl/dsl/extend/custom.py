@@ -40,6 +40,33 @@ it) are None. A ``FloatLayer`` op needs none: its result is a float, of shape ``
 or returns anything but a tuple of ints, makes ``.shape`` raise :class:`ShapeRuleError` (a
 ``TypeError``) naming the op and the operands' shapes. The rule is not asked while the op runs.
 
+An op that behaves by the run it is part of (noise or a mask in training only, a buffer it
+updates) declares ``context=True``: its forward then also receives the run's
+:class:`~monadl.do.context.RunContext` as the keyword argument ``ctx`` (its vjps do not), and
+reads it instead of any state of the calling thread, since its kernel may run on the executor's
+workers: ``ctx.training`` (a training step's forward pass, or a prediction),
+``ctx.generator(owner)`` (the random generator of ``owner``, an object with a ``generator``, such
+as a :class:`~monadl.nn.GeneratorBuffer` holder: draw from it, so a checkpoint saves its state),
+and ``ctx.stage(buffer, value)`` / ``ctx.update(buffer, rule)`` (a buffer's new value, committed
+with the step's weights, dropped if it fails)::
+
+    class Noise:  # an owner of a random stream (a module's generator is saved by checkpoints)
+        def __init__(self) -> None:
+            self.generator = ml.GeneratorBuffer(0)
+
+    noise = Noise()
+    add_noise = ml.custom_op(
+        "add_noise",
+        forward=lambda xp, x, *, ctx: (
+            x + ctx.generator(noise).standard_normal(x.shape) if ctx.training else x
+        ),
+        vjps=(lambda xp, d, out, x: d,),
+        context=True,
+    )
+
+A context op's calls never merge (each is its own draw); ``elementwise=True`` then only says its
+vjps' results are summed back to their inputs' shapes.
+
 :func:`monadl.check_gradients` compares an op's vjps with finite differences: test yours with it.
 """
 
@@ -99,6 +126,7 @@ def custom_op(
     result: type[FloatLayer],
     broadcasts: bool = False,
     elementwise: bool = False,
+    context: bool = False,
 ) -> CustomOp[FloatLayer]: ...
 @overload
 def custom_op(
@@ -110,6 +138,7 @@ def custom_op(
     broadcasts: bool = False,
     elementwise: bool = False,
     shape_rule: ShapeRule | None = None,
+    context: bool = False,
 ) -> CustomOp[ArrayLayer]: ...
 def custom_op(
     name: str,
@@ -120,12 +149,15 @@ def custom_op(
     broadcasts: bool = False,
     elementwise: bool = False,
     shape_rule: ShapeRule | None = None,
+    context: bool = False,
 ) -> CustomOp[ArrayLayer] | CustomOp[FloatLayer]:
     """A differentiable op named ``name`` (errors name it): ``forward``, one vjp per input, and its
     result's layer type (``ArrayLayer``, or ``FloatLayer`` for an op of floats giving a float).
     ``shape_rule``, for an ``ArrayLayer`` op: ``shape_rule(*shapes, **params)``, the result's shape
     from the operands' (tuples) and the parameters, which gives its layers a static ``.shape`` and
-    ``.dtype`` (the operands' promoted); see the module."""
+    ``.dtype`` (the operands' promoted). ``context=True``: ``forward`` also receives the run's
+    :class:`~monadl.do.context.RunContext` as ``ctx`` (its mode, random generators and staged
+    buffer updates), and calls do not merge; see the module."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"custom_op: name must be a non-empty str, got {name!r}")
     if not callable(forward):
@@ -140,8 +172,10 @@ def custom_op(
         )
     if shape_rule is not None and result is FloatLayer:
         raise TypeError(f"custom_op {name}: shape_rule is for ArrayLayer ops (a FloatLayer's shape is ())")
-    batch = Batching(elementwise=True, scalar="inputs") if elementwise else None
-    primitive = Primitive(name, forward, vjps, broadcasts or elementwise, batch=batch)
+    if not isinstance(context, bool):
+        raise TypeError(f"custom_op {name}: context must be a bool, got {type(context).__name__}")
+    batch = Batching(elementwise=True, scalar="inputs") if elementwise and not context else None
+    primitive = Primitive(name, forward, vjps, broadcasts or elementwise, batch=batch, context=context)
     if result is FloatLayer:
         primitive.shape_rule = _float_info
         return CustomOp(primitive, FloatLayer)

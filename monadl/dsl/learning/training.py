@@ -17,8 +17,10 @@ A training step is all-or-nothing:
    of the same kind (``optimizers.state_kind``), whatever its hyper-parameters. A frozen weight
    (``trainable = False``) is skipped: no update, no optimizer state, though deltas flow through it.
 
-A step's forward pass runs in training mode (:func:`is_training`, a context variable of the calling
-thread), which ops such as dropout read; a prediction's runs in evaluation mode.
+A step's forward pass runs in training mode, a prediction's in evaluation mode: the run's context
+(``monadl.do.context.RunContext``) carries the mode, and collects the buffer updates the step
+commits, to the ops that declare they need it (dropout, batch norm, a ``custom_op(context=True)``);
+:func:`is_training` says the calling thread's mode.
 
 Every run reads the weights as of one commit (a snapshot): a prediction beside a training thread
 sees one step's weights, never a mix of two.
@@ -52,6 +54,7 @@ from mypy_extensions import mypyc_attr
 from returns.future import FutureResult
 from returns.result import Result, Success
 
+from monadl.do.context import RECORDED, TRAINING, RunContext
 from monadl.do.executor import Executor, default_executor
 from monadl.do.stats import RunStats
 from monadl.do.tape import Tape
@@ -102,13 +105,14 @@ class NoOptimizerError(ValueError):
     """A weight received a gradient but neither it nor the step has an optimizer."""
 
 
-_TRAINING: ContextVar[bool] = ContextVar("monadl_training", default=False)
+_TRAINING: ContextVar[bool] = TRAINING
 
 
 def is_training() -> bool:
     """Whether the calling thread is running the forward pass of a training step (``train``,
-    ``train_blocking``, ``compute_gradients``); False in a prediction and outside any run. Ops that
-    behave differently in training (dropout) read it in their forward."""
+    ``train_blocking``, ``compute_gradients``); False in a prediction and outside any run. An op's
+    kernel reads the mode of its run's context instead (``custom_op(context=True)``): it may run on
+    another thread."""
     return _TRAINING.get()
 
 
@@ -189,8 +193,9 @@ def forward_and_backward(
         with ex.paused():
             mode = _TRAINING.set(True)
             try:
-                with staging() as staged:
-                    evaluation = ex.evaluate(loss.forward, stats, own_root=True)
+                with staging() as staged:  # (a user's op may stage with ``stage_buffer`` too)
+                    context = RunContext(True, staged, RECORDED.get())
+                    evaluation = ex.evaluate(loss.forward, stats, own_root=True, context=context)
             finally:
                 _TRAINING.reset(mode)
             value = evaluation.value
@@ -498,7 +503,7 @@ def predict_blocking(
         with ex.paused():
             mode = _TRAINING.set(False)  # (evaluation mode even where called inside a training step)
             try:
-                value = ex.evaluate(layer.forward, stats).value
+                value = ex.evaluate(layer.forward, stats, context=RunContext()).value
             finally:
                 _TRAINING.reset(mode)
         if isinstance(value, Tape):  # a literal's or a user's own tape, the root of a dynamic graph

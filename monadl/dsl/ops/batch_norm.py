@@ -4,7 +4,10 @@ The channel axis is axis 1, as PyTorch's (``(N, C)``, ``(N, C, L)``, ``(N, C, H,
 statistics are over every other axis. ``batch_norm(x, gamma, beta)`` normalises by the batch's
 own statistics (biased variance); :class:`monadl.nn.BatchNorm1d`/``BatchNorm2d`` apply the same op
 with running statistics: in a training step's forward pass the batch's, and the running ones'
-update staged for the step's commit (``monadl.runtime.staging``); in a prediction the running ones.
+update staged for the step's commit; in a prediction the running ones. The op reads the mode and
+stages the update through its run's context (``context=True``: see :mod:`monadl.do.context`), never
+the calling thread's, so its kernel runs on the executor's workers where its cost says so. A module
+used twice in a step composes its two updates as two steps would (in the order its kernels run).
 
 Its calls never merge under dynamic batching: the statistics are each call's own batch's, and a
 merged call would mix them.
@@ -19,15 +22,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
+from functools import partial
 from typing import Any, Protocol
 
+from monadl.do.context import RECORDED, RunContext
 from monadl.do.primitive import elementwise_cost
 from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array, is_float_kind
-from monadl.dsl.learning.training import is_training
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import same
-from monadl.runtime.staging import stage_buffer, staged_data
+from monadl.runtime.staging import current_staging
 from monadl.typeclasses.backend import ShapeError, namespace, shape_of
 
 __all__ = ["BATCH_NORM", "RunningStats", "batch_norm", "recording_statistics", "stage_statistics"]
@@ -68,10 +71,12 @@ def _channel_shape(x: Any) -> tuple[int, ...]:
     return (1, x.shape[1], *([1] * (len(x.shape) - 2)))
 
 
-def _forward(xp: Any, x: Any, gamma: Any, beta: Any, *, eps: float, stats: RunningStats | None) -> Any:
+def _forward(
+    xp: Any, x: Any, gamma: Any, beta: Any, *, eps: float, stats: RunningStats | None, ctx: RunContext
+) -> Any:
     """The output and what the vjps need: ``(x_hat, 1 / sqrt(var + eps), by the batch's stats)``."""
     shape = _channel_shape(x)
-    if stats is None or is_training():
+    if stats is None or ctx.training:
         n = 0 if stats is None else _values(x, stats)  # (before a mean of nothing is taken)
         axes = _axes(x)
         mean = xp.mean(x, axis=axes, keepdims=True)
@@ -79,7 +84,7 @@ def _forward(xp: Any, x: Any, gamma: Any, beta: Any, *, eps: float, stats: Runni
         var = xp.mean(centred * centred, axis=axes, keepdims=True)
         inv = 1.0 / xp.sqrt(var + eps)
         if stats is not None and n:  # (an empty batch has no statistics: the running ones stay)
-            _stage(xp, stats, xp.reshape(mean, (-1,)), xp.reshape(var, (-1,)), n)
+            _stage(xp, ctx, stats, xp.reshape(mean, (-1,)), xp.reshape(var, (-1,)), n)
         x_hat = centred * inv
         batch = True
     else:
@@ -119,40 +124,42 @@ Statistics = tuple[RunningStats, Any, Any, int]
 """A running-statistics update's batch statistics: the module, the batch's mean and biased variance
 (each of shape ``(C,)``) and the number of values per channel they are taken over."""
 
-_RECORDED: ContextVar[list[Statistics] | None] = ContextVar("monadl_batch_statistics", default=None)
-
 
 @contextmanager
 def recording_statistics() -> Iterator[list[Statistics]]:
-    """Collects the batch statistics of every running-statistics update staged in the calling thread
-    while the block runs, in the order staged (a module used twice in a step: twice)."""
+    """Collects the batch statistics of every running-statistics update staged by the training
+    steps the calling thread runs while the block runs (their runs' contexts record them), in the
+    order staged (a module used twice in a step: twice)."""
     recorded: list[Statistics] = []
-    token = _RECORDED.set(recorded)
+    token = RECORDED.set(recorded)
     try:
         yield recorded
     finally:
-        _RECORDED.reset(token)
+        RECORDED.reset(token)
 
 
 def stage_statistics(stats: RunningStats, mean: Any, var: Any, n: int) -> None:
     """Stages the update of ``stats``' running statistics by a batch's mean and biased variance over
     ``n`` values per channel, as a training step's forward pass does (after any update the step
-    staged before it)."""
-    _stage(namespace(mean), stats, mean, var, n)
+    staged before it), into the updates the calling thread is staging (``monadl.runtime.staging``)."""
+    _stage(namespace(mean), RunContext(True, current_staging(), RECORDED.get()), stats, mean, var, n)
 
 
-def _stage(xp: Any, stats: RunningStats, mean: Any, var: Any, n: int) -> None:
-    """Stages the running statistics' update, PyTorch's: ``(1 - momentum) * running + momentum *
-    batch``, the variance the batch's unbiased one (``var * n / (n - 1)``, ``n`` at least 2)."""
-    recorded = _RECORDED.get()
-    if recorded is not None:
-        recorded.append((stats, mean, var, n))
-    m = stats.momentum
+def _stage(xp: Any, ctx: RunContext, stats: RunningStats, mean: Any, var: Any, n: int) -> None:
+    """Stages the running statistics' update in ``ctx``, PyTorch's: ``(1 - momentum) * running +
+    momentum * batch``, the variance the batch's unbiased one (``var * n / (n - 1)``, ``n`` at
+    least 2)."""
+    ctx.record((stats, mean, var, n))
+    m = float(stats.momentum)
     unbiased = var * (n / (n - 1))
-    for buffer, batch in ((stats.running_mean, mean), (stats.running_var, unbiased)):
-        old = staged_data(buffer)
-        new = (1.0 - m) * _running(xp, old, batch, stats) + m * batch
-        stage_buffer(buffer, new if new.dtype == old.dtype else xp.astype(new, old.dtype))
+    ctx.update(stats.running_mean, partial(_moved, xp, stats, m, mean))
+    ctx.update(stats.running_var, partial(_moved, xp, stats, m, unbiased))
+
+
+def _moved(xp: Any, stats: RunningStats, m: float, batch: Any, old: Any) -> Any:
+    """A running statistic ``old`` moved towards the batch's: in ``old``'s dtype."""
+    new = (1.0 - m) * _running(xp, old, batch, stats) + m * batch
+    return new if new.dtype == old.dtype else xp.astype(new, old.dtype)
 
 
 def _vjp_x(xp: Any, d: Any, saved: Any, x: Any, gamma: Any, beta: Any, **_: Any) -> Any:
@@ -196,8 +203,8 @@ def _check(x: Any, gamma: Any, beta: Any, *, eps: float, stats: RunningStats | N
 
 
 def _cost(x: Any, gamma: Any, beta: Any, *, eps: float, stats: RunningStats | None) -> float:
-    """A module's call reads the calling thread's mode and stages there: below any pool threshold."""
-    return -math.inf if stats is not None else 4.0 * elementwise_cost(x)
+    """About four passes over the input (the mean, the variance, the normalised values, the output)."""
+    return 4.0 * elementwise_cost(x)
 
 
 BATCH_NORM = declare(
@@ -209,6 +216,7 @@ BATCH_NORM = declare(
     check=_check,
     fresh=False,
     shape_rule=same,
+    context=True,
 )
 """Batch normalisation: inputs ``x``, ``gamma``, ``beta``; parameters ``eps`` and ``stats`` (None,
 or the module whose running statistics it uses, kept by identity). No batching rule: calls never
