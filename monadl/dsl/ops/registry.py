@@ -38,6 +38,7 @@ def declare(
     products: dict[int, Rule] | None = None,
     fresh: bool = True,
     register: bool = True,
+    joint_vjp: Rule | None = None,
 ) -> Primitive:
     """A library op's primitive (the arguments as :class:`~monadl.do.primitive.Primitive`'s), with
     the library's defaults, registered in :data:`LIBRARY` (``register=False``: one made per arity,
@@ -60,6 +61,7 @@ def declare(
         own=True,
         products=products,
         shape_rule=shape_rule,
+        joint_vjp=joint_vjp,
     )
     if register:
         LIBRARY.append(prim)
