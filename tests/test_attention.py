@@ -228,6 +228,7 @@ def test_masked_and_unmasked_calls_merge_apart() -> None:
 
     name = "scaled_dot_product_attention"
     graph = loss(0).graph
+    assert graph is not None
     ops = [graph.objs[r] for r, tag in enumerate(graph.tags) if tag == OP and graph.objs[r].name == name]
     assert len(ops) == 4 and all(op is ops[0] for op in ops)  # one primitive, masked or not
     merged, alone = merged_and_alone(lambda: loss(0))

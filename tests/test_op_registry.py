@@ -218,6 +218,7 @@ def test_an_op_is_one_primitive_whatever_its_calls_parameters(name: str) -> None
     applied = []
     for form in forms:
         layer = ONE_PRIMITIVE[name](form)
-        assert layer.graph.tags[layer.row] == OP
-        applied.append(layer.graph.objs[layer.row])
+        graph = layer.graph
+        assert graph is not None and graph.tags[layer.row] == OP
+        applied.append(graph.objs[layer.row])
     assert applied[0] is applied[1] is entries[0]
