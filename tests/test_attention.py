@@ -15,6 +15,7 @@ from op_cases import predict, value_of
 
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, nn
+from monadl.do.graph import OP
 from monadl.dsl.ops.attention import self_attention
 
 F64 = np.ndarray[Any, np.dtype[np.float64]]
@@ -207,6 +208,39 @@ def test_merged_calls_equal_calls_on_their_own(masked: bool) -> None:
         return ml.add_n(terms)
 
     assert_attention_merges(loss)
+
+
+def test_masked_and_unmasked_calls_merge_apart() -> None:
+    """Calls with a mask and calls without are one op whose mask is a parameter of the call: the
+    unmasked calls merge with each other and the masked ones with theirs (masks stacked), never
+    across; values and gradients are the calls' alone, and so are a replay's (the structure's
+    second run, on other masks)."""
+
+    def loss(seed: int) -> FloatLayer:
+        weights = [ArrayWeight(uniform(70 + k, 2, 5, 8)) for k in range(4)]
+        terms = []
+        for k, x in enumerate(weights):
+            keep = (np.random.default_rng(seed + k).uniform(size=(5, 5)) < 0.5) | np.eye(5, dtype=bool)
+            mask = keep if k % 2 else None
+            out = ml.scaled_dot_product_attention(x * 1.0, x * 2.0, x * 0.5, mask, heads=2)
+            terms.append(ml.sum(out * uniform(80 + k, 2, 5, 8)))
+        return ml.add_n(terms)
+
+    name = "scaled_dot_product_attention"
+    graph = loss(0).graph
+    assert graph is not None
+    ops = [graph.objs[r] for r, tag in enumerate(graph.tags) if tag == OP and graph.objs[r].name == name]
+    assert len(ops) == 4 and all(op is ops[0] for op in ops)  # one primitive, masked or not
+    merged, alone = merged_and_alone(lambda: loss(0))
+    assert merged.stats.kinds[name] == 2 and alone.stats.kinds[name] == 4
+    executor, interpreter = ml.Executor(), ml.Executor(replay=False)
+    for seed in (0, 10):  # the second run replays the first's program, on masks of other values
+        replayed = ml.compute_gradients(loss(seed), executor=executor)
+        interpreted = ml.compute_gradients(loss(seed), executor=interpreter)
+        assert_close(replayed[0], interpreted[0], "loss")
+        for a, b in zip(replayed[1].values(), interpreted[1].values(), strict=True):
+            assert_close(a, b, "gradient")
+    assert executor.stats.replayed == 1 and executor.last_stats.kinds[name] == 2
 
 
 def test_calls_of_different_ranks_do_not_merge() -> None:

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, find, settings
 from hypothesis import strategies as st
@@ -23,8 +26,12 @@ from test_gradient_fuzz import OPERATORS, OPS, Case, Fuzzed
 
 import monadl
 import monadl.nn
+from monadl import ArrayLayer
 from monadl.do.graph import OP
 from monadl.do.primitive import Primitive
+from monadl.dsl.ops.attention import self_attention
+from monadl.dsl.ops.packed_gru import packed_gru
+from monadl.dsl.ops.packed_lstm import packed_lstm
 from monadl.dsl.ops.registry import LIBRARY, PerArity
 from monadl.gradcheck import make_weights
 
@@ -180,3 +187,38 @@ def test_the_exceptions_are_registered_ops_without_a_case() -> None:
         entries = [e for e in LIBRARY if e.name == name]
         assert entries, f"{name}: no registered op of that name"
         assert any(not _publics(e) for e in entries), f"{name}: every op of that name has a fuzz case now"
+
+
+def _ones(*shapes: tuple[int, ...]) -> list[np.ndarray[Any, np.dtype[np.float64]]]:
+    return [np.ones(shape) for shape in shapes]
+
+
+_LSTM_GATES = ((4, 2),) * 4 + ((2,),) * 4  # 2 inputs, 2 hidden: a direction's weights, then biases
+_GRU_GATES = ((4, 2),) * 2 + ((2, 2), (2, 2)) + ((2,),) * 4
+
+ONE_PRIMITIVE: dict[str, Callable[[Any], ArrayLayer]] = {
+    # (an op whose calls differ in a mask, present or not, or in their number of directions)
+    "scaled_dot_product_attention": lambda mask: monadl.scaled_dot_product_attention(
+        np.ones((5, 4)), np.ones((5, 4)), np.ones((5, 2)), mask
+    ),
+    "self_attention": lambda mask: self_attention(np.ones((5, 6)), mask),
+    "packed_lstm": lambda n: packed_lstm(np.ones((3, 2)), (2, 1), *_ones(*_LSTM_GATES * n)),
+    "packed_gru": lambda n: packed_gru(np.ones((3, 2)), (2, 1), *_ones(*_GRU_GATES * n)),
+}
+"""For each op, its public call given one form or the other (a mask or None; 1 or 2 directions)."""
+
+
+@pytest.mark.parametrize("name", list(ONE_PRIMITIVE))
+def test_an_op_is_one_primitive_whatever_its_calls_parameters(name: str) -> None:
+    """A mask (or none) and a number of directions are parameters of a call, not other primitives:
+    the registry holds one primitive of the op's name, and the calls of either form apply it."""
+    entries = [e for e in LIBRARY if e.name == name]
+    assert len(entries) == 1, f"{name}: {len(entries)} primitives registered"
+    forms = (None, np.ones((5, 5), dtype=bool)) if "attention" in name else (1, 2)
+    applied = []
+    for form in forms:
+        layer = ONE_PRIMITIVE[name](form)
+        graph = layer.graph
+        assert graph is not None and graph.tags[layer.row] == OP
+        applied.append(graph.objs[layer.row])
+    assert applied[0] is applied[1] is entries[0]

@@ -17,7 +17,8 @@ from returns.result import Failure
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, nn
 from monadl.bench.suite_dynet import fused_lstm
-from monadl.dsl.ops.packing import layer_ops
+from monadl.do.primitive import JointDeltas
+from monadl.dsl.ops.packing import layer_op
 from monadl.gradcheck import check_gradients
 
 LENGTHS = (5, 2, 3, 1)
@@ -322,9 +323,11 @@ def test_bad_input_is_an_error_naming_the_sequence_and_the_shapes() -> None:
     assert "packed_lstm: the steps must be (steps, 3) for these cells, got (3, 5)" in str(result.failure())
 
 
-def test_a_layer_ops_vjps_on_several_threads_work_out_its_deltas_once() -> None:
-    """A whole-layer op's vjps share one backward pass: run at once on a pool's threads, the first
-    works it out and the others wait for it (none repeats it)."""
+@pytest.mark.parametrize("directions", [1, 2])
+def test_a_layer_ops_deltas_on_several_threads_are_worked_out_once(directions: int) -> None:
+    """A whole-layer op's joint vjp gives every operand's delta in one backward pass: asked for on
+    a pool's threads at once (as a backward pass on a pool asks), the first works it out and the
+    others wait for it (none repeats it)."""
     calls: list[Any] = []
 
     def forward(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[Any, tuple[Any, ...]]:
@@ -333,16 +336,23 @@ def test_a_layer_ops_vjps_on_several_threads_work_out_its_deltas_once() -> None:
     def deltas(xp: Any, d: Any, saved: Any, *inputs: Any, lengths: tuple[int, ...]) -> list[Any]:
         calls.append(saved)
         time.sleep(0.05)  # long enough for every thread to ask meanwhile
-        return [k * d for k in range(9)]
+        return [k * d for k in range(len(inputs))]
 
-    prim = layer_ops(
+    prim = layer_op(
         "fake", forward, deltas, lambda *_, **__: 0.0, lambda *_, **__: None, lambda *_, **__: None
-    )[8]
-    operands = (np.ones(2), *[np.ones(1)] * 8)
+    )
+    assert prim.joint_vjp is deltas and prim.vjps == ()
+    operands = (np.ones(2), *[np.ones(2)] * (8 * directions))
     _, saved = prim.forward(np, *operands, lengths=(2,))
     d = np.ones(2)
-    with ThreadPoolExecutor(9) as pool:
-        got = list(pool.map(lambda k: prim.vjps[k](np, d, saved, *operands, lengths=(2,)), range(9)))
+    joint = JointDeltas(prim)
+    with ThreadPoolExecutor(len(operands)) as pool:
+        got = list(
+            pool.map(
+                lambda k: joint.delta(k, np, operands, saved, d, {"lengths": (2,)}, False),
+                range(len(operands)),
+            )
+        )
     assert calls == [("saved",)]
     for k, delta in enumerate(got):
         np.testing.assert_array_equal(delta, k * d)

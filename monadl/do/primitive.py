@@ -15,6 +15,7 @@ input. For primitives marked ``broadcasts``, it is summed back to the input's sh
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -148,7 +149,12 @@ class Primitive:
     parameters, or None (see ``monadl.dsl.core.shapes``): a layer's ``.shape`` and ``.dtype``.
     ``context``: the forward behaves by the run it is part of (its mode, a random stream, buffer
     updates it stages): it receives the run's :class:`~monadl.do.context.RunContext` as the keyword
-    argument ``ctx``; its calls do not merge (no ``batch``)."""
+    argument ``ctx``; its calls do not merge (no ``batch``).
+    ``joint_vjp``: one rule ``(xp, delta, out, *inputs, **params)`` giving every input's delta at
+    once (a sequence, one an input), in place of ``vjps`` (then ``()``), for an op whose deltas come
+    out of one computation and whose number of inputs varies (a recurrent layer's, by its
+    directions): a backward pass runs it once per application, for the first input it needs a delta
+    of (see :class:`JointDeltas`). Its calls do not merge (``batch`` None)."""
 
     def __init__(
         self,
@@ -169,6 +175,7 @@ class Primitive:
         products: dict[int, Rule] | None = None,
         shape_rule: Rule | None = None,
         context: bool = False,
+        joint_vjp: Rule | None = None,
     ) -> None:
         if context and batch is not None:
             raise ValueError(
@@ -190,6 +197,9 @@ class Primitive:
         self.products = products or {}
         self.shape_rule = shape_rule
         self.context = context
+        self.joint_vjp = joint_vjp
+        if joint_vjp is not None and (vjps or batch is not None):
+            raise ValueError(f"{name}: a joint vjp replaces the vjps (give ()), and its calls do not merge")
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"
@@ -218,13 +228,15 @@ class Primitive:
 
     def stack_params(self, calls: list[dict[str, Any]], base: dict[str, Any]) -> dict[str, Any]:
         """The parameters of merged calls (``calls``: each call's): ``base`` (the first call's,
-        ``axis`` shifted past the rows), the per-row ones stacked as rows, the other per-run ones
-        listed (None where every call's is None)."""
+        ``axis`` shifted past the rows), the per-row ones stacked as rows (None where the calls'
+        are None), the other per-run ones listed (None where every call's is None)."""
         spec = self.batch
         assert spec is not None
         params = {**base}
         for name in spec.row_params:
-            params[name] = stack_arrays([call[name] for call in calls])
+            rows = [call[name] for call in calls]
+            # None (an absent mask) keys apart from an array: merged calls' are all None or none
+            params[name] = None if rows[0] is None else stack_arrays(rows)
         for name in self.per_run:
             if name not in spec.row_params:
                 column = [call[name] for call in calls]
@@ -301,6 +313,11 @@ class Primitive:
             g = as_float_arrays(rule, (delta, saved), datas, params)
         if type(g) is not NDARRAY and type(g) is complex:
             g = as_float_arrays(rule, (delta, saved), datas, params)
+        return self.finish_delta(i, xp, g, datas, dense, exact)
+
+    def finish_delta(self, i: int, xp: Any, g: Any, datas: tuple[Any, ...], dense: bool, exact: bool) -> Any:
+        """Input ``i``'s delta ``g``, as a vjp gave it, made its delta (see :meth:`delta`): a user's
+        checked, summed back where the op broadcasts, made dense where the input wants it."""
         if not self.own:  # a user's vjp: its result checked before anything adds it up
             check_delta(self.name, i, g, datas[i], self.broadcasts)
         if self.broadcasts and not exact:
@@ -334,6 +351,49 @@ class Primitive:
         if shape is not None:
             g = xp.reshape(g, shape)
         return g
+
+
+class JointDeltas:
+    """The deltas of one application of a primitive with a ``joint_vjp``: worked out once, by the
+    first of its inputs' deltas asked for; the others read theirs (on a pool, each input's delta is
+    asked for on its own thread: they wait for the first). :meth:`delta` is :meth:`Primitive.delta`'s
+    stand-in in a backward pass."""
+
+    def __init__(self, prim: Primitive) -> None:
+        self.prim = prim
+        self.lock = threading.Lock()
+        self.deltas: Sequence[Any] | None = None
+
+    def delta(
+        self,
+        i: int,
+        xp: Any,
+        datas: tuple[Any, ...],
+        saved: Any,
+        delta: Any,
+        params: dict[str, Any],
+        dense: bool,
+        exact: bool = False,
+    ) -> Any:
+        """Input ``i``'s delta, as :meth:`Primitive.delta` gives it."""
+        deltas = self.deltas
+        if deltas is None:
+            with self.lock:
+                deltas = self.deltas
+                if deltas is None:
+                    deltas = self.deltas = self.work_out(xp, datas, saved, delta, params)
+        return self.prim.finish_delta(i, xp, deltas[i], datas, dense, exact)
+
+    def work_out(
+        self, xp: Any, datas: tuple[Any, ...], saved: Any, delta: Any, params: dict[str, Any]
+    ) -> Sequence[Any]:
+        prim = self.prim
+        rule = prim.joint_vjp
+        assert rule is not None
+        deltas: Sequence[Any] = call_vjp(rule, xp, delta, saved, datas, params)
+        if len(deltas) != len(datas):
+            raise ShapeError(f"{prim.name}: the joint vjp gave {len(deltas)} deltas for {len(datas)} inputs")
+        return deltas
 
 
 def call_forward(rule: Rule, xp: Any, inputs: Sequence[Any], params: dict[str, Any]) -> Any:

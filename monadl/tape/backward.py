@@ -32,7 +32,7 @@ from mypy_extensions import mypyc_attr
 
 from monadl.do.do import Node, Pure, as_node
 from monadl.do.graph import Graph
-from monadl.do.primitive import call_vjp
+from monadl.do.primitive import JointDeltas, call_vjp
 from monadl.do.record import Run, row_value
 from monadl.do.scheduler import Scheduler
 from monadl.do.stats import RunStats, tally
@@ -344,6 +344,7 @@ def _op(b: Backward, step: OpStep) -> None:
     exact = step.exact
     if exact is None and prim.broadcasts and prim.own:  # (a user's vjp may give any broadcast shape)
         exact = step.exact = _exact(args, run.datas[out])
+    joint = None if prim.joint_vjp is None else JointDeltas(prim)  # one rule for every input's delta
     for j, slot in enumerate(step.ins):
         if not wants[slot]:
             continue
@@ -358,9 +359,13 @@ def _op(b: Backward, step: OpStep) -> None:
             continue
         same = exact is not None and exact[j]
         if heavy:
-            b.submit(prim.delta, (j, xp, args, saved, d, params, False, same), slot, d, prim.fresh)
+            delta = prim.delta if joint is None else joint.delta
+            b.submit(delta, (j, xp, args, saved, d, params, False, same), slot, d, prim.fresh)
             continue
-        g = prim.delta(j, xp, args, saved, d, params, False, same)
+        if joint is None:
+            g = prim.delta(j, xp, args, saved, d, params, False, same)
+        else:
+            g = joint.delta(j, xp, args, saved, d, params, False, same)
         b.give(slot, g, prim.fresh and g is not d)
 
 

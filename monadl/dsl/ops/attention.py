@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from monadl.do.primitive import Batching, Primitive
+from monadl.do.primitive import Batching
 from monadl.dsl.core.arguments import array_operand, flag_param, int_param
 from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array
 from monadl.dsl.ops.registry import declare
@@ -256,35 +256,26 @@ def _attention_rule(q: Info, k: Info, v: Info, *_: Any, **__: Any) -> Info:
     return (*lead, q[0][-2], v[0][-1]), *promoted(q, k, v)
 
 
-def _attention(batch: Batching, per_run: tuple[str, ...] = ()) -> Primitive:
-    """The attention primitive; its two forms differ only in how calls batch and in ``per_run``."""
-    return declare(
-        "scaled_dot_product_attention",
-        _forward,
-        (_vjp_q, _vjp_k, _vjp_v),
-        broadcasts=True,
-        saves=True,
-        cost=_cost,
-        check=_check,
-        batch=batch,
-        per_run=per_run,
-        shape_rule=_attention_rule,
-    )
-
-
-ATTENTION = _attention(Batching(mergeable=_same_rank))
-"""Attention without a mask of data (``causal`` is a static parameter)."""
-
-ATTENTION_MASKED = _attention(
-    Batching(
+ATTENTION = declare(
+    "scaled_dot_product_attention",
+    _forward,
+    (_vjp_q, _vjp_k, _vjp_v),
+    broadcasts=True,
+    saves=True,
+    cost=_cost,
+    check=_check,
+    batch=Batching(
         mergeable=_same_rank,
         row_params=("mask",),
         forward=_stacked_forward,
         vjps=(_vjp_q, _vjp_k, _vjp_v),
     ),
     per_run=("mask",),
+    shape_rule=_attention_rule,
 )
-"""Attention with a ``mask`` of data (a per-run parameter: the masks of merged calls are stacked)."""
+"""Attention (``causal`` is a static parameter). ``mask`` is data, None or an array: a per-run
+parameter, whose kind (None, or the array's type, shape and dtype) is part of a call's structure,
+so calls without a mask merge only with each other, and masked ones with their masks stacked."""
 
 
 def _thirds(qkv: Any) -> tuple[Any, Any, Any]:
@@ -330,28 +321,19 @@ def _self_attention_rule(qkv: Info, *_: Any, **__: Any) -> Info:
     return (*qkv[0][:-1], qkv[0][-1] // 3), qkv[1], qkv[2]
 
 
-def _self_attention(batch: Batching, per_run: tuple[str, ...] = ()) -> Primitive:
-    """The packed attention primitive; its two forms differ as :func:`_attention`'s."""
-    return declare(
-        "self_attention",
-        _packed_forward,
-        (_packed_vjp,),
-        saves=True,
-        cost=_packed_cost,
-        check=_check_packed,
-        batch=batch,
-        per_run=per_run,
-        shape_rule=_self_attention_rule,
-    )
-
-
-SELF_ATTENTION = _self_attention(Batching())
-"""Attention of ``q``, ``k`` and ``v`` packed in one array's last axis (a fused projection's)."""
-
-SELF_ATTENTION_MASKED = _self_attention(
-    Batching(row_params=("mask",), forward=_packed_stacked_forward, vjps=(_packed_vjp,)),
+SELF_ATTENTION = declare(
+    "self_attention",
+    _packed_forward,
+    (_packed_vjp,),
+    saves=True,
+    cost=_packed_cost,
+    check=_check_packed,
+    batch=Batching(row_params=("mask",), forward=_packed_stacked_forward, vjps=(_packed_vjp,)),
     per_run=("mask",),
+    shape_rule=_self_attention_rule,
 )
+"""Attention of ``q``, ``k`` and ``v`` packed in one array's last axis (a fused projection's); its
+``mask`` as :data:`ATTENTION`'s."""
 
 
 def self_attention(
@@ -367,10 +349,9 @@ def self_attention(
         "causal": flag_param(op, "causal", causal),
         "heads": int_param(op, "heads", heads),
     }
-    if mask is None:
-        return apply_array(SELF_ATTENTION, qkv, **params)
-    _check_mask(op, mask)
-    return apply_array(SELF_ATTENTION_MASKED, qkv, mask=mask, **params)
+    if mask is not None:
+        _check_mask(op, mask)
+    return apply_array(SELF_ATTENTION, qkv, mask=mask, **params)
 
 
 def _check_mask(op: str, mask: object) -> None:
@@ -416,7 +397,6 @@ def scaled_dot_product_attention(
         "causal": flag_param(op, "causal", causal),
         "heads": h,
     }
-    if mask is None:
-        return apply_array(ATTENTION, q, k, v, **params)
-    _check_mask(op, mask)
-    return apply_array(ATTENTION_MASKED, q, k, v, mask=mask, **params)
+    if mask is not None:
+        _check_mask(op, mask)
+    return apply_array(ATTENTION, q, k, v, mask=mask, **params)

@@ -22,7 +22,7 @@ from monadl.dsl.ops.packing import (
     PER_DIRECTION,
     apply_layer,
     check_steps,
-    layer_ops,
+    layer_op,
     packed_deltas,
     packed_rows,
     packing,
@@ -150,7 +150,7 @@ def _shape_rule(x: Info, *weights: Info, lengths: tuple[int, ...]) -> Info:
     return (x[0][0], directions * weights[-1][0][0]), *promoted(x, *weights)
 
 
-PACKED_GRU: Final = layer_ops("packed_gru", _forward, _deltas, _cost, _check, _shape_rule)
+PACKED_GRU: Final = layer_op("packed_gru", _forward, _deltas, _cost, _check, _shape_rule)
 
 
 def packed_gru(x: AnyArray, lengths: tuple[int, ...], *weights: AnyArray) -> ArrayLayer:

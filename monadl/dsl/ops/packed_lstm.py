@@ -33,7 +33,7 @@ from monadl.dsl.ops.packing import (
     apply_layer,
     check_steps,
     indices,
-    layer_ops,
+    layer_op,
     packed_deltas,
     packed_rows,
     packing,
@@ -174,7 +174,7 @@ def _shape_rule(x: Info, *weights: Info, lengths: tuple[int, ...]) -> Info:
     return (x[0][0] + len(lengths), directions * weights[-1][0][0]), *promoted(x, *weights)
 
 
-PACKED_LSTM: Final = layer_ops("packed_lstm", _forward, _deltas, _cost, _check, _shape_rule)
+PACKED_LSTM: Final = layer_op("packed_lstm", _forward, _deltas, _cost, _check, _shape_rule)
 
 
 def packed_lstm(x: AnyArray, lengths: tuple[int, ...], *weights: AnyArray) -> ArrayLayer:

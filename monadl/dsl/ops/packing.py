@@ -1,7 +1,8 @@
 """Sequences of different lengths packed by time step, as PyTorch's ``PackedSequence``: the
 layout of the whole-layer recurrent ops (:mod:`monadl.dsl.ops.packed_lstm`, :mod:`monadl.dsl.ops.packed_gru`),
 and what those ops share: their operands' checks, the moves between the sequences' order and the
-packed one, and their primitives, whose vjps share one backward pass.
+packed one, and their primitives, each with a joint vjp (one backward pass gives every operand's
+delta).
 
 The sequences' steps come one sequence after another (the rows of ``x``); packed, the steps of time
 ``t`` of every sequence that has one are consecutive rows, the sequences sorted by length, longest
@@ -12,7 +13,6 @@ reads each sequence from its last step, so it has its own packing of the same sh
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -24,7 +24,7 @@ from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array
 from monadl.dsl.ops.registry import declare
 from monadl.typeclasses.backend import ShapeError, on_device, shape_of
 
-__all__ = ["Packing", "indices", "layer_ops", "packing"]
+__all__ = ["Packing", "indices", "layer_op", "packing"]
 
 PER_DIRECTION: Final = 8
 """Operands a direction of a layer op takes: its cell's four gates' weights, then their biases."""
@@ -132,65 +132,28 @@ def check_steps(op: str, x: Any, inputs: int, lengths: tuple[int, ...]) -> None:
         )
 
 
-def _saving(forward: Callable[..., tuple[Any, tuple[Any, ...]]]) -> Callable[..., tuple[Any, list[Any]]]:
-    """``forward``, whose saved values go with a lock and a slot for the deltas worked out from
-    them (see :func:`layer_ops`)."""
-
-    def run(xp: Any, x: Any, *weights: Any, lengths: tuple[int, ...]) -> tuple[Any, list[Any]]:
-        out, saved = forward(xp, x, *weights, lengths=lengths)
-        return out, [saved, threading.Lock(), None]
-
-    return run
-
-
-def _vjp(deltas: Callable[..., list[Any]], k: int) -> Callable[..., Any]:
-    def vjp(xp: Any, d: Any, saved: list[Any], *inputs: Any, lengths: tuple[int, ...]) -> Any:
-        cached = saved[2]
-        if cached is None or cached[0] is not d:
-            with saved[1]:  # the vjps of one call may run on several threads of a pool: one computes
-                cached = saved[2]
-                if cached is None or cached[0] is not d:
-                    cached = (d, deltas(xp, d, saved[0], *inputs, lengths=lengths))
-                    saved[2] = cached
-        return cached[1][k]
-
-    return vjp
-
-
-def layer_ops(
+def layer_op(
     name: str,
     forward: Callable[..., tuple[Any, tuple[Any, ...]]],
     deltas: Callable[..., list[Any]],
     cost: Callable[..., float],
     check: Callable[..., None],
     shape_rule: Callable[..., Any],
-) -> dict[int, Primitive]:
-    """A whole-layer op's primitives, one a number of directions (one vjp an operand), by their
-    number of weights (``shape_rule``: their result's, see ``monadl.dsl.ops.shape_rules``).
-    ``forward(xp, x, *weights, lengths)`` gives the result and what it saves;
-    ``deltas(xp, d, saved, x, *weights, lengths)`` gives every operand's delta at once, worked out
-    once, by the first vjp that asks (the others wait for it, then read theirs). Its calls never
-    merge: each is a whole layer over a batch already."""
-    return {
-        n: declare(
-            name,
-            _saving(forward),
-            tuple(_vjp(deltas, k) for k in range(1 + n)),
-            saves=True,
-            cost=cost,
-            check=check,
-            shape_rule=shape_rule,
-        )
-        for n in (PER_DIRECTION, 2 * PER_DIRECTION)
-    }
+) -> Primitive:
+    """A whole-layer op's primitive, for one direction or two (8 or 16 weights: ``shape_rule``
+    gives their result's, see ``monadl.dsl.ops.shape_rules``). ``forward(xp, x, *weights, lengths)``
+    gives the result and what it saves; ``deltas(xp, d, saved, x, *weights, lengths)``, its joint
+    vjp, gives every operand's delta at once (one pass of backpropagation through time). Its calls
+    never merge: each is a whole layer over a batch already."""
+    return declare(
+        name, forward, (), saves=True, cost=cost, check=check, shape_rule=shape_rule, joint_vjp=deltas
+    )
 
 
 def apply_layer(
-    ops: dict[int, Primitive], x: AnyArray, lengths: tuple[int, ...], weights: tuple[AnyArray, ...]
+    prim: Primitive, x: AnyArray, lengths: tuple[int, ...], weights: tuple[AnyArray, ...]
 ) -> ArrayLayer:
-    """The layer op of ``ops`` for ``len(weights)`` on ``x`` and ``weights``."""
-    prim = ops.get(len(weights))
-    if prim is None:
-        name = next(iter(ops.values())).name
-        raise ValueError(f"{name}: takes {PER_DIRECTION} weights a direction, got {len(weights)}")
+    """The layer op ``prim`` on ``x`` and ``weights`` (one direction's or two)."""
+    if len(weights) not in (PER_DIRECTION, 2 * PER_DIRECTION):
+        raise ValueError(f"{prim.name}: takes {PER_DIRECTION} weights a direction, got {len(weights)}")
     return apply_array(prim, x, *weights, lengths=tuple(int(n) for n in lengths))

@@ -39,6 +39,7 @@ def declare(
     fresh: bool = True,
     register: bool = True,
     context: bool = False,
+    joint_vjp: Rule | None = None,
 ) -> Primitive:
     """A library op's primitive (the arguments as :class:`~monadl.do.primitive.Primitive`'s), with
     the library's defaults, registered in :data:`LIBRARY` (``register=False``: one made per arity,
@@ -62,6 +63,7 @@ def declare(
         products=products,
         shape_rule=shape_rule,
         context=context,
+        joint_vjp=joint_vjp,
     )
     if register:
         LIBRARY.append(prim)
