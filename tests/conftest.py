@@ -4,6 +4,7 @@ the tests that need it run; Ray is the optional ``distributed`` extra, in ``dev`
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,15 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 RAY_CPUS = 4
 """The logical CPUs of the session's cluster: enough for the tests' four workers (on any machine)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C is a ``KeyboardInterrupt`` in the tests' process and in the processes it starts, even
+    where the suite itself was started with SIGINT ignored (as a background job of a
+    non-interactive shell is: it inherits SIG_IGN, and Python then installs no handler). The tests
+    that interrupt a step or a training script send it."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
