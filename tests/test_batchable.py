@@ -529,8 +529,8 @@ def test_a_body_that_keeps_the_rows_gives_batched_what_its_calls_give_alone(
     assert merged == pytest.approx(loss.predict_blocking(executor=_MODES["unbatched"]()).unwrap(), rel=1e-12)
 
 
-# A weight read only inside a body has its own optimizer: the step's other weights' SGD rate must not
-# be folded into its gradient (the step folds a rate only where every weight it reaches folds it).
+# A weight read only inside a body has its own optimizer: it is among the step's weights and trains by
+# that optimizer, as it does without @batchable.
 
 
 @pytest.mark.parametrize(

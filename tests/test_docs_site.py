@@ -41,8 +41,6 @@ PUBLIC_MODULES = [
 # What the reference must not show: the engine's internals.
 INTERNALS = [
     "monadl.SGD.update_owned",
-    "monadl.SGD.update_folded",
-    "monadl.SGD.folded_rate",
     "monadl.Executor.PROGRAMS",
     "monadl.Executor.SEEN",
     "monadl.Executor.BODIES",
