@@ -6,7 +6,8 @@ next ``--batch`` instances of the training data:
 
   record    the user's code building the step's graph (``model.total(batch)``): nothing runs
   forward   the forward run (walk, signatures, merged kernels, batchable bodies)
-  backward  the backward pass (vjps, gathers' transposes, each weight's gradient summed)
+  backward  the backward pass (vjps, gathers' transposes, each weight's gradient summed and
+            given memory of its own)
   update    the optimizer's updates, computed and committed (Adam)
   teardown  dropping the step's graph, record and gradients
   step      all of them
@@ -35,9 +36,7 @@ from monadl.cli import positive_int
 from monadl.data import sst
 from monadl.do.stats import RunStats
 from monadl.dsl.learning import training
-from monadl.runtime.staging import staging
 from monadl.runtime.versions import COMMIT_LOCK
-from monadl.tape.backward import backward
 
 PHASES = ("record", "forward", "backward", "update", "teardown", "step")
 
@@ -70,24 +69,17 @@ def measure(
             loss = model.total(instances)
             t1 = time.perf_counter()
             stats = RunStats()
-            with staging() as staged:
-                mode = training._TRAINING.set(True)
-                try:
-                    evaluation = executor.evaluate(loss.forward, stats, own_root=True)
-                finally:
-                    training._TRAINING.reset(mode)
+            evaluation, staged = training.forward_pass(loss, executor, stats)
             t2 = time.perf_counter()
-            run = evaluation.run
-            gradients, owned = backward(run, evaluation.slot, training._seed(evaluation.value), None)
+            passes = training.backward_pass(evaluation, staged)
             t3 = time.perf_counter()
-            gradients, owned = training._unaliased(gradients, owned, run.snapshot)
             with COMMIT_LOCK:
-                training._apply(training.StepResult(evaluation.value, gradients, owned, staged), ADAM, True)
+                training.commit_step(passes, ADAM, True)
             t4 = time.perf_counter()
             graph = getattr(loss, "graph", None)  # (an engine of nodes as objects has none)
             nodes = 0 if graph is None else len(graph)
-            slots, recorded = len(run.datas), len(run.steps)
-            del loss, evaluation, run, gradients, owned, graph
+            slots, recorded = len(evaluation.run.datas), len(evaluation.run.steps)
+            del loss, evaluation, passes, graph
             t5 = time.perf_counter()
         if s >= warmup:
             for phase, value in zip(

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import functools
 import math
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
@@ -55,7 +54,7 @@ from returns.future import FutureResult
 from returns.result import Result, Success
 
 from monadl.do.context import RECORDED, TRAINING, RunContext
-from monadl.do.executor import Executor, default_executor
+from monadl.do.executor import Evaluation, Executor, default_executor
 from monadl.do.stats import RunStats
 from monadl.do.tape import Tape
 from monadl.dsl.learning.finite import (
@@ -105,15 +104,12 @@ class NoOptimizerError(ValueError):
     """A weight received a gradient but neither it nor the step has an optimizer."""
 
 
-_TRAINING: ContextVar[bool] = TRAINING
-
-
 def is_training() -> bool:
     """Whether the calling thread is running the forward pass of a training step (``train``,
     ``train_blocking``, ``compute_gradients``); False in a prediction and outside any run. An op's
     kernel reads the mode of its run's context instead (``custom_op(context=True)``): it may run on
     another thread."""
-    return _TRAINING.get()
+    return TRAINING.get()
 
 
 def _non_finite(weight: Any, gradient: Any, data: Any) -> NonFiniteGradientError:
@@ -191,27 +187,41 @@ def forward_and_backward(
     stats = RunStats()
     try:
         with ex.paused():
-            mode = _TRAINING.set(True)
-            try:
-                with staging() as staged:  # (a user's op may stage with ``stage_buffer`` too)
-                    context = RunContext(True, staged, RECORDED.get())
-                    evaluation = ex.evaluate(loss.forward, stats, own_root=True, context=context)
-            finally:
-                _TRAINING.reset(mode)
-            value = evaluation.value
-            if type(value) is not float and math.prod(value.shape) != 1:
-                raise ValueError(
-                    f"the loss must be one number (a FloatLayer, or an array of one element), not an "
-                    f"array of shape {tuple(value.shape)}: reduce it first (ml.sum, ml.mean); no weight "
-                    "was changed"
-                )
-            if not is_finite(value):
-                raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
-            assert evaluation.slot >= 0  # own_root: the root's value has a slot of its own
-            run = evaluation.run
-            gradients, owned = backward(run, evaluation.slot, _seed(value), run.dispatcher, diagnose)
+            evaluation, staged = forward_pass(loss, ex, stats)
+            return backward_pass(evaluation, staged, diagnose)
     finally:
         ex.publish(stats)
+
+
+def forward_pass(loss: FloatLayer | ArrayLayer, ex: Executor, stats: RunStats) -> tuple[Evaluation, Staged]:
+    """A step's forward pass, in training mode, counted in ``stats``: its evaluation and the buffer
+    updates it staged. Raises where the loss is not one finite number."""
+    mode = TRAINING.set(True)
+    try:
+        with staging() as staged:  # (a user's op may stage with ``stage_buffer`` too)
+            context = RunContext(True, staged, RECORDED.get())
+            evaluation = ex.evaluate(loss.forward, stats, own_root=True, context=context)
+    finally:
+        TRAINING.reset(mode)
+    value = evaluation.value
+    if type(value) is not float and math.prod(value.shape) != 1:
+        raise ValueError(
+            f"the loss must be one number (a FloatLayer, or an array of one element), not an "
+            f"array of shape {tuple(value.shape)}: reduce it first (ml.sum, ml.mean); no weight "
+            "was changed"
+        )
+    if not is_finite(value):
+        raise NonFiniteLossError(f"the loss is not finite: {value!r}; no weight was changed")
+    return evaluation, staged
+
+
+def backward_pass(evaluation: Evaluation, staged: Staged, diagnose: bool = False) -> StepResult:
+    """The backward pass of a step whose forward pass (:func:`forward_pass`) gave ``evaluation``
+    and ``staged``."""
+    assert evaluation.slot >= 0  # own_root: the root's value has a slot of its own
+    run = evaluation.run
+    value = evaluation.value
+    gradients, owned = backward(run, evaluation.slot, _seed(value), run.dispatcher, diagnose)
     gradients, owned = _unaliased(gradients, owned, run.snapshot)
     return StepResult(value, gradients, owned, staged)
 
@@ -257,7 +267,7 @@ def _memory(gradient: Any) -> int:
     return id(array)
 
 
-def _apply(passes: StepResult, default: Optimizer | None, check: bool) -> None:
+def commit_step(passes: StepResult, default: Optimizer | None, check: bool) -> None:
     """Computes every update, then commits them all with the buffer updates the step staged
     (nothing is committed if one fails). The caller holds ``COMMIT_LOCK``."""
     pending: Pending = []
@@ -464,7 +474,7 @@ def train_blocking(
             capabilities(optimizer)  # (a TypeError naming what it lacks, before any work)
         passes = forward_and_backward(loss, ex)
         with COMMIT_LOCK:
-            _apply(passes, optimizer, ex.check_finite)
+            commit_step(passes, optimizer, ex.check_finite)
     except NonFiniteGradientError as non_finite:  # (its own name: mypyc types a name once)
         return failed(_located(non_finite, loss, ex))
     except Exception as e:  # noqa: BLE001 - every failure is the caller's Failure, not a crash
@@ -501,11 +511,11 @@ def predict_blocking(
     stats = RunStats()
     try:
         with ex.paused():
-            mode = _TRAINING.set(False)  # (evaluation mode even where called inside a training step)
+            mode = TRAINING.set(False)  # (evaluation mode even where called inside a training step)
             try:
                 value = ex.evaluate(layer.forward, stats, context=RunContext()).value
             finally:
-                _TRAINING.reset(mode)
+                TRAINING.reset(mode)
         if isinstance(value, Tape):  # a literal's or a user's own tape, the root of a dynamic graph
             value = value.data
     except Exception as e:  # noqa: BLE001
