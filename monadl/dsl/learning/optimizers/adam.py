@@ -13,6 +13,7 @@ import numpy as np
 
 from monadl.dsl.fused import Kernel, on_cupy
 from monadl.dsl.learning.optimizers.base import (
+    check_betas,
     check_epsilon,
     check_learning_settings,
     decay_parts,
@@ -85,8 +86,7 @@ class Adam:
 
     def __post_init__(self) -> None:
         check_learning_settings(self.learning_rate, self.weight_decay)
-        if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
-            raise ValueError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}")
+        check_betas(self.beta1, self.beta2)
         check_epsilon(self.epsilon)
 
     def init(self, data: Any) -> tuple[Any, Any, int]:
@@ -259,8 +259,7 @@ class AdamW:
 
     def __post_init__(self) -> None:
         check_learning_settings(self.learning_rate, self.weight_decay)
-        if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
-            raise ValueError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}")
+        check_betas(self.beta1, self.beta2)
         check_epsilon(self.epsilon)
 
     def init(self, data: Any) -> tuple[Any, Any, Any, int]:

@@ -130,6 +130,11 @@ def check_learning_settings(learning_rate: LearningRate, weight_decay: float) ->
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
 
 
+def check_betas(beta1: float, beta2: float) -> None:
+    if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
+        raise ValueError(f"betas must be in [0, 1), got {beta1}, {beta2}")
+
+
 def check_epsilon(epsilon: float) -> None:
     if not epsilon >= 0.0:  # (a negative one can cancel the denominator's root: a division by 0)
         raise ValueError(f"epsilon must be >= 0, got {epsilon}")
