@@ -1315,7 +1315,8 @@ class DataParallel(Generic[M, B]):
             self._recover()
         ranks = list(range(self.workers)) if ranks is None else ranks
         # Ray answers ActorUnavailableError while a worker it restarts is coming back: that is no
-        # attempt of the worker's, so it is asked again until the reply timeout has passed.
+        # attempt of the worker's, so it is asked again until the reply timeout has passed since
+        # the call began or since the restore that follows a real failure.
         unavailable = getattr(self._ray.exceptions, "ActorUnavailableError", ())
         deadline = perf_counter() + self._reply_timeout
         attempt = 0
@@ -1340,11 +1341,13 @@ class DataParallel(Generic[M, B]):
             coming_back = all(isinstance(error, unavailable) for _, error in failed)
             if coming_back and perf_counter() < deadline:
                 sleep(UNAVAILABLE_PAUSE_S)
-            elif attempt:
+                self._recover()
+                continue
+            if attempt:
                 raise WorkerUnavailableError(failed[0][0], self.workers, call, failed[0][1])
-            else:
-                attempt = 1
+            attempt = 1
             self._recover()
+            deadline = perf_counter() + self._reply_timeout  # (counted from the restore it waits on)
 
     def save(self, path: str | Path, *, metadata: Mapping[str, Any] | None = None) -> None:
         """Writes the last committed state (weights and optimizer state) to a checkpoint, atomically

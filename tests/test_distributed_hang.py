@@ -385,34 +385,40 @@ class ComingBack:
     """Stands in for the trainer's ``_answers``: worker 0's reads answer Ray's
     ``ActorUnavailableError`` (a worker Ray is restarting) ``times`` times, then as they are."""
 
-    def __init__(self, trainer: DataParallel[Any, Any], times: int) -> None:
+    def __init__(self, trainer: DataParallel[Any, Any], times: int, hung_first: bool = False) -> None:
         import ray
 
         self.answers = trainer._answers  # the seam the test injects the error at
         self.error = ray.exceptions.ActorUnavailableError("worker 0 is restarting", None)
         self.left = times
+        self.hung_first = hung_first
 
     def __call__(self, ranks: list[int], refs: list[Any], timeout: float) -> list[Any]:
         answers = self.answers(ranks, refs, timeout)
-        if self.left and 0 in ranks and timeout == REPLY:
+        if self.hung_first and 0 in ranks and timeout == REPLY:
+            self.hung_first = False  # (a worker that did not answer: the read waited its timeout)
+            time.sleep(timeout)
+            answers[ranks.index(0)] = TimeoutError(f"worker 0 did not answer within {timeout:g} s")
+        elif self.left and 0 in ranks and timeout == REPLY:
             self.left -= 1
             answers[ranks.index(0)] = self.error
         return answers
 
 
-@pytest.mark.parametrize("times", [3, 1000])
+@pytest.mark.parametrize(("times", "hung_first"), [(3, False), (1000, False), (0, True)])
 def test_a_worker_ray_says_is_coming_back_is_asked_until_the_reply_timeout(
-    ray_session: Any, tmp_path: Path, times: int
+    ray_session: Any, tmp_path: Path, times: int, hung_first: bool
 ) -> None:
     """Ray's transient ``ActorUnavailableError`` (a restarted worker not back yet) is not the
     worker's failure: the read asks again until ``reply_timeout_s`` has passed (then it names the
-    worker and the call)."""
+    worker and the call), counted from the restore where the worker first did not answer
+    (``hung_first``: killed and restarted, Ray answers for it that way itself for a while)."""
     with bounded(), probed_trainer(tmp_path) as trainer:
         assert isinstance(trainer.train([batch(0)]), Success)
         digests = trainer.digests()
-        trainer._answers = ComingBack(trainer, times)  # type: ignore[method-assign]
+        trainer._answers = ComingBack(trainer, times, hung_first)  # type: ignore[method-assign]
         started = time.perf_counter()
-        if times == 3:
+        if times < 1000:  # (then the worker answers within the timeout)
             assert trainer.digests() == digests
         else:
             with pytest.raises(WorkerUnavailableError, match=r"DataParallel\.digests: worker 0 of 2"):
