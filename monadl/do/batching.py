@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from monadl.do.steps import FanStep, MergedStep, OpStep, RowStep, StackStep, Ste
 if TYPE_CHECKING:
     from monadl.do.scheduler import Scheduler
 
-NO_POOL = math.inf
+NO_POOL: Final = math.inf
 """The ``min_cost`` of a run without a pool: no kernel is worth it."""
 
 
@@ -44,7 +44,7 @@ def signature(s: Scheduler, r: int) -> Hashable | None:
     run = s.run
     lo, hi = graph.starts[r], graph.starts[r + 1]
     in_slots, in_rows = s.in_slots, s.in_rows
-    if spec.mergeable is not None and not spec.mergeable(*_values(s, lo, hi)):
+    if spec.mergeable is not None and not spec.mergeable(*_ranks(s, lo, hi)):
         return None
     params = graph.params[r]
     key: list[Any] = [prim]
@@ -77,6 +77,22 @@ def signature(s: Scheduler, r: int) -> Hashable | None:
     if s.min_cost < NO_POOL and cost_of(prim, _values(s, lo, hi), params) >= s.min_cost:
         return None  # worth the pool on its own: run beside the others, not merged with them
     return tuple(key)
+
+
+def _ranks(s: Scheduler, lo: int, hi: int) -> list[int]:
+    """The ranks of the inputs ``lo`` to ``hi`` of a ready row (a float's, or a row of floats', is
+    0), read from their data without making a row of a merged value."""
+    run = s.run
+    ranks = []
+    for k in range(lo, hi):
+        slot, row = s.in_slots[k], s.in_rows[k]
+        data = run.datas[slot]
+        if type(data) is float or (row >= 0 and run.scalar_rows[slot]):
+            ranks.append(0)
+        else:
+            rank: int = data.ndim
+            ranks.append(rank - 1 if row >= 0 else rank)
+    return ranks
 
 
 def _values(s: Scheduler, lo: int, hi: int) -> list[Any]:

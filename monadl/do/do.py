@@ -234,7 +234,7 @@ class Call:
         self.static = static
 
 
-UNIT: Do[None] = Pure(None)
+UNIT: Final[Do[None]] = Pure(None)
 """The computation that does nothing."""
 
 

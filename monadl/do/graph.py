@@ -280,22 +280,30 @@ class Graph:
         return code.co_filename
 
 
-_recording = threading.local()
+_recording: Final = threading.local()
 """Each thread's recording graph (``graph``, unset until it records) and how many schedulers it
 runs (``depth``)."""
 
 
-_last: tuple[int, Graph | None] = (-1, None)
-"""The last thread to ask for its recording graph, and that graph: most programs record on one
-thread, and a thread-local variable's lookup costs more than the op it records. One tuple, read and
-replaced whole (atomic under the GIL): never one thread's identity with another's graph."""
+@final
+class _LastRecording:
+    """The last thread to ask for its recording graph, and that graph: most programs record on one
+    thread, and a thread-local variable's lookup costs more than the op it records. One tuple, read
+    and replaced whole (atomic under the GIL): never one thread's identity with another's graph. (An
+    object's attribute, not a module's global: compiled code reads it without a dict lookup.)"""
+
+    def __init__(self) -> None:
+        self.pair: tuple[int, Graph | None] = (-1, None)
+
+
+_last: Final = _LastRecording()
+_get_ident: Final = get_ident
 
 
 def recording() -> Graph:
     """The graph the calling thread records into (see the module)."""
-    global _last
-    thread = get_ident()
-    last = _last
+    thread = _get_ident()
+    last = _last.pair
     if last[0] == thread:
         graph = last[1]
         if graph is not None:
@@ -304,17 +312,16 @@ def recording() -> Graph:
     if found is None:
         found = Graph()
         _recording.graph = found
-    _last = (thread, found)
+    _last.pair = (thread, found)
     return found
 
 
 def swap_recording(graph: Graph | None) -> Graph | None:
     """Makes ``graph`` the calling thread's recording graph (None: a fresh one when next needed);
     returns the one it replaces."""
-    global _last
     previous: Graph | None = getattr(_recording, "graph", None)
     _recording.graph = graph
-    _last = (get_ident(), graph)
+    _last.pair = (_get_ident(), graph)
     return previous
 
 

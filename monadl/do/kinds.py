@@ -15,10 +15,10 @@ from typing import Any, Final
 
 MAX_KINDS: Final = 4096
 RANK_BITS: Final = 8  # NumPy arrays have at most 64 axes
-_kinds: dict[Hashable, int] = {}  # key -> id, the oldest first
-_keys: dict[int, Any] = {}  # id -> key
-_rows: dict[int, int] = {}  # id -> its rows' kind, once asked for
-_kinds_lock = threading.Lock()
+_kinds: Final[dict[Hashable, int]] = {}  # key -> id, the oldest first
+_keys: Final[dict[int, Any]] = {}  # id -> key
+_rows: Final[dict[int, int]] = {}  # id -> its rows' kind, once asked for
+_kinds_lock: Final = threading.Lock()
 _serial = 0
 
 

@@ -102,9 +102,10 @@ class Batching:
     fan: FanOut | None = None
     """How calls that merged with nothing else merge when they share an input (None: they do not)."""
     mergeable: Callable[..., bool] | None = None
-    """Whether a call may merge, given its inputs' data (default: always), for an op whose
-    stacked rows would mean something else: ``matmul`` with a ``b`` of more than two axes, whose
-    own leading axes would meet the rows' axis."""
+    """Whether a call may merge, given its inputs' ranks (a float's is 0; default: always), for an
+    op whose stacked rows would mean something else: ``matmul`` with a ``b`` of more than two axes,
+    whose own leading axes would meet the rows' axis. (Ranks, not values: a row of a merged value
+    is known without making it.)"""
     check_merged: Callable[[tuple[Any, ...], dict[str, Any]], None] | None = None
     """One check of the per-run parameters of merged calls, instead of each call's ``check_values``
     (for ops with ``row_params``, whose calls' values differ): given the first call's inputs and the
@@ -122,7 +123,7 @@ class Batching:
     are gathered, not taken out one by one."""
 
 
-ELEMENTWISE = Batching(elementwise=True, scalar="inputs")
+ELEMENTWISE: Final = Batching(elementwise=True, scalar="inputs")
 
 
 class Primitive:
@@ -528,7 +529,7 @@ def _identity_vjp(xp: Any, d: Any, o: Any, *xs: Any) -> Any:
     return d
 
 
-_sums: dict[int, Primitive] = {}
+_sums: Final[dict[int, Primitive]] = {}
 
 
 def add_n(n: int) -> Primitive:
@@ -558,5 +559,5 @@ def _sum_rows_vjp(xp: Any, d: Any, o: Any, x: Any, scalar: bool) -> Any:
     return xp.broadcast_to(xp.asarray(d, dtype=x.dtype, **on_device(xp, x)), x.shape)
 
 
-ROWS_SUM = Primitive("add_n", _sum_rows_forward, (_sum_rows_vjp,), fresh=True, own=True)
+ROWS_SUM: Final = Primitive("add_n", _sum_rows_forward, (_sum_rows_vjp,), fresh=True, own=True)
 """The sum of a gathered array's rows (a float for a vector of floats): an ``add_n`` of rows."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -66,7 +66,7 @@ class _Clock:
 
 
 _COMPACT = 64  # live references at which dead ones are dropped (then twice those left)
-_clock = _Clock()
+_clock: Final = _Clock()
 
 COMMIT_LOCK = threading.Lock()
 """Held by a commit, from reading the weights it updates to :func:`publish`: commits one at a time,

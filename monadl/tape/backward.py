@@ -531,7 +531,7 @@ def _body(b: Backward, step: BodyStep) -> None:
             b.give(step.ins[i], g, inner.owned[slot], present if step.n else ALL)
 
 
-RULES: dict[type, Callable[[Backward, Any], None]] = {
+RULES: Final[dict[type, Callable[[Backward, Any], None]]] = {
     LeafStep: _leaf,
     OpStep: _op,
     MergedStep: _merged,

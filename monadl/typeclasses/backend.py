@@ -82,7 +82,7 @@ class FloatNamespace:
         return x
 
 
-FLOATS = FloatNamespace()
+FLOATS: Final = FloatNamespace()
 
 
 class NumpyNamespace:
@@ -118,14 +118,14 @@ class NumpyNamespace:
         return np.sum(x, axis=axis, dtype=dtype, keepdims=True if keepdims else False)
 
 
-NUMPY = NumpyNamespace()
+NUMPY: Final = NumpyNamespace()
 """The namespace of NumPy arrays (``xp is NUMPY`` marks NumPy's fast paths)."""
 
 NDARRAY: Final = np.ndarray
 """NumPy's array type, bound once: compiled, ``np.ndarray`` is a lookup in NumPy's module at every
 use, and the engine tests a value's type on every kernel."""
 
-_namespaces: dict[type, Any] = {}
+_namespaces: Final[dict[type, Any]] = {}
 
 
 def namespace_of_type(t: type, example: Any) -> Any:

@@ -76,8 +76,8 @@ def apply_primitive(prim: Primitive, operands: Sequence[object], params: dict[st
 _LIBRARY: Final = os.path.dirname(os.path.abspath(str(sys.modules["monadl"].__file__))) + os.sep
 _getframe: Final = sys._getframe
 _CLIENTS: Final = _LIBRARY + "bench" + os.sep  # monadl's benchmarks use it as a user does
-_library_code: dict[int, bool] = {}  # id(code) -> whether it is the library's (not a user's)
-_codes: list[CodeType] = []  # the code objects of ``_library_code``, kept so that ids stay theirs
+_library_code: Final[dict[int, bool]] = {}  # id(code) -> whether it is the library's (not a user's)
+_codes: Final[list[CodeType]] = []  # the code objects of ``_library_code``, kept so that ids stay theirs
 
 
 def users_code() -> tuple[CodeType | None, int]:

@@ -84,6 +84,7 @@ class BatchableOperation(Operation, Generic[P, R]):
         row_args: list[int] = []
         statics: list[Hashable] = []
         rows: list[int] = []
+        name = self.name  # an attribute of a Python class: read once, not once per argument
         for i, a in enumerate(args):
             kind = type(a)
             row = _row_kinds.get(kind)
@@ -93,7 +94,7 @@ class BatchableOperation(Operation, Generic[P, R]):
             # f(w, x) (a layer and a weight swapped) do not merge.
             if row == _LAYER_ROW or row == _VALUE_ROW:
                 row_args.append(i)
-                rows.append(row_in(graph, a, self.name))
+                rows.append(row_in(graph, a, name))
                 statics.append(_ROW)
             else:
                 statics.append(_static_key(a))
@@ -151,8 +152,10 @@ def _layer(kind: type[Layer], graph: Graph, row: int) -> Layer:
     return array_layer(graph, row) if kind is ArrayLayer else float_layer(graph, row)
 
 
-_STATIC_ROW, _LAYER_ROW, _VALUE_ROW = range(3)
-_PLAIN = (int, float, str, bool)
+# How an argument is recorded (see _row_kind); Final, so that compiled code reads them as constants.
+_STATIC_ROW: Final = 0
+_LAYER_ROW: Final = 1
+_VALUE_ROW: Final = 2
 
 
 def _row_kind(a: object) -> int:
@@ -173,8 +176,8 @@ def _row_kind(a: object) -> int:
     return row
 
 
-_row_kinds: dict[type, int] = {}
-_NO_KWARGS: dict[str, Any] = {}  # shared by the calls without keyword arguments: never changed
+_row_kinds: Final[dict[type, int]] = {}
+_NO_KWARGS: Final[dict[str, Any]] = {}  # shared by the calls without keyword arguments: never changed
 _ROW: Final = "row"  # a row argument's entry in a call's static key (a static's is a tuple or an int)
 
 
@@ -183,4 +186,5 @@ def _static_key(a: object) -> Hashable:
     (the weights a call is given, the object a method is bound to)."""
     if type(a) is float:
         return ("value", float, float_key(a))
-    return ("value", type(a), a) if type(a) in _PLAIN else id(a)
+    kind = type(a)
+    return ("value", kind, a) if kind is int or kind is str or kind is bool else id(a)

@@ -240,9 +240,10 @@ def _check(q: Any, k: Any, v: Any, scale: float | None, causal: bool, heads: int
             )
 
 
-def _same_rank(q: Any, k: Any, v: Any) -> bool:
-    """Stacked rows of calls whose operands differ in rank would no longer broadcast as they did."""
-    return bool(q.ndim == k.ndim == v.ndim)
+def _same_rank(q: int, k: int, v: int) -> bool:
+    """Stacked rows of calls whose operands differ in rank would no longer broadcast as they did
+    (given the ranks of the operands)."""
+    return q == k == v
 
 
 def _cost(q: Any, k: Any, v: Any, **_: Any) -> float:

@@ -209,7 +209,7 @@ def matmul_op(name: str) -> Primitive:
         products={1: _matmul_weight},
         cost=lambda a, b: float(math.prod(a.shape) * (b.shape[-1] if b.ndim > 1 else 1)),
         check=_check_matmul(name),
-        batch=Batching(shared=(1,), mergeable=lambda a, b: type(b) is float or b.ndim <= 2),
+        batch=Batching(shared=(1,), mergeable=lambda a, b: b <= 2),
         shape_rule=_matmul_rule,
     )
 
