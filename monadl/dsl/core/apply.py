@@ -16,7 +16,10 @@ import os
 import sys
 from collections.abc import Sequence
 from types import CodeType, FrameType
-from typing import Any, Final
+from typing import Any, Final, final
+
+from librt.vecs import vec
+from mypy_extensions import i64
 
 from monadl.do.do import Node, as_node
 from monadl.do.graph import Graph, recording
@@ -85,15 +88,42 @@ def users_code() -> tuple[CodeType | None, int]:
     have no frames: from one, the first frame is its interpreted caller's); ``(None, 0)`` if none.
     Whether a code object is the library's is worked out once per code object."""
     frame: FrameType | None = _getframe(0)
-    known = _library_code
+    entries = _known.entries
     while frame is not None:
         code = frame.f_code
-        library = known.get(id(code))
-        if library is None:
-            name = code.co_filename
-            library = known[id(code)] = name.startswith(_LIBRARY) and not name.startswith(_CLIENTS)
-            _codes.append(code)
+        key: i64 = id(code)
+        slot = (key >> 4) & (_KNOWN_SLOTS - 1)
+        entry = entries[slot]
+        if entry >> 1 == key:
+            library = (entry & 1) == 1
+        else:
+            library = _is_library(code)
+            entries[slot] = key * 2 + (1 if library else 0)
         if not library:
             return code, frame.f_lasti
         frame = frame.f_back
     return None, 0
+
+
+def _is_library(code: CodeType) -> bool:
+    """Whether ``code`` is the library's (not a user's), worked out once per code object."""
+    library = _library_code.get(id(code))
+    if library is None:
+        name = code.co_filename
+        library = _library_code[id(code)] = name.startswith(_LIBRARY) and not name.startswith(_CLIENTS)
+        _codes.append(code)
+    return library
+
+
+@final
+class _KnownCode:
+    """The last code objects met, by id, each ``id * 2 + library`` in a direct-mapped table of
+    native ints: this is read for every frame walked, where the dict behind it needs a boxed int
+    and a hash, and most ops are recorded from a few functions."""
+
+    def __init__(self) -> None:
+        self.entries = vec[i64]([0] * _KNOWN_SLOTS)
+
+
+_KNOWN_SLOTS: Final = 1024  # a power of two; objects are 16-byte aligned, so ids' low 4 bits are 0
+_known: Final = _KnownCode()
