@@ -46,3 +46,21 @@ def test_merged_calls_name_one_of_their_lines() -> None:
     result = ml.add_n(terms).predict_blocking()
     assert isinstance(result, Failure)
     assert getattr(result.failure(), "__notes__", [""])[0].startswith(f"matmul was made at {__file__}:")
+
+
+def test_the_users_code_is_found_among_thousands_of_functions() -> None:
+    """Whether a frame's code is the library's is cached in a table of 1,024 slots: with three
+    thousand functions of the user's (many sharing a slot with each other and with the library's
+    op wrappers and builders), each op still records its own caller's code, never a library one."""
+    x = ml.ArrayWeight(np.ones(3))
+    layer = Linear.new(3, 2, seed=0)
+    namespace: dict[str, Any] = {"ml": ml, "x": x, "layer": layer}
+    functions = []
+    for k in range(3000):
+        exec(f"def f{k}():\n    return ml.tanh(x) if {k} % 2 else layer(x)", namespace)
+        functions.append(namespace[f"f{k}"])
+    for _ in range(2):  # the second time, every code is in the table or was pushed out of it
+        for f in functions:
+            made = f()
+            assert made.graph is not None
+            assert made.graph.codes[made.row] is f.__code__
