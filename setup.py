@@ -39,7 +39,8 @@ from setuptools.command.build_ext import build_ext
 # runtime_checkable protocol), the public surface that validates its own arguments (the op
 # families in monadl/dsl/ops/, which hold their public functions, and monadl/dsl/core/weights.py:
 # compiled, mypyc's argument checks pre-empt their messages, and FloatWeight(True) became 1.0;
-# monadl/dsl/ops/operators.py, the operators' ops, has no public function and is compiled), and
+# monadl/dsl/ops/operators.py, the operators' ops, has no public function and is compiled; so is
+# monadl/dsl/core/arguments.py, the ops' argument checks, whose parameters are objects), and
 # optimizers (values users may subclass and tests spy on), direct, data/, bench/, cli (not hot).
 COMPILED_MODULES = [
     "monadl/do/do.py",
@@ -62,6 +63,7 @@ COMPILED_MODULES = [
     "monadl/dsl/core/base.py",
     "monadl/dsl/core/layers.py",
     "monadl/dsl/core/indices.py",
+    "monadl/dsl/core/arguments.py",
     "monadl/dsl/ops/operators.py",
     "monadl/dsl/extend/operation.py",
     "monadl/dsl/learning/finite.py",

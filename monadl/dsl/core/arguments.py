@@ -124,5 +124,6 @@ def array_operands(op: str, xs: object) -> Sequence[object]:
     if not operands:
         raise ValueError(f"{op}: needs at least one array")
     for i, x in enumerate(operands):
-        array_operand(op, x, f"xs[{i}]")
+        if not isinstance(x, ArrayOperators):  # a layer's or weight's is fine: no name to make
+            array_operand(op, x, f"xs[{i}]")
     return operands
