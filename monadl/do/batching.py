@@ -81,18 +81,9 @@ def signature(s: Scheduler, r: int) -> Hashable | None:
 
 def _ranks(s: Scheduler, lo: int, hi: int) -> list[int]:
     """The ranks of the inputs ``lo`` to ``hi`` of a ready row (a float's, or a row of floats', is
-    0), read from their data without making a row of a merged value."""
+    0), from their value kinds: no row of a merged value is made."""
     run = s.run
-    ranks = []
-    for k in range(lo, hi):
-        slot, row = s.in_slots[k], s.in_rows[k]
-        data = run.datas[slot]
-        if type(data) is float or (row >= 0 and run.scalar_rows[slot]):
-            ranks.append(0)
-        else:
-            rank: int = data.ndim
-            ranks.append(rank - 1 if row >= 0 else rank)
-    return ranks
+    return [kind_rank(run.kind(s.in_slots[k], s.in_rows[k])) for k in range(lo, hi)]
 
 
 def _values(s: Scheduler, lo: int, hi: int) -> list[Any]:
