@@ -44,7 +44,7 @@ arrays and lists in a tuple, or a boolean mask (advanced indexing)."""
 
 def is_float_kind(x: object) -> bool:
     """True for operands of float type: floats, ints, float weights and float layers."""
-    kind = type(x)  # the common operands first: an isinstance of a tuple costs a microsecond
+    kind = type(x)  # the common operands first, before the slower isinstance of a tuple
     if kind is ArrayLayer:
         return False
     if kind is FloatLayer or kind is float:
