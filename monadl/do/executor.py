@@ -269,6 +269,7 @@ class Executor:
                 run = Run(dispatcher, stats, snap, graph, structure.bound, ctx)
                 run.reserve(program.slots)
                 run.steps = program.steps
+                run.program = program
                 stats.add(program.stats)  # its launches, as they are attempted
                 stats.replayed += 1
                 replay_steps(run, False)

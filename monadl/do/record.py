@@ -57,8 +57,10 @@ class Run:
         self.weights: list[Any] = []  # a weight's slot: the weight; others None
         self.scalar_rows: list[bool] = []  # a stacked slot's rows are floats (its calls' results are)
         self.params: list[Any] = []  # a replayed op's per-run parameters (None: its program's)
-        self.kinds: list[int] = []  # a slot's (or its rows') interned value kind, -1 until asked for
+        self.kinds: list[int] = []  # a slot's interned value kind, -1 until asked for
+        self.row_kinds: list[int] = []  # the kind of a stacked slot's rows, -1 until asked for
         self.steps: list[Step] = []
+        self.program: Program | None = None  # the program whose steps the run replays
         self.leaves: list[Any] = []  # the weights the run read
         self.dispatcher = dispatcher
         self.stats = stats
@@ -86,6 +88,7 @@ class Run:
         self.scalar_rows.append(False)
         self.params.append(None)
         self.kinds.append(-1)
+        self.row_kinds.append(-1)
         return k
 
     def reserve(self, slots: int) -> None:
@@ -98,27 +101,40 @@ class Run:
         self.scalar_rows = [False] * slots
         self.params = [None] * slots
         self.kinds = [-1] * slots
+        self.row_kinds = [-1] * slots
 
     def value(self, slot: int, row: int) -> Any:
         """The value at ``slot``, or its row ``row`` (a float for a row of floats)."""
         data = self.datas[slot]
         return data if row < 0 else row_value(data, row, self.scalar_rows[slot])
 
-    def first_reads(self) -> dict[int, list[Any]]:
-        """The frame's weights by the step that reads each first (in the backward pass, the last of
-        its readers in the frame)."""
+    def first_reads(self) -> dict[int, list[int]]:
+        """The slots of the frame's weights by the step that reads each first (in the backward
+        pass, the last of its readers in the frame); kept with the program a run replays (its steps
+        and their slots are the program's)."""
+        program = self.program
+        if program is not None and program.firsts is not None:
+            return program.firsts
         weights = self.weights
         seen: set[int] = set()
-        firsts: dict[int, list[Any]] = {}
+        firsts: dict[int, list[int]] = {}
         for i, step in enumerate(self.steps):
             for slot in step.reads():
                 if weights[slot] is not None and slot not in seen:
                     seen.add(slot)
-                    firsts.setdefault(i, []).append(weights[slot])
+                    firsts.setdefault(i, []).append(slot)
+        if program is not None:
+            program.firsts = firsts
         return firsts
 
     def kind(self, slot: int, row: int) -> int:
-        """The interned value kind (type, shape, dtype) of a slot's value, or of its rows."""
+        """The interned value kind (type, shape, dtype) of a slot's value, or of its rows (each
+        worked out once per slot: a slot's value is set once in a run)."""
+        if row >= 0:
+            r = self.row_kinds[slot]
+            if r < 0:
+                r = self.row_kinds[slot] = self._row_kind(slot)
+            return r
         k = self.kinds[slot]
         if k < 0:
             data = self.datas[slot]
@@ -128,11 +144,12 @@ class Run:
                 shape = tuple(data.shape)
                 k = kind_id((type(data), shape, data.dtype), len(shape))
             self.kinds[slot] = k
-        if row < 0:
-            return k
+        return k
+
+    def _row_kind(self, slot: int) -> int:
         if self.scalar_rows[slot]:
             return kind_id(float, 0)
-        r = row_kind(k)
+        r = row_kind(self.kind(slot, -1))
         if r < 0:  # dropped from the table since: made again from the value
             data = self.datas[slot]
             shape = tuple(data.shape)
@@ -189,6 +206,9 @@ class Program:
         self.inputs = inputs
         self.outputs = outputs
         self.stats = stats
+        self.firsts: dict[int, list[int]] | None = None
+        """Its weights' slots by the step that reads each first, once a backward pass needs them
+        (``Run.first_reads``)."""
         self.anchor: Any = None
         """What the program's key names by identity (a batchable call's arguments), kept alive with
         it: no other object can take their identities while the program may be replayed."""

@@ -102,7 +102,7 @@ class Backward:
         try:
             with draining(self.dispatcher):
                 steps = run.steps
-                firsts = run.first_reads() if self.top else None
+                firsts: dict[int, list[int]] | None = None  # worked out once a weight's delta is a product
                 for i in range(len(steps) - 1, -1, -1):
                     step = steps[i]
                     if self.diagnose:
@@ -110,10 +110,13 @@ class Backward:
                             "a weight's uses" if type(step) is LeafStep else f"the vjp of {step.name()}"
                         )
                     RULES[type(step)](self, step)
-                    if firsts is not None and self.products:
-                        weights = firsts.get(i)
-                        if weights is not None:
-                            for weight in weights:
+                    if self.top and self.products:
+                        if firsts is None:
+                            firsts = run.first_reads()
+                        slots = firsts.get(i)
+                        if slots is not None:
+                            for slot in slots:
+                                weight = run.weights[slot]
                                 if weight in self.products:
                                     # Its last reader in the frame: its products are all given.
                                     # Multiplied now, while its readers' rows are in the cache.
@@ -238,17 +241,21 @@ class Backward:
         if type(g) is SparseRows:
             g = g.to_dense(namespace(held))
         if type(held) is NDARRAY:
-            held[row] += g
+            if held.ndim > 1:
+                view = held[row]  # added into in place: no store of the row back
+                view += g
+            else:  # rows of floats: an element
+                held[row] += g
         else:  # the array API assigns to no index: a scatter
             xp = namespace(held)
             on = on_device(xp, held)
             self.deltas[slot] = scatter_add(
                 xp, held, xp.asarray([row], **on), xp.reshape(xp.asarray(g, **on), (1, -1))
             )
-        self.mark(slot, np.asarray([row]))
+        self.mark(slot, row)
 
     def mark(self, slot: int, rows: Any) -> None:
-        """Rows ``rows`` of slot ``slot`` got a delta."""
+        """Rows ``rows`` (an index array, or one row) of slot ``slot`` got a delta."""
         present = self.present[slot]
         if present is ALL:
             return

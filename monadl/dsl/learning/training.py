@@ -239,7 +239,8 @@ def _unaliased(gradients: Gradients, owned: set[Any], snapshot: Snapshot) -> tup
         if type(gradient) is float:
             continue
         data = data_of(weight, snapshot)
-        if type(data) is not float and gradient.dtype != data.dtype:
+        dtype = gradient.dtype
+        if type(data) is not float and dtype is not data.dtype and dtype != data.dtype:
             if type(gradient) is SparseRows:
                 values = namespace(gradient.values).astype(gradient.values, data.dtype)
                 gradient = SparseRows(gradient.indices, values, gradient.shape)
@@ -247,14 +248,18 @@ def _unaliased(gradients: Gradients, owned: set[Any], snapshot: Snapshot) -> tup
                 gradient = namespace(gradient).astype(gradient, data.dtype)
             gradients[weight] = gradient
             owned.add(weight)
-        elif _memory(gradient) in seen:
+            seen.add(_memory(gradient))
+            continue
+        memory = _memory(gradient)
+        if memory in seen:
             gradient = gradients[weight] = (
                 gradient.copy()  # its own object, with its own rows
                 if type(gradient) is SparseRows
                 else namespace(gradient).asarray(gradient, copy=True)
             )
             owned.add(weight)
-        seen.add(_memory(gradient))
+            memory = _memory(gradient)
+        seen.add(memory)
     return gradients, owned
 
 
