@@ -50,6 +50,24 @@ class Evaluation:
         self.value = value
 
 
+class ProgramKey:
+    """A program's key: the run's settings and its graph's structure, with its hash worked out
+    once. A graph run again is looked up by the same key object on every run, and a tuple's hash
+    walks every item of the structure (every op of the graph), each time it is asked for."""
+
+    def __init__(self, items: tuple[Any, ...]) -> None:
+        self.items = items
+        self.hashed = hash(items)
+
+    def __hash__(self) -> int:
+        return self.hashed
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            isinstance(other, ProgramKey) and self.hashed == other.hashed and self.items == other.items
+        )
+
+
 class Structure:
     """A static graph's key and its *bound rows*: the rows whose values a replay reads from the
     graph at hand (its weights, constants and ops with per-run parameters: a lookup's indices, a
@@ -256,11 +274,11 @@ class Executor:
         settings = (batch, own_root)
         seen = self._seen.get((graph, root))
         structure = None
-        if seen is not None and seen[0][:2] == settings and seen[1].unchanged():
+        if seen is not None and seen[0].items[:2] == settings and seen[1].unchanged():
             key, structure = seen  # the same graph again: no walk
         elif self.replay and not graph.dynamic and self._walks():
             structure = structure_of(graph, root)
-            key = None if structure is None else (*settings, structure.key)
+            key = None if structure is None else ProgramKey((*settings, structure.key))
             self._misses += 1  # until its program is found
         if structure is not None and key is not None:
             program = self._programs.get(key)
