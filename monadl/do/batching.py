@@ -348,6 +348,21 @@ def stack_rows(run: Run, slots: list[int], rows: list[int]) -> int:
 def stack_step(run: Run, slots: list[int], rows: list[int], shape: tuple[int, ...] | None) -> StackStep:
     """The step that gathers the values at ``slots``/``rows`` as the rows of one array (reshaped to
     ``shape``, if given: rows of rows joined along their first axis)."""
+    n = len(slots)
+    first = slots[0]
+    one = rows[0] >= 0  # rows of one stacked slot (a merged group's): the commonest gather
+    for p in range(1, n):
+        if slots[p] != first or rows[p] < 0:
+            one = False
+            break
+    if one:
+        out = run.new_slot(run.wants[first])
+        run.scalar_rows[out] = shape is None and run.scalar_rows[first]
+        picks = np.asarray(rows, dtype=np.intp)
+        unique = len(set(rows)) == n
+        return StackStep(
+            [first], [np.arange(n, dtype=np.intp)], [picks], n, shape, out, run.wants[first], [unique]
+        )
     sources: list[int] = []
     positions: list[list[int]] = []
     picked: list[list[int] | None] = []

@@ -356,12 +356,16 @@ class StackStep(Step):
         shape: tuple[int, ...] | None,
         out: int,
         wants: bool,
+        unique: list[bool] | None = None,
     ) -> None:
         super().__init__(out, wants)
         self.sources = sources
         self.places = places
         self.picks = picks
-        self.unique = [r is None or len(set(r.tolist())) == len(r) for r in picks]
+        self.unique = (
+            [r is None or len(set(r.tolist())) == len(r) for r in picks] if unique is None else unique
+        )
+        """Per source, whether its picks are distinct rows (given, where the caller knows)."""
         self.n = n
         self.shape = shape
         self.single = len(sources) == 1 and picks[0] is not None
