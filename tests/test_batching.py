@@ -549,6 +549,23 @@ def test_a_shared_weight_gets_one_delta_per_group() -> None:
     np.testing.assert_allclose(on.gradients[b], sum(slopes), rtol=1e-12)
 
 
+@SETTINGS
+@given(picks=st.lists(st.integers(0, 3), min_size=2, max_size=8), seed=st.integers(0, 2**16))
+def test_rows_of_one_group_read_in_any_order_have_the_unbatched_gradients(
+    picks: list[int], seed: int
+) -> None:
+    # The tanh calls merge into one group of 4 rows; the products read its rows in the order of
+    # ``picks`` (repeated, out of order, consecutive or not), merged into one gather of that one
+    # group's rows: a repeated row's deltas must add up, as they do with each call alone.
+    rng = np.random.default_rng(seed)
+    w, v = ArrayWeight(rng.standard_normal(3)), ArrayWeight(rng.standard_normal(3))
+    xs = [ml.tanh(w * rng.uniform(0.5, 2.0, 3)) for _ in range(4)]
+    loss = ml.add_n([ml.sum(xs[j] * v) for j in picks])
+    note(f"picks {picks}")
+    batched, _ = assert_same_gradients(loss, {"w": w, "v": v})
+    assert batched.stats.kinds["mul"] == 2  # one launch for the scalings, one for the products
+
+
 def test_an_embedding_table_gets_one_sparse_delta_per_group() -> None:
     table = ArrayWeight(np.arange(12.0).reshape(6, 2))
     rows = [4, 1, 4, 0]

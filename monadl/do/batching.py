@@ -351,15 +351,21 @@ def stack_step(run: Run, slots: list[int], rows: list[int], shape: tuple[int, ..
     n = len(slots)
     first = slots[0]
     one = rows[0] >= 0  # rows of one stacked slot (a merged group's): the commonest gather
+    increasing = True  # (then its rows are distinct)
     for p in range(1, n):
         if slots[p] != first or rows[p] < 0:
             one = False
             break
+        if rows[p] <= rows[p - 1]:
+            increasing = False
     if one:
         out = run.new_slot(run.wants[first])
         run.scalar_rows[out] = shape is None and run.scalar_rows[first]
-        picks = np.asarray(rows, dtype=np.intp)
-        unique = len(set(rows)) == n
+        if increasing and rows[n - 1] - rows[0] == n - 1:  # a run of consecutive rows
+            picks = np.arange(rows[0], rows[0] + n, dtype=np.intp)
+        else:
+            picks = np.asarray(rows, dtype=np.intp)
+        unique = increasing or len(set(rows)) == n
         return StackStep(
             [first], [np.arange(n, dtype=np.intp)], [picks], n, shape, out, run.wants[first], [unique]
         )
