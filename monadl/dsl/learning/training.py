@@ -239,8 +239,7 @@ def _unaliased(gradients: Gradients, owned: set[Any], snapshot: Snapshot) -> tup
         if type(gradient) is float:
             continue
         data = data_of(weight, snapshot)
-        dtype = gradient.dtype
-        if type(data) is not float and dtype is not data.dtype and dtype != data.dtype:
+        if type(data) is not float and gradient.dtype is not data.dtype and gradient.dtype != data.dtype:
             if type(gradient) is SparseRows:
                 values = namespace(gradient.values).astype(gradient.values, data.dtype)
                 gradient = SparseRows(gradient.indices, values, gradient.shape)
