@@ -409,6 +409,7 @@ def stack_step(run: Run, slots: list[int], rows: list[int], shape: tuple[int, ..
         shape,
         out,
         wants,
+        [r is None or len(set(r)) == len(r) for r in picked],
     )
 
 

@@ -356,16 +356,15 @@ class StackStep(Step):
         shape: tuple[int, ...] | None,
         out: int,
         wants: bool,
-        unique: list[bool] | None = None,
+        unique: list[bool],
     ) -> None:
         super().__init__(out, wants)
         self.sources = sources
         self.places = places
         self.picks = picks
-        self.unique = (
-            [r is None or len(set(r.tolist())) == len(r) for r in picks] if unique is None else unique
-        )
-        """Per source, whether its picks are distinct rows (given, where the caller knows)."""
+        self.unique = unique
+        """Per source, whether its picks are distinct rows (its delta's rows then add without a
+        scatter)."""
         self.n = n
         self.shape = shape
         self.single = len(sources) == 1 and picks[0] is not None
