@@ -474,6 +474,21 @@ def _check_labels_merged(inputs: tuple[Any, ...], merged: dict[str, Any]) -> Non
         _check_labels(inputs[0], (lo, hi))
 
 
+def _picked_labels(matrix: Any, labels: Any, batch: int) -> tuple[Any, Any]:
+    """Of NumPy logits, a row per label: each row's log-probability of its label, and the gradient
+    of their mean over ``batch`` (the softmax less the one-hot, over ``batch``), the label's entry
+    indexed in place: no one-hot is made, nor multiplied, summed and subtracted (four passes over
+    the classes, most of a language model's loss over a large vocabulary)."""
+    log_p = log_softmax_of(NUMPY, matrix, -1)
+    rows = np.arange(matrix.shape[0])
+    picked = log_p[rows, labels]
+    gradient = np.exp(log_p)
+    gradient[rows, labels] -= 1.0
+    if batch != 1:  # (a division by 1 changes nothing)
+        gradient /= batch
+    return picked, gradient
+
+
 def _cross_entropy(xp: Any, logits: Any, targets: Any, labels: tuple[int, int] | None) -> tuple[float, Any]:
     """The loss, and (saved for the vjp) its gradient ``(softmax(logits) - targets) / batch``."""
     batch = int(math.prod(logits.shape[:-1]))
@@ -482,13 +497,8 @@ def _cross_entropy(xp: Any, logits: Any, targets: Any, labels: tuple[int, int] |
         # arithmetic on a batch of logits), indexed directly, so the gradient is written in place
         # whatever its memory layout.
         matrix = logits if logits.ndim == 2 else logits.reshape(batch, logits.shape[-1])
-        labels_flat = targets if targets.ndim == 1 else targets.reshape(batch)
-        log_p = log_softmax_of(NUMPY, matrix, -1)
-        rows = np.arange(batch)
-        picked = log_p[rows, labels_flat]
-        gradient = np.exp(log_p)
-        gradient[rows, labels_flat] -= 1.0
-        gradient /= batch
+        flat = targets if targets.ndim == 1 else targets.reshape(batch)
+        picked, gradient = _picked_labels(matrix, flat, batch)
         if matrix is not logits:
             gradient = gradient.reshape(logits.shape)
         return -float(np.add.reduce(picked)) / batch, gradient
@@ -502,9 +512,15 @@ def _cross_entropy_rows(
 ) -> tuple[Any, Any]:
     """``_cross_entropy`` of each row of stacked calls: one loss per row, as float64 (the unbatched
     loss is a Python float), and the saved gradients."""
+    batch = int(math.prod(logits.shape[1:-1]))
+    if labels is not None and xp is NUMPY:  # the labels picked, as a call alone picks them
+        n, classes = logits.shape[0], logits.shape[-1]
+        matrix = logits if logits.ndim == 2 else logits.reshape(n * batch, classes)
+        picked, gradient = _picked_labels(matrix, targets.reshape(n * batch), batch)
+        summed = np.add.reduce(picked.reshape(n, batch), axis=1)  # each call's, in its own order
+        return -summed.astype(np.float64) / batch, gradient.reshape(logits.shape)
     log_p = log_softmax_of(xp, logits, -1)
     onehot = _targets(xp, logits, targets, labels)
-    batch = int(math.prod(logits.shape[1:-1]))
     summed = xp.sum(onehot * log_p, axis=tuple(range(1, logits.ndim)))
     return -xp.astype(summed, xp.float64) / batch, (xp.exp(log_p) - onehot) / batch
 
