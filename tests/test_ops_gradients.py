@@ -30,7 +30,9 @@ from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight, ShapeError
 from monadl.do.primitive import Primitive
 from monadl.dsl.core.layers import apply_array, apply_float
 from monadl.dsl.ops.activations import RELU
+from monadl.dsl.ops.operators import mm
 from monadl.gradcheck import GradientMismatch, check_gradients, gradients_of
+from monadl.typeclasses.backend import NUMPY as NUMPY_XP
 
 SETTINGS = settings(max_examples=25, deadline=None)
 
@@ -615,3 +617,46 @@ def test_checker_fails_on_a_wrong_float_gradient() -> None:
     wrong = Primitive("cube", lambda xp, x: x * x * x, (lambda xp, d, o, x: d * 3.0 * x,))  # not 3x^2
     with pytest.raises(GradientMismatch, match="monadl vs finite differences"):
         check_gradients(lambda w: apply_float(wrong, w), 1.3)
+
+
+@settings(max_examples=8, deadline=None)
+@given(rows=st.integers(2, 4), fan=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_a_few_rows_by_a_large_weight_have_finite_difference_gradients(
+    rows: int, fan: bool, seed: int
+) -> None:
+    """The delta of a few rows by a large weight, ``d @ w.T``, is worked out as ``(w @ d.T).T``
+    (faster in OpenBLAS there): a ``linear`` alone, and (``fan``) two of one input by two weights,
+    whose deltas are one product by the weights side by side."""
+    rng = np.random.default_rng(seed)
+    w, v = rng.standard_normal((128, 64)), rng.standard_normal((128, 64))  # 8,192 entries: the large ones
+    r = rng.standard_normal((rows, 64))
+    x = rng.standard_normal((rows, 128))
+
+    def loss(x: ArrayLayer) -> FloatLayer:
+        y = monadl.linear(x, w, 0.5)
+        return monadl.sum((y + monadl.linear(x, v, 0.0) if fan else y) * r)
+
+    executor = monadl.Executor()
+    (g,) = check_gradients(loss, x, executor=executor)
+    np.testing.assert_allclose(g, r @ (w + v).T if fan else r @ w.T, rtol=1e-12, atol=1e-12)
+    assert executor.last_stats.kinds["linear"] == 1  # the two fanned out into one kernel
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(0, 300),
+    inner=st.sampled_from([1, 8, 64, 200]),
+    outputs=st.sampled_from([1, 40, 128]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_products_by_a_transposed_matrix_equal_numpys(
+    rows: int, inner: int, outputs: int, dtype: type[np.floating[Any]], seed: int
+) -> None:
+    """``mm(d, w.T)`` in whichever form it picks: ``d @ w.T`` to rounding, C-ordered, in d's dtype."""
+    rng = np.random.default_rng(seed)
+    d = rng.standard_normal((rows, inner)).astype(dtype)
+    w = rng.standard_normal((outputs, inner)).astype(dtype)
+    got = mm(NUMPY_XP, d, w.mT)
+    assert got.dtype == dtype and got.shape == (rows, outputs) and got.flags.c_contiguous
+    np.testing.assert_allclose(got, d.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-4)

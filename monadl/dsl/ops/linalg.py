@@ -142,7 +142,7 @@ def _fan_linear_vjp_x(xp: Any, d: Any, o: Any, x: Any, w: tuple[Any, ...], b: tu
     joined = _joined(w, b) if xp is NUMPY and type(d) is NDARRAY and d.dtype == w[0].dtype else None
     if joined is not None:  # one product by the joined weights: the k deltas side by side
         sides = d.transpose(1, 0, 2).reshape(d.shape[1], d.shape[0] * d.shape[2])
-        return np.dot(sides, joined[0].T).reshape(x.shape)
+        return mm(xp, sides, joined[0].T).reshape(x.shape)
     g = mm(xp, d[0, ...], w[0].mT)
     for j in range(1, len(w)):
         g = g + mm(xp, d[j, ...], w[j].mT)
