@@ -476,17 +476,30 @@ def _check_labels_merged(inputs: tuple[Any, ...], merged: dict[str, Any]) -> Non
 
 def _picked_labels(matrix: Any, labels: Any, batch: int) -> tuple[Any, Any]:
     """Of NumPy logits, a row per label: each row's log-probability of its label, and the gradient
-    of their mean over ``batch`` (the softmax less the one-hot, over ``batch``), the label's entry
-    indexed in place: no one-hot is made, nor multiplied, summed and subtracted (four passes over
-    the classes, most of a language model's loss over a large vocabulary)."""
-    log_p = log_softmax_of(NUMPY, matrix, -1)
+    of their mean over ``batch`` (the softmax less the one-hot, over ``batch``).
+
+    :func:`log_softmax_of`'s arithmetic, in one array of the logits' size: the shifted logits,
+    their labels' entries read, become the terms ``exp(shifted)`` in place, and then the softmax
+    ``terms / (1 + s)`` (the maximum's term 1). So one exp, not a second of the log-probabilities,
+    and one large array made, not three: on a language model's logits (thousands of rows by its
+    vocabulary) a fresh large array costs its pages as much again as the pass that fills it. The
+    loss's bits are :func:`log_softmax_of`'s; the gradient's differ by rounding (it is as accurate:
+    ``exp(log_p)`` carries ``log_p``'s absolute error, a relative one, into a small probability)."""
     rows = np.arange(matrix.shape[0])
-    picked = log_p[rows, labels]
-    gradient = np.exp(log_p)
-    gradient[rows, labels] -= 1.0
+    top = np.argmax(matrix, axis=1)
+    terms = matrix - matrix[rows, top][:, None]
+    picked = terms[rows, labels]
+    np.exp(terms, out=terms)
+    terms[rows, top] = 0.0
+    s = np.add.reduce(terms, axis=1, keepdims=True)
+    picked -= np.log1p(s)[:, 0]
+    terms[rows, top] = 1.0
+    s += 1.0
+    terms /= s
+    terms[rows, labels] -= 1.0
     if batch != 1:  # (a division by 1 changes nothing)
-        gradient /= batch
-    return picked, gradient
+        terms /= batch
+    return picked, terms
 
 
 def _cross_entropy(xp: Any, logits: Any, targets: Any, labels: tuple[int, int] | None) -> tuple[float, Any]:
