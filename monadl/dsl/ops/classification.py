@@ -538,18 +538,33 @@ def _cross_entropy_rows(
     return -xp.astype(summed, xp.float64) / batch, (xp.exp(log_p) - onehot) / batch
 
 
+def _cross_entropy_vjp(xp: Any, d: float, saved: Any, logits: Any, targets: Any, labels: Any) -> Any:
+    """The saved gradient times the loss's delta; the gradient itself where the delta is 1 (a loss
+    summed into the one trained), without a pass over the logits (the op's vjp may give back what
+    it was given: ``fresh=False``)."""
+    return saved if d == 1.0 else saved * d
+
+
+def _cross_entropy_rows_vjp(xp: Any, d: Any, saved: Any, logits: Any, targets: Any, labels: Any) -> Any:
+    """:func:`_cross_entropy_vjp` of merged calls: each row's delta scales its rows."""
+    if xp is NUMPY and bool(np.all(d == 1.0)):
+        return saved
+    return saved * row_deltas(xp, d, saved)
+
+
 # ``labels`` is (min, max) of integer labels, computed once when the op is made, or None for
-# probabilities. The forward saves the gradient, so the backward is one multiplication.
+# probabilities. The forward saves the gradient, so the backward is one multiplication at most.
 CROSS_ENTROPY_FUSED: Final = declare(
     "cross_entropy",
     _cross_entropy,
-    (lambda xp, d, saved, logits, targets, labels: saved * d,),
+    (_cross_entropy_vjp,),
     check=_check_cross_entropy,
     saves=True,
+    fresh=False,
     batch=Batching(
         scalar="always",
         forward=_cross_entropy_rows,
-        vjps=(lambda xp, d, saved, logits, targets, labels: saved * row_deltas(xp, d, saved),),
+        vjps=(_cross_entropy_rows_vjp,),
         row_params=("targets",),
         check_merged=_check_labels_merged,
     ),
