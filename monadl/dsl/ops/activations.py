@@ -205,14 +205,21 @@ def log_softmax_of(xp: Any, x: Any, axis: int) -> Any:
             np.put_along_axis(terms, top, 0.0, axis)
         shifted -= np.log1p(np.add.reduce(terms, axis=axis, keepdims=True))
         return shifted
-    # The array API has no put_along_axis: the maxima's 1s are taken out by a mask, all of them
-    # (their count less one added back).
+    shifted, _, rest = softmax_terms(xp, x, axis)
+    return shifted - xp.log1p(rest)
+
+
+def softmax_terms(xp: Any, x: Any, axis: int) -> tuple[Any, Any, Any]:
+    """:func:`log_softmax_of`'s parts in any namespace: ``shifted = x - max``, the terms
+    ``exp(shifted)``, and ``s``, their sum but one maximum's (the log-probabilities are
+    ``shifted - log1p(s)``, the probabilities ``terms / (1 + s)``). The array API has no
+    put_along_axis: the maxima's 1s are taken out by a mask, all of them (their count less one
+    added back); with one maximum, ``s`` is NumPy's sum of the same values."""
     shifted = x - xp.max(x, axis=axis, keepdims=True)
     top = xp.astype(shifted == 0.0, shifted.dtype)  # the array API subtracts no bools from floats
-    rest = xp.sum(xp.exp(shifted) - top, axis=axis, keepdims=True) + (
-        xp.sum(top, axis=axis, keepdims=True) - 1.0
-    )
-    return shifted - xp.log1p(rest)
+    terms = xp.exp(shifted)
+    rest = xp.sum(terms - top, axis=axis, keepdims=True) + (xp.sum(top, axis=axis, keepdims=True) - 1.0)
+    return shifted, terms, rest
 
 
 def _softmax(xp: Any, x: Any, axis: int = -1) -> Any:

@@ -19,7 +19,7 @@ from monadl.do.primitive import Batching
 from monadl.dsl.core.arguments import array_operand, described
 from monadl.dsl.core.indices import integral
 from monadl.dsl.core.layers import AnyArray, ArrayLayer, FloatLayer, apply_array, apply_float
-from monadl.dsl.ops.activations import LOG_SOFTMAX, log_softmax_of
+from monadl.dsl.ops.activations import LOG_SOFTMAX, log_softmax_of, softmax_terms
 from monadl.dsl.ops.losses import (
     Reduction,
     class_targets,
@@ -515,9 +515,9 @@ def _cross_entropy(xp: Any, logits: Any, targets: Any, labels: tuple[int, int] |
         if matrix is not logits:
             gradient = gradient.reshape(logits.shape)
         return -float(np.add.reduce(picked)) / batch, gradient
-    log_p = log_softmax_of(xp, logits, -1)
+    log_p, p = _probabilities(xp, logits, labels)
     onehot = _targets(xp, logits, targets, labels)
-    return -float(xp.sum(onehot * log_p)) / batch, (xp.exp(log_p) - onehot) / batch
+    return -float(xp.sum(onehot * log_p)) / batch, (p - onehot) / batch
 
 
 def _cross_entropy_rows(
@@ -532,10 +532,21 @@ def _cross_entropy_rows(
         picked, gradient = _picked_labels(matrix, targets.reshape(n * batch), batch)
         summed = np.add.reduce(picked.reshape(n, batch), axis=1)  # each call's, in its own order
         return -summed.astype(np.float64) / batch, gradient.reshape(logits.shape)
-    log_p = log_softmax_of(xp, logits, -1)
+    log_p, p = _probabilities(xp, logits, labels)
     onehot = _targets(xp, logits, targets, labels)
     summed = xp.sum(onehot * log_p, axis=tuple(range(1, logits.ndim)))
-    return -xp.astype(summed, xp.float64) / batch, (xp.exp(log_p) - onehot) / batch
+    return -xp.astype(summed, xp.float64) / batch, (p - onehot) / batch
+
+
+def _probabilities(xp: Any, logits: Any, labels: Any) -> tuple[Any, Any]:
+    """The log-probabilities and the probabilities of logits, off NumPy's path of labels: for
+    labels, that path's arithmetic (``terms / (1 + s)``: every namespace's gradient is NumPy's);
+    for probability targets, ``exp(log_p)`` (as NumPy's path of probabilities)."""
+    if labels is None:
+        log_p = log_softmax_of(xp, logits, -1)
+        return log_p, xp.exp(log_p)
+    shifted, terms, rest = softmax_terms(xp, logits, -1)
+    return shifted - xp.log1p(rest), terms / (1.0 + rest)
 
 
 def _cross_entropy_vjp(xp: Any, d: float, saved: Any, logits: Any, targets: Any, labels: Any) -> Any:
