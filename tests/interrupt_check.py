@@ -48,7 +48,9 @@ def main(mode: str, tries: int, seed: int) -> dict[str, int]:
         started = time.perf_counter()
         assert isinstance(loss.train_blocking(optimizer, executor=executor), Success)
         times.append(time.perf_counter() - started)
-    step = sorted(times)[2]  # the median: one slow step would send the timer past most steps
+    # The fastest: a step measured slow (the machine busy for a moment) would send the timer past
+    # most steps, and fewer would be interrupted than the test needs to mean anything.
+    step = min(times)
     signal.signal(signal.SIGALRM, _interrupt)
     rng = random.Random(seed)
     interrupted = half_applied = mixed_states = collector_off = 0
