@@ -104,7 +104,7 @@ from monadl.dsl.ops.losses import (
 from monadl.dsl.ops.norm import group_norm, layer_norm, rms_norm
 from monadl.dsl.ops.padding import PadMode, pad
 from monadl.dsl.ops.pooling import avg_pool1d, avg_pool2d, max_pool1d, max_pool2d
-from monadl.dsl.ops.recurrent import gru_h, lstm_c, lstm_h
+from monadl.dsl.ops.recurrent import gru_h, lstm_c, lstm_h, tree_lstm_c
 from monadl.dsl.ops.reductions import argmax, argmin, logsumexp, max, mean, min, std, sum, var
 from monadl.dsl.ops.selection import take_along_axis, take_rows, where
 from monadl.dsl.ops.shape import concatenate, reshape, split, stack, transpose
@@ -219,6 +219,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "lstm_c",
     "lstm_h",
+    "tree_lstm_c",
     "gru_h",
     # optimizers, gradient transforms and learning-rate schedules
     "Optimizer",

@@ -463,6 +463,11 @@ CASES += [
         (_u(84, (2, 3)), _u(85, (2, 3)), _u(86, (2, 3)), _u(87, (3,))),
     ),
     OpCase("lstm_h", lambda c, o, m: monadl.lstm_h(o, m), (_u(88, (3, 4)), _u(89, (3, 4)))),
+    OpCase(
+        "tree_lstm_c left memory broadcast",
+        lambda c, i, fl, fr, u, ml_, mr: monadl.tree_lstm_c(i, fl, fr, u, ml_, mr),
+        (*(_u(200 + k, (2, 3)) for k in range(4)), _u(204, (3,)), _u(205, (2, 3))),
+    ),
     # nn.LSTM's whole layer (monadl.dsl.ops.packed_lstm): x (steps, 2), hidden 3, gates (5, 3) and
     # biases (3,) per direction; sequences of unequal lengths, not sorted (final memories included)
     OpCase(

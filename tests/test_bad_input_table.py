@@ -1108,6 +1108,26 @@ rows(
     ("NaN", lambda: ml.lstm_h(NAN(3), W(3)), nan(3)),
 )
 rows(
+    "tree_lstm_c",
+    (
+        "memories of two sizes",
+        lambda: ml.tree_lstm_c(W(3), W(3), W(3), W(3), W(3), W(4)),
+        run("tree_lstm_c: operands of shapes"),
+    ),
+    (
+        "int64 memory",
+        lambda: untyped.tree_lstm_c(W(3), W(3), W(3), W(3), ints(3), W(3)),
+        made(TypeError, f"tree_lstm_c: {FLOATS} int64"),
+    ),
+    (
+        "a float gate",
+        lambda: untyped.tree_lstm_c(W(3), 0.5, W(3), W(3), W(3), W(3)),
+        made(TypeError, f"tree_lstm_c: {ARRAY} for f_left"),
+    ),
+    ("empty batch", lambda: ml.tree_lstm_c(*(W(0, 3) for _ in range(6))), empty(0, 3)),
+    ("NaN", lambda: ml.tree_lstm_c(W(3), W(3), W(3), W(3), W(3), NAN(3)), nan(3)),
+)
+rows(
     "gru_h",
     (
         "states of two sizes",

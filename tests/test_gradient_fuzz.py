@@ -1363,6 +1363,18 @@ def _lstm_h(d: st.DrawFn) -> Case:
     return Case(monadl.lstm_h, xs, reference)
 
 
+def _tree_lstm_c(d: st.DrawFn) -> Case:
+    rng = d(RNGS)
+    xs = tuple(real(rng, s) for s in d(broadcasting(6)))
+    reference = None
+    if torch is not None:
+
+        def reference(i: Any, fl: Any, fr: Any, u: Any, cl: Any, cr: Any) -> Any:
+            return torch.sigmoid(i) * torch.tanh(u) + torch.sigmoid(fl) * cl + torch.sigmoid(fr) * cr
+
+    return Case(monadl.tree_lstm_c, xs, reference)
+
+
 def _gru_h(d: st.DrawFn) -> Case:
     rng = d(RNGS)
     xs = tuple(real(rng, s) for s in d(broadcasting(5)))
@@ -1459,6 +1471,7 @@ OPS: dict[str, Fuzzed] = {
     "self_attention": Fuzzed(_self_attention, 10, "self_attention"),
     "lstm_c": Fuzzed(_lstm_c, 6, "lstm_c"),
     "lstm_h": Fuzzed(_lstm_h, 5, "lstm_h"),
+    "tree_lstm_c": Fuzzed(_tree_lstm_c, 6, "tree_lstm_c"),
     "gru_h": Fuzzed(_gru_h, 6, "gru_h"),
     "packed_lstm": Fuzzed(_packed("packed_lstm"), 5, "packed_lstm"),
     "packed_gru": Fuzzed(_packed("packed_gru"), 5, "packed_gru"),

@@ -1,4 +1,5 @@
-"""The recurrent cells' fused gate ops, ``lstm_c``, ``lstm_h`` and ``gru_h`` (monadl.dsl.ops.recurrent):
+"""The recurrent cells' fused gate ops, ``lstm_c``, ``lstm_h``, ``tree_lstm_c`` and ``gru_h``
+(monadl.dsl.ops.recurrent):
 values against the elementwise ops they replace, gradients against finite differences, merged
 calls against calls on their own, errors, and the cells built on them."""
 
@@ -95,6 +96,119 @@ def test_errors_name_the_op() -> None:
         predict(ml.lstm_c(uniform(1, 2, 3), uniform(2, 2, 4), uniform(3, 2, 3), uniform(4, 2, 3)))
     with pytest.raises(TypeError, match=r"lstm_h: expected an array .* for o"):
         ml.lstm_h("o", uniform(1, 3))  # type: ignore[arg-type]
+
+
+def tree_c_reference(i: Any, f_left: Any, f_right: Any, u: Any, c_left: Any, c_right: Any) -> Any:
+    return sigmoid(i) * np.tanh(u) + sigmoid(f_left) * c_left + sigmoid(f_right) * c_right
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 5), (2, 3, 4)])
+def test_tree_lstm_c_is_the_nodes_arithmetic(shape: tuple[int, ...]) -> None:
+    parts = [uniform(130 + k, *shape) for k in range(6)]
+    value = predict(ml.tree_lstm_c(*parts))
+    np.testing.assert_allclose(value, tree_c_reference(*parts), rtol=1e-14, atol=1e-15)
+    assert ml.tree_lstm_c(*parts).shape == shape
+    assert np.asarray(predict(ml.tree_lstm_c(*(p.astype(np.float32) for p in parts)))).dtype == np.float32
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tree_lstm_c_gradients_are_finite_differences(seed: int) -> None:
+    """Random gates and memories (a child's memory broadcast from one row in half the draws), both
+    outputs of a node read: c by the loss and by ``lstm_h``, so its deltas add."""
+    rng = np.random.default_rng(140 + seed)
+    memory = (4,) if seed % 2 else (3, 4)
+    probe_c, probe_h = rng.uniform(-2.0, 2.0, (3, 4)), rng.uniform(-2.0, 2.0, (3, 4))
+
+    def loss(*parts: ArrayWeight) -> FloatLayer:
+        i, f_left, f_right, u, o, c_left, c_right = parts
+        c = ml.tree_lstm_c(i, f_left, f_right, u, c_left, c_right)
+        return ml.sum(c * probe_c) + ml.sum(ml.lstm_h(o, c) * probe_h)
+
+    gates = [rng.uniform(-3.0, 3.0, (3, 4)) for _ in range(5)]
+    ml.check_gradients(loss, *gates, rng.uniform(-3.0, 3.0, memory), rng.uniform(-3.0, 3.0, (3, 4)))
+
+
+def tree_cell_loss(cell: nn.TreeLSTMCell, words: list[Any], probe: Any) -> FloatLayer:
+    """Leaves of ``words``, composed left to right; the root's h and c, probed."""
+    h, c = cell.leaf(words[0])
+    for x in words[1:]:
+        h, c = cell.compose(h, c, *cell.leaf(x))
+    return ml.sum(h * probe) + ml.sum(c)
+
+
+def test_the_tree_cell_equals_its_elementwise_form() -> None:
+    """``TreeLSTMCell`` (on the fused ops) against the same arithmetic in plain NumPy: a three-word
+    tree's value, and for a node of two leaves the gradients of its gates' weights and biases, each
+    a closed form of the NumPy forward."""
+    cell = nn.TreeLSTMCell.new(3, 4, seed=5, dtype=np.float64)
+    words, probe = [uniform(150 + k, 3) for k in range(3)], uniform(160, 4)
+
+    def affine(gate: nn.Linear, x: Any) -> Any:
+        assert gate.b is not None
+        return x @ gate.w.data + gate.b.data
+
+    def leaf(x: Any) -> tuple[Any, Any]:
+        c = affine(cell.leaf_c, x)
+        return sigmoid(affine(cell.leaf_o, x)) * np.tanh(c), c
+
+    def compose(left: tuple[Any, Any], right: tuple[Any, Any]) -> tuple[Any, Any, dict[str, Any]]:
+        e = np.concatenate([left[0], right[0]])
+        pre = {g: affine(getattr(cell, g), e) for g in ("i", "f_left", "f_right", "o", "u")}
+        c = tree_c_reference(pre["i"], pre["f_left"], pre["f_right"], pre["u"], left[1], right[1])
+        return sigmoid(pre["o"]) * np.tanh(c), c, pre
+
+    h, c, _ = compose(leaf(words[0]), leaf(words[1]))
+    h, c, _ = compose((h, c), leaf(words[2]))
+    value = predict(tree_cell_loss(cell, words, probe))
+    assert value == pytest.approx(float(np.sum(h * probe) + np.sum(c)), rel=1e-13)
+
+    _, gradients = ml.compute_gradients(tree_cell_loss(cell, words[:2], probe))
+    left, right = leaf(words[0]), leaf(words[1])
+    h, c, pre = compose(left, right)
+    e = np.concatenate([left[0], right[0]])
+    so, si, sf_l, sf_r = (sigmoid(pre[g]) for g in ("o", "i", "f_left", "f_right"))
+    tu = np.tanh(pre["u"])
+    dc = probe * so * (1.0 - np.tanh(c) ** 2) + 1.0  # through h, and the loss's own sum of c
+    closed = {
+        "o": probe * np.tanh(c) * so * (1.0 - so),
+        "i": dc * tu * si * (1.0 - si),
+        "f_left": dc * left[1] * sf_l * (1.0 - sf_l),
+        "f_right": dc * right[1] * sf_r * (1.0 - sf_r),
+        "u": dc * si * (1.0 - tu**2),
+    }
+    for g, d in closed.items():
+        gate = getattr(cell, g)
+        np.testing.assert_allclose(gradients[gate.w], np.outer(e, d), rtol=1e-12, atol=1e-14, err_msg=g)
+        np.testing.assert_allclose(gradients[gate.b], d, rtol=1e-12, atol=1e-14, err_msg=g)
+
+
+def test_tree_lstm_c_merged_calls_equal_calls_on_their_own() -> None:
+    """Several trees through one cell: the nodes of one height merge across the trees, and so do
+    their fused ops; values and gradients equal the unmerged run's."""
+
+    def loss() -> FloatLayer:
+        cell = nn.TreeLSTMCell.new(3, 4, seed=4, dtype=np.float64)
+        return ml.add_n(
+            [
+                tree_cell_loss(
+                    cell, [uniform(180 + 10 * t + k, 3) for k in range(2 + t)], uniform(190 + t, 4)
+                )
+                for t in range(3)
+            ]
+        )
+
+    merged, alone = merged_and_alone(loss)
+    assert merged.stats.merged > 0 and alone.stats.merged == 0
+    for op in ("tree_lstm_c", "lstm_h"):
+        assert merged.stats.kinds.get(op, 0) < alone.stats.kinds[op], op
+
+
+def test_tree_lstm_c_errors_name_the_op() -> None:
+    good = uniform(1, 2, 3)
+    with pytest.raises(ml.ShapeError, match=r"tree_lstm_c: operands of shapes"):
+        predict(ml.tree_lstm_c(good, good, good, good, good, uniform(2, 2, 4)))
+    with pytest.raises(TypeError, match=r"tree_lstm_c: expected an array .* for f_right"):
+        ml.tree_lstm_c(good, good, "f", good, good, good)  # type: ignore[arg-type]
 
 
 def gru_reference(r: Any, z: Any, n_x: Any, n_h: Any, h: Any) -> Any:

@@ -101,10 +101,10 @@ def sigmoid_of(xp: Any, x: Any) -> Any:
         return _sigmoid(xp, x)
 
 
-def sigmoids_of(xp: Any, a: Any, b: Any) -> tuple[Any, Any]:
-    """:func:`sigmoid_of` of two arrays (an LSTM's or a GRU's gates), under one ``errstate``."""
+def sigmoids_of(xp: Any, *xs: Any) -> tuple[Any, ...]:
+    """:func:`sigmoid_of` of several arrays (a recurrent cell's gates), under one ``errstate``."""
     with np.errstate(over="ignore"):
-        return _sigmoid(xp, a), _sigmoid(xp, b)
+        return tuple([_sigmoid(xp, x) for x in xs])
 
 
 def _sigmoid(xp: Any, x: Any) -> Any:

@@ -1,5 +1,5 @@
 """Recurrent cells' gate arithmetic as fused ops: :func:`lstm_c` and :func:`lstm_h` (an LSTM's),
-:func:`gru_h` (a GRU's).
+:func:`tree_lstm_c` (a binary Tree-LSTM's, with :func:`lstm_h`), :func:`gru_h` (a GRU's).
 
 From the gates' pre-activations ``i``, ``f``, ``o``, ``u`` (each ``W [x; h] + b``) and the memory
 ``c``, an LSTM step computes ``c' = sigmoid(i) * tanh(u) + sigmoid(f) * c`` and
@@ -9,6 +9,11 @@ these two ops do it in two kernels forward and six vjps, as DyNet's ``vanilla_ls
 ``vanilla_lstm_h`` do. Each saves its activations for its vjps. They are elementwise in all their
 operands (broadcasting as NumPy does), so their calls merge under dynamic batching as the
 elementwise ops' do. :class:`monadl.nn.LSTMCell` is built on them.
+
+A binary Tree-LSTM node's memory, from its children's memories ``c_l`` and ``c_r`` and a forget
+gate each, is ``c = sigmoid(i) * tanh(u) + sigmoid(f_l) * c_l + sigmoid(f_r) * c_r``: nine
+elementwise ops forward and fourteen vjps backward, or one op, :func:`tree_lstm_c`, with six vjps;
+its output is :func:`lstm_h`'s. :class:`monadl.nn.TreeLSTMCell` is built on them.
 
 A GRU step, from the reset and update gates' pre-activations ``r`` and ``z``, the candidate's
 input and hidden parts ``n_x`` (``W_nx x + b_nx``) and ``n_h`` (``W_nh h + b_nh``) and the state
@@ -28,7 +33,7 @@ from monadl.dsl.ops.activations import sigmoid_of, sigmoids_of
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import elementwise
 
-__all__ = ["gru_h", "lstm_c", "lstm_h"]
+__all__ = ["gru_h", "lstm_c", "lstm_h", "tree_lstm_c"]
 
 
 def _c_forward(xp: Any, i: Any, f: Any, u: Any, c: Any) -> tuple[Any, tuple[Any, Any, Any]]:
@@ -53,6 +58,41 @@ def _c_vjp_u(xp: Any, d: Any, saved: tuple[Any, Any, Any], *_: Any) -> Any:
 
 def _c_vjp_c(xp: Any, d: Any, saved: tuple[Any, Any, Any], *_: Any) -> Any:
     return d * saved[1]
+
+
+def _tree_c_forward(
+    xp: Any, i: Any, f_left: Any, f_right: Any, u: Any, c_left: Any, c_right: Any
+) -> tuple[Any, tuple[Any, Any, Any, Any]]:
+    (si, sfl, sfr), tu = sigmoids_of(xp, i, f_left, f_right), xp.tanh(u)
+    return si * tu + sfl * c_left + sfr * c_right, (si, sfl, sfr, tu)
+
+
+def _tree_c_vjp_i(xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], *_: Any) -> Any:
+    si, _sfl, _sfr, tu = saved
+    return d * tu * si * (1.0 - si)
+
+
+def _tree_c_vjp_f_left(xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], *inputs: Any) -> Any:
+    sfl = saved[1]
+    return d * inputs[4] * sfl * (1.0 - sfl)
+
+
+def _tree_c_vjp_f_right(xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], *inputs: Any) -> Any:
+    sfr = saved[2]
+    return d * inputs[5] * sfr * (1.0 - sfr)
+
+
+def _tree_c_vjp_u(xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], *_: Any) -> Any:
+    si, _sfl, _sfr, tu = saved
+    return d * si * (1.0 - tu * tu)
+
+
+def _tree_c_vjp_c_left(xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], *_: Any) -> Any:
+    return d * saved[1]
+
+
+def _tree_c_vjp_c_right(xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], *_: Any) -> Any:
+    return d * saved[2]
 
 
 def _h_forward(xp: Any, o: Any, c: Any) -> tuple[Any, tuple[Any, Any]]:
@@ -126,6 +166,22 @@ LSTM_C: Final = declare(
     batch=ELEMENTWISE,
     shape_rule=elementwise,
 )
+TREE_LSTM_C: Final = declare(
+    "tree_lstm_c",
+    _tree_c_forward,
+    (
+        _tree_c_vjp_i,
+        _tree_c_vjp_f_left,
+        _tree_c_vjp_f_right,
+        _tree_c_vjp_u,
+        _tree_c_vjp_c_left,
+        _tree_c_vjp_c_right,
+    ),
+    True,
+    saves=True,
+    batch=ELEMENTWISE,
+    shape_rule=elementwise,
+)
 LSTM_H: Final = declare(
     "lstm_h", _h_forward, (_h_vjp_o, _h_vjp_c), True, saves=True, batch=ELEMENTWISE, shape_rule=elementwise
 )
@@ -137,6 +193,19 @@ def lstm_c(i: AnyArray, f: AnyArray, u: AnyArray, c: AnyArray) -> ArrayLayer:
     for name, x in (("i", i), ("f", f), ("u", u), ("c", c)):
         array_operand("lstm_c", x, name)
     return apply_array(LSTM_C, i, f, u, c)
+
+
+def tree_lstm_c(
+    i: AnyArray, f_left: AnyArray, f_right: AnyArray, u: AnyArray, c_left: AnyArray, c_right: AnyArray
+) -> ArrayLayer:
+    """A binary Tree-LSTM node's memory ``sigmoid(i) * tanh(u) + sigmoid(f_left) * c_left +
+    sigmoid(f_right) * c_right``, from the input gate's, the two forget gates' and the candidate's
+    pre-activations and the children's memories: one op (see the module). The node's output is
+    ``lstm_h(o, c)``."""
+    operands = {"i": i, "f_left": f_left, "f_right": f_right, "u": u, "c_left": c_left, "c_right": c_right}
+    for name, x in operands.items():
+        array_operand("tree_lstm_c", x, name)
+    return apply_array(TREE_LSTM_C, i, f_left, f_right, u, c_left, c_right)
 
 
 def lstm_h(o: AnyArray, c: AnyArray) -> ArrayLayer:
