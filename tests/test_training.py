@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 from cycles import cyclic_garbage
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from returns.io import IOSuccess
 from returns.primitives.exceptions import UnwrapFailedError
 from returns.result import Failure, Success
@@ -142,6 +144,38 @@ def test_adagrad_divides_by_the_root_of_summed_squares() -> None:
         assert isinstance(ml.sum(w * np.array([1.0, -2.0])).train_blocking(ml.Adagrad(0.1)), Success)
     expected = -0.1 * np.array([1.0, -2.0]) / np.array([1.0, 2.0]) * (1 + 1 / np.sqrt(2))
     np.testing.assert_allclose(w.data, expected, rtol=1e-7)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dtype=st.sampled_from([np.float32, np.float64]),
+    shape=st.sampled_from([(1,), (5,), (3, 4), (2, 3, 5), (300, 130)]),
+    seed=st.integers(0, 2**32 - 1),
+    weight_decay=st.sampled_from([0.0, 0.01]),
+    rate=st.floats(1e-4, 1.0),
+)
+def test_adagrads_dense_numpy_update_is_its_rule_bit_for_bit(
+    dtype: type[np.floating[Any]], shape: tuple[int, ...], seed: int, weight_decay: float, rate: float
+) -> None:
+    """NumPy arrays of one kind are updated by a path of fewer arrays: the same bits as the rule as
+    written (``total + g * g``, ``data - rate * g / (total ** 0.5 + epsilon)``), zeros and all, and
+    its inputs unchanged."""
+    rng = np.random.default_rng(seed)
+    data, g = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+    total = np.abs(rng.standard_normal(shape)).astype(dtype)
+    total.reshape(-1)[::3] = 0.0  # a coordinate never moved before
+    g.reshape(-1)[1::4] = 0.0
+    held = [x.copy() for x in (data, g, total)]
+    optimizer = ml.Adagrad(rate, weight_decay=weight_decay)
+    new, (new_total, step) = optimizer.update(data, g, (total, 3))
+    decayed = g + weight_decay * data if weight_decay else g
+    expected_total = total + decayed * decayed
+    expected = data - rate * decayed / (expected_total**0.5 + optimizer.epsilon)
+    assert step == 4 and new.dtype == dtype and new_total.dtype == dtype
+    np.testing.assert_array_equal(new_total, expected_total, strict=True)
+    np.testing.assert_array_equal(new, expected, strict=True)
+    for before, now in zip(held, (data, g, total), strict=True):
+        np.testing.assert_array_equal(before, now)
 
 
 @pytest.mark.parametrize("kwargs", [{"learning_rate": 0.0}, {"learning_rate": 0.1, "weight_decay": -1.0}])

@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from monadl.dsl.fused import Kernel, on_cupy
 from monadl.dsl.learning.optimizers.base import (
     check_epsilon,
@@ -102,8 +104,39 @@ class Adagrad:
             new, total = _adagrad_kernel(bool(wd))((data, g, total), scalars)
             return new, (total, step + 1)
         g = with_weight_decay(g, data, self.weight_decay)
+        if _one_kind(data, g, total):
+            new, total = adagrad_in_place(data, g, total, rate, self.epsilon)
+            return new, (total, step + 1)
         total = keep_array(total + g * g, data)
         return keep_array(data - rate * g / (total**0.5 + self.epsilon), data), (total, step + 1)
+
+
+def _one_kind(data: Any, g: Any, total: Any) -> bool:
+    """Whether these are NumPy arrays of one shape and dtype, not 0-d (NumPy's ufuncs give a 0-d
+    array's result as a scalar)."""
+    return (
+        type(data) is np.ndarray
+        and type(g) is np.ndarray
+        and type(total) is np.ndarray
+        and data.ndim > 0
+        and data.shape == g.shape == total.shape
+        and data.dtype == g.dtype == total.dtype
+    )
+
+
+def adagrad_in_place(data: Any, g: Any, total: Any, rate: float, epsilon: float) -> tuple[Any, Any]:
+    """Adagrad's dense rule on NumPy arrays of one shape and dtype, ``(new data, new sum)``: the
+    operations of ``total + g * g`` and ``data - rate * g / (sum ** 0.5 + epsilon)`` in their
+    order (so the same bits), into three fresh arrays where the expressions make seven (each a
+    pass of allocation as long as its arithmetic). The inputs are not changed."""
+    new_total = np.multiply(g, g)
+    np.add(total, new_total, out=new_total)
+    root = np.sqrt(new_total)  # ``** 0.5``: NumPy computes it as sqrt
+    np.add(root, epsilon, out=root)
+    scaled = np.multiply(g, rate)
+    np.divide(scaled, root, out=root)
+    np.subtract(data, root, out=scaled)
+    return scaled, new_total
 
 
 def _sqrt(x: Any) -> Any:
