@@ -105,7 +105,7 @@ class Adagrad:
             return new, (total, step + 1)
         g = with_weight_decay(g, data, self.weight_decay)
         if _one_kind(data, g, total):
-            new, total = adagrad_in_place(data, g, total, rate, self.epsilon)
+            new, total = _adagrad_on_numpy(data, g, total, rate, self.epsilon)
             return new, (total, step + 1)
         total = keep_array(total + g * g, data)
         return keep_array(data - rate * g / (total**0.5 + self.epsilon), data), (total, step + 1)
@@ -124,7 +124,7 @@ def _one_kind(data: Any, g: Any, total: Any) -> bool:
     )
 
 
-def adagrad_in_place(data: Any, g: Any, total: Any, rate: float, epsilon: float) -> tuple[Any, Any]:
+def _adagrad_on_numpy(data: Any, g: Any, total: Any, rate: float, epsilon: float) -> tuple[Any, Any]:
     """Adagrad's dense rule on NumPy arrays of one shape and dtype, ``(new data, new sum)``: the
     operations of ``total + g * g`` and ``data - rate * g / (sum ** 0.5 + epsilon)`` in their
     order (so the same bits), into three fresh arrays where the expressions make seven (each a
