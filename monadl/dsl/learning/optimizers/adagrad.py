@@ -16,6 +16,7 @@ from monadl.dsl.learning.optimizers.base import (
     check_learning_settings,
     decay_parts,
     keep_array,
+    numpy_of_one_kind,
     rate_at_step,
     summed_rows,
     with_rows,
@@ -104,24 +105,11 @@ class Adagrad:
             new, total = _adagrad_kernel(bool(wd))((data, g, total), scalars)
             return new, (total, step + 1)
         g = with_weight_decay(g, data, self.weight_decay)
-        if _one_kind(data, g, total):
+        if numpy_of_one_kind(data, g, total):
             new, total = _adagrad_on_numpy(data, g, total, rate, self.epsilon)
             return new, (total, step + 1)
         total = keep_array(total + g * g, data)
         return keep_array(data - rate * g / (total**0.5 + self.epsilon), data), (total, step + 1)
-
-
-def _one_kind(data: Any, g: Any, total: Any) -> bool:
-    """Whether these are NumPy arrays of one shape and dtype, not 0-d (NumPy's ufuncs give a 0-d
-    array's result as a scalar)."""
-    return (
-        type(data) is np.ndarray
-        and type(g) is np.ndarray
-        and type(total) is np.ndarray
-        and data.ndim > 0
-        and data.shape == g.shape == total.shape
-        and data.dtype == g.dtype == total.dtype
-    )
 
 
 def _adagrad_on_numpy(data: Any, g: Any, total: Any, rate: float, epsilon: float) -> tuple[Any, Any]:

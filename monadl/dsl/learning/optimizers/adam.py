@@ -19,6 +19,7 @@ from monadl.dsl.learning.optimizers.base import (
     decay_parts,
     keep_array,
     lazy_rows,
+    numpy_of_one_kind,
     rate_at_step,
     summed_rows,
     with_rows,
@@ -147,16 +148,11 @@ _CHUNK = 1 << 15
 
 
 def _same_arrays(*arrays: Any) -> bool:
-    """Whether these are NumPy arrays of one shape and dtype, contiguous (then updated in chunks)."""
-    first = arrays[0]
-    if type(first) is not np.ndarray or first.size <= _CHUNK:
+    """Whether these are NumPy arrays of one shape and dtype, contiguous, of more than a chunk
+    (then updated in chunks)."""
+    if not numpy_of_one_kind(*arrays) or arrays[0].size <= _CHUNK:
         return False
-    for a in arrays:
-        if type(a) is not np.ndarray or a.shape != first.shape or a.dtype != first.dtype:
-            return False
-        if not a.flags.c_contiguous:
-            return False
-    return True
+    return all(a.flags.c_contiguous for a in arrays)
 
 
 def adam_rule(

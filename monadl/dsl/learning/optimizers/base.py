@@ -169,6 +169,18 @@ def lazy_rows(gradient: Any, data: Any, weight_decay: float) -> tuple[Any, Any, 
     return xp, rows, g + weight_decay * data[rows]
 
 
+def numpy_of_one_kind(*arrays: Any) -> bool:
+    """Whether these are NumPy arrays (not 0-d: NumPy's ufuncs give a 0-d array's result as a
+    scalar) of one shape and dtype: an update may then compute into fresh arrays with ``out=``."""
+    first = arrays[0]
+    if type(first) is not np.ndarray or not first.ndim:
+        return False
+    for a in arrays:
+        if type(a) is not np.ndarray or a.shape != first.shape or a.dtype != first.dtype:
+            return False
+    return True
+
+
 def keep_array(result: Any, data: Any) -> Any:
     """``result`` as a 0-d array where ``data`` is a NumPy array: NumPy's arithmetic on 0-d arrays
     gives scalars, and a weight that changed type would change the structure of the next graph
