@@ -72,14 +72,18 @@ def _tree_c_vjp_i(xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], *_: Any) ->
     return d * tu * si * (1.0 - si)
 
 
-def _tree_c_vjp_f_left(xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], *inputs: Any) -> Any:
+def _tree_c_vjp_f_left(
+    xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], i: Any, f_l: Any, f_r: Any, u: Any, c_l: Any, c_r: Any
+) -> Any:
     sfl = saved[1]
-    return d * inputs[4] * sfl * (1.0 - sfl)
+    return d * c_l * sfl * (1.0 - sfl)
 
 
-def _tree_c_vjp_f_right(xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], *inputs: Any) -> Any:
+def _tree_c_vjp_f_right(
+    xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], i: Any, f_l: Any, f_r: Any, u: Any, c_l: Any, c_r: Any
+) -> Any:
     sfr = saved[2]
-    return d * inputs[5] * sfr * (1.0 - sfr)
+    return d * c_r * sfr * (1.0 - sfr)
 
 
 def _tree_c_vjp_u(xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], *_: Any) -> Any:
