@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -22,6 +22,8 @@ def row_indices(indices: RowIndices) -> Array:
     """``indices`` as an integer array: an int or NumPy integer (one row, a word of a tree), a
     sequence of them, or an integer array; a TypeError for anything else."""
     if type(indices) is int:  # one row (a word of a tree): once per leaf, so first
+        if 0 <= indices < _SMALL_ROWS:
+            return _one_row(indices)
         one = np.asarray(indices)
         if one.dtype.kind in "iu":  # else too large for an integer dtype: the error below
             return one
@@ -38,3 +40,21 @@ def row_indices(indices: RowIndices) -> Array:
             return array.astype(np.intp)
         raise TypeError(f"take_rows: expected integer indices, got {indices!r}")
     return array
+
+
+_SMALL_ROWS: Final = 1 << 16
+"""Rows below this index have one shared index array each (:func:`_one_row`)."""
+
+_one_rows: Final[dict[int, Array]] = {}
+
+
+def _one_row(index: int) -> Array:
+    """Row ``index``'s 0-d index array, made once and shared (read-only): a word's lookup is made
+    once per word of every sentence, and a fresh array (and its freeing) cost more than the rest
+    of recording the lookup's row."""
+    one = _one_rows.get(index)
+    if one is None:
+        one = np.asarray(index)
+        one.flags.writeable = False
+        _one_rows[index] = one
+    return one
