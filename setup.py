@@ -70,6 +70,16 @@ COMPILED_MODULES = [
     "monadl/dsl/learning/training.py",
 ]
 
+# Hand-written C extensions (module -> source), built and recorded with the mypyc group (all or
+# none): kernels NumPy cannot fuse, each equal bit for bit to a NumPy rule that runs where they are
+# not built (see monadl/_native.c).
+NATIVE_MODULES = {"monadl._native": "monadl/_native.c"}
+
+# Compiler flags of the native modules (GCC and Clang): no contraction of a product and a sum into a
+# fused multiply-add (NumPy rounds the product: the results would differ), and no errno from sqrt
+# (which keeps its loop from vectorizing); the loops vectorize at -O3.
+NATIVE_FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
+
 # The group's shared library (``monadl/_engine__mypyc.<suffix>``: inside the package, so that an
 # editable install finds it) and the build's record, read by monadl/_compiled.py.
 GROUP = "monadl._engine"
@@ -217,6 +227,9 @@ def _mypyc_extensions() -> tuple[list[Any], dict[str, Any]]:
     except SystemExit as e:  # mypyc reports type or compile errors, then exits
         _give_up(f"mypyc failed to compile the engine (exit status {e.code})")
         return [], {}
+    natives = {path: _read(path) for path in NATIVE_MODULES.values()}
+    record["native"] = {path: hashlib.sha256(source).hexdigest() for path, source in natives.items()}
+    extensions += [Extension(name, sources=[path]) for name, path in NATIVE_MODULES.items()]
     for extension in extensions:
         # mypyc writes a dotted group's headers under build/monadl/ but its multi_file sources, which
         # include them, under build/ (mypy 2.4): let the compiler look there too.
@@ -274,6 +287,8 @@ class BuildEngine(build_ext):
         return outputs
 
     def build_extension(self, ext: Any) -> None:
+        if ext.name in NATIVE_MODULES and self.compiler.compiler_type == "unix":
+            ext.extra_compile_args = NATIVE_FLAGS
         try:
             self._parallel_compile(ext)
         except Exception as e:  # noqa: BLE001 - any compiler failure means a pure install

@@ -98,12 +98,16 @@ def _stale(built: dict[str, str], record: dict[str, Any] | None) -> str | None:
         group = record["group"].replace(".", "/") + "__mypyc"
     except (KeyError, TypeError, AttributeError):
         return unreadable
+    natives = record.get("native", {})  # hand-written C modules, beside mypyc's (monadl/_native.c)
+    if not isinstance(natives, dict):
+        return unreadable
     expected = {path.removesuffix(".py") for path in sources} | {group}
+    expected |= {path.removesuffix(".c") for path in natives}
     if set(built) != expected:
         odd = sorted(set(built) ^ expected)
         more = " ..." if len(odd) > 3 else ""
         return f"an incomplete build: {', '.join(odd[:3])}{more} missing or unexpected"
-    for path, digest in sources.items():
+    for path, digest in {**sources, **natives}.items():
         try:
             with open(os.path.join(_ROOT, path), "rb") as f:
                 source = f.read()

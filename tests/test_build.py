@@ -55,7 +55,7 @@ def _is_extension(file: str | None) -> bool:
 def _sources_match(manifest: Mapping[str, Any], root: Path) -> bool:
     return all(
         hashlib.sha256((root / path).read_bytes()).hexdigest() == digest
-        for path, digest in manifest["modules"].items()
+        for path, digest in {**manifest["modules"], **manifest.get("native", {})}.items()
     )
 
 
@@ -126,14 +126,30 @@ def _compiled_modules() -> list[str]:
     return listed
 
 
+def _native_modules() -> dict[str, str]:
+    """``NATIVE_MODULES`` of setup.py: its hand-written C extensions, by module, to their sources."""
+    tree = ast.parse(SETUP.read_text())
+    listed: dict[str, str] = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "NATIVE_MODULES" for t in node.targets)
+    )
+    return listed
+
+
 def test_the_build_record_lists_exactly_the_modules_setup_py_compiles() -> None:
     manifest = _manifest()
     listed = _compiled_modules()
     assert sorted(manifest["modules"]) == sorted(listed)
-    # One extension per compiled module beside its .py, plus the group's shared library.
+    natives = _native_modules()
+    assert sorted(manifest["native"]) == sorted(natives.values())
+    # One extension per compiled module beside its .py, the group's shared library, and each C module.
     stems = {str(p.relative_to(PACKAGE.parent)).split(".")[0] for p in _extensions(PACKAGE)}
     group = manifest["group"].replace(".", "/") + "__mypyc"
-    assert stems == {p.removesuffix(".py") for p in listed} | {group}
+    c_modules = {p.removesuffix(".c") for p in natives.values()}
+    assert stems == {p.removesuffix(".py") for p in listed} | {group} | c_modules
+    assert all(name.replace(".", "/") + ".c" == path for name, path in natives.items())
 
 
 def test_compiled_mode_loads_every_listed_module_from_its_extension() -> None:
@@ -178,6 +194,17 @@ def test_an_edited_compiled_module_makes_the_whole_engine_pure_with_one_warning(
     assert all(file.endswith(".py") for file in report["files"].values()), report["files"]
     assert report["stderr"].count("StaleBuildWarning") == 1, report["stderr"]
     assert "monadl/do/stats.py changed since it was compiled" in report["stderr"]
+
+
+def test_an_edited_c_module_makes_the_whole_engine_pure_with_one_warning(package_copy: Path) -> None:
+    manifest = json.loads((package_copy / "monadl" / "_engine.json").read_text())
+    edited = package_copy / "monadl" / "_native.c"
+    edited.write_text(edited.read_text() + "\n/* edited after the build */\n")
+    report = _report(manifest, package_copy)
+    assert not report["compiled"]
+    assert report["reason"] == "stale build: monadl/_native.c changed since it was compiled"
+    assert all(file.endswith(".py") for file in report["files"].values()), report["files"]
+    assert report["stderr"].count("StaleBuildWarning") == 1, report["stderr"]
 
 
 def test_extensions_without_their_build_record_are_not_run(package_copy: Path) -> None:

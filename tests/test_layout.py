@@ -121,7 +121,7 @@ def test_monadl_has_no_import_cycles() -> None:
 def test_dependencies_point_one_way(package: str) -> None:
     """``dsl -> tape -> do``, with ``typeclasses`` and ``runtime`` used by all and depending on
     nothing of monadl."""
-    allowed = LAYERS[package] | {package}
+    allowed = LAYERS[package] | {package, "monadl._compiled"}  # (the build's decision: below all)
     wrong = {
         (name, target)
         for name, targets in graph().items()
@@ -130,6 +130,12 @@ def test_dependencies_point_one_way(package: str) -> None:
         if not any(target == p or target.startswith(p + ".") for p in allowed)
     }
     assert not wrong, f"{package} imports outside its layer: {sorted(wrong)}"
+
+
+def test_the_build_decision_imports_nothing_of_monadl() -> None:
+    """``monadl._compiled`` (whether the engine runs compiled) is below every layer: any may ask it
+    (the optimizers, whether the native kernels are loaded), so it imports nothing of monadl."""
+    assert graph().get("monadl._compiled", set()) == set()
 
 
 ROOMS = {

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from monadl.dsl.fused import Kernel, on_cupy
+from monadl.dsl.learning.optimizers import native
 from monadl.dsl.learning.optimizers.base import (
     check_betas,
     check_epsilon,
@@ -123,11 +124,15 @@ class Adam:
             new_rows = data[rows] - step_size * (m_rows / (v_rows**0.5 + self.epsilon))
             m, v = with_rows(xp, m, rows, m_rows), with_rows(xp, v, rows, v_rows)
             return with_rows(xp, data, rows, new_rows), (m, v, t)
-        if type(gradient) is SparseRows and not self.weight_decay and _same_arrays(data, m, v):
+        if type(gradient) is SparseRows and not self.weight_decay:
             summed = summed_rows(gradient)
             if summed is not None and type(summed[2]) is np.ndarray and summed[2].dtype == data.dtype:
-                new, m, v = _adam_in_chunks(data, summed[2], m, v, b1, b2, t, rate, self.epsilon, summed[1])
-                return new, (m, v, t)
+                rows, g_rows = summed[1], summed[2]
+                done = native.adam(data, g_rows, m, v, b1, b2, t, rate, self.epsilon, rows)
+                if done is None and _same_arrays(data, m, v):
+                    done = _adam_in_chunks(data, g_rows, m, v, b1, b2, t, rate, self.epsilon, rows)
+                if done is not None:
+                    return done[0], (done[1], done[2], t)
         g = dense(gradient)
         if on_cupy(data, g, m, v):
             wd = self.weight_decay
@@ -135,9 +140,11 @@ class Adam:
             new, m, v = _fused_adam(data, g, m, v, b1, b2, t, rate, self.epsilon, decay)
             return new, (m, v, t)
         g = with_weight_decay(g, data, self.weight_decay)
-        if _same_arrays(data, g, m, v):
-            new, m, v = _adam_in_chunks(data, g, m, v, b1, b2, t, rate, self.epsilon)
-            return new, (m, v, t)
+        done = native.adam(data, g, m, v, b1, b2, t, rate, self.epsilon)
+        if done is None and _same_arrays(data, g, m, v):
+            done = _adam_in_chunks(data, g, m, v, b1, b2, t, rate, self.epsilon)
+        if done is not None:
+            return done[0], (done[1], done[2], t)
         new, m, v = adam_rule(data, g, m, v, b1, b2, t, rate, self.epsilon)
         return keep_array(new, data), (keep_array(m, data), keep_array(v, data), t)
 
@@ -289,17 +296,21 @@ class AdamW:
             return new, (m, v, v_max, t)
         decayed = keep_array(data * (1.0 - rate * self.weight_decay), data) if self.weight_decay else data
         if not self.amsgrad:
-            if type(gradient) is SparseRows and _same_arrays(decayed, m, v):
+            if type(gradient) is SparseRows:
                 summed = summed_rows(gradient)
                 if summed is not None and type(summed[2]) is np.ndarray and summed[2].dtype == data.dtype:
-                    new, m, v = _adam_in_chunks(
-                        decayed, summed[2], m, v, b1, b2, t, rate, self.epsilon, summed[1]
-                    )
-                    return new, (m, v, v_max, t)
+                    rows, g_rows = summed[1], summed[2]
+                    done = native.adam(decayed, g_rows, m, v, b1, b2, t, rate, self.epsilon, rows)
+                    if done is None and _same_arrays(decayed, m, v):
+                        done = _adam_in_chunks(decayed, g_rows, m, v, b1, b2, t, rate, self.epsilon, rows)
+                    if done is not None:
+                        return done[0], (done[1], done[2], v_max, t)
             g = dense(gradient)
-            if _same_arrays(decayed, g, m, v):
-                new, m, v = _adam_in_chunks(decayed, g, m, v, b1, b2, t, rate, self.epsilon)
-                return new, (m, v, v_max, t)
+            done = native.adam(decayed, g, m, v, b1, b2, t, rate, self.epsilon)
+            if done is None and _same_arrays(decayed, g, m, v):
+                done = _adam_in_chunks(decayed, g, m, v, b1, b2, t, rate, self.epsilon)
+            if done is not None:
+                return done[0], (done[1], done[2], v_max, t)
             new, m, v = adam_rule(decayed, g, m, v, b1, b2, t, rate, self.epsilon)
             return keep_array(new, data), (keep_array(m, data), keep_array(v, data), v_max, t)
         g = dense(gradient)

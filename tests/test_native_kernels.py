@@ -1,0 +1,173 @@
+"""``monadl._native``'s one-pass optimizer kernels: the NumPy rules' bits, their fallbacks, their
+errors. Skipped where the engine runs from its sources (the kernels are then not loaded)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import monadl as ml
+from monadl.dsl.learning.optimizers import native
+from monadl.dsl.learning.optimizers.adam import _adam_in_chunks, adam_rule
+from monadl.typeclasses.sparse import SparseRows
+
+needs_kernels = pytest.mark.skipif(not native.available(), reason="the engine runs from its sources")
+
+SHAPES = [(1,), (7,), (3, 4), (2, 3, 5), (33, 5), (300, 130)]
+
+
+def _bits(a: Any) -> bytes:
+    """An array's dtype, shape and bytes: -0.0 against 0.0 and every NaN's payload count."""
+    array = np.asarray(a)
+    return str(array.dtype).encode() + str(array.shape).encode() + array.tobytes()
+
+
+def _moments(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> tuple[Any, ...]:
+    data, g, m = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
+    v = np.abs(rng.standard_normal(shape)).astype(dtype) * dtype(0.01)
+    g.reshape(-1)[::5] = 0.0  # a gradient's zeros
+    g.reshape(-1)[1::7] = -0.0
+    m.reshape(-1)[2::6] = -0.0
+    v.reshape(-1)[::4] = 0.0  # a coordinate never moved before
+    return data, g, m, v
+
+
+@needs_kernels
+@settings(deadline=None, max_examples=60)
+@given(
+    dtype=st.sampled_from([np.float32, np.float64]),
+    shape=st.sampled_from(SHAPES),
+    seed=st.integers(0, 2**32 - 1),
+    t=st.integers(1, 10_000),
+    rate=st.floats(1e-5, 1.0),
+    beta1=st.floats(0.0, 0.99),
+    beta2=st.floats(0.5, 0.9999),
+    epsilon=st.sampled_from([1e-8, 1e-6, 1e-3]),
+)
+def test_adam_kernel_is_the_rule_as_written_bit_for_bit(
+    dtype: Any,
+    shape: tuple[int, ...],
+    seed: int,
+    t: int,
+    rate: float,
+    beta1: float,
+    beta2: float,
+    epsilon: float,
+) -> None:
+    """Every result (the data, both moments) is ``adam_rule``'s in every bit, signed zeros too, and
+    the inputs are unchanged."""
+    data, g, m, v = _moments(np.random.default_rng(seed), shape, dtype)
+    held = [_bits(x) for x in (data, g, m, v)]
+    done = native.adam(data, g, m, v, beta1, beta2, t, rate, epsilon)
+    assert done is not None
+    expected = adam_rule(data, g, m, v, beta1, beta2, t, rate, epsilon)
+    assert [_bits(x) for x in done] == [_bits(x) for x in expected]
+    assert [_bits(x) for x in (data, g, m, v)] == held
+
+
+@needs_kernels
+@settings(deadline=None, max_examples=40)
+@given(
+    dtype=st.sampled_from([np.float32, np.float64]),
+    shape=st.sampled_from([(1, 3), (9, 4), (50, 7), (300, 130), (4, 2, 3)]),
+    seed=st.integers(0, 2**32 - 1),
+    touched=st.floats(0.0, 1.0),
+    t=st.integers(1, 1000),
+)
+def test_adam_kernel_of_rows_is_the_chunked_rule_and_the_dense_one(
+    dtype: Any, shape: tuple[int, ...], seed: int, touched: float, t: int
+) -> None:
+    """A sparse gradient's rows (sorted, distinct: none, some, all, the first and the last) give
+    the chunked rule's bits, which are the rule's on the dense gradient (+0.0 elsewhere)."""
+    rng = np.random.default_rng(seed)
+    data, _, m, v = _moments(rng, shape, dtype)
+    rows = np.flatnonzero(rng.random(shape[0]) < touched).astype(np.int64)
+    g_rows = rng.standard_normal((len(rows), *shape[1:])).astype(dtype)
+    done = native.adam(data, g_rows, m, v, 0.9, 0.999, t, 0.01, 1e-8, rows)
+    assert done is not None
+    chunked = _adam_in_chunks(data, g_rows, m, v, 0.9, 0.999, t, 0.01, 1e-8, rows)
+    dense = np.zeros_like(data)
+    dense[rows] = g_rows
+    expected = adam_rule(data, dense, m, v, 0.9, 0.999, t, 0.01, 1e-8)
+    assert [_bits(x) for x in done] == [_bits(x) for x in chunked] == [_bits(x) for x in expected]
+
+
+@needs_kernels
+@pytest.mark.parametrize("optimizer", [ml.Adam(0.01), ml.Adam(0.01, weight_decay=0.1), ml.AdamW(0.01)])
+@pytest.mark.parametrize("shape", [(5,), (40, 8), (300, 130)])
+def test_adam_and_adamw_update_as_without_the_kernels(
+    optimizer: Any, shape: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five steps through the optimizer, dense and sparse gradients in turn, give the data and the
+    state of the same steps with the kernels off (the chunked and written rules)."""
+    rng = np.random.default_rng(3)
+    start = rng.standard_normal(shape).astype(np.float32)
+    grads: list[Any] = []
+    for step in range(5):
+        if step % 2 and len(shape) == 2:
+            rows = rng.integers(0, shape[0], 6)
+            grads.append(SparseRows(rows, rng.standard_normal((6, shape[1])).astype(np.float32), shape))
+        else:
+            grads.append(rng.standard_normal(shape).astype(np.float32))
+
+    def run() -> list[bytes]:
+        data, state = start, optimizer.init(start)
+        for g in grads:
+            data, state = optimizer.update(data, g, state)
+        return [_bits(data), *(_bits(s) for s in state if s is not None and not isinstance(s, int))]
+
+    with_kernels = run()
+    monkeypatch.setattr(native, "_KERNELS", None)
+    assert not native.available()
+    assert run() == with_kernels
+
+
+@needs_kernels
+def test_adam_kernel_does_not_take_what_it_cannot_read() -> None:
+    """Not C-contiguous, of two dtypes, of integers, 0-d or a list: None (the NumPy rule runs)."""
+    rng = np.random.default_rng(0)
+    data, g, m, v = _moments(rng, (6, 4), np.float32)
+    assert native.adam(data.T, g.T, m.T, v.T, 0.9, 0.999, 1, 0.1, 1e-8) is None
+    assert native.adam(data, g.astype(np.float64), m, v, 0.9, 0.999, 1, 0.1, 1e-8) is None
+    ints = np.ones((6, 4), dtype=np.int64)
+    assert native.adam(ints, ints, ints, ints, 0.9, 0.999, 1, 0.1, 1e-8) is None
+    zero = np.asarray(np.float32(1.0))
+    assert native.adam(zero, zero, zero, zero, 0.9, 0.999, 1, 0.1, 1e-8) is None
+    assert native.adam(data, list(g), m, v, 0.9, 0.999, 1, 0.1, 1e-8) is None
+    assert native.adam(data, g[:2].T.copy().T, m, v, 0.9, 0.999, 1, 0.1, 1e-8, np.array([0, 1])) is None
+
+
+@needs_kernels
+def test_the_kernel_refuses_bad_buffers_with_clear_errors() -> None:
+    """Called directly, the kernel checks what the wrapper ensures: its errors name what is wrong."""
+    kernels: Any = native._KERNELS
+    a = np.zeros((4, 3), dtype=np.float32)
+    outs = [np.empty_like(a) for _ in range(3)]
+    scalars = (0.9, 0.1, 0.999, 0.001, 0.1, 0.001, 0.01, 1e-8)
+    with pytest.raises(TypeError, match="one dtype"):
+        kernels.adam(a, a.astype(np.float64), a, a, *outs, scalars)
+    with pytest.raises(ValueError, match="differ in size"):
+        kernels.adam(a, a, a[:2], a, *outs, scalars)
+    with pytest.raises(TypeError, match="C-contiguous writable"):
+        frozen = np.empty_like(a)
+        frozen.flags.writeable = False
+        kernels.adam(a, a, a, a, frozen, outs[1], outs[2], scalars)
+    with pytest.raises(ValueError, match="8 scalars"):
+        kernels.adam(a, a, a, a, *outs, scalars[:7])
+    g = np.zeros((2, 3), dtype=np.float32)
+    with pytest.raises(ValueError, match="sorted, distinct and in range"):
+        kernels.adam(a, g, a, a, *outs, scalars, np.array([2, 1]), 3)
+    with pytest.raises(ValueError, match="sorted, distinct and in range"):
+        kernels.adam(a, g, a, a, *outs, scalars, np.array([0, 4]), 3)
+    with pytest.raises(ValueError, match="do not fit"):
+        kernels.adam(a, g, a, a, *outs, scalars, np.array([0, 1]), 2)
+    with pytest.raises(TypeError, match="int64"):
+        kernels.adam(a, g, a, a, *outs, scalars, np.array([0, 1], dtype=np.int32), 3)
+
+
+def test_the_kernels_are_loaded_iff_the_engine_runs_compiled() -> None:
+    assert native.available() == ml.compiled()
