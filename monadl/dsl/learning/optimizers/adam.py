@@ -125,14 +125,9 @@ class Adam:
             m, v = with_rows(xp, m, rows, m_rows), with_rows(xp, v, rows, v_rows)
             return with_rows(xp, data, rows, new_rows), (m, v, t)
         if type(gradient) is SparseRows and not self.weight_decay:
-            summed = summed_rows(gradient)
-            if summed is not None and type(summed[2]) is np.ndarray and summed[2].dtype == data.dtype:
-                rows, g_rows = summed[1], summed[2]
-                done = native.adam(data, g_rows, m, v, b1, b2, t, rate, self.epsilon, rows)
-                if done is None and _same_arrays(data, m, v):
-                    done = _adam_in_chunks(data, g_rows, m, v, b1, b2, t, rate, self.epsilon, rows)
-                if done is not None:
-                    return done[0], (done[1], done[2], t)
+            done = _adam_of_rows(data, gradient, m, v, b1, b2, t, rate, self.epsilon)
+            if done is not None:
+                return done[0], (done[1], done[2], t)
         g = dense(gradient)
         if on_cupy(data, g, m, v):
             wd = self.weight_decay
@@ -140,9 +135,7 @@ class Adam:
             new, m, v = _fused_adam(data, g, m, v, b1, b2, t, rate, self.epsilon, decay)
             return new, (m, v, t)
         g = with_weight_decay(g, data, self.weight_decay)
-        done = native.adam(data, g, m, v, b1, b2, t, rate, self.epsilon)
-        if done is None and _same_arrays(data, g, m, v):
-            done = _adam_in_chunks(data, g, m, v, b1, b2, t, rate, self.epsilon)
+        done = _adam_on_numpy(data, g, m, v, b1, b2, t, rate, self.epsilon)
         if done is not None:
             return done[0], (done[1], done[2], t)
         new, m, v = adam_rule(data, g, m, v, b1, b2, t, rate, self.epsilon)
@@ -160,6 +153,38 @@ def _same_arrays(*arrays: Any) -> bool:
     if not numpy_of_one_kind(*arrays) or arrays[0].size <= _CHUNK:
         return False
     return all(a.flags.c_contiguous for a in arrays)
+
+
+def _adam_on_numpy(
+    data: Any,
+    g: Any,
+    m: Any,
+    v: Any,
+    b1: float,
+    b2: float,
+    t: int,
+    rate: float,
+    epsilon: float,
+    rows: Any = None,
+) -> tuple[Any, Any, Any] | None:
+    """Adam's rule on NumPy arrays in one pass (``native.adam``) or, where that is not built, in
+    chunks of a large weight (``_adam_in_chunks``): ``(new data, m, v)``, the rule's bits; None
+    where neither applies (``adam_rule`` then). ``rows``: ``g`` holds a sparse gradient's rows."""
+    done = native.adam(data, g, m, v, b1, b2, t, rate, epsilon, rows)
+    if done is None and (_same_arrays(data, m, v) if rows is not None else _same_arrays(data, g, m, v)):
+        done = _adam_in_chunks(data, g, m, v, b1, b2, t, rate, epsilon, rows)
+    return done
+
+
+def _adam_of_rows(
+    data: Any, gradient: SparseRows, m: Any, v: Any, b1: float, b2: float, t: int, rate: float, epsilon: float
+) -> tuple[Any, Any, Any] | None:
+    """:func:`_adam_on_numpy` of a sparse gradient's summed rows, without a dense gradient; None
+    where its rows are not a NumPy array of the data's dtype."""
+    summed = summed_rows(gradient)
+    if summed is None or type(summed[2]) is not np.ndarray or summed[2].dtype != data.dtype:
+        return None
+    return _adam_on_numpy(data, summed[2], m, v, b1, b2, t, rate, epsilon, summed[1])
 
 
 def adam_rule(
@@ -296,23 +321,15 @@ class AdamW:
             return new, (m, v, v_max, t)
         decayed = keep_array(data * (1.0 - rate * self.weight_decay), data) if self.weight_decay else data
         if not self.amsgrad:
-            if type(gradient) is SparseRows:
-                summed = summed_rows(gradient)
-                if summed is not None and type(summed[2]) is np.ndarray and summed[2].dtype == data.dtype:
-                    rows, g_rows = summed[1], summed[2]
-                    done = native.adam(decayed, g_rows, m, v, b1, b2, t, rate, self.epsilon, rows)
-                    if done is None and _same_arrays(decayed, m, v):
-                        done = _adam_in_chunks(decayed, g_rows, m, v, b1, b2, t, rate, self.epsilon, rows)
-                    if done is not None:
-                        return done[0], (done[1], done[2], v_max, t)
-            g = dense(gradient)
-            done = native.adam(decayed, g, m, v, b1, b2, t, rate, self.epsilon)
-            if done is None and _same_arrays(decayed, g, m, v):
-                done = _adam_in_chunks(decayed, g, m, v, b1, b2, t, rate, self.epsilon)
-            if done is not None:
-                return done[0], (done[1], done[2], v_max, t)
-            new, m, v = adam_rule(decayed, g, m, v, b1, b2, t, rate, self.epsilon)
-            return keep_array(new, data), (keep_array(m, data), keep_array(v, data), v_max, t)
+            sparse = type(gradient) is SparseRows
+            done = _adam_of_rows(decayed, gradient, m, v, b1, b2, t, rate, self.epsilon) if sparse else None
+            if done is None:
+                g = dense(gradient)
+                done = _adam_on_numpy(decayed, g, m, v, b1, b2, t, rate, self.epsilon)
+                if done is None:
+                    new, m, v = adam_rule(decayed, g, m, v, b1, b2, t, rate, self.epsilon)
+                    return keep_array(new, data), (keep_array(m, data), keep_array(v, data), v_max, t)
+            return done[0], (done[1], done[2], v_max, t)
         g = dense(gradient)
         m = keep_array(b1 * m + (1.0 - b1) * g, data)
         v = keep_array(b2 * v + (1.0 - b2) * (g * g), data)
