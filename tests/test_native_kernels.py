@@ -141,6 +141,22 @@ def test_adam_kernel_does_not_take_what_it_cannot_read() -> None:
     assert native.adam(data, g[:2].T.copy().T, m, v, 0.9, 0.999, 1, 0.1, 1e-8, np.array([0, 1])) is None
 
 
+@pytest.mark.parametrize("shape", [(0, 4), (5, 0), (0,)])
+def test_adam_updates_weights_of_no_elements(shape: tuple[int, ...]) -> None:
+    """An empty weight's step (a dense gradient, and a sparse one of no rows where it has rows)
+    changes nothing and keeps its shape, with or without the kernels."""
+    data = np.zeros(shape, dtype=np.float32)
+    grads: list[Any] = [np.zeros(shape, dtype=np.float32)]
+    if len(shape) == 2:
+        grads.append(SparseRows(np.zeros(0, dtype=np.int64), np.zeros((0, shape[1]), np.float32), shape))
+    optimizers: list[Any] = [ml.Adam(0.1), ml.AdamW(0.1)]
+    for optimizer in optimizers:
+        for g in grads:
+            new, state = optimizer.update(data, g, optimizer.init(data))
+            assert new.shape == shape and new.dtype == np.float32
+            assert state[0].shape == shape
+
+
 @needs_kernels
 def test_the_kernel_refuses_bad_buffers_with_clear_errors() -> None:
     """Called directly, the kernel checks what the wrapper ensures: its errors name what is wrong."""

@@ -60,7 +60,8 @@ def adam(
     else:
         width = data.size // data.shape[0] if data.shape[0] else 0
         if (
-            type(g) is not np.ndarray
+            not width  # no rows, or rows of no elements: nothing the kernel's row walk could read
+            or type(g) is not np.ndarray
             or g.dtype != data.dtype
             or not g.flags.c_contiguous
             or g.size != len(rows) * width
