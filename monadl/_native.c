@@ -16,7 +16,6 @@ monadl/dsl/learning/optimizers/native.py chooses when these run and holds the ru
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 /* Adam's rule (monadl.dsl.learning.optimizers.adam.adam_rule), one element:
        m' = b1 * m + (1 - b1) * g          v' = b2 * v + (1 - b2) * (g * g)
@@ -84,14 +83,22 @@ static Py_buffer *take(Buffers *b, PyObject *obj, int writable, const char *name
     return view;
 }
 
-/* 'f' or 'd' (a native float32 or float64 buffer), else 0. */
-static char float_kind(const Py_buffer *view) {
+/* A buffer's one-letter type code in the machine's own byte order ('f', 'd', 'q', ...), else 0. */
+static char type_code(const Py_buffer *view) {
     const char *f = view->format;
     if (f == NULL) return 0;
-    if (f[0] == '=' || f[0] == '@' || f[0] == '<') f++; /* (x86 and ARM: little-endian native) */
-    if ((f[0] == 'f' && view->itemsize == 4) || (f[0] == 'd' && view->itemsize == 8)) {
-        return f[1] == '\0' ? f[0] : 0;
-    }
+#if PY_LITTLE_ENDIAN
+    if (f[0] == '=' || f[0] == '@' || f[0] == '<') f++;
+#else
+    if (f[0] == '=' || f[0] == '@' || f[0] == '>' || f[0] == '!') f++;
+#endif
+    return f[0] != '\0' && f[1] == '\0' ? f[0] : 0;
+}
+
+/* 'f' or 'd' (a float32 or float64 buffer in the machine's byte order), else 0. */
+static char float_kind(const Py_buffer *view) {
+    char code = type_code(view);
+    if ((code == 'f' && view->itemsize == 4) || (code == 'd' && view->itemsize == 8)) return code;
     return 0;
 }
 
@@ -157,7 +164,8 @@ static PyObject *adam(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwarg
     } else {
         Py_buffer *r = take(&b, rows_obj, 0, "rows");
         if (r == NULL) goto fail;
-        if (r->itemsize != 8 || r->format == NULL || strchr("lq", r->format[strlen(r->format) - 1]) == NULL) {
+        char code = type_code(r);
+        if (r->itemsize != 8 || (code != 'l' && code != 'q')) {
             PyErr_SetString(PyExc_TypeError, "monadl._native.adam: rows must be int64");
             goto fail;
         }

@@ -3,6 +3,7 @@ errors. Skipped where the engine runs from its sources (the kernels are then not
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -128,13 +129,16 @@ def test_adam_and_adamw_update_as_without_the_kernels(
 
 @needs_kernels
 def test_adam_kernel_does_not_take_what_it_cannot_read() -> None:
-    """Not C-contiguous, of two dtypes, of integers, 0-d or a list: None (the NumPy rule runs)."""
+    """Not C-contiguous, of two dtypes, of integers, of the other byte order, 0-d or a list: None
+    (the NumPy rule runs)."""
     rng = np.random.default_rng(0)
     data, g, m, v = _moments(rng, (6, 4), np.float32)
     assert native.adam(data.T, g.T, m.T, v.T, 0.9, 0.999, 1, 0.1, 1e-8) is None
     assert native.adam(data, g.astype(np.float64), m, v, 0.9, 0.999, 1, 0.1, 1e-8) is None
     ints = np.ones((6, 4), dtype=np.int64)
     assert native.adam(ints, ints, ints, ints, 0.9, 0.999, 1, 0.1, 1e-8) is None
+    swapped = data.astype(data.dtype.newbyteorder())
+    assert native.adam(swapped, swapped, swapped, swapped, 0.9, 0.999, 1, 0.1, 1e-8) is None
     zero = np.asarray(np.float32(1.0))
     assert native.adam(zero, zero, zero, zero, 0.9, 0.999, 1, 0.1, 1e-8) is None
     assert native.adam(data, list(g), m, v, 0.9, 0.999, 1, 0.1, 1e-8) is None
@@ -183,6 +187,12 @@ def test_the_kernel_refuses_bad_buffers_with_clear_errors() -> None:
         kernels.adam(a, g, a, a, *outs, scalars, np.array([0, 1]), 2)
     with pytest.raises(TypeError, match="int64"):
         kernels.adam(a, g, a, a, *outs, scalars, np.array([0, 1], dtype=np.int32), 3)
+    swapped = "<" if sys.byteorder == "big" else ">"  # the other byte order than the machine's
+    with pytest.raises(TypeError, match="int64"):
+        kernels.adam(a, g, a, a, *outs, scalars, np.array([0, 1], dtype=swapped + "i8"), 3)
+    other = [x.astype(swapped + "f4") for x in (a, a, a, a, *outs)]
+    with pytest.raises(TypeError, match="one dtype"):
+        kernels.adam(*other, scalars)
 
 
 def test_the_kernels_are_loaded_iff_the_engine_runs_compiled() -> None:
