@@ -49,9 +49,9 @@ _one_rows: Final[dict[int, Array]] = {}
 
 
 def _one_row(index: int) -> Array:
-    """Row ``index``'s 0-d index array, made once and shared (read-only): a word's lookup is made
-    once per word of every sentence, and a fresh array (and its freeing) cost more than the rest
-    of recording the lookup's row."""
+    """Row ``index``'s 0-d index array, made once and shared (read-only): a word's lookup is
+    recorded for every word of every sentence, and a fresh array made and freed each time is about
+    a tenth of recording it. At most ``_SMALL_ROWS`` arrays are kept."""
     one = _one_rows.get(index)
     if one is None:
         one = np.asarray(index)
