@@ -60,6 +60,21 @@ monadl/dsl/learning/optimizers/native.py chooses when these run and holds the ru
 ADAM_LOOP(float, sqrtf)
 ADAM_LOOP(double, sqrt)
 
+/* Adam's rule on len elements from byte offset off of the data, moments and outputs (p: their
+   buffers, as adam's arguments), g the gradient's elements for them or NULL (none). */
+static void adam_span(char kind, char *const p[7], const char *g, Py_ssize_t off, Py_ssize_t len,
+                      const double *s) {
+    if (kind == 'f') {
+        adam_float((const float *)(p[0] + off), (const float *)g, (const float *)(p[2] + off),
+                   (const float *)(p[3] + off), (float *)(p[4] + off), (float *)(p[5] + off),
+                   (float *)(p[6] + off), len, s);
+    } else {
+        adam_double((const double *)(p[0] + off), (const double *)g, (const double *)(p[2] + off),
+                    (const double *)(p[3] + off), (double *)(p[4] + off), (double *)(p[5] + off),
+                    (double *)(p[6] + off), len, s);
+    }
+}
+
 /* The buffers of one call, released together. */
 typedef struct {
     Py_buffer views[9];
@@ -186,29 +201,21 @@ static PyObject *adam(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwarg
 
     char *p[7];
     for (int i = 0; i < 7; i++) p[i] = (char *)view[i]->buf;
-    Py_ssize_t size = view[0]->itemsize;
     Py_BEGIN_ALLOW_THREADS
     if (rows == NULL) {
-        if (kind == 'f') adam_float((float *)p[0], (float *)p[1], (float *)p[2], (float *)p[3], (float *)p[4], (float *)p[5], (float *)p[6], n, s);
-        else adam_double((double *)p[0], (double *)p[1], (double *)p[2], (double *)p[3], (double *)p[4], (double *)p[5], (double *)p[6], n, s);
+        adam_span(kind, p, p[1], 0, n, s);
     } else {
-        /* Runs of rows without a gradient, then each row with one. */
-        Py_ssize_t start = 0, j = 0, count = n / width;
+        /* A run of rows without a gradient, or one row with its gradient's row, at a time. */
+        Py_ssize_t size = view[0]->itemsize, start = 0, j = 0, count = n / width;
         while (start < count) {
             Py_ssize_t stop = j < k ? (Py_ssize_t)rows[j] : count;
-            Py_ssize_t off = start * width * size, len = (stop - start) * width;
             const char *g = NULL;
             if (stop == start) {
-                off = start * width * size;
-                len = width;
                 g = p[1] + j * width * size;
                 stop = start + 1;
                 j++;
             }
-            if (len > 0) {
-                if (kind == 'f') adam_float((float *)(p[0] + off), (const float *)g, (float *)(p[2] + off), (float *)(p[3] + off), (float *)(p[4] + off), (float *)(p[5] + off), (float *)(p[6] + off), len, s);
-                else adam_double((double *)(p[0] + off), (const double *)g, (double *)(p[2] + off), (double *)(p[3] + off), (double *)(p[4] + off), (double *)(p[5] + off), (double *)(p[6] + off), len, s);
-            }
+            adam_span(kind, p, g, start * width * size, (stop - start) * width, s);
             start = stop;
         }
     }

@@ -17,10 +17,10 @@ from monadl.dsl.learning.optimizers.base import (
     check_betas,
     check_epsilon,
     check_learning_settings,
+    contiguous_numpy_of_one_kind,
     decay_parts,
     keep_array,
     lazy_rows,
-    numpy_of_one_kind,
     rate_at_step,
     summed_rows,
     with_rows,
@@ -150,9 +150,7 @@ _CHUNK = 1 << 15
 def _same_arrays(*arrays: Any) -> bool:
     """Whether these are NumPy arrays of one shape and dtype, contiguous, of more than a chunk
     (then updated in chunks)."""
-    if not numpy_of_one_kind(*arrays) or arrays[0].size <= _CHUNK:
-        return False
-    return all(a.flags.c_contiguous for a in arrays)
+    return contiguous_numpy_of_one_kind(*arrays) and arrays[0].size > _CHUNK
 
 
 def _adam_on_numpy(

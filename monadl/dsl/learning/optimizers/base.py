@@ -181,6 +181,12 @@ def numpy_of_one_kind(*arrays: Any) -> bool:
     return True
 
 
+def contiguous_numpy_of_one_kind(*arrays: Any) -> bool:
+    """:func:`numpy_of_one_kind`, and each C-contiguous: a loop over the arrays' memory (a chunk of
+    rows, a native kernel's elements) reads them as they are laid out."""
+    return numpy_of_one_kind(*arrays) and all(a.flags.c_contiguous for a in arrays)
+
+
 def keep_array(result: Any, data: Any) -> Any:
     """``result`` as a 0-d array where ``data`` is a NumPy array: NumPy's arithmetic on 0-d arrays
     gives scalars, and a weight that changed type would change the structure of the next graph

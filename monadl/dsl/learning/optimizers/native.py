@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from monadl._compiled import compiled
-from monadl.dsl.learning.optimizers.base import numpy_of_one_kind
+from monadl.dsl.learning.optimizers.base import contiguous_numpy_of_one_kind
 
 _KERNELS: Any = importlib.import_module("monadl._native") if compiled() else None
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -31,9 +31,7 @@ def available() -> bool:
 
 def _fits(*arrays: Any) -> bool:
     """Whether the kernels take these arrays: C-contiguous NumPy arrays of one shape and float dtype."""
-    if _KERNELS is None or not numpy_of_one_kind(*arrays) or arrays[0].dtype not in _FLOATS:
-        return False
-    return all(a.flags.c_contiguous for a in arrays)
+    return _KERNELS is not None and contiguous_numpy_of_one_kind(*arrays) and arrays[0].dtype in _FLOATS
 
 
 def adam(
@@ -51,12 +49,12 @@ def adam(
     """Adam's rule (``adam.adam_rule``; with ``rows``, ``adam._adam_in_chunks``'s sparse form: ``g``
     the gradient's rows at ``rows``, sorted and distinct, every other row's gradient +0.0) into
     fresh arrays: ``(new data, m, v)``, or None where the kernel does not apply."""
-    if not _fits(data, m, v):
-        return None
     if rows is None:
-        if not _fits(data, g):
+        if not _fits(data, g, m, v):
             return None
         width = 0
+    elif not _fits(data, m, v):
+        return None
     else:
         width = data.size // data.shape[0] if data.shape[0] else 0
         if (
