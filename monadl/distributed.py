@@ -834,6 +834,7 @@ class DataParallel(Generic[M, B]):
         """Where the last successful step's time went."""
         self._actors: list[Any] = []
         self._incarnations: list[str] = []
+        self._killed: dict[int, str] = {}  # rank -> the incarnation killed, until a survey sees it gone
         try:
             self._actors = [self._spawn(rank) for rank in range(workers)]
             self._incarnations = [self._hello(rank)[0] for rank in range(workers)]
@@ -906,9 +907,12 @@ class DataParallel(Generic[M, B]):
         return answers
 
     def _kill(self, ranks: list[int]) -> None:
-        """Kills hung workers, for Ray to restart them (:meth:`_recover` restores them)."""
+        """Kills hung workers, for Ray to restart them (:meth:`_recover` restores them). Ray kills
+        asynchronously: until the kill lands, the old process may still answer, so the next survey
+        waits for another incarnation of each."""
         for rank in ranks:
             self._ray.kill(self._actors[rank], no_restart=False)
+            self._killed[rank] = self._incarnations[rank]
 
     @property
     def steps(self) -> int:
@@ -1117,8 +1121,7 @@ class DataParallel(Generic[M, B]):
         """Kills the hung workers (Ray restarts them; :meth:`_recover` restores them) and aborts the
         step everywhere: the step's failure. The tasks that waited on a hung worker fail with it,
         so no worker's queue is left behind the step."""
-        for rank in hung:
-            self._ray.kill(self._actors[rank], no_restart=False)
+        self._kill(hung)
         for actor in self._actors:
             actor.abort.remote(flight.step)
         names = ", ".join(str(rank) for rank in hung)
@@ -1243,8 +1246,7 @@ class DataParallel(Generic[M, B]):
         since the driver last knew them to ``restarted``."""
         ray = self._ray
         ranks = list(range(self.workers))
-        hellos = [actor.hello.remote() for actor in self._actors]
-        answers = self._answers(ranks, hellos, self._restart_timeout)
+        answers = self._hellos()
         missing = [rank for rank in ranks if isinstance(answers[rank], BaseException)]
         for rank in missing:  # Ray's restarts are spent, or it did not come back in time: a new actor
             ray.kill(self._actors[rank], no_restart=True)
@@ -1263,6 +1265,38 @@ class DataParallel(Generic[M, B]):
                 stale.append(rank)
             self._incarnations[rank] = incarnation
         return stale, survivors
+
+    def _hellos(self) -> list[Any]:
+        """Each worker's hello, or the exception that stands for it, within the restart timeout. A
+        worker killed since the last survey that still answers as the process it was (the kill has
+        not landed yet) is asked again; one that does so until the timeout is taken as not
+        answering."""
+        ranks = list(range(self.workers))
+        deadline = perf_counter() + self._restart_timeout
+        answers: list[Any] = [None] * self.workers
+        asking = ranks
+        while True:
+            refs = [self._actors[rank].hello.remote() for rank in asking]
+            for rank, answer in zip(
+                asking, self._answers(asking, refs, max(deadline - perf_counter(), 0.0)), strict=True
+            ):
+                answers[rank] = answer
+            asking = [
+                rank
+                for rank in asking
+                if not isinstance(answers[rank], BaseException) and answers[rank][0] == self._killed.get(rank)
+            ]
+            if not asking:
+                break
+            if perf_counter() >= deadline:
+                for rank in asking:
+                    answers[rank] = TimeoutError(
+                        f"worker {rank} still ran {self._restart_timeout:g} s after it was killed"
+                    )
+                break
+            sleep(UNAVAILABLE_PAUSE_S)
+        self._killed.clear()  # (each answered as a new process, or is replaced by a new actor)
+        return answers
 
     def _load_everywhere(self, data: bytes) -> None:
         """Loads a checkpoint's bytes into every replica; its step becomes the last committed. Cut

@@ -427,6 +427,21 @@ def test_a_worker_ray_says_is_coming_back_is_asked_until_the_reply_timeout(
         assert trainer.steps == 1
 
 
+def test_a_killed_worker_is_restored_though_its_old_process_answers_first(ray_session: Any, tmp_path: Path) -> None:
+    """Ray kills asynchronously: a worker's old process can still answer the survey that follows
+    its kill. The restore waits for the new process (another incarnation) and restores it, each
+    time, rather than take the old one for a survivor and leave the new one unrestored."""
+    with bounded(), probed_trainer(tmp_path) as trainer:
+        assert isinstance(trainer.train([batch(0)]), Success)
+        digests = trainer.digests()
+        for _ in range(3):
+            before = trainer._incarnations[0]
+            trainer._kill([0])
+            assert trainer._recover() == [0]
+            assert trainer._incarnations[0] != before
+            assert trainer.digests() == digests and trainer.steps == 1
+
+
 def test_the_reply_and_restart_timeouts_are_checked() -> None:
     bad: Any
     for bad in (0, -1.0, float("nan"), None):
