@@ -427,7 +427,7 @@ def test_a_worker_ray_says_is_coming_back_is_asked_until_the_reply_timeout(
         assert trainer.steps == 1
 
 
-def test_a_killed_worker_is_restored_though_its_old_process_answers_first(ray_session: Any, tmp_path: Path) -> None:
+def test_a_killed_worker_is_restored_though_its_old_process_answers(ray_session: Any, tmp_path: Path) -> None:
     """Ray kills asynchronously: a worker's old process can still answer the survey that follows
     its kill. The restore waits for the new process (another incarnation) and restores it, each
     time, rather than take the old one for a survivor and leave the new one unrestored."""
