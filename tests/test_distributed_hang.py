@@ -442,6 +442,26 @@ def test_a_killed_worker_is_restored_though_its_old_process_answers(ray_session:
             assert trainer.digests() == digests and trainer.steps == 1
 
 
+def test_a_killed_worker_whose_process_goes_on_answering_is_replaced(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    """A worker taken as killed whose process still answers as before when the restart timeout
+    has passed (the kill never landed) is replaced by a new actor and restored from the others."""
+    trainer = DataParallel(
+        BuildProbed(str(tmp_path)), loss, ml.Adam(0.01), 2, reply_timeout_s=REPLY, restart_timeout_s=3.0
+    )
+    with bounded(), trainer:
+        assert isinstance(trainer.train([batch(0)]), Success)
+        digests = trainer.digests()
+        before, actor = trainer._incarnations[0], trainer._actors[0]
+        trainer._killed[0] = before  # as _kill records it, but the process is not killed
+        started = time.perf_counter()
+        assert trainer._recover() == [0]
+        assert time.perf_counter() - started >= 3.0
+        assert trainer._actors[0] is not actor and trainer._incarnations[0] != before
+        assert trainer.digests() == digests and trainer.steps == 1
+
+
 def test_the_reply_and_restart_timeouts_are_checked() -> None:
     bad: Any
     for bad in (0, -1.0, float("nan"), None):
