@@ -1267,11 +1267,13 @@ class DataParallel(Generic[M, B]):
         return stale, survivors
 
     def _hellos(self) -> list[Any]:
-        """Each worker's hello, or the exception that stands for it, within the restart timeout. A
-        worker killed since the last survey that still answers as the process it was (the kill has
-        not landed yet) is asked again; one that does so until the timeout is taken as not
-        answering."""
+        """Each worker's hello, or the exception that stands for it, within the restart timeout. Two
+        answers are asked again, until the timeout: Ray's ``ActorUnavailableError`` (it is restarting
+        the worker's process), and a worker killed since the last survey answering as the process it
+        was (the kill has not landed yet; one that still does at the timeout is taken as not
+        answering)."""
         ranks = list(range(self.workers))
+        unavailable = getattr(self._ray.exceptions, "ActorUnavailableError", ())
         deadline = perf_counter() + self._restart_timeout
         answers: list[Any] = [None] * self.workers
         asking = ranks
@@ -1284,17 +1286,20 @@ class DataParallel(Generic[M, B]):
             asking = [
                 rank
                 for rank in asking
-                if not isinstance(answers[rank], BaseException) and answers[rank][0] == self._killed.get(rank)
+                if isinstance(answers[rank], unavailable)
+                or (
+                    not isinstance(answers[rank], BaseException)
+                    and answers[rank][0] == self._killed.get(rank)
+                )
             ]
-            if not asking:
-                break
-            if perf_counter() >= deadline:
-                for rank in asking:
-                    answers[rank] = TimeoutError(
-                        f"worker {rank} still ran {self._restart_timeout:g} s after it was killed"
-                    )
+            if not asking or perf_counter() >= deadline:
                 break
             sleep(UNAVAILABLE_PAUSE_S)
+        for rank in asking:
+            if not isinstance(answers[rank], BaseException):
+                answers[rank] = TimeoutError(
+                    f"worker {rank} still ran {self._restart_timeout:g} s after it was killed"
+                )
         self._killed.clear()  # (each answered as a new process, or is replaced by a new actor)
         return answers
 

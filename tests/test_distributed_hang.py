@@ -435,10 +435,11 @@ def test_a_killed_worker_is_restored_though_its_old_process_answers(ray_session:
         assert isinstance(trainer.train([batch(0)]), Success)
         digests = trainer.digests()
         for _ in range(3):
-            before = trainer._incarnations[0]
+            before, actor = trainer._incarnations[0], trainer._actors[0]
             trainer._kill([0])
             assert trainer._recover() == [0]
             assert trainer._incarnations[0] != before
+            assert trainer._actors[0] is actor  # (Ray's restart, not a new actor)
             assert trainer.digests() == digests and trainer.steps == 1
 
 
