@@ -804,6 +804,8 @@ class DataParallel(Generic[M, B]):
         if reduction not in ("tree", "driver"):
             raise ValueError(f"DataParallel: reduction must be 'tree' or 'driver', got {reduction!r}")
         self._ray = ray = _ray()
+        # Ray's answer for a worker whose process it is restarting (none in Rays without it).
+        self._unavailable: Any = getattr(ray.exceptions, "ActorUnavailableError", ())
         if not ray.is_initialized():
             # A worker asks for one CPU: declare enough even where the machine has fewer cores.
             ray.init(num_cpus=max(workers, os.cpu_count() or 1))
@@ -1273,7 +1275,6 @@ class DataParallel(Generic[M, B]):
         was (the kill has not landed yet; one that still does at the timeout is taken as not
         answering)."""
         ranks = list(range(self.workers))
-        unavailable = getattr(self._ray.exceptions, "ActorUnavailableError", ())
         deadline = perf_counter() + self._restart_timeout
         answers: list[Any] = [None] * self.workers
         asking = ranks
@@ -1286,7 +1287,7 @@ class DataParallel(Generic[M, B]):
             asking = [
                 rank
                 for rank in asking
-                if isinstance(answers[rank], unavailable)
+                if isinstance(answers[rank], self._unavailable)
                 or (
                     not isinstance(answers[rank], BaseException)
                     and answers[rank][0] == self._killed.get(rank)
@@ -1356,7 +1357,6 @@ class DataParallel(Generic[M, B]):
         # Ray answers ActorUnavailableError while a worker it restarts is coming back: that is no
         # attempt of the worker's, so it is asked again until the reply timeout has passed since
         # the call began or since the restore that follows a real failure.
-        unavailable = getattr(self._ray.exceptions, "ActorUnavailableError", ())
         deadline = perf_counter() + self._reply_timeout
         attempt = 0
         while True:
@@ -1377,7 +1377,7 @@ class DataParallel(Generic[M, B]):
                 return values
             # (A hung worker is killed even when this call gives up: the next restores it.)
             self._kill([rank for rank, error in failed if isinstance(error, TimeoutError)])
-            coming_back = all(isinstance(error, unavailable) for _, error in failed)
+            coming_back = all(isinstance(error, self._unavailable) for _, error in failed)
             if coming_back and perf_counter() < deadline:
                 sleep(UNAVAILABLE_PAUSE_S)
                 self._recover()
