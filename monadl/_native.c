@@ -1,16 +1,20 @@
-/* monadl._native: optimizer updates of NumPy weights in one pass (built with the compiled engine).
+/* monadl._native: optimizer updates of NumPy weights, and the recurrent cells' vjps, in one pass
+(built with the compiled engine).
 
 An optimizer's rule written with NumPy is a dozen passes over the weight, each a ufunc call: on a
 small weight the calls cost more than the arithmetic, and on a large one (an embedding table) the
-passes stream it through the cache a dozen times. Here each rule is one loop over the elements
+passes stream it through the cache a dozen times. A recurrent cell's vjps are a dozen ufunc calls
+on the few rows of a step too. Here each rule is one loop over the elements
 doing the same IEEE operations in the same order, in the arrays' own precision (float or double,
 each scalar rounded to it first, as NumPy rounds a Python float against a float32 array), so the
 results equal the NumPy rule's bit for bit. The build compiles this file without floating-point
 contraction (no fused multiply-add: NumPy rounds every product) and without errno from sqrt (so the
 loops vectorize; the results are the same). The arrays come as buffers (NumPy's buffer protocol),
-C-contiguous, the results' arrays made by the caller; the loops run without the GIL.
+C-contiguous, the results' arrays made by the caller; the optimizers' loops run without
+the GIL (a cell's few rows are not worth releasing it).
 
-monadl/dsl/learning/optimizers/native.py chooses when these run and holds the rules they equal. */
+monadl/dsl/learning/optimizers/native.py chooses when the optimizers' run and holds the rules they
+equal; monadl/dsl/ops/recurrent.py the cells'. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -76,8 +80,9 @@ static void adam_span(char kind, char *const p[7], const char *g, Py_ssize_t off
 }
 
 /* The buffers of one call, released together. */
+#define MAX_BUFFERS 9
 typedef struct {
-    Py_buffer views[9];
+    Py_buffer views[MAX_BUFFERS];
     int held;
 } Buffers;
 
@@ -227,14 +232,183 @@ fail:
     return NULL;
 }
 
+/* The recurrent cells' rules (monadl.dsl.ops.recurrent), one element, each product and sum rounded
+   in the order NumPy's operators take them (left to right): a rule there is a dozen ufunc calls on
+   the few rows of a step, here one loop.
+
+   The forwards keep NumPy's exp and tanh (so the same bits wherever they run): the caller negates
+   the gates' pre-activations into one buffer t (negate), takes np.exp of it in place and np.tanh of
+   what needs one, and the forward's loop finishes the sigmoids in place, t = 1 / (1 + t) (as
+   monadl.dsl.ops.activations._sigmoid), and writes the result. The joint vjps (_c_deltas, ...)
+   write every input's delta, one block of n elements after the other. p[k] is the k-th array of the
+   kernel's arguments. */
+#define CELLS(T)                                                                                   \
+    static void negate_##T(T *const *p, Py_ssize_t n, int count) {                                 \
+        T *restrict out = p[count];                                                                \
+        for (int j = 0; j < count; j++) {                                                          \
+            const T *restrict x = p[j];                                                            \
+            for (Py_ssize_t k = 0; k < n; k++) out[j * n + k] = -x[k];                             \
+        }                                                                                          \
+    }                                                                                              \
+    static void lstm_c_forward_##T(T *const *p, Py_ssize_t n, int count) {                         \
+        T *restrict t = p[0], *restrict out = p[3];                                                \
+        const T *restrict tu = p[1], *restrict c = p[2];                                           \
+        for (Py_ssize_t k = 0; k < 2 * n; k++) t[k] = (T)1.0 / ((T)1.0 + t[k]);                    \
+        for (Py_ssize_t k = 0; k < n; k++) out[k] = t[k] * tu[k] + t[n + k] * c[k];                \
+    }                                                                                              \
+    static void tree_c_forward_##T(T *const *p, Py_ssize_t n, int count) {                         \
+        T *restrict t = p[0], *restrict out = p[4];                                                \
+        const T *restrict tu = p[1], *restrict cl = p[2], *restrict cr = p[3];                     \
+        for (Py_ssize_t k = 0; k < 3 * n; k++) t[k] = (T)1.0 / ((T)1.0 + t[k]);                    \
+        for (Py_ssize_t k = 0; k < n; k++) out[k] = t[k] * tu[k] + t[n + k] * cl[k] + t[2 * n + k] * cr[k]; \
+    }                                                                                              \
+    static void lstm_h_forward_##T(T *const *p, Py_ssize_t n, int count) {                         \
+        T *restrict t = p[0], *restrict out = p[2];                                                \
+        const T *restrict tc = p[1];                                                               \
+        for (Py_ssize_t k = 0; k < n; k++) {                                                       \
+            t[k] = (T)1.0 / ((T)1.0 + t[k]);                                                       \
+            out[k] = t[k] * tc[k];                                                                 \
+        }                                                                                          \
+    }                                                                                              \
+    static void lstm_c_deltas_##T(T *const *p, Py_ssize_t n, int count) {                          \
+        const T *restrict d = p[0], *restrict si = p[1], *restrict sf = p[2], *restrict tu = p[3], \
+                *restrict c = p[4];                                                                \
+        T *restrict g = p[5];                                                                      \
+        for (Py_ssize_t k = 0; k < n; k++) {                                                       \
+            g[k] = d[k] * tu[k] * si[k] * ((T)1.0 - si[k]);                                        \
+            g[n + k] = d[k] * c[k] * sf[k] * ((T)1.0 - sf[k]);                                     \
+            g[2 * n + k] = d[k] * si[k] * ((T)1.0 - tu[k] * tu[k]);                                \
+            g[3 * n + k] = d[k] * sf[k];                                                           \
+        }                                                                                          \
+    }                                                                                              \
+    static void tree_c_deltas_##T(T *const *p, Py_ssize_t n, int count) {                          \
+        const T *restrict d = p[0], *restrict si = p[1], *restrict sl = p[2], *restrict sr = p[3], \
+                *restrict tu = p[4], *restrict cl = p[5], *restrict cr = p[6];                     \
+        T *restrict g = p[7];                                                                      \
+        for (Py_ssize_t k = 0; k < n; k++) {                                                       \
+            g[k] = d[k] * tu[k] * si[k] * ((T)1.0 - si[k]);                                        \
+            g[n + k] = d[k] * cl[k] * sl[k] * ((T)1.0 - sl[k]);                                    \
+            g[2 * n + k] = d[k] * cr[k] * sr[k] * ((T)1.0 - sr[k]);                                \
+            g[3 * n + k] = d[k] * si[k] * ((T)1.0 - tu[k] * tu[k]);                                \
+            g[4 * n + k] = d[k] * sl[k];                                                           \
+            g[5 * n + k] = d[k] * sr[k];                                                           \
+        }                                                                                          \
+    }                                                                                              \
+    static void lstm_h_deltas_##T(T *const *p, Py_ssize_t n, int count) {                          \
+        const T *restrict d = p[0], *restrict so = p[1], *restrict tc = p[2];                      \
+        T *restrict g = p[3];                                                                      \
+        for (Py_ssize_t k = 0; k < n; k++) {                                                       \
+            g[k] = d[k] * tc[k] * so[k] * ((T)1.0 - so[k]);                                        \
+            g[n + k] = d[k] * so[k] * ((T)1.0 - tc[k] * tc[k]);                                    \
+        }                                                                                          \
+    }                                                                                              \
+    static void gru_deltas_##T(T *const *p, Py_ssize_t n, int count) {                             \
+        const T *restrict d = p[0], *restrict sr = p[1], *restrict sz = p[2], *restrict nn = p[3], \
+                *restrict nh = p[4], *restrict h = p[5];                                           \
+        T *restrict g = p[6];                                                                      \
+        for (Py_ssize_t k = 0; k < n; k++) {                                                       \
+            T cand = d[k] * ((T)1.0 - sz[k]) * ((T)1.0 - nn[k] * nn[k]);                           \
+            g[k] = cand * nh[k] * sr[k] * ((T)1.0 - sr[k]);                                        \
+            g[n + k] = d[k] * (h[k] - nn[k]) * sz[k] * ((T)1.0 - sz[k]);                           \
+            g[2 * n + k] = cand;                                                                   \
+            g[3 * n + k] = cand * sr[k];                                                           \
+            g[4 * n + k] = d[k] * sz[k];                                                           \
+        }                                                                                          \
+    }
+
+CELLS(float)
+CELLS(double)
+
+typedef void (*cell_float)(float *const *, Py_ssize_t, int);
+typedef void (*cell_double)(double *const *, Py_ssize_t, int);
+
+/* A cell kernel's call: its arguments are arrays of one float type, C-contiguous, array k of
+   blocks[k] blocks of n elements (0: as many as the arrays before it, negate's output), the last
+   one written (and the first too where first_written: a forward's buffer of sigmoids). */
+static PyObject *cells(PyObject *args, const char *name, int count, const int *blocks, int first_written,
+                       cell_float f, cell_double g) {
+    Py_ssize_t given = PyTuple_GET_SIZE(args);
+    if (count == 0) count = (int)given;  /* negate: any number of inputs, then the output */
+    if (given != count || count < 2 || count > MAX_BUFFERS) {
+        PyErr_Format(PyExc_TypeError, "monadl._native.%s: expected %d arrays, got %zd", name, count, given);
+        return NULL;
+    }
+    Buffers b = {.held = 0};
+    char *ptrs[MAX_BUFFERS];
+    Py_buffer *view[MAX_BUFFERS];
+    for (int k = 0; k < count; k++) {
+        int written = k == count - 1 || (k == 0 && first_written);
+        view[k] = take(&b, PyTuple_GET_ITEM(args, k), written, written ? "a result" : "an input");
+        if (view[k] == NULL) goto fail;
+        ptrs[k] = (char *)view[k]->buf;
+    }
+    char kind = float_kind(view[0]);
+    Py_ssize_t block = blocks ? view[0]->len / blocks[0] : view[0]->len;
+    for (int k = 0; k < count; k++) {
+        if (kind == 0 || float_kind(view[k]) != kind) {
+            PyErr_Format(PyExc_TypeError, "monadl._native.%s: expected float32 or float64 arrays of one dtype", name);
+            goto fail;
+        }
+        Py_ssize_t want = blocks ? blocks[k] * block : (k == count - 1 ? (count - 1) * block : block);
+        if (view[k]->len != want) {
+            PyErr_Format(PyExc_ValueError, "monadl._native.%s: the arrays differ in size", name);
+            goto fail;
+        }
+    }
+    Py_ssize_t n = block / view[0]->itemsize;
+    if (kind == 'f') {
+        f((float *const *)ptrs, n, count - 1);
+    } else {
+        g((double *const *)ptrs, n, count - 1);
+    }
+    release(&b);
+    Py_RETURN_NONE;
+fail:
+    release(&b);
+    return NULL;
+}
+
+static const int LSTM_C_FORWARD[] = {2, 1, 1, 1}, TREE_C_FORWARD[] = {3, 1, 1, 1, 1}, LSTM_H_FORWARD[] = {1, 1, 1},
+                 LSTM_C_DELTAS[] = {1, 1, 1, 1, 1, 4}, TREE_C_DELTAS[] = {1, 1, 1, 1, 1, 1, 1, 6},
+                 LSTM_H_DELTAS[] = {1, 1, 1, 2}, GRU_DELTAS[] = {1, 1, 1, 1, 1, 1, 5};
+
+#define CELL_FUNCTION(NAME, COUNT, BLOCKS, FIRST_WRITTEN)                                           \
+    static PyObject *NAME(PyObject *Py_UNUSED(self), PyObject *args) {                             \
+        return cells(args, #NAME, COUNT, BLOCKS, FIRST_WRITTEN, NAME##_float, NAME##_double);      \
+    }
+
+CELL_FUNCTION(negate, 0, NULL, 0)
+CELL_FUNCTION(lstm_c_forward, 4, LSTM_C_FORWARD, 1)
+CELL_FUNCTION(tree_c_forward, 5, TREE_C_FORWARD, 1)
+CELL_FUNCTION(lstm_h_forward, 3, LSTM_H_FORWARD, 1)
+CELL_FUNCTION(lstm_c_deltas, 6, LSTM_C_DELTAS, 0)
+CELL_FUNCTION(tree_c_deltas, 8, TREE_C_DELTAS, 0)
+CELL_FUNCTION(lstm_h_deltas, 4, LSTM_H_DELTAS, 0)
+CELL_FUNCTION(gru_deltas, 7, GRU_DELTAS, 0)
+
+PyDoc_STRVAR(cells_doc,
+    "kernel(*arrays)\n--\n\n"
+    "A recurrent cell's rule (monadl.dsl.ops.recurrent) on C-contiguous arrays of one float type,\n"
+    "the last written: negate(*xs, out); lstm_c_forward(t, tu, c, out), lstm_h_forward(t, tc, out),\n"
+    "tree_c_forward(t, tu, c_left, c_right, out), t the gates' exp(-x), made their sigmoids in place;\n"
+    "name_deltas(d, *saved, *inputs, out), out one block per input's delta.");
+
 static PyMethodDef methods[] = {
     {"adam", (PyCFunction)(void (*)(void))adam, METH_VARARGS | METH_KEYWORDS, adam_doc},
+    {"negate", negate, METH_VARARGS, cells_doc},
+    {"lstm_c_forward", lstm_c_forward, METH_VARARGS, cells_doc},
+    {"tree_c_forward", tree_c_forward, METH_VARARGS, cells_doc},
+    {"lstm_h_forward", lstm_h_forward, METH_VARARGS, cells_doc},
+    {"lstm_c_deltas", lstm_c_deltas, METH_VARARGS, cells_doc},
+    {"tree_c_deltas", tree_c_deltas, METH_VARARGS, cells_doc},
+    {"lstm_h_deltas", lstm_h_deltas, METH_VARARGS, cells_doc},
+    {"gru_deltas", gru_deltas, METH_VARARGS, cells_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "monadl._native",
-    "Optimizer updates of NumPy weights in one pass, bit for bit the NumPy rules'.", -1, methods,
+    "Optimizer updates and recurrent cells' vjps in one pass, bit for bit the NumPy rules'.", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

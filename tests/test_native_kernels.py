@@ -1,10 +1,12 @@
-"""``monadl._native``'s one-pass optimizer kernels: the NumPy rules' bits, their fallbacks, their
-errors. Skipped where the engine runs from its sources (the kernels are then not loaded)."""
+"""``monadl._native``'s one-pass kernels (the optimizers' updates, the recurrent cells' joint vjps):
+the NumPy rules' bits, their fallbacks, their errors. Skipped where the engine runs from its sources
+(the kernels are then not loaded)."""
 
 from __future__ import annotations
 
 import sys
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -12,8 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import monadl as ml
+from monadl.dsl import fused
 from monadl.dsl.learning.optimizers import native
 from monadl.dsl.learning.optimizers.adam import _adam_in_chunks, adam_rule
+from monadl.dsl.ops import recurrent
 from monadl.typeclasses.sparse import SparseRows
 
 needs_kernels = pytest.mark.skipif(not native.available(), reason="the engine runs from its sources")
@@ -164,7 +168,7 @@ def test_adam_updates_weights_of_no_elements(shape: tuple[int, ...]) -> None:
 @needs_kernels
 def test_the_kernel_refuses_bad_buffers_with_clear_errors() -> None:
     """Called directly, the kernel checks what the wrapper ensures: its errors name what is wrong."""
-    kernels: Any = native._KERNELS
+    kernels: Any = fused.NATIVE
     a = np.zeros((4, 3), dtype=np.float32)
     outs = [np.empty_like(a) for _ in range(3)]
     scalars = (0.9, 0.1, 0.999, 0.001, 0.1, 0.001, 0.01, 1e-8)
@@ -197,3 +201,132 @@ def test_the_kernel_refuses_bad_buffers_with_clear_errors() -> None:
 
 def test_the_kernels_are_loaded_iff_the_engine_runs_compiled() -> None:
     assert native.available() == ml.compiled()
+
+
+# ----------------------------------------------------------------------------- the cells' joint vjps
+
+GATE_RULES = {  # a joint vjp, and how many activations it saved and inputs it takes
+    "lstm_c": (recurrent.LSTM_C, 3, 4),
+    "tree_lstm_c": (recurrent.TREE_LSTM_C, 4, 6),
+    "lstm_h": (recurrent.LSTM_H, 2, 2),
+    "gru_h": (recurrent.GRU_H, 3, 5),
+}
+
+
+def _gate_arrays(rng: np.random.Generator, count: int, shape: tuple[int, ...], dtype: Any) -> list[Any]:
+    """``count`` arrays of a cell's range: activations in [0, 1] (exact 0s and 1s among them, as a
+    saturated sigmoid gives), pre-activations and deltas of every sign, signed zeros, huge and tiny
+    values."""
+    arrays = []
+    for k in range(count):
+        a = rng.uniform(-3.0, 3.0, shape) if k % 2 else rng.uniform(0.0, 1.0, shape)
+        flat = a.reshape(-1)
+        flat[::7] = 0.0
+        flat[1::11] = -0.0
+        flat[2::13] = 1.0
+        flat[3::17] = 3e38 if dtype == np.float32 else 1e300
+        flat[4::19] = 1e-30
+        arrays.append(a.astype(dtype))
+    return arrays
+
+
+def _flat_bits(results: Any) -> list[bytes]:
+    """The bits of a rule's results: a joint vjp's deltas, or a forward's result and saved arrays."""
+    if isinstance(results, tuple) and len(results) == 2 and isinstance(results[1], tuple):
+        return [_bits(results[0]), *(_bits(a) for a in results[1])]
+    return [_bits(g) for g in results]
+
+
+def _numpy_bits(rule: Any, *args: Any) -> list[bytes]:
+    """The bits of ``rule``'s NumPy form (no native output: no kernel is called)."""
+    with mock.patch.object(recurrent, "native_out", lambda *_: None):
+        return _flat_bits(rule(np, *args))
+
+
+@needs_kernels
+@settings(deadline=None, max_examples=80)
+@given(
+    name=st.sampled_from(sorted(GATE_RULES)),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    shape=st.sampled_from(SHAPES),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_cells_joint_vjp_kernel_is_its_numpy_rule_bit_for_bit(
+    name: str, dtype: Any, shape: tuple[int, ...], seed: int
+) -> None:
+    """Every delta of ``lstm_c``, ``tree_lstm_c``, ``lstm_h`` and ``gru_h`` from the C loop equals the
+    NumPy rule's, bits (signed zeros, overflows to infinity, NaNs of inf * 0) and dtype and shape."""
+    prim, saves, inputs = GATE_RULES[name]
+    rng = np.random.default_rng(seed)
+    d, *rest = _gate_arrays(rng, 1 + saves + inputs, shape, dtype)
+    saved, args = tuple(rest[:saves]), rest[saves:]
+    rule = prim.joint_vjp
+    assert rule is not None and fused.native_out(1, d, *saved, *args) is not None  # the kernel runs
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert _flat_bits(rule(np, d, saved, *args)) == _numpy_bits(rule, d, saved, *args)
+
+
+@needs_kernels
+@settings(deadline=None, max_examples=60)
+@given(
+    name=st.sampled_from(["lstm_c", "tree_lstm_c", "lstm_h"]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    shape=st.sampled_from(SHAPES),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_cells_native_forward_is_its_numpy_rule_bit_for_bit(
+    name: str, dtype: Any, shape: tuple[int, ...], seed: int
+) -> None:
+    """The result and the saved activations of ``lstm_c``, ``tree_lstm_c`` and ``lstm_h`` with the C
+    loops (around NumPy's exp and tanh) equal the NumPy rule's, bits and dtype and shape: gates far
+    below and above 0 (exp(-x) overflows to infinity: a sigmoid of 0), signed zeros, huge memories."""
+    prim, _, inputs = GATE_RULES[name]
+    rng = np.random.default_rng(seed)
+    args = []
+    for a in _gate_arrays(rng, inputs, shape, dtype):
+        flat = a.reshape(-1)
+        flat[5::9] = -100.0
+        flat[6::23] = 100.0
+        args.append(a)
+    assert fused.native_out(1, *args) is not None  # the kernels run
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert _flat_bits(prim.forward(np, *args)) == _numpy_bits(prim.forward, *args)
+
+
+@needs_kernels
+def test_a_cells_joint_vjp_runs_its_numpy_rule_where_the_kernel_does_not_apply() -> None:
+    """Operands that broadcast, a float, a transposed (not C-contiguous) array, two dtypes, 0-d: no
+    native output (the NumPy rule runs, giving what it always gave)."""
+    a = np.ones((3, 4), dtype=np.float32)
+    assert fused.native_out(2, a, a) is not None
+    assert fused.native_out(2, a, np.ones((4,), dtype=np.float32)) is None
+    assert fused.native_out(2, a, 1.0) is None
+    assert fused.native_out(2, np.ones((4, 3), dtype=np.float32).T, a) is None
+    assert fused.native_out(2, a, a.astype(np.float64)) is None
+    assert fused.native_out(2, np.asarray(np.float32(1.0)), np.asarray(np.float32(1.0))) is None
+    assert fused.native_out(2, a.astype(np.float16), a.astype(np.float16)) is None
+    d, so, tc = np.ones((3, 4)), np.full((3, 4), 0.5), np.full((4,), 0.25)
+    g_o, g_c = recurrent._h_deltas(np, d, (so, tc), so, tc)
+    np.testing.assert_array_equal(g_o, d * tc * so * (1.0 - so))
+    np.testing.assert_array_equal(g_c, d * so * (1.0 - tc * tc))
+
+
+@needs_kernels
+def test_the_gate_kernels_refuse_bad_buffers_with_clear_errors() -> None:
+    """Called directly, a gate kernel checks what its caller ensures: its errors name what is wrong."""
+    kernels: Any = fused.NATIVE
+    a = np.zeros((4, 3), dtype=np.float32)
+    with pytest.raises(TypeError, match="expected 4 arrays"):
+        kernels.lstm_h_deltas(a, a, np.empty((2, 4, 3), dtype=np.float32))
+    with pytest.raises(TypeError, match="one dtype"):
+        kernels.lstm_h_deltas(a, a, a.astype(np.float64), np.empty((2, 4, 3), dtype=np.float32))
+    with pytest.raises(ValueError, match="differ in size"):
+        kernels.lstm_h_deltas(a, a, a, np.empty((1, 4, 3), dtype=np.float32))
+    with pytest.raises(TypeError, match="C-contiguous writable"):
+        out = np.empty((2, 4, 3), dtype=np.float32)
+        out.flags.writeable = False
+        kernels.lstm_h_deltas(a, a, a, out)
+    with pytest.raises(ValueError, match="differ in size"):
+        kernels.negate(a, a, np.empty((1, 4, 3), dtype=np.float32))
+    with pytest.raises(TypeError, match="C-contiguous writable"):
+        kernels.lstm_h_forward(a.T, a, np.empty_like(a))  # (its buffer of sigmoids is written)

@@ -152,10 +152,12 @@ class Primitive:
     updates it stages): it receives the run's :class:`~monadl.do.context.RunContext` as the keyword
     argument ``ctx``; its calls do not merge (no ``batch``).
     ``joint_vjp``: one rule ``(xp, delta, out, *inputs, **params)`` giving every input's delta at
-    once (a sequence, one an input), in place of ``vjps`` (then ``()``), for an op whose deltas come
-    out of one computation and whose number of inputs varies (a recurrent layer's, by its
-    directions): a backward pass runs it once per application, for the first input it needs a delta
-    of (see :class:`JointDeltas`). Its calls do not merge (``batch`` None)."""
+    once (a sequence, one an input), in place of ``vjps`` (then ``()``), for an op whose deltas share
+    their work (a recurrent cell's gates: every delta a product of the same activations) or whose
+    number of inputs varies (a recurrent layer's, by its directions): a backward pass runs it once
+    per application, or once per merged group on the stacked rows, when the first input's delta is
+    asked for (see :class:`JointDeltas`). An op whose merged calls have vjps of their own
+    (``Batching.vjps``) takes none."""
 
     def __init__(
         self,
@@ -199,8 +201,10 @@ class Primitive:
         self.shape_rule = shape_rule
         self.context = context
         self.joint_vjp = joint_vjp
-        if joint_vjp is not None and (vjps or batch is not None):
-            raise ValueError(f"{name}: a joint vjp replaces the vjps (give ()), and its calls do not merge")
+        if joint_vjp is not None and (vjps or (batch is not None and batch.vjps is not None)):
+            raise ValueError(
+                f"{name}: a joint vjp replaces the vjps (give ()), and the merged calls' (Batching.vjps)"
+            )
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"
@@ -342,7 +346,13 @@ class Primitive:
         """Input ``i``'s delta of merged calls, by ``rule`` on their stacked ``delta``: summed back to
         the input's (padded) shape (a shared input's over the group's ``rows``, where the op does
         not broadcast), and reshaped to ``shape`` (unpadded), a user's rule's result checked first."""
-        g = call_vjp(rule, xp, delta, saved, datas, params)
+        return self.finish_merged(i, call_vjp(rule, xp, delta, saved, datas, params), rows, shape, xp, datas)
+
+    def finish_merged(
+        self, i: int, g: Any, rows: int, shape: tuple[int, ...] | None, xp: Any, datas: Sequence[Any]
+    ) -> Any:
+        """Input ``i``'s delta ``g`` of merged calls, as a vjp gave it, made its delta (see
+        :meth:`merged_delta`)."""
         if not self.own:
             check_delta(self.name, i, g, datas[i], self.broadcasts, rows)
         if self.broadcasts:
@@ -355,10 +365,11 @@ class Primitive:
 
 
 class JointDeltas:
-    """The deltas of one application of a primitive with a ``joint_vjp``: worked out once, by the
-    first of its inputs' deltas asked for; the others read theirs (on a pool, each input's delta is
-    asked for on its own thread: they wait for the first). :meth:`delta` is :meth:`Primitive.delta`'s
-    stand-in in a backward pass."""
+    """The deltas of one application (or merged group) of a primitive with a ``joint_vjp``: worked
+    out once, by the first of its inputs' deltas asked for; the others read theirs (on a pool, each
+    input's delta is asked for on its own thread: they wait for the first). :meth:`delta` and
+    :meth:`merged_delta` are :meth:`Primitive.delta`'s and :meth:`Primitive.merged_delta`'s stand-ins
+    in a backward pass."""
 
     def __init__(self, prim: Primitive) -> None:
         self.prim = prim
@@ -377,16 +388,41 @@ class JointDeltas:
         exact: bool = False,
     ) -> Any:
         """Input ``i``'s delta, as :meth:`Primitive.delta` gives it."""
+        return self.prim.finish_delta(
+            i, xp, self.work_out(xp, datas, saved, delta, params)[i], datas, dense, exact
+        )
+
+    def merged_delta(
+        self,
+        i: int,
+        rule: Rule | None,
+        rows: int,
+        shape: tuple[int, ...] | None,
+        xp: Any,
+        delta: Any,
+        saved: Any,
+        datas: list[Any],
+        params: dict[str, Any],
+    ) -> Any:
+        """Input ``i``'s delta of merged calls, as :meth:`Primitive.merged_delta` gives it (``rule``:
+        unused, the joint vjp's part for input ``i``)."""
+        g = self.work_out(xp, datas, saved, delta, params)[i]
+        return self.prim.finish_merged(i, g, rows, shape, xp, datas)
+
+    def work_out(
+        self, xp: Any, datas: Sequence[Any], saved: Any, delta: Any, params: dict[str, Any]
+    ) -> Sequence[Any]:
+        """Every input's delta: the joint vjp's, run by the first caller."""
         deltas = self.deltas
         if deltas is None:
             with self.lock:
                 deltas = self.deltas
                 if deltas is None:
-                    deltas = self.deltas = self.work_out(xp, datas, saved, delta, params)
-        return self.prim.finish_delta(i, xp, deltas[i], datas, dense, exact)
+                    deltas = self.deltas = self.joint(xp, datas, saved, delta, params)
+        return deltas
 
-    def work_out(
-        self, xp: Any, datas: tuple[Any, ...], saved: Any, delta: Any, params: dict[str, Any]
+    def joint(
+        self, xp: Any, datas: Sequence[Any], saved: Any, delta: Any, params: dict[str, Any]
     ) -> Sequence[Any]:
         prim = self.prim
         rule = prim.joint_vjp

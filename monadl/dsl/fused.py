@@ -1,4 +1,5 @@
-"""Fused elementwise kernels for CuPy arrays, and reading many device values at once.
+"""Fused elementwise kernels for CuPy arrays, the hand-written ones for NumPy arrays, and reading
+many device values at once.
 
 On a GPU, a rule written with array operators (Adam's update, GELU's slope) runs one kernel per
 operator, each reading and writing a whole temporary array: a dozen passes over memory where one
@@ -19,6 +20,11 @@ results with the rules it replaces bit for bit, with no GPU. The CUDA build cont
 it replaces does. Only the library functions (``exp``, ``tanh``) may round differently from
 NumPy's, by an ulp or two, as CuPy's own do.
 
+On NumPy arrays, the rules the optimizers and the recurrent cells run most run as loops of
+``monadl/_native.c`` (:data:`NATIVE`) where the engine is compiled: each the same IEEE operations in
+the same order as the NumPy rule it replaces, so the results are the same bits; the callers keep the
+rule for every other case (:func:`native_out` says which).
+
 :func:`all_true` and :func:`sum_on_devices` read the values of many device scalars (a step's
 finite checks, a global norm's sums of squares) with one synchronisation per device, where
 ``bool()`` or ``float()`` on each would wait for the device once per weight.
@@ -26,15 +32,38 @@ finite checks, a global norm's sums of squares) with one synchronisation per dev
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
+from monadl._compiled import compiled
 from monadl.typeclasses.backend import namespace
+
+NATIVE: Final[Any] = importlib.import_module("monadl._native") if compiled() else None
+"""``monadl/_native.c``'s kernels, where they are built (with the compiled engine) and it runs
+compiled; None otherwise."""
+
+_NATIVE_FLOATS: Final = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def native_out(count: int, *arrays: Any) -> Any:
+    """A fresh array of ``count`` blocks shaped as ``arrays``, ``(count, *shape)``, for a native
+    kernel's results, where the kernels are loaded and take ``arrays``: C-contiguous NumPy arrays (not
+    0-d) of one shape and one float32 or float64 dtype; None otherwise (the caller runs its rule)."""
+    first = arrays[0]
+    if NATIVE is None or type(first) is not np.ndarray or not first.ndim or first.dtype not in _NATIVE_FLOATS:
+        return None
+    shape, dtype = first.shape, first.dtype
+    for a in arrays:
+        if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype or not a.flags.c_contiguous:
+            return None
+    return np.empty((count, *shape), dtype=dtype)
+
 
 ENABLED = True
 """Whether CuPy arrays take the fused kernels (``False``: the rules as written, one kernel per

@@ -32,7 +32,7 @@ from mypy_extensions import mypyc_attr
 
 from monadl.do.do import Node, Pure, as_node
 from monadl.do.graph import Graph
-from monadl.do.primitive import JointDeltas, call_vjp
+from monadl.do.primitive import JointDeltas, Primitive, call_vjp
 from monadl.do.record import Run, row_value
 from monadl.do.scheduler import Scheduler
 from monadl.do.stats import RunStats, tally
@@ -351,7 +351,7 @@ def _op(b: Backward, step: OpStep) -> None:
     exact = step.exact
     if exact is None and prim.broadcasts and prim.own:  # (a user's vjp may give any broadcast shape)
         exact = step.exact = _exact(args, run.datas[out])
-    joint = None if prim.joint_vjp is None else JointDeltas(prim)  # one rule for every input's delta
+    joint = _joint(stats, prim)
     for j, slot in enumerate(step.ins):
         if not wants[slot]:
             continue
@@ -359,8 +359,9 @@ def _op(b: Backward, step: OpStep) -> None:
             b.give(slot, d, False)
             continue
         d = _dense(d)  # the rules want it dense: made so once (kept for the next inputs)
-        stats.kernels += 1
-        tally(stats.vjps, prim.name)
+        if joint is None:
+            stats.kernels += 1
+            tally(stats.vjps, prim.name)
         rule = prim.products.get(j)
         if rule is not None and b.product(slot, call_vjp(rule, xp, d, saved, args, params)):
             continue
@@ -374,6 +375,16 @@ def _op(b: Backward, step: OpStep) -> None:
         else:
             g = joint.delta(j, xp, args, saved, d, params, False, same)
         b.give(slot, g, prim.fresh and g is not d)
+
+
+def _joint(stats: RunStats, prim: Primitive) -> JointDeltas | None:
+    """Where ``prim`` has a joint vjp, the deltas of one application or group, counted as one
+    kernel; None otherwise (each input's vjp counts)."""
+    if prim.joint_vjp is None:
+        return None
+    stats.kernels += 1
+    tally(stats.vjps, prim.name)
+    return JointDeltas(prim)
 
 
 def _merged(b: Backward, step: MergedStep) -> None:
@@ -392,11 +403,14 @@ def _merged(b: Backward, step: MergedStep) -> None:
     stats = b.stats
     tally(stats.backwards, prim.name)
     heavy = step.heavy and b.dispatcher is not None
+    joint = _joint(stats, prim)
+    delta: Callable[..., Any] = prim.merged_delta if joint is None else joint.merged_delta
     for i, slot in enumerate(step.ins):
         if not run.wants[slot]:
             continue
-        stats.kernels += 1
-        tally(stats.vjps, prim.name)
+        if joint is None:
+            stats.kernels += 1
+            tally(stats.vjps, prim.name)
         rule = prim.products.get(i)
         if (
             rule is not None
@@ -409,12 +423,13 @@ def _merged(b: Backward, step: MergedStep) -> None:
         # A shared input of an elementwise group was broadcast over the rows: its delta is summed
         # over them (an op that broadcasts sums every broadcast axis anyway).
         over = step.n if not step.stacked[i] and step.elementwise and not prim.broadcasts else 0
-        vjp_args = (i, step.vjps[i], over, shape, xp, d, saved, args, params)
+        vjp = step.vjps[i] if joint is None else None  # (a joint vjp's part for input i)
+        vjp_args = (i, vjp, over, shape, xp, d, saved, args, params)
         rows = given if step.stacked[i] else ALL
         if heavy:
-            b.submit(prim.merged_delta, vjp_args, slot, d, prim.fresh, rows)
+            b.submit(delta, vjp_args, slot, d, prim.fresh, rows)
             continue
-        g = prim.merged_delta(*vjp_args)
+        g = delta(*vjp_args)
         b.give(slot, g, prim.fresh and g is not d, rows)
 
 

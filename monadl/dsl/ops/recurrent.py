@@ -5,30 +5,38 @@ From the gates' pre-activations ``i``, ``f``, ``o``, ``u`` (each ``W [x; h] + b`
 ``c``, an LSTM step computes ``c' = sigmoid(i) * tanh(u) + sigmoid(f) * c`` and
 ``h' = sigmoid(o) * tanh(c')``. Written with the elementwise ops, that is seven kernels forward and
 nine vjps backward; a small recurrent step is bound by kernels launched, not by arithmetic, so
-these two ops do it in two kernels forward and six vjps, as DyNet's ``vanilla_lstm_c`` and
-``vanilla_lstm_h`` do. Each saves its activations for its vjps. They are elementwise in all their
-operands (broadcasting as NumPy does), so their calls merge under dynamic batching as the
-elementwise ops' do. :class:`monadl.nn.LSTMCell` is built on them.
+these two ops do it in two kernels forward and two backward, as DyNet's ``vanilla_lstm_c`` and
+``vanilla_lstm_h`` do: each saves its activations, and one joint vjp gives all its inputs' deltas.
+They are elementwise in all their operands (broadcasting as NumPy does), so their calls merge under
+dynamic batching as the elementwise ops' do. :class:`monadl.nn.LSTMCell` is built on them.
 
 A binary Tree-LSTM node's memory, from its children's memories ``c_l`` and ``c_r`` and a forget
 gate each, is ``c = sigmoid(i) * tanh(u) + sigmoid(f_l) * c_l + sigmoid(f_r) * c_r``: nine
-elementwise ops forward and fourteen vjps backward, or one op, :func:`tree_lstm_c`, with six vjps;
-its output is :func:`lstm_h`'s. :class:`monadl.nn.TreeLSTMCell` is built on them.
+elementwise ops forward and fourteen vjps backward, or one op, :func:`tree_lstm_c`, with one joint
+vjp; its output is :func:`lstm_h`'s. :class:`monadl.nn.TreeLSTMCell` is built on them.
 
 A GRU step, from the reset and update gates' pre-activations ``r`` and ``z``, the candidate's
 input and hidden parts ``n_x`` (``W_nx x + b_nx``) and ``n_h`` (``W_nh h + b_nh``) and the state
 ``h``, is ``h' = (1 - sigmoid(z)) * tanh(n_x + sigmoid(r) * n_h) + sigmoid(z) * h``: seven
-elementwise kernels forward, one with :func:`gru_h`, which has five vjps.
+elementwise kernels forward, one with :func:`gru_h`, and one joint vjp.
 :class:`monadl.nn.GRUCell` is built on it.
+
+Each rule is still a dozen ufunc calls on the few rows of a step. Where the engine runs compiled,
+the rules on NumPy arrays of one shape and float dtype run as loops of ``monadl/_native.c``
+(``monadl.dsl.fused.native_out``): the joint vjps whole, the forwards but NumPy's ``exp`` and
+``tanh``; every loop does the NumPy rule's operations in its order, so the results are its bits.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
+import numpy as np
+
 from monadl.do.primitive import ELEMENTWISE
 from monadl.dsl.core.arguments import array_operand
 from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array
+from monadl.dsl.fused import NATIVE, native_out
 from monadl.dsl.ops.activations import sigmoid_of, sigmoids_of
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import elementwise
@@ -36,82 +44,85 @@ from monadl.dsl.ops.shape_rules import elementwise
 __all__ = ["gru_h", "lstm_c", "lstm_h", "tree_lstm_c"]
 
 
+def _exps_of_negated(t: Any, *gates: Any) -> None:
+    """``exp(-gate)`` of each gate into its block of ``t``: the sigmoids' start, which a native
+    forward finishes (``t = 1 / (1 + t)``) as :func:`~monadl.dsl.ops.activations.sigmoid_of` does."""
+    NATIVE.negate(*gates, t)
+    with np.errstate(over="ignore"):  # (inf where exp(-gate) overflows: the sigmoid is 0 there)
+        np.exp(t, out=t)
+
+
 def _c_forward(xp: Any, i: Any, f: Any, u: Any, c: Any) -> tuple[Any, tuple[Any, Any, Any]]:
+    t = native_out(2, i, f, u, c)
+    if t is not None:
+        _exps_of_negated(t, i, f)
+        tu, out = np.tanh(u), np.empty_like(c)
+        NATIVE.lstm_c_forward(t, tu, c, out)
+        return out, (t[0], t[1], tu)
     (si, sf), tu = sigmoids_of(xp, i, f), xp.tanh(u)
     return si * tu + sf * c, (si, sf, tu)
 
 
-def _c_vjp_i(xp: Any, d: Any, saved: tuple[Any, Any, Any], *_: Any) -> Any:
-    si, _sf, tu = saved
-    return d * tu * si * (1.0 - si)
-
-
-def _c_vjp_f(xp: Any, d: Any, saved: tuple[Any, Any, Any], i: Any, f: Any, u: Any, c: Any) -> Any:
-    sf = saved[1]
-    return d * c * sf * (1.0 - sf)
-
-
-def _c_vjp_u(xp: Any, d: Any, saved: tuple[Any, Any, Any], *_: Any) -> Any:
-    si, _sf, tu = saved
-    return d * si * (1.0 - tu * tu)
-
-
-def _c_vjp_c(xp: Any, d: Any, saved: tuple[Any, Any, Any], *_: Any) -> Any:
-    return d * saved[1]
+def _c_deltas(
+    xp: Any, d: Any, saved: tuple[Any, Any, Any], i: Any, f: Any, u: Any, c: Any
+) -> tuple[Any, Any, Any, Any]:
+    si, sf, tu = saved
+    out = native_out(4, d, si, sf, tu, c)
+    if out is not None:
+        NATIVE.lstm_c_deltas(d, si, sf, tu, c, out)
+        return out[0], out[1], out[2], out[3]
+    return d * tu * si * (1.0 - si), d * c * sf * (1.0 - sf), d * si * (1.0 - tu * tu), d * sf
 
 
 def _tree_c_forward(
     xp: Any, i: Any, f_left: Any, f_right: Any, u: Any, c_left: Any, c_right: Any
 ) -> tuple[Any, tuple[Any, Any, Any, Any]]:
+    t = native_out(3, i, f_left, f_right, u, c_left, c_right)
+    if t is not None:
+        _exps_of_negated(t, i, f_left, f_right)
+        tu, out = np.tanh(u), np.empty_like(c_left)
+        NATIVE.tree_c_forward(t, tu, c_left, c_right, out)
+        return out, (t[0], t[1], t[2], tu)
     (si, sfl, sfr), tu = sigmoids_of(xp, i, f_left, f_right), xp.tanh(u)
     return si * tu + sfl * c_left + sfr * c_right, (si, sfl, sfr, tu)
 
 
-def _tree_c_vjp_i(xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], *_: Any) -> Any:
-    si, _sfl, _sfr, tu = saved
-    return d * tu * si * (1.0 - si)
-
-
-def _tree_c_vjp_f_left(
+def _tree_c_deltas(
     xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], i: Any, f_l: Any, f_r: Any, u: Any, c_l: Any, c_r: Any
-) -> Any:
-    sfl = saved[1]
-    return d * c_l * sfl * (1.0 - sfl)
-
-
-def _tree_c_vjp_f_right(
-    xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], i: Any, f_l: Any, f_r: Any, u: Any, c_l: Any, c_r: Any
-) -> Any:
-    sfr = saved[2]
-    return d * c_r * sfr * (1.0 - sfr)
-
-
-def _tree_c_vjp_u(xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], *_: Any) -> Any:
-    si, _sfl, _sfr, tu = saved
-    return d * si * (1.0 - tu * tu)
-
-
-def _tree_c_vjp_c_left(xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], *_: Any) -> Any:
-    return d * saved[1]
-
-
-def _tree_c_vjp_c_right(xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], *_: Any) -> Any:
-    return d * saved[2]
+) -> tuple[Any, Any, Any, Any, Any, Any]:
+    si, sfl, sfr, tu = saved
+    out = native_out(6, d, si, sfl, sfr, tu, c_l, c_r)
+    if out is not None:
+        NATIVE.tree_c_deltas(d, si, sfl, sfr, tu, c_l, c_r, out)
+        return out[0], out[1], out[2], out[3], out[4], out[5]
+    return (
+        d * tu * si * (1.0 - si),
+        d * c_l * sfl * (1.0 - sfl),
+        d * c_r * sfr * (1.0 - sfr),
+        d * si * (1.0 - tu * tu),
+        d * sfl,
+        d * sfr,
+    )
 
 
 def _h_forward(xp: Any, o: Any, c: Any) -> tuple[Any, tuple[Any, Any]]:
+    t = native_out(1, o, c)
+    if t is not None:
+        _exps_of_negated(t, o)
+        tc, out = np.tanh(c), np.empty_like(c)
+        NATIVE.lstm_h_forward(t, tc, out)
+        return out, (t[0], tc)
     so, tc = sigmoid_of(xp, o), xp.tanh(c)
     return so * tc, (so, tc)
 
 
-def _h_vjp_o(xp: Any, d: Any, saved: tuple[Any, Any], *_: Any) -> Any:
+def _h_deltas(xp: Any, d: Any, saved: tuple[Any, Any], o: Any, c: Any) -> tuple[Any, Any]:
     so, tc = saved
-    return d * tc * so * (1.0 - so)
-
-
-def _h_vjp_c(xp: Any, d: Any, saved: tuple[Any, Any], *_: Any) -> Any:
-    so, tc = saved
-    return d * so * (1.0 - tc * tc)
+    out = native_out(2, d, so, tc)
+    if out is not None:
+        NATIVE.lstm_h_deltas(d, so, tc, out)
+        return out[0], out[1]
+    return d * tc * so * (1.0 - so), d * so * (1.0 - tc * tc)
 
 
 def _gru_forward(xp: Any, r: Any, z: Any, n_x: Any, n_h: Any, h: Any) -> tuple[Any, tuple[Any, Any, Any]]:
@@ -120,74 +131,43 @@ def _gru_forward(xp: Any, r: Any, z: Any, n_x: Any, n_h: Any, h: Any) -> tuple[A
     return (1.0 - sz) * n + sz * h, (sr, sz, n)
 
 
-def _gru_d_candidate(d: Any, saved: tuple[Any, Any, Any]) -> Any:
-    """The delta of the candidate's pre-activation ``n_x + sigmoid(r) * n_h``."""
-    _sr, sz, n = saved
-    return d * (1.0 - sz) * (1.0 - n * n)
-
-
-def _gru_vjp_r(
+def _gru_deltas(
     xp: Any, d: Any, saved: tuple[Any, Any, Any], r: Any, z: Any, n_x: Any, n_h: Any, h: Any
-) -> Any:
-    sr = saved[0]
-    return _gru_d_candidate(d, saved) * n_h * sr * (1.0 - sr)
-
-
-def _gru_vjp_z(
-    xp: Any, d: Any, saved: tuple[Any, Any, Any], r: Any, z: Any, n_x: Any, n_h: Any, h: Any
-) -> Any:
-    _sr, sz, n = saved
-    return d * (h - n) * sz * (1.0 - sz)
-
-
-def _gru_vjp_n_x(xp: Any, d: Any, saved: tuple[Any, Any, Any], *_: Any) -> Any:
-    return _gru_d_candidate(d, saved)
-
-
-def _gru_vjp_n_h(xp: Any, d: Any, saved: tuple[Any, Any, Any], *_: Any) -> Any:
-    return _gru_d_candidate(d, saved) * saved[0]
-
-
-def _gru_vjp_h(xp: Any, d: Any, saved: tuple[Any, Any, Any], *_: Any) -> Any:
-    return d * saved[1]
+) -> tuple[Any, Any, Any, Any, Any]:
+    sr, sz, n = saved
+    out = native_out(5, d, sr, sz, n, n_h, h)
+    if out is not None:
+        NATIVE.gru_deltas(d, sr, sz, n, n_h, h, out)
+        return out[0], out[1], out[2], out[3], out[4]
+    candidate = d * (1.0 - sz) * (1.0 - n * n)  # the delta of n's pre-activation n_x + sigmoid(r) * n_h
+    return candidate * n_h * sr * (1.0 - sr), d * (h - n) * sz * (1.0 - sz), candidate, candidate * sr, d * sz
 
 
 GRU_H: Final = declare(
     "gru_h",
     _gru_forward,
-    (_gru_vjp_r, _gru_vjp_z, _gru_vjp_n_x, _gru_vjp_n_h, _gru_vjp_h),
+    (),
     True,
     saves=True,
     batch=ELEMENTWISE,
     shape_rule=elementwise,
+    joint_vjp=_gru_deltas,
 )
 LSTM_C: Final = declare(
-    "lstm_c",
-    _c_forward,
-    (_c_vjp_i, _c_vjp_f, _c_vjp_u, _c_vjp_c),
-    True,
-    saves=True,
-    batch=ELEMENTWISE,
-    shape_rule=elementwise,
+    "lstm_c", _c_forward, (), True, saves=True, batch=ELEMENTWISE, shape_rule=elementwise, joint_vjp=_c_deltas
 )
 TREE_LSTM_C: Final = declare(
     "tree_lstm_c",
     _tree_c_forward,
-    (
-        _tree_c_vjp_i,
-        _tree_c_vjp_f_left,
-        _tree_c_vjp_f_right,
-        _tree_c_vjp_u,
-        _tree_c_vjp_c_left,
-        _tree_c_vjp_c_right,
-    ),
+    (),
     True,
     saves=True,
     batch=ELEMENTWISE,
     shape_rule=elementwise,
+    joint_vjp=_tree_c_deltas,
 )
 LSTM_H: Final = declare(
-    "lstm_h", _h_forward, (_h_vjp_o, _h_vjp_c), True, saves=True, batch=ELEMENTWISE, shape_rule=elementwise
+    "lstm_h", _h_forward, (), True, saves=True, batch=ELEMENTWISE, shape_rule=elementwise, joint_vjp=_h_deltas
 )
 
 

@@ -12,15 +12,13 @@ runs the NumPy rule."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import numpy as np
 
-from monadl._compiled import compiled
+from monadl.dsl.fused import NATIVE as _KERNELS
 from monadl.dsl.learning.optimizers.base import contiguous_numpy_of_one_kind
 
-_KERNELS: Any = importlib.import_module("monadl._native") if compiled() else None
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
