@@ -14,6 +14,8 @@ from op_cases import predict
 
 import monadl as ml
 from monadl import ArrayWeight, FloatLayer, nn
+from monadl.do.primitive import ELEMENTWISE, Batching, Primitive
+from monadl.dsl.ops import recurrent
 
 
 def uniform(seed: int, *shape: int) -> np.ndarray[Any, np.dtype[np.float64]]:
@@ -70,6 +72,21 @@ def test_merged_calls_equal_calls_on_their_own() -> None:
     assert merged.stats.merged > 0 and alone.stats.merged == 0
     for op in ("lstm_c", "lstm_h"):
         assert merged.stats.kinds.get(op, 0) < alone.stats.kinds[op], op
+        # one joint vjp per merged group or call alone, whatever its inputs' number
+        for run in (merged, alone):
+            assert run.stats.vjps[op] == run.stats.backwards[op], (op, run.stats)
+
+
+def test_a_joint_vjp_goes_with_merging_but_not_with_merged_vjps_of_its_own() -> None:
+    """A primitive's joint vjp replaces its vjps, those of its merged calls too: an elementwise
+    batching (the op's own rule on stacked rows) takes it; a batching with vjps of its own does not."""
+    rule = recurrent._h_deltas
+    assert Primitive("ok", recurrent._h_forward, (), saves=True, batch=ELEMENTWISE, joint_vjp=rule).batch
+    with pytest.raises(ValueError, match=r"joint vjp replaces the vjps, .* give neither"):
+        Primitive("vjps", recurrent._h_forward, (rule,), saves=True, joint_vjp=rule)
+    own = Batching(elementwise=True, forward=recurrent._h_forward, vjps=(rule, rule))
+    with pytest.raises(ValueError, match=r"the merged calls' \(Batching\.vjps\) too"):
+        Primitive("own", recurrent._h_forward, (), saves=True, batch=own, joint_vjp=rule)
 
 
 def test_the_cell_equals_its_elementwise_form() -> None:

@@ -203,7 +203,7 @@ class Primitive:
         self.joint_vjp = joint_vjp
         if joint_vjp is not None and (vjps or (batch is not None and batch.vjps is not None)):
             raise ValueError(
-                f"{name}: a joint vjp replaces the vjps (give ()), and the merged calls' (Batching.vjps)"
+                f"{name}: a joint vjp replaces the vjps, the merged calls' (Batching.vjps) too: give neither"
             )
 
     def __repr__(self) -> str:
