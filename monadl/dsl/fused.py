@@ -51,18 +51,26 @@ compiled; None otherwise."""
 _NATIVE_FLOATS: Final = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def native_out(count: int, *arrays: Any) -> Any:
-    """A fresh array of ``count`` blocks shaped as ``arrays``, ``(count, *shape)``, for a native
-    kernel's results, where the kernels are loaded and take ``arrays``: C-contiguous NumPy arrays (not
-    0-d) of one shape and one float32 or float64 dtype; None otherwise (the caller runs its rule)."""
+def native_takes(*arrays: Any) -> bool:
+    """Whether the native kernels read ``arrays`` as they are: C-contiguous NumPy arrays (not 0-d)
+    of one shape and one float32 or float64 dtype (whether the kernels are loaded aside)."""
     first = arrays[0]
-    if NATIVE is None or type(first) is not np.ndarray or not first.ndim or first.dtype not in _NATIVE_FLOATS:
-        return None
+    if type(first) is not np.ndarray or not first.ndim or first.dtype not in _NATIVE_FLOATS:
+        return False
     shape, dtype = first.shape, first.dtype
     for a in arrays:
         if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype or not a.flags.c_contiguous:
-            return None
-    return np.empty((count, *shape), dtype=dtype)
+            return False
+    return True
+
+
+def native_out(count: int, *arrays: Any) -> Any:
+    """A fresh array of ``count`` blocks shaped as ``arrays``, ``(count, *shape)``, for a native
+    kernel's results, where the kernels are loaded and take ``arrays`` (:func:`native_takes`); None
+    otherwise (the caller runs its rule)."""
+    if NATIVE is None or not native_takes(*arrays):
+        return None
+    return np.empty((count, *arrays[0].shape), dtype=arrays[0].dtype)
 
 
 ENABLED = True

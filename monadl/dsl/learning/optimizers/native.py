@@ -17,9 +17,7 @@ from typing import Any
 import numpy as np
 
 from monadl.dsl.fused import NATIVE as _KERNELS
-from monadl.dsl.learning.optimizers.base import contiguous_numpy_of_one_kind
-
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+from monadl.dsl.fused import native_takes
 
 
 def available() -> bool:
@@ -29,7 +27,7 @@ def available() -> bool:
 
 def _fits(*arrays: Any) -> bool:
     """Whether the kernels take these arrays: C-contiguous NumPy arrays of one shape and float dtype."""
-    return _KERNELS is not None and contiguous_numpy_of_one_kind(*arrays) and arrays[0].dtype in _FLOATS
+    return _KERNELS is not None and native_takes(*arrays)
 
 
 def adam(
