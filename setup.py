@@ -200,6 +200,11 @@ def _mypyc_extensions() -> tuple[list[Any], dict[str, Any]]:
     except ImportError:
         _give_up("mypyc is not installed")
         return [], {}
+    try:  # the native modules read NumPy's array struct (its C API): NumPy is a build requirement
+        import numpy
+    except ImportError:
+        _give_up("NumPy, a build requirement, is not installed where the build runs")
+        return [], {}
     if not _has_c_compiler():
         _give_up("no working C compiler")
         return [], {}
@@ -229,7 +234,10 @@ def _mypyc_extensions() -> tuple[list[Any], dict[str, Any]]:
         return [], {}
     natives = {path: _read(path) for path in NATIVE_MODULES.values()}
     record["native"] = {path: hashlib.sha256(source).hexdigest() for path, source in natives.items()}
-    extensions += [Extension(name, sources=[path]) for name, path in NATIVE_MODULES.items()]
+    extensions += [
+        Extension(name, sources=[path], include_dirs=[numpy.get_include()])
+        for name, path in NATIVE_MODULES.items()
+    ]
     for extension in extensions:
         # mypyc writes a dotted group's headers under build/monadl/ but its multi_file sources, which
         # include them, under build/ (mypy 2.4): let the compiler look there too.

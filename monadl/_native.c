@@ -1,5 +1,5 @@
-/* monadl._native: optimizer updates of NumPy weights, and the recurrent cells' vjps, in one pass
-(built with the compiled engine).
+/* monadl._native: optimizer updates of NumPy weights (Adam's, SGD's) and the recurrent cells' rules,
+in one pass (built with the compiled engine).
 
 An optimizer's rule written with NumPy is a dozen passes over the weight, each a ufunc call: on a
 small weight the calls cost more than the arithmetic, and on a large one (an embedding table) the
@@ -11,7 +11,10 @@ results equal the NumPy rule's bit for bit. The build compiles this file without
 contraction (no fused multiply-add: NumPy rounds every product) and without errno from sqrt (so the
 loops vectorize; the results are the same). The arrays come as buffers (NumPy's buffer protocol),
 C-contiguous, the results' arrays made by the caller; the optimizers' loops run without
-the GIL (a cell's few rows are not worth releasing it).
+the GIL (a cell's few rows are not worth releasing it). Which arrays the kernels take, and the
+cells' result arrays, are decided and made here too (takes, out), from NumPy's array struct (its C
+API, NumPy a build requirement): the cells' rules ask before each kernel, where NumPy's attributes
+read from Python cost more than the kernel.
 
 monadl/dsl/learning/optimizers/native.py chooses when the optimizers' run and holds the rules they
 equal; monadl/dsl/ops/recurrent.py the cells'. */
@@ -20,6 +23,9 @@ equal; monadl/dsl/ops/recurrent.py the cells'. */
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
 
 /* Adam's rule (monadl.dsl.learning.optimizers.adam.adam_rule), one element:
        m' = b1 * m + (1 - b1) * g          v' = b2 * v + (1 - b2) * (g * g)
@@ -232,6 +238,58 @@ fail:
     return NULL;
 }
 
+/* SGD's rule (monadl.dsl.learning.optimizers.sgd.SGD.update: data - rate * g), one element; out may
+   be g itself (an update written into the step's own gradient), so neither is restrict. */
+#define SGD_RULE(T)                                                                                \
+    static void sgd_##T(const T *restrict data, const T *g, T *out, Py_ssize_t n, T rate) {          \
+        for (Py_ssize_t k = 0; k < n; k++) out[k] = data[k] - rate * g[k];                         \
+    }
+
+SGD_RULE(float)
+SGD_RULE(double)
+
+PyDoc_STRVAR(sgd_doc,
+    "sgd(data, g, out, rate)\n--\n\n"
+    "SGD's rule data - rate * g into out (buffers of one size and float type; out may be g), rate\n"
+    "rounded to the arrays' type first.");
+
+static PyObject *sgd(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *objs[3];
+    double rate;
+    if (!PyArg_ParseTuple(args, "OOOd", &objs[0], &objs[1], &objs[2], &rate)) return NULL;
+    static const char *labels[] = {"data", "g", "out"};
+    Buffers b = {.held = 0};
+    Py_buffer *view[3];
+    for (int i = 0; i < 3; i++) {
+        view[i] = take(&b, objs[i], i == 2, labels[i]);
+        if (view[i] == NULL) goto fail;
+    }
+    char kind = float_kind(view[0]);
+    for (int i = 0; i < 3; i++) {
+        if (float_kind(view[i]) != kind || kind == 0) {
+            PyErr_SetString(PyExc_TypeError, "monadl._native.sgd: expected float32 or float64 arrays of one dtype");
+            goto fail;
+        }
+        if (view[i]->len != view[0]->len) {
+            PyErr_SetString(PyExc_ValueError, "monadl._native.sgd: the arrays differ in size");
+            goto fail;
+        }
+    }
+    Py_ssize_t n = view[0]->len / view[0]->itemsize;
+    Py_BEGIN_ALLOW_THREADS
+    if (kind == 'f') {
+        sgd_float((const float *)view[0]->buf, (const float *)view[1]->buf, (float *)view[2]->buf, n, (float)rate);
+    } else {
+        sgd_double((const double *)view[0]->buf, (const double *)view[1]->buf, (double *)view[2]->buf, n, rate);
+    }
+    Py_END_ALLOW_THREADS
+    release(&b);
+    Py_RETURN_NONE;
+fail:
+    release(&b);
+    return NULL;
+}
+
 /* The recurrent cells' rules (monadl.dsl.ops.recurrent), one element, each product and sum rounded
    in the order NumPy's operators take them (left to right): a rule there is a dozen ufunc calls on
    the few rows of a step, here one loop.
@@ -393,8 +451,67 @@ PyDoc_STRVAR(cells_doc,
     "tree_c_forward(t, tu, c_left, c_right, out), t the gates' exp(-x), made their sigmoids in place;\n"
     "name_deltas(d, *saved, *inputs, out), out one block per input's delta.");
 
+/* Whether the kernels read these arrays as they are (monadl.dsl.fused.native_takes): NumPy arrays
+   (not a subclass), not 0-d, of one shape and one dtype, float32 or float64 in the machine's byte
+   order, C-contiguous and aligned. Read from NumPy's array struct: the cells' rules ask before every
+   kernel, on a few rows, where a buffer (or NumPy's attributes from Python) costs more than the
+   arithmetic. */
+static int native_arrays(PyObject *const *arrays, Py_ssize_t n) {
+    if (n < 1 || !PyArray_CheckExact(arrays[0])) return 0;
+    PyArrayObject *first = (PyArrayObject *)arrays[0];
+    int type = PyArray_TYPE(first), nd = PyArray_NDIM(first);
+    if ((type != NPY_FLOAT && type != NPY_DOUBLE) || nd == 0) return 0;
+    npy_intp *shape = PyArray_DIMS(first);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (!PyArray_CheckExact(arrays[k])) return 0;
+        PyArrayObject *a = (PyArrayObject *)arrays[k];
+        if (PyArray_TYPE(a) != type || PyArray_NDIM(a) != nd || !PyArray_ISNOTSWAPPED(a) ||
+            !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a) || !PyArray_CompareLists(PyArray_DIMS(a), shape, nd))
+            return 0;
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(takes_doc,
+    "takes(*arrays)\n--\n\n"
+    "Whether the kernels read arrays as they are: NumPy arrays (not 0-d) of one shape, one float32\n"
+    "or float64 dtype in the machine's byte order, C-contiguous and aligned.");
+
+static PyObject *takes(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    return PyBool_FromLong(native_arrays(args, nargs));
+}
+
+PyDoc_STRVAR(out_doc,
+    "out(count, *arrays)\n--\n\n"
+    "A fresh array (count, *shape) of the arrays' dtype for a kernel's results where takes(*arrays);\n"
+    "None otherwise.");
+
+static PyObject *out(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 2) {
+        PyErr_SetString(PyExc_TypeError, "monadl._native.out: expected a count and at least one array");
+        return NULL;
+    }
+    Py_ssize_t count = PyLong_AsSsize_t(args[0]);
+    if (count == -1 && PyErr_Occurred()) return NULL;
+    if (count < 1) {
+        PyErr_SetString(PyExc_ValueError, "monadl._native.out: count must be at least 1");
+        return NULL;
+    }
+    if (!native_arrays(args + 1, nargs - 1)) Py_RETURN_NONE;
+    PyArrayObject *first = (PyArrayObject *)args[1];
+    int nd = PyArray_NDIM(first);
+    if (nd >= NPY_MAXDIMS) Py_RETURN_NONE;  /* (count, *shape) would be one dimension too many */
+    npy_intp dims[NPY_MAXDIMS];
+    dims[0] = count;
+    for (int k = 0; k < nd; k++) dims[k + 1] = PyArray_DIM(first, k);
+    return PyArray_EMPTY(nd + 1, dims, PyArray_TYPE(first), 0);
+}
+
 static PyMethodDef methods[] = {
     {"adam", (PyCFunction)(void (*)(void))adam, METH_VARARGS | METH_KEYWORDS, adam_doc},
+    {"sgd", sgd, METH_VARARGS, sgd_doc},
+    {"takes", (PyCFunction)(void (*)(void))takes, METH_FASTCALL, takes_doc},
+    {"out", (PyCFunction)(void (*)(void))out, METH_FASTCALL, out_doc},
     {"negate", negate, METH_VARARGS, cells_doc},
     {"lstm_c_forward", lstm_c_forward, METH_VARARGS, cells_doc},
     {"tree_c_forward", tree_c_forward, METH_VARARGS, cells_doc},
@@ -412,4 +529,7 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native(void) {
+    import_array();
+    return PyModule_Create(&module);
+}

@@ -132,6 +132,79 @@ def test_adam_and_adamw_update_as_without_the_kernels(
 
 
 @needs_kernels
+@settings(deadline=None, max_examples=80)
+@given(
+    dtype=st.sampled_from([np.float32, np.float64]),
+    shape=st.sampled_from(SHAPES),
+    seed=st.integers(0, 2**32 - 1),
+    rate=st.one_of(st.floats(1e-6, 10.0), st.sampled_from([0.0, 1.0, 1e-4, 1e30])),
+    into_g=st.booleans(),
+)
+def test_sgd_kernel_is_the_rule_as_written_bit_for_bit(
+    dtype: Any, shape: tuple[int, ...], seed: int, rate: float, into_g: bool
+) -> None:
+    """``data - rate * g`` in every bit (signed zeros, a rate that overflows the products), into a
+    fresh array or into ``g`` itself; ``data`` unchanged."""
+    data, g, _, _ = _moments(np.random.default_rng(seed), shape, dtype)
+    data.reshape(-1)[3::11] = -0.0
+    held = _bits(data)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = _bits(data - rate * g)
+    out = g if into_g else np.empty_like(data)
+    assert native.sgd(data, g, out, rate)
+    assert _bits(out) == expected
+    assert _bits(data) == held
+
+
+@needs_kernels
+def test_sgd_kernel_does_not_take_what_it_cannot_read() -> None:
+    """Arrays the kernel cannot read as they are (another dtype, a view, a read-only output): False,
+    nothing written, and the optimizer's NumPy rule runs."""
+    data = np.ones((4, 3), dtype=np.float32)
+    g = np.full((4, 3), 2.0, dtype=np.float32)
+    frozen = np.zeros((4, 3), dtype=np.float32)
+    frozen.flags.writeable = False
+    assert not native.sgd(data, g.astype(np.float64), np.empty((4, 3)), 0.5)
+    assert not native.sgd(data, np.ones((3, 4), dtype=np.float32).T, np.empty_like(data), 0.5)
+    assert not native.sgd(data, g, frozen, 0.5)
+    assert not frozen.any()
+    with pytest.raises(TypeError, match="C-contiguous writable"):
+        fused.NATIVE.sgd(data, g, frozen, 0.5)
+    with pytest.raises(ValueError, match="differ in size"):
+        fused.NATIVE.sgd(data, g, np.empty(5, dtype=np.float32), 0.5)
+    with pytest.raises(TypeError, match="one dtype"):
+        fused.NATIVE.sgd(data, g, np.empty((4, 3)), 0.5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("rate", [0.1, ml.StepDecay(0.5, 0.3, every=2)])
+def test_sgd_updates_in_place_as_without_the_kernels(rate: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training steps with SGD (the step's own gradient memory updated in place) give the same
+    weights, bit for bit, with the kernels and without them."""
+
+    def run() -> bytes:
+        rng = np.random.default_rng(4)
+        w = ml.ArrayWeight(rng.standard_normal((30, 20)).astype(np.float32))
+        x = rng.standard_normal((8, 30)).astype(np.float32)
+        for _ in range(4):
+            ml.mean(ml.tanh(x @ w) * ml.tanh(x @ w)).train_blocking(ml.SGD(rate)).unwrap()
+        return _bits(w.data)
+
+    ran: list[bool] = []
+    kernel = native.sgd
+
+    def counted(*args: Any) -> bool:
+        ran.append(kernel(*args))
+        return ran[-1]
+
+    monkeypatch.setattr(native, "sgd", counted)
+    with_kernels = run()
+    assert ran and all(ran)  # every update went through the kernel
+    monkeypatch.setattr(native, "_KERNELS", None)
+    assert run() == with_kernels
+
+
+@needs_kernels
 def test_adam_kernel_does_not_take_what_it_cannot_read() -> None:
     """Not C-contiguous, of two dtypes, of integers, of the other byte order, 0-d or a list: None
     (the NumPy rule runs)."""
@@ -238,8 +311,9 @@ def _flat_bits(results: Any) -> list[bytes]:
 
 
 def _numpy_bits(rule: Any, *args: Any) -> list[bytes]:
-    """The bits of ``rule``'s NumPy form (no native output: no kernel is called)."""
-    with mock.patch.object(recurrent, "native_out", lambda *_: None):
+    """The bits of ``rule``'s NumPy form (the kernels off: no native output, no kernel called)."""
+    with mock.patch.object(fused, "NATIVE", None):
+        assert fused.native_out(1, *args[:1]) is None  # (the rules, compiled, see the switch)
         return _flat_bits(rule(np, *args))
 
 
@@ -309,6 +383,81 @@ def test_a_cells_joint_vjp_runs_its_numpy_rule_where_the_kernel_does_not_apply()
     g_o, g_c = recurrent._h_deltas(np, d, (so, tc), so, tc)
     np.testing.assert_array_equal(g_o, d * tc * so * (1.0 - so))
     np.testing.assert_array_equal(g_c, d * so * (1.0 - tc * tc))
+
+
+def _reference_takes(*arrays: Any) -> bool:
+    """What the kernels read as they are, in NumPy's terms: ``fused.native_takes``'s rule."""
+    first = arrays[0]
+    if type(first) is not np.ndarray or first.ndim == 0:
+        return False
+    if first.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        return False
+    return all(
+        type(a) is np.ndarray
+        and a.shape == first.shape
+        and a.dtype == first.dtype
+        and a.flags.c_contiguous
+        and a.flags.aligned
+        for a in arrays
+    )
+
+
+_KINDS = ["<f4", "<f8", ">f4", "<f2", "<i8", "<c8"]
+
+
+@st.composite
+def _candidate(draw: Any) -> Any:
+    """An array the kernels may or may not read: a dtype (byte order too), a shape, and a view
+    (transposed, strided, misaligned, a subclass) or not."""
+    kind = draw(st.sampled_from(_KINDS))
+    shape = tuple(draw(st.lists(st.integers(1, 4), min_size=0, max_size=3)))
+    size = int(np.prod(shape)) if shape else 1
+    view = draw(st.sampled_from(["plain", "transposed", "strided", "misaligned", "subclass", "float"]))
+    dtype = np.dtype(kind)
+    if view == "float":
+        return 1.0
+    if view == "misaligned":  # the elements one byte off their alignment
+        raw = np.zeros(size * dtype.itemsize + 1, dtype=np.uint8)
+        return raw[1:].view(dtype).reshape(shape)
+    a = np.arange(size * 2, dtype=np.float64).astype(dtype)
+    if view == "strided":
+        return a[::2].reshape(shape) if shape else a[0:1].reshape(())
+    a = a[:size].reshape(shape)
+    if view == "transposed":
+        return a.T
+    if view == "subclass":
+        return a.view(np.ma.MaskedArray)
+    return a
+
+
+@needs_kernels
+@settings(deadline=None, max_examples=300)
+@given(st.lists(_candidate(), min_size=1, max_size=4), st.integers(1, 5))
+def test_which_arrays_the_kernels_read_follows_numpys_flags(arrays: list[Any], count: int) -> None:
+    """``native_takes`` (NumPy's array struct read in C) says what the rule in NumPy's terms says, on
+    arrays of every dtype, byte order, shape and layout; ``native_out`` then gives a fresh array of
+    ``count`` blocks of their shape and dtype, else None."""
+    expected = _reference_takes(*arrays)
+    assert fused.native_takes(*arrays) is expected
+    made = fused.native_out(count, *arrays)
+    if not expected:
+        assert made is None
+        return
+    assert type(made) is np.ndarray and made.flags.c_contiguous and made.flags.writeable
+    assert made.shape == (count, *arrays[0].shape) and made.dtype == arrays[0].dtype
+
+
+@needs_kernels
+def test_native_out_refuses_a_bad_count_clearly() -> None:
+    kernels: Any = fused.NATIVE
+    a = np.ones((2, 3), dtype=np.float32)
+    with pytest.raises(ValueError, match="count must be at least 1"):
+        kernels.out(0, a)
+    with pytest.raises(TypeError, match="a count and at least one array"):
+        kernels.out(2)
+    with pytest.raises(TypeError):
+        kernels.out("2", a)
+    assert kernels.out(2, np.ones((1,) * 64, dtype=np.float32)) is None  # no room for the blocks' axis
 
 
 @needs_kernels

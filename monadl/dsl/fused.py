@@ -37,40 +37,31 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 
 from monadl._compiled import compiled
 from monadl.typeclasses.backend import namespace
 
-NATIVE: Final[Any] = importlib.import_module("monadl._native") if compiled() else None
+NATIVE: Any = importlib.import_module("monadl._native") if compiled() else None
 """``monadl/_native.c``'s kernels, where they are built (with the compiled engine) and it runs
-compiled; None otherwise."""
-
-_NATIVE_FLOATS: Final = (np.dtype(np.float32), np.dtype(np.float64))
+compiled; None otherwise. (Not ``Final``: compiled, this module would read a copy taken at import,
+and the tests set it to None to run the NumPy rules.)"""
 
 
 def native_takes(*arrays: Any) -> bool:
-    """Whether the native kernels read ``arrays`` as they are: C-contiguous NumPy arrays (not 0-d)
-    of one shape and one float32 or float64 dtype (whether the kernels are loaded aside)."""
-    first = arrays[0]
-    if type(first) is not np.ndarray or not first.ndim or first.dtype not in _NATIVE_FLOATS:
-        return False
-    shape, dtype = first.shape, first.dtype
-    for a in arrays:
-        if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype or not a.flags.c_contiguous:
-            return False
-    return True
+    """Whether the native kernels are loaded and read ``arrays`` as they are: C-contiguous, aligned
+    NumPy arrays (not 0-d) of one shape and one float32 or float64 dtype in the machine's byte
+    order."""
+    return NATIVE is not None and bool(NATIVE.takes(*arrays))
 
 
 def native_out(count: int, *arrays: Any) -> Any:
     """A fresh array of ``count`` blocks shaped as ``arrays``, ``(count, *shape)``, for a native
     kernel's results, where the kernels are loaded and take ``arrays`` (:func:`native_takes`); None
     otherwise (the caller runs its rule)."""
-    if NATIVE is None or not native_takes(*arrays):
-        return None
-    return np.empty((count, *arrays[0].shape), dtype=arrays[0].dtype)
+    return None if NATIVE is None else NATIVE.out(count, *arrays)
 
 
 ENABLED = True

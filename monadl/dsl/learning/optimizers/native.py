@@ -67,3 +67,12 @@ def adam(
     scalars = (b1, 1.0 - b1, b2, 1.0 - b2, 1.0 - b1**t, 1.0 - b2**t, rate, epsilon)
     _KERNELS.adam(data, g, m, v, new, m_new, v_new, scalars, rows, width)
     return new, m_new, v_new
+
+
+def sgd(data: Any, g: Any, out: Any, rate: float) -> bool:
+    """SGD's rule ``data - rate * g`` (``sgd.SGD.update``'s) into ``out``, which may be ``g`` itself;
+    False where the kernel does not apply (nothing written)."""
+    if not _fits(data, g, out) or not out.flags.writeable:
+        return False
+    _KERNELS.sgd(data, g, out, rate)
+    return True

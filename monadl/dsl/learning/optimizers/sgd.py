@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from monadl.dsl.fused import Kernel, on_cupy
+from monadl.dsl.learning.optimizers import native
 from monadl.dsl.learning.optimizers.base import (
     check_learning_settings,
     decay_parts,
@@ -78,9 +79,11 @@ class SGD:
         if self.weight_decay or type(gradient) is not np.ndarray:
             return self.update(data, gradient, state)
         step = state or 0
-        # -(lr * g) + data rounds exactly as data - lr * g: negation is exact.
-        np.multiply(gradient, -rate_at_step(self.learning_rate, step), out=gradient)
-        np.add(data, gradient, out=gradient)
+        rate = rate_at_step(self.learning_rate, step)
+        if not native.sgd(data, gradient, gradient, rate):  # (one pass where the kernels are built)
+            # -(lr * g) + data rounds exactly as data - lr * g: negation is exact.
+            np.multiply(gradient, -rate, out=gradient)
+            np.add(data, gradient, out=gradient)
         return gradient, step + 1
 
 
