@@ -36,12 +36,16 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 # The one list of modules compiled with mypyc. Kept interpreted: monadl/dsl/core/deep_learning.py (a
-# runtime_checkable protocol), the public surface that validates its own arguments (the op
+# runtime_checkable protocol), the public surface that validates its own arguments (most op
 # families in monadl/dsl/ops/, which hold their public functions, and monadl/dsl/core/weights.py:
-# compiled, mypyc's argument checks pre-empt their messages, and FloatWeight(True) became 1.0;
-# monadl/dsl/ops/operators.py, the operators' ops, has no public function and is compiled; so is
-# monadl/dsl/core/arguments.py, the ops' argument checks, whose parameters are objects), and
-# optimizers (values users may subclass and tests spy on), direct, data/, bench/, cli (not hot).
+# compiled, mypyc's argument checks of ints, strings and floats pre-empt their messages, and
+# FloatWeight(True) became 1.0), and optimizers (values users may subclass and tests spy on),
+# direct, data/, bench/, cli (not hot). Compiled among the ops: monadl/dsl/ops/operators.py (no
+# public function), monadl/dsl/core/arguments.py (the ops' argument checks, whose parameters are
+# objects), and the families whose rules run on every step of a recurrent or dense model and whose
+# public functions take array operands only (which mypyc does not check: NumPy's arrays are not its
+# classes), so that they keep their own messages: linalg.py (dense layers, a cell's gates),
+# recurrent.py (the cells' gate arithmetic) and monadl/dsl/fused.py (the native kernels' calls).
 COMPILED_MODULES = [
     "monadl/do/do.py",
     "monadl/do/graph.py",
@@ -65,6 +69,9 @@ COMPILED_MODULES = [
     "monadl/dsl/core/indices.py",
     "monadl/dsl/core/arguments.py",
     "monadl/dsl/ops/operators.py",
+    "monadl/dsl/ops/linalg.py",
+    "monadl/dsl/ops/recurrent.py",
+    "monadl/dsl/fused.py",
     "monadl/dsl/extend/operation.py",
     "monadl/dsl/learning/finite.py",
     "monadl/dsl/learning/training.py",

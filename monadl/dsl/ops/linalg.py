@@ -68,7 +68,7 @@ _JOINED_KEPT: Final = 64
 a 32-layer bidirectional LSTM's cells too (at most 32 MB, with the arrays they were joined from)."""
 
 
-_joined_weights: dict[tuple[object, ...], tuple[tuple[Any, ...], Any, Any]] = {}
+_joined_weights: Final[dict[tuple[object, ...], tuple[tuple[Any, ...], Any, Any]]] = {}
 
 
 _JOINING: Final = threading.Lock()
