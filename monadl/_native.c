@@ -239,7 +239,7 @@ fail:
 }
 
 /* SGD's rule (monadl.dsl.learning.optimizers.sgd.SGD.update: data - rate * g), one element; out may
-   be g itself (an update written into the step's own gradient), so neither is restrict. */
+   be g itself (an update written into the step's own gradient), so neither g nor out is restrict. */
 #define SGD_RULE(T)                                                                                \
     static void sgd_##T(const T *restrict data, const T *g, T *out, Py_ssize_t n, T rate) {          \
         for (Py_ssize_t k = 0; k < n; k++) out[k] = data[k] - rate * g[k];                         \
