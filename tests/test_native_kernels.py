@@ -126,7 +126,7 @@ def test_adam_and_adamw_update_as_without_the_kernels(
         return [_bits(data), *(_bits(s) for s in state if s is not None and not isinstance(s, int))]
 
     with_kernels = run()
-    monkeypatch.setattr(native, "_KERNELS", None)
+    monkeypatch.setattr(fused, "NATIVE", None)
     assert not native.available()
     assert run() == with_kernels
 
@@ -200,8 +200,10 @@ def test_sgd_updates_in_place_as_without_the_kernels(rate: Any, monkeypatch: pyt
     monkeypatch.setattr(native, "sgd", counted)
     with_kernels = run()
     assert ran and all(ran)  # every update went through the kernel
-    monkeypatch.setattr(native, "_KERNELS", None)
+    monkeypatch.setattr(fused, "NATIVE", None)
+    ran.clear()
     assert run() == with_kernels
+    assert ran and not any(ran)  # and now none did
 
 
 @needs_kernels

@@ -16,18 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from monadl.dsl.fused import NATIVE as _KERNELS
+from monadl.dsl import fused
 from monadl.dsl.fused import native_takes
 
 
 def available() -> bool:
-    """Whether the kernels are loaded (the engine runs compiled)."""
-    return _KERNELS is not None
-
-
-def _fits(*arrays: Any) -> bool:
-    """Whether the kernels take these arrays: C-contiguous NumPy arrays of one shape and float dtype."""
-    return _KERNELS is not None and native_takes(*arrays)
+    """Whether the kernels are loaded (the engine runs compiled): ``fused.NATIVE``, the one switch
+    of the optimizers' kernels and the cells'."""
+    return fused.NATIVE is not None
 
 
 def adam(
@@ -46,10 +42,10 @@ def adam(
     the gradient's rows at ``rows``, sorted and distinct, every other row's gradient +0.0) into
     fresh arrays: ``(new data, m, v)``, or None where the kernel does not apply."""
     if rows is None:
-        if not _fits(data, g, m, v):
+        if not native_takes(data, g, m, v):
             return None
         width = 0
-    elif not _fits(data, m, v):
+    elif not native_takes(data, m, v):
         return None
     else:
         width = data.size // data.shape[0] if data.shape[0] else 0
@@ -65,14 +61,14 @@ def adam(
         rows = np.ascontiguousarray(rows, dtype=np.int64)
     new, m_new, v_new = np.empty_like(data), np.empty_like(m), np.empty_like(v)
     scalars = (b1, 1.0 - b1, b2, 1.0 - b2, 1.0 - b1**t, 1.0 - b2**t, rate, epsilon)
-    _KERNELS.adam(data, g, m, v, new, m_new, v_new, scalars, rows, width)
+    fused.NATIVE.adam(data, g, m, v, new, m_new, v_new, scalars, rows, width)
     return new, m_new, v_new
 
 
 def sgd(data: Any, g: Any, out: Any, rate: float) -> bool:
     """SGD's rule ``data - rate * g`` (``sgd.SGD.update``'s) into ``out``, which may be ``g`` itself;
     False where the kernel does not apply (nothing written)."""
-    if not _fits(data, g, out) or not out.flags.writeable:
+    if not native_takes(data, g, out) or not out.flags.writeable:
         return False
-    _KERNELS.sgd(data, g, out, rate)
+    fused.NATIVE.sgd(data, g, out, rate)
     return True
