@@ -244,7 +244,7 @@ def test_take_rows_gradient_on_array_api_strict_uses_the_fallback() -> None:
     st.integers(0, 2**32 - 1),
 )
 def test_row_sums_are_the_dense_gradients_rows(table: int, n: int, dtype: Any, seed: int) -> None:
-    """Below and above the sorting threshold, with repeats, -0.0s and values of every magnitude:
+    """With none, one or many rows, repeats, -0.0s and values of every magnitude:
     the summed rows are ``np.add.at``'s into zeros to rounding, and ``to_dense`` holds them bit for
     bit (the optimizers' sparse updates rely on it), zeros elsewhere."""
     rng = np.random.default_rng(seed)

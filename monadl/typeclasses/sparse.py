@@ -17,7 +17,7 @@ The operands are never changed. ``to_dense`` gives the equivalent dense array.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -44,13 +44,10 @@ def scatter_add(xp: Any, out: Any, indices: Any, values: Any) -> Any:
     return out + xp.reshape(summed, out.shape)
 
 
-_SORTED_SUMS_FROM: Final = 64
-"""Rows from which :func:`row_sums` sorts on NumPy (fewer: ``add.at``'s per-row cost is lower)."""
-
-
 def _sorts(indices: Any, values: Any) -> bool:
-    """Whether :func:`row_sums` sums these rows by sorting them (NumPy, many rows)."""
-    return type(values) is np.ndarray and indices.shape[0] >= _SORTED_SUMS_FROM
+    """Whether :func:`row_sums` sums these rows by sorting them: on NumPy, at any number of rows
+    (``unique``, the other way, is NumPy's Python, slower even on a few)."""
+    return type(values) is np.ndarray and indices.shape[0] > 0
 
 
 def sorted_layout(indices: Any) -> tuple[Any, Any, Any]:
@@ -66,8 +63,8 @@ def row_sums(
     xp: Any, indices: Any, values: Any, layout: tuple[Any, Any, Any] | None = None
 ) -> tuple[Any, Any] | None:
     """The distinct ``indices``, sorted, and for each the sum of ``values``' rows there; None where
-    the namespace has no scatter (the array API). On NumPy, where there are many rows, one stable
-    sort (``layout``: :func:`sorted_layout`'s, if already known) and one ``add.reduceat``
+    the namespace has no scatter (the array API). On NumPy one stable sort (``layout``:
+    :func:`sorted_layout`'s, if already known) and one ``add.reduceat``
     (``add.at`` adds rows of a table element by element, slower), which may sum a row's terms in
     another order than ``add.at`` (the last bits); :meth:`SparseRows.to_dense` sums from here too,
     so a dense gradient's rows equal these bit for bit. Elsewhere ``unique`` and ``add.at``."""
