@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, final, overload
 
 from mypy_extensions import mypyc_attr
 
+from monadl.do.stats import kind_number
+
 if TYPE_CHECKING:
     from monadl.do.graph import Graph
 
@@ -205,6 +207,7 @@ class Operation:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.number = kind_number(name)  # (the run's counts by kind)
         self.scalars: list[bool] = []
 
     def expand(self, call: Call, inputs: list[Any]) -> list[Node]:

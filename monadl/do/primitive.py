@@ -22,6 +22,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from monadl.do.stats import kind_number
 from monadl.typeclasses.backend import (
     FLOATS,
     NDARRAY,
@@ -185,6 +186,7 @@ class Primitive:
                 f"{name}: a primitive given the run's context does not merge (batch must be None)"
             )
         self.name = name
+        self.number = kind_number(name)  # (the run's counts by kind)
         self.forward = forward
         self.vjps = vjps
         self.broadcasts = broadcasts

@@ -217,9 +217,9 @@ class Program:
 def forward_stats(stats: RunStats) -> RunStats:
     """The counts a replay of a program repeats without computing them: its merges and launches by
     kind (kernels are counted as they run)."""
-    return RunStats(
-        merged=stats.merged, groups=stats.groups, kinds=dict(stats.kinds), signatures=stats.signatures
-    )
+    counts = RunStats(merged=stats.merged, groups=stats.groups, signatures=stats.signatures)
+    counts.kind_counts = stats.kind_counts.copy()
+    return counts
 
 
 def row_value(data: Any, k: int, scalar: bool) -> Any:

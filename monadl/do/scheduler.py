@@ -43,7 +43,6 @@ from monadl.do.do import (
 )
 from monadl.do.graph import CALL, CONST, NODE, OP, RESULT, WEIGHT, Graph, enter_run, leave_run, swap_recording
 from monadl.do.record import Program, Run, RunTape
-from monadl.do.stats import tally
 from monadl.do.steps import CastStep, ForeignStep, LeafStep, Step
 from monadl.do.tape import Tape
 from monadl.runtime.pool import Dispatcher, affinity_of, draining
@@ -519,7 +518,7 @@ class Scheduler:
                 step = batching.merged(self, group)
             else:
                 step = batching.alone(self, first)
-            tally(self.run.stats.kinds, graph.objs[first].name)
+            self.run.stats.kind_counts.tally(graph.objs[first].number)
             self.launch(step, group)
         except Exception as error:
             note_where(error, graph, first)
@@ -596,7 +595,7 @@ class Scheduler:
         first: Call = graph.objs[head]
         op = first.op
         n = len(group) if len(group) > 1 else 0
-        tally(run.stats.kinds, op.name)
+        run.stats.kind_counts.tally(op.number)
         ins = []
         for i in range(starts[head + 1] - starts[head]):
             if n:

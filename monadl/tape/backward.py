@@ -35,7 +35,7 @@ from monadl.do.graph import Graph
 from monadl.do.primitive import JointDeltas, Primitive, call_vjp
 from monadl.do.record import Run, row_value
 from monadl.do.scheduler import Scheduler
-from monadl.do.stats import RunStats, tally
+from monadl.do.stats import WEIGHT, RunStats
 from monadl.do.steps import (
     BodyStep,
     CastStep,
@@ -321,7 +321,7 @@ def accumulate(b: Backward, weight: Any, d: Any, owned: bool) -> None:
     counts as one backward, with the summed delta."""
     held = b.gradients.get(weight)
     if held is None:
-        tally(b.stats.backwards, "weight")
+        b.stats.backward_counts.tally(WEIGHT)
         b.gradients[weight] = d
         if owned:
             b.owned_gradients.add(weight)
@@ -346,7 +346,7 @@ def _op(b: Backward, step: OpStep) -> None:
     passes = prim.passes and type(run.datas[out]) is float
     wants = run.wants
     stats = b.stats
-    tally(stats.backwards, prim.name)
+    stats.backward_counts.tally(prim.number)
     heavy = step.heavy and b.dispatcher is not None
     exact = step.exact
     if exact is None and prim.broadcasts and prim.own:  # (a user's vjp may give any broadcast shape)
@@ -361,7 +361,7 @@ def _op(b: Backward, step: OpStep) -> None:
         d = _dense(d)  # the rules want it dense: made so once (kept for the next inputs)
         if joint is None:
             stats.kernels += 1
-            tally(stats.vjps, prim.name)
+            stats.vjp_counts.tally(prim.number)
         rule = prim.products.get(j)
         if rule is not None and b.product(slot, call_vjp(rule, xp, d, saved, args, params)):
             continue
@@ -383,7 +383,7 @@ def _joint(stats: RunStats, prim: Primitive) -> JointDeltas | None:
     if prim.joint_vjp is None:
         return None
     stats.kernels += 1
-    tally(stats.vjps, prim.name)
+    stats.vjp_counts.tally(prim.number)
     return JointDeltas(prim)
 
 
@@ -401,7 +401,7 @@ def _merged(b: Backward, step: MergedStep) -> None:
     xp = run.xps[out]
     saved = run.saved[out]
     stats = b.stats
-    tally(stats.backwards, prim.name)
+    stats.backward_counts.tally(prim.number)
     heavy = step.heavy and b.dispatcher is not None
     joint = _joint(stats, prim)
     delta: Callable[..., Any] = prim.merged_delta if joint is None else joint.merged_delta
@@ -410,7 +410,7 @@ def _merged(b: Backward, step: MergedStep) -> None:
             continue
         if joint is None:
             stats.kernels += 1
-            tally(stats.vjps, prim.name)
+            stats.vjp_counts.tally(prim.number)
         rule = prim.products.get(i)
         if (
             rule is not None
@@ -446,19 +446,19 @@ def _fan(b: Backward, step: FanStep) -> None:
     args = step.args(run)
     xp = run.xps[out]
     stats = b.stats
-    tally(stats.backwards, prim.name)
+    stats.backward_counts.tally(prim.number)
     for i, slots in enumerate(step.ins):
         if i in fan.shared:
             if run.wants[slots[0]]:
                 stats.kernels += 1
-                tally(stats.vjps, prim.name)
+                stats.vjp_counts.tally(prim.number)
                 b.give(slots[0], fan.vjps[i](xp, d, run.saved[out], *args, **step.params), False)
             continue
         wanted = [k for k, s in enumerate(slots) if run.wants[s] and _present(given, k)]
         if not wanted:
             continue
         stats.kernels += 1
-        tally(stats.vjps, prim.name)
+        stats.vjp_counts.tally(prim.number)
         rule = fan.products.get(i)
         factors = None if rule is None else rule(xp, d, run.saved[out], *args, **step.params)
         if factors is not None:
