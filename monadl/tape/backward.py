@@ -50,7 +50,7 @@ from monadl.do.steps import (
 from monadl.runtime.pool import Dispatcher, draining
 from monadl.runtime.recent import Recent
 from monadl.runtime.versions import data_of
-from monadl.typeclasses.backend import NDARRAY, NUMPY, minus_zeros, namespace, on_device
+from monadl.typeclasses.backend import NDARRAY, NUMPY, matrix_product, minus_zeros, namespace, on_device
 from monadl.typeclasses.sparse import SparseRows, add, add_into, scatter_add
 
 ALL: Final = True
@@ -167,7 +167,7 @@ class Backward:
             g = xp.sum(right, axis=0)
         else:
             lefts = xp.concat(left, axis=0) if len(left) > 1 else left[0]
-            g = xp.matmul(lefts.mT, right) if xp is not NUMPY else np.dot(lefts.T, right)
+            g = xp.matmul(lefts.mT, right) if xp is not NUMPY else matrix_product(lefts.T, right)
         data = data_of(weight, self.run.snapshot)
         if tuple(g.shape) != tuple(data.shape):
             g = xp.reshape(g, data.shape)

@@ -17,7 +17,15 @@ from monadl.dsl.core.layers import AnyArray, AnyFloat, ArrayLayer, apply_array
 from monadl.dsl.ops.operators import MATMUL, matmul_op, matrix_rows, mm
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import Info, promoted
-from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, on_device, shape_of, unbroadcast
+from monadl.typeclasses.backend import (
+    NDARRAY,
+    NUMPY,
+    ShapeError,
+    matrix_product,
+    on_device,
+    shape_of,
+    unbroadcast,
+)
 
 __all__ = ["dot", "linear", "matmul"]
 
@@ -134,7 +142,7 @@ def _fan_linear(xp: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
     k, outputs = len(w), w[0].shape[1]
     joined = _joined(w, b) if xp is NUMPY and type(rows) is NDARRAY and rows.dtype == w[0].dtype else None
     if joined is not None:
-        product = np.dot(rows, joined[0])
+        product = matrix_product(rows, joined[0])
         product += joined[1]
         out = np.ascontiguousarray(product.reshape(rows.shape[0], k, outputs).transpose(1, 0, 2))
     elif xp is NUMPY:
@@ -204,7 +212,7 @@ def _linear(xp: Any, x: Any, w: Any, b: Any) -> Any:
     """``x @ w + b``; on NumPy matrices, the bias added into the product's own array (one array
     and one pass less), where that keeps the sum's dtype."""
     if xp is NUMPY and x.ndim <= 2:
-        y = np.dot(x, w)
+        y = matrix_product(x, w) if x.ndim == 2 and w.ndim == 2 else np.dot(x, w)
         if type(b) is float or (type(b) is NDARRAY and b.dtype == y.dtype and b.ndim <= 1):
             y += b
             return y

@@ -23,6 +23,7 @@ from monadl.typeclasses.backend import (
     NUMPY,
     ShapeError,
     host_in,
+    matrix_product,
     namespace_of_type,
     shape_of,
     unbroadcast,
@@ -155,7 +156,7 @@ def mm(xp: Any, a: Any, b: Any) -> Any:
     if xp is NUMPY and a.ndim == 2 and b.ndim == 2:
         if 2 <= a.shape[0] <= _FEW_ROWS and b.size >= _LARGE and b.flags.f_contiguous:
             return _rows_by_transposed(a, b.T)
-        return np.dot(a, b)
+        return matrix_product(a, b)
     return xp.matmul(a, b)
 
 
