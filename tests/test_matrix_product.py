@@ -97,3 +97,20 @@ def test_large_contiguous_products_take_matmul_and_the_rest_dot(monkeypatch: Any
         calls.clear()
         matrix_product(a, b)
         assert calls == [expected], (a.shape, b.shape, a.strides, calls)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(2, 300), st.integers(1, 8), st.integers(2, 4), st.integers(64, 200), st.integers(0, 2**32 - 1)
+)
+def test_a_vector_or_a_stack_is_np_dots(m: int, k: int, stack: int, n: int, seed: int) -> None:
+    """Operands that are not both matrices are ``np.dot``'s whatever their size (a stack's product
+    by ``np.dot`` is not ``np.matmul``'s: another shape)."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k))
+    for b in (rng.standard_normal(k), rng.standard_normal((stack, k, n))):
+        got, want = matrix_product(a, b), np.dot(a, b)
+        assert got.shape == want.shape and got.tobytes() == want.tobytes()
+    rows, b = rng.standard_normal((stack, m, k)), rng.standard_normal((k, n))
+    got, want = matrix_product(rows, b), np.dot(rows, b)
+    assert got.shape == want.shape == (stack, m, n) and got.tobytes() == want.tobytes()
