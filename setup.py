@@ -79,8 +79,9 @@ COMPILED_MODULES = [
 
 # Hand-written C extensions (module -> source), built and recorded with the mypyc group (all or
 # none): kernels NumPy cannot fuse, each equal bit for bit to a NumPy rule that runs where they are
-# not built (see monadl/_native.c).
-NATIVE_MODULES = {"monadl._native": "monadl/_native.c"}
+# not built (see monadl/_native.c), and a NumPy memory handler that keeps a step's large blocks for
+# the next (monadl/_memory.c; not built, NumPy allocates as always).
+NATIVE_MODULES = {"monadl._native": "monadl/_native.c", "monadl._memory": "monadl/_memory.c"}
 
 # Compiler flags of the native modules (GCC and Clang): no contraction of a product and a sum into a
 # fused multiply-add (NumPy rounds the product: the results would differ), and no errno from sqrt

@@ -68,6 +68,7 @@ from monadl.dsl.learning.finite import (
 from monadl.dsl.learning.optimizers import state_kind
 from monadl.dsl.learning.optimizers.base import Capabilities, Optimizer, capabilities
 from monadl.dsl.learning.results import Deferred, failed
+from monadl.runtime.memory import large_blocks_kept
 from monadl.runtime.staging import staging
 from monadl.runtime.versions import COMMIT_LOCK, Snapshot, data_of, publish
 from monadl.tape.backward import NonFiniteDelta, backward
@@ -186,7 +187,7 @@ def forward_and_backward(
     ex = executor or default_executor()
     stats = RunStats()
     try:
-        with ex.paused():
+        with ex.paused(), large_blocks_kept():
             evaluation, staged = forward_pass(loss, ex, stats)
             return backward_pass(evaluation, staged, diagnose)
     finally:
@@ -477,7 +478,7 @@ def train_blocking(
         if optimizer is not None:
             capabilities(optimizer)  # (a TypeError naming what it lacks, before any work)
         passes = forward_and_backward(loss, ex)
-        with COMMIT_LOCK:
+        with COMMIT_LOCK, large_blocks_kept():
             commit_step(passes, optimizer, ex.check_finite)
     except NonFiniteGradientError as non_finite:  # (its own name: mypyc types a name once)
         return failed(_located(non_finite, loss, ex))
@@ -514,7 +515,7 @@ def predict_blocking(
     ex = executor or default_executor()
     stats = RunStats()
     try:
-        with ex.paused():
+        with ex.paused(), large_blocks_kept():
             mode = TRAINING.set(False)  # (evaluation mode even where called inside a training step)
             try:
                 value = ex.evaluate(layer.forward, stats, context=RunContext()).value
