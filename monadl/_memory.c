@@ -5,7 +5,7 @@ A training step makes the same large arrays every time (a language model's logit
 gradient: tens of megabytes each). glibc hands a block of 32 MiB or more out as fresh pages mapped
 from the system, however its thresholds are tuned (monadl/runtime/process.py raises them to that
 maximum), and unmaps them when it is freed, so every step pays a page fault for each page of each
-such array, and the system's zeroing of it: a tenth of the language model's step. This handler
+such array, and the system's zeroing of it (docs/benchmarks.md has the cost). This handler
 keeps up to MAX_BLOCKS freed blocks of MIN_BYTES or more (MAX_BYTES together; a larger block freed
 when they are full takes the place of smaller ones) and hands out the smallest that fits (at most
 twice the size asked) for the next such array: a batch's arrays vary in size from step to step.

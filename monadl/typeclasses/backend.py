@@ -322,9 +322,9 @@ def matrix_product(a: Any, b: Any) -> Any:
     """``np.dot(a, b)`` of NumPy arrays; for a large product of contiguous matrices,
     ``np.matmul``, the same BLAS call (the same bits; a single row or column stays with
     ``np.dot``, whose matrix-vector call might differ). ``np.dot`` fills its result with zeros
-    before BLAS writes it, a pass over it that ``np.matmul`` skips (a tenth of a 3072 x 64 weight's
-    gradient product); on small products its dispatch costs less. (``np.matmul`` runs a loop of its
-    own, ten times slower, on a strided operand: those stay with ``np.dot``, which copies them.)"""
+    before BLAS writes it, a pass over it that ``np.matmul`` skips; on small products its dispatch
+    costs less. (``np.matmul`` runs a loop of its own, far slower, on a strided operand: those stay
+    with ``np.dot``, which copies them.)"""
     if a.ndim == 2 and b.ndim == 2:  # (np.dot of a stack is not np.matmul's: dot's)
         m, n = a.shape[0], b.shape[1]
         if m * n >= _ZEROED and m > 1 and n > 1 and _contiguous(a) and _contiguous(b):
