@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 from batching_check import assert_close
 from cycles import cyclic_garbage
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from numpy.typing import NDArray
 from peak_memory import assert_one_summed_delta
 from returns.result import Failure, Success
@@ -25,10 +27,11 @@ from returns.result import Failure, Success
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.do import delay
-from monadl.do.primitive import Primitive
+from monadl.do.primitive import Primitive, value_key
 from monadl.do.tape import Tape
 from monadl.dsl.core.layers import apply_array
 from monadl.gradcheck import ATOL, RTOL, gradients_of, numerical_gradients
+from monadl.runtime import versions
 from monadl.typeclasses.backend import ShapeError
 from monadl.typeclasses.sparse import SparseRows
 
@@ -551,3 +554,51 @@ def test_the_same_graph_run_again_is_replayed_and_a_weight_keeps_its_shape() -> 
     value, _ = on(executor, loss)
     assert executor.last_stats.replayed == 1
     assert value == pytest.approx(float(np.sum(np.tanh(X @ w.data))))
+
+
+def test_a_weight_whose_kind_a_commit_changed_is_not_replayed_with_the_old_program() -> None:
+    """A commit may give a weight data of another type, shape or dtype (a module moved to another
+    array namespace does; ``data =`` refuses it, so the test commits directly): the graph's next run
+    works out its structure again and computes with the new data, in its dtype."""
+    w = ArrayWeight(np.ones((4, 3)))
+    loss = ml.sum(ml.tanh(X @ w))
+    executor = ml.Executor()
+    on(executor, loss)
+    on(executor, loss)
+    assert executor.last_stats.replayed == 1
+    before = versions.kinds_epoch()
+    changed = np.full((4, 3), 0.5, dtype=np.float32)
+    with versions.COMMIT_LOCK:
+        versions.publish([(w, changed, None)])
+    assert versions.kinds_epoch() == before + 1
+    value, gradients = on(executor, loss)
+    assert executor.last_stats.replayed == 0
+    assert value == pytest.approx(float(np.sum(np.tanh(X @ changed))), rel=1e-6)
+    assert gradients[w].dtype == np.float32
+    on(executor, loss)  # the new structure's program, kept and replayed
+    assert executor.last_stats.replayed == 1
+
+
+KIND_SAMPLES: list[Any] = [
+    1.0,
+    np.zeros(3),
+    np.zeros(4),
+    np.zeros((3, 1)),
+    np.zeros(3, dtype=np.float32),
+    np.zeros((), dtype=np.float32),
+    np.zeros(3).view(np.ndarray)[:],  # a view: another object, the same kind
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(KIND_SAMPLES), st.sampled_from(KIND_SAMPLES))
+def test_a_commit_counts_as_a_change_of_kind_exactly_when_a_weight_kind_changes(old: Any, new: Any) -> None:
+    """``kinds_epoch`` counts a commit iff it gives a weight data whose value key (type, shape,
+    dtype) differs from its data's before: the check a replay skips while the count holds."""
+    weights = [FloatWeight(1.0) for _ in range(2)]
+    with versions.COMMIT_LOCK:
+        versions.publish([(weight, old, None) for weight in weights])
+        before = versions.kinds_epoch()
+        versions.publish([(weights[0], old, None), (weights[1], new, None)])
+    changed = value_key(old) != value_key(new)
+    assert versions.kinds_epoch() == before + changed

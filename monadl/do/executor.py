@@ -34,7 +34,7 @@ from monadl.do.steps import replay_steps
 from monadl.runtime.pool import Dispatcher, WorkerPool
 from monadl.runtime.process import BlasCap, gc_paused, tune_allocator
 from monadl.runtime.recent import Recent
-from monadl.runtime.versions import data_of, snapshot
+from monadl.runtime.versions import data_of, kinds_epoch, snapshot
 
 A = TypeVar("A")
 
@@ -72,19 +72,37 @@ class Structure:
     """A static graph's key and its *bound rows*: the rows whose values a replay reads from the
     graph at hand (its weights, constants and ops with per-run parameters: a lookup's indices, a
     loss's labels), in order; ``index``: a bound row's position; ``weights``: each weight's value
-    key, in order (a graph run again replays only while they hold)."""
+    key, in order (a graph run again replays only while they hold); ``epoch``: the count of commits
+    that changed a weight's kind when they were last seen to hold (``versions.kinds_epoch``)."""
 
     def __init__(
-        self, key: tuple[Any, ...], graph: Graph, bound: list[int], index: dict[int, int], weights: list[Any]
+        self,
+        key: tuple[Any, ...],
+        graph: Graph,
+        bound: list[int],
+        index: dict[int, int],
+        weights: list[Any],
+        epoch: int,
     ) -> None:
         self.key = key
         self.graph = graph
         self.bound = bound
         self.index = index
         self.weights = weights
+        self.epoch = epoch
 
     def unchanged(self) -> bool:
-        """Whether every weight still has the shape and dtype it had."""
+        """Whether every weight still has the shape and dtype it had: without a look at them while
+        no commit has changed any weight's kind since they were seen to hold."""
+        epoch = kinds_epoch()  # read first: a commit after it is seen by the next call
+        if epoch == self.epoch:
+            return True
+        if not self._weights_hold():
+            return False
+        self.epoch = epoch
+        return True
+
+    def _weights_hold(self) -> bool:
         graph = self.graph
         i = 0
         for row in self.bound:
@@ -100,6 +118,7 @@ def structure_of(graph: Graph, root: int) -> Structure | None:
     kind than an op, a weight or a constant). Its key: its ops in order, each with its primitive,
     the static part of its parameters and the places of its inputs; its weights' and constants'
     value kinds; its float constants' values (they decide merges)."""
+    epoch = kinds_epoch()  # read first: a commit while the weights are read is seen by the next check
     rows = graph.postorder(root, static=True)
     if rows is None:
         return None
@@ -132,7 +151,7 @@ def structure_of(graph: Graph, root: int) -> Structure | None:
         order[r] = len(key) - 1
         index[r] = len(bound)
         bound.append(r)
-    return Structure(tuple(key), graph, bound, index, weights)
+    return Structure(tuple(key), graph, bound, index, weights, epoch)
 
 
 _REMOVED_PLANNING = (

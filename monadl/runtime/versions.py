@@ -28,7 +28,7 @@ from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
-__all__ = ["COMMIT_LOCK", "Snapshot", "Version", "data_of", "publish", "read", "snapshot"]
+__all__ = ["COMMIT_LOCK", "Snapshot", "Version", "data_of", "kinds_epoch", "publish", "read", "snapshot"]
 
 
 class Version:
@@ -60,6 +60,8 @@ class _Clock:
         self.written: list[Any] | None = None
         """The weights a commit was writing, until it is visible: if it never is (an interrupt),
         the next commit removes their invisible versions first."""
+        self.reshaped = 0
+        """Commits that changed a weight's type, shape or dtype (see :func:`kinds_epoch`)."""
         self.live: list[weakref.ref[Snapshot]] = []  # every snapshot taken that may be alive
         self.compact_at = _COMPACT
         self.lock = threading.Lock()  # a snapshot taken vs old versions dropped
@@ -121,11 +123,39 @@ def publish(writes: Sequence[tuple[Any, Any, Any]]) -> None:
     _repair()
     number = _clock.visible + 1
     _clock.written = [weight for weight, _, _ in writes]
+    reshaped = False
     for weight, data, state in writes:
-        weight.head = Version(number, data, state, weight.head)
+        head = weight.head
+        if not reshaped and not _same_kind(data, head.data):
+            reshaped = True
+        weight.head = Version(number, data, state, head)
+    if reshaped:  # before the commit: a reader that sees the new kinds sees the new count
+        _clock.reshaped += 1
     _clock.visible = number  # the commit
     _clock.written = None
     _prune(writes, number)
+
+
+def kinds_epoch() -> int:
+    """How many commits have changed a weight's type, shape or dtype so far: equal counts before and
+    after, no weight's kind changed between (a replayed program's check of its weights). An
+    interrupted commit may count without changing any."""
+    return _clock.reshaped
+
+
+def _same_kind(data: Any, old: Any) -> bool:
+    """Whether ``data`` has ``old``'s type, shape and dtype (a float: its type)."""
+    if data is old:
+        return True
+    kind = type(data)
+    if kind is not type(old):
+        return False
+    if kind is float:
+        return True
+    return bool(
+        getattr(data, "shape", None) == getattr(old, "shape", None)
+        and getattr(data, "dtype", None) == getattr(old, "dtype", None)
+    )
 
 
 def _repair() -> None:

@@ -266,6 +266,8 @@ def _unaliased(gradients: Gradients, owned: set[Any], snapshot: Snapshot) -> tup
 def _memory(gradient: Any) -> int:
     """The identity of the array that owns a gradient's memory (the array, or its rows' for a
     ``SparseRows``; or the base they are a view of)."""
+    if type(gradient) is NDARRAY and gradient.base is None:  # the common case, without getattr
+        return id(gradient)
     array = gradient.values if type(gradient) is SparseRows else gradient
     while getattr(array, "base", None) is not None and hasattr(array.base, "shape"):
         array = array.base
