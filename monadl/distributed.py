@@ -768,6 +768,8 @@ class DataParallel(Generic[M, B]):
     by and pays the workers' one-off costs (imports, the first run of the model): a false alarm
     kills a live worker and fails the step again each time it is run, while a late one only waits.
     ``restart_timeout_s``: how long a lost worker may take to come back before it is replaced.
+    ``start_timeout_s``: how long a new worker (each at the start, or one that replaces a lost one)
+    may take to start and answer: a new process, with its imports, on a machine that may be busy.
     ``reply_timeout_s``: how long a worker may take to answer a request outside a step (its state
     for :meth:`save`, :meth:`copy_to` and :meth:`weights`, :meth:`digests`, :meth:`pids`) or to
     load a state; one that has not (hung) is killed, restarted and restored, and asked again.
@@ -791,6 +793,7 @@ class DataParallel(Generic[M, B]):
         check_finite: bool = True,
         max_restarts: int = 3,
         restart_timeout_s: float = 120.0,
+        start_timeout_s: float = 120.0,
         step_timeout_s: float | None = 300.0,
         reply_timeout_s: float = 60.0,
         count_bytes: bool = False,
@@ -798,6 +801,7 @@ class DataParallel(Generic[M, B]):
         if step_timeout_s is not None:
             _check_seconds("step_timeout_s", step_timeout_s, " or None")
         _check_seconds("restart_timeout_s", restart_timeout_s)
+        _check_seconds("start_timeout_s", start_timeout_s)
         _check_seconds("reply_timeout_s", reply_timeout_s)
         if workers < 1:
             raise ValueError(f"DataParallel: workers must be at least 1, got {workers}")
@@ -822,6 +826,7 @@ class DataParallel(Generic[M, B]):
         self._args = (build, loss, optimizer, check_finite)
         self._max_restarts = max_restarts
         self._restart_timeout = float(restart_timeout_s)
+        self._start_timeout = float(start_timeout_s)
         self._reply_timeout = float(reply_timeout_s)
         self._step_timeout = None if step_timeout_s is None else float(step_timeout_s)
         self._recent: deque[float] = deque(maxlen=STEP_TIMEOUT_WINDOW)  # successful steps' seconds
@@ -857,14 +862,15 @@ class DataParallel(Generic[M, B]):
         return self._ray.remote(**options)(_Replica).remote(rank, *self._args)
 
     def _hello(self, rank: int) -> tuple[str, int, int]:
+        """A new worker's hello, within the start timeout."""
         ray = self._ray
         try:
             hello: tuple[str, int, int] = ray.get(
-                self._actors[rank].hello.remote(), timeout=self._restart_timeout
+                self._actors[rank].hello.remote(), timeout=self._start_timeout
             )
         except ray.exceptions.GetTimeoutError as e:
             raise RuntimeError(
-                f"DataParallel: worker {rank} did not start within {self._restart_timeout:g} s "
+                f"DataParallel: worker {rank} did not start within {self._start_timeout:g} s "
                 "(is the cluster short of CPUs or memory?)"
             ) from e
         except ray.exceptions.RayActorError as e:

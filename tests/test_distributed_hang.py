@@ -463,7 +463,22 @@ def test_a_killed_worker_whose_process_goes_on_answering_is_replaced(
         assert trainer.digests() == digests and trainer.steps == 1
 
 
-def test_the_reply_and_restart_timeouts_are_checked() -> None:
+def slow_build() -> Net:
+    """A model whose building outlasts the tests' start timeout."""
+    time.sleep(60.0)
+    return build()
+
+
+def test_a_worker_that_does_not_start_within_the_start_timeout_is_an_error(ray_session: Any) -> None:
+    """A new worker gets ``start_timeout_s`` (not the restart timeout) to start: one still building
+    its model then is an error naming the worker and the timeout, raised without waiting longer."""
+    started = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"worker 0 did not start within 1 s"):
+        DataParallel(slow_build, loss, ml.SGD(0.1), 1, restart_timeout_s=600.0, start_timeout_s=1.0)
+    assert time.perf_counter() - started < 30.0
+
+
+def test_the_reply_restart_and_start_timeouts_are_checked() -> None:
     bad: Any
     for bad in (0, -1.0, float("nan"), None):
         message = rf"must be a positive number of seconds, got {bad!r}"
@@ -471,3 +486,5 @@ def test_the_reply_and_restart_timeouts_are_checked() -> None:
             DataParallel(build, loss, ml.SGD(0.1), 1, reply_timeout_s=bad)
         with pytest.raises(ValueError, match=f"restart_timeout_s {message}"):
             DataParallel(build, loss, ml.SGD(0.1), 1, restart_timeout_s=bad)
+        with pytest.raises(ValueError, match=f"start_timeout_s {message}"):
+            DataParallel(build, loss, ml.SGD(0.1), 1, start_timeout_s=bad)
