@@ -789,6 +789,49 @@ def test_calls_with_unhashable_parameters_run_alone() -> None:
         np.testing.assert_array_equal(batched.gradients[x], factors)
 
 
+PARAMETER_VALUES: list[Any] = [
+    None,
+    0,
+    1,
+    -1,
+    "indices",
+    (1,),
+    np.array(3),
+    np.array([3, 4]),
+    np.array([[3, 4]]),
+    np.array(3, dtype=np.int32),
+]
+
+
+PARAMETERS = st.dictionaries(
+    st.sampled_from(["indices", "targets", "labels", "axis"]), st.sampled_from(PARAMETER_VALUES)
+)
+
+
+@SETTINGS
+@given(prim=st.sampled_from([TAKE_ROWS, CROSS_ENTROPY_FUSED]), a=PARAMETERS, b=PARAMETERS, same=st.booleans())
+def test_a_signatures_flat_parameters_are_equal_exactly_when_their_static_keys_are(
+    prim: Primitive, a: dict[str, Any], b: dict[str, Any], same: bool
+) -> None:
+    """A signature holds an op's parameters flat (their number, then each name and value, a
+    per-run one's by its type, shape and dtype): two calls' are equal iff their static keys are,
+    whatever names, values and numbers of parameters they have; unhashable (the call runs alone)
+    iff the static key is None."""
+    if same:  # a call like ``a`` (its arrays other objects of the same kinds)
+        b = {name: value.copy() if isinstance(value, np.ndarray) else value for name, value in a.items()}
+    flat: list[tuple[Any, ...]] = []
+    for params in (a, b):
+        items: list[Any] = []
+        prim.signature_items(items, params)
+        flat.append(tuple(items))
+        if prim.static_key(params) is None:
+            with pytest.raises(TypeError):
+                hash(flat[-1])
+            return
+        hash(flat[-1])
+    assert (flat[0] == flat[1]) == (prim.static_key(a) == prim.static_key(b))
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     calls=st.integers(2, 5),

@@ -48,8 +48,7 @@ def signature(s: Scheduler, r: int) -> Hashable | None:
         return None
     params = graph.params[r]
     key: list[Any] = [prim]
-    if params:
-        key.append(prim.static_items(params))
+    prim.signature_items(key, params)
     stacked = bool(spec.row_params)
     shared = spec.shared
     any_input = spec.elementwise
@@ -105,7 +104,8 @@ def fan_signature(s: Scheduler, r: int) -> Hashable | None:
     if fan is None:
         return None
     lo, hi = graph.starts[r], graph.starts[r + 1]
-    key: list[Any] = ["fan", prim, prim.static_items(graph.params[r])]
+    key: list[Any] = ["fan", prim]
+    prim.signature_items(key, graph.params[r])
     for k in range(lo, hi):
         slot, row = s.in_slots[k], s.in_rows[k]
         key.append((slot, row) if k - lo in fan.shared else s.run.kind(slot, row))

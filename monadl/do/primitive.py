@@ -216,22 +216,30 @@ class Primitive:
         merge, or to replay one's compiled program for the other): every parameter but the per-run
         ones, which count by their type, shape and dtype. None if a parameter is unhashable (then
         the application runs on its own and its program is not kept)."""
-        key = self.static_items(params)
-        try:
-            hash(key)
-        except TypeError:
-            return None
-        return key
-
-    def static_items(self, params: dict[str, Any]) -> tuple[Any, ...]:
-        """:meth:`static_key`'s items, not checked to be hashable."""
         if not params:
             return ()
         per_run = self.per_run
         items: list[Any] = []
         for name, value in params.items():
             items.append((name, value) if name not in per_run else (name, value_key(value)))
-        return tuple(items)
+        key = tuple(items)
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
+    def signature_items(self, key: list[Any], params: dict[str, Any]) -> None:
+        """Appends :meth:`static_key`'s items to a signature's ``key`` flat: their number, then each
+        name and value (a batch's signatures are hashed and compared once per ready row, and
+        nested pairs cost more to hash and compare than the values they hold)."""
+        key.append(len(params))
+        if not params:
+            return
+        per_run = self.per_run
+        for name, value in params.items():
+            key.append(name)
+            key.append(value if name not in per_run else value_key(value))
 
     def stack_params(self, calls: list[dict[str, Any]], base: dict[str, Any]) -> dict[str, Any]:
         """The parameters of merged calls (``calls``: each call's): ``base`` (the first call's,
