@@ -570,7 +570,7 @@ def test_a_weight_whose_kind_a_commit_changed_is_not_replayed_with_the_old_progr
     changed = np.full((4, 3), 0.5, dtype=np.float32)
     with versions.COMMIT_LOCK:
         versions.publish([(w, changed, None)])
-    assert versions.kinds_epoch() == before + 1
+    assert versions.kinds_epoch() > before
     value, gradients = on(executor, loss)
     assert executor.last_stats.replayed == 0
     assert value == pytest.approx(float(np.sum(np.tanh(X @ changed))), rel=1e-6)
@@ -593,7 +593,7 @@ KIND_SAMPLES: list[Any] = [
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(KIND_SAMPLES), st.sampled_from(KIND_SAMPLES))
 def test_a_commit_counts_as_a_change_of_kind_exactly_when_a_weight_kind_changes(old: Any, new: Any) -> None:
-    """``kinds_epoch`` counts a commit iff it gives a weight data whose value key (type, shape,
+    """``kinds_epoch`` moves at a commit iff it gives a weight data whose value key (type, shape,
     dtype) differs from its data's before: the check a replay skips while the count holds."""
     weights = [FloatWeight(1.0) for _ in range(2)]
     with versions.COMMIT_LOCK:
@@ -601,4 +601,4 @@ def test_a_commit_counts_as_a_change_of_kind_exactly_when_a_weight_kind_changes(
         before = versions.kinds_epoch()
         versions.publish([(weights[0], old, None), (weights[1], new, None)])
     changed = value_key(old) != value_key(new)
-    assert versions.kinds_epoch() == before + changed
+    assert (versions.kinds_epoch() != before) == changed

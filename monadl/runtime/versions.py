@@ -61,7 +61,7 @@ class _Clock:
         """The weights a commit was writing, until it is visible: if it never is (an interrupt),
         the next commit removes their invisible versions first."""
         self.reshaped = 0
-        """Commits that changed a weight's type, shape or dtype (see :func:`kinds_epoch`)."""
+        """Moved by commits that change a weight's type, shape or dtype (see :func:`kinds_epoch`)."""
         self.live: list[weakref.ref[Snapshot]] = []  # every snapshot taken that may be alive
         self.compact_at = _COMPACT
         self.lock = threading.Lock()  # a snapshot taken vs old versions dropped
@@ -129,17 +129,20 @@ def publish(writes: Sequence[tuple[Any, Any, Any]]) -> None:
         if not reshaped and not _same_kind(data, head.data):
             reshaped = True
         weight.head = Version(number, data, state, head)
-    if reshaped:  # before the commit: a reader that sees the new kinds sees the new count
+    if reshaped:  # counted before the commit, so that one interrupted after it is counted
         _clock.reshaped += 1
     _clock.visible = number  # the commit
+    if reshaped:  # and after: a reader that read the first count may have read the old kinds
+        _clock.reshaped += 1
     _clock.written = None
     _prune(writes, number)
 
 
 def kinds_epoch() -> int:
-    """How many commits have changed a weight's type, shape or dtype so far: equal counts before and
-    after, no weight's kind changed between (a replayed program's check of its weights). An
-    interrupted commit may count without changing any."""
+    """A count that moves at every commit that changes a weight's type, shape or dtype (twice: before
+    and after the commit becomes visible): equal counts before and after, no weight's kind changed
+    between (a replayed program's check of its weights). An interrupted commit may move it without
+    changing any."""
     return _clock.reshaped
 
 
