@@ -212,7 +212,7 @@ def _linear(xp: Any, x: Any, w: Any, b: Any) -> Any:
     """``x @ w + b``; on NumPy matrices, the bias added into the product's own array (one array
     and one pass less), where that keeps the sum's dtype."""
     if xp is NUMPY and x.ndim <= 2:
-        y = matrix_product(x, w) if x.ndim == 2 and w.ndim == 2 else np.dot(x, w)
+        y = matrix_product(x, w)  # (np.dot's but for large products of matrices)
         if type(b) is float or (type(b) is NDARRAY and b.dtype == y.dtype and b.ndim <= 1):
             y += b
             return y
