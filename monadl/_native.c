@@ -27,13 +27,25 @@ equal; monadl/dsl/ops/recurrent.py the cells'. */
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+/* The element loops are built twice where the toolchain can pick between builds when the module
+   loads (GCC's target_clones, an ifunc: x86-64 Linux with glibc): for AVX2, 8 floats a vector
+   operation, and for the baseline x86-64 (SSE2, 4), the one the CPU runs chosen once. Both do the
+   same IEEE operations in the same order on each element (no contraction: the build's
+   -ffp-contract=off; AVX2 brings no fused multiply-add of its own), so they give the same bits;
+   elsewhere the loops are built once, for the baseline. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__)
+#define WIDE __attribute__((target_clones("avx2", "default")))
+#else
+#define WIDE
+#endif
+
 /* Adam's rule (monadl.dsl.learning.optimizers.adam.adam_rule), one element:
        m' = b1 * m + (1 - b1) * g          v' = b2 * v + (1 - b2) * (g * g)
        new = data - rate * (m' / c1) / (sqrt(v' / c2) + eps)
    An element without a gradient (a sparse gradient's untouched row) adds +0.0 in place of the
    gradient's terms, as the NumPy rule adds a zero gradient's. */
 #define ADAM_LOOP(T, SQRT)                                                                         \
-    static void adam_##T(const T *restrict data, const T *restrict g, const T *restrict m,        \
+    static WIDE void adam_##T(const T *restrict data, const T *restrict g, const T *restrict m,    \
                          const T *restrict v, T *restrict out, T *restrict m_out,                 \
                          T *restrict v_out, Py_ssize_t n, const double *s) {                       \
         const T b1 = (T)s[0], k1 = (T)s[1], b2 = (T)s[2], k2 = (T)s[3], c1 = (T)s[4],            \
@@ -241,7 +253,7 @@ fail:
 /* SGD's rule (monadl.dsl.learning.optimizers.sgd.SGD.update: data - rate * g), one element; out may
    be g itself (an update written into the step's own gradient), so neither g nor out is restrict. */
 #define SGD_RULE(T)                                                                                \
-    static void sgd_##T(const T *restrict data, const T *g, T *out, Py_ssize_t n, T rate) {          \
+    static WIDE void sgd_##T(const T *restrict data, const T *g, T *out, Py_ssize_t n, T rate) {   \
         for (Py_ssize_t k = 0; k < n; k++) out[k] = data[k] - rate * g[k];                         \
     }
 
@@ -301,26 +313,26 @@ fail:
    write every input's delta, one block of n elements after the other. p[k] is the k-th array of the
    kernel's arguments. */
 #define CELLS(T)                                                                                   \
-    static void negate_##T(T *const *p, Py_ssize_t n, int count) {                                 \
+    static WIDE void negate_##T(T *const *p, Py_ssize_t n, int count) {                            \
         T *restrict out = p[count];                                                                \
         for (int j = 0; j < count; j++) {                                                          \
             const T *restrict x = p[j];                                                            \
             for (Py_ssize_t k = 0; k < n; k++) out[j * n + k] = -x[k];                             \
         }                                                                                          \
     }                                                                                              \
-    static void lstm_c_forward_##T(T *const *p, Py_ssize_t n, int count) {                         \
+    static WIDE void lstm_c_forward_##T(T *const *p, Py_ssize_t n, int count) {                    \
         T *restrict t = p[0], *restrict out = p[3];                                                \
         const T *restrict tu = p[1], *restrict c = p[2];                                           \
         for (Py_ssize_t k = 0; k < 2 * n; k++) t[k] = (T)1.0 / ((T)1.0 + t[k]);                    \
         for (Py_ssize_t k = 0; k < n; k++) out[k] = t[k] * tu[k] + t[n + k] * c[k];                \
     }                                                                                              \
-    static void tree_c_forward_##T(T *const *p, Py_ssize_t n, int count) {                         \
+    static WIDE void tree_c_forward_##T(T *const *p, Py_ssize_t n, int count) {                    \
         T *restrict t = p[0], *restrict out = p[4];                                                \
         const T *restrict tu = p[1], *restrict cl = p[2], *restrict cr = p[3];                     \
         for (Py_ssize_t k = 0; k < 3 * n; k++) t[k] = (T)1.0 / ((T)1.0 + t[k]);                    \
         for (Py_ssize_t k = 0; k < n; k++) out[k] = t[k] * tu[k] + t[n + k] * cl[k] + t[2 * n + k] * cr[k]; \
     }                                                                                              \
-    static void lstm_h_forward_##T(T *const *p, Py_ssize_t n, int count) {                         \
+    static WIDE void lstm_h_forward_##T(T *const *p, Py_ssize_t n, int count) {                    \
         T *restrict t = p[0], *restrict out = p[2];                                                \
         const T *restrict tc = p[1];                                                               \
         for (Py_ssize_t k = 0; k < n; k++) {                                                       \
@@ -328,7 +340,7 @@ fail:
             out[k] = t[k] * tc[k];                                                                 \
         }                                                                                          \
     }                                                                                              \
-    static void lstm_c_deltas_##T(T *const *p, Py_ssize_t n, int count) {                          \
+    static WIDE void lstm_c_deltas_##T(T *const *p, Py_ssize_t n, int count) {                     \
         const T *restrict d = p[0], *restrict si = p[1], *restrict sf = p[2], *restrict tu = p[3], \
                 *restrict c = p[4];                                                                \
         T *restrict g = p[5];                                                                      \
@@ -339,7 +351,7 @@ fail:
             g[3 * n + k] = d[k] * sf[k];                                                           \
         }                                                                                          \
     }                                                                                              \
-    static void tree_c_deltas_##T(T *const *p, Py_ssize_t n, int count) {                          \
+    static WIDE void tree_c_deltas_##T(T *const *p, Py_ssize_t n, int count) {                     \
         const T *restrict d = p[0], *restrict si = p[1], *restrict sl = p[2], *restrict sr = p[3], \
                 *restrict tu = p[4], *restrict cl = p[5], *restrict cr = p[6];                     \
         T *restrict g = p[7];                                                                      \
@@ -352,7 +364,7 @@ fail:
             g[5 * n + k] = d[k] * sr[k];                                                           \
         }                                                                                          \
     }                                                                                              \
-    static void lstm_h_deltas_##T(T *const *p, Py_ssize_t n, int count) {                          \
+    static WIDE void lstm_h_deltas_##T(T *const *p, Py_ssize_t n, int count) {                     \
         const T *restrict d = p[0], *restrict so = p[1], *restrict tc = p[2];                      \
         T *restrict g = p[3];                                                                      \
         for (Py_ssize_t k = 0; k < n; k++) {                                                       \
@@ -360,7 +372,7 @@ fail:
             g[n + k] = d[k] * so[k] * ((T)1.0 - tc[k] * tc[k]);                                    \
         }                                                                                          \
     }                                                                                              \
-    static void gru_deltas_##T(T *const *p, Py_ssize_t n, int count) {                             \
+    static WIDE void gru_deltas_##T(T *const *p, Py_ssize_t n, int count) {                        \
         const T *restrict d = p[0], *restrict sr = p[1], *restrict sz = p[2], *restrict nn = p[3], \
                 *restrict nh = p[4], *restrict h = p[5];                                           \
         T *restrict g = p[6];                                                                      \
