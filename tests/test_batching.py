@@ -27,7 +27,7 @@ import monadl as ml
 from examples.tree_lstm import TreeLstm
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.data.trees import Tree
-from monadl.do.batching import merge_params
+from monadl.do.batching import SCAN, Groups, merge_params
 from monadl.do.primitive import ELEMENTWISE, Primitive
 from monadl.dsl.core.layers import apply_array
 from monadl.dsl.ops.classification import CROSS_ENTROPY_FUSED
@@ -830,6 +830,82 @@ def test_a_signatures_flat_parameters_are_equal_exactly_when_their_static_keys_a
             return
         hash(flat[-1])
     assert (flat[0] == flat[1]) == (prim.static_key(a) == prim.static_key(b))
+
+
+# Signature parts as the scheduler makes them: kind ids and slots (fresh int objects, most above the
+# small ints Python caches), float keys (0.0 and -0.0 apart), strings, and unhashable values.
+SIGNATURE_PARTS: list[Any] = [0, 1, 300, 70_000, -1, -2, 0.0, (0.0, -1.0), 2.5, "axis", None, (1,), [1], [2]]
+
+
+def _fresh(part: Any) -> Any:
+    """An equal part that is another object (as each row's signature is made anew)."""
+    if isinstance(part, int):
+        return int(str(part))
+    if isinstance(part, list):
+        return list(part)
+    return part
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.lists(st.sampled_from(SIGNATURE_PARTS), min_size=1, max_size=3), min_size=1, max_size=3 * SCAN
+    ),
+    st.lists(st.integers(0, 10**6), min_size=1, max_size=60),
+)
+def test_groups_are_the_rows_of_equal_signatures_in_order_of_first_meeting(
+    signatures: list[list[Any]], picks: list[int]
+) -> None:
+    """``Groups`` gives a dictionary of tuples' grouping (before and past ``SCAN`` groups, the
+    keys' parts other objects in each row): the same groups in the same order, each its rows in
+    order; a group's hash is its tuple's, None where unhashable, whose rows a dictionary would
+    refuse; past ``SCAN`` groups an unhashable key is refused as a dictionary refuses it."""
+    # distinct signatures (a number of their own appended), met in any order, each many times
+    signatures = [[*key, k] for k, key in enumerate(signatures)]
+    keys = [signatures[p % len(signatures)] for p in picks]
+    groups = Groups()
+    expected: dict[tuple[Any, ...], list[int]] = {}
+    unhashable: list[int] = []
+    refused: list[int] = []
+    for r, key in enumerate(keys):
+        whole = tuple(key)
+        try:
+            hash(whole)
+        except TypeError:
+            unhashable.append(r)
+        else:
+            expected.setdefault(whole, []).append(r)
+        try:
+            assert groups.join([_fresh(part) for part in key], r)
+        except TypeError:
+            refused.append(r)
+    assert groups.join(None, len(keys)) is False
+    hashes = groups.hashes()
+    found = {
+        tuple(key): rows
+        for key, rows, h in zip(groups.keys, groups.rows, hashes, strict=True)
+        if h is not None
+    }
+    assert list(found) == list(expected)  # the same groups, in the order first met
+    assert found == expected
+    for key, h in zip(groups.keys, hashes, strict=True):
+        if h is not None:
+            assert h == hash(tuple(key))
+    held = sorted(r for rows, h in zip(groups.rows, hashes, strict=True) if h is None for r in rows)
+    assert sorted(held + refused) == unhashable  # every row of an unhashable key runs alone
+    assert not refused or len(groups.keys) >= SCAN
+
+
+def test_calls_that_differ_in_a_constant_each_run_alone_past_the_groups_scanned() -> None:
+    """Calls of one op each with a constant of its own are as many groups, more than ``SCAN``:
+    each runs on its own (no merge), with its own constant."""
+    xs = [ArrayWeight(np.full(2, float(k + 1))) for k in range(3 * SCAN)]
+    loss = ml.add_n([ml.sum(x * (0.5 + k)) for k, x in enumerate(xs)])
+    kinds, _ = launches(loss)
+    assert kinds["mul"] == 3 * SCAN  # none merged
+    batched, _ = assert_same_gradients(loss)
+    for k, x in enumerate(xs):
+        np.testing.assert_array_equal(batched.gradients[x], np.full(2, 0.5 + k))
 
 
 @settings(max_examples=30, deadline=None)

@@ -14,8 +14,7 @@ batchable operation's calls of equal signature run its body once, on their stack
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, final
 
 import numpy as np
 
@@ -32,10 +31,10 @@ NO_POOL: Final = math.inf
 """The ``min_cost`` of a run without a pool: no kernel is worth it."""
 
 
-def signature(s: Scheduler, r: int) -> Hashable | None:
-    """An op's signature (see the module): equal ones merge; None runs it alone. A call worth the
-    pool on its own runs beside the others instead. (A parameter that is unhashable makes the
-    signature so: the caller runs it alone.)"""
+def signature(s: Scheduler, r: int) -> list[Any] | None:
+    """An op's signature (see the module), as a list of its parts: equal ones merge; None runs it
+    alone. A call worth the pool on its own runs beside the others instead. (A parameter that is
+    unhashable makes the signature so: its calls run alone, see :class:`Groups`.)"""
     graph = s.graph
     prim: Primitive = graph.objs[r]
     spec = prim.batch
@@ -75,7 +74,7 @@ def signature(s: Scheduler, r: int) -> Hashable | None:
         return None
     if s.min_cost < NO_POOL and cost_of(prim, _values(s, lo, hi), params) >= s.min_cost:
         return None  # worth the pool on its own: run beside the others, not merged with them
-    return tuple(key)
+    return key
 
 
 def _ranks(s: Scheduler, lo: int, hi: int) -> list[int]:
@@ -94,7 +93,7 @@ def _values(s: Scheduler, lo: int, hi: int) -> list[Any]:
     return values
 
 
-def fan_signature(s: Scheduler, r: int) -> Hashable | None:
+def fan_signature(s: Scheduler, r: int) -> list[Any] | None:
     """The signature of an op that merged with nothing: calls that read one value with different
     others merge by fanning out."""
     graph = s.graph
@@ -109,10 +108,10 @@ def fan_signature(s: Scheduler, r: int) -> Hashable | None:
     for k in range(lo, hi):
         slot, row = s.in_slots[k], s.in_rows[k]
         key.append((slot, row) if k - lo in fan.shared else s.run.kind(slot, row))
-    return tuple(key)
+    return key
 
 
-def call_signature(s: Scheduler, r: int) -> Hashable | None:
+def call_signature(s: Scheduler, r: int) -> list[Any] | None:
     """A batchable call's signature: its static part and its rows' kinds; None where the rows
     differ in rank (stacked, a float against an array, or a vector against a matrix, would no
     longer broadcast as they did in the call)."""
@@ -127,10 +126,84 @@ def call_signature(s: Scheduler, r: int) -> Hashable | None:
             return None
         rank = rk
         key.append(kind)
-    return tuple(key)
+    return key
 
 
 # ------------------------------------------------------------------------------------------- groups
+
+
+SCAN: Final = 8
+"""How many groups :class:`Groups` compares a row's signature with, one by one, before it keys them
+in a dictionary."""
+
+
+@final
+class Groups:
+    """Ready rows grouped by equal signatures, the groups in the order their signatures were first
+    met. A bucket's rows (calls of one primitive or operation) mostly share one signature or a
+    few: a row's is compared with the group its predecessor joined, then with each group, part by
+    part, as a dictionary would compare it on a hit, without the tuple a dictionary needs and the
+    hashing of every part. Past ``SCAN`` groups (calls that differ in a constant, say), the groups
+    are keyed by their signatures' tuples. A signature that is unhashable (a parameter's value) is
+    its group's: :meth:`hashes` gives None for it, and its rows run alone."""
+
+    def __init__(self) -> None:
+        self.keys: list[list[Any]] = []
+        self.rows: list[list[int]] = []
+        self.last = -1  # the group the last row joined
+        self.index: dict[tuple[Any, ...], int] | None = None  # past SCAN groups: tuple -> group
+
+    def join(self, key: list[Any] | None, r: int) -> bool:
+        """Adds row ``r`` to the group of signature ``key``; False if there is no key. Raises
+        ``TypeError`` for an unhashable key past ``SCAN`` groups (the caller runs the row alone)."""
+        if key is None:
+            return False
+        keys = self.keys
+        last = self.last
+        if last >= 0 and keys[last] == key:
+            self.rows[last].append(r)
+            return True
+        index = self.index
+        if index is None:
+            n = len(keys)
+            for g in range(n):
+                if g != last and keys[g] == key:
+                    self.last = g
+                    self.rows[g].append(r)
+                    return True
+            if n < SCAN:
+                self._new(key, r)
+                return True
+            index = self.index = {}
+            for g in range(n):
+                try:
+                    index[tuple(keys[g])] = g
+                except TypeError:  # unhashable: found by no later row (its rows run alone)
+                    pass
+        whole = tuple(key)
+        g = index.get(whole, -1)  # (TypeError if unhashable)
+        if g >= 0:
+            self.last = g
+            self.rows[g].append(r)
+            return True
+        index[whole] = len(keys)
+        self._new(key, r)
+        return True
+
+    def _new(self, key: list[Any], r: int) -> None:
+        self.last = len(self.keys)
+        self.keys.append(key)
+        self.rows.append([r])
+
+    def hashes(self) -> list[int | None]:
+        """Each group's signature's hash (the run counts distinct ones); None where unhashable."""
+        found: list[int | None] = []
+        for key in self.keys:
+            try:
+                found.append(hash(tuple(key)))
+            except TypeError:
+                found.append(None)
+        return found
 
 
 def merged(s: Scheduler, group: list[int]) -> MergedStep:

@@ -18,7 +18,6 @@ the body's program, recorded on the first group of its signature and replayed fo
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any, Final
 
 from librt.vecs import append, extend, vec
@@ -462,8 +461,8 @@ class Scheduler:
         merges with nothing may still fan out with others; the rest alone."""
         graph = self.graph
         tags = graph.tags
-        groups: dict[Hashable, list[int]] = {}
-        fans: dict[Hashable, list[int]] = {}
+        groups = batching.Groups()
+        fans = batching.Groups()
         alone: list[int] = []
         for r in ready:
             self.inputs(r)
@@ -474,32 +473,42 @@ class Scheduler:
             key = batching.signature(self, r) if is_op else batching.call_signature(self, r)
             try:
                 if key is None:
-                    if is_op and _join(fans, batching.fan_signature(self, r), r):
+                    if is_op and fans.join(batching.fan_signature(self, r), r):
                         continue
                     alone.append(r)
                 else:
-                    _join(groups, key, r)
+                    groups.join(key, r)
             except TypeError:  # an unhashable parameter: it runs alone
                 alone.append(r)
-        for key, group in groups.items():
+        hashes = groups.hashes()
+        for g in range(len(hashes)):
+            group = groups.rows[g]
+            h = hashes[g]
+            if h is None:  # an unhashable parameter: each runs alone
+                alone.extend(group)
+                continue
             if len(group) > 1:
-                self.signatures.add(hash(key))
+                self.signatures.add(h)
                 if tags[group[0]] == OP:
                     self.run_ops(group, False)
                 else:
                     self.run_calls(group)
                 continue
             r = group[0]
-            if tags[r] == OP and _join(fans, batching.fan_signature(self, r), r):
+            if tags[r] == OP and fans.join(batching.fan_signature(self, r), r):
                 continue
-            self.signatures.add(hash(key))
+            self.signatures.add(h)
             alone.append(r)
-        for key, group in fans.items():
-            self.signatures.add(hash(key))
-            if len(group) > 1:
+        hashes = fans.hashes()
+        for g in range(len(hashes)):
+            group = fans.rows[g]
+            h = hashes[g]
+            if h is not None:
+                self.signatures.add(h)
+            if len(group) > 1 and h is not None:
                 self.run_ops(group, True)
             else:
-                alone.append(group[0])
+                alone.extend(group)
         for r in alone:
             if tags[r] == OP:
                 self.run_ops([r], False)
@@ -723,15 +732,3 @@ def _cast_wide(scheduler: Scheduler, lo: int, hi: int) -> None:
             step.forward(run, True)
         in_slots[k] = slot
         in_rows[k] = -1
-
-
-def _join(groups: dict[Hashable, list[int]], key: Hashable | None, r: int) -> bool:
-    """Adds row ``r`` to the group of ``key``; False if there is no key."""
-    if key is None:
-        return False
-    group = groups.get(key)
-    if group is None:
-        groups[key] = [r]
-    else:
-        group.append(r)
-    return True
