@@ -249,6 +249,23 @@ def test_rows_may_be_plain_numpy_arrays() -> None:
 # ------------------------------------------------------------------------------------- signatures
 
 
+def test_as_a_method_read_from_its_object_a_call_is_the_operations_with_the_object_first() -> None:
+    """``cell.step(x)`` (the operation read from its object) records what ``Cell.step(cell, x)``
+    does: their calls merge, and the results are the plain function's."""
+    cell = Cell(W, B)
+    bound = cell.step
+    assert repr(bound) == f"<bound batchable(Cell.step) of {cell!r}>"
+    xs = rows(4)
+    via_object = [ml.sum(cell.step(x) * probe((3,), k)) for k, x in enumerate(xs[:2])]
+    via_class = [ml.sum(Cell.step(cell, x) * probe((3,), k + 2)) for k, x in enumerate(xs[2:])]
+    loss = ml.add_n(via_object + via_class)
+    merged = gradients_of(loss, batching=True)
+    assert merged.stats.kinds["Cell.step"] == 1  # the four calls, one launch
+    unbound = inspect.unwrap(Cell.step)
+    plain = ml.add_n([ml.sum(unbound(cell, x) * probe((3,), k)) for k, x in enumerate(xs)])
+    assert_same(merged, gradients_of(plain, batching=False))
+
+
 def test_as_a_method_the_bound_object_is_compared_by_identity() -> None:
     one, other = Cell(W, B), Cell(W, B)
     assert one == other  # equal dataclasses, but two objects: their calls do not merge

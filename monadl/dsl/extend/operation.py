@@ -27,9 +27,8 @@ merged.
 from __future__ import annotations
 
 import functools
-import types
 from collections.abc import Callable, Hashable
-from typing import Any, Final, Generic, ParamSpec, TypeVar, cast
+from typing import Any, Final, Generic, ParamSpec, TypeVar, cast, final
 
 from mypy_extensions import mypyc_attr
 
@@ -66,57 +65,20 @@ class BatchableOperation(Operation, Generic[P, R]):
         self.f = f
         self.structure: tuple[type[Layer], ...] | None = None  # the results' layer types
         self.single = True  # f returns one layer (not a tuple)
+        # What recording a call reads, learnt on the first call: one attribute of this Python
+        # class read per call, not three (each a dictionary lookup).
+        self.plan: tuple[tuple[type[Layer], ...], bool, str] | None = None
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
-        return self if instance is None else types.MethodType(self, instance)
+        return self if instance is None else BoundOperation(self, instance)
 
     def __repr__(self) -> str:
         return f"batchable({self.f.__qualname__})"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        structure = self.structure
-        if structure is None:
-            # Building the graph computes nothing: the body's result is only looked at, and the
-            # call is recorded below like any other (run directly, it would round differently).
-            structure = self._learn(self.f(*args, **kwargs))
-        # Recording one call: this runs once per node of every tree, so it is written out.
-        graph = recording()
-        row_args: list[int] = []
-        statics: list[Hashable] = []
-        rows: list[int] = []
-        name = self.name  # an attribute of a Python class: read once, not once per argument
-        for i, a in enumerate(args):
-            kind = type(a)
-            row = _row_kinds.get(kind)
-            if row is None:
-                row = _row_kind(a)
-            # The signature's static part has an entry per argument, a row's a marker: f(x, w) and
-            # f(w, x) (a layer and a weight swapped) do not merge.
-            if row == _LAYER_ROW or row == _VALUE_ROW:
-                row_args.append(i)
-                rows.append(row_in(graph, a, name))
-                statics.append(_ROW)
-            else:
-                statics.append(_static_key(a))
-        if kwargs:
-            statics.append(tuple([(name, _static_key(v)) for name, v in kwargs.items()]))
-        else:
-            kwargs = _NO_KWARGS  # (the call's own empty dict is freed now, not with the graph)
-        statics.append(self)
-        # The call keeps its arguments but its rows (its row's inputs): a layer held by its own
-        # graph would be a reference cycle.
-        kept = list(args)
-        for i in row_args:
-            kept[i] = None
-        call = graph.add(CALL, Call(self, tuple(kept), kwargs, row_args, tuple(statics)), None, rows, None, 0)
-        if self.single:
-            return _layer(structure[0], graph, call)
-        results = [_layer(structure[0], graph, call)]
-        for j in range(1, len(structure)):  # a loop: a comprehension is a call of its own in 3.11
-            results.append(_layer(structure[j], graph, graph.add(RESULT, None, j, [call], None, 0)))
-        return tuple(results)
+        return record_call(self, args, kwargs)
 
-    def _learn(self, result: object) -> tuple[type[Layer], ...]:
+    def _learn(self, result: object) -> tuple[tuple[type[Layer], ...], bool, str]:
         results = result if isinstance(result, tuple) else (result,)
         if not results or not all(isinstance(r, (ArrayLayer, FloatLayer)) for r in results):
             raise TypeError(
@@ -126,7 +88,8 @@ class BatchableOperation(Operation, Generic[P, R]):
         self.single = not isinstance(result, tuple)
         structure = self.structure = tuple(type(r) for r in results)
         self.scalars = [cls is FloatLayer for cls in structure]
-        return structure
+        plan = self.plan = (structure, self.single, self.name)
+        return plan
 
     def expand(self, call: Call, inputs: list[Tape[Any, Any]]) -> list[Node]:
         """The forwards of the body's results, the body run on ``inputs`` (a call's own values, or
@@ -144,6 +107,69 @@ class BatchableOperation(Operation, Generic[P, R]):
                 f"returned {len(structure)}"
             )
         return [forward_of(r, self.name) for r in results]
+
+
+def record_call(op: BatchableOperation[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Records a call of ``op`` on ``args`` and ``kwargs``: its node, and its results' layers."""
+    plan = op.plan
+    if plan is None:
+        # Building the graph computes nothing: the body's result is only looked at, and the
+        # call is recorded below like any other (run directly, it would round differently).
+        plan = op._learn(op.f(*args, **kwargs))
+    structure, single, name = plan
+    # Recording one call: this runs once per node of every tree, so it is written out.
+    graph = recording()
+    row_args: list[int] = []
+    statics: list[Hashable] = []
+    rows: list[int] = []
+    for i, a in enumerate(args):
+        kind = type(a)
+        row = _row_kinds.get(kind)
+        if row is None:
+            row = _row_kind(a)
+        # The signature's static part has an entry per argument, a row's a marker: f(x, w) and
+        # f(w, x) (a layer and a weight swapped) do not merge.
+        if row == _LAYER_ROW or row == _VALUE_ROW:
+            row_args.append(i)
+            rows.append(row_in(graph, a, name))
+            statics.append(_ROW)
+        else:
+            statics.append(_static_key(a))
+    if kwargs:
+        statics.append(tuple([(name, _static_key(v)) for name, v in kwargs.items()]))
+    else:
+        kwargs = _NO_KWARGS  # (the call's own empty dict is freed now, not with the graph)
+    statics.append(op)
+    # The call keeps its arguments but its rows (its row's inputs): a layer held by its own
+    # graph would be a reference cycle.
+    kept = list(args)
+    for i in row_args:
+        kept[i] = None
+    call = graph.add(CALL, Call(op, tuple(kept), kwargs, row_args, tuple(statics)), None, rows, None, 0)
+    if single:
+        return _layer(structure[0], graph, call)
+    results = [_layer(structure[0], graph, call)]
+    for j in range(1, len(structure)):  # a loop: a comprehension is a call of its own in 3.11
+        results.append(_layer(structure[j], graph, graph.add(RESULT, None, j, [call], None, 0)))
+    return tuple(results)
+
+
+@final
+class BoundOperation:
+    """A batchable operation as a method of ``instance`` (``module.cell``, a cell's operation read
+    from the module): calling it records the operation's call with ``instance`` first. (A bound
+    method would reach the call through the operation type's generic call slot: a cell is called
+    once per node of every tree.)"""
+
+    def __init__(self, op: BatchableOperation[Any, Any], instance: object) -> None:
+        self.op = op
+        self.instance = instance
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return record_call(self.op, (self.instance, *args), kwargs)
+
+    def __repr__(self) -> str:
+        return f"<bound {self.op!r} of {self.instance!r}>"
 
 
 def _layer(kind: type[Layer], graph: Graph, row: int) -> Layer:
