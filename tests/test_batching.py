@@ -777,16 +777,26 @@ scale_by = Primitive(
 )
 
 
-def test_calls_with_unhashable_parameters_run_alone() -> None:
+@pytest.mark.parametrize(
+    ("factors", "launched"),
+    [((1.0, -2.0), 1), ([1.0, -2.0], 3), (np.array([1.0, -2.0]), 3)],
+    ids=["tuple", "list", "array"],
+)
+def test_calls_with_unhashable_parameters_run_alone(factors: Any, launched: int) -> None:
+    """Calls on computed rows with equal parameters, each call its own copy: a tuple's merge; equal
+    lists, or arrays (whose ``==`` is no truth value), run each call alone."""
     xs = [ArrayWeight(np.full(2, float(k + 1))) for k in range(3)]
-    factors = [1.0, -2.0]
-    loss = ml.add_n([ml.sum(apply_array(scale_by, x, factors=factors)) for x in xs])
-    kinds, groups = launches(loss)
-    assert kinds["scale_by"] == 3 and groups == 1  # each on its own (the sums after them merge)
+
+    def copy() -> Any:
+        return factors.copy() if isinstance(factors, (list, np.ndarray)) else tuple(list(factors))
+
+    loss = ml.add_n([ml.sum(apply_array(scale_by, ml.tanh(x), factors=copy())) for x in xs])
+    kinds, _ = launches(loss)
+    assert kinds["scale_by"] == launched
     batched, _ = assert_same_gradients(loss)
-    assert batched.value == pytest.approx(sum(-(k + 1.0) for k in range(3)))
-    for x in xs:
-        np.testing.assert_array_equal(batched.gradients[x], factors)
+    assert batched.value == pytest.approx(sum(float(np.tanh(k + 1.0)) * -1.0 for k in range(3)))
+    for k, x in enumerate(xs):
+        np.testing.assert_allclose(batched.gradients[x], np.asarray(factors) * (1.0 - np.tanh(k + 1.0) ** 2))
 
 
 PARAMETER_VALUES: list[Any] = [
@@ -815,34 +825,47 @@ def test_a_signatures_flat_parameters_are_equal_exactly_when_their_static_keys_a
 ) -> None:
     """A signature holds an op's parameters flat (their number, then each name and value, a
     per-run one's by its type, shape and dtype): two calls' are equal iff their static keys are,
-    whatever names, values and numbers of parameters they have; unhashable (the call runs alone)
-    iff the static key is None."""
+    whatever names, values and numbers of parameters they have; unhashable (``signature_items``
+    False: the call runs alone) iff the static key is None."""
     if same:  # a call like ``a`` (its arrays other objects of the same kinds)
         b = {name: value.copy() if isinstance(value, np.ndarray) else value for name, value in a.items()}
     flat: list[tuple[Any, ...]] = []
     for params in (a, b):
         items: list[Any] = []
-        prim.signature_items(items, params)
-        flat.append(tuple(items))
-        if prim.static_key(params) is None:
-            with pytest.raises(TypeError):
-                hash(flat[-1])
+        hashable = prim.signature_items(items, params)
+        assert hashable == (prim.static_key(params) is not None)
+        if not hashable:
             return
+        flat.append(tuple(items))
         hash(flat[-1])
     assert (flat[0] == flat[1]) == (prim.static_key(a) == prim.static_key(b))
 
 
 # Signature parts as the scheduler makes them: kind ids and slots (fresh int objects, most above the
-# small ints Python caches), float keys (0.0 and -0.0 apart), strings, and unhashable values.
-SIGNATURE_PARTS: list[Any] = [0, 1, 300, 70_000, -1, -2, 0.0, (0.0, -1.0), 2.5, "axis", None, (1,), [1], [2]]
+# small ints Python caches), float keys (0.0 and -0.0 apart), strings, tuples.
+SIGNATURE_PARTS: list[Any] = [
+    0,
+    1,
+    300,
+    70_000,
+    -1,
+    -2,
+    0.0,
+    (0.0, -1.0),
+    2.5,
+    "axis",
+    None,
+    (1,),
+    ("value", 3),
+]
 
 
 def _fresh(part: Any) -> Any:
     """An equal part that is another object (as each row's signature is made anew)."""
     if isinstance(part, int):
         return int(str(part))
-    if isinstance(part, list):
-        return list(part)
+    if isinstance(part, tuple):
+        return tuple(_fresh(p) for p in part)
     return part
 
 
@@ -858,42 +881,20 @@ def test_groups_are_the_rows_of_equal_signatures_in_order_of_first_meeting(
 ) -> None:
     """``Groups`` gives a dictionary of tuples' grouping (before and past ``SCAN`` groups, the
     keys' parts other objects in each row): the same groups in the same order, each its rows in
-    order; a group's hash is its tuple's, None where unhashable, whose rows a dictionary would
-    refuse; past ``SCAN`` groups an unhashable key is refused as a dictionary refuses it."""
+    order, each group's hash its tuple's."""
     # distinct signatures (a number of their own appended), met in any order, each many times
     signatures = [[*key, k] for k, key in enumerate(signatures)]
     keys = [signatures[p % len(signatures)] for p in picks]
     groups = Groups()
     expected: dict[tuple[Any, ...], list[int]] = {}
-    unhashable: list[int] = []
-    refused: list[int] = []
     for r, key in enumerate(keys):
-        whole = tuple(key)
-        try:
-            hash(whole)
-        except TypeError:
-            unhashable.append(r)
-        else:
-            expected.setdefault(whole, []).append(r)
-        try:
-            assert groups.join([_fresh(part) for part in key], r)
-        except TypeError:
-            refused.append(r)
+        expected.setdefault(tuple(key), []).append(r)
+        assert groups.join([_fresh(part) for part in key], r)
     assert groups.join(None, len(keys)) is False
-    hashes = groups.hashes()
-    found = {
-        tuple(key): rows
-        for key, rows, h in zip(groups.keys, groups.rows, hashes, strict=True)
-        if h is not None
-    }
+    found = {tuple(key): rows for key, rows in zip(groups.keys, groups.rows, strict=True)}
     assert list(found) == list(expected)  # the same groups, in the order first met
     assert found == expected
-    for key, h in zip(groups.keys, hashes, strict=True):
-        if h is not None:
-            assert h == hash(tuple(key))
-    held = sorted(r for rows, h in zip(groups.rows, hashes, strict=True) if h is None for r in rows)
-    assert sorted(held + refused) == unhashable  # every row of an unhashable key runs alone
-    assert not refused or len(groups.keys) >= SCAN
+    assert groups.hashes() == [hash(key) for key in found]
 
 
 def test_calls_that_differ_in_a_constant_each_run_alone_past_the_groups_scanned() -> None:

@@ -32,9 +32,9 @@ NO_POOL: Final = math.inf
 
 
 def signature(s: Scheduler, r: int) -> list[Any] | None:
-    """An op's signature (see the module), as a list of its parts: equal ones merge; None runs it
-    alone. A call worth the pool on its own runs beside the others instead. (A parameter that is
-    unhashable makes the signature so: its calls run alone, see :class:`Groups`.)"""
+    """An op's signature (see the module), as a list of its parts, each hashable: equal ones
+    merge; None runs it alone (a parameter that is unhashable too). A call worth the pool on its
+    own runs beside the others instead."""
     graph = s.graph
     prim: Primitive = graph.objs[r]
     spec = prim.batch
@@ -47,7 +47,8 @@ def signature(s: Scheduler, r: int) -> list[Any] | None:
         return None
     params = graph.params[r]
     key: list[Any] = [prim]
-    prim.signature_items(key, params)
+    if not prim.signature_items(key, params):
+        return None
     stacked = bool(spec.row_params)
     shared = spec.shared
     any_input = spec.elementwise
@@ -104,7 +105,8 @@ def fan_signature(s: Scheduler, r: int) -> list[Any] | None:
         return None
     lo, hi = graph.starts[r], graph.starts[r + 1]
     key: list[Any] = ["fan", prim]
-    prim.signature_items(key, graph.params[r])
+    if not prim.signature_items(key, graph.params[r]):
+        return None
     for k in range(lo, hi):
         slot, row = s.in_slots[k], s.in_rows[k]
         key.append((slot, row) if k - lo in fan.shared else s.run.kind(slot, row))
@@ -144,8 +146,7 @@ class Groups:
     few: a row's is compared with the group its predecessor joined, then with each group, part by
     part, as a dictionary would compare it on a hit, without the tuple a dictionary needs and the
     hashing of every part. Past ``SCAN`` groups (calls that differ in a constant, say), the groups
-    are keyed by their signatures' tuples. A signature that is unhashable (a parameter's value) is
-    its group's: :meth:`hashes` gives None for it, and its rows run alone."""
+    are keyed by their signatures' tuples (the signatures' parts are hashable)."""
 
     def __init__(self) -> None:
         self.keys: list[list[Any]] = []
@@ -154,8 +155,7 @@ class Groups:
         self.index: dict[tuple[Any, ...], int] | None = None  # past SCAN groups: tuple -> group
 
     def join(self, key: list[Any] | None, r: int) -> bool:
-        """Adds row ``r`` to the group of signature ``key``; False if there is no key. Raises
-        ``TypeError`` for an unhashable key past ``SCAN`` groups (the caller runs the row alone)."""
+        """Adds row ``r`` to the group of signature ``key``; False if there is no key."""
         if key is None:
             return False
         keys = self.keys
@@ -174,14 +174,9 @@ class Groups:
             if n < SCAN:
                 self._new(key, r)
                 return True
-            index = self.index = {}
-            for g in range(n):
-                try:
-                    index[tuple(keys[g])] = g
-                except TypeError:  # unhashable: found by no later row (its rows run alone)
-                    pass
+            index = self.index = {tuple(k): g for g, k in enumerate(keys)}
         whole = tuple(key)
-        g = index.get(whole, -1)  # (TypeError if unhashable)
+        g = index.get(whole, -1)
         if g >= 0:
             self.last = g
             self.rows[g].append(r)
@@ -195,15 +190,9 @@ class Groups:
         self.keys.append(key)
         self.rows.append([r])
 
-    def hashes(self) -> list[int | None]:
-        """Each group's signature's hash (the run counts distinct ones); None where unhashable."""
-        found: list[int | None] = []
-        for key in self.keys:
-            try:
-                found.append(hash(tuple(key)))
-            except TypeError:
-                found.append(None)
-        return found
+    def hashes(self) -> list[int]:
+        """Each group's signature's hash (the run counts distinct ones)."""
+        return [hash(tuple(key)) for key in self.keys]
 
 
 def merged(s: Scheduler, group: list[int]) -> MergedStep:

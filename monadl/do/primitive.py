@@ -229,17 +229,27 @@ class Primitive:
             return None
         return key
 
-    def signature_items(self, key: list[Any], params: dict[str, Any]) -> None:
+    def signature_items(self, key: list[Any], params: dict[str, Any]) -> bool:
         """Appends :meth:`static_key`'s items to a signature's ``key`` flat: their number, then each
-        name and value (a batch's signatures are hashed and compared once per ready row, and
-        nested pairs cost more to hash and compare than the values they hold)."""
+        name and value (a batch's signatures are compared once per ready row, and nested pairs cost
+        more to compare than the values they hold). False where a value is unhashable (as
+        ``static_key`` is None): such calls do not merge (their values' ``==`` may not even be a
+        truth value: an array's)."""
         key.append(len(params))
         if not params:
-            return
+            return True
         per_run = self.per_run
         for name, value in params.items():
             key.append(name)
-            key.append(value if name not in per_run else value_key(value))
+            if name in per_run:
+                key.append(value_key(value))
+                continue
+            try:
+                hash(value)
+            except TypeError:
+                return False
+            key.append(value)
+        return True
 
     def stack_params(self, calls: list[dict[str, Any]], base: dict[str, Any]) -> dict[str, Any]:
         """The parameters of merged calls (``calls``: each call's): ``base`` (the first call's,

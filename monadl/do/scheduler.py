@@ -471,22 +471,14 @@ class Scheduler:
                 continue
             is_op = tags[r] == OP
             key = batching.signature(self, r) if is_op else batching.call_signature(self, r)
-            try:
-                if key is None:
-                    if is_op and fans.join(batching.fan_signature(self, r), r):
-                        continue
-                    alone.append(r)
-                else:
-                    groups.join(key, r)
-            except TypeError:  # an unhashable parameter: it runs alone
+            if key is not None:
+                groups.join(key, r)
+            elif not (is_op and fans.join(batching.fan_signature(self, r), r)):
                 alone.append(r)
         hashes = groups.hashes()
         for g in range(len(hashes)):
             group = groups.rows[g]
             h = hashes[g]
-            if h is None:  # an unhashable parameter: each runs alone
-                alone.extend(group)
-                continue
             if len(group) > 1:
                 self.signatures.add(h)
                 if tags[group[0]] == OP:
@@ -502,13 +494,11 @@ class Scheduler:
         hashes = fans.hashes()
         for g in range(len(hashes)):
             group = fans.rows[g]
-            h = hashes[g]
-            if h is not None:
-                self.signatures.add(h)
-            if len(group) > 1 and h is not None:
+            self.signatures.add(hashes[g])
+            if len(group) > 1:
                 self.run_ops(group, True)
             else:
-                alone.extend(group)
+                alone.append(group[0])
         for r in alone:
             if tags[r] == OP:
                 self.run_ops([r], False)
