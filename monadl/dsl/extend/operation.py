@@ -57,16 +57,15 @@ def batchable(f: Callable[P, R]) -> Callable[P, R]:
 
 @mypyc_attr(native_class=False)  # a Python class (a method descriptor, wrapped), compiled methods
 class BatchableOperation(Operation, Generic[P, R]):
-    """A batchable operation: ``f`` and the structure of its results (learnt on the first call)."""
+    """A batchable operation: ``f`` and the structure of its results (``plan``, learnt on the first
+    call)."""
 
     def __init__(self, f: Callable[P, R]) -> None:
         super().__init__(f.__qualname__)
         functools.update_wrapper(self, f)
         self.f = f
-        self.structure: tuple[type[Layer], ...] | None = None  # the results' layer types
-        self.single = True  # f returns one layer (not a tuple)
-        # What recording a call reads, learnt on the first call: one attribute of this Python
-        # class read per call, not three (each a dictionary lookup).
+        # Learnt on the first call: the results' layer types, whether f returns one layer (not a
+        # tuple), and the name; one attribute of this Python class (a dictionary lookup) for a call.
         self.plan: tuple[tuple[type[Layer], ...], bool, str] | None = None
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
@@ -85,10 +84,9 @@ class BatchableOperation(Operation, Generic[P, R]):
                 f"batchable {self.f.__qualname__}: must return a layer or a tuple of layers, "
                 f"got {type(result).__name__}"
             )
-        self.single = not isinstance(result, tuple)
-        structure = self.structure = tuple(type(r) for r in results)
+        structure = tuple(type(r) for r in results)
         self.scalars = [cls is FloatLayer for cls in structure]
-        plan = self.plan = (structure, self.single, self.name)
+        plan = self.plan = (structure, not isinstance(result, tuple), self.name)
         return plan
 
     def expand(self, call: Call, inputs: list[Tape[Any, Any]]) -> list[Node]:
@@ -99,8 +97,9 @@ class BatchableOperation(Operation, Generic[P, R]):
             args[i] = FloatLayer(Pure(tape)) if type(tape.data) is float else ArrayLayer(Pure(tape))
         result = self.f(*args, **call.kwargs)
         results = result if isinstance(result, tuple) else (result,)
-        structure = self.structure
-        assert structure is not None
+        plan = self.plan
+        assert plan is not None
+        structure = plan[0]
         if len(results) != len(structure):
             raise TypeError(
                 f"batchable {self.name}: returned {len(results)} results, where its first call "
