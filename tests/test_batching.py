@@ -28,7 +28,7 @@ from examples.tree_lstm import TreeLstm
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.data.trees import Tree
 from monadl.do.batching import SCAN, Groups, merge_params
-from monadl.do.primitive import ELEMENTWISE, Primitive
+from monadl.do.primitive import ELEMENTWISE, Primitive, value_key
 from monadl.dsl.core.layers import apply_array
 from monadl.dsl.ops.classification import CROSS_ENTROPY_FUSED
 from monadl.dsl.ops.operators import TAKE_ROWS
@@ -824,21 +824,33 @@ def test_a_signatures_flat_parameters_are_equal_exactly_when_their_static_keys_a
     prim: Primitive, a: dict[str, Any], b: dict[str, Any], same: bool
 ) -> None:
     """A signature holds an op's parameters flat (their number, then each name and value, a
-    per-run one's by its type, shape and dtype): two calls' are equal iff their static keys are,
-    whatever names, values and numbers of parameters they have; unhashable (``signature_items``
-    False: the call runs alone) iff the static key is None."""
+    per-run one's by its type, shape and dtype): two calls' are equal iff their pairs of name and
+    value are, whatever names, values and numbers of parameters they have; unhashable
+    (``signature_items`` False: the call runs alone) iff the pairs are; ``static_key`` is the flat
+    items (None where unhashable)."""
     if same:  # a call like ``a`` (its arrays other objects of the same kinds)
         b = {name: value.copy() if isinstance(value, np.ndarray) else value for name, value in a.items()}
+
+    def pairs(params: dict[str, Any]) -> tuple[Any, ...] | None:
+        """The parameters as (name, value) pairs, a per-run value by its kind; None if unhashable."""
+        key = tuple((name, value_key(v) if name in prim.per_run else v) for name, v in params.items())
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
     flat: list[tuple[Any, ...]] = []
     for params in (a, b):
         items: list[Any] = []
         hashable = prim.signature_items(items, params)
-        assert hashable == (prim.static_key(params) is not None)
+        assert hashable == (pairs(params) is not None)
+        assert prim.static_key(params) == (tuple(items) if hashable else None)
         if not hashable:
             return
         flat.append(tuple(items))
         hash(flat[-1])
-    assert (flat[0] == flat[1]) == (prim.static_key(a) == prim.static_key(b))
+    assert (flat[0] == flat[1]) == (pairs(a) == pairs(b))
 
 
 # Signature parts as the scheduler makes them: kind ids and slots (fresh int objects, most above the
