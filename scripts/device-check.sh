@@ -8,7 +8,8 @@
 #
 # WHEEL_DIR (default .whl): wheels for the lent machine's Python (3.12) of what its image lacks:
 # returns, array-api-compat and array-api-strict (the tests), mypy and its compiled needs (the
-# engine's build), at this environment's versions; installed there into a folder on PYTHONPATH.
+# engine's build), and mypy-extensions (the compiled engine's native integer types, newer than the
+# image's), at this environment's versions; installed there into a folder on PYTHONPATH.
 #
 # In order: the wheels, the environment, the engine's build (MONADL_BUILD=compiled; the summary
 # says whether the engine runs compiled, and why not), the CuPy tests, `bench models --device cuda`
@@ -35,7 +36,7 @@ if [ "${1:-}" = "--wheels" ]; then
     # This environment's versions of what the lent machine lacks, for its CPython 3.12 on x86-64.
     mapfile -t WANTED < <("$PYTHON" - <<'EOF'
 from importlib.metadata import version
-for name in ("returns", "array-api-compat", "array-api-strict", "mypy", "ast-serialize", "librt"):
+for name in ("returns", "array-api-compat", "array-api-strict", "mypy", "mypy-extensions", "ast-serialize", "librt"):
     print(f"{name}=={version(name)}")
 EOF
     )
