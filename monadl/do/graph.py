@@ -355,8 +355,3 @@ def row_of(node: Node) -> tuple[Graph, int]:
         return node.graph, node.row
     graph = recording()
     return graph, graph.node(node)
-
-
-def as_pure(value: Any) -> Pure:
-    """A known value as a node (a tape the scheduler gave user code, handed back)."""
-    return Pure(value)
