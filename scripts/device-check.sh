@@ -8,8 +8,15 @@
 #
 # WHEEL_DIR (default .whl): wheels for the lent machine's Python (3.12) of what its image lacks:
 # returns, array-api-compat and array-api-strict (the tests), mypy and its compiled needs (the
-# engine's build), and mypy-extensions (the compiled engine's native integer types, newer than the
-# image's), at this environment's versions; installed there into a folder on PYTHONPATH.
+# engine's build), mypy-extensions (the compiled engine's native integer types, newer than the
+# image's) and DyNet (the CPU runs' peer), at this environment's versions; installed there into a
+# folder on PYTHONPATH.
+#
+# DEVICE_CHECK_DATA (optional): the suite's data (../shared/data copied into a folder that git
+# ignores and `carry` names). With it, the step cpu-suite runs DyNet's suite and the Tree-LSTM on
+# the many-core CPU, one process a configuration on a core of its own (scripts/cpu-suite.sh, about
+# 200 s; raise DEVICE_CHECK_BUDGET to match); its files go into logs.tar.gz, its ratios into the
+# summary.
 #
 # In order: the wheels, the environment, the engine's build (MONADL_BUILD=compiled; the summary
 # says whether the engine runs compiled, and why not), the CuPy tests, `bench models --device cuda`
@@ -38,6 +45,10 @@ if [ "${1:-}" = "--wheels" ]; then
 from importlib.metadata import version
 for name in ("returns", "array-api-compat", "array-api-strict", "mypy", "mypy-extensions", "ast-serialize", "librt"):
     print(f"{name}=={version(name)}")
+try:  # DyNet, the suite's peer in the CPU runs (cpu-suite): this environment's, or the newest
+    print(f"dyNET38=={version('dyNET38')}")
+except Exception:
+    print("dyNET38")
 EOF
     )
     exec "$PYTHON" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -185,6 +196,17 @@ gpu_step treelstm-cuda 100 "${BENCH[@]}" treelstm --device cuda --max-unbatched 
     --json "$OUT/treelstm-cuda.json"
 gpu_step treelstm-cuda-256 45 "${BENCH[@]}" treelstm --device cuda --max-unbatched 0 --no-progress "${SIZE[@]}" \
     --json "$OUT/treelstm-cuda-256.json"
+
+# DyNet's suite and the Tree-LSTM on the CPU, every configuration at once (where the data is given).
+if [ -n "${DEVICE_CHECK_DATA:-}" ]; then
+    if [ "$SMOKE" = 1 ]; then
+        step cpu-suite 120 env CPU_SUITE_SMOKE=1 PYTHON="$PYTHON" scripts/cpu-suite.sh "$OUT/logs/cpu" "$DEVICE_CHECK_DATA"
+    else
+        step cpu-suite 230 env PYTHON="$PYTHON" scripts/cpu-suite.sh "$OUT/logs/cpu" "$DEVICE_CHECK_DATA"
+    fi
+else
+    say "cpu-suite: skipped, DEVICE_CHECK_DATA names no data folder"
+fi
 
 # The CPU's cores: the executor's pool against pool 1, BLAS on one thread, no peers.
 step columns-pool 50 "${BENCH[@]}" columns --variants skip noskip --no-torch --no-progress "${COLUMNS[@]}" \

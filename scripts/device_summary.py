@@ -4,7 +4,7 @@
 ``models-cuda-unfused.json``, ``treelstm-cuda.json``, ``treelstm-cuda-256.json``,
 ``columns-pool.json``, ``columns-pool-wide.json`` and ``treelstm-pool.json`` (and of
 ``columns-cuda.json`` and ``overhead-cuda.json``, or a ``-pure`` one: run on the pure-Python
-engine), and prints each figure
+engine), and of ``scripts/cpu-suite.sh``'s files in ``cpu/`` or ``logs/cpu/``, and prints each figure
 as a ratio measured in one run (the median of the rounds' paired ratios), with any peer whose
 first loss disagreed with monadl's.
 """
@@ -163,9 +163,83 @@ def _pools(folder: Path) -> list[str]:
     return out
 
 
+_SUITE_PEERS = (
+    ("dynet-autobatch", "DyNet with autobatching"),
+    ("dynet", "DyNet"),
+    ("torch", "PyTorch eager"),
+)
+_CPU_TREE_PEERS = (("torch-levels", "torch by level"), ("dynet-autobatch", "DyNet with autobatching"))
+
+
+def _rounds(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """``a`` / ``b`` paired by round: the median [min-max] of the rounds' ratios."""
+    xs, ys = a["samples"], b["samples"]
+    if not xs or len(xs) != len(ys):
+        return f"{paired(a, b):.2f}"
+    ratios = [x / y for x, y in zip(xs, ys, strict=True)]
+    return f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]"
+
+
+def _cpu_suite(folder: Path) -> list[str]:
+    """The ratios of ``scripts/cpu-suite.sh``'s runs (its folder ``cpu/`` or ``logs/cpu/``): the
+    suite's per configuration, with any held-out loss that is not monadl's, a configuration that
+    left no result, and the Tree-LSTM's."""
+    where = next((d for d in (folder / "cpu", folder / "logs" / "cpu") if d.is_dir()), None)
+    if where is None:
+        return []
+    out: list[str] = []
+    suites = [(path, _load(where, path.name) or {}) for path in where.glob("suite-*.json")]
+    suites.sort(key=lambda found: (sorted(found[1]["run"]["tasks"]), found[1]["run"]["batches"]))
+    if suites:
+        machine = suites[0][1]["run"].get("machine")
+        out.append(f"DyNet's suite on the CPU, one process a configuration ({machine}), monadl / each peer:")
+    for _, suite in suites:
+        for task in suite["run"]["tasks"]:
+            for batch in suite["run"]["batches"]:
+                cells = [
+                    f"{label} {r['median']:.2f} [{r['low']:.2f}-{r['high']:.2f}]"
+                    for other, label in _SUITE_PEERS
+                    for r in suite["ratios"]
+                    if (r["task"], r["batch"], r["other"]) == (task, batch, other)
+                ]
+                out.append(f"  {task} at {batch}: " + "; ".join(cells))
+                mine = _pick(suite["results"], task=task, batch=batch, implementation="monadl")
+                for r in suite["results"]:
+                    if mine is None or (r["task"], r["batch"]) != (task, batch) or r is mine:
+                        continue
+                    if not math.isclose(r["loss_after"], mine["loss_after"], rel_tol=1e-3):
+                        out.append(
+                            f"    held-out loss after: monadl {mine['loss_after']:.4f}, "
+                            f"{r['implementation']} {r['loss_after']:.4f}"
+                        )
+    for log in sorted(where.glob("suite-*.log")):
+        if not log.with_suffix(".json").is_file():
+            out.append(f"  {log.stem.removeprefix('suite-')}: no result (out of time or failed: its log)")
+    for path in sorted(where.glob("treelstm-*.json")):
+        tree = _load(where, path.name) or {}
+        for phase in ("train", "infer"):
+            for batch in tree["run"]["batches"]:
+                mine = _pick(tree["results"], implementation="monadl", phase=phase, batch=batch)
+                if mine is None:
+                    continue
+                cells = [f"monadl {mine['median']:.0f} trees/s"]
+                for impl, label in _CPU_TREE_PEERS:
+                    theirs = _pick(tree["results"], implementation=impl, phase=phase, batch=batch)
+                    if theirs:
+                        cells.append(f"{label} {_rounds(mine, theirs)}")
+                out.append(f"Tree-LSTM on the CPU, {phase} batch {batch}: " + "; ".join(cells))
+    return out
+
+
 def lines(folder: Path) -> list[str]:
     """The figures' lines: one per figure found."""
-    return [*_models(folder), *_trees_on_gpu(folder), *_columns_on_gpu(folder), *_pools(folder)]
+    return [
+        *_models(folder),
+        *_trees_on_gpu(folder),
+        *_columns_on_gpu(folder),
+        *_pools(folder),
+        *_cpu_suite(folder),
+    ]
 
 
 def main(argv: list[str]) -> int:

@@ -266,3 +266,62 @@ def test_the_device_summary_reads_the_gpu_runs_and_flags_disagreeing_peers(tmp_p
     # Paired by round: 300/20, 360/24, 330/22 -> 15x; 0.5, 0.6, 1.1 -> 0.6x.
     assert "torch eager 24.0: 15.00x; torch by level 600.0: 0.60x" in lines[4]
     assert "torch-levels at train batch 64 differs" in lines[5]
+
+
+def test_the_device_summary_reads_the_cpu_suites_runs(tmp_path: Path) -> None:
+    import importlib.util as util
+
+    spec = util.spec_from_file_location("device_summary", SCRIPT.parent / "device_summary.py")
+    assert spec is not None and spec.loader is not None
+    summary: Any = util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+    folder = tmp_path / "logs" / "cpu"  # where device-check.sh has scripts/cpu-suite.sh write
+    folder.mkdir(parents=True)
+
+    def suite(task: str, batch: int, losses: dict[str, float], ratios: dict[str, float]) -> None:
+        run = {"tasks": {task: "its data"}, "batches": [batch], "machine": "x86_64, 16 CPUs"}
+        results = [
+            {"task": task, "batch": batch, "implementation": k, "loss_after": v} for k, v in losses.items()
+        ]
+        found = [
+            {"task": task, "batch": batch, "other": k, "median": v, "low": v - 0.1, "high": v + 0.1}
+            for k, v in ratios.items()
+        ]
+        (folder / f"suite-{task}-{batch}.json").write_text(
+            json.dumps({"run": run, "results": results, "ratios": found})
+        )
+
+    suite("treenn", 64, {"monadl": 1.5, "dynet-autobatch": 1.5001}, {"dynet-autobatch": 0.96, "dynet": 2.13})
+    suite("bilstm-tagger", 16, {"monadl": 0.38, "dynet": 0.40}, {"torch": 0.79, "dynet-autobatch": 0.48})
+    (folder / "suite-rnnlm-batch-1.log").write_text("")  # ran out of time: a log, no JSON
+    (folder / "suite-treenn-64.log").write_text("")
+
+    def tree(impl: str, samples: list[float]) -> dict[str, Any]:
+        return {
+            "implementation": impl,
+            "phase": "train",
+            "batch": 64,
+            "median": sorted(samples)[1],
+            "samples": samples,
+        }
+
+    results = [tree("monadl", [600.0, 660.0, 500.0]), tree("torch-levels", [800.0, 600.0, 1000.0])]
+    tree_run = {"run": {"batches": [64]}, "results": results}
+    (folder / "treelstm-64.json").write_text(json.dumps(tree_run))
+    lines = summary.lines(tmp_path)
+    assert lines[0].startswith("DyNet's suite on the CPU") and "x86_64, 16 CPUs" in lines[0]
+    # By task name, the peers in a fixed order whatever the file's; a loss that is not monadl's
+    # (beyond 1e-3, relative) is named under its configuration.
+    assert (
+        lines[1]
+        == "  bilstm-tagger at 16: DyNet with autobatching 0.48 [0.38-0.58]; PyTorch eager 0.79 [0.69-0.89]"
+    )
+    assert lines[2] == "    held-out loss after: monadl 0.3800, dynet 0.4000"
+    assert lines[3] == "  treenn at 64: DyNet with autobatching 0.96 [0.86-1.06]; DyNet 2.13 [2.03-2.23]"
+    assert lines[4] == "  rnnlm-batch-1: no result (out of time or failed: its log)"
+    # Paired by round: 600/800, 660/600, 500/1000 -> 0.75, 1.10, 0.50.
+    assert (
+        lines[5]
+        == "Tree-LSTM on the CPU, train batch 64: monadl 600 trees/s; torch by level 0.75 [0.50-1.10]"
+    )
+    assert len(lines) == 6
