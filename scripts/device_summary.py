@@ -77,6 +77,27 @@ def _models_of(models: dict[str, Any]) -> list[str]:
 _TREE_PEERS = (("torch", "torch eager"), ("torch-levels", "torch by level"))
 
 
+_Pairs = list[tuple[str, int, dict[str, Any], list[tuple[str, dict[str, Any]]]]]
+
+
+def _tree_pairs(tree: dict[str, Any], peers: tuple[tuple[str, str], ...]) -> _Pairs:
+    """A Tree-LSTM run's configurations, ``(phase, batch, monadl's result, [(peer's label, its
+    result)])``, for the ``(implementation, label)`` peers it measured."""
+    found: _Pairs = []
+    for phase in ("train", "infer"):
+        for batch in tree["run"]["batches"]:
+            mine = _pick(tree["results"], implementation="monadl", phase=phase, batch=batch)
+            if mine is None:
+                continue
+            theirs = [
+                (label, r)
+                for impl, label in peers
+                if (r := _pick(tree["results"], implementation=impl, phase=phase, batch=batch))
+            ]
+            found.append((phase, batch, mine, theirs))
+    return found
+
+
 def _trees_on_gpu(folder: Path) -> list[str]:
     out: list[str] = []
     for name in ("treelstm-cuda-pure.json", "treelstm-cuda.json", "treelstm-cuda-256.json"):
@@ -85,17 +106,12 @@ def _trees_on_gpu(folder: Path) -> list[str]:
             continue
         engine = _engine(tree, "pure" if "pure" in name else "?")
         out.append(f"Tree-LSTM on {tree['run'].get('device')} ({engine} engine), monadl / each peer:")
-        for phase in ("train", "infer"):
-            for batch in tree["run"]["batches"]:
-                mine = _pick(tree["results"], implementation="monadl", phase=phase, batch=batch)
-                if mine is None:
-                    continue
-                cells = [f"monadl {mine['median']:.1f} trees/s"]
-                for impl, label in _TREE_PEERS:
-                    theirs = _pick(tree["results"], implementation=impl, phase=phase, batch=batch)
-                    if theirs:
-                        cells.append(f"{label} {theirs['median']:.1f}: {paired(mine, theirs):.2f}x")
-                out.append(f"  {phase} batch {batch}: " + "; ".join(cells))
+        for phase, batch, mine, peers in _tree_pairs(tree, _TREE_PEERS):
+            cells = [f"monadl {mine['median']:.1f} trees/s"]
+            cells += [
+                f"{label} {theirs['median']:.1f}: {paired(mine, theirs):.2f}x" for label, theirs in peers
+            ]
+            out.append(f"  {phase} batch {batch}: " + "; ".join(cells))
         for r in tree["results"]:
             if r.get("agrees") is False:
                 what = f"{r['implementation']} at {r['phase']} batch {r['batch']}"
@@ -216,18 +232,10 @@ def _cpu_suite(folder: Path) -> list[str]:
         if not log.with_suffix(".json").is_file():
             out.append(f"  {log.stem.removeprefix('suite-')}: no result (out of time or failed: its log)")
     for path in sorted(where.glob("treelstm-*.json")):
-        tree = _load(where, path.name) or {}
-        for phase in ("train", "infer"):
-            for batch in tree["run"]["batches"]:
-                mine = _pick(tree["results"], implementation="monadl", phase=phase, batch=batch)
-                if mine is None:
-                    continue
-                cells = [f"monadl {mine['median']:.0f} trees/s"]
-                for impl, label in _CPU_TREE_PEERS:
-                    theirs = _pick(tree["results"], implementation=impl, phase=phase, batch=batch)
-                    if theirs:
-                        cells.append(f"{label} {_rounds(mine, theirs)}")
-                out.append(f"Tree-LSTM on the CPU, {phase} batch {batch}: " + "; ".join(cells))
+        for phase, batch, mine, peers in _tree_pairs(_load(where, path.name) or {}, _CPU_TREE_PEERS):
+            cells = [f"monadl {mine['median']:.0f} trees/s"]
+            cells += [f"{label} {_rounds(mine, theirs)}" for label, theirs in peers]
+            out.append(f"Tree-LSTM on the CPU, {phase} batch {batch}: " + "; ".join(cells))
     return out
 
 
