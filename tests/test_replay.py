@@ -27,6 +27,7 @@ from returns.result import Failure, Success
 import monadl as ml
 from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.do import delay
+from monadl.do.executor import structure_of
 from monadl.do.primitive import Primitive, value_key
 from monadl.do.tape import Tape
 from monadl.dsl.core.layers import apply_array
@@ -566,17 +567,48 @@ def test_a_weight_whose_kind_a_commit_changed_is_not_replayed_with_the_old_progr
     on(executor, loss)
     on(executor, loss)
     assert executor.last_stats.replayed == 1
-    before = versions.kinds_epoch()
+    before = versions.last_reshape()
     changed = np.full((4, 3), 0.5, dtype=np.float32)
     with versions.COMMIT_LOCK:
         versions.publish([(w, changed, None)])
-    assert versions.kinds_epoch() > before
+    assert versions.last_reshape() > before
     value, gradients = on(executor, loss)
     assert executor.last_stats.replayed == 0
     assert value == pytest.approx(float(np.sum(np.tanh(X @ changed))), rel=1e-6)
     assert gradients[w].dtype == np.float32
     on(executor, loss)  # the new structure's program, kept and replayed
     assert executor.last_stats.replayed == 1
+
+
+def test_a_runs_structure_is_of_the_weights_as_of_its_snapshot() -> None:
+    """A run's structure (its program's key) describes its weights as the run reads them, as of its
+    snapshot: a commit that changes a weight's kind after the snapshot was taken (another thread's)
+    does not give the run a key of the new kind over the old data. A structure's check against a
+    later snapshot skips the weights while no commit between changed a kind, and compares them
+    where one did (of another weight: they hold, from then on without a look)."""
+    w = ArrayWeight(np.ones((4, 3)))
+    other = ArrayWeight(np.ones(2))
+    loss = ml.sum(ml.tanh(X @ w))
+    assert loss.graph is not None
+    taken = versions.snapshot()
+    old = value_key(w.data)
+    changed = np.full((4, 3), 0.5, dtype=np.float32)
+    with versions.COMMIT_LOCK:
+        versions.publish([(w, changed, None)])
+    structure = structure_of(loss.graph, loss.row, taken)
+    assert structure is not None and structure.weights == [old]
+    assert structure.holds_at(taken) and not structure.holds_at(versions.snapshot())
+    newer = structure_of(loss.graph, loss.row, versions.snapshot())
+    assert newer is not None and newer.weights == [value_key(changed)]
+    assert not newer.holds_at(taken)  # an older run's snapshot: the old kind
+    read_at = newer.number
+    with versions.COMMIT_LOCK:  # new values of the same kinds: the check need not look
+        versions.publish([(w, np.zeros((4, 3), dtype=np.float32), None)])
+    assert newer.holds_at(versions.snapshot()) and newer.number == read_at
+    with versions.COMMIT_LOCK:  # another weight's kind changed: looked at, they hold
+        versions.publish([(other, np.ones(3), None)])
+    now = versions.snapshot()
+    assert newer.holds_at(now) and newer.number == now.number > read_at
 
 
 KIND_SAMPLES: list[Any] = [
@@ -593,12 +625,12 @@ KIND_SAMPLES: list[Any] = [
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(KIND_SAMPLES), st.sampled_from(KIND_SAMPLES))
 def test_a_commit_counts_as_a_change_of_kind_exactly_when_a_weight_kind_changes(old: Any, new: Any) -> None:
-    """``kinds_epoch`` moves at a commit iff it gives a weight data whose value key (type, shape,
+    """``last_reshape`` moves at a commit iff it gives a weight data whose value key (type, shape,
     dtype) differs from its data's before: the check a replay skips while the count holds."""
     weights = [FloatWeight(1.0) for _ in range(2)]
     with versions.COMMIT_LOCK:
         versions.publish([(weight, old, None) for weight in weights])
-        before = versions.kinds_epoch()
+        before = versions.last_reshape()
         versions.publish([(weights[0], old, None), (weights[1], new, None)])
     changed = value_key(old) != value_key(new)
-    assert (versions.kinds_epoch() != before) == changed
+    assert (versions.last_reshape() != before) == changed

@@ -34,7 +34,7 @@ from monadl.do.steps import replay_steps
 from monadl.runtime.pool import Dispatcher, WorkerPool
 from monadl.runtime.process import BlasCap, gc_paused, tune_allocator
 from monadl.runtime.recent import Recent
-from monadl.runtime.versions import data_of, kinds_epoch, snapshot
+from monadl.runtime.versions import Snapshot, data_of, last_reshape, snapshot
 
 A = TypeVar("A")
 
@@ -72,8 +72,8 @@ class Structure:
     """A static graph's key and its *bound rows*: the rows whose values a replay reads from the
     graph at hand (its weights, constants and ops with per-run parameters: a lookup's indices, a
     loss's labels), in order; ``index``: a bound row's position; ``weights``: each weight's value
-    key, in order (a graph run again replays only while they hold); ``epoch``: the count of commits
-    that changed a weight's kind when they were last seen to hold (``versions.kinds_epoch``)."""
+    key, in order (a graph run again replays only while they hold); ``number``: the commit as of
+    which the weights were last seen to hold (a snapshot's number)."""
 
     def __init__(
         self,
@@ -82,43 +82,45 @@ class Structure:
         bound: list[int],
         index: dict[int, int],
         weights: list[Any],
-        epoch: int,
+        number: int,
     ) -> None:
         self.key = key
         self.graph = graph
         self.bound = bound
         self.index = index
         self.weights = weights
-        self.epoch = epoch
+        self.number = number
 
-    def unchanged(self) -> bool:
-        """Whether every weight still has the shape and dtype it had: without a look at them while
-        no commit has changed any weight's kind since they were seen to hold."""
-        epoch = kinds_epoch()  # read first: a commit after it is seen by the next call
-        if epoch == self.epoch:
+    def holds_at(self, taken: Snapshot) -> bool:
+        """Whether every weight has, as of ``taken`` (the run's snapshot), the type, shape and dtype
+        it had: without a look at them where no commit after the one they were seen to hold at, up
+        to ``taken``, changed any weight's kind."""
+        number = self.number
+        if taken.number >= number and last_reshape() <= number:
             return True
-        if not self._weights_hold():
+        if not self._weights_hold(taken):
             return False
-        self.epoch = epoch
+        if taken.number > number:
+            self.number = taken.number
         return True
 
-    def _weights_hold(self) -> bool:
+    def _weights_hold(self, taken: Snapshot) -> bool:
         graph = self.graph
         i = 0
         for row in self.bound:
             if graph.tags[row] == WEIGHT:
-                if value_key(data_of(graph.objs[row], None)) != self.weights[i]:
+                if value_key(data_of(graph.objs[row], taken)) != self.weights[i]:
                     return False
                 i += 1
         return True
 
 
-def structure_of(graph: Graph, root: int) -> Structure | None:
-    """The structure of the rows ``root`` reads, or None if they are not static (a row of another
-    kind than an op, a weight or a constant). Its key: its ops in order, each with its primitive,
-    the static part of its parameters and the places of its inputs; its weights' and constants'
-    value kinds; its float constants' values (they decide merges)."""
-    epoch = kinds_epoch()  # read first: a commit while the weights are read is seen by the next check
+def structure_of(graph: Graph, root: int, taken: Snapshot) -> Structure | None:
+    """The structure of the rows ``root`` reads, its weights as of ``taken`` (the run's snapshot),
+    or None if they are not static (a row of another kind than an op, a weight or a constant). Its
+    key: its ops in order, each with its primitive, the static part of its parameters and the
+    places of its inputs; its weights' and constants' value kinds; its float constants' values
+    (they decide merges)."""
     rows = graph.postorder(root, static=True)
     if rows is None:
         return None
@@ -140,7 +142,7 @@ def structure_of(graph: Graph, root: int) -> Structure | None:
                 order[r] = len(key) - 1
                 continue
         elif tag == WEIGHT:
-            weight_key = value_key(data_of(objs[r], None))
+            weight_key = value_key(data_of(objs[r], taken))
             key.append(("v", weight_key))
             weights.append(weight_key)
         elif tag == CONST:
@@ -151,7 +153,7 @@ def structure_of(graph: Graph, root: int) -> Structure | None:
         order[r] = len(key) - 1
         index[r] = len(bound)
         bound.append(r)
-    return Structure(tuple(key), graph, bound, index, weights, epoch)
+    return Structure(tuple(key), graph, bound, index, weights, taken.number)
 
 
 _REMOVED_PLANNING = (
@@ -293,10 +295,10 @@ class Executor:
         settings = (batch, own_root)
         seen = self._seen.get((graph, root))
         structure = None
-        if seen is not None and seen[0].items[:2] == settings and seen[1].unchanged():
+        if seen is not None and seen[0].items[:2] == settings and seen[1].holds_at(snap):
             key, structure = seen  # the same graph again: no walk
         elif self.replay and not graph.dynamic and self._walks():
-            structure = structure_of(graph, root)
+            structure = structure_of(graph, root, snap)
             key = None if structure is None else ProgramKey((*settings, structure.key))
             self._misses += 1  # until its program is found
         if structure is not None and key is not None:

@@ -28,7 +28,7 @@ from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
-__all__ = ["COMMIT_LOCK", "Snapshot", "Version", "data_of", "kinds_epoch", "publish", "read", "snapshot"]
+__all__ = ["COMMIT_LOCK", "Snapshot", "Version", "data_of", "last_reshape", "publish", "read", "snapshot"]
 
 
 class Version:
@@ -60,8 +60,9 @@ class _Clock:
         self.written: list[Any] | None = None
         """The weights a commit was writing, until it is visible: if it never is (an interrupt),
         the next commit removes their invisible versions first."""
-        self.reshaped = 0
-        """Moved by commits that change a weight's type, shape or dtype (see :func:`kinds_epoch`)."""
+        self.reshaped_at = 0
+        """The newest commit that changed a weight's type, shape or dtype (see
+        :func:`last_reshape`)."""
         self.live: list[weakref.ref[Snapshot]] = []  # every snapshot taken that may be alive
         self.compact_at = _COMPACT
         self.lock = threading.Lock()  # a snapshot taken vs old versions dropped
@@ -129,21 +130,19 @@ def publish(writes: Sequence[tuple[Any, Any, Any]]) -> None:
         if not reshaped and not _same_kind(data, head.data):
             reshaped = True
         weight.head = Version(number, data, state, head)
-    if reshaped:  # counted before the commit, so that one interrupted after it is counted
-        _clock.reshaped += 1
+    if reshaped:  # set before the commit: a snapshot that sees the commit sees this too
+        _clock.reshaped_at = number
     _clock.visible = number  # the commit
-    if reshaped:  # and after: a reader that read the first count may have read the old kinds
-        _clock.reshaped += 1
     _clock.written = None
     _prune(writes, number)
 
 
-def kinds_epoch() -> int:
-    """A count that moves at every commit that changes a weight's type, shape or dtype (twice: before
-    and after the commit becomes visible): equal counts before and after, no weight's kind changed
-    between (a replayed program's check of its weights). An interrupted commit may move it without
-    changing any."""
-    return _clock.reshaped
+def last_reshape() -> int:
+    """The number of the newest commit that changed a weight's type, shape or dtype (0: none yet),
+    set before that commit becomes visible. Read after a snapshot of number ``n`` is taken: if it
+    is at most ``m <= n``, every weight has the same kind as of ``n`` as as of ``m`` (a replayed
+    program's check of its weights). An interrupted commit may set it without changing any."""
+    return _clock.reshaped_at
 
 
 def _same_kind(data: Any, old: Any) -> bool:
