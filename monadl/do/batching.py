@@ -190,9 +190,9 @@ class Groups:
         self.keys.append(key)
         self.rows.append([r])
 
-    def hashes(self) -> list[int]:
-        """Each group's signature's hash (the run counts distinct ones)."""
-        return [hash(tuple(key)) for key in self.keys]
+    def hash_of(self, g: int) -> int:
+        """Group ``g``'s signature's hash (the run counts distinct ones)."""
+        return hash(tuple(self.keys[g]))
 
 
 def merged(s: Scheduler, group: list[int]) -> MergedStep:

@@ -475,12 +475,10 @@ class Scheduler:
                 groups.join(key, r)
             elif not (is_op and fans.join(batching.fan_signature(self, r), r)):
                 alone.append(r)
-        hashes = groups.hashes()
-        for g in range(len(hashes)):
+        for g in range(len(groups.rows)):
             group = groups.rows[g]
-            h = hashes[g]
             if len(group) > 1:
-                self.signatures.add(h)
+                self.signatures.add(groups.hash_of(g))
                 if tags[group[0]] == OP:
                     self.run_ops(group, False)
                 else:
@@ -489,12 +487,11 @@ class Scheduler:
             r = group[0]
             if tags[r] == OP and fans.join(batching.fan_signature(self, r), r):
                 continue
-            self.signatures.add(h)
+            self.signatures.add(groups.hash_of(g))  # (not for a call that fans out: its fan's counts)
             alone.append(r)
-        hashes = fans.hashes()
-        for g in range(len(hashes)):
+        for g in range(len(fans.rows)):
             group = fans.rows[g]
-            self.signatures.add(hashes[g])
+            self.signatures.add(fans.hash_of(g))
             if len(group) > 1:
                 self.run_ops(group, True)
             else:

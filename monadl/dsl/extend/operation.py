@@ -135,7 +135,7 @@ def record_call(op: BatchableOperation[Any, Any], args: tuple[Any, ...], kwargs:
         else:
             statics.append(_static_key(a))
     if kwargs:
-        statics.append(tuple([(name, _static_key(v)) for name, v in kwargs.items()]))
+        statics.append(tuple([(key, _static_key(v)) for key, v in kwargs.items()]))
     else:
         kwargs = _NO_KWARGS  # (the call's own empty dict is freed now, not with the graph)
     statics.append(op)
