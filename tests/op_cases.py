@@ -598,3 +598,85 @@ CASES += [
     OpCase("rms_norm", lambda c, x, w: monadl.rms_norm(x, (3, 2), w), (_u(124, (2, 3, 2)), _u(125, (3, 2)))),
     OpCase("rms_norm no weight, eps", lambda c, x: monadl.rms_norm(x, 4, eps=0.1), (_u(126, (3, 4)),)),
 ]
+
+
+# ------------------------------------------------------------- merged graphs shared by backends
+
+
+def tree_loss(asarray: Callable[[Any], Any], uneven: bool = False) -> tuple[FloatLayer, list[ArrayWeight]]:
+    """A batch of complete binary trees of a ``@batchable`` cell over word lookups (Python int ids,
+    as a Tree-LSTM's leaves give them), with losses of NumPy labels: wide enough that every level
+    merges. ``uneven``: trees of random shapes instead, whose merged cells gather their children
+    from several groups (leaves and inner nodes of different heights) in one stack."""
+    rng = np.random.default_rng(0)
+    w = ArrayWeight(asarray(rng.normal(size=(4, 4))))
+    b = ArrayWeight(asarray(rng.normal(size=(4,))))
+    table = ArrayWeight(asarray(rng.normal(size=(10, 4))))
+
+    @monadl.batchable
+    def cell(left: ArrayLayer, right: ArrayLayer) -> ArrayLayer:
+        return monadl.tanh(monadl.linear(left + right, w, b))
+
+    def tree(depth: int, i: int) -> ArrayLayer:
+        if depth == 0:
+            return monadl.take_rows(table, (7 * i) % 10)  # repeated words: their deltas add
+        return cell(tree(depth - 1, 2 * i), tree(depth - 1, 2 * i + 1))
+
+    def random_tree(leaves: list[int]) -> ArrayLayer:
+        if len(leaves) == 1:
+            return monadl.take_rows(table, leaves[0] % 10)
+        cut = int(rng.integers(1, len(leaves)))
+        return cell(random_tree(leaves[:cut]), random_tree(leaves[cut:]))
+
+    if uneven:
+        roots = [random_tree(list(range(k, k + int(rng.integers(2, 12))))) for k in range(8)]
+    else:
+        roots = [tree(3, k) for k in range(6)]
+    # a loss at every root, of NumPy labels (as a Tree-LSTM gives them) whatever the logits' namespace
+    losses = [monadl.sum(r * r) + monadl.cross_entropy(r, np.asarray(k % 4)) for k, r in enumerate(roots)]
+    return monadl.add_n(losses), [w, b, table]
+
+
+def dense(gradient: Any) -> Any:
+    """A gradient as a dense array (a sparse one's rows summed into the table's shape)."""
+    return gradient.to_dense() if hasattr(gradient, "to_dense") else gradient
+
+
+def check_merged_trees(backend: Backend, batching: bool, uneven: bool, tol: float) -> None:
+    """:func:`tree_loss`'s value and gradients on ``backend`` equal NumPy's, merged or not."""
+    results = []
+    for b in (NUMPY, backend):
+        executor = monadl.Executor(batching=batching)
+        loss, weights = tree_loss(b.asarray, uneven)
+        value, gradients = monadl.compute_gradients(loss, executor=executor)
+        stats = executor.stats  # over the forward and backward runs
+        results.append((value, [b.to_numpy(dense(gradients[w])) for w in weights], stats))
+    (expected, expected_grads, numpy_stats), (value, grads, stats) = results
+    assert abs(value - expected) <= tol * abs(expected)
+    for g, e in zip(grads, expected_grads, strict=True):
+        np.testing.assert_allclose(g, e, rtol=tol, atol=tol)
+    assert (stats.merged > 0) == (numpy_stats.merged > 0) == batching
+
+
+def check_replayed_gathers(backend: Backend, tol: float) -> None:
+    """A static graph replayed from its program's steps on ``backend`` gives NumPy's value and
+    gradients at every run: the gathers' index arrays, copied to the device on the first run, are
+    used again by every replay (forward and backward)."""
+    results = []
+    for b in (NUMPY, backend):
+        rng = np.random.default_rng(1)
+        w = ArrayWeight(b.asarray(rng.normal(size=(4, 4))))
+        table = ArrayWeight(b.asarray(rng.normal(size=(10, 4))))
+        xs = [monadl.tanh(monadl.matmul(monadl.take_rows(table, (3 * i) % 10), w)) for i in range(6)]
+        ys = [monadl.tanh(monadl.matmul(xs[i] + xs[(i * 5) % 6], w)) for i in range(6)]
+        loss = monadl.add_n([monadl.sum(y) for y in ys] + [monadl.sum(xs[0])])
+        executor = monadl.Executor()
+        for _ in range(3):
+            value, gradients = monadl.compute_gradients(loss, executor=executor)
+            results.append((value, [b.to_numpy(dense(gradients[v])) for v in (w, table)]))
+        assert executor.stats.replayed == 2 and executor.stats.merged > 0
+    expected, expected_grads = results[0]
+    for value, grads in results[1:]:
+        assert abs(value - expected) <= tol * abs(expected)
+        for g, e in zip(grads, expected_grads, strict=True):
+            np.testing.assert_allclose(g, e, rtol=tol, atol=tol)

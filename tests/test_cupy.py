@@ -9,7 +9,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from op_cases import CASES, F64, NUMPY, Backend, OpCase, predict, run_case
+from op_cases import (
+    CASES,
+    F64,
+    NUMPY,
+    Backend,
+    OpCase,
+    check_merged_trees,
+    check_replayed_gathers,
+    predict,
+    run_case,
+)
 
 import monadl
 
@@ -162,3 +172,17 @@ def test_a_step_on_the_gpu_names_the_weight_that_is_not_finite_and_changes_nothi
     assert isinstance(error, monadl.NonFiniteGradientError)
     assert "name='w1'" in str(error) and "1 of 6 entries" in str(error)
     assert all(w.data is b for w, b in zip(weights, before, strict=True))
+
+
+# ------------------------------------------------------------- merged graphs on the GPU
+
+
+@pytest.mark.parametrize("uneven", [False, True], ids=["complete", "uneven"])
+@pytest.mark.parametrize("batching", [True, False], ids=["merged", "unmerged"])
+def test_batched_graphs_on_the_gpu_match_numpy(batching: bool, uneven: bool) -> None:
+    # Merged groups gather their inputs and scatter their deltas by index arrays copied to the GPU.
+    check_merged_trees(CUPY, batching, uneven, 1e-10)
+
+
+def test_replayed_gathers_on_the_gpu_match_numpy() -> None:
+    check_replayed_gathers(CUPY, 1e-10)

@@ -12,7 +12,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from op_cases import CASES, F64, NUMPY, Backend, OpCase, predict, run_case
+from op_cases import (
+    CASES,
+    F64,
+    NUMPY,
+    Backend,
+    OpCase,
+    check_merged_trees,
+    check_replayed_gathers,
+    predict,
+    run_case,
+)
 
 import monadl
 from monadl.dsl.ops.linalg import LINEAR
@@ -222,57 +232,17 @@ def test_minus_zeros_are_negative_zeros_on_numpy_and_strict(shape: tuple[int, ..
 # ------------------------------------------------------------- merged and unmerged graphs, strict
 
 
-def _tree_loss(asarray: Any) -> tuple[monadl.FloatLayer, list[monadl.ArrayWeight]]:
-    """A batch of complete binary trees of a ``@batchable`` cell over word lookups (Python int ids,
-    as a Tree-LSTM's leaves give them), with losses of NumPy labels: wide enough that every level
-    merges."""
-    rng = np.random.default_rng(0)
-    w = monadl.ArrayWeight(asarray(rng.normal(size=(4, 4))))
-    b = monadl.ArrayWeight(asarray(rng.normal(size=(4,))))
-    table = monadl.ArrayWeight(asarray(rng.normal(size=(10, 4))))
-
-    @monadl.batchable
-    def cell(left: monadl.ArrayLayer, right: monadl.ArrayLayer) -> monadl.ArrayLayer:
-        return monadl.tanh(monadl.linear(left + right, w, b))
-
-    def tree(depth: int, i: int) -> monadl.ArrayLayer:
-        if depth == 0:
-            return monadl.take_rows(table, (7 * i) % 10)  # repeated words: their deltas add
-        return cell(tree(depth - 1, 2 * i), tree(depth - 1, 2 * i + 1))
-
-    roots = [tree(3, k) for k in range(6)]
-    # a loss at every root, of NumPy labels (as a Tree-LSTM gives them) whatever the logits' namespace
-    losses = [monadl.sum(r * r) + monadl.cross_entropy(r, np.asarray(k % 4)) for k, r in enumerate(roots)]
-    return monadl.add_n(losses), [w, b, table]
-
-
-MODES: dict[str, dict[str, Any]] = {
-    "merged": {},
-    "unmerged": {"batching": False},
-}
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_batched_graphs_on_strict_arrays_match_numpy(mode: str) -> None:
+@pytest.mark.parametrize("uneven", [False, True], ids=["complete", "uneven"])
+@pytest.mark.parametrize("batching", [True, False], ids=["merged", "unmerged"])
+def test_batched_graphs_on_strict_arrays_match_numpy(batching: bool, uneven: bool) -> None:
     # Merging stacks rows, gathers them and scatters deltas by index arrays, which the array API
     # allows only in a few forms (no assignment to an index array; every axis indexed): this runs
     # every such path under array-api-strict. Word ids are Python ints, kept as NumPy indices.
-    results = []
-    for backend in (NUMPY, STRICT):
-        executor = monadl.Executor(**MODES[mode])
-        loss, weights = _tree_loss(backend.asarray)
-        value, gradients = monadl.compute_gradients(loss, executor=executor)
-        stats = executor.stats  # over the forward and backward runs
-        results.append((value, [backend.to_numpy(_dense(gradients[w])) for w in weights], stats))
-    (expected, expected_grads, numpy_stats), (value, grads, stats) = results
-    assert value == pytest.approx(expected, rel=TOL)
-    for g, e in zip(grads, expected_grads, strict=True):
-        np.testing.assert_allclose(g, e, rtol=TOL, atol=TOL)
-    assert (stats.merged > 0) == (numpy_stats.merged > 0) == (mode == "merged")
+    check_merged_trees(STRICT, batching, uneven, TOL)
 
 
-def _dense(gradient: Any) -> Any:
-    return gradient.to_dense() if hasattr(gradient, "to_dense") else gradient
+def test_replayed_gathers_on_strict_arrays_match_numpy() -> None:
+    check_replayed_gathers(STRICT, TOL)
 
 
 def test_a_sparse_delta_of_strict_rows_prints() -> None:

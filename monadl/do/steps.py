@@ -17,7 +17,7 @@ from monadl.do.record import Program, Run, row_value
 from monadl.do.tape import Tape
 from monadl.runtime.pool import Dispatcher, draining
 from monadl.runtime.versions import data_of
-from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, host_in, namespace, on_device, shape_of
+from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, namespace, on_device, shape_of
 
 
 class Step:
@@ -369,6 +369,20 @@ class StackStep(Step):
         self.shape = shape
         self.single = len(sources) == 1 and picks[0] is not None
         """One source, whose rows are the result's in order (no places to put them at)."""
+        self.on_device: DeviceIndices | None = None
+        """The index arrays as another namespace's arrays (a GPU's), made on first use."""
+
+    def device_indices(self, xp: Any, like: Any) -> DeviceIndices:
+        """The steps's picks, places and order in ``xp``, on the device of ``like``: copied from the
+        host in one transfer when first asked for on that device, then kept for the run's backward
+        pass and for replays (each copy to a GPU costs the host tens of microseconds)."""
+        device = getattr(like, "device", None)
+        held = self.on_device
+        if held is not None and held.xp is xp and held.device == device:
+            return held
+        held = DeviceIndices(xp, device, like, self.picks, self.places)
+        self.on_device = held
+        return held
 
     def forward(self, run: Run, checked: bool) -> None:
         datas = run.datas
@@ -394,19 +408,21 @@ class StackStep(Step):
                 else:
                     out[self.places[j]] = data.take(picks, axis=0)
         else:  # the array API assigns to no index array: the parts in order, then one take
+            indices = self.device_indices(xp, first)
             parts = []
             for j, source in enumerate(sources):
-                picks = self.picks[j]
                 data = datas[source]
-                if picks is None:
+                if self.picks[j] is None:
                     parts.append(
                         xp.reshape(xp.asarray(data, dtype=dtype, **on_device(xp, first)), (1, *row_shape))
                     )
                 else:
-                    parts.append(xp.take(data, host_in(xp, picks, first), axis=0))
-            order = np.argsort(np.concatenate(self.places), kind="stable")
-            joined = xp.concat(parts, axis=0) if len(parts) > 1 else parts[0]
-            out = xp.take(joined, xp.asarray(order, **on_device(xp, joined)), axis=0)
+                    parts.append(xp.take(data, indices.picks[j], axis=0))
+            if self.single:
+                out = parts[0]
+            else:
+                joined = xp.concat(parts, axis=0) if len(parts) > 1 else parts[0]
+                out = xp.take(joined, indices.order, axis=0)
         if self.shape is not None:
             out = xp.reshape(out, self.shape)
         o = self.out
@@ -417,6 +433,34 @@ class StackStep(Step):
 
     def reads(self) -> list[int]:
         return self.sources
+
+
+@final
+class DeviceIndices:
+    """A :class:`StackStep`'s index arrays on a device: ``picks`` and ``places`` per source (None
+    where the source is a row of its own) and ``order``, the joined parts' rows in the result's
+    order; slices of one array, copied from the host at once. ``device``: where they live."""
+
+    def __init__(self, xp: Any, device: Any, like: Any, picks: list[Any], places: list[Any]) -> None:
+        self.xp = xp
+        self.device = device
+        # The parts are joined in the sources' order, each its picked rows (or its one row).
+        order = np.argsort(np.concatenate(places), kind="stable")
+        host = [p for p in picks if p is not None] + [np.asarray(p, dtype=np.intp) for p in places] + [order]
+        flat = xp.asarray(np.concatenate(host).astype(np.intp, copy=False), **on_device(xp, like))
+        start = 0
+        self.picks: list[Any] = []
+        for p in picks:
+            if p is None:
+                self.picks.append(None)
+            else:
+                self.picks.append(flat[start : start + len(p)])
+                start += len(p)
+        self.places: list[Any] = []
+        for p in places:
+            self.places.append(flat[start : start + len(p)])
+            start += len(p)
+        self.order = flat[start:]
 
     def name(self) -> str:
         return "stack"

@@ -483,6 +483,8 @@ def _stack(b: Backward, step: StackStep) -> None:
     present = b.present[step.out]
     b.stats.kernels += 1
     xp = namespace(d)
+    # Another namespace's (a GPU's) copies of the index arrays, made once by the forward pass.
+    indices = None if xp is NUMPY else step.device_indices(xp, d)
     for j, source in enumerate(step.sources):
         places = step.places[j]
         picks = step.picks[j]
@@ -494,16 +496,15 @@ def _stack(b: Backward, step: StackStep) -> None:
                 b.give(source, _row_like(d, p, run.datas[source]), False)
             continue
         held = b.stacked(source)
-        if step.single:
-            picked = d
+        if indices is None:
+            picked = d if step.single else d[places]
+            if step.unique[j]:
+                held[picks] += picked
+            else:
+                b.deltas[source] = scatter_add(xp, held, picks, picked)
         else:
-            picked = (
-                xp.take(d, xp.asarray(places, **on_device(xp, d)), axis=0) if xp is not NUMPY else d[places]
-            )
-        if xp is NUMPY and step.unique[j]:
-            held[picks] += picked
-        else:
-            b.deltas[source] = scatter_add(xp, held, xp.asarray(picks, **on_device(xp, held)), picked)
+            picked = d if step.single else xp.take(d, indices.places[j], axis=0)
+            b.deltas[source] = scatter_add(xp, held, indices.picks[j], picked)
         if b.present[source] is not ALL:
             b.mark(source, picks if present is ALL else picks[present[places]])
 
