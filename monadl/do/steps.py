@@ -18,6 +18,7 @@ from monadl.do.tape import Tape
 from monadl.runtime.pool import Dispatcher, draining
 from monadl.runtime.versions import data_of
 from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, namespace, on_device, shape_of
+from monadl.typeclasses.sparse import move_rows, rows_kernel_fits
 
 
 class Step:
@@ -407,6 +408,17 @@ class StackStep(Step):
                     out[self.places[j][0]] = data
                 else:
                     out[self.places[j]] = data.take(picks, axis=0)
+        elif not self.single and rows_kernel_fits(first, first):  # CuPy: each part put in place
+            indices = self.device_indices(xp, first)
+            out = xp.empty((self.n, *row_shape), dtype=dtype)
+            for j, source in enumerate(sources):
+                data = datas[source]
+                if self.picks[j] is None:
+                    out[int(self.places[j][0])] = data
+                elif rows_kernel_fits(out, data):
+                    move_rows("gather", out, indices.places[j], data, indices.picks[j])
+                else:
+                    out[indices.places[j]] = xp.take(data, indices.picks[j], axis=0)
         else:  # the array API assigns to no index array: the parts in order, then one take
             indices = self.device_indices(xp, first)
             parts = []

@@ -51,7 +51,7 @@ from monadl.runtime.pool import Dispatcher, draining
 from monadl.runtime.recent import Recent
 from monadl.runtime.versions import data_of
 from monadl.typeclasses.backend import NDARRAY, NUMPY, matrix_product, minus_zeros, namespace, on_device
-from monadl.typeclasses.sparse import SparseRows, add, add_into, scatter_add
+from monadl.typeclasses.sparse import SparseRows, add, add_into, move_rows, rows_kernel_fits, scatter_add
 
 ALL: Final = True
 """A slot's presence when its whole value got a delta (else a bool array of its rows that did)."""
@@ -502,6 +502,8 @@ def _stack(b: Backward, step: StackStep) -> None:
                 held[picks] += picked
             else:
                 b.deltas[source] = scatter_add(xp, held, picks, picked)
+        elif rows_kernel_fits(held, d):  # CuPy: the rows added where they came from, one kernel
+            move_rows("scatter_add", held, indices.picks[j], d, indices.places[j])
         else:
             picked = d if step.single else xp.take(d, indices.places[j], axis=0)
             b.deltas[source] = scatter_add(xp, held, indices.picks[j], picked)

@@ -16,8 +16,9 @@ The operands are never changed. ``to_dense`` gives the equivalent dense array.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import numpy as np
 
@@ -42,6 +43,55 @@ def scatter_add(xp: Any, out: Any, indices: Any, values: Any) -> Any:
     onehot = xp.astype(indices[:, None] == xp.arange(out.shape[0], **on_device(xp, out))[None, :], rows.dtype)
     summed = xp.matmul(xp.matrix_transpose(onehot), xp.reshape(rows, (indices.shape[0], -1)))
     return out + xp.reshape(summed, out.shape)
+
+
+def rows_kernel_fits(out: Any, src: Any) -> bool:
+    """Whether :func:`move_rows` moves rows between ``out`` and ``src``: CuPy arrays of one float32
+    or float64 dtype, C-contiguous, with rows of one size."""
+    cupy = sys.modules.get("cupy")
+    if cupy is None or type(out) is not cupy.ndarray or type(src) is not cupy.ndarray:
+        return False
+    if out.dtype != src.dtype or out.dtype.name not in _ROW_DTYPES or not out.ndim or not src.ndim:
+        return False
+    if not (out.flags.c_contiguous and src.flags.c_contiguous):
+        return False
+    return bool(out.size * src.shape[0] == src.size * out.shape[0])
+
+
+def move_rows(kind: str, out: Any, out_rows: Any, src: Any, src_rows: Any) -> None:
+    """For every ``k``, ``out[out_rows[k]] = src[src_rows[k]]`` (``kind`` ``"gather"``) or
+    ``out[out_rows[k]] += src[src_rows[k]]`` (``"scatter_add"``, atomic: repeated rows add), in one
+    CUDA kernel, where a take and a scatter (or a take per part and their concatenation) would be
+    several: each launch costs the host tens of microseconds, and a merged group's gathers run
+    for every group of a step. ``out`` and ``src`` as :func:`rows_kernel_fits` takes; the row
+    indices int64 CuPy arrays of one length."""
+    n = int(src_rows.shape[0])
+    width = out.size // out.shape[0] if out.shape[0] else 0
+    if n and width:
+        _row_kernel(kind)(src, src_rows, out_rows, width, out, size=n * width)
+
+
+_ROW_DTYPES: Final = ("float32", "float64")
+_ROW_BODIES: Final = {
+    "gather": "out[out_rows[r] * width + c] = src[src_rows[r] * width + c]",
+    "scatter_add": "atomicAdd(&out[out_rows[r] * width + c], src[src_rows[r] * width + c])",
+}
+_row_kernels: Final[dict[str, Any]] = {}
+
+
+def _row_kernel(kind: str) -> Any:
+    """The CuPy kernel of :func:`move_rows`'s ``kind``, made on first use (CuPy compiles it once)."""
+    kernel = _row_kernels.get(kind)
+    if kernel is None:
+        import cupy
+
+        kernel = _row_kernels[kind] = cupy.ElementwiseKernel(
+            "raw T src, raw int64 src_rows, raw int64 out_rows, int64 width",
+            "raw T out",
+            f"const long long r = i / width; const long long c = i - r * width; {_ROW_BODIES[kind]};",
+            f"monadl_rows_{kind}",
+        )
+    return kernel
 
 
 def _sorts(indices: Any, values: Any) -> bool:
