@@ -152,7 +152,7 @@ class TreeLstm(ml.Module):
     def node_losses(self, tree: Tree, word_id: WordId) -> list[FloatLayer]:
         """The cross-entropy of each node's label, for every node of ``tree``."""
         return [
-            ml.cross_entropy(self.classifier(state.h), np.asarray(node.label, dtype=np.int64))
+            ml.cross_entropy(self.classifier(state.h), node.label)
             for node, state in self.states(tree, word_id)
         ]
 
