@@ -21,6 +21,7 @@ from returns.primitives.exceptions import UnwrapFailedError
 from returns.result import Failure, Success
 
 import monadl as ml
+from monadl.do import steps
 from monadl.do.primitive import Batching, Primitive
 from monadl.dsl.core.layers import apply_array
 from monadl.typeclasses.sparse import SparseRows
@@ -518,6 +519,15 @@ def test_a_non_finite_gradient_fails_the_step_and_names_the_weight(optimizer: ml
         and "the first non-finite delta came from the vjp of sqrt" in str(error)
     )
     assert (w.data, w.optimizer_state, v.data, v.optimizer_state) == before  # v untouched too
+
+
+def test_every_kind_of_step_names_what_it_runs() -> None:
+    # The origin of a non-finite delta names the step's kind ("the vjp of stack"), not its class.
+    kinds = [c for c in vars(steps).values() if isinstance(c, type) and issubclass(c, steps.Step)]
+    assert steps.StackStep in kinds and len(kinds) > 5
+    for kind in kinds:
+        if kind is not steps.Step:
+            assert "name" in vars(kind), f"{kind.__name__} does not name what it runs"
 
 
 def test_a_non_finite_float_weight_and_table_rows_fail_the_step() -> None:

@@ -374,7 +374,7 @@ class StackStep(Step):
         """The index arrays as another namespace's arrays (a GPU's), made on first use."""
 
     def device_indices(self, xp: Any, like: Any) -> DeviceIndices:
-        """The steps's picks, places and order in ``xp``, on the device of ``like``: copied from the
+        """The step's picks, places and order in ``xp``, on the device of ``like``: copied from the
         host in one transfer when first asked for on that device, then kept for the run's backward
         pass and for replays (each copy to a GPU costs the host tens of microseconds)."""
         device = getattr(like, "device", None)
@@ -446,6 +446,9 @@ class StackStep(Step):
     def reads(self) -> list[int]:
         return self.sources
 
+    def name(self) -> str:
+        return "stack"
+
 
 @final
 class DeviceIndices:
@@ -473,9 +476,6 @@ class DeviceIndices:
             self.places.append(flat[start : start + len(p)])
             start += len(p)
         self.order = flat[start:]
-
-    def name(self) -> str:
-        return "stack"
 
 
 @final
