@@ -461,8 +461,8 @@ class DeviceIndices:
         self.device = device
         # The parts are joined in the sources' order, each its picked rows (or its one row).
         order = np.argsort(np.concatenate(places), kind="stable")
-        host = [p for p in picks if p is not None] + [np.asarray(p, dtype=np.intp) for p in places] + [order]
-        flat = xp.asarray(np.concatenate(host).astype(np.intp, copy=False), **on_device(xp, like))
+        host = [p for p in picks if p is not None] + places + [order]  # intp arrays, all of them
+        flat = xp.asarray(np.concatenate(host), **on_device(xp, like))
         start = 0
         self.picks: list[Any] = []
         for p in picks:

@@ -140,7 +140,7 @@ def publish(writes: Sequence[tuple[Any, Any, Any]]) -> None:
 def last_reshape() -> int:
     """The number of the newest commit that changed a weight's type, shape or dtype (0: none yet),
     set before that commit becomes visible. Read after a snapshot of number ``n`` is taken: if it
-    is at most ``m <= n``, every weight has the same kind as of ``n`` as as of ``m`` (a replayed
+    is at most ``m <= n``, every weight has the same kind as of ``n`` as it had as of ``m`` (a replayed
     program's check of its weights). An interrupted commit may set it without changing any."""
     return _clock.reshaped_at
 
