@@ -195,7 +195,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "device-check.sh"
 def _device_check(out: Path, **env: str) -> tuple[int, str]:
     """``scripts/device-check.sh out`` with ``env`` (the engine as it is: no build), its exit status
     and its summary (also its stdout)."""
-    environment = dict(os.environ, PYTHON=sys.executable, DEVICE_CHECK_BUILD="0", **env)
+    environment = dict(os.environ, PYTHON=sys.executable, DEVICE_CHECK_BUILD="0") | env
     done = subprocess.run(
         ["bash", str(SCRIPT), str(out)], env=environment, capture_output=True, text=True, timeout=300
     )
@@ -225,10 +225,21 @@ def test_the_device_check_skips_the_gpu_steps_saying_why_and_writes_one_summary(
 @pytest.mark.skipif(_cuda(), reason="a GPU is here: the GPU steps would run")
 def test_the_device_check_stops_a_step_at_the_budget_and_says_so(tmp_path: Path) -> None:
     # A step starts with 15 s left at least: the steps before it may take up to 9 s on a busy
-    # machine; the wide columns take longer than the rest.
+    # machine. Its bench never ends (an interpreter that runs the rest as the real one does), so
+    # the step outlasts the budget however fast the machine is.
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(
+        '#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = monadl.bench ]; then exec sleep 600; fi\n'
+        f'exec "{sys.executable}" "$@"\n'
+    )
+    python.chmod(0o755)
     budget = 24
     status, summary = _device_check(
-        tmp_path, DEVICE_CHECK_BUDGET=str(budget), DEVICE_CHECK_ONLY="columns-pool-wide"
+        tmp_path / "out",
+        PYTHON=str(python),
+        DEVICE_CHECK_BUDGET=str(budget),
+        DEVICE_CHECK_ONLY="columns-pool-wide",
     )
     assert status == 1, summary
     assert "columns-pool-wide: TIMED OUT after " in summary
