@@ -14,7 +14,8 @@ C-contiguous, the results' arrays made by the caller; the optimizers' loops run 
 the GIL (a cell's few rows are not worth releasing it). Which arrays the kernels take, and the
 cells' result arrays, are decided and made here too (takes, out), from NumPy's array struct (its C
 API, NumPy a build requirement): the cells' rules ask before each kernel, where NumPy's attributes
-read from Python cost more than the kernel.
+read from Python cost more than the kernel. For the same reason the backward pass asks here whether
+a delta is an array of its own that it may add into (writable_own).
 
 monadl/dsl/learning/optimizers/native.py chooses when the optimizers' run and holds the rules they
 equal; monadl/dsl/ops/recurrent.py the cells'. */
@@ -519,11 +520,21 @@ static PyObject *out(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_
     return PyArray_EMPTY(nd + 1, dims, PyArray_TYPE(first), 0);
 }
 
+PyDoc_STRVAR(writable_own_doc,
+    "writable_own(a)\n--\n\n"
+    "Whether a is a NumPy array (not a subclass) that owns its memory (no base) and is writable.");
+
+static PyObject *writable_own(PyObject *Py_UNUSED(self), PyObject *a) {
+    return PyBool_FromLong(PyArray_CheckExact(a) && PyArray_BASE((PyArrayObject *)a) == NULL &&
+                           PyArray_ISWRITEABLE((PyArrayObject *)a));
+}
+
 static PyMethodDef methods[] = {
     {"adam", (PyCFunction)(void (*)(void))adam, METH_VARARGS | METH_KEYWORDS, adam_doc},
     {"sgd", sgd, METH_VARARGS, sgd_doc},
     {"takes", (PyCFunction)(void (*)(void))takes, METH_FASTCALL, takes_doc},
     {"out", (PyCFunction)(void (*)(void))out, METH_FASTCALL, out_doc},
+    {"writable_own", writable_own, METH_O, writable_own_doc},
     {"negate", negate, METH_VARARGS, cells_doc},
     {"lstm_c_forward", lstm_c_forward, METH_VARARGS, cells_doc},
     {"tree_c_forward", tree_c_forward, METH_VARARGS, cells_doc},

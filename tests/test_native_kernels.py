@@ -481,3 +481,30 @@ def test_the_gate_kernels_refuse_bad_buffers_with_clear_errors() -> None:
         kernels.negate(a, a, np.empty((1, 4, 3), dtype=np.float32))
     with pytest.raises(TypeError, match="C-contiguous writable"):
         kernels.lstm_h_forward(a.T, a, np.empty_like(a))  # (its buffer of sigmoids is written)
+
+
+class _Subclass(np.ndarray):
+    pass
+
+
+def _candidates() -> list[Any]:
+    """Values the backward pass may be given as deltas: arrays of their own, views, read-only
+    arrays, a subclass, and things that are not arrays at all."""
+    fresh = np.arange(6.0).reshape(2, 3)
+    frozen = np.ones(3)
+    frozen.flags.writeable = False
+    wrapped = np.frombuffer(bytearray(24), dtype=np.float64)  # memory of a bytearray: a base
+    return [
+        fresh, fresh[0], fresh.T, fresh.reshape(3, 2), np.zeros(0), np.float64(1.0), np.asarray(2.0),
+        frozen, np.broadcast_to(np.ones(1), (4,)), wrapped, np.ones(2).view(_Subclass), 1.0, None,
+        [1.0], SparseRows(np.array([0]), np.ones((1, 3)), (4, 3)),
+    ]  # fmt: skip
+
+
+@needs_kernels
+def test_writable_own_is_the_attributes_test() -> None:
+    """The C test answers as the attributes it stands for, on every kind of value."""
+    kernels: Any = fused.NATIVE
+    for value in _candidates():
+        want = type(value) is np.ndarray and value.base is None and value.flags.writeable
+        assert kernels.writable_own(value) is want, value

@@ -41,7 +41,11 @@ class Step:
 
     def store(self, run: Run, result: Any) -> None:
         """Stores what :meth:`submit`'s kernel computed (on the scheduler's thread)."""
-        xp, data, saved = result
+        self.put(run, result[0], result[1], result[2])
+
+    def put(self, run: Run, xp: Any, data: Any, saved: Any) -> None:
+        """Stores the step's namespace, value and saved values (a kernel's result, unpacked: a
+        typed tuple passed on whole would be boxed)."""
         out = self.out
         run.xps[out] = xp
         run.datas[out] = data
@@ -145,7 +149,8 @@ class OpStep(Step):
         return tuple(args)
 
     def forward(self, run: Run, checked: bool) -> None:
-        self.store(run, self.prim.run(self.args(run), self.params_in(run, checked), checked, run.context))
+        xp, data, saved = self.prim.run(self.args(run), self.params_in(run, checked), checked, run.context)
+        self.put(run, xp, data, saved)
 
     def submit(self, run: Run, dispatcher: Dispatcher, checked: bool) -> None:
         dispatcher.submit(
@@ -235,7 +240,8 @@ class MergedStep(Step):
         return self.params if params is None else params
 
     def forward(self, run: Run, checked: bool) -> None:
-        self.store(run, self.compute(self.args(run), self.params_in(run, checked)))
+        xp, data, saved = self.compute(self.args(run), self.params_in(run, checked))
+        self.put(run, xp, data, saved)
 
     def compute(self, args: list[Any], params: dict[str, Any]) -> tuple[Any, Any, Any]:
         """The merged kernel (worker-safe): the per-run checks of the calls, then the rule once."""
@@ -268,8 +274,8 @@ class MergedStep(Step):
                 own.append(row)
             self.prim.run(tuple(own), params, True)
 
-    def store(self, run: Run, result: Any) -> None:
-        super().store(run, result)
+    def put(self, run: Run, xp: Any, data: Any, saved: Any) -> None:
+        super().put(run, xp, data, saved)
         run.scalar_rows[self.out] = self.scalar
 
     def submit(self, run: Run, dispatcher: Dispatcher, checked: bool) -> None:
@@ -321,7 +327,8 @@ class FanStep(Step):
         return args
 
     def forward(self, run: Run, checked: bool) -> None:
-        self.store(run, self.compute(self.args(run), self.params))
+        xp, data, saved = self.compute(self.args(run), self.params)
+        self.put(run, xp, data, saved)
 
     def compute(self, args: list[Any], params: dict[str, Any]) -> tuple[Any, Any, Any]:
         xp = namespace(args[self.fan.shared[0]])

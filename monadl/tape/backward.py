@@ -4,7 +4,7 @@ The forward pass left a list of steps, each computing a slot from earlier ones
 (``monadl.do.record``). Read from the last to the first, every consumer of a slot comes before the
 slot's own step, so when a step is reached its delta is complete: the sum of what its consumers
 gave (``give``), summed as they gave it. The step then passes it back once, by its kind's rule
-(:data:`RULES`: the vjps of its op, for the inputs that depend on a weight). That is reference
+(:func:`run_rule`: the vjps of its op, for the inputs that depend on a weight). That is reference
 counting (DeepLearning.scala 2, section 5.4) with the counts settled by the order: a node used k
 times runs its backward once, and n nested diamonds cost O(n). A slot whose step has run is
 released (its data and what it saved), so memory falls as the pass goes. A weight's slot's delta is
@@ -46,11 +46,20 @@ from monadl.do.steps import (
     OpStep,
     RowStep,
     StackStep,
+    Step,
 )
 from monadl.runtime.pool import Dispatcher, draining
 from monadl.runtime.recent import Recent
 from monadl.runtime.versions import data_of
-from monadl.typeclasses.backend import NDARRAY, NUMPY, matrix_product, minus_zeros, namespace, on_device
+from monadl.typeclasses.backend import (
+    NDARRAY,
+    NUMPY,
+    matrix_product,
+    minus_zeros,
+    namespace,
+    on_device,
+    writable_own,
+)
 from monadl.typeclasses.sparse import SparseRows, add, add_into, move_rows, rows_kernel_fits, scatter_add
 
 ALL: Final = True
@@ -109,7 +118,7 @@ class Backward:
                         self.current = (
                             "a weight's uses" if type(step) is LeafStep else f"the vjp of {step.name()}"
                         )
-                    RULES[type(step)](self, step)
+                    run_rule(self, step)
                     if self.top and self.products:
                         if firsts is None:
                             firsts = run.first_reads()
@@ -206,12 +215,12 @@ class Backward:
         held = self.deltas[slot]
         if held is None:
             self.deltas[slot] = g
-            self.owned[slot] = fresh and _writable(g)
+            self.owned[slot] = fresh and writable_own(g)
         elif self.owned[slot]:
             self.deltas[slot] = add_into(held, g)
         else:
             self.deltas[slot] = add(held, g)
-            self.owned[slot] = _writable(self.deltas[slot])
+            self.owned[slot] = writable_own(self.deltas[slot])
         present = self.present[slot]
         if given is ALL or present is ALL:
             self.present[slot] = ALL
@@ -517,10 +526,6 @@ def _row(b: Backward, step: RowStep) -> None:
         b.give_row(step.source, step.row, d)
 
 
-def _cast(b: Backward, step: CastStep) -> None:
-    """A constant cast to its op's dtype: it takes no delta."""
-
-
 def _foreign(b: Backward, step: ForeignStep) -> None:
     """A tape of the user's own: its backward, given the slot's summed delta, or its release."""
     d = b.take(step.out)
@@ -556,18 +561,28 @@ def _body(b: Backward, step: BodyStep) -> None:
             b.give(step.ins[i], g, inner.owned[slot], present if step.n else ALL)
 
 
-RULES: Final[dict[type, Callable[[Backward, Any], None]]] = {
-    LeafStep: _leaf,
-    OpStep: _op,
-    MergedStep: _merged,
-    FanStep: _fan,
-    StackStep: _stack,
-    RowStep: _row,
-    CastStep: _cast,
-    ForeignStep: _foreign,
-    BodyStep: _body,
-}
-"""How each kind of step passes its slot's delta back to the slots it read."""
+def run_rule(b: Backward, step: Step) -> None:
+    """Runs the rule of ``step``'s kind: how it passes its slot's delta back to the slots it read.
+    (A call each, by kind: compiled, a rule looked up in a table is called as a Python object, its
+    arguments boxed and parsed on every call.)"""
+    if type(step) is OpStep:
+        _op(b, step)
+    elif type(step) is LeafStep:
+        _leaf(b, step)
+    elif type(step) is RowStep:
+        _row(b, step)
+    elif type(step) is MergedStep:
+        _merged(b, step)
+    elif type(step) is FanStep:
+        _fan(b, step)
+    elif type(step) is StackStep:
+        _stack(b, step)
+    elif type(step) is BodyStep:
+        _body(b, step)
+    elif type(step) is ForeignStep:
+        _foreign(b, step)
+    elif type(step) is not CastStep:  # (a constant cast to its op's dtype takes no delta)
+        raise TypeError(f"no backward rule for a {type(step).__name__}")
 
 
 def run_do(b: Backward, do: Node) -> None:
@@ -632,8 +647,3 @@ def _exact(args: tuple[Any, ...], out: Any) -> list[bool]:
     for a in args:
         exact.append(shape is not None and type(a) is NDARRAY and a.shape == shape)
     return exact
-
-
-def _writable(g: Any) -> bool:
-    """Whether a delta is a NumPy array of its own (not a view), that may be added into."""
-    return type(g) is NDARRAY and g.base is None and g.flags.writeable

@@ -8,6 +8,7 @@ few functions the ops use, built on :mod:`math`; so one op definition serves ``F
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Sequence
 from typing import Any, Final, TypeAlias
@@ -15,6 +16,8 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 from mypy_extensions import mypyc_attr
 from numpy.typing import NDArray
+
+from monadl._compiled import compiled
 
 Array: TypeAlias = NDArray[np.floating[Any]]
 IndexArray: TypeAlias = NDArray[np.integer[Any]]
@@ -124,6 +127,19 @@ NUMPY: Final = NumpyNamespace()
 NDARRAY: Final = np.ndarray
 """NumPy's array type, bound once: compiled, ``np.ndarray`` is a lookup in NumPy's module at every
 use, and the engine tests a value's type on every kernel."""
+
+_WRITABLE_OWN: Final[Any] = importlib.import_module("monadl._native").writable_own if compiled() else None
+"""``monadl/_native.c``'s test, where it is built: compiled, the attributes below are three calls
+into NumPy and a flags object made on every delta the backward pass is given."""
+
+
+def writable_own(a: Any) -> bool:
+    """Whether ``a`` is a writable NumPy array owning its memory (not a view of another's): one its
+    holder may write into in place."""
+    if _WRITABLE_OWN is not None:
+        return _WRITABLE_OWN(a) is True
+    return type(a) is NDARRAY and a.base is None and a.flags.writeable
+
 
 _namespaces: Final[dict[type, Any]] = {}
 

@@ -72,7 +72,7 @@ from monadl.runtime.memory import large_blocks_kept
 from monadl.runtime.staging import staging
 from monadl.runtime.versions import COMMIT_LOCK, Snapshot, data_of, publish
 from monadl.tape.backward import NonFiniteDelta, backward
-from monadl.typeclasses.backend import NDARRAY, Array, freeze, namespace
+from monadl.typeclasses.backend import NDARRAY, Array, freeze, namespace, writable_own
 from monadl.typeclasses.sparse import SparseRows
 
 if TYPE_CHECKING:
@@ -449,8 +449,7 @@ def _fits(gradient: Any, data: Any) -> bool:
         and type(data) is NDARRAY
         and gradient.shape == data.shape
         and gradient.dtype == data.dtype
-        and gradient.base is None
-        and gradient.flags.writeable
+        and writable_own(gradient)
     )
 
 
