@@ -573,6 +573,68 @@ def test_a_float32_weight_gets_a_float32_gradient_from_a_graph_that_promotes_to_
     assert w.data.dtype == np.float32 and table.data.dtype == np.float32
 
 
+TERMS = ("add", "sub", "scale", "matmul", "reshape", "concatenate", "twice")
+
+
+def _mixed_loss(
+    weights: list[ml.ArrayWeight], terms: list[tuple[str, int, int]], c: np.ndarray
+) -> ml.FloatLayer:
+    """A sum of terms that pass deltas through unchanged (``+``), as views (``reshape``, a
+    concatenation's), promoted (a float64 constant against a float32 weight) and as deferred
+    products (``c @ w``)."""
+    total: ml.FloatLayer | float = 0.0
+    for op, i, j in terms:
+        a, b = weights[i], weights[j]
+        if op == "add":
+            term: ml.ArrayLayer = a + b
+        elif op == "scale":
+            term = a * c
+        elif op == "matmul":
+            term = ml.lift_array(c) @ a
+        elif op == "sub":
+            term = a - b
+        elif op == "reshape":
+            term = ml.reshape(a, (9,)) + ml.reshape(b, (9,))
+        elif op == "concatenate":  # its deltas are views of one array
+            term = ml.concatenate([a, b])
+        else:
+            term = a + a
+        total = total + ml.sum(term)
+    assert isinstance(total, ml.FloatLayer)
+    return total
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(TERMS), st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=6),
+    st.lists(st.sampled_from([np.float32, np.float64]), min_size=4, max_size=4),
+    st.integers(0, 2**32 - 1),
+)
+def test_each_gradient_is_its_weights_own_and_of_its_dtype(
+    terms: list[tuple[str, int, int]], dtypes: list[type[np.floating[Any]]], seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    datas = [rng.standard_normal((3, 3)).astype(dtype) for dtype in dtypes]
+    c = rng.standard_normal((3, 3))  # float64
+    weights = [ml.ArrayWeight(d) for d in datas]
+    wide = [ml.ArrayWeight(d.astype(np.float64)) for d in datas]  # the same graph, all float64
+    _, grads = ml.compute_gradients(_mixed_loss(weights, terms, c))
+    _, want = ml.compute_gradients(_mixed_loss(wide, terms, c))
+    for w, w64 in zip(weights, wide, strict=True):
+        if w64 in want:
+            assert grads[w].dtype == w.data.dtype
+            np.testing.assert_allclose(grads[w], want[w64], rtol=1e-5, atol=1e-5)
+    held = list(grads.values())
+    for k, g in enumerate(held):
+        for other in held[k + 1 :]:
+            assert not np.shares_memory(g, other)
+    # An optimizer writes its update into a gradient of the step's own: each weight's is its own.
+    assert isinstance(_mixed_loss(weights, terms, c).train_blocking(ml.SGD(0.5)), Success)
+    for w, d in zip(weights, datas, strict=True):
+        g = grads.get(w)
+        np.testing.assert_allclose(w.data, d if g is None else d - 0.5 * g, rtol=1e-5, atol=1e-5)
+
+
 def test_a_training_step_never_awaited_warns_that_it_never_ran() -> None:
     w = ml.FloatWeight(1.0)
     step = (w * w).train(ml.SGD(0.25))

@@ -99,6 +99,10 @@ class Backward:
         self.inflight = 0
         self.gradients: dict[Any, Any] = {} if outer is None else outer.gradients
         self.owned_gradients: set[Any] = set() if outer is None else outer.owned_gradients
+        # The weights whose gradient was first given not as an array of the pass's own (it may be
+        # another's too), and those given a delta of another dtype than their data's (its dtype).
+        self.shared: list[Any] = [] if outer is None else outer.shared
+        self.recast: dict[Any, Any] = {} if outer is None else outer.recast
         self.products: dict[Any, list[tuple[Any, Any]]] = {} if outer is None else outer.products
         """A weight's deltas that are products of rows (``Primitive.products``), to be added up as
         one product when the pass ends: its calls over a whole step (every time step of a sequence,
@@ -182,7 +186,7 @@ class Backward:
             g = xp.reshape(g, data.shape)
         if g.dtype != data.dtype:
             g = xp.astype(g, data.dtype)
-        accumulate(self, weight, g, True)
+        accumulate(self, weight, g, True, data)
 
     # ------------------------------------------------------------------------------------ deltas
 
@@ -313,7 +317,8 @@ class Backward:
 
 
 def _leaf(b: Backward, step: LeafStep) -> None:
-    weight = b.run.weights[step.out]
+    run = b.run
+    weight = run.weights[step.out]
     d = b.take(step.out)
     if weight is None:
         return
@@ -321,19 +326,25 @@ def _leaf(b: Backward, step: LeafStep) -> None:
         b.gradients[weight] = None  # its place among the gradients: its leaf's, as for any delta
     if d is None:
         return
-    accumulate(b, weight, d, b.owned[step.out])
+    accumulate(b, weight, d, b.owned[step.out], run.datas[step.out])
 
 
-def accumulate(b: Backward, weight: Any, d: Any, owned: bool) -> None:
-    """Adds ``d`` to ``weight``'s gradient (``owned``: an array of the pass's own). A weight read by
-    several frames (batchable bodies') has a slot in each: their deltas are summed here, and it
-    counts as one backward, with the summed delta."""
+def accumulate(b: Backward, weight: Any, d: Any, owned: bool, data: Any) -> None:
+    """Adds ``d`` to ``weight``'s gradient (``owned``: an array of the pass's own; ``data``: the
+    weight's). A weight read by several frames (batchable bodies') has a slot in each: their deltas
+    are summed here, and it counts as one backward, with the summed delta."""
+    if type(d) is not float and type(data) is not float:
+        dtype = data.dtype
+        if d.dtype is not dtype:  # (compared by value at the end: rarely another object)
+            b.recast[weight] = dtype
     held = b.gradients.get(weight)
     if held is None:
         b.stats.backward_counts.tally(WEIGHT)
         b.gradients[weight] = d
         if owned:
             b.owned_gradients.add(weight)
+        else:
+            b.shared.append(weight)
     elif weight in b.owned_gradients:
         b.gradients[weight] = add_into(held, d)
     else:
@@ -604,7 +615,63 @@ def backward(
     pass_.present[root] = ALL
     pass_.sweep()
     pass_.multiply()
+    _recast(pass_)
+    _unaliased(pass_)
     return pass_.gradients, pass_.owned_gradients
+
+
+def _recast(b: Backward) -> None:
+    """Casts each gradient given a delta of another dtype than its weight's to the weight's: a
+    float32 weight that met a float64 weight in the graph (the op's result is promoted) gets a
+    float32 gradient, as its optimizer and ``compute_gradients``' caller expect. A cast is the
+    pass's own array."""
+    for weight, dtype in b.recast.items():
+        gradient = b.gradients[weight]
+        if gradient.dtype == dtype:
+            continue  # (its deltas were of a narrower dtype, or its dtype another object)
+        if type(gradient) is SparseRows:
+            values = namespace(gradient.values).astype(gradient.values, dtype)
+            gradient = SparseRows(gradient.indices, values, gradient.shape)
+        else:
+            gradient = namespace(gradient).astype(gradient, dtype)
+        b.gradients[weight] = gradient
+        b.owned_gradients.add(weight)
+
+
+def _unaliased(b: Backward) -> None:
+    """Gives each gradient that may be another's too memory of its own. A delta passed through
+    unchanged (by ``+``, say), or a view of one (by ``reshape``), can be the gradient of two weights
+    at once, and changing one in place must not change the other. Only the gradients first given
+    as arrays the pass does not own need a look: an owned array is one nothing else holds."""
+    seen: set[int] = set()
+    owned = b.owned_gradients
+    for weight in b.shared:
+        if weight in owned:  # (summed since, or cast: into an array of the pass's own)
+            continue
+        gradient = b.gradients[weight]
+        if type(gradient) is float:
+            continue
+        memory = _memory(gradient)
+        if memory in seen:
+            gradient = b.gradients[weight] = (
+                gradient.copy()  # its own object, with its own rows
+                if type(gradient) is SparseRows
+                else namespace(gradient).asarray(gradient, copy=True)
+            )
+            owned.add(weight)
+            memory = _memory(gradient)
+        seen.add(memory)
+
+
+def _memory(gradient: Any) -> int:
+    """The identity of the array that owns a gradient's memory (the array, or its rows' for a
+    ``SparseRows``; or the base they are a view of)."""
+    if type(gradient) is NDARRAY and gradient.base is None:  # the common case, without getattr
+        return id(gradient)
+    array = gradient.values if type(gradient) is SparseRows else gradient
+    while getattr(array, "base", None) is not None and hasattr(array.base, "shape"):
+        array = array.base
+    return id(array)
 
 
 # ------------------------------------------------------------------------------------------ helpers

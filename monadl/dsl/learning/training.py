@@ -70,7 +70,7 @@ from monadl.dsl.learning.optimizers.base import Capabilities, Optimizer, capabil
 from monadl.dsl.learning.results import Deferred, failed
 from monadl.runtime.memory import large_blocks_kept
 from monadl.runtime.staging import staging
-from monadl.runtime.versions import COMMIT_LOCK, Snapshot, data_of, publish
+from monadl.runtime.versions import COMMIT_LOCK, publish
 from monadl.tape.backward import NonFiniteDelta, backward
 from monadl.typeclasses.backend import NDARRAY, Array, freeze, namespace, writable_own
 from monadl.typeclasses.sparse import SparseRows
@@ -223,55 +223,7 @@ def backward_pass(evaluation: Evaluation, staged: Staged, diagnose: bool = False
     run = evaluation.run
     value = evaluation.value
     gradients, owned = backward(run, evaluation.slot, _seed(value), run.dispatcher, diagnose)
-    gradients, owned = _unaliased(gradients, owned, run.snapshot)
     return StepResult(value, gradients, owned, staged)
-
-
-def _unaliased(gradients: Gradients, owned: set[Any], snapshot: Snapshot) -> tuple[Gradients, set[Any]]:
-    """The gradients, each in its weight's dtype and with memory of its own.
-
-    A float32 weight that met a float64 weight in the graph (the op's result is promoted) gets a
-    float32 gradient, as its optimizer and ``compute_gradients``' caller expect. A delta passed
-    through unchanged (by ``+``, say), or a view of one (by ``reshape``), can be the gradient of two
-    weights at once, and changing one in place must not change the other. A copy made here is the
-    step's own."""
-    seen: set[int] = set()
-    for weight, gradient in gradients.items():
-        if type(gradient) is float:
-            continue
-        data = data_of(weight, snapshot)
-        if type(data) is not float and gradient.dtype is not data.dtype and gradient.dtype != data.dtype:
-            if type(gradient) is SparseRows:
-                values = namespace(gradient.values).astype(gradient.values, data.dtype)
-                gradient = SparseRows(gradient.indices, values, gradient.shape)
-            else:
-                gradient = namespace(gradient).astype(gradient, data.dtype)
-            gradients[weight] = gradient
-            owned.add(weight)
-            seen.add(_memory(gradient))
-            continue
-        memory = _memory(gradient)
-        if memory in seen:
-            gradient = gradients[weight] = (
-                gradient.copy()  # its own object, with its own rows
-                if type(gradient) is SparseRows
-                else namespace(gradient).asarray(gradient, copy=True)
-            )
-            owned.add(weight)
-            memory = _memory(gradient)
-        seen.add(memory)
-    return gradients, owned
-
-
-def _memory(gradient: Any) -> int:
-    """The identity of the array that owns a gradient's memory (the array, or its rows' for a
-    ``SparseRows``; or the base they are a view of)."""
-    if type(gradient) is NDARRAY and gradient.base is None:  # the common case, without getattr
-        return id(gradient)
-    array = gradient.values if type(gradient) is SparseRows else gradient
-    while getattr(array, "base", None) is not None and hasattr(array.base, "shape"):
-        array = array.base
-    return id(array)
 
 
 def commit_step(passes: StepResult, default: Optimizer | None, check: bool) -> None:
