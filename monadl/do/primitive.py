@@ -446,15 +446,17 @@ class JointDeltas:
 
 def call_forward(rule: Rule, xp: Any, inputs: Sequence[Any], params: dict[str, Any]) -> Any:
     """``rule(xp, *inputs, **params)``. Written out for up to three inputs and no parameters (most
-    ops): compiled, the general call builds a list, a tuple and a dict on every kernel."""
+    ops): compiled, the general call builds a list, a tuple and a dict on every kernel, and a
+    tuple's items are read directly where a sequence's are read by a call each."""
     if not params:
-        n = len(inputs)
+        args = inputs if isinstance(inputs, tuple) else tuple(inputs)
+        n = len(args)
         if n == 1:
-            return rule(xp, inputs[0])
+            return rule(xp, args[0])
         if n == 2:
-            return rule(xp, inputs[0], inputs[1])
+            return rule(xp, args[0], args[1])
         if n == 3:
-            return rule(xp, inputs[0], inputs[1], inputs[2])
+            return rule(xp, args[0], args[1], args[2])
     return rule(xp, *inputs, **params)
 
 
@@ -463,13 +465,14 @@ def call_vjp(
 ) -> Any:
     """``rule(xp, delta, saved, *inputs, **params)``, written out as ``call_forward``."""
     if not params:
-        n = len(inputs)
+        args = inputs if isinstance(inputs, tuple) else tuple(inputs)
+        n = len(args)
         if n == 1:
-            return rule(xp, delta, saved, inputs[0])
+            return rule(xp, delta, saved, args[0])
         if n == 2:
-            return rule(xp, delta, saved, inputs[0], inputs[1])
+            return rule(xp, delta, saved, args[0], args[1])
         if n == 3:
-            return rule(xp, delta, saved, inputs[0], inputs[1], inputs[2])
+            return rule(xp, delta, saved, args[0], args[1], args[2])
     return rule(xp, delta, saved, *inputs, **params)
 
 

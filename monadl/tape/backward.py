@@ -372,6 +372,7 @@ def _op(b: Backward, step: OpStep) -> None:
     if exact is None and prim.broadcasts and prim.own:  # (a user's vjp may give any broadcast shape)
         exact = step.exact = _exact(args, run.datas[out])
     joint = _joint(stats, prim)
+    products = prim.products  # (most ops have none: no lookup an input then)
     for j, slot in enumerate(step.ins):
         if not wants[slot]:
             continue
@@ -382,7 +383,7 @@ def _op(b: Backward, step: OpStep) -> None:
         if joint is None:
             stats.kernels += 1
             stats.vjp_counts.tally(prim.number)
-        rule = prim.products.get(j)
+        rule = products.get(j) if products else None
         if rule is not None and b.product(slot, call_vjp(rule, xp, d, saved, args, params)):
             continue
         same = exact is not None and exact[j]
