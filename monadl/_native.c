@@ -15,7 +15,8 @@ the GIL (a cell's few rows are not worth releasing it). Which arrays the kernels
 cells' result arrays, are decided and made here too (takes, out), from NumPy's array struct (its C
 API, NumPy a build requirement): the cells' rules ask before each kernel, where NumPy's attributes
 read from Python cost more than the kernel. For the same reason the backward pass asks here whether
-a delta is an array of its own that it may add into (writable_own).
+a delta is an array of its own that it may add into (writable_own), and a training step whether a
+weight's new value is finite (finite) and makes it read-only (freeze), for every weight.
 
 monadl/dsl/learning/optimizers/native.py chooses when the optimizers' run and holds the rules they
 equal; monadl/dsl/ops/recurrent.py the cells'. */
@@ -24,6 +25,7 @@ equal; monadl/dsl/ops/recurrent.py the cells'. */
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
@@ -520,6 +522,62 @@ static PyObject *out(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_
     return PyArray_EMPTY(nd + 1, dims, PyArray_TYPE(first), 0);
 }
 
+/* Whether n floats (or doubles) are all finite: none has an exponent of all ones (infinity or NaN).
+   Their bits are read as integers (memcpy: no aliasing of types), or-ed over every element with no
+   early exit, so the loop vectorizes. */
+#define FINITE_LOOP(T, U, EXP)                                                                     \
+    static WIDE int finite_##T(const T *restrict a, Py_ssize_t n) {                                \
+        U bad = 0;                                                                                 \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                       \
+            U bits;                                                                                \
+            memcpy(&bits, &a[i], sizeof bits);                                                     \
+            bad |= (U)((bits & EXP) == EXP);                                                       \
+        }                                                                                          \
+        return bad == 0;                                                                           \
+    }
+FINITE_LOOP(float, uint32_t, (uint32_t)0x7f800000u)
+FINITE_LOOP(double, uint64_t, (uint64_t)0x7ff0000000000000ull)
+
+#define FINITE_ALONE 65536 /* elements from which the check releases the GIL */
+
+PyDoc_STRVAR(finite_doc,
+    "finite(a)\n--\n\n"
+    "Whether every element of a is finite, where a is a NumPy array (not a subclass) of float32 or\n"
+    "float64 in the machine's byte order, C-contiguous and aligned; None for any other value.");
+
+static PyObject *finite_check(PyObject *Py_UNUSED(self), PyObject *a) {
+    if (!PyArray_CheckExact(a)) Py_RETURN_NONE;
+    PyArrayObject *array = (PyArrayObject *)a;
+    if (!PyArray_IS_C_CONTIGUOUS(array) || !PyArray_ISALIGNED(array) || !PyArray_ISNOTSWAPPED(array))
+        Py_RETURN_NONE;
+    int type = PyArray_TYPE(array);
+    if (type != NPY_FLOAT && type != NPY_DOUBLE) Py_RETURN_NONE;
+    Py_ssize_t n = PyArray_SIZE(array);
+    const void *data = PyArray_DATA(array);
+    int ok;
+    if (n < FINITE_ALONE) {
+        ok = type == NPY_FLOAT ? finite_float((const float *)data, n) : finite_double((const double *)data, n);
+    } else {  /* a large array (an embedding table) is read without the GIL, as BLAS reads it */
+        Py_BEGIN_ALLOW_THREADS
+        ok = type == NPY_FLOAT ? finite_float((const float *)data, n) : finite_double((const double *)data, n);
+        Py_END_ALLOW_THREADS
+    }
+    return PyBool_FromLong(ok);
+}
+
+PyDoc_STRVAR(freeze_doc,
+    "freeze(a)\n--\n\n"
+    "Makes a NumPy array (or a subclass's) read-only, as a.flags.writeable = False; returns None.");
+
+static PyObject *freeze(PyObject *Py_UNUSED(self), PyObject *a) {
+    if (!PyArray_Check(a)) {
+        PyErr_SetString(PyExc_TypeError, "monadl._native.freeze: expected a NumPy array");
+        return NULL;
+    }
+    PyArray_CLEARFLAGS((PyArrayObject *)a, NPY_ARRAY_WRITEABLE);
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(writable_own_doc,
     "writable_own(a)\n--\n\n"
     "Whether a is a NumPy array (not a subclass) that owns its memory (no base) and is writable.");
@@ -535,6 +593,8 @@ static PyMethodDef methods[] = {
     {"takes", (PyCFunction)(void (*)(void))takes, METH_FASTCALL, takes_doc},
     {"out", (PyCFunction)(void (*)(void))out, METH_FASTCALL, out_doc},
     {"writable_own", writable_own, METH_O, writable_own_doc},
+    {"finite", finite_check, METH_O, finite_doc},
+    {"freeze", freeze, METH_O, freeze_doc},
     {"negate", negate, METH_VARARGS, cells_doc},
     {"lstm_c_forward", lstm_c_forward, METH_VARARGS, cells_doc},
     {"tree_c_forward", tree_c_forward, METH_VARARGS, cells_doc},

@@ -508,3 +508,60 @@ def test_writable_own_is_the_attributes_test() -> None:
     for value in _candidates():
         want = type(value) is np.ndarray and value.base is None and value.flags.writeable
         assert kernels.writable_own(value) is want, value
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from([np.float32, np.float64]),
+    st.integers(0, 300),
+    st.lists(st.tuples(st.integers(0, 299), st.sampled_from([np.inf, -np.inf, np.nan])), max_size=3),
+    st.integers(0, 2**32 - 1),
+)
+def test_finite_reads_every_element(
+    dtype: type[np.floating[Any]], n: int, bad: list[tuple[int, float]], seed: int
+) -> None:
+    """The bits test agrees with NumPy's isfinite on arrays of any length (the loop's vector body
+    and its tail), with infinities and NaNs anywhere, and with the largest finite values."""
+    kernels: Any = fused.NATIVE
+    a = np.random.default_rng(seed).standard_normal(n).astype(dtype)
+    if n:
+        a[seed % n] = np.finfo(dtype).max * (1 if seed % 2 else -1)
+    for k, value in bad:
+        if k < n:
+            a[k] = value
+    assert kernels.finite(a) is bool(np.isfinite(a).all())
+    assert kernels.finite(a.reshape(1, n)) is bool(np.isfinite(a).all())
+
+
+@needs_kernels
+def test_finite_declines_what_it_cannot_read() -> None:
+    """None (the caller checks another way) for values that are not C-contiguous float32/64 arrays
+    in the machine's byte order."""
+    kernels: Any = fused.NATIVE
+    a = np.ones((4, 4))
+    declined = (
+        a.T[:, ::2],
+        a.T,
+        a.astype(np.int64),
+        a.astype(a.dtype.newbyteorder()),
+        a.view(_Subclass),
+        1.0,
+        [1.0],
+    )
+    for value in declined:
+        assert kernels.finite(value) is None, value
+    assert kernels.finite(a) is True
+
+
+@needs_kernels
+def test_freeze_makes_an_array_read_only() -> None:
+    kernels: Any = fused.NATIVE
+    for a in (np.ones(3), np.ones(3).view(_Subclass), np.ones((2, 2))[0]):
+        assert a.flags.writeable
+        assert kernels.freeze(a) is None
+        assert not a.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            a[0] = 2.0
+    with pytest.raises(TypeError, match="expected a NumPy array"):
+        kernels.freeze([1.0])

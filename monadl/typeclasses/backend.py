@@ -128,9 +128,12 @@ NDARRAY: Final = np.ndarray
 """NumPy's array type, bound once: compiled, ``np.ndarray`` is a lookup in NumPy's module at every
 use, and the engine tests a value's type on every kernel."""
 
-_WRITABLE_OWN: Final[Any] = importlib.import_module("monadl._native").writable_own if compiled() else None
+_NATIVE: Final[Any] = importlib.import_module("monadl._native") if compiled() else None
+_WRITABLE_OWN: Final[Any] = None if _NATIVE is None else _NATIVE.writable_own
 """``monadl/_native.c``'s test, where it is built: compiled, the attributes below are three calls
 into NumPy and a flags object made on every delta the backward pass is given."""
+_FINITE: Final[Any] = None if _NATIVE is None else _NATIVE.finite
+_FREEZE: Final[Any] = None if _NATIVE is None else _NATIVE.freeze
 
 
 def writable_own(a: Any) -> bool:
@@ -293,8 +296,21 @@ def freeze(data: Any) -> Any:
     replaced, never changed in place, by a training step; forward values and tapes may share it, so
     an accidental in-place change of a prediction must not change the weight."""
     if isinstance(data, np.ndarray):
-        data.flags.writeable = False
+        if _FREEZE is not None:
+            _FREEZE(data)  # (compiled, the flags object below is made for a step's every weight)
+        else:
+            data.flags.writeable = False
     return data
+
+
+def finite_by_bits(a: Any) -> bool | None:
+    """Whether every element of ``a`` is finite, read from its bits by ``monadl/_native.c`` where
+    built, for a C-contiguous NumPy array of float32 or float64; None where it cannot tell (not
+    built, or another value)."""
+    if _FINITE is None:
+        return None
+    found: bool | None = _FINITE(a)
+    return found
 
 
 def shape_of(x: object) -> tuple[int, ...] | str:

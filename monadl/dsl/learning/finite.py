@@ -1,5 +1,6 @@
 """The finite checks of a training step: its loss, every weight's new value and every buffer's,
-on NumPy at once (one BLAS pass per array), off NumPy queued on the device and read together (one
+on NumPy at once (one pass per array: its bits read in C where the engine is compiled, else a BLAS
+dot product), off NumPy queued on the device and read together (one
 wait per device, not one per weight)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from monadl.dsl.fused import all_true
-from monadl.typeclasses.backend import NDARRAY, namespace
+from monadl.typeclasses.backend import NDARRAY, finite_by_bits, namespace
 
 
 def is_finite(value: Any) -> bool:
@@ -23,12 +24,17 @@ def is_finite(value: Any) -> bool:
 
 
 def all_finite(x: Any) -> bool:
-    """Whether every element of ``x`` is finite, in one pass for a NumPy array: a dot product with
-    itself is NaN or infinite if an element is (and finite otherwise, unless the squares overflow:
-    then the elements are checked one by one). ``vdot`` is BLAS's, with the least overhead of
-    NumPy's reductions (a model has many small weights: per call, overhead is most of the cost)."""
+    """Whether every element of ``x`` is finite, in one pass for a NumPy array: its elements' bits
+    (``finite_by_bits``), or a dot product with itself, NaN or infinite if an element is (and
+    finite otherwise, unless the squares overflow: then the elements are checked one by one).
+    ``vdot`` is BLAS's, with the least overhead of NumPy's reductions (a model has many small
+    weights: per call, overhead is most of the cost)."""
     if type(x) is float:
         return math.isfinite(x)
+    if type(x) is NDARRAY:
+        found = finite_by_bits(x)
+        if found is not None:
+            return found
     if type(x) is NDARRAY and x.dtype.kind == "f":
         if math.isfinite(np.vdot(x, x)):
             return True

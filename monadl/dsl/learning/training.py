@@ -70,7 +70,7 @@ from monadl.dsl.learning.optimizers.base import Capabilities, Optimizer, capabil
 from monadl.dsl.learning.results import Deferred, failed
 from monadl.runtime.memory import large_blocks_kept
 from monadl.runtime.staging import staging
-from monadl.runtime.versions import COMMIT_LOCK, publish
+from monadl.runtime.versions import COMMIT_LOCK, publish, read
 from monadl.tape.backward import NonFiniteDelta, backward
 from monadl.typeclasses.backend import NDARRAY, Array, freeze, namespace, writable_own
 from monadl.typeclasses.sparse import SparseRows
@@ -354,18 +354,20 @@ def _updated(
     The state is the weight's own while its optimizers are of one kind, else a fresh one.
     ``in_place``: the optimizer declares ``update_owned``, used where the step owns the gradient's
     memory. The finite check of an array off NumPy goes to ``pending``."""
-    held = weight.optimizer_state
+    newest = read(weight.head, None)  # (the weight's properties read it again each: interpreted)
+    old = newest.data
+    held = newest.state
     # The same optimizer object first: no call for a loop over one optimizer.
     if held is not None and (held[0] is optimizer or state_kind(held[0]) is state_kind(optimizer)):
         state = held[1]
     else:
-        state = optimizer.init(weight.data)
-    converted = _in_dtype_of(gradient, weight.data)
-    mine = (weight in owned or converted is not gradient) and _fits(converted, weight.data)
+        state = optimizer.init(old)
+    converted = _in_dtype_of(gradient, old)
+    mine = (weight in owned or converted is not gradient) and _fits(converted, old)
     if in_place and mine:
-        data, state = optimizer.update_owned(weight.data, converted, state)
+        data, state = optimizer.update_owned(old, converted, state)
     else:
-        data, state = optimizer.update(weight.data, converted, state)
+        data, state = optimizer.update(old, converted, state)
     if check:
         # A table's sparse gradient changes only its rows: their values are what to check.
         checked = gradient.values if type(gradient) is SparseRows else data
