@@ -1,7 +1,7 @@
 """The finite checks of a training step: its loss, every weight's new value and every buffer's,
 on NumPy at once (one pass per array: its bits read in C where the engine is compiled, else a BLAS
-dot product), off NumPy queued on the device and read together (one
-wait per device, not one per weight)."""
+dot product), off NumPy queued on the device and read together (one wait per device, not one per
+weight)."""
 
 from __future__ import annotations
 
@@ -35,10 +35,10 @@ def all_finite(x: Any) -> bool:
         found = finite_by_bits(x)
         if found is not None:
             return found
-    if type(x) is NDARRAY and x.dtype.kind == "f":
-        if math.isfinite(np.vdot(x, x)):
-            return True
-        return bool(np.isfinite(x).all())
+        if x.dtype.kind == "f":
+            if math.isfinite(np.vdot(x, x)):
+                return True
+            return bool(np.isfinite(x).all())
     xp = namespace(x)
     return bool(xp.all(xp.isfinite(x)))
 
