@@ -32,7 +32,6 @@ finite checks, a global norm's sums of squares) with one synchronisation per dev
 
 from __future__ import annotations
 
-import importlib
 import re
 import sys
 from collections.abc import Sequence
@@ -41,10 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from monadl._compiled import compiled
-from monadl.typeclasses.backend import namespace
+from monadl.typeclasses.backend import NATIVE_MODULE, namespace
 
-NATIVE: Any = importlib.import_module("monadl._native") if compiled() else None
+NATIVE: Any = NATIVE_MODULE
 """``monadl/_native.c``'s kernels, where they are built (with the compiled engine) and it runs
 compiled; None otherwise. (Not ``Final``: compiled, this module would read a copy taken at import,
 and the tests set it to None to run the NumPy rules.)"""

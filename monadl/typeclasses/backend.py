@@ -128,12 +128,14 @@ NDARRAY: Final = np.ndarray
 """NumPy's array type, bound once: compiled, ``np.ndarray`` is a lookup in NumPy's module at every
 use, and the engine tests a value's type on every kernel."""
 
-_NATIVE: Final[Any] = importlib.import_module("monadl._native") if compiled() else None
-_WRITABLE_OWN: Final[Any] = None if _NATIVE is None else _NATIVE.writable_own
+NATIVE_MODULE: Final[Any] = importlib.import_module("monadl._native") if compiled() else None
+"""``monadl/_native.c``, where it is built (with the compiled engine) and the engine runs compiled;
+None otherwise."""
+_WRITABLE_OWN: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.writable_own
 """``monadl/_native.c``'s test, where it is built: compiled, the attributes below are three calls
 into NumPy and a flags object made on every delta the backward pass is given."""
-_FINITE: Final[Any] = None if _NATIVE is None else _NATIVE.finite
-_FREEZE: Final[Any] = None if _NATIVE is None else _NATIVE.freeze
+_FINITE: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.finite
+_FREEZE: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.freeze
 
 
 def writable_own(a: Any) -> bool:
