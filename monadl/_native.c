@@ -16,7 +16,8 @@ cells' result arrays, are decided and made here too (takes, out), from NumPy's a
 API, NumPy a build requirement): the cells' rules ask before each kernel, where NumPy's attributes
 read from Python cost more than the kernel. For the same reason the backward pass asks here whether
 a delta is an array of its own that it may add into (writable_own), and a training step whether a
-weight's new value is finite (finite) and makes it read-only (freeze), for every weight.
+weight's new value is finite (finite) and makes it read-only (freeze), for every weight; and
+recording an op finds the frame of the user's code that made it (user_site), for every op.
 
 monadl/dsl/learning/optimizers/native.py chooses when the optimizers' run and holds the rules they
 equal; monadl/dsl/ops/recurrent.py the cells'. */
@@ -578,6 +579,69 @@ static PyObject *freeze(PyObject *Py_UNUSED(self), PyObject *a) {
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(user_site_doc,
+    "user_site(library, clients)\n--\n\n"
+    "The code object and last instruction (as frame.f_lasti) of the innermost Python frame whose\n"
+    "code's file name does not start with library, or starts with clients (a user's code);\n"
+    "(None, 0) if no frame's does.");
+
+/* The frames are read with CPython's frame API (no attribute looked up by name). Whether a code
+   object is the library's is kept in a direct-mapped table by its address, each entry holding a
+   reference to its code object (so that the address is not another's while the entry stands):
+   most ops are recorded from a few functions, and a file name is compared only on a miss. */
+#define KNOWN_SLOTS 1024 /* a power of two; objects are 16-byte aligned: an address's low bits are 0 */
+static PyObject *known_code[KNOWN_SLOTS];
+static char known_library[KNOWN_SLOTS];
+
+static int is_library(PyCodeObject *code, PyObject *library, PyObject *clients) {
+    size_t slot = ((uintptr_t)code >> 4) & (KNOWN_SLOTS - 1);
+    if (known_code[slot] == (PyObject *)code) return known_library[slot];
+    PyObject *name = code->co_filename;
+    Py_ssize_t in_library = PyUnicode_Tailmatch(name, library, 0, PY_SSIZE_T_MAX, -1);
+    Py_ssize_t client = in_library == 1 ? PyUnicode_Tailmatch(name, clients, 0, PY_SSIZE_T_MAX, -1) : 0;
+    if (in_library < 0 || client < 0) return -1;
+    char found = in_library == 1 && client == 0;
+    Py_INCREF(code);
+    Py_XSETREF(known_code[slot], (PyObject *)code);
+    known_library[slot] = found;
+    return found;
+}
+
+static PyObject *user_site(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "monadl._native.user_site: expected two strings");
+        return NULL;
+    }
+    PyFrameObject *frame = PyEval_GetFrame(); /* borrowed */
+    Py_XINCREF(frame);
+    while (frame != NULL) {
+        PyCodeObject *code = PyFrame_GetCode(frame);
+        int library = is_library(code, args[0], args[1]);
+        if (library < 0) {
+            Py_DECREF(code);
+            Py_DECREF(frame);
+            return NULL;
+        }
+        if (!library) {
+            int lasti = PyFrame_GetLasti(frame);
+            Py_DECREF(frame);
+            PyObject *at = PyLong_FromLong(lasti < 0 ? 0 : lasti);
+            PyObject *found = at == NULL ? NULL : PyTuple_Pack(2, (PyObject *)code, at);
+            Py_XDECREF(at);
+            Py_DECREF(code);
+            return found;
+        }
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(code);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    PyObject *zero = PyLong_FromLong(0);
+    PyObject *found = zero == NULL ? NULL : PyTuple_Pack(2, Py_None, zero);
+    Py_XDECREF(zero);
+    return found;
+}
+
 PyDoc_STRVAR(writable_own_doc,
     "writable_own(a)\n--\n\n"
     "Whether a is a NumPy array (not a subclass) that owns its memory (no base) and is writable.");
@@ -593,6 +657,7 @@ static PyMethodDef methods[] = {
     {"takes", (PyCFunction)(void (*)(void))takes, METH_FASTCALL, takes_doc},
     {"out", (PyCFunction)(void (*)(void))out, METH_FASTCALL, out_doc},
     {"writable_own", writable_own, METH_O, writable_own_doc},
+    {"user_site", (PyCFunction)(void (*)(void))user_site, METH_FASTCALL, user_site_doc},
     {"finite", finite_check, METH_O, finite_doc},
     {"freeze", freeze, METH_O, freeze_doc},
     {"negate", negate, METH_VARARGS, cells_doc},

@@ -64,3 +64,23 @@ def test_the_users_code_is_found_among_thousands_of_functions() -> None:
             made = f()
             assert made.graph is not None
             assert made.graph.codes[made.row] is f.__code__
+
+
+def test_the_compiled_and_the_python_walks_find_the_same_frame() -> None:
+    """``users_code`` (``monadl._native.user_site`` where compiled) and the Python walk name the
+    same code and line, from user code, from inside a library builder, and from exec'd code."""
+    from monadl.dsl.core import apply
+
+    def line(found: tuple[Any, int]) -> int | None:
+        code, lasti = found
+        return next((ln for start, end, ln in code.co_lines() if start <= lasti < end), None)
+
+    namespace: dict[str, Any] = {"apply": apply}
+    exec("def f():\n    return apply.users_code(), apply.walk_to_users_code()", namespace)
+    for _ in range(3):  # the first call fills the compiled walk's table of codes, the next read it
+        here = apply.users_code(), apply.walk_to_users_code()
+        assert here[0][0] is here[1][0] is test_the_compiled_and_the_python_walks_find_the_same_frame.__code__
+        assert line(here[0]) == line(here[1])
+        made = namespace["f"]()
+        assert made[0][0] is made[1][0] is namespace["f"].__code__
+        assert line(made[0]) == line(made[1]) == 2

@@ -26,7 +26,7 @@ from monadl.do.graph import Graph, recording
 from monadl.do.primitive import Primitive
 from monadl.dsl.core.base import Differentiable
 from monadl.dsl.core.deep_learning import DeepLearning
-from monadl.typeclasses.backend import NDARRAY, check_float_array, is_array
+from monadl.typeclasses.backend import NATIVE_MODULE, NDARRAY, check_float_array, is_array
 
 
 def forward_of(x: object, where: str) -> Node:
@@ -79,6 +79,7 @@ def apply_primitive(prim: Primitive, operands: Sequence[object], params: dict[st
 _LIBRARY: Final = os.path.dirname(os.path.abspath(str(sys.modules["monadl"].__file__))) + os.sep
 _getframe: Final = sys._getframe
 _CLIENTS: Final = _LIBRARY + "bench" + os.sep  # monadl's benchmarks use it as a user does
+_USER_SITE: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.user_site
 _library_code: Final[dict[int, bool]] = {}  # id(code) -> whether it is the library's (not a user's)
 _codes: Final[list[CodeType]] = []  # the code objects of ``_library_code``, kept so that ids stay theirs
 
@@ -86,7 +87,17 @@ _codes: Final[list[CodeType]] = []  # the code objects of ``_library_code``, kep
 def users_code() -> tuple[CodeType | None, int]:
     """The code and instruction of the nearest frame of code outside monadl (compiled functions
     have no frames: from one, the first frame is its interpreted caller's); ``(None, 0)`` if none.
-    Whether a code object is the library's is worked out once per code object."""
+    Compiled, ``monadl._native.user_site`` walks the frames (each frame's attributes read from
+    here are a generic attribute look-up each); otherwise :func:`walk_to_users_code`."""
+    if _USER_SITE is not None:
+        found: tuple[CodeType | None, int] = _USER_SITE(_LIBRARY, _CLIENTS)
+        return found
+    return walk_to_users_code()
+
+
+def walk_to_users_code() -> tuple[CodeType | None, int]:
+    """:func:`users_code` in Python: whether a code object is the library's is worked out once per
+    code object."""
     frame: FrameType | None = _getframe(0)
     entries = _known.entries
     while frame is not None:
