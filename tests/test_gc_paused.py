@@ -97,7 +97,10 @@ def test_objects_the_process_froze_stay_frozen() -> None:
         assert frozen > 0
         with ml.gc_paused():
             kept = [Node([]) for _ in range(1_000)]
-        assert gc.get_freeze_count() == frozen
+        # Not unfrozen (the count would fall to 0) nor the pause's objects frozen with them (it
+        # would rise by 1,000 and more). A frozen object freed meanwhile (another test's thread
+        # ending) lowers the count by one: seen on CI, by 2 of 396,950.
+        assert frozen * 0.99 <= gc.get_freeze_count() <= frozen
         assert len(kept) == 1_000
     finally:
         gc.unfreeze()
