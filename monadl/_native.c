@@ -539,6 +539,10 @@ static PyObject *out(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_
 FINITE_LOOP(float, uint32_t, (uint32_t)0x7f800000u)
 FINITE_LOOP(double, uint64_t, (uint64_t)0x7ff0000000000000ull)
 
+static int finite_of(int type, const void *data, Py_ssize_t n) {
+    return type == NPY_FLOAT ? finite_float((const float *)data, n) : finite_double((const double *)data, n);
+}
+
 #define FINITE_ALONE 65536 /* elements from which the check releases the GIL */
 
 PyDoc_STRVAR(finite_doc,
@@ -557,10 +561,10 @@ static PyObject *finite_check(PyObject *Py_UNUSED(self), PyObject *a) {
     const void *data = PyArray_DATA(array);
     int ok;
     if (n < FINITE_ALONE) {
-        ok = type == NPY_FLOAT ? finite_float((const float *)data, n) : finite_double((const double *)data, n);
+        ok = finite_of(type, data, n);
     } else {  /* a large array (an embedding table) is read without the GIL, as BLAS reads it */
         Py_BEGIN_ALLOW_THREADS
-        ok = type == NPY_FLOAT ? finite_float((const float *)data, n) : finite_double((const double *)data, n);
+        ok = finite_of(type, data, n);
         Py_END_ALLOW_THREADS
     }
     return PyBool_FromLong(ok);

@@ -60,7 +60,15 @@ from monadl.typeclasses.backend import (
     on_device,
     writable_own,
 )
-from monadl.typeclasses.sparse import SparseRows, add, add_into, move_rows, rows_kernel_fits, scatter_add
+from monadl.typeclasses.sparse import (
+    SparseRows,
+    add,
+    add_into,
+    astype,
+    move_rows,
+    rows_kernel_fits,
+    scatter_add,
+)
 
 ALL: Final = True
 """A slot's presence when its whole value got a delta (else a bool array of its rows that did)."""
@@ -630,12 +638,7 @@ def _recast(b: Backward) -> None:
         gradient = b.gradients[weight]
         if gradient.dtype == dtype:
             continue  # (its deltas were of a narrower dtype, or its dtype another object)
-        if type(gradient) is SparseRows:
-            values = namespace(gradient.values).astype(gradient.values, dtype)
-            gradient = SparseRows(gradient.indices, values, gradient.shape)
-        else:
-            gradient = namespace(gradient).astype(gradient, dtype)
-        b.gradients[weight] = gradient
+        b.gradients[weight] = astype(gradient, dtype)
         b.owned_gradients.add(weight)
 
 

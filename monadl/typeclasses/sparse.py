@@ -294,3 +294,11 @@ def add_into(total: Any, d: Any) -> Any:
 def dense(gradient: Any) -> Any:
     """``gradient`` as a dense array if it is a SparseRows; otherwise itself."""
     return gradient.to_dense() if type(gradient) is SparseRows else gradient
+
+
+def astype(gradient: Any, dtype: Any) -> Any:
+    """``gradient`` (an array, or sparse rows: their values) cast to ``dtype``, a new array."""
+    if type(gradient) is SparseRows:
+        values = gradient.values
+        return SparseRows(gradient.indices, namespace(values).astype(values, dtype), gradient.shape)
+    return namespace(gradient).astype(gradient, dtype)

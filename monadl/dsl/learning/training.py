@@ -73,7 +73,7 @@ from monadl.runtime.staging import staging
 from monadl.runtime.versions import COMMIT_LOCK, publish, read
 from monadl.tape.backward import NonFiniteDelta, backward
 from monadl.typeclasses.backend import NDARRAY, Array, freeze, namespace, writable_own
-from monadl.typeclasses.sparse import SparseRows
+from monadl.typeclasses.sparse import SparseRows, astype
 
 if TYPE_CHECKING:
     from monadl.dsl.core.layers import ArrayLayer, FloatLayer
@@ -389,10 +389,7 @@ def _in_dtype_of(gradient: Any, data: Any) -> Any:
     theirs = getattr(gradient, "dtype", dtype)  # a float (a 0-d weight's delta) has none
     if theirs is dtype or theirs == dtype:  # NumPy's dtypes are one object each: ``==`` is slower
         return gradient
-    if type(gradient) is SparseRows:
-        xp = namespace(gradient.values)
-        return SparseRows(gradient.indices, xp.astype(gradient.values, dtype), gradient.shape)
-    return namespace(gradient).astype(gradient, dtype)
+    return astype(gradient, dtype)
 
 
 def _fits(gradient: Any, data: Any) -> bool:
