@@ -315,36 +315,50 @@ fail:
    what needs one, and the forward's loop finishes the sigmoids in place, t = 1 / (1 + t) (as
    monadl.dsl.ops.activations._sigmoid), and writes the result. The joint vjps (_c_deltas, ...)
    write every input's delta, one block of n elements after the other. p[k] is the k-th array of the
-   kernel's arguments. */
+   kernel's arguments.
+
+   negate answers whether any t it wrote is above EXP_SAFE (exp(t) overflows a little above it, at
+   88.72 in float32, 709.78 in float64): only then does the caller's np.exp need its overflow
+   warning silenced, an np.errstate that costs more than the whole kernel on a step's few rows. */
+#define EXP_SAFE_float 88.0f
+#define EXP_SAFE_double 709.0
 #define CELLS(T)                                                                                   \
-    static WIDE void negate_##T(T *const *p, Py_ssize_t n, int count) {                            \
+    static WIDE int negate_##T(T *const *p, Py_ssize_t n, int count) {                             \
         T *restrict out = p[count];                                                                \
+        int large = 0; /* or-ed, no early exit: the loop vectorizes */                             \
         for (int j = 0; j < count; j++) {                                                          \
             const T *restrict x = p[j];                                                            \
-            for (Py_ssize_t k = 0; k < n; k++) out[j * n + k] = -x[k];                             \
+            for (Py_ssize_t k = 0; k < n; k++) {                                                   \
+                out[j * n + k] = -x[k];                                                            \
+                large |= -x[k] > EXP_SAFE_##T;                                                     \
+            }                                                                                      \
         }                                                                                          \
+        return large;                                                                              \
     }                                                                                              \
-    static WIDE void lstm_c_forward_##T(T *const *p, Py_ssize_t n, int count) {                    \
+    static WIDE int lstm_c_forward_##T(T *const *p, Py_ssize_t n, int count) {                    \
         T *restrict t = p[0], *restrict out = p[3];                                                \
         const T *restrict tu = p[1], *restrict c = p[2];                                           \
         for (Py_ssize_t k = 0; k < 2 * n; k++) t[k] = (T)1.0 / ((T)1.0 + t[k]);                    \
         for (Py_ssize_t k = 0; k < n; k++) out[k] = t[k] * tu[k] + t[n + k] * c[k];                \
+        return 0;                                                                                  \
     }                                                                                              \
-    static WIDE void tree_c_forward_##T(T *const *p, Py_ssize_t n, int count) {                    \
+    static WIDE int tree_c_forward_##T(T *const *p, Py_ssize_t n, int count) {                    \
         T *restrict t = p[0], *restrict out = p[4];                                                \
         const T *restrict tu = p[1], *restrict cl = p[2], *restrict cr = p[3];                     \
         for (Py_ssize_t k = 0; k < 3 * n; k++) t[k] = (T)1.0 / ((T)1.0 + t[k]);                    \
         for (Py_ssize_t k = 0; k < n; k++) out[k] = t[k] * tu[k] + t[n + k] * cl[k] + t[2 * n + k] * cr[k]; \
+        return 0;                                                                                  \
     }                                                                                              \
-    static WIDE void lstm_h_forward_##T(T *const *p, Py_ssize_t n, int count) {                    \
+    static WIDE int lstm_h_forward_##T(T *const *p, Py_ssize_t n, int count) {                    \
         T *restrict t = p[0], *restrict out = p[2];                                                \
         const T *restrict tc = p[1];                                                               \
         for (Py_ssize_t k = 0; k < n; k++) {                                                       \
             t[k] = (T)1.0 / ((T)1.0 + t[k]);                                                       \
             out[k] = t[k] * tc[k];                                                                 \
         }                                                                                          \
+        return 0;                                                                                  \
     }                                                                                              \
-    static WIDE void lstm_c_deltas_##T(T *const *p, Py_ssize_t n, int count) {                     \
+    static WIDE int lstm_c_deltas_##T(T *const *p, Py_ssize_t n, int count) {                     \
         const T *restrict d = p[0], *restrict si = p[1], *restrict sf = p[2], *restrict tu = p[3], \
                 *restrict c = p[4];                                                                \
         T *restrict g = p[5];                                                                      \
@@ -354,8 +368,9 @@ fail:
             g[2 * n + k] = d[k] * si[k] * ((T)1.0 - tu[k] * tu[k]);                                \
             g[3 * n + k] = d[k] * sf[k];                                                           \
         }                                                                                          \
+        return 0;                                                                                  \
     }                                                                                              \
-    static WIDE void tree_c_deltas_##T(T *const *p, Py_ssize_t n, int count) {                     \
+    static WIDE int tree_c_deltas_##T(T *const *p, Py_ssize_t n, int count) {                     \
         const T *restrict d = p[0], *restrict si = p[1], *restrict sl = p[2], *restrict sr = p[3], \
                 *restrict tu = p[4], *restrict cl = p[5], *restrict cr = p[6];                     \
         T *restrict g = p[7];                                                                      \
@@ -367,16 +382,18 @@ fail:
             g[4 * n + k] = d[k] * sl[k];                                                           \
             g[5 * n + k] = d[k] * sr[k];                                                           \
         }                                                                                          \
+        return 0;                                                                                  \
     }                                                                                              \
-    static WIDE void lstm_h_deltas_##T(T *const *p, Py_ssize_t n, int count) {                     \
+    static WIDE int lstm_h_deltas_##T(T *const *p, Py_ssize_t n, int count) {                     \
         const T *restrict d = p[0], *restrict so = p[1], *restrict tc = p[2];                      \
         T *restrict g = p[3];                                                                      \
         for (Py_ssize_t k = 0; k < n; k++) {                                                       \
             g[k] = d[k] * tc[k] * so[k] * ((T)1.0 - so[k]);                                        \
             g[n + k] = d[k] * so[k] * ((T)1.0 - tc[k] * tc[k]);                                    \
         }                                                                                          \
+        return 0;                                                                                  \
     }                                                                                              \
-    static WIDE void gru_deltas_##T(T *const *p, Py_ssize_t n, int count) {                        \
+    static WIDE int gru_deltas_##T(T *const *p, Py_ssize_t n, int count) {                        \
         const T *restrict d = p[0], *restrict sr = p[1], *restrict sz = p[2], *restrict nn = p[3], \
                 *restrict nh = p[4], *restrict h = p[5];                                           \
         T *restrict g = p[6];                                                                      \
@@ -388,13 +405,14 @@ fail:
             g[3 * n + k] = cand * sr[k];                                                           \
             g[4 * n + k] = d[k] * sz[k];                                                           \
         }                                                                                          \
+        return 0;                                                                                  \
     }
 
 CELLS(float)
 CELLS(double)
 
-typedef void (*cell_float)(float *const *, Py_ssize_t, int);
-typedef void (*cell_double)(double *const *, Py_ssize_t, int);
+typedef int (*cell_float)(float *const *, Py_ssize_t, int);
+typedef int (*cell_double)(double *const *, Py_ssize_t, int);
 
 /* A cell kernel's call: its arguments are arrays of one float type, C-contiguous, array k of
    blocks[k] blocks of n elements (0: as many as the arrays before it, negate's output), the last
@@ -402,7 +420,8 @@ typedef void (*cell_double)(double *const *, Py_ssize_t, int);
 static PyObject *cells(PyObject *args, const char *name, int count, const int *blocks, int first_written,
                        cell_float f, cell_double g) {
     Py_ssize_t given = PyTuple_GET_SIZE(args);
-    if (count == 0) count = (int)given;  /* negate: any number of inputs, then the output */
+    int negate = count == 0;
+    if (negate) count = (int)given;  /* any number of inputs, then the output */
     if (given != count || count < 2 || count > MAX_BUFFERS) {
         PyErr_Format(PyExc_TypeError, "monadl._native.%s: expected %d arrays, got %zd", name, count, given);
         return NULL;
@@ -430,12 +449,9 @@ static PyObject *cells(PyObject *args, const char *name, int count, const int *b
         }
     }
     Py_ssize_t n = block / view[0]->itemsize;
-    if (kind == 'f') {
-        f((float *const *)ptrs, n, count - 1);
-    } else {
-        g((double *const *)ptrs, n, count - 1);
-    }
+    int large = kind == 'f' ? f((float *const *)ptrs, n, count - 1) : g((double *const *)ptrs, n, count - 1);
     release(&b);
+    if (negate) return PyBool_FromLong(large);
     Py_RETURN_NONE;
 fail:
     release(&b);
@@ -463,7 +479,8 @@ CELL_FUNCTION(gru_deltas, 7, GRU_DELTAS, 0)
 PyDoc_STRVAR(cells_doc,
     "kernel(*arrays)\n--\n\n"
     "A recurrent cell's rule (monadl.dsl.ops.recurrent) on C-contiguous arrays of one float type,\n"
-    "the last written: negate(*xs, out); lstm_c_forward(t, tu, c, out), lstm_h_forward(t, tc, out),\n"
+    "the last written: negate(*xs, out), True where an element of out may overflow np.exp;\n"
+    "lstm_c_forward(t, tu, c, out), lstm_h_forward(t, tc, out),\n"
     "tree_c_forward(t, tu, c_left, c_right, out), t the gates' exp(-x), made their sigmoids in place;\n"
     "name_deltas(d, *saved, *inputs, out), out one block per input's delta.");
 

@@ -5,6 +5,7 @@ the NumPy rules' bits, their fallbacks, their errors. Skipped where the engine r
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 from unittest import mock
 
@@ -460,6 +461,70 @@ def test_native_out_refuses_a_bad_count_clearly() -> None:
     with pytest.raises(TypeError):
         kernels.out("2", a)
     assert kernels.out(2, np.ones((1,) * 64, dtype=np.float32)) is None  # no room for the blocks' axis
+
+
+EXP_SAFE = {np.float32: 88.0, np.float64: 709.0}  # (_native.c's EXP_SAFE: exp overflows a little above)
+
+
+@needs_kernels
+@settings(deadline=None, max_examples=80)
+@given(
+    dtype=st.sampled_from([np.float32, np.float64]),
+    count=st.integers(1, 3),
+    size=st.integers(1, 70),
+    seed=st.integers(0, 2**32 - 1),
+    place=st.integers(0, 10_000),
+    value=st.sampled_from(
+        [
+            -1e30,
+            -800.0,
+            -710.0,
+            -709.0,
+            -100.0,
+            -89.0,
+            -88.5,
+            -88.0,
+            -87.9,
+            -3.0,
+            0.0,
+            np.nan,
+            -np.inf,
+            np.inf,
+        ]
+    ),
+)
+def test_negate_says_whether_exp_may_overflow(
+    dtype: Any, count: int, size: int, seed: int, place: int, value: float
+) -> None:
+    """``negate(*xs, out)`` writes ``-x`` of each input into its block of ``out`` and answers whether
+    any of them is above EXP_SAFE, wherever among them it is (a NaN never is, -inf's negation is)."""
+    rng = np.random.default_rng(seed)
+    xs = [rng.uniform(-50.0, 50.0, size).astype(dtype) for _ in range(count)]
+    with np.errstate(over="ignore"):
+        xs[place % count][place % size] = dtype(value)
+    out = np.empty((count, size), dtype=dtype)
+    large = fused.NATIVE.negate(*xs, out)
+    assert _bits(out) == _bits(-np.stack(xs))
+    assert large is bool(np.any(-np.stack(xs) > EXP_SAFE[dtype]))
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("gate", [-1e6, -100.0, -1.0, 0.0, 100.0])
+@pytest.mark.parametrize("name", ["lstm_c", "tree_lstm_c", "lstm_h"])
+def test_a_cells_native_forward_warns_of_no_overflow(name: str, gate: float, dtype: Any) -> None:
+    """A gate's exp(-x) overflows to infinity (its sigmoid 0) silently, the NumPy rule's warning
+    silenced only where negate says it may overflow: no warning, the NumPy rule's bits."""
+    prim, _, inputs = GATE_RULES[name]
+    args = [np.full((3, 5), 0.5, dtype=dtype) for _ in range(inputs)]
+    args[0][1, 2] = gate
+    assert fused.native_out(1, *args) is not None  # the kernels run
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with np.errstate(over="warn", invalid="warn", divide="warn"):  # (NumPy's defaults)
+            result = prim.forward(np, *args)
+    with np.errstate(over="ignore"):
+        assert _flat_bits(result) == _numpy_bits(prim.forward, *args)
 
 
 @needs_kernels

@@ -47,8 +47,10 @@ __all__ = ["gru_h", "lstm_c", "lstm_h", "tree_lstm_c"]
 def _exps_of_negated(t: Any, *gates: Any) -> None:
     """``exp(-gate)`` of each gate into its block of ``t``: the sigmoids' start, which a native
     forward finishes (``t = 1 / (1 + t)``) as :func:`~monadl.dsl.ops.activations.sigmoid_of` does."""
-    NATIVE.negate(*gates, t)
-    with np.errstate(over="ignore"):  # (inf where exp(-gate) overflows: the sigmoid is 0 there)
+    if NATIVE.negate(*gates, t):  # some -gate is large enough for exp to overflow
+        with np.errstate(over="ignore"):  # (inf where it does: the sigmoid is 0 there)
+            np.exp(t, out=t)
+    else:  # (an errstate costs more than the kernels of a step's few rows)
         np.exp(t, out=t)
 
 
