@@ -277,6 +277,11 @@ CASES: list[OpCase] = [
         (_u(32, (3, 1)), _A, _u(33, (3, 2))),
     ),
     OpCase("concatenate with a constant", lambda c, a: monadl.concatenate([c(_A), a], axis=1), (_B,)),
+    OpCase(
+        "concatenate 3-d axis -2",  # a middle axis: neither the first nor the last
+        lambda c, a, b: monadl.concatenate([a, b], axis=-2),
+        (_u(206, (2, 1, 3)), _u(207, (2, 2, 3))),
+    ),
     OpCase("take_rows", lambda c, t: monadl.take_rows(t, c(_ROWS)), (_u(34, (5, 3)),)),
     OpCase("take_rows 2d indices", lambda c, t: monadl.take_rows(t, c(_ROWS_2D)), (_u(35, (3, 2)),)),
     # softmax and losses

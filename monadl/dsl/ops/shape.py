@@ -112,10 +112,14 @@ def _concatenate_rule(*xs: Info, axis: int = 0) -> Info:
 
 def _concat_vjp(i: int) -> Rule:
     def vjp(xp: Any, d: Any, o: Any, *xs: Any, axis: int = 0) -> Any:
-        ax = axis % d.ndim
-        start = sum(x.shape[ax] for x in xs[:i])
-        index = (*(slice(None),) * ax, slice(start, start + xs[i].shape[ax]), ...)
-        return d[index]
+        last = d.ndim - 1
+        ax = axis if axis >= 0 else axis + last + 1  # (in range: the op's check)
+        start = 0
+        for x in xs[:i]:  # (a loop: a generator's sum costs more than the slice, on a cell's rows)
+            start += x.shape[ax]
+        if ax == last:  # the commonest: features joined (a cell's [x; h])
+            return d[..., start : start + xs[i].shape[ax]]
+        return d[(*(slice(None),) * ax, slice(start, start + xs[i].shape[ax]), ...)]  # (the array API's)
 
     return vjp
 
