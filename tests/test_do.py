@@ -263,6 +263,44 @@ def test_failure_lets_started_work_finish_and_starts_nothing_new() -> None:
         assert threading.active_count() <= threads_before + 2  # no threads leaked beyond the pool
 
 
+def test_a_failed_backward_pass_lets_started_vjps_finish() -> None:
+    """A vjp that fails on the pass's own thread while a heavy one runs on the pool: the training
+    step fails only once the running one is done (nothing of the failed step is left computing),
+    and no weight changed. (A kernel that fails on the pool is waited for by the pool itself.)"""
+    import numpy as np
+
+    import monadl as ml
+
+    started, finished = threading.Event(), threading.Event()
+    threads: dict[str, str] = {}
+
+    def slow_vjp(xp: object, d: object, out: object, x: object) -> object:
+        threads["slow"] = threading.current_thread().name
+        started.set()
+        finished.wait(0.3)  # still running when the other vjp fails
+        finished.set()
+        return d
+
+    def failing_vjp(xp: object, d: object, out: object, x: object) -> object:
+        threads["failing"] = threading.current_thread().name
+        started.wait(1.0)
+        raise Boom("vjp failed")
+
+    slow = ml.custom_op("slow", lambda xp, x: x * 1.0, (slow_vjp,))
+    failing = ml.custom_op("failing", lambda xp, x: x * 1.0, (failing_vjp,))
+    # A weight of a million elements: its vjp worth the pool; one of two: not (its own thread's).
+    a, b = ml.ArrayWeight(np.ones((1024, 1024))), ml.ArrayWeight(np.ones(2))
+    loss = ml.sum(failing(b)) + ml.sum(slow(a))
+    with Executor(2) as ex:
+        failure = loss.train_blocking(ml.SGD(0.1), executor=ex).failure()
+        done_then = finished.is_set()  # (not after the executor's exit, which waits for its threads)
+    assert isinstance(failure, Boom) and str(failure) == "vjp failed"
+    assert threads == {"failing": threading.current_thread().name, "slow": threads["slow"]}
+    assert threads["slow"] != threading.current_thread().name  # the two vjps ran at once
+    assert done_then  # the step failed only after the running vjp was done
+    assert (a.data == 1.0).all() and (b.data == 1.0).all()
+
+
 def test_a_failed_run_leaves_no_reference_cycles(executor: Executor) -> None:
     """On the pool too: the run's state is on the failure's traceback (its frames), so neither it
     nor a frame on that traceback may keep the exception."""

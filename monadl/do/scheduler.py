@@ -44,7 +44,7 @@ from monadl.do.graph import CALL, CONST, NODE, OP, RESULT, WEIGHT, Graph, enter_
 from monadl.do.record import Program, Run, RunTape
 from monadl.do.steps import CastStep, ForeignStep, LeafStep, Step
 from monadl.do.tape import Tape
-from monadl.runtime.pool import Dispatcher, affinity_of, draining
+from monadl.runtime.pool import Dispatcher, affinity_of, drain_failed
 from monadl.runtime.recent import Recent
 from monadl.typeclasses.backend import namespace
 
@@ -315,11 +315,12 @@ class Scheduler:
         thread's recording graph meanwhile: the ops user code makes in a ``flat_map`` join it."""
         previous = enter_run(self.graph)
         try:
-            with draining(self.dispatcher):
-                for root in roots:
-                    self.walk(root)
-                self.loop()
-        except BaseException:
+            for root in roots:
+                self.walk(root)
+            self.loop()
+        except BaseException as error:
+            if isinstance(error, Exception):
+                drain_failed(self.dispatcher)
             self.discard()
             raise
         finally:

@@ -15,7 +15,7 @@ from monadl.do.graph import WEIGHT
 from monadl.do.primitive import FanOut, Primitive, Rule, call_forward
 from monadl.do.record import Program, Run, row_value
 from monadl.do.tape import Tape
-from monadl.runtime.pool import Dispatcher, draining
+from monadl.runtime.pool import Dispatcher, drain_failed
 from monadl.runtime.versions import data_of
 from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, namespace, on_device, shape_of
 from monadl.typeclasses.sparse import move_rows, rows_kernel_fits
@@ -626,7 +626,7 @@ def replay_steps(run: Run, checked: bool) -> None:
             step.forward(run, checked)
         return
     pending: set[int] = set()
-    with draining(dispatcher):
+    try:
         for step in run.steps:
             for slot in step.reads():
                 while slot in pending:
@@ -638,6 +638,9 @@ def replay_steps(run: Run, checked: bool) -> None:
                 step.forward(run, checked)
         while pending:
             _arrived(run, dispatcher, pending)
+    except Exception:
+        drain_failed(dispatcher)
+        raise
 
 
 def _arrived(run: Run, dispatcher: Dispatcher, pending: set[int]) -> None:

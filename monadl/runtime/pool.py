@@ -28,8 +28,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 Done = queue.SimpleQueue[tuple[Any, Any, BaseException | None]]
@@ -225,13 +224,10 @@ class Dispatcher:
             del done
 
 
-@contextmanager
-def draining(dispatcher: Dispatcher | None) -> Iterator[None]:
-    """On an exception inside, waits for ``dispatcher``'s kernels in flight before it propagates, so
-    that nothing of a failed run is left computing (an interrupt propagates at once)."""
-    try:
-        yield
-    except Exception:
-        if dispatcher is not None:
-            dispatcher.drain()
-        raise
+def drain_failed(dispatcher: Dispatcher | None) -> None:
+    """Waits for ``dispatcher``'s kernels in flight: called where a run's exception is caught, before
+    it propagates, so that nothing of a failed run is left computing. (From an ``except Exception``
+    clause: an interrupt propagates at once. Not a context manager: a generator's context costs a
+    body's backward pass more than its rules, on a step's few rows.)"""
+    if dispatcher is not None:
+        dispatcher.drain()

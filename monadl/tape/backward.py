@@ -48,7 +48,7 @@ from monadl.do.steps import (
     StackStep,
     Step,
 )
-from monadl.runtime.pool import Dispatcher, draining
+from monadl.runtime.pool import Dispatcher, drain_failed
 from monadl.runtime.recent import Recent
 from monadl.runtime.versions import data_of
 from monadl.typeclasses.backend import (
@@ -121,31 +121,33 @@ class Backward:
         run = self.run
         run.accept = self.accept
         try:
-            with draining(self.dispatcher):
-                steps = run.steps
-                firsts: dict[int, list[int]] | None = None  # worked out once a weight's delta is a product
-                for i in range(len(steps) - 1, -1, -1):
-                    step = steps[i]
-                    if self.diagnose:
-                        self.current = (
-                            "a weight's uses" if type(step) is LeafStep else f"the vjp of {step.name()}"
-                        )
-                    run_rule(self, step)
-                    if self.top and self.products:
-                        if firsts is None:
-                            firsts = run.first_reads()
-                        slots = firsts.get(i)
-                        if slots is not None:
-                            for slot in slots:
-                                weight = run.weights[slot]
-                                if weight in self.products:
-                                    # Its last reader in the frame: its products are all given.
-                                    # Multiplied now, while its readers' rows are in the cache.
-                                    self.multiply_weight(weight)
-                    run.datas[step.out] = None  # its consumers' steps have all run: no longer read
-                    run.saved[step.out] = None
-                while self.inflight:
-                    self.arrived()
+            steps = run.steps
+            firsts: dict[int, list[int]] | None = None  # worked out once a weight's delta is a product
+            for i in range(len(steps) - 1, -1, -1):
+                step = steps[i]
+                if self.diagnose:
+                    self.current = (
+                        "a weight's uses" if type(step) is LeafStep else f"the vjp of {step.name()}"
+                    )
+                run_rule(self, step)
+                if self.top and self.products:
+                    if firsts is None:
+                        firsts = run.first_reads()
+                    slots = firsts.get(i)
+                    if slots is not None:
+                        for slot in slots:
+                            weight = run.weights[slot]
+                            if weight in self.products:
+                                # Its last reader in the frame: its products are all given.
+                                # Multiplied now, while its readers' rows are in the cache.
+                                self.multiply_weight(weight)
+                run.datas[step.out] = None  # its consumers' steps have all run: no longer read
+                run.saved[step.out] = None
+            while self.inflight:
+                self.arrived()
+        except Exception:
+            drain_failed(self.dispatcher)
+            raise
         finally:
             run.accept = None  # (a bound method of this pass: a reference cycle otherwise)
 
