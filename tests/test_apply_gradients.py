@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from returns.pipeline import is_successful
 
 import monadl as ml
@@ -88,6 +90,33 @@ def test_a_sparse_gradient_sum_updates_only_its_rows() -> None:
     _, second = ml.compute_gradients(ml.sum(table[[3]]))
     assert is_successful(ml.apply_gradients({table: first[table] + second[table]}, ml.SGD(1.0)))
     np.testing.assert_array_equal(table.data, [[0, 0], [-2, -2], [0, 0], [-1, -1], [0, 0]])
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    classes=st.integers(1, 300),
+    labels=st.lists(st.integers(-2, 302), min_size=1, max_size=4),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_python_int_label_is_its_0d_arrays(classes: int, labels: list[int], seed: int) -> None:
+    """A Python int label (below 256: made once; above: a new array) gives what the same label as a
+    0-d integer array gives: the losses of nodes summed, merged or not, their gradients, or the
+    same failure for a label out of range."""
+    logits = [np.random.default_rng(seed + k).standard_normal(classes) for k in range(len(labels))]
+    weights = [ml.ArrayWeight(x) for x in logits]
+
+    def outcome(targets: list[object], batching: bool) -> tuple[str, Any]:
+        loss = ml.add_n([ml.cross_entropy(w, t) for w, t in zip(weights, targets, strict=True)])
+        with ml.Executor(batching=batching) as ex:
+            try:
+                value, grads = ml.compute_gradients(loss, executor=ex)
+            except ValueError as error:
+                return "failure", str(error)
+        return "value", (value, [grads[w].tolist() for w in weights])
+
+    as_arrays = [np.array(label) for label in labels]
+    for batching in (False, True):
+        assert outcome(list(labels), batching) == outcome(as_arrays, batching)
 
 
 def test_cross_entropy_takes_a_python_int_label() -> None:

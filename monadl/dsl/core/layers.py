@@ -69,6 +69,13 @@ def apply_array(prim: Primitive, *operands: object, **params: Any) -> ArrayLayer
 
 def apply_float(prim: Primitive, *operands: object, **params: Any) -> FloatLayer:
     """``prim`` applied to ``operands``, known to give a float."""
+    return float_op(prim, operands, params)
+
+
+def float_op(prim: Primitive, operands: tuple[object, ...], params: dict[str, Any]) -> FloatLayer:
+    """:func:`apply_float` of the operands and parameters as a tuple and a dict, no keywords for the
+    compiled function to parse: what a loss made once per node of a tree calls from interpreted
+    code. ``params``: a fresh dict, the op's own."""
     graph, row = apply_primitive(prim, operands, params)
     return float_layer(graph, row)
 

@@ -18,9 +18,11 @@ import numpy as np
 from monadl.do.primitive import Batching
 from monadl.dsl.core.arguments import array_operand, described
 from monadl.dsl.core.indices import integral
-from monadl.dsl.core.layers import AnyArray, ArrayLayer, FloatLayer, apply_array, apply_float
+from monadl.dsl.core.layers import AnyArray, ArrayLayer, FloatLayer, apply_array, apply_float, float_op
 from monadl.dsl.ops.activations import LOG_SOFTMAX, log_softmax_of, softmax_terms
 from monadl.dsl.ops.losses import (
+    LABEL_ARRAYS,
+    LABEL_RANGES,
     Reduction,
     class_targets,
     class_weight,
@@ -639,6 +641,9 @@ def cross_entropy(
     if reduction == "mean" and weight is None and ignore_index is None and label_smoothing == 0.0:
         # the common case: one fused op, NumPy's rows picked by their labels
         array_operand("cross_entropy", logits)
+        if type(targets) is int and 0 <= targets < len(LABEL_ARRAYS):  # a node's label: made once
+            params = {"targets": LABEL_ARRAYS[targets], "labels": LABEL_RANGES[targets]}
+            return float_op(CROSS_ENTROPY_FUSED, (logits,), params)
         t = class_targets("cross_entropy", targets)
         labels = None
         if integral(t):  # checked once here, not at every run
