@@ -131,7 +131,7 @@ def _publics(entry: Primitive | PerArity) -> set[str]:
     found = fuzzed_by()
     if isinstance(entry, Primitive):
         return found.get(id(entry), set())
-    return set().union(*(found.get(id(entry(n)), set()) for n in range(1, 9)))
+    return set().union(*(found.get(id(entry.of(n)), set()) for n in range(1, 9)))
 
 
 def test_the_registry_holds_the_library_ops() -> None:
@@ -151,7 +151,7 @@ def test_a_user_op_is_not_registered() -> None:
 
 @pytest.mark.parametrize("entry", _entries(), ids=_label)
 def test_every_library_op_has_a_shape_rule(entry: Primitive | PerArity) -> None:
-    prim = entry(2) if isinstance(entry, PerArity) else entry
+    prim = entry.of(2) if isinstance(entry, PerArity) else entry
     assert prim.shape_rule is not None, f"{entry.name}: declared without a shape rule"
 
 

@@ -648,5 +648,5 @@ def cross_entropy(
         labels = None
         if integral(t):  # checked once here, not at every run
             labels = label_range(t, None)
-        return apply_float(CROSS_ENTROPY_FUSED, logits, targets=t, labels=labels)
+        return float_op(CROSS_ENTROPY_FUSED, (logits,), {"targets": t, "labels": labels})
     return class_loss(CROSS_ENTROPY, logits, targets, reduction, weight, ignore_index, label_smoothing)

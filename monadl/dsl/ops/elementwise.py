@@ -172,4 +172,4 @@ def add_n(xs: Sequence[AnyFloat] | Sequence[AnyArray]) -> FloatLayer | ArrayLaye
         raise ValueError("add_n: needs at least one operand")
     if len(operands) == 1:
         return as_layer(operands[0], "add_n")
-    return apply(ADD_N(len(operands)), *operands)
+    return apply(ADD_N.of(len(operands)), *operands)

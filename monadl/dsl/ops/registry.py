@@ -72,7 +72,9 @@ def declare(
 
 class PerArity:
     """An op whose calls of each number of operands are one primitive (``add_n``, ``concatenate``,
-    ``stack``): ``op(n)`` is the primitive of ``n`` operands, made once by ``make``."""
+    ``stack``): ``op.of(n)`` is the primitive of ``n`` operands, made once by ``make``. (A method,
+    not ``__call__``: an instance of a Python class called goes through its type's generic call
+    slot, dearer than a method's call, and this runs for every op recorded.)"""
 
     def __init__(self, name: str, make: Callable[[int], Primitive]) -> None:
         self.name = name
@@ -80,7 +82,8 @@ class PerArity:
         self._made: dict[int, Primitive] = {}
         LIBRARY.append(self)
 
-    def __call__(self, n: int) -> Primitive:
+    def of(self, n: int) -> Primitive:
+        """The primitive of ``n`` operands."""
         prim = self._made.get(n)
         if prim is None:
             prim = self._made[n] = self._make(n)

@@ -155,7 +155,7 @@ CONCATENATE: Final = PerArity("concatenate", _concatenate)
 def concatenate(xs: Sequence[AnyArray], axis: int = 0) -> ArrayLayer:
     """The arrays joined along an existing ``axis``."""
     operands = array_operands("concatenate", xs)
-    return apply_array(CONCATENATE(len(operands)), *operands, axis=int_param("concatenate", "axis", axis))
+    return apply_array(CONCATENATE.of(len(operands)), *operands, axis=int_param("concatenate", "axis", axis))
 
 
 def _split_rule(x: Info, sections: int | tuple[int, ...], piece: int, axis: int = 0) -> Info:
@@ -289,4 +289,4 @@ def stack(xs: Sequence[AnyArray], axis: int = 0) -> ArrayLayer:
     """The arrays, all of one shape, joined along a new ``axis`` of the result (as ``numpy.stack``:
     ``stack([a, b], axis=-1)`` has shape ``a.shape + (2,)``)."""
     operands = array_operands("stack", xs)
-    return apply_array(STACK(len(operands)), *operands, axis=int_param("stack", "axis", axis))
+    return apply_array(STACK.of(len(operands)), *operands, axis=int_param("stack", "axis", axis))
