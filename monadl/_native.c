@@ -15,7 +15,8 @@ the GIL (a cell's few rows are not worth releasing it). Which arrays the kernels
 cells' result arrays, are decided and made here too (takes, out), from NumPy's array struct (its C
 API, NumPy a build requirement): the cells' rules ask before each kernel, where NumPy's attributes
 read from Python cost more than the kernel. For the same reason the backward pass asks here whether
-a delta is an array of its own that it may add into (writable_own), and a training step whether a
+a delta is an array of its own that it may add into (writable_own), adds a call's delta into its row
+of a stacked delta (add_row) and asks whether any row got one (any_set), and a training step whether a
 weight's new value is finite (finite) and makes it read-only (freeze), for every weight; and
 recording an op finds the frame of the user's code that made it (user_site), for every op.
 
@@ -600,6 +601,65 @@ static PyObject *freeze(PyObject *Py_UNUSED(self), PyObject *a) {
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(add_row_doc,
+    "add_row(held, row, g)\n--\n\n"
+    "held[row] += g, where held is a writable C-contiguous NumPy array (not a subclass) of float32\n"
+    "or float64 of two dimensions or more, row one of its rows and g a C-contiguous array of its\n"
+    "dtype and of the row's shape, apart in memory: True once added. False (nothing done) for any\n"
+    "other arguments: the caller adds them by NumPy then.");
+
+/* The backward pass adds each call's delta into its row of a stacked delta (a body's gates, rows
+   of a few elements): NumPy's view and in-place add cost far more than the additions there. The
+   same IEEE additions, element by element, as NumPy's. */
+static PyObject *add_row(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "monadl._native.add_row: expected held, row and g");
+        return NULL;
+    }
+    Py_ssize_t row = PyLong_AsSsize_t(args[1]);
+    if (row == -1 && PyErr_Occurred()) return NULL;
+    if (!PyArray_CheckExact(args[0]) || !PyArray_CheckExact(args[2])) Py_RETURN_FALSE;
+    PyArrayObject *held = (PyArrayObject *)args[0], *g = (PyArrayObject *)args[2];
+    int type = PyArray_TYPE(held), ndim = PyArray_NDIM(held);
+    if ((type != NPY_FLOAT && type != NPY_DOUBLE) || PyArray_TYPE(g) != type || ndim < 2 ||
+        PyArray_NDIM(g) != ndim - 1 || !PyArray_IS_C_CONTIGUOUS(held) || !PyArray_IS_C_CONTIGUOUS(g) ||
+        !PyArray_ISALIGNED(held) || !PyArray_ISALIGNED(g) || !PyArray_ISNOTSWAPPED(held) ||
+        !PyArray_ISNOTSWAPPED(g) || !PyArray_ISWRITEABLE(held) || row < 0 || row >= PyArray_DIM(held, 0))
+        Py_RETURN_FALSE;
+    for (int k = 1; k < ndim; k++)
+        if (PyArray_DIM(g, k - 1) != PyArray_DIM(held, k)) Py_RETURN_FALSE;
+    Py_ssize_t n = PyArray_SIZE(g), size = PyArray_ITEMSIZE(held);
+    char *out = (char *)PyArray_DATA(held) + row * n * size;
+    const char *in = (const char *)PyArray_DATA(g);
+    if (n && in < out + n * size && out < in + n * size) Py_RETURN_FALSE; /* overlapping: NumPy's */
+    if (type == NPY_FLOAT) {
+        float *restrict o = (float *)out;
+        const float *restrict x = (const float *)in;
+        for (Py_ssize_t k = 0; k < n; k++) o[k] += x[k];
+    } else {
+        double *restrict o = (double *)out;
+        const double *restrict x = (const double *)in;
+        for (Py_ssize_t k = 0; k < n; k++) o[k] += x[k];
+    }
+    Py_RETURN_TRUE;
+}
+
+PyDoc_STRVAR(any_set_doc,
+    "any_set(mask)\n--\n\n"
+    "Whether an element of mask is True, where mask is a C-contiguous NumPy array (not a subclass) of\n"
+    "booleans; None for any other value.");
+
+static PyObject *any_set(PyObject *Py_UNUSED(self), PyObject *a) {
+    if (!PyArray_CheckExact(a) || PyArray_TYPE((PyArrayObject *)a) != NPY_BOOL ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)a))
+        Py_RETURN_NONE;
+    const char *bytes = (const char *)PyArray_DATA((PyArrayObject *)a);
+    Py_ssize_t n = PyArray_SIZE((PyArrayObject *)a);
+    char found = 0; /* or-ed, no early exit: the loop vectorizes (a mask is a step's rows) */
+    for (Py_ssize_t k = 0; k < n; k++) found |= bytes[k];
+    return PyBool_FromLong(found != 0);
+}
+
 PyDoc_STRVAR(user_site_doc,
     "user_site(library, clients)\n--\n\n"
     "The code object and last instruction (as frame.f_lasti) of the innermost Python frame whose\n"
@@ -679,6 +739,8 @@ static PyMethodDef methods[] = {
     {"out", (PyCFunction)(void (*)(void))out, METH_FASTCALL, out_doc},
     {"writable_own", writable_own, METH_O, writable_own_doc},
     {"user_site", (PyCFunction)(void (*)(void))user_site, METH_FASTCALL, user_site_doc},
+    {"add_row", (PyCFunction)(void (*)(void))add_row, METH_FASTCALL, add_row_doc},
+    {"any_set", any_set, METH_O, any_set_doc},
     {"finite", finite_check, METH_O, finite_doc},
     {"freeze", freeze, METH_O, freeze_doc},
     {"negate", negate, METH_VARARGS, cells_doc},

@@ -19,6 +19,7 @@ from monadl.dsl import fused
 from monadl.dsl.learning.optimizers import native
 from monadl.dsl.learning.optimizers.adam import _adam_in_chunks, adam_rule
 from monadl.dsl.ops import recurrent
+from monadl.typeclasses import backend
 from monadl.typeclasses.sparse import SparseRows
 
 needs_kernels = pytest.mark.skipif(not native.available(), reason="the engine runs from its sources")
@@ -630,3 +631,117 @@ def test_freeze_makes_an_array_read_only() -> None:
             a[0] = 2.0
     with pytest.raises(TypeError, match="expected a NumPy array"):
         kernels.freeze([1.0])
+
+
+@needs_kernels
+@settings(deadline=None, max_examples=80)
+@given(
+    dtype=st.sampled_from([np.float32, np.float64]),
+    shape=st.sampled_from([(1, 1), (4, 1, 50), (3, 7), (2, 3, 5), (5, 0), (9, 130)]),
+    row=st.integers(0, 8),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_add_row_is_numpys_in_place_add_bit_for_bit(
+    dtype: type[np.floating[Any]], shape: tuple[int, ...], row: int, seed: int
+) -> None:
+    """``add_row(held, row, g)`` leaves ``held`` as ``held[row] += g`` does, bits included (signed
+    zeros, infinities, NaNs), every other row untouched."""
+    kernels: Any = fused.NATIVE
+    row %= shape[0]
+    rng = np.random.default_rng(seed)
+    held = rng.standard_normal(shape).astype(dtype)
+    g = rng.standard_normal(shape[1:]).astype(dtype)
+    for a in (held.reshape(-1), g.reshape(-1)):
+        a[::5] = -0.0
+        a[1::7] = np.inf
+        a[2::11] = np.nan
+    expected = held.copy()
+    view = expected[row]
+    view += g
+    assert kernels.add_row(held, row, g) is True
+    assert _bits(held) == _bits(expected)
+
+
+@needs_kernels
+def test_add_row_declines_what_numpy_must_add() -> None:
+    """False, and nothing written, for arguments the loop does not read as NumPy would: another
+    dtype or layout, a read-only or 1-d array, a row out of range, a delta of another shape (one
+    NumPy broadcasts included), a subclass, and a delta that overlaps the row."""
+    kernels: Any = fused.NATIVE
+    held = np.zeros((3, 4))
+    frozen = np.zeros((3, 4))
+    frozen.flags.writeable = False
+    g = np.ones(4)
+    declined: list[tuple[Any, int, Any]] = [
+        (held, 0, g.astype(np.float32)),
+        (held.astype(np.float32), 0, g),
+        (held.astype(np.int64), 0, g.astype(np.int64)),
+        (np.zeros((4, 3)).T, 0, g),
+        (held, 0, np.ones(8)[::2]),
+        (frozen, 0, g),
+        (np.zeros(4), 0, g[:1]),
+        (held, 3, g),
+        (held, -1, g),
+        (held, 0, np.ones((1, 4))),
+        (held, 0, np.ones(1)),
+        (held, 0, np.ones((2, 2))),
+        (held.view(_Subclass), 0, g),
+        (held, 0, g.view(_Subclass)),
+        (held.astype(held.dtype.newbyteorder()), 0, g),
+        (held, 0, 1.0),
+        ([[0.0]], 0, g),
+    ]
+    for a, row, delta in declined:
+        before = np.array(a, copy=True)
+        assert kernels.add_row(a, row, delta) is False, (np.shape(a), row, np.shape(delta))
+        np.testing.assert_array_equal(np.asarray(a), before)
+    overlapping = np.arange(12.0).reshape(3, 4)
+    assert kernels.add_row(overlapping, 1, overlapping[1]) is False
+    assert kernels.add_row(overlapping, 1, overlapping.reshape(-1)[2:6]) is False
+    assert kernels.add_row(overlapping, 0, overlapping[1]) is True  # (apart: added)
+    np.testing.assert_array_equal(overlapping[0], [4.0, 6.0, 8.0, 10.0])
+    with pytest.raises(TypeError, match="expected held, row and g"):
+        kernels.add_row(held, 0)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_add_into_row_is_numpys_add_either_way(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``backend.add_into_row`` adds a delta into its row, by the loop or by NumPy (a delta NumPy
+    broadcasts, a float): the same values."""
+    if not native:
+        monkeypatch.setattr(backend, "_ADD_ROW", None)
+    held = np.zeros((3, 1, 4), dtype=np.float32)
+    backend.add_into_row(held, 1, np.arange(4, dtype=np.float32).reshape(1, 4))
+    backend.add_into_row(held, 1, np.ones(4, dtype=np.float32))  # broadcast: NumPy's add
+    backend.add_into_row(held, 2, 0.5)
+    expected = np.zeros((3, 1, 4), dtype=np.float32)
+    expected[1, 0] = [1.0, 2.0, 3.0, 4.0]
+    expected[2] = 0.5
+    np.testing.assert_array_equal(held, expected)
+
+
+@needs_kernels
+@settings(deadline=None, max_examples=60)
+@given(n=st.integers(0, 300), set_at=st.lists(st.integers(0, 299), max_size=3))
+def test_any_set_is_numpys_any(n: int, set_at: list[int]) -> None:
+    """``any_set`` agrees with NumPy's ``any`` on boolean arrays of any length, set anywhere (the
+    loop's vector body and its tail)."""
+    kernels: Any = fused.NATIVE
+    mask = np.zeros(n, dtype=bool)
+    for k in set_at:
+        if k < n:
+            mask[k] = True
+    assert kernels.any_set(mask) is bool(mask.any())
+    assert backend.any_set(mask) is bool(mask.any())
+
+
+@needs_kernels
+def test_any_set_declines_what_is_not_a_contiguous_mask() -> None:
+    """None (the caller asks NumPy) for values that are not C-contiguous boolean arrays."""
+    kernels: Any = fused.NATIVE
+    mask = np.zeros((4, 4), dtype=bool)
+    mask[1, 2] = True
+    for value in (mask.T, mask[:, ::2], mask.astype(np.uint8), mask.view(_Subclass), [True], True):
+        assert kernels.any_set(value) is None
+        assert backend.any_set(value) is bool(np.any(value))
+    assert kernels.any_set(mask) is True

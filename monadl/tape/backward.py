@@ -54,6 +54,8 @@ from monadl.runtime.versions import data_of
 from monadl.typeclasses.backend import (
     NDARRAY,
     NUMPY,
+    add_into_row,
+    any_set,
     matrix_product,
     minus_zeros,
     namespace,
@@ -210,7 +212,7 @@ class Backward:
         if d is None or not self.run.wants[slot]:
             return None
         present = self.present[slot]
-        if present is not ALL and (present is None or not _any(present)):
+        if present is not ALL and (present is None or not any_set(present)):
             return None
         self.deltas[slot] = None
         return d
@@ -265,8 +267,7 @@ class Backward:
             g = g.to_dense(namespace(held))
         if type(held) is NDARRAY:
             if held.ndim > 1:
-                view = held[row]  # added into in place: no store of the row back
-                view += g
+                add_into_row(held, row, g)
             else:  # rows of floats: an element
                 held[row] += g
         else:  # the array API assigns to no index: a scatter
@@ -694,11 +695,6 @@ def _finite(g: Any) -> bool:
 
 def _dense(d: Any) -> Any:
     return d.to_dense() if type(d) is SparseRows else d
-
-
-def _any(mask: Any) -> bool:
-    """Whether a row of a presence mask is set (the ufunc's reduction: ``mask.any()`` is Python)."""
-    return bool(np.logical_or.reduce(mask, axis=None))
 
 
 def _present(given: Any, k: int) -> bool:

@@ -136,6 +136,27 @@ _WRITABLE_OWN: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.wri
 into NumPy and a flags object made on every delta the backward pass is given."""
 _FINITE: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.finite
 _FREEZE: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.freeze
+_ADD_ROW: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.add_row
+_ANY_SET: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.any_set
+
+
+def add_into_row(held: Any, row: int, g: Any) -> None:
+    """``held[row] += g``, for a NumPy array ``held`` of two dimensions or more: one loop of
+    ``monadl/_native.c`` where it takes the arrays (C-contiguous, of one float dtype, ``g`` of the
+    row's shape), else NumPy's view and in-place add (the same additions)."""
+    if _ADD_ROW is None or _ADD_ROW(held, row, g) is not True:
+        view = held[row]  # added into in place: no store of the row back
+        view += g
+
+
+def any_set(mask: Any) -> bool:
+    """Whether an element of a NumPy array of booleans is set (``mask.any()`` is Python; the ufunc's
+    reduction, where ``monadl/_native.c`` does not read it)."""
+    if _ANY_SET is not None:
+        found: bool | None = _ANY_SET(mask)
+        if found is not None:
+            return found
+    return bool(np.logical_or.reduce(mask, axis=None))
 
 
 def writable_own(a: Any) -> bool:
