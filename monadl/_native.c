@@ -610,7 +610,16 @@ PyDoc_STRVAR(add_row_doc,
 
 /* The backward pass adds each call's delta into its row of a stacked delta (a body's gates, rows
    of a few elements): NumPy's view and in-place add cost far more than the additions there. The
-   same IEEE additions, element by element, as NumPy's. */
+   same IEEE additions, element by element, as NumPy's, and as wide (WIDE: rows of a level of trees
+   are large). */
+static WIDE void add_float(float *restrict o, const float *restrict x, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < n; k++) o[k] += x[k];
+}
+
+static WIDE void add_double(double *restrict o, const double *restrict x, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < n; k++) o[k] += x[k];
+}
+
 static PyObject *add_row(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "monadl._native.add_row: expected held, row and g");
@@ -633,13 +642,9 @@ static PyObject *add_row(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
     const char *in = (const char *)PyArray_DATA(g);
     if (n && in < out + n * size && out < in + n * size) Py_RETURN_FALSE; /* overlapping: NumPy's */
     if (type == NPY_FLOAT) {
-        float *restrict o = (float *)out;
-        const float *restrict x = (const float *)in;
-        for (Py_ssize_t k = 0; k < n; k++) o[k] += x[k];
+        add_float((float *)out, (const float *)in, n);
     } else {
-        double *restrict o = (double *)out;
-        const double *restrict x = (const double *)in;
-        for (Py_ssize_t k = 0; k < n; k++) o[k] += x[k];
+        add_double((double *)out, (const double *)in, n);
     }
     Py_RETURN_TRUE;
 }
