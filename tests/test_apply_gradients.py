@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -105,7 +106,7 @@ def test_a_python_int_label_is_its_0d_arrays(classes: int, labels: list[int], se
     logits = [np.random.default_rng(seed + k).standard_normal(classes) for k in range(len(labels))]
     weights = [ml.ArrayWeight(x) for x in logits]
 
-    def outcome(targets: list[object], batching: bool) -> tuple[str, Any]:
+    def outcome(targets: Sequence[np.ndarray | int], batching: bool) -> tuple[str, Any]:
         loss = ml.add_n([ml.cross_entropy(w, t) for w, t in zip(weights, targets, strict=True)])
         with ml.Executor(batching=batching) as ex:
             try:
