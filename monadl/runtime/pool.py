@@ -227,7 +227,7 @@ class Dispatcher:
 def drain_failed(dispatcher: Dispatcher | None) -> None:
     """Waits for ``dispatcher``'s kernels in flight: called where a run's exception is caught, before
     it propagates, so that nothing of a failed run is left computing. (From an ``except Exception``
-    clause: an interrupt propagates at once. Not a context manager: a generator's context costs a
-    body's backward pass more than its rules, on a step's few rows.)"""
+    clause: an interrupt propagates at once. Not a generator context manager: every backward pass
+    would enter one, each body's too.)"""
     if dispatcher is not None:
         dispatcher.drain()

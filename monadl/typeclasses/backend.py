@@ -150,8 +150,8 @@ def add_into_row(held: Any, row: int, g: Any) -> None:
 
 
 def any_set(mask: Any) -> bool:
-    """Whether an element of a NumPy array of booleans is set (``mask.any()`` is Python; the ufunc's
-    reduction, where ``monadl/_native.c`` does not read it)."""
+    """Whether an element of a NumPy array of booleans is set: read by ``monadl/_native.c`` where it
+    takes the mask, else by the ufunc's reduction (``mask.any()`` goes through Python)."""
     if _ANY_SET is not None:
         found: bool | None = _ANY_SET(mask)
         if found is not None:

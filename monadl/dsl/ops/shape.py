@@ -119,7 +119,8 @@ def _concat_vjp(i: int) -> Rule:
             start += x.shape[ax]
         if ax == last:  # the commonest: features joined (a cell's [x; h])
             return d[..., start : start + xs[i].shape[ax]]
-        return d[(*(slice(None),) * ax, slice(start, start + xs[i].shape[ax]), ...)]  # (the array API's)
+        # (the trailing ellipsis: the array API indexes every axis)
+        return d[(*(slice(None),) * ax, slice(start, start + xs[i].shape[ax]), ...)]
 
     return vjp
 
