@@ -485,23 +485,34 @@ PyDoc_STRVAR(cells_doc,
     "tree_c_forward(t, tu, c_left, c_right, out), t the gates' exp(-x), made their sigmoids in place;\n"
     "name_deltas(d, *saved, *inputs, out), out one block per input's delta.");
 
-/* Whether the kernels read these arrays as they are (monadl.dsl.fused.native_takes): NumPy arrays
-   (not a subclass), not 0-d, of one shape and one dtype, float32 or float64 in the machine's byte
-   order, C-contiguous and aligned. Read from NumPy's array struct: the cells' rules ask before every
-   kernel, on a few rows, where a buffer (or NumPy's attributes from Python) costs more than the
-   arithmetic. */
+/* The arrays this module's loops read as they are: a NumPy array (not a subclass) of float32 or
+   float64 in the machine's byte order, C-contiguous and aligned. Its type (NPY_FLOAT, NPY_DOUBLE), or
+   0 for any other value. Read from NumPy's array struct: the engine asks on a step's few rows, where
+   a buffer (or NumPy's attributes from Python) costs more than the arithmetic. */
+static int plain_floats(PyObject *obj) {
+    if (!PyArray_CheckExact(obj)) return 0;
+    PyArrayObject *a = (PyArrayObject *)obj;
+    int type = PyArray_TYPE(a);
+    if ((type != NPY_FLOAT && type != NPY_DOUBLE) || !PyArray_ISNOTSWAPPED(a) ||
+        !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a))
+        return 0;
+    return type;
+}
+
+/* Whether the kernels read these arrays as they are (monadl.dsl.fused.native_takes): plain float
+   arrays (plain_floats), not 0-d, of one shape and one dtype. The cells' rules ask before every
+   kernel. */
 static int native_arrays(PyObject *const *arrays, Py_ssize_t n) {
-    if (n < 1 || !PyArray_CheckExact(arrays[0])) return 0;
+    int type = n < 1 ? 0 : plain_floats(arrays[0]);
+    if (!type) return 0;
     PyArrayObject *first = (PyArrayObject *)arrays[0];
-    int type = PyArray_TYPE(first), nd = PyArray_NDIM(first);
-    if ((type != NPY_FLOAT && type != NPY_DOUBLE) || nd == 0) return 0;
+    int nd = PyArray_NDIM(first);
+    if (nd == 0) return 0;
     npy_intp *shape = PyArray_DIMS(first);
     for (Py_ssize_t k = 0; k < n; k++) {
-        if (!PyArray_CheckExact(arrays[k])) return 0;
+        if (plain_floats(arrays[k]) != type) return 0;
         PyArrayObject *a = (PyArrayObject *)arrays[k];
-        if (PyArray_TYPE(a) != type || PyArray_NDIM(a) != nd || !PyArray_ISNOTSWAPPED(a) ||
-            !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a) || !PyArray_CompareLists(PyArray_DIMS(a), shape, nd))
-            return 0;
+        if (PyArray_NDIM(a) != nd || !PyArray_CompareLists(PyArray_DIMS(a), shape, nd)) return 0;
     }
     return 1;
 }
@@ -569,12 +580,9 @@ PyDoc_STRVAR(finite_doc,
     "float64 in the machine's byte order, C-contiguous and aligned; None for any other value.");
 
 static PyObject *finite_check(PyObject *Py_UNUSED(self), PyObject *a) {
-    if (!PyArray_CheckExact(a)) Py_RETURN_NONE;
+    int type = plain_floats(a);
+    if (!type) Py_RETURN_NONE;
     PyArrayObject *array = (PyArrayObject *)a;
-    if (!PyArray_IS_C_CONTIGUOUS(array) || !PyArray_ISALIGNED(array) || !PyArray_ISNOTSWAPPED(array))
-        Py_RETURN_NONE;
-    int type = PyArray_TYPE(array);
-    if (type != NPY_FLOAT && type != NPY_DOUBLE) Py_RETURN_NONE;
     Py_ssize_t n = PyArray_SIZE(array);
     const void *data = PyArray_DATA(array);
     int ok;
@@ -627,13 +635,12 @@ static PyObject *add_row(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
     }
     Py_ssize_t row = PyLong_AsSsize_t(args[1]);
     if (row == -1 && PyErr_Occurred()) return NULL;
-    if (!PyArray_CheckExact(args[0]) || !PyArray_CheckExact(args[2])) Py_RETURN_FALSE;
+    int type = plain_floats(args[0]);
+    if (!type || plain_floats(args[2]) != type) Py_RETURN_FALSE;
     PyArrayObject *held = (PyArrayObject *)args[0], *g = (PyArrayObject *)args[2];
-    int type = PyArray_TYPE(held), ndim = PyArray_NDIM(held);
-    if ((type != NPY_FLOAT && type != NPY_DOUBLE) || PyArray_TYPE(g) != type || ndim < 2 ||
-        PyArray_NDIM(g) != ndim - 1 || !PyArray_IS_C_CONTIGUOUS(held) || !PyArray_IS_C_CONTIGUOUS(g) ||
-        !PyArray_ISALIGNED(held) || !PyArray_ISALIGNED(g) || !PyArray_ISNOTSWAPPED(held) ||
-        !PyArray_ISNOTSWAPPED(g) || !PyArray_ISWRITEABLE(held) || row < 0 || row >= PyArray_DIM(held, 0))
+    int ndim = PyArray_NDIM(held);
+    if (ndim < 2 || PyArray_NDIM(g) != ndim - 1 || !PyArray_ISWRITEABLE(held) || row < 0 ||
+        row >= PyArray_DIM(held, 0))
         Py_RETURN_FALSE;
     for (int k = 1; k < ndim; k++)
         if (PyArray_DIM(g, k - 1) != PyArray_DIM(held, k)) Py_RETURN_FALSE;
