@@ -717,6 +717,48 @@ def test_a_fan_follows_its_weights_new_versions_and_arrays_changed_in_place() ->
     assert not np.allclose(first, value_of(layer, on))
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    steps=st.integers(1, 4),
+    sequences=st.integers(1, 3),
+    gates=st.integers(2, 4),
+    shared_gate=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_a_fans_weights_over_a_sequence_get_the_unbatched_gradients(
+    steps: int, sequences: int, gates: int, shared_gate: bool, seed: int
+) -> None:
+    """A cell's gates fan out at every step of its sequences; each gate's weights are given one
+    product for all the steps, with every gate's rows side by side. Gates whose weights are also
+    read alone (by a linear outside the cell), and a cell whose two gates share one weight, get the
+    gradients that running without batching gives."""
+    rng = np.random.default_rng(seed)
+    weights = [ArrayWeight(rng.normal(size=(3, 3))) for _ in range(gates)]
+    biases = [ArrayWeight(rng.normal(size=3)) for _ in range(gates)]
+    if shared_gate:  # the last gate reads the first one's weight with a bias of its own
+        weights[-1] = weights[0]
+
+    @ml.batchable
+    def cell(h: ml.AnyArray) -> ArrayLayer:
+        outputs = [ml.linear(h, w, b) for w, b in zip(weights, biases, strict=True)]
+        return ml.tanh(ml.add_n([y * float(j + 1) for j, y in enumerate(outputs)]))  # a delta each
+
+    starts = [rng.normal(size=3) for _ in range(sequences)]
+    cell(starts[0])  # the operation's first call learns its results
+    losses: list[FloatLayer] = []
+    for start in starts:
+        h: Any = start
+        for _ in range(steps):
+            h = cell(h)
+        losses.append(ml.sum(h * h))
+    # The first gate's weight and the second's bias read alone too: products of their own.
+    losses.append(ml.sum(ml.tanh(ml.linear(rng.normal(size=3), weights[0], biases[1]))))
+    loss = ml.add_n(losses)
+    kinds, _ = launches(loss)
+    assert kinds["linear"] == steps + 1, kinds  # a fan a step (the sequences' rows merged), one alone
+    assert_same_gradients(loss)
+
+
 def test_a_shape_error_in_fanned_out_linears_names_the_call() -> None:
     x = ArrayWeight(np.ones(3))
     w1, w2 = ArrayWeight(np.ones((4, 2))), ArrayWeight(np.ones((4, 2)))  # 3 != 4

@@ -117,6 +117,13 @@ class Backward:
         """A weight's deltas that are products of rows (``Primitive.products``), to be added up as
         one product when the pass ends: its calls over a whole step (every time step of a sequence,
         every level of a tree) make one matrix product instead of one each, and one sum."""
+        self.fans: dict[tuple[Any, ...], list[tuple[Any, Any]]] = {} if outer is None else outer.fans
+        """The deltas of the weights of a fan's calls (one input, several weights: an LSTM cell's
+        gates), by the weights in the calls' order: the products of one left factor with each
+        weight's rows, added up as one product of the left factors with all the weights' rows side
+        by side (one join of the left factors and one matrix product for them all)."""
+        self.fans_of: dict[Any, list[tuple[Any, ...]]] = {} if outer is None else outer.fans_of
+        """The fans (keys of ``fans``) each weight is in."""
 
     def sweep(self) -> None:
         """Runs every step's rule, from the last step to the first."""
@@ -132,14 +139,14 @@ class Backward:
                         "a weight's uses" if type(step) is LeafStep else f"the vjp of {step.name()}"
                     )
                 run_rule(self, step)
-                if self.top and self.products:
+                if self.top and (self.products or self.fans):
                     if firsts is None:
                         firsts = run.first_reads()
                     slots = firsts.get(i)
                     if slots is not None:
                         for slot in slots:
                             weight = run.weights[slot]
-                            if weight in self.products:
+                            if weight in self.products or weight in self.fans_of:
                                 # Its last reader in the frame: its products are all given.
                                 # Multiplied now, while its readers' rows are in the cache.
                                 self.multiply_weight(weight)
@@ -176,15 +183,80 @@ class Backward:
             held.append(factors)
         return True
 
+    def fan_product(self, slots: list[int], left: Any, rights: Any) -> bool:
+        """Defers the deltas of the weights of slots ``slots``, the weights of a fan's calls (call
+        k's delta ``left.T @ rights[k]``; ``left`` None: the rows of ``rights[k]`` summed), as one
+        product with the others of the same weights (see ``fans``); False where they are not
+        distinct weights (then the caller defers them one by one, or computes them)."""
+        if self.diagnose:
+            return False
+        weights = self.run.weights
+        key = tuple([weights[s] for s in slots])
+        ids: set[int] = set()
+        for weight in key:
+            if weight is None:
+                return False
+            ids.add(id(weight))
+        if len(ids) != len(key):
+            return False
+        held = self.fans.get(key)
+        if held is None:
+            self.fans[key] = [(left, rights)]
+            for weight in key:
+                keys = self.fans_of.get(weight)
+                if keys is None:
+                    self.fans_of[weight] = [key]
+                else:
+                    keys.append(key)
+        else:
+            held.append((left, rights))
+        return True
+
     def multiply(self) -> None:
         """Each weight's deferred products of rows not added yet (see :meth:`multiply_weight`)."""
+        for key in list(self.fans):
+            self.multiply_fan(key)
+        self.fans_of.clear()
         for weight in list(self.products):
             self.multiply_weight(weight)
 
+    def multiply_fan(self, key: tuple[Any, ...]) -> None:
+        """Adds the deferred products of the fan of weights ``key`` to their gradients: one product
+        of the left factors joined with every weight's rows side by side (or one sum of rows)."""
+        factors = self.fans.pop(key)
+        k = len(key)
+        first = factors[0][1]  # (k, rows, outputs)
+        xp = namespace(first)
+        if factors[0][0] is None:
+            rights = xp.concat([f[1] for f in factors], axis=1) if len(factors) > 1 else first
+            g = xp.sum(rights, axis=1)  # (k, outputs)
+        else:
+            lefts = xp.concat([f[0] for f in factors], axis=0) if len(factors) > 1 else factors[0][0]
+            # Each call's rows side by side: (rows, k, outputs), then (rows, k * outputs).
+            sides = xp.concat([xp.permute_dims(f[1], (1, 0, 2)) for f in factors], axis=0)
+            outputs = first.shape[2]
+            sides = xp.reshape(sides, (sides.shape[0], k * outputs))
+            g = xp.matmul(lefts.mT, sides) if xp is not NUMPY else matrix_product(lefts.T, sides)
+            g = xp.permute_dims(xp.reshape(g, (g.shape[0], k, outputs)), (1, 0, 2))  # (k, inputs, outputs)
+        snapshot = self.run.snapshot
+        for j in range(k):
+            weight = key[j]
+            data = data_of(weight, snapshot)
+            # A C-ordered copy, not a view of g: a gradient the optimizer may write into.
+            block = g[j].copy() if xp is NUMPY else xp.asarray(g[j], copy=True)
+            self.add_product(weight, block, data)
+
     def multiply_weight(self, weight: Any) -> None:
         """Adds ``weight``'s deferred products of rows to its gradient, as one product (or one sum
-        of rows)."""
-        factors = self.products.pop(weight)
+        of rows), the fans it is in first."""
+        keys = self.fans_of.pop(weight, None)
+        if keys is not None:
+            for key in keys:
+                if key in self.fans:  # (not yet multiplied for another of its weights)
+                    self.multiply_fan(key)
+        factors = self.products.pop(weight, None)
+        if factors is None:
+            return
         xp = namespace(factors[0][1])
         left = [f[0] for f in factors]
         right = xp.concat([f[1] for f in factors], axis=0) if len(factors) > 1 else factors[0][1]
@@ -193,7 +265,12 @@ class Backward:
         else:
             lefts = xp.concat(left, axis=0) if len(left) > 1 else left[0]
             g = xp.matmul(lefts.mT, right) if xp is not NUMPY else matrix_product(lefts.T, right)
-        data = data_of(weight, self.run.snapshot)
+        self.add_product(weight, g, data_of(weight, self.run.snapshot))
+
+    def add_product(self, weight: Any, g: Any, data: Any) -> None:
+        """Adds ``g``, a product for ``weight`` (an array of the pass's own), to its gradient, in
+        the shape and dtype of its ``data``."""
+        xp = namespace(g)
         if tuple(g.shape) != tuple(data.shape):
             g = xp.reshape(g, data.shape)
         if g.dtype != data.dtype:
@@ -333,7 +410,7 @@ def _leaf(b: Backward, step: LeafStep) -> None:
     d = b.take(step.out)
     if weight is None:
         return
-    if weight in b.products and weight not in b.gradients:
+    if (weight in b.products or weight in b.fans_of) and weight not in b.gradients:
         b.gradients[weight] = None  # its place among the gradients: its leaf's, as for any delta
     if d is None:
         return
@@ -495,6 +572,8 @@ def _fan(b: Backward, step: FanStep) -> None:
         factors = None if rule is None else rule(xp, d, run.saved[out], *args, **step.params)
         if factors is not None:
             left, rights = factors
+            if len(wanted) == len(slots) and b.fan_product(slots, left, rights):
+                continue
             wanted = [k for k in wanted if not b.product(slots[k], (left, rights[k, ...]))]
             if not wanted:
                 continue
