@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SETUPTOOLS = (68,)  # pyproject.toml's [build-system] requires setuptools>=68 (PEP 660 editable wheels)
+SETUPTOOLS = (77,)  # pyproject.toml's [build-system] requires setuptools>=77 (PEP 639: an SPDX license)
 
 USER_FILE = """\
 from typing import TypeVar, assert_type
@@ -240,9 +240,13 @@ def test_a_wheel_built_once_installs_and_runs_where_there_is_no_compiler(build: 
     wheel_command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
     built = _run([*wheel_command, "-w", str(dist), str(source)], tmp_path, env, 1800)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    # The license as an SPDX expression: the table form setuptools deprecates is gone.
+    assert "project.license" not in built.stdout + built.stderr, built.stderr[-3000:]
     (wheel,) = dist.glob("monadl-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        assert "License-Expression: Apache-2.0" in archive.read(metadata).decode().splitlines()
     assert "monadl/py.typed" in names and "monadl/do/do.py" in names
     if build == "pure":
         assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
