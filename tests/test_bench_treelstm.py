@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from monadl.bench.treelstm_model import TreeLstm
 from monadl.bench.treelstm_torch import TorchLevelTreeLstm, TorchTreeLstm
 from monadl.data import sst
 from monadl.data.trees import Tree
+from monadl.do.graph import recording, swap_recording
 
 HAS_TORCH = torch_available()
 HAS_DYNET = bench.dynet_available()
@@ -271,3 +272,20 @@ def test_batching_launches_fewer_kernels_and_the_ratio_is_against_the_depth_boun
     np.testing.assert_allclose(scores[0], scores[1], rtol=1e-10)
     expected = _root_scores(_model(vocabulary, executor=reference), trees, vocabulary)
     np.testing.assert_allclose(scores[0], expected, rtol=1e-10)
+
+
+def test_the_recording_figure_records_each_batch_into_a_graph_of_its_own() -> None:
+    """As a training step does (its run takes the graph from the thread): each batch's recording
+    starts from an empty graph, and none is left on the thread's after the timing."""
+    sizes: list[int] = []
+
+    class Counting(TreeLstm):
+        def loss(self, trees: Sequence[Tree], word_id: Callable[[str], int]) -> ml.FloatLayer:
+            sizes.append(len(recording()))  # the rows on the thread's graph before this batch's
+            return super().loss(trees, word_id)
+
+    trees, vocabulary = _trees(count=8)
+    model = Counting(len(vocabulary), 8, 6, seed=3, dtype=np.float64)
+    swap_recording(None)  # (what earlier tests recorded on this thread is not this test's)
+    assert bench._record_us(model, [trees[:4], trees[4:]], vocabulary.index, 2) > 0
+    assert sizes == [0, 0, 0, 0] and len(recording()) == 0

@@ -42,7 +42,8 @@ names) of the model's batched inference (the scheduler's gathers of rows are lau
 the model): a perfect batcher runs each kind once per tree level.
 (The distinct signatures, where one op on different weights counts once per weight, are reported too.) The
 ratio is launches / bound. And the recording cost: ``model.loss`` (graph recording only, nothing
-runs), in microseconds per cell call (one per tree node).
+runs; each batch into a graph of its own, as a training step records), in microseconds per cell
+call (one per tree node).
 """
 
 from __future__ import annotations
@@ -208,17 +209,24 @@ def initial_params(vocabulary_size: int, args: argparse.Namespace) -> dict[str, 
 
 def _record_us(model: Any, batches: Sequence[Sequence[Tree]], word_id: WordId, repeats: int) -> float:
     """The median over ``repeats`` of ``model.loss``'s time (recording only) per cell call, in us,
-    with the garbage collector paused as the example's training step records (``ml.gc_paused``)."""
+    with the garbage collector paused as the example's training step records (``ml.gc_paused``).
+    Each batch records into a graph of its own, as each training step does (its run takes the
+    graph from the thread): not run, every batch would append to one graph, ever larger."""
     import monadl as ml
+    from monadl.do.graph import swap_recording
 
     nodes = sum(2 * len(tree) - 1 for b in batches for tree in b)
     samples = []
     for _ in range(repeats):
+        seconds = 0.0
         with ml.gc_paused():
-            start = time.perf_counter()
             for b in batches:
-                model.loss(b, word_id)
-            samples.append((time.perf_counter() - start) / nodes * 1e6)
+                start = time.perf_counter()
+                loss = model.loss(b, word_id)
+                seconds += time.perf_counter() - start
+                swap_recording(None)  # the next batch's graph is a new one; this one goes with loss
+                del loss
+        samples.append(seconds / nodes * 1e6)
     return statistics.median(samples)
 
 
