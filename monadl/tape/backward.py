@@ -243,7 +243,7 @@ class Backward:
             weight = key[j]
             data = data_of(weight, snapshot)
             # A C-ordered copy, not a view of g: a gradient the optimizer may write into.
-            block = g[j].copy() if xp is NUMPY else xp.asarray(g[j], copy=True)
+            block = g[j, ...].copy() if xp is NUMPY else xp.asarray(g[j, ...], copy=True)
             self.add_product(weight, block, data)
 
     def multiply_weight(self, weight: Any) -> None:
