@@ -9,12 +9,13 @@ doing the same IEEE operations in the same order, in the arrays' own precision (
 each scalar rounded to it first, as NumPy rounds a Python float against a float32 array), so the
 results equal the NumPy rule's bit for bit. The build compiles this file without floating-point
 contraction (no fused multiply-add: NumPy rounds every product) and without errno from sqrt (so the
-loops vectorize; the results are the same). The arrays come as buffers (NumPy's buffer protocol),
-C-contiguous, the results' arrays made by the caller; the optimizers' loops run without
-the GIL (a cell's few rows are not worth releasing it). Which arrays the kernels take, and the
-cells' result arrays, are decided and made here too (takes, out), from NumPy's array struct (its C
-API, NumPy a build requirement): the cells' rules ask before each kernel, where NumPy's attributes
-read from Python cost more than the kernel. For the same reason the backward pass asks here whether
+loops vectorize; the results are the same). The optimizers' arrays come as buffers (NumPy's buffer
+protocol), C-contiguous, the results' arrays made by the caller, and their loops run without the
+GIL. A cell's rule is one call on a step's few rows (not worth releasing the GIL): it reads its
+arrays from NumPy's array struct (its C API, NumPy a build requirement), makes its results' arrays
+and runs NumPy's own exp and tanh loops, where a buffer, or NumPy's attributes and ufuncs called
+from Python, cost more than the arithmetic; the optimizers ask here which arrays the kernels take
+(takes). For the same reason the backward pass asks here whether
 a delta is an array of its own that it may add into (writable_own), adds a call's delta into its row
 of a stacked delta (add_row) and asks whether any row got one (any_set), and a training step whether a
 weight's new value is finite (finite) and makes it read-only (freeze), for every weight; and
@@ -25,12 +26,14 @@ equal; monadl/dsl/ops/recurrent.py the cells'. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <fenv.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
+#include <numpy/ufuncobject.h>
 
 /* The element loops are built twice where the toolchain can pick between builds when the module
    loads (GCC's target_clones, an ifunc: x86-64 Linux with glibc): for AVX2, 8 floats a vector
@@ -307,184 +310,6 @@ fail:
     return NULL;
 }
 
-/* The recurrent cells' rules (monadl.dsl.ops.recurrent), one element, each product and sum rounded
-   in the order NumPy's operators take them (left to right): a rule there is a dozen ufunc calls on
-   the few rows of a step, here one loop.
-
-   The forwards keep NumPy's exp and tanh (so the same bits wherever they run): the caller negates
-   the gates' pre-activations into one buffer t (negate), takes np.exp of it in place and np.tanh of
-   what needs one, and the forward's loop finishes the sigmoids in place, t = 1 / (1 + t) (as
-   monadl.dsl.ops.activations._sigmoid), and writes the result. The joint vjps (_c_deltas, ...)
-   write every input's delta, one block of n elements after the other. p[k] is the k-th array of the
-   kernel's arguments.
-
-   negate answers whether any t it wrote is above EXP_SAFE (exp(t) overflows a little above it, at
-   88.72 in float32, 709.78 in float64): only then does the caller's np.exp need its overflow
-   warning silenced, an np.errstate that costs more than the whole kernel on a step's few rows. */
-#define EXP_SAFE_float 88.0f
-#define EXP_SAFE_double 709.0
-#define CELLS(T)                                                                                   \
-    static WIDE int negate_##T(T *const *p, Py_ssize_t n, int count) {                             \
-        T *restrict out = p[count];                                                                \
-        int large = 0; /* or-ed, no early exit: the loop vectorizes */                             \
-        for (int j = 0; j < count; j++) {                                                          \
-            const T *restrict x = p[j];                                                            \
-            for (Py_ssize_t k = 0; k < n; k++) {                                                   \
-                out[j * n + k] = -x[k];                                                            \
-                large |= -x[k] > EXP_SAFE_##T;                                                     \
-            }                                                                                      \
-        }                                                                                          \
-        return large;                                                                              \
-    }                                                                                              \
-    static WIDE int lstm_c_forward_##T(T *const *p, Py_ssize_t n, int count) {                    \
-        T *restrict t = p[0], *restrict out = p[3];                                                \
-        const T *restrict tu = p[1], *restrict c = p[2];                                           \
-        for (Py_ssize_t k = 0; k < 2 * n; k++) t[k] = (T)1.0 / ((T)1.0 + t[k]);                    \
-        for (Py_ssize_t k = 0; k < n; k++) out[k] = t[k] * tu[k] + t[n + k] * c[k];                \
-        return 0;                                                                                  \
-    }                                                                                              \
-    static WIDE int tree_c_forward_##T(T *const *p, Py_ssize_t n, int count) {                    \
-        T *restrict t = p[0], *restrict out = p[4];                                                \
-        const T *restrict tu = p[1], *restrict cl = p[2], *restrict cr = p[3];                     \
-        for (Py_ssize_t k = 0; k < 3 * n; k++) t[k] = (T)1.0 / ((T)1.0 + t[k]);                    \
-        for (Py_ssize_t k = 0; k < n; k++) out[k] = t[k] * tu[k] + t[n + k] * cl[k] + t[2 * n + k] * cr[k]; \
-        return 0;                                                                                  \
-    }                                                                                              \
-    static WIDE int lstm_h_forward_##T(T *const *p, Py_ssize_t n, int count) {                    \
-        T *restrict t = p[0], *restrict out = p[2];                                                \
-        const T *restrict tc = p[1];                                                               \
-        for (Py_ssize_t k = 0; k < n; k++) {                                                       \
-            t[k] = (T)1.0 / ((T)1.0 + t[k]);                                                       \
-            out[k] = t[k] * tc[k];                                                                 \
-        }                                                                                          \
-        return 0;                                                                                  \
-    }                                                                                              \
-    static WIDE int lstm_c_deltas_##T(T *const *p, Py_ssize_t n, int count) {                     \
-        const T *restrict d = p[0], *restrict si = p[1], *restrict sf = p[2], *restrict tu = p[3], \
-                *restrict c = p[4];                                                                \
-        T *restrict g = p[5];                                                                      \
-        for (Py_ssize_t k = 0; k < n; k++) {                                                       \
-            g[k] = d[k] * tu[k] * si[k] * ((T)1.0 - si[k]);                                        \
-            g[n + k] = d[k] * c[k] * sf[k] * ((T)1.0 - sf[k]);                                     \
-            g[2 * n + k] = d[k] * si[k] * ((T)1.0 - tu[k] * tu[k]);                                \
-            g[3 * n + k] = d[k] * sf[k];                                                           \
-        }                                                                                          \
-        return 0;                                                                                  \
-    }                                                                                              \
-    static WIDE int tree_c_deltas_##T(T *const *p, Py_ssize_t n, int count) {                     \
-        const T *restrict d = p[0], *restrict si = p[1], *restrict sl = p[2], *restrict sr = p[3], \
-                *restrict tu = p[4], *restrict cl = p[5], *restrict cr = p[6];                     \
-        T *restrict g = p[7];                                                                      \
-        for (Py_ssize_t k = 0; k < n; k++) {                                                       \
-            g[k] = d[k] * tu[k] * si[k] * ((T)1.0 - si[k]);                                        \
-            g[n + k] = d[k] * cl[k] * sl[k] * ((T)1.0 - sl[k]);                                    \
-            g[2 * n + k] = d[k] * cr[k] * sr[k] * ((T)1.0 - sr[k]);                                \
-            g[3 * n + k] = d[k] * si[k] * ((T)1.0 - tu[k] * tu[k]);                                \
-            g[4 * n + k] = d[k] * sl[k];                                                           \
-            g[5 * n + k] = d[k] * sr[k];                                                           \
-        }                                                                                          \
-        return 0;                                                                                  \
-    }                                                                                              \
-    static WIDE int lstm_h_deltas_##T(T *const *p, Py_ssize_t n, int count) {                     \
-        const T *restrict d = p[0], *restrict so = p[1], *restrict tc = p[2];                      \
-        T *restrict g = p[3];                                                                      \
-        for (Py_ssize_t k = 0; k < n; k++) {                                                       \
-            g[k] = d[k] * tc[k] * so[k] * ((T)1.0 - so[k]);                                        \
-            g[n + k] = d[k] * so[k] * ((T)1.0 - tc[k] * tc[k]);                                    \
-        }                                                                                          \
-        return 0;                                                                                  \
-    }                                                                                              \
-    static WIDE int gru_deltas_##T(T *const *p, Py_ssize_t n, int count) {                        \
-        const T *restrict d = p[0], *restrict sr = p[1], *restrict sz = p[2], *restrict nn = p[3], \
-                *restrict nh = p[4], *restrict h = p[5];                                           \
-        T *restrict g = p[6];                                                                      \
-        for (Py_ssize_t k = 0; k < n; k++) {                                                       \
-            T cand = d[k] * ((T)1.0 - sz[k]) * ((T)1.0 - nn[k] * nn[k]);                           \
-            g[k] = cand * nh[k] * sr[k] * ((T)1.0 - sr[k]);                                        \
-            g[n + k] = d[k] * (h[k] - nn[k]) * sz[k] * ((T)1.0 - sz[k]);                           \
-            g[2 * n + k] = cand;                                                                   \
-            g[3 * n + k] = cand * sr[k];                                                           \
-            g[4 * n + k] = d[k] * sz[k];                                                           \
-        }                                                                                          \
-        return 0;                                                                                  \
-    }
-
-CELLS(float)
-CELLS(double)
-
-typedef int (*cell_float)(float *const *, Py_ssize_t, int);
-typedef int (*cell_double)(double *const *, Py_ssize_t, int);
-
-/* A cell kernel's call: its arguments are arrays of one float type, C-contiguous, array k of
-   blocks[k] blocks of n elements (0: as many as the arrays before it, negate's output), the last
-   one written (and the first too where first_written: a forward's buffer of sigmoids). */
-static PyObject *cells(PyObject *args, const char *name, int count, const int *blocks, int first_written,
-                       cell_float f, cell_double g) {
-    Py_ssize_t given = PyTuple_GET_SIZE(args);
-    int negate = count == 0;
-    if (negate) count = (int)given;  /* any number of inputs, then the output */
-    if (given != count || count < 2 || count > MAX_BUFFERS) {
-        PyErr_Format(PyExc_TypeError, "monadl._native.%s: expected %d arrays, got %zd", name, count, given);
-        return NULL;
-    }
-    Buffers b = {.held = 0};
-    char *ptrs[MAX_BUFFERS];
-    Py_buffer *view[MAX_BUFFERS];
-    for (int k = 0; k < count; k++) {
-        int written = k == count - 1 || (k == 0 && first_written);
-        view[k] = take(&b, PyTuple_GET_ITEM(args, k), written, written ? "a result" : "an input");
-        if (view[k] == NULL) goto fail;
-        ptrs[k] = (char *)view[k]->buf;
-    }
-    char kind = float_kind(view[0]);
-    Py_ssize_t block = blocks ? view[0]->len / blocks[0] : view[0]->len;
-    for (int k = 0; k < count; k++) {
-        if (kind == 0 || float_kind(view[k]) != kind) {
-            PyErr_Format(PyExc_TypeError, "monadl._native.%s: expected float32 or float64 arrays of one dtype", name);
-            goto fail;
-        }
-        Py_ssize_t want = blocks ? blocks[k] * block : (k == count - 1 ? (count - 1) * block : block);
-        if (view[k]->len != want) {
-            PyErr_Format(PyExc_ValueError, "monadl._native.%s: the arrays differ in size", name);
-            goto fail;
-        }
-    }
-    Py_ssize_t n = block / view[0]->itemsize;
-    int large = kind == 'f' ? f((float *const *)ptrs, n, count - 1) : g((double *const *)ptrs, n, count - 1);
-    release(&b);
-    if (negate) return PyBool_FromLong(large);
-    Py_RETURN_NONE;
-fail:
-    release(&b);
-    return NULL;
-}
-
-static const int LSTM_C_FORWARD[] = {2, 1, 1, 1}, TREE_C_FORWARD[] = {3, 1, 1, 1, 1}, LSTM_H_FORWARD[] = {1, 1, 1},
-                 LSTM_C_DELTAS[] = {1, 1, 1, 1, 1, 4}, TREE_C_DELTAS[] = {1, 1, 1, 1, 1, 1, 1, 6},
-                 LSTM_H_DELTAS[] = {1, 1, 1, 2}, GRU_DELTAS[] = {1, 1, 1, 1, 1, 1, 5};
-
-#define CELL_FUNCTION(NAME, COUNT, BLOCKS, FIRST_WRITTEN)                                           \
-    static PyObject *NAME(PyObject *Py_UNUSED(self), PyObject *args) {                             \
-        return cells(args, #NAME, COUNT, BLOCKS, FIRST_WRITTEN, NAME##_float, NAME##_double);      \
-    }
-
-CELL_FUNCTION(negate, 0, NULL, 0)
-CELL_FUNCTION(lstm_c_forward, 4, LSTM_C_FORWARD, 1)
-CELL_FUNCTION(tree_c_forward, 5, TREE_C_FORWARD, 1)
-CELL_FUNCTION(lstm_h_forward, 3, LSTM_H_FORWARD, 1)
-CELL_FUNCTION(lstm_c_deltas, 6, LSTM_C_DELTAS, 0)
-CELL_FUNCTION(tree_c_deltas, 8, TREE_C_DELTAS, 0)
-CELL_FUNCTION(lstm_h_deltas, 4, LSTM_H_DELTAS, 0)
-CELL_FUNCTION(gru_deltas, 7, GRU_DELTAS, 0)
-
-PyDoc_STRVAR(cells_doc,
-    "kernel(*arrays)\n--\n\n"
-    "A recurrent cell's rule (monadl.dsl.ops.recurrent) on C-contiguous arrays of one float type,\n"
-    "the last written: negate(*xs, out), True where an element of out may overflow np.exp;\n"
-    "lstm_c_forward(t, tu, c, out), lstm_h_forward(t, tc, out),\n"
-    "tree_c_forward(t, tu, c_left, c_right, out), t the gates' exp(-x), made their sigmoids in place;\n"
-    "name_deltas(d, *saved, *inputs, out), out one block per input's delta.");
-
 /* The arrays this module's loops read as they are: a NumPy array (not a subclass) of float32 or
    float64 in the machine's byte order, C-contiguous and aligned. Its type (NPY_FLOAT, NPY_DOUBLE), or
    0 for any other value. Read from NumPy's array struct: the engine asks on a step's few rows, where
@@ -526,30 +351,355 @@ static PyObject *takes(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssiz
     return PyBool_FromLong(native_arrays(args, nargs));
 }
 
-PyDoc_STRVAR(out_doc,
-    "out(count, *arrays)\n--\n\n"
-    "A fresh array (count, *shape) of the arrays' dtype for a kernel's results where takes(*arrays);\n"
-    "None otherwise.");
+/* The recurrent cells' rules (monadl.dsl.ops.recurrent), one element, each product and sum rounded
+   in the order NumPy's operators take them (left to right): a rule there is a dozen ufunc calls on
+   the few rows of a step, here one call.
 
-static PyObject *out(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 2) {
-        PyErr_SetString(PyExc_TypeError, "monadl._native.out: expected a count and at least one array");
-        return NULL;
+   A forward (cell_forward) writes the gates' negated pre-activations into one buffer t, takes
+   NumPy's own exp of it in place and NumPy's own tanh of the operand that needs one into t's last
+   block (the loops np.exp and np.tanh run, found in their ufuncs: numpy_loops), then finishes the
+   sigmoids in place, t = 1 / (1 + t) (as monadl.dsl.ops.activations._sigmoid), and writes the
+   result: the same operations as the NumPy rule, so the same bits. A gate's exp(-x) may overflow
+   to infinity (its sigmoid 0, as the NumPy rule's under its errstate): the floating-point status
+   is restored after NumPy's loops, so no flag of theirs reaches a later check. t is saved for the
+   vjp. A joint vjp (cell_deltas) writes every operand's delta into an array of its own.
+
+   The forward loops read p = (t, operands..., result); the vjps' p = (d, saved blocks...,
+   operands..., deltas...), one delta per operand. */
+#define CELL_LOOPS(T)                                                                              \
+    static WIDE void negate_##T(T *restrict out, T *const *x, int count, Py_ssize_t n) {           \
+        for (int j = 0; j < count; j++)                                                            \
+            for (Py_ssize_t k = 0; k < n; k++) out[j * n + k] = -x[j][k];                          \
+    }                                                                                              \
+    static WIDE void sigmoids_##T(T *restrict t, Py_ssize_t n) {                                   \
+        for (Py_ssize_t k = 0; k < n; k++) t[k] = (T)1.0 / ((T)1.0 + t[k]);                         \
+    }                                                                                              \
+    static WIDE void lstm_c_forward_##T(T *const *p, Py_ssize_t n) {                              \
+        const T *restrict t = p[0], *restrict c = p[4];                                            \
+        T *restrict out = p[5];                                                                    \
+        for (Py_ssize_t k = 0; k < n; k++) out[k] = t[k] * t[2 * n + k] + t[n + k] * c[k];         \
+    }                                                                                              \
+    static WIDE void tree_lstm_c_forward_##T(T *const *p, Py_ssize_t n) {                         \
+        const T *restrict t = p[0], *restrict cl = p[5], *restrict cr = p[6];                      \
+        T *restrict out = p[7];                                                                    \
+        for (Py_ssize_t k = 0; k < n; k++)                                                         \
+            out[k] = t[k] * t[3 * n + k] + t[n + k] * cl[k] + t[2 * n + k] * cr[k];                \
+    }                                                                                              \
+    static WIDE void lstm_h_forward_##T(T *const *p, Py_ssize_t n) {                              \
+        const T *restrict t = p[0];                                                                \
+        T *restrict out = p[3];                                                                    \
+        for (Py_ssize_t k = 0; k < n; k++) out[k] = t[k] * t[n + k];                               \
+    }                                                                                              \
+    static WIDE void lstm_c_deltas_##T(T *const *p, Py_ssize_t n) {                               \
+        const T *restrict d = p[0], *restrict si = p[1], *restrict sf = p[2], *restrict tu = p[3], \
+                *restrict c = p[7];                                                                \
+        T *restrict gi = p[8], *restrict gf = p[9], *restrict gu = p[10], *restrict gc = p[11];    \
+        for (Py_ssize_t k = 0; k < n; k++) {                                                       \
+            gi[k] = d[k] * tu[k] * si[k] * ((T)1.0 - si[k]);                                       \
+            gf[k] = d[k] * c[k] * sf[k] * ((T)1.0 - sf[k]);                                        \
+            gu[k] = d[k] * si[k] * ((T)1.0 - tu[k] * tu[k]);                                       \
+            gc[k] = d[k] * sf[k];                                                                  \
+        }                                                                                          \
+    }                                                                                              \
+    static WIDE void tree_lstm_c_deltas_##T(T *const *p, Py_ssize_t n) {                          \
+        const T *restrict d = p[0], *restrict si = p[1], *restrict sl = p[2], *restrict sr = p[3], \
+                *restrict tu = p[4], *restrict cl = p[9], *restrict cr = p[10];                    \
+        T *restrict gi = p[11], *restrict gl = p[12], *restrict gr = p[13], *restrict gu = p[14],  \
+                    *restrict gcl = p[15], *restrict gcr = p[16];                                  \
+        for (Py_ssize_t k = 0; k < n; k++) {                                                       \
+            gi[k] = d[k] * tu[k] * si[k] * ((T)1.0 - si[k]);                                       \
+            gl[k] = d[k] * cl[k] * sl[k] * ((T)1.0 - sl[k]);                                       \
+            gr[k] = d[k] * cr[k] * sr[k] * ((T)1.0 - sr[k]);                                       \
+            gu[k] = d[k] * si[k] * ((T)1.0 - tu[k] * tu[k]);                                       \
+            gcl[k] = d[k] * sl[k];                                                                 \
+            gcr[k] = d[k] * sr[k];                                                                 \
+        }                                                                                          \
+    }                                                                                              \
+    static WIDE void lstm_h_deltas_##T(T *const *p, Py_ssize_t n) {                               \
+        const T *restrict d = p[0], *restrict so = p[1], *restrict tc = p[2];                      \
+        T *restrict go = p[5], *restrict gc = p[6];                                                \
+        for (Py_ssize_t k = 0; k < n; k++) {                                                       \
+            go[k] = d[k] * tc[k] * so[k] * ((T)1.0 - so[k]);                                       \
+            gc[k] = d[k] * so[k] * ((T)1.0 - tc[k] * tc[k]);                                       \
+        }                                                                                          \
+    }                                                                                              \
+    static WIDE void gru_h_deltas_##T(T *const *p, Py_ssize_t n) {                                \
+        const T *restrict d = p[0], *restrict sr = p[1], *restrict sz = p[2], *restrict nn = p[3], \
+                *restrict nh = p[7], *restrict h = p[8];                                           \
+        T *restrict gr = p[9], *restrict gz = p[10], *restrict gx = p[11], *restrict gnh = p[12],  \
+                    *restrict gh = p[13];                                                          \
+        for (Py_ssize_t k = 0; k < n; k++) {                                                       \
+            T cand = d[k] * ((T)1.0 - sz[k]) * ((T)1.0 - nn[k] * nn[k]);                           \
+            gr[k] = cand * nh[k] * sr[k] * ((T)1.0 - sr[k]);                                       \
+            gz[k] = d[k] * (h[k] - nn[k]) * sz[k] * ((T)1.0 - sz[k]);                              \
+            gx[k] = cand;                                                                          \
+            gnh[k] = cand * sr[k];                                                                 \
+            gh[k] = d[k] * sz[k];                                                                  \
+        }                                                                                          \
     }
-    Py_ssize_t count = PyLong_AsSsize_t(args[0]);
-    if (count == -1 && PyErr_Occurred()) return NULL;
-    if (count < 1) {
-        PyErr_SetString(PyExc_ValueError, "monadl._native.out: count must be at least 1");
-        return NULL;
+
+CELL_LOOPS(float)
+CELL_LOOPS(double)
+
+#define MAX_ARRAYS 18 /* a vjp's: tree_lstm_c's d, 4 saved, 6 operands, 6 deltas */
+
+typedef void (*loop_float)(float *const *, Py_ssize_t);
+typedef void (*loop_double)(double *const *, Py_ssize_t);
+
+/* A cell: its operands, how many of the first are gates (a sigmoid each) and which operand's tanh
+   is saved after them (the forward's t), the blocks its forward saves, and its loops (gru_h's
+   forward is NumPy's: its tanh is of a sum). */
+typedef struct {
+    const char *name;
+    int operands, gates, tanh_of, saves;
+    loop_float forward_float, deltas_float;
+    loop_double forward_double, deltas_double;
+} Cell;
+
+#define CELL(NAME, OPERANDS, GATES, TANH_OF, SAVES)                                                 \
+    {#NAME, OPERANDS, GATES, TANH_OF, SAVES, NAME##_forward_float, NAME##_deltas_float,               \
+     NAME##_forward_double, NAME##_deltas_double}
+
+static const Cell CELL_TABLE[] = {
+    CELL(lstm_c, 4, 2, 2, 3),
+    CELL(tree_lstm_c, 6, 3, 3, 4),
+    CELL(lstm_h, 2, 1, 1, 2),
+    {"gru_h", 5, 0, -1, 3, NULL, gru_h_deltas_float, NULL, gru_h_deltas_double},
+};
+
+static const Cell *find_cell(PyObject *name, const char *caller) {
+    if (PyUnicode_Check(name)) {
+        for (size_t k = 0; k < sizeof(CELL_TABLE) / sizeof(CELL_TABLE[0]); k++)
+            if (PyUnicode_CompareWithASCIIString(name, CELL_TABLE[k].name) == 0) return &CELL_TABLE[k];
     }
-    if (!native_arrays(args + 1, nargs - 1)) Py_RETURN_NONE;
-    PyArrayObject *first = (PyArrayObject *)args[1];
-    int nd = PyArray_NDIM(first);
-    if (nd >= NPY_MAXDIMS) Py_RETURN_NONE;  /* (count, *shape) would be one dimension too many */
+    PyErr_Format(PyExc_TypeError, "monadl._native.%s: no cell named %R", caller, name);
+    return NULL;
+}
+
+/* NumPy's own inner loops of np.exp and np.tanh for float32 and float64 (index 0 and 1): the loop
+   NumPy's type resolution picks, the first of the ufunc's loops whose types are all the float's.
+   Taken when the module loads and checked there against the ufunc called from Python on probes of
+   every range (numpy_loops_check); where a loop is not found or differs, numpy_loops is 0 and
+   cell_forward declines (the caller runs the NumPy rule). */
+typedef struct {
+    PyUFuncGenericFunction loop;
+    void *data;
+} Loop;
+static Loop exp_loops[2], tanh_loops[2];
+static int numpy_loops;
+
+static void run_loop(const Loop *f, char *in, char *out, Py_ssize_t n, Py_ssize_t itemsize) {
+    char *args[2] = {in, out};
+    npy_intp dims[1] = {n}, steps[2] = {itemsize, itemsize};
+    f->loop(args, dims, steps, f->data);
+}
+
+static int find_loop(PyObject *ufunc, int type, Loop *found) {
+    if (strcmp(Py_TYPE(ufunc)->tp_name, "numpy.ufunc") != 0) return 0;
+    PyUFuncObject *u = (PyUFuncObject *)ufunc;
+    if (u->nin != 1 || u->nout != 1 || u->functions == NULL || u->types == NULL) return 0;
+    for (int k = 0; k < u->ntypes; k++) {
+        if (u->types[2 * k] == type && u->types[2 * k + 1] == type) {
+            found->loop = u->functions[k];
+            found->data = u->data == NULL ? NULL : u->data[k];
+            return found->loop != NULL;
+        }
+    }
+    return 0;
+}
+
+/* Whether the loop gives the ufunc's bits on a probe of type: 67 values (a vector's tail too) from
+   -80 to 80 (no overflow, so no warning from the ufunc) and signed zeros, tiny values, infinities
+   and a NaN. */
+static int same_as_ufunc(PyObject *ufunc, const Loop *f, int type) {
+    npy_intp n = 67;
+    PyObject *probe = PyArray_EMPTY(1, &n, type, 0), *mine = PyArray_EMPTY(1, &n, type, 0);
+    PyObject *theirs = NULL;
+    int same = 0;
+    if (probe == NULL || mine == NULL) goto done;
+    for (npy_intp k = 0; k < n; k++) {
+        double x = -80.0 + 160.0 * (double)k / (double)(n - 1);
+        if (k == 3) x = -0.0;
+        if (k == 5) x = 1e-30;
+        if (k == 7) x = INFINITY;
+        if (k == 9) x = -INFINITY;
+        if (k == 11) x = NAN;
+        if (type == NPY_FLOAT)
+            ((float *)PyArray_DATA((PyArrayObject *)probe))[k] = (float)x;
+        else
+            ((double *)PyArray_DATA((PyArrayObject *)probe))[k] = x;
+    }
+    fexcept_t status;
+    fegetexceptflag(&status, FE_ALL_EXCEPT);
+    run_loop(f, PyArray_DATA((PyArrayObject *)probe), PyArray_DATA((PyArrayObject *)mine), n,
+             PyArray_ITEMSIZE((PyArrayObject *)probe));
+    fesetexceptflag(&status, FE_ALL_EXCEPT);
+    theirs = PyObject_CallOneArg(ufunc, probe);
+    if (theirs == NULL || !PyArray_CheckExact(theirs) || PyArray_TYPE((PyArrayObject *)theirs) != type ||
+        PyArray_SIZE((PyArrayObject *)theirs) != n || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)theirs))
+        goto done;
+    same = memcmp(PyArray_DATA((PyArrayObject *)mine), PyArray_DATA((PyArrayObject *)theirs),
+                  (size_t)PyArray_NBYTES((PyArrayObject *)mine)) == 0;
+done:
+    Py_XDECREF(probe);
+    Py_XDECREF(mine);
+    Py_XDECREF(theirs);
+    return same;
+}
+
+static void numpy_loops_check(void) {
+    static const int types[2] = {NPY_FLOAT, NPY_DOUBLE};
+    PyObject *numpy = PyImport_ImportModule("numpy");
+    PyObject *exp = numpy == NULL ? NULL : PyObject_GetAttrString(numpy, "exp");
+    PyObject *tanh = numpy == NULL ? NULL : PyObject_GetAttrString(numpy, "tanh");
+    int found = exp != NULL && tanh != NULL;
+    for (int k = 0; found && k < 2; k++) {
+        found = find_loop(exp, types[k], &exp_loops[k]) && find_loop(tanh, types[k], &tanh_loops[k]) &&
+                same_as_ufunc(exp, &exp_loops[k], types[k]) && same_as_ufunc(tanh, &tanh_loops[k], types[k]);
+    }
+    numpy_loops = found;
+    PyErr_Clear(); /* (whatever went wrong, the NumPy rules run) */
+    Py_XDECREF(exp);
+    Py_XDECREF(tanh);
+    Py_XDECREF(numpy);
+}
+
+/* The shape arrays[0..n) share where native_arrays(arrays, n): their type, else 0. */
+static int common_type(PyObject *const *arrays, Py_ssize_t n) {
+    return native_arrays(arrays, n) ? PyArray_TYPE((PyArrayObject *)arrays[0]) : 0;
+}
+
+/* The blocks of a forward's saved values into p: one array of `saves` blocks shaped as `like`
+   (what cell_forward saves), or a tuple of `saves` arrays each shaped as it (the NumPy rule's);
+   0 where they are neither, of type. */
+static int saved_blocks(PyObject *saved, int saves, PyArrayObject *like, int type, char **p) {
+    int nd = PyArray_NDIM(like);
+    npy_intp *shape = PyArray_DIMS(like);
+    Py_ssize_t bytes = PyArray_NBYTES(like);
+    if (PyTuple_CheckExact(saved)) {
+        if (PyTuple_GET_SIZE(saved) != saves) return 0;
+        for (int j = 0; j < saves; j++) {
+            PyObject *a = PyTuple_GET_ITEM(saved, j);
+            if (plain_floats(a) != type || PyArray_NDIM((PyArrayObject *)a) != nd ||
+                !PyArray_CompareLists(PyArray_DIMS((PyArrayObject *)a), shape, nd))
+                return 0;
+            p[j] = PyArray_DATA((PyArrayObject *)a);
+        }
+        return 1;
+    }
+    if (plain_floats(saved) != type) return 0;
+    PyArrayObject *a = (PyArrayObject *)saved;
+    if (PyArray_NDIM(a) != nd + 1 || PyArray_DIM(a, 0) != saves || !PyArray_CompareLists(PyArray_DIMS(a) + 1, shape, nd))
+        return 0;
+    for (int j = 0; j < saves; j++) p[j] = (char *)PyArray_DATA(a) + j * bytes;
+    return 1;
+}
+
+PyDoc_STRVAR(cell_forward_doc,
+    "cell_forward(name, *operands)\n--\n\n"
+    "The forward of the cell name (lstm_c, tree_lstm_c, lstm_h) as (result, t), t its sigmoids and\n"
+    "tanh as blocks of one array (for cell_deltas); None unless takes(*operands) and NumPy's exp and\n"
+    "tanh loops were found (numpy_loops).");
+
+static PyObject *cell_forward(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    const Cell *cell = find_cell(nargs < 1 ? Py_None : args[0], "cell_forward");
+    if (cell == NULL) return NULL;
+    if (cell->forward_float == NULL)
+        return PyErr_Format(PyExc_TypeError, "monadl._native.cell_forward: %s has no native forward", cell->name);
+    if (nargs - 1 != cell->operands) {
+        return PyErr_Format(PyExc_TypeError, "monadl._native.cell_forward: %s takes %d operands, got %zd",
+                            cell->name, cell->operands, nargs - 1);
+    }
+    PyObject *const *operands = args + 1;
+    int type = numpy_loops ? common_type(operands, cell->operands) : 0;
+    if (!type) Py_RETURN_NONE;
+    PyArrayObject *first = (PyArrayObject *)operands[0];
+    int nd = PyArray_NDIM(first), blocks = cell->gates + 1;
+    if (nd >= NPY_MAXDIMS) Py_RETURN_NONE; /* (t has one dimension more) */
     npy_intp dims[NPY_MAXDIMS];
-    dims[0] = count;
+    dims[0] = blocks;
     for (int k = 0; k < nd; k++) dims[k + 1] = PyArray_DIM(first, k);
-    return PyArray_EMPTY(nd + 1, dims, PyArray_TYPE(first), 0);
+    PyObject *t = PyArray_EMPTY(nd + 1, dims, type, 0), *out = PyArray_EMPTY(nd, dims + 1, type, 0);
+    if (t == NULL || out == NULL) {
+        Py_XDECREF(t);
+        Py_XDECREF(out);
+        return NULL;
+    }
+    Py_ssize_t n = PyArray_SIZE(first), size = PyArray_ITEMSIZE(first);
+    char *p[MAX_ARRAYS];
+    p[0] = PyArray_DATA((PyArrayObject *)t);
+    for (int j = 0; j < cell->operands; j++) p[j + 1] = PyArray_DATA((PyArrayObject *)operands[j]);
+    p[cell->operands + 1] = PyArray_DATA((PyArrayObject *)out);
+    int k = type == NPY_FLOAT ? 0 : 1;
+    char *tanh_block = p[0] + cell->gates * n * size;
+    fexcept_t status;
+    fegetexceptflag(&status, FE_ALL_EXCEPT);
+    if (k == 0)
+        negate_float((float *)p[0], (float *const *)(p + 1), cell->gates, n);
+    else
+        negate_double((double *)p[0], (double *const *)(p + 1), cell->gates, n);
+    run_loop(&exp_loops[k], p[0], p[0], cell->gates * n, size);
+    run_loop(&tanh_loops[k], p[cell->tanh_of + 1], tanh_block, n, size);
+    fesetexceptflag(&status, FE_ALL_EXCEPT);
+    if (k == 0) {
+        sigmoids_float((float *)p[0], cell->gates * n);
+        cell->forward_float((float *const *)p, n);
+    } else {
+        sigmoids_double((double *)p[0], cell->gates * n);
+        cell->forward_double((double *const *)p, n);
+    }
+    PyObject *result = PyTuple_New(2);
+    if (result == NULL) {
+        Py_DECREF(t);
+        Py_DECREF(out);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(result, 0, out);
+    PyTuple_SET_ITEM(result, 1, t);
+    return result;
+}
+
+PyDoc_STRVAR(cell_deltas_doc,
+    "cell_deltas(name, d, saved, *operands)\n--\n\n"
+    "The joint vjp of the cell name (lstm_c, tree_lstm_c, lstm_h, gru_h): every operand's delta, each\n"
+    "an array of its own; None unless takes(d, *operands) and saved is what cell_forward saved (or a\n"
+    "tuple of such arrays, the NumPy rule's) of their type.");
+
+static PyObject *cell_deltas(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    const Cell *cell = find_cell(nargs < 1 ? Py_None : args[0], "cell_deltas");
+    if (cell == NULL) return NULL;
+    if (nargs - 3 != cell->operands) {
+        return PyErr_Format(PyExc_TypeError, "monadl._native.cell_deltas: %s takes d, saved and %d operands, got %zd arguments",
+                            cell->name, cell->operands, nargs - 1);
+    }
+    PyObject *arrays[MAX_ARRAYS];
+    arrays[0] = args[1];
+    for (int j = 0; j < cell->operands; j++) arrays[j + 1] = args[3 + j];
+    int type = common_type(arrays, cell->operands + 1);
+    if (!type) Py_RETURN_NONE;
+    PyArrayObject *d = (PyArrayObject *)args[1];
+    char *p[MAX_ARRAYS];
+    p[0] = PyArray_DATA(d);
+    if (!saved_blocks(args[2], cell->saves, d, type, p + 1)) Py_RETURN_NONE;
+    int first_operand = 1 + cell->saves, first_delta = first_operand + cell->operands;
+    for (int j = 0; j < cell->operands; j++) p[first_operand + j] = PyArray_DATA((PyArrayObject *)arrays[j + 1]);
+    PyObject *result = PyTuple_New(cell->operands);
+    if (result == NULL) return NULL;
+    for (int j = 0; j < cell->operands; j++) {
+        PyObject *g = PyArray_EMPTY(PyArray_NDIM(d), PyArray_DIMS(d), type, 0);
+        if (g == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(result, j, g);
+        p[first_delta + j] = PyArray_DATA((PyArrayObject *)g);
+    }
+    Py_ssize_t n = PyArray_SIZE(d);
+    if (type == NPY_FLOAT)
+        cell->deltas_float((float *const *)p, n);
+    else
+        cell->deltas_double((double *const *)p, n);
+    return result;
 }
 
 /* Whether n floats (or doubles) are all finite: none has an exponent of all ones (infinity or NaN).
@@ -748,21 +898,14 @@ static PyMethodDef methods[] = {
     {"adam", (PyCFunction)(void (*)(void))adam, METH_VARARGS | METH_KEYWORDS, adam_doc},
     {"sgd", sgd, METH_VARARGS, sgd_doc},
     {"takes", (PyCFunction)(void (*)(void))takes, METH_FASTCALL, takes_doc},
-    {"out", (PyCFunction)(void (*)(void))out, METH_FASTCALL, out_doc},
     {"writable_own", writable_own, METH_O, writable_own_doc},
     {"user_site", (PyCFunction)(void (*)(void))user_site, METH_FASTCALL, user_site_doc},
     {"add_row", (PyCFunction)(void (*)(void))add_row, METH_FASTCALL, add_row_doc},
     {"any_set", any_set, METH_O, any_set_doc},
     {"finite", finite_check, METH_O, finite_doc},
     {"freeze", freeze, METH_O, freeze_doc},
-    {"negate", negate, METH_VARARGS, cells_doc},
-    {"lstm_c_forward", lstm_c_forward, METH_VARARGS, cells_doc},
-    {"tree_c_forward", tree_c_forward, METH_VARARGS, cells_doc},
-    {"lstm_h_forward", lstm_h_forward, METH_VARARGS, cells_doc},
-    {"lstm_c_deltas", lstm_c_deltas, METH_VARARGS, cells_doc},
-    {"tree_c_deltas", tree_c_deltas, METH_VARARGS, cells_doc},
-    {"lstm_h_deltas", lstm_h_deltas, METH_VARARGS, cells_doc},
-    {"gru_deltas", gru_deltas, METH_VARARGS, cells_doc},
+    {"cell_forward", (PyCFunction)(void (*)(void))cell_forward, METH_FASTCALL, cell_forward_doc},
+    {"cell_deltas", (PyCFunction)(void (*)(void))cell_deltas, METH_FASTCALL, cell_deltas_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -774,5 +917,8 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     import_array();
-    return PyModule_Create(&module);
+    numpy_loops_check();
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "numpy_loops", numpy_loops) < 0) Py_CLEAR(m);
+    return m;
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
@@ -307,18 +308,23 @@ def _gate_arrays(rng: np.random.Generator, count: int, shape: tuple[int, ...], d
     return arrays
 
 
-def _flat_bits(results: Any) -> list[bytes]:
-    """The bits of a rule's results: a joint vjp's deltas, or a forward's result and saved arrays."""
-    if isinstance(results, tuple) and len(results) == 2 and isinstance(results[1], tuple):
-        return [_bits(results[0]), *(_bits(a) for a in results[1])]
+def _forward_bits(results: Any) -> list[bytes]:
+    """The bits of a forward's result and of each saved activation (a tuple of arrays, the NumPy
+    rule's, or the blocks of one array, the kernel's)."""
+    result, saved = results
+    return [_bits(result), *(_bits(a) for a in saved)]
+
+
+def _delta_bits(results: Any) -> list[bytes]:
+    """The bits of a joint vjp's deltas."""
     return [_bits(g) for g in results]
 
 
-def _numpy_bits(rule: Any, *args: Any) -> list[bytes]:
-    """The bits of ``rule``'s NumPy form (the kernels off: no native output, no kernel called)."""
+def _numpy_bits(rule: Any, flat: Callable[[Any], list[bytes]], *args: Any) -> list[bytes]:
+    """The bits of ``rule``'s NumPy form (the kernels off: no kernel called)."""
     with mock.patch.object(fused, "NATIVE", None):
-        assert fused.native_out(1, *args[:1]) is None  # (the rules, compiled, see the switch)
-        return _flat_bits(rule(np, *args))
+        assert not fused.native_takes(args[0])  # (the rules, compiled, see the switch)
+        return flat(rule(np, *args))
 
 
 @needs_kernels
@@ -328,20 +334,27 @@ def _numpy_bits(rule: Any, *args: Any) -> list[bytes]:
     dtype=st.sampled_from([np.float32, np.float64]),
     shape=st.sampled_from(SHAPES),
     seed=st.integers(0, 2**32 - 1),
+    blocks=st.booleans(),
 )
 def test_a_cells_joint_vjp_kernel_is_its_numpy_rule_bit_for_bit(
-    name: str, dtype: Any, shape: tuple[int, ...], seed: int
+    name: str, dtype: Any, shape: tuple[int, ...], seed: int, blocks: bool
 ) -> None:
     """Every delta of ``lstm_c``, ``tree_lstm_c``, ``lstm_h`` and ``gru_h`` from the C loop equals the
-    NumPy rule's, bits (signed zeros, overflows to infinity, NaNs of inf * 0) and dtype and shape."""
+    NumPy rule's, bits (signed zeros, overflows to infinity, NaNs of inf * 0) and dtype and shape,
+    each an array of its own (the backward pass may add into it), whether the forward saved its
+    activations as a tuple (the NumPy rule) or as the blocks of one array (the kernel)."""
     prim, saves, inputs = GATE_RULES[name]
     rng = np.random.default_rng(seed)
     d, *rest = _gate_arrays(rng, 1 + saves + inputs, shape, dtype)
     saved, args = tuple(rest[:saves]), rest[saves:]
     rule = prim.joint_vjp
-    assert rule is not None and fused.native_out(1, d, *saved, *args) is not None  # the kernel runs
+    assert rule is not None
+    given_saved = np.stack(saved) if blocks and name != "gru_h" else saved  # (gru_h's forward is NumPy's)
     with np.errstate(over="ignore", invalid="ignore"):
-        assert _flat_bits(rule(np, d, saved, *args)) == _numpy_bits(rule, d, saved, *args)
+        kernel = fused.native_deltas(name, d, given_saved, *args)
+        assert kernel is not None  # the kernel runs
+        assert all(type(g) is np.ndarray and g.base is None for g in kernel)
+        assert _delta_bits(rule(np, d, given_saved, *args)) == _numpy_bits(rule, _delta_bits, d, saved, *args)
 
 
 @needs_kernels
@@ -356,8 +369,9 @@ def test_a_cells_native_forward_is_its_numpy_rule_bit_for_bit(
     name: str, dtype: Any, shape: tuple[int, ...], seed: int
 ) -> None:
     """The result and the saved activations of ``lstm_c``, ``tree_lstm_c`` and ``lstm_h`` with the C
-    loops (around NumPy's exp and tanh) equal the NumPy rule's, bits and dtype and shape: gates far
-    below and above 0 (exp(-x) overflows to infinity: a sigmoid of 0), signed zeros, huge memories."""
+    loops (and NumPy's own exp and tanh loops) equal the NumPy rule's, bits and dtype and shape:
+    gates far below and above 0 (exp(-x) overflows to infinity: a sigmoid of 0), signed zeros, huge
+    memories."""
     prim, _, inputs = GATE_RULES[name]
     rng = np.random.default_rng(seed)
     args = []
@@ -366,9 +380,9 @@ def test_a_cells_native_forward_is_its_numpy_rule_bit_for_bit(
         flat[5::9] = -100.0
         flat[6::23] = 100.0
         args.append(a)
-    assert fused.native_out(1, *args) is not None  # the kernels run
+    assert fused.native_forward(name, *args) is not None  # the kernels run
     with np.errstate(over="ignore", invalid="ignore"):
-        assert _flat_bits(prim.forward(np, *args)) == _numpy_bits(prim.forward, *args)
+        assert _forward_bits(prim.forward(np, *args)) == _numpy_bits(prim.forward, _forward_bits, *args)
 
 
 @needs_kernels
@@ -376,13 +390,22 @@ def test_a_cells_joint_vjp_runs_its_numpy_rule_where_the_kernel_does_not_apply()
     """Operands that broadcast, a float, a transposed (not C-contiguous) array, two dtypes, 0-d: no
     native output (the NumPy rule runs, giving what it always gave)."""
     a = np.ones((3, 4), dtype=np.float32)
-    assert fused.native_out(2, a, a) is not None
-    assert fused.native_out(2, a, np.ones((4,), dtype=np.float32)) is None
-    assert fused.native_out(2, a, 1.0) is None
-    assert fused.native_out(2, np.ones((4, 3), dtype=np.float32).T, a) is None
-    assert fused.native_out(2, a, a.astype(np.float64)) is None
-    assert fused.native_out(2, np.asarray(np.float32(1.0)), np.asarray(np.float32(1.0))) is None
-    assert fused.native_out(2, a.astype(np.float16), a.astype(np.float16)) is None
+    assert fused.native_forward("lstm_h", a, a) is not None
+    assert fused.native_deltas("lstm_h", a, (a, a), a, a) is not None
+    for other in (
+        np.ones((4,), dtype=np.float32),
+        1.0,
+        np.ones((4, 3), dtype=np.float32).T,
+        a.astype(np.float64),
+        a.astype(np.float16),
+    ):
+        assert fused.native_forward("lstm_h", a, other) is None
+        assert fused.native_deltas("lstm_h", a, (a, a), a, other) is None
+        assert fused.native_deltas("lstm_h", a, (a, other), a, a) is None
+    zero_d = np.asarray(np.float32(1.0))
+    assert fused.native_forward("lstm_h", zero_d, zero_d) is None
+    assert fused.native_deltas("lstm_h", a, np.stack([a, a, a]), a, a) is None  # three blocks, not two
+    assert fused.native_deltas("lstm_h", a, (a, a, a), a, a) is None
     d, so, tc = np.ones((3, 4)), np.full((3, 4), 0.5), np.full((4,), 0.25)
     g_o, g_c = recurrent._h_deltas(np, d, (so, tc), so, tc)
     np.testing.assert_array_equal(g_o, d * tc * so * (1.0 - so))
@@ -436,77 +459,51 @@ def _candidate(draw: Any) -> Any:
 
 @needs_kernels
 @settings(deadline=None, max_examples=300)
-@given(st.lists(_candidate(), min_size=1, max_size=4), st.integers(1, 5))
-def test_which_arrays_the_kernels_read_follows_numpys_flags(arrays: list[Any], count: int) -> None:
+@given(st.lists(_candidate(), min_size=1, max_size=4))
+def test_which_arrays_the_kernels_read_follows_numpys_flags(arrays: list[Any]) -> None:
     """``native_takes`` (NumPy's array struct read in C) says what the rule in NumPy's terms says, on
-    arrays of every dtype, byte order, shape and layout; ``native_out`` then gives a fresh array of
-    ``count`` blocks of their shape and dtype, else None."""
-    expected = _reference_takes(*arrays)
-    assert fused.native_takes(*arrays) is expected
-    made = fused.native_out(count, *arrays)
-    if not expected:
+    arrays of every dtype, byte order, shape and layout; a cell's native forward of the first and
+    the last of them runs exactly where it says so of those two, into fresh arrays of their shape
+    and dtype."""
+    assert fused.native_takes(*arrays) is _reference_takes(*arrays)
+    pair = (arrays[0], arrays[-1])
+    made = fused.native_forward("lstm_h", *pair)
+    if not _reference_takes(*pair):
         assert made is None
         return
-    assert type(made) is np.ndarray and made.flags.c_contiguous and made.flags.writeable
-    assert made.shape == (count, *arrays[0].shape) and made.dtype == arrays[0].dtype
+    assert made is not None
+    result, saved = made
+    for a, shape in ((result, pair[0].shape), (saved, (2, *pair[0].shape))):
+        assert type(a) is np.ndarray and a.flags.c_contiguous and a.flags.writeable and a.base is None
+        assert a.shape == shape and a.dtype == pair[0].dtype
 
 
 @needs_kernels
-def test_native_out_refuses_a_bad_count_clearly() -> None:
+def test_the_cell_kernels_refuse_bad_calls_clearly() -> None:
     kernels: Any = fused.NATIVE
     a = np.ones((2, 3), dtype=np.float32)
-    with pytest.raises(ValueError, match="count must be at least 1"):
-        kernels.out(0, a)
-    with pytest.raises(TypeError, match="a count and at least one array"):
-        kernels.out(2)
-    with pytest.raises(TypeError):
-        kernels.out("2", a)
-    assert kernels.out(2, np.ones((1,) * 64, dtype=np.float32)) is None  # no room for the blocks' axis
+    with pytest.raises(TypeError, match="no cell named 'lstm'"):
+        kernels.cell_forward("lstm", a, a)
+    with pytest.raises(TypeError, match="no cell named"):
+        kernels.cell_deltas()
+    with pytest.raises(TypeError, match="lstm_c takes 4 operands, got 2"):
+        kernels.cell_forward("lstm_c", a, a)
+    with pytest.raises(TypeError, match="gru_h has no native forward"):
+        kernels.cell_forward("gru_h", a, a, a, a, a)
+    with pytest.raises(TypeError, match="lstm_h takes d, saved and 2 operands"):
+        kernels.cell_deltas("lstm_h", a, (a, a), a)
+    many = np.ones((1,) * 64, dtype=np.float32)
+    assert kernels.cell_forward("lstm_h", many, many) is None  # no room for t's axis of blocks
 
 
-EXP_SAFE = {np.float32: 88.0, np.float64: 709.0}  # (_native.c's EXP_SAFE: exp overflows a little above)
-
-
-@needs_kernels
-@settings(deadline=None, max_examples=80)
-@given(
-    dtype=st.sampled_from([np.float32, np.float64]),
-    count=st.integers(1, 3),
-    size=st.integers(1, 70),
-    seed=st.integers(0, 2**32 - 1),
-    place=st.integers(0, 10_000),
-    value=st.sampled_from(
-        [
-            -1e30,
-            -800.0,
-            -710.0,
-            -709.0,
-            -100.0,
-            -89.0,
-            -88.5,
-            -88.0,
-            -87.9,
-            -3.0,
-            0.0,
-            np.nan,
-            -np.inf,
-            np.inf,
-        ]
-    ),
-)
-def test_negate_says_whether_exp_may_overflow(
-    dtype: Any, count: int, size: int, seed: int, place: int, value: float
-) -> None:
-    """``negate(*xs, out)`` writes ``-x`` of each input into its block of ``out`` and answers whether
-    any of them is above EXP_SAFE, wherever among them it is (a NaN never is, -inf's negation is)."""
-    rng = np.random.default_rng(seed)
-    xs = [rng.uniform(-50.0, 50.0, size).astype(dtype) for _ in range(count)]
-    with np.errstate(over="ignore"):
-        xs[place % count][place % size] = dtype(value)
-    out = np.empty((count, size), dtype=dtype)
-    large = fused.NATIVE.negate(*xs, out)
-    assert _bits(out) == _bits(-np.stack(xs))
-    assert large is bool(np.any(-np.stack(xs) > EXP_SAFE[dtype]))
+def test_the_forwards_take_numpys_own_exp_and_tanh() -> None:
+    """The kernels found NumPy's exp and tanh loops for float32 and float64 in the ufuncs of the
+    NumPy installed, and checked them against the ufuncs when they loaded: were they not found (a
+    NumPy that computes them otherwise), the cells' forwards would run the NumPy rule, correct but
+    slower, and only this test would say so."""
+    if not native.available():
+        pytest.skip("the engine runs from its sources")
+    assert fused.NATIVE.numpy_loops == 1
 
 
 @needs_kernels
@@ -514,39 +511,21 @@ def test_negate_says_whether_exp_may_overflow(
 @pytest.mark.parametrize("gate", [-1e6, -100.0, -1.0, 0.0, 100.0])
 @pytest.mark.parametrize("name", ["lstm_c", "tree_lstm_c", "lstm_h"])
 def test_a_cells_native_forward_warns_of_no_overflow(name: str, gate: float, dtype: Any) -> None:
-    """A gate's exp(-x) overflows to infinity (its sigmoid 0) silently, the NumPy rule's warning
-    silenced only where negate says it may overflow: no warning, the NumPy rule's bits."""
+    """A gate's exp(-x) overflows to infinity (its sigmoid 0) silently: NumPy's exp loop leaves no
+    floating-point flag behind for a check, even where every error raises; the NumPy rule's bits."""
     prim, _, inputs = GATE_RULES[name]
     args = [np.full((3, 5), 0.5, dtype=dtype) for _ in range(inputs)]
     args[0][1, 2] = gate
-    assert fused.native_out(1, *args) is not None  # the kernels run
+    assert fused.native_forward(name, *args) is not None  # the kernels run
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with np.errstate(over="warn", invalid="warn", divide="warn"):  # (NumPy's defaults)
             result = prim.forward(np, *args)
+        with np.errstate(all="raise"):
+            prim.forward(np, *args)
+            np.add(args[0], 1.0)  # (a ufunc after it sees no flag of the kernel's)
     with np.errstate(over="ignore"):
-        assert _flat_bits(result) == _numpy_bits(prim.forward, *args)
-
-
-@needs_kernels
-def test_the_gate_kernels_refuse_bad_buffers_with_clear_errors() -> None:
-    """Called directly, a gate kernel checks what its caller ensures: its errors name what is wrong."""
-    kernels: Any = fused.NATIVE
-    a = np.zeros((4, 3), dtype=np.float32)
-    with pytest.raises(TypeError, match="expected 4 arrays"):
-        kernels.lstm_h_deltas(a, a, np.empty((2, 4, 3), dtype=np.float32))
-    with pytest.raises(TypeError, match="one dtype"):
-        kernels.lstm_h_deltas(a, a, a.astype(np.float64), np.empty((2, 4, 3), dtype=np.float32))
-    with pytest.raises(ValueError, match="differ in size"):
-        kernels.lstm_h_deltas(a, a, a, np.empty((1, 4, 3), dtype=np.float32))
-    with pytest.raises(TypeError, match="C-contiguous writable"):
-        out = np.empty((2, 4, 3), dtype=np.float32)
-        out.flags.writeable = False
-        kernels.lstm_h_deltas(a, a, a, out)
-    with pytest.raises(ValueError, match="differ in size"):
-        kernels.negate(a, a, np.empty((1, 4, 3), dtype=np.float32))
-    with pytest.raises(TypeError, match="C-contiguous writable"):
-        kernels.lstm_h_forward(a.T, a, np.empty_like(a))  # (its buffer of sigmoids is written)
+        assert _forward_bits(result) == _numpy_bits(prim.forward, _forward_bits, *args)
 
 
 class _Subclass(np.ndarray):

@@ -22,8 +22,9 @@ NumPy's, by an ulp or two, as CuPy's own do.
 
 On NumPy arrays, the rules the optimizers and the recurrent cells run most run as loops of
 ``monadl/_native.c`` (:data:`NATIVE`) where the engine is compiled: each the same IEEE operations in
-the same order as the NumPy rule it replaces, so the results are the same bits; the callers keep the
-rule for every other case (:func:`native_out` says which).
+the same order as the NumPy rule it replaces (the cells' forwards with NumPy's own exp and tanh
+loops), so the results are the same bits; the callers keep the rule for every other case
+(:func:`native_takes`, :func:`native_forward` and :func:`native_deltas` say which).
 
 :func:`all_true` and :func:`sum_on_devices` read the values of many device scalars (a step's
 finite checks, a global norm's sums of squares) with one synchronisation per device, where
@@ -55,11 +56,22 @@ def native_takes(*arrays: Any) -> bool:
     return NATIVE is not None and bool(NATIVE.takes(*arrays))
 
 
-def native_out(count: int, *arrays: Any) -> Any:
-    """A fresh array of ``count`` blocks shaped as ``arrays``, ``(count, *shape)``, for a native
-    kernel's results, where the kernels are loaded and take ``arrays`` (:func:`native_takes`); None
-    otherwise (the caller runs its rule)."""
-    return None if NATIVE is None else NATIVE.out(count, *arrays)
+def native_forward(cell: str, *operands: Any) -> tuple[Any, Any] | None:
+    """The forward of a recurrent cell's rule (``"lstm_c"``, ``"tree_lstm_c"``, ``"lstm_h"``) by
+    the kernels: ``(result, t)``, ``t`` the sigmoids and the tanh it saves, as blocks of one array;
+    None where the kernels are not loaded or do not take ``operands`` (:func:`native_takes`), or
+    NumPy's exp and tanh loops were not found (the caller runs its rule)."""
+    done: tuple[Any, Any] | None = None if NATIVE is None else NATIVE.cell_forward(cell, *operands)
+    return done
+
+
+def native_deltas(cell: str, d: Any, saved: Any, *operands: Any) -> tuple[Any, ...] | None:
+    """The joint vjp of a recurrent cell's rule (those of :func:`native_forward` and ``"gru_h"``)
+    by the kernels: every operand's delta, an array of its own; None where the kernels are not
+    loaded or do not take ``d`` and ``operands``, or ``saved`` is not the forward's arrays of their
+    shape and dtype (one array of blocks, or a tuple)."""
+    done: tuple[Any, ...] | None = None if NATIVE is None else NATIVE.cell_deltas(cell, d, saved, *operands)
+    return done
 
 
 ENABLED = True

@@ -22,21 +22,21 @@ elementwise kernels forward, one with :func:`gru_h`, and one joint vjp.
 :class:`monadl.nn.GRUCell` is built on it.
 
 Each rule is still a dozen ufunc calls on the few rows of a step. Where the engine runs compiled,
-the rules on NumPy arrays of one shape and float dtype run as loops of ``monadl/_native.c``
-(``monadl.dsl.fused.native_out``): the joint vjps whole, the forwards but NumPy's ``exp`` and
-``tanh``; every loop does the NumPy rule's operations in its order, so the results are its bits.
+the rules on NumPy arrays of one shape and float dtype run as one call of ``monadl/_native.c`` each
+(``monadl.dsl.fused.native_forward`` and ``native_deltas``): its loops do the NumPy rule's
+operations in its order, its ``exp`` and ``tanh`` NumPy's own loops, so the results are its bits.
+A native forward saves its sigmoids and tanh as the blocks of one array, the NumPy rule as a tuple:
+either vjp reads either.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-import numpy as np
-
 from monadl.do.primitive import ELEMENTWISE
 from monadl.dsl.core.arguments import array_operand
 from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array
-from monadl.dsl.fused import NATIVE, native_out
+from monadl.dsl.fused import native_deltas, native_forward
 from monadl.dsl.ops.activations import sigmoid_of, sigmoids_of
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import elementwise
@@ -44,59 +44,39 @@ from monadl.dsl.ops.shape_rules import elementwise
 __all__ = ["gru_h", "lstm_c", "lstm_h", "tree_lstm_c"]
 
 
-def _exps_of_negated(t: Any, *gates: Any) -> None:
-    """``exp(-gate)`` of each gate into its block of ``t``: the sigmoids' start, which a native
-    forward finishes (``t = 1 / (1 + t)``) as :func:`~monadl.dsl.ops.activations.sigmoid_of` does."""
-    if NATIVE.negate(*gates, t):  # some -gate is large enough for exp to overflow
-        with np.errstate(over="ignore"):  # (inf where it does: the sigmoid is 0 there)
-            np.exp(t, out=t)
-    else:  # (an errstate costs more than the kernels of a step's few rows)
-        np.exp(t, out=t)
-
-
-def _c_forward(xp: Any, i: Any, f: Any, u: Any, c: Any) -> tuple[Any, tuple[Any, Any, Any]]:
-    t = native_out(2, i, f, u, c)
-    if t is not None:
-        _exps_of_negated(t, i, f)
-        tu, out = np.tanh(u), np.empty_like(c)
-        NATIVE.lstm_c_forward(t, tu, c, out)
-        return out, (t[0], t[1], tu)
+def _c_forward(xp: Any, i: Any, f: Any, u: Any, c: Any) -> tuple[Any, Any]:
+    done = native_forward("lstm_c", i, f, u, c)
+    if done is not None:
+        return done  # (its saved values: one array of the blocks si, sf, tu)
     (si, sf), tu = sigmoids_of(xp, i, f), xp.tanh(u)
     return si * tu + sf * c, (si, sf, tu)
 
 
-def _c_deltas(
-    xp: Any, d: Any, saved: tuple[Any, Any, Any], i: Any, f: Any, u: Any, c: Any
-) -> tuple[Any, Any, Any, Any]:
+def _c_deltas(xp: Any, d: Any, saved: Any, i: Any, f: Any, u: Any, c: Any) -> tuple[Any, ...]:
+    done = native_deltas("lstm_c", d, saved, i, f, u, c)
+    if done is not None:
+        return done
     si, sf, tu = saved
-    out = native_out(4, d, si, sf, tu, c)
-    if out is not None:
-        NATIVE.lstm_c_deltas(d, si, sf, tu, c, out)
-        return out[0], out[1], out[2], out[3]
     return d * tu * si * (1.0 - si), d * c * sf * (1.0 - sf), d * si * (1.0 - tu * tu), d * sf
 
 
 def _tree_c_forward(
     xp: Any, i: Any, f_left: Any, f_right: Any, u: Any, c_left: Any, c_right: Any
-) -> tuple[Any, tuple[Any, Any, Any, Any]]:
-    t = native_out(3, i, f_left, f_right, u, c_left, c_right)
-    if t is not None:
-        _exps_of_negated(t, i, f_left, f_right)
-        tu, out = np.tanh(u), np.empty_like(c_left)
-        NATIVE.tree_c_forward(t, tu, c_left, c_right, out)
-        return out, (t[0], t[1], t[2], tu)
+) -> tuple[Any, Any]:
+    done = native_forward("tree_lstm_c", i, f_left, f_right, u, c_left, c_right)
+    if done is not None:
+        return done
     (si, sfl, sfr), tu = sigmoids_of(xp, i, f_left, f_right), xp.tanh(u)
     return si * tu + sfl * c_left + sfr * c_right, (si, sfl, sfr, tu)
 
 
 def _tree_c_deltas(
-    xp: Any, d: Any, saved: tuple[Any, Any, Any, Any], i: Any, f_l: Any, f_r: Any, u: Any, c_l: Any, c_r: Any
-) -> tuple[Any, Any, Any, Any, Any, Any]:
+    xp: Any, d: Any, saved: Any, i: Any, f_l: Any, f_r: Any, u: Any, c_l: Any, c_r: Any
+) -> tuple[Any, ...]:
+    done = native_deltas("tree_lstm_c", d, saved, i, f_l, f_r, u, c_l, c_r)
+    if done is not None:
+        return done
     si, sfl, sfr, tu = saved
-    out = native_out(6, d, si, sfl, sfr, tu, c_l, c_r)
-    if out is not None:
-        NATIVE.tree_c_deltas(d, si, sfl, sfr, tu, c_l, c_r, out)
-        return out[0], out[1], out[2], out[3], out[4], out[5]
     return (
         d * tu * si * (1.0 - si),
         d * c_l * sfl * (1.0 - sfl),
@@ -107,23 +87,19 @@ def _tree_c_deltas(
     )
 
 
-def _h_forward(xp: Any, o: Any, c: Any) -> tuple[Any, tuple[Any, Any]]:
-    t = native_out(1, o, c)
-    if t is not None:
-        _exps_of_negated(t, o)
-        tc, out = np.tanh(c), np.empty_like(c)
-        NATIVE.lstm_h_forward(t, tc, out)
-        return out, (t[0], tc)
+def _h_forward(xp: Any, o: Any, c: Any) -> tuple[Any, Any]:
+    done = native_forward("lstm_h", o, c)
+    if done is not None:
+        return done
     so, tc = sigmoid_of(xp, o), xp.tanh(c)
     return so * tc, (so, tc)
 
 
-def _h_deltas(xp: Any, d: Any, saved: tuple[Any, Any], o: Any, c: Any) -> tuple[Any, Any]:
+def _h_deltas(xp: Any, d: Any, saved: Any, o: Any, c: Any) -> tuple[Any, ...]:
+    done = native_deltas("lstm_h", d, saved, o, c)
+    if done is not None:
+        return done
     so, tc = saved
-    out = native_out(2, d, so, tc)
-    if out is not None:
-        NATIVE.lstm_h_deltas(d, so, tc, out)
-        return out[0], out[1]
     return d * tc * so * (1.0 - so), d * so * (1.0 - tc * tc)
 
 
@@ -135,12 +111,11 @@ def _gru_forward(xp: Any, r: Any, z: Any, n_x: Any, n_h: Any, h: Any) -> tuple[A
 
 def _gru_deltas(
     xp: Any, d: Any, saved: tuple[Any, Any, Any], r: Any, z: Any, n_x: Any, n_h: Any, h: Any
-) -> tuple[Any, Any, Any, Any, Any]:
+) -> tuple[Any, ...]:
+    done = native_deltas("gru_h", d, saved, r, z, n_x, n_h, h)
+    if done is not None:
+        return done
     sr, sz, n = saved
-    out = native_out(5, d, sr, sz, n, n_h, h)
-    if out is not None:
-        NATIVE.gru_deltas(d, sr, sz, n, n_h, h, out)
-        return out[0], out[1], out[2], out[3], out[4]
     candidate = d * (1.0 - sz) * (1.0 - n * n)  # the delta of n's pre-activation n_x + sigmoid(r) * n_h
     return candidate * n_h * sr * (1.0 - sr), d * (h - n) * sz * (1.0 - sz), candidate, candidate * sr, d * sz
 
