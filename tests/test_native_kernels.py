@@ -724,3 +724,87 @@ def test_any_set_declines_what_is_not_a_contiguous_mask() -> None:
         assert kernels.any_set(value) is None
         assert backend.any_set(value) is bool(np.any(value))
     assert kernels.any_set(mask) is True
+
+
+# ----------------------------------------------------------------------------- a concatenation
+
+_JOIN_DTYPES = ["<f4", "<f8", "<f2", "<i8", "<i4", "|u1", "|b1", "<c8"]
+
+
+@needs_kernels
+@settings(deadline=None, max_examples=200)
+@given(
+    dtype=st.sampled_from(_JOIN_DTYPES),
+    shape=st.lists(st.integers(0, 4), min_size=1, max_size=4),
+    widths=st.lists(st.integers(0, 5), min_size=1, max_size=4),
+    axis=st.integers(-4, 3),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_concat_is_numpys_concatenate_bit_for_bit(
+    dtype: str, shape: list[int], widths: list[int], axis: int, seed: int
+) -> None:
+    """``concat`` joins arrays of one dtype, of any rank and any axis (counted from either end), with
+    empty arrays among them, into np.concatenate's array: its dtype, shape and bytes (NaNs' payloads,
+    signed zeros), a fresh C-contiguous array."""
+    if not -len(shape) <= axis < len(shape):
+        return
+    rng = np.random.default_rng(seed)
+    xs = []
+    for w in widths:
+        s = list(shape)
+        s[axis] = w
+        raw = rng.integers(0, 256, size=int(np.prod(s)) * np.dtype(dtype).itemsize, dtype=np.uint8)
+        a = raw.view(np.bool_).astype(dtype) if dtype == "|b1" else raw.view(dtype)
+        xs.append(a.reshape(s))
+    made = fused.native_concat(xs, axis)
+    assert made is not None
+    assert type(made) is np.ndarray and made.flags.c_contiguous and made.flags.writeable
+    assert _bits(made) == _bits(np.concatenate(xs, axis=axis))
+    assert _bits(fused.native_concat(tuple(xs), axis)) == _bits(made)
+
+
+@needs_kernels
+def test_concat_declines_what_numpy_must_join() -> None:
+    """Arrays the copy of bytes would join wrongly go to np.concatenate: mixed dtypes (a cast), views
+    that are not C-contiguous, another byte order, subclasses, 0-d arrays, objects, an axis out of
+    range (NumPy's error); a call of the wrong form is an error."""
+    a = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    assert fused.native_concat([a, a], 1) is not None
+    cases: list[tuple[list[Any], int]] = [
+        ([a, a.astype(np.float64)], 1),
+        ([a, a.T.copy().T], 1),
+        ([a, a.astype(">f4" if sys.byteorder == "little" else "<f4")], 1),
+        ([a, a.view(np.ma.MaskedArray)], 1),
+        ([np.asarray(1.0), np.asarray(2.0)], 0),
+        ([np.array([None, 1], dtype=object)] * 2, 0),
+        ([a, a[:, :2].copy()], 0),  # shapes differ off the axis
+        ([a, a.reshape(3, 2, 1)], 0),
+        ([a, a], 2),
+        ([a, a], -3),
+        ([], 0),
+    ]
+    for xs, axis in cases:
+        assert fused.native_concat(xs, axis) is None
+    with pytest.raises(TypeError, match="a tuple or list of arrays and an axis"):
+        fused.NATIVE.concat(iter([a]), 0)
+    with pytest.raises(TypeError, match="a tuple or list of arrays and an axis"):
+        fused.NATIVE.concat([a], 0.5)
+
+
+@needs_kernels
+def test_concatenate_joins_numpy_arrays_by_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ml.concatenate``'s forward on NumPy arrays of one dtype is the kernel's copy (NumPy's
+    concatenate not called), its value np.concatenate's; arrays of two dtypes go to NumPy."""
+    x, h = np.arange(4.0, dtype=np.float32), np.arange(3.0, dtype=np.float32)
+    calls: list[int] = []
+    numpy_concat = np.concat
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return numpy_concat(*args, **kwargs)
+
+    monkeypatch.setattr(np, "concat", counted)
+    assert _bits(ml.concatenate([x, h], axis=-1).predict_blocking().unwrap()) == _bits(np.concatenate([x, h]))
+    assert calls == []
+    mixed = ml.concatenate([x, h.astype(np.float64)]).predict_blocking().unwrap()
+    assert calls == [1] and _bits(mixed) == _bits(np.concatenate([x, h.astype(np.float64)]))

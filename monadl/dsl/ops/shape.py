@@ -15,11 +15,12 @@ from monadl.do.primitive import Batching, Primitive, Rule
 from monadl.dsl.core.arguments import array_operand, array_operands, as_index, int_param, int_sequence
 from monadl.dsl.core.indices import integral
 from monadl.dsl.core.layers import AnyArray, ArrayLayer, apply_array
+from monadl.dsl.fused import native_concat
 from monadl.dsl.ops.elementwise import as_layer
 from monadl.dsl.ops.operators import WHOLE, key_for, scatter
 from monadl.dsl.ops.registry import PerArity, declare, not_a_float
 from monadl.dsl.ops.shape_rules import Info, promoted
-from monadl.typeclasses.backend import IndexArray, ShapeError, shape_of
+from monadl.typeclasses.backend import NUMPY, IndexArray, ShapeError, shape_of
 
 __all__ = ["concatenate", "reshape", "split", "stack", "transpose"]
 
@@ -137,11 +138,21 @@ def _check_concat(*xs: Any, axis: int = 0) -> None:
         raise ShapeError(f"concatenate: arrays of shapes {shapes} differ off axis {axis}")
 
 
+def _join(xp: Any, *xs: Any, axis: int = 0) -> Any:
+    """``xp.concat(xs, axis=axis)``; NumPy arrays of one dtype by the native kernels where they are
+    loaded (:func:`~monadl.dsl.fused.native_concat`: the same bytes)."""
+    if xp is NUMPY:
+        done = native_concat(xs, axis)
+        if done is not None:
+            return done
+    return xp.concat(xs, axis=axis)
+
+
 def _concatenate(n: int) -> Primitive:
     """The concatenation of ``n`` arrays (one primitive per arity: each input has its own vjp)."""
     return declare(
         "concatenate",
-        lambda xp, *xs, axis=0: xp.concat(xs, axis=axis),
+        _join,
         tuple(_concat_vjp(i) for i in range(n)),
         check=_check_concat,
         batch=Batching(axis=True, axis_default=0, joins_rows=True),
