@@ -858,6 +858,40 @@ static PyObject *add_row(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
     Py_RETURN_TRUE;
 }
 
+PyDoc_STRVAR(add_to_rows_doc,
+    "add_to_rows(a, v)\n--\n\n"
+    "a += v in place, v added to each of a's rows (its last axis): a a writable C-contiguous NumPy\n"
+    "array (not a subclass) of float32 or float64, of one dimension or more, v a C-contiguous vector\n"
+    "of its dtype and of a row's length, apart in memory: True once added. False (nothing done) for\n"
+    "any other arguments: the caller adds them by NumPy then.");
+
+/* A dense layer adds its bias to the rows of its product (a recurrent cell's gates: a row or a few):
+   NumPy's broadcast in-place add costs far more than the additions there. */
+static PyObject *add_to_rows(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "monadl._native.add_to_rows: expected a and v");
+        return NULL;
+    }
+    int type = plain_floats(args[0]);
+    if (!type || plain_floats(args[1]) != type) Py_RETURN_FALSE;
+    PyArrayObject *a = (PyArrayObject *)args[0], *v = (PyArrayObject *)args[1];
+    int ndim = PyArray_NDIM(a);
+    if (ndim < 1 || PyArray_NDIM(v) != 1 || !PyArray_ISWRITEABLE(a) || PyArray_DIM(v, 0) != PyArray_DIM(a, ndim - 1))
+        Py_RETURN_FALSE;
+    Py_ssize_t n = PyArray_DIM(v, 0), size = PyArray_ITEMSIZE(a), total = PyArray_SIZE(a);
+    char *out = (char *)PyArray_DATA(a);
+    const char *in = (const char *)PyArray_DATA(v);
+    if (n && in < out + total * size && out < in + n * size) Py_RETURN_FALSE; /* overlapping: NumPy's */
+    for (Py_ssize_t start = 0; n && start < total; start += n) {
+        if (type == NPY_FLOAT) {
+            add_float((float *)out + start, (const float *)in, n);
+        } else {
+            add_double((double *)out + start, (const double *)in, n);
+        }
+    }
+    Py_RETURN_TRUE;
+}
+
 PyDoc_STRVAR(any_set_doc,
     "any_set(mask)\n--\n\n"
     "Whether an element of mask is True, where mask is a C-contiguous NumPy array (not a subclass) of\n"
@@ -954,6 +988,7 @@ static PyMethodDef methods[] = {
     {"user_site", (PyCFunction)(void (*)(void))user_site, METH_FASTCALL, user_site_doc},
     {"concat", (PyCFunction)(void (*)(void))concat, METH_FASTCALL, concat_doc},
     {"add_row", (PyCFunction)(void (*)(void))add_row, METH_FASTCALL, add_row_doc},
+    {"add_to_rows", (PyCFunction)(void (*)(void))add_to_rows, METH_FASTCALL, add_to_rows_doc},
     {"any_set", any_set, METH_O, any_set_doc},
     {"finite", finite_check, METH_O, finite_doc},
     {"freeze", freeze, METH_O, freeze_doc},

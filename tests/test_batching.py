@@ -31,8 +31,10 @@ from monadl.do.batching import SCAN, Groups, merge_params
 from monadl.do.primitive import ELEMENTWISE, Primitive, value_key
 from monadl.dsl.core.layers import apply_array
 from monadl.dsl.ops.classification import CROSS_ENTROPY_FUSED
+from monadl.dsl.ops.linalg import LINEAR
 from monadl.dsl.ops.operators import TAKE_ROWS
 from monadl.gradcheck import check_gradients
+from monadl.typeclasses.backend import NUMPY
 from monadl.typeclasses.sparse import SparseRows
 
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -1255,3 +1257,44 @@ def test_an_out_of_range_axis_fails_in_every_mode(mode: str, op: Callable[..., A
     result = loss.predict_blocking(executor=_EXECUTORS[mode]())
     assert isinstance(result, Failure)
     assert str(result.failure()) == f"{op.__name__}: axis -3 is out of range for shape (3, 2)"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    inputs=st.integers(1, 40),
+    outputs=st.integers(1, 40),
+    gates=st.integers(1, 5),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    float_bias=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_fan_of_one_row_is_its_rows_first_row_bit_for_bit(
+    inputs: int, outputs: int, gates: int, dtype: Any, float_bias: bool, seed: int
+) -> None:
+    """A fan of small frozen weights (a recurrent cell's gates, joined into one product) given one
+    vector x computes the k blocks and x's delta of x as a row of a matrix, bit for bit: the same
+    BLAS call, the bias added by the same additions; and the products of the weights one by one,
+    to rounding."""
+    rng = np.random.default_rng(seed)
+    ws = tuple(rng.normal(size=(inputs, outputs)).astype(dtype) for _ in range(gates))
+    bs: tuple[Any, ...] = tuple(
+        float(rng.normal()) if float_bias else rng.normal(size=outputs).astype(dtype) for _ in range(gates)
+    )
+    for a in (*ws, *bs):
+        if isinstance(a, np.ndarray):
+            a.flags.writeable = False  # (weights' values are frozen: what the joined product needs)
+    x = rng.normal(size=inputs).astype(dtype)
+    d = rng.normal(size=(gates, outputs)).astype(dtype)
+    fan = LINEAR.batch.fan if LINEAR.batch is not None else None
+    assert fan is not None
+    vjp_x = fan.vjps[0]
+    one = fan.forward(NUMPY, x, ws, bs)
+    rows = fan.forward(NUMPY, x[None], ws, bs)
+    assert one.shape == (gates, outputs) and one.dtype == dtype
+    assert one.tobytes() == rows[:, 0].tobytes()
+    g, g_rows = vjp_x(NUMPY, d, None, x, ws, bs), vjp_x(NUMPY, d[:, None], None, x[None], ws, bs)
+    assert g.shape == x.shape and g.dtype == dtype and g.tobytes() == g_rows[0].tobytes()
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    for j in range(gates):
+        np.testing.assert_allclose(one[j], x @ ws[j] + bs[j], rtol=tol, atol=tol)
+    np.testing.assert_allclose(g, sum(d[j] @ ws[j].T for j in range(gates)), rtol=tol, atol=tol)

@@ -808,3 +808,62 @@ def test_concatenate_joins_numpy_arrays_by_the_kernel(monkeypatch: pytest.Monkey
     assert calls == []
     mixed = ml.concatenate([x, h.astype(np.float64)]).predict_blocking().unwrap()
     assert calls == [1] and _bits(mixed) == _bits(np.concatenate([x, h.astype(np.float64)]))
+
+
+# ----------------------------------------------------------------------------- a bias added to rows
+
+
+@needs_kernels
+@settings(deadline=None, max_examples=80)
+@given(
+    dtype=st.sampled_from([np.float32, np.float64]),
+    lead=st.lists(st.integers(0, 4), max_size=2),
+    n=st.integers(0, 70),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_add_to_rows_is_numpys_broadcast_add_bit_for_bit(
+    dtype: Any, lead: list[int], n: int, seed: int
+) -> None:
+    """``add_to_rows(a, v)`` adds ``v`` into every row of ``a`` in place, NumPy's ``a += v`` bit for
+    bit (signed zeros, infinities, NaNs), for rows of every length and any number of rows."""
+    rng = np.random.default_rng(seed)
+    a, v = (x.reshape(-1) for x in _gate_arrays(rng, 2, (max(1, int(np.prod(lead))) * n,), dtype))
+    a = a.reshape(*lead, n) if int(np.prod(lead)) else np.zeros((*lead, n), dtype=dtype)
+    v = v[:n].copy()
+    with np.errstate(over="ignore", invalid="ignore"):  # (huge values' sums: infinities, as NumPy's)
+        expected = a + v
+    assert fused.NATIVE.add_to_rows(a, v) is True
+    assert _bits(a) == _bits(expected)
+
+
+@needs_kernels
+def test_add_to_rows_declines_what_numpy_must_add() -> None:
+    """Where the loop would add wrongly it adds nothing and says so (the caller adds by NumPy):
+    rows of another length, a matrix or a scalar for ``v``, two dtypes, a read-only, non-contiguous
+    or subclassed ``a``, a ``v`` inside ``a``; ``backend.add_to_rows`` then adds as NumPy does."""
+    a = np.arange(6.0).reshape(2, 3)
+    frozen = a.copy()
+    frozen.flags.writeable = False
+    cases = [
+        (a, np.ones(2)),
+        (a, np.ones((1, 3))),
+        (a, np.asarray(1.0)),
+        (a, np.ones(3, dtype=np.float32)),
+        (frozen, np.ones(3)),
+        (np.arange(6.0).reshape(3, 2).T, np.ones(3)),
+        (a.view(np.ma.MaskedArray), np.ones(3)),
+        (a, a[1]),
+        (np.arange(6, dtype=np.int64).reshape(2, 3), np.ones(3, dtype=np.int64)),
+    ]
+    for target, v in cases:
+        before = target.copy()
+        assert fused.NATIVE.add_to_rows(target, v) is False
+        assert _bits(target) == _bits(before)
+    inside = a.copy()
+    transposed = np.arange(6.0).reshape(3, 2).T
+    for target, v in [(inside, inside[1]), (transposed, np.ones(3))]:
+        expected = target + v
+        backend.add_to_rows(target, v)
+        assert _bits(target) == _bits(expected)
+    with pytest.raises(TypeError, match="expected a and v"):
+        fused.NATIVE.add_to_rows(a)

@@ -137,6 +137,7 @@ into NumPy and a flags object made on every delta the backward pass is given."""
 _FINITE: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.finite
 _FREEZE: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.freeze
 _ADD_ROW: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.add_row
+_ADD_TO_ROWS: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.add_to_rows
 _ANY_SET: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.any_set
 
 
@@ -147,6 +148,14 @@ def add_into_row(held: Any, row: int, g: Any) -> None:
     if _ADD_ROW is None or _ADD_ROW(held, row, g) is not True:
         view = held[row]  # added into in place: no store of the row back
         view += g
+
+
+def add_to_rows(a: Any, v: Any) -> None:
+    """``a += v`` in place, a NumPy array ``a`` and a vector ``v`` of its rows' length (a bias): one
+    loop of ``monadl/_native.c`` where it takes the arrays (C-contiguous, of one float dtype), else
+    NumPy's in-place add (the same additions)."""
+    if _ADD_TO_ROWS is None or _ADD_TO_ROWS(a, v) is not True:
+        a += v
 
 
 def any_set(mask: Any) -> bool:

@@ -21,6 +21,7 @@ from monadl.typeclasses.backend import (
     NDARRAY,
     NUMPY,
     ShapeError,
+    add_to_rows,
     matrix_product,
     on_device,
     shape_of,
@@ -138,12 +139,16 @@ def _fan_linear(xp: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
     """k calls ``x @ w[j] + b[j]`` of one ``x``, as a (k, ..., outputs) array. On NumPy one product
     by the joined weights where they are small (:func:`_joined`), else a matmul per weight into one
     result (a copy of large weights would cost more than the products of a few rows)."""
-    rows = matrix_rows(xp, x)
     k, outputs = len(w), w[0].shape[1]
-    joined = _joined(w, b) if xp is NUMPY and type(rows) is NDARRAY and rows.dtype == w[0].dtype else None
+    joined = _joined(w, b) if xp is NUMPY and type(x) is NDARRAY and x.dtype == w[0].dtype else None
+    if joined is not None and x.ndim == 1:  # one call's row (a step of one sequence): its k blocks
+        product = np.dot(x, joined[0])  # (the BLAS call of the row as a matrix: the same bits)
+        add_to_rows(product, joined[1])
+        return product.reshape(k, outputs)
+    rows = matrix_rows(xp, x)
     if joined is not None:
         product = matrix_product(rows, joined[0])
-        product += joined[1]
+        add_to_rows(product, joined[1])
         out = np.ascontiguousarray(product.reshape(rows.shape[0], k, outputs).transpose(1, 0, 2))
     elif xp is NUMPY:
         out = np.empty((k, rows.shape[0], outputs), dtype=np.result_type(rows, w[0], b[0]))
@@ -163,8 +168,10 @@ def _fan_linear_rows(xp: Any, d: Any, w: tuple[Any, ...]) -> Any:
 
 
 def _fan_linear_vjp_x(xp: Any, d: Any, o: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
-    d = _fan_linear_rows(xp, d, w)
     joined = _joined(w, b) if xp is NUMPY and type(d) is NDARRAY and d.dtype == w[0].dtype else None
+    if joined is not None and x.ndim == 1:  # one row: the (k, outputs) deltas are side by side
+        return np.dot(d.reshape(-1), joined[0].T)
+    d = _fan_linear_rows(xp, d, w)
     if joined is not None:  # one product by the joined weights: the k deltas side by side
         sides = d.transpose(1, 0, 2).reshape(d.shape[1], d.shape[0] * d.shape[2])
         return mm(xp, sides, joined[0].T).reshape(x.shape)
@@ -213,7 +220,10 @@ def _linear(xp: Any, x: Any, w: Any, b: Any) -> Any:
     and one pass less), where that keeps the sum's dtype."""
     if xp is NUMPY and x.ndim <= 2:
         y = matrix_product(x, w)  # (np.dot's but for large products of matrices)
-        if type(b) is float or (type(b) is NDARRAY and b.dtype == y.dtype and b.ndim <= 1):
+        if type(b) is NDARRAY and b.ndim == 1 and b.dtype == y.dtype:
+            add_to_rows(y, b)
+            return y
+        if type(b) is float or (type(b) is NDARRAY and b.dtype == y.dtype and b.ndim == 0):
             y += b
             return y
         return y + b
