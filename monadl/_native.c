@@ -17,7 +17,8 @@ and runs NumPy's own exp and tanh loops, where a buffer, or NumPy's attributes a
 from Python, cost more than the arithmetic; the optimizers ask here which arrays the kernels take
 (takes). For the same reason the backward pass asks here whether
 a delta is an array of its own that it may add into (writable_own), adds a call's delta into its row
-of a stacked delta (add_row) and asks whether any row got one (any_set), and a training step whether a
+of a stacked delta (add_row), starts such a delta (minus_zeros_like), marks and asks which rows got
+one (set_flag, any_set), and a training step whether a
 weight's new value is finite (finite) and makes it read-only (freeze), for every weight; and
 recording an op finds the frame of the user's code that made it (user_site), for every op.
 
@@ -892,6 +893,58 @@ static PyObject *add_to_rows(PyObject *Py_UNUSED(self), PyObject *const *args, P
     Py_RETURN_TRUE;
 }
 
+PyDoc_STRVAR(minus_zeros_like_doc,
+    "minus_zeros_like(a)\n--\n\n"
+    "A fresh C-contiguous array of a's shape and dtype filled with -0.0, where a is a NumPy array\n"
+    "(not a subclass) of float32 or float64 in the machine's byte order; None otherwise.");
+
+/* The backward pass sums a stacked slot's rows' deltas into an array of -0.0 (the identity of
+   addition), one a fan or a gather of a step's few rows: np.empty and fill cost two calls. */
+static PyObject *minus_zeros_like(PyObject *Py_UNUSED(self), PyObject *a) {
+    if (!PyArray_CheckExact(a)) Py_RETURN_NONE;
+    PyArrayObject *like = (PyArrayObject *)a;
+    int type = PyArray_TYPE(like);
+    if ((type != NPY_FLOAT && type != NPY_DOUBLE) || !PyArray_ISNOTSWAPPED(like)) Py_RETURN_NONE;
+    PyObject *out = PyArray_EMPTY(PyArray_NDIM(like), PyArray_DIMS(like), type, 0);
+    if (out == NULL) return NULL;
+    Py_ssize_t n = PyArray_SIZE((PyArrayObject *)out);
+    if (type == NPY_FLOAT) {
+        float *o = (float *)PyArray_DATA((PyArrayObject *)out);
+        for (Py_ssize_t k = 0; k < n; k++) o[k] = -0.0f;
+    } else {
+        double *o = (double *)PyArray_DATA((PyArrayObject *)out);
+        for (Py_ssize_t k = 0; k < n; k++) o[k] = -0.0;
+    }
+    return out;
+}
+
+PyDoc_STRVAR(set_flag_doc,
+    "set_flag(mask, k)\n--\n\n"
+    "mask[k] = True, where mask is a writable C-contiguous NumPy array (not a subclass) of booleans\n"
+    "of one dimension and k an int in range: True once set. False (nothing done) otherwise.");
+
+/* The backward pass marks each row of a stacked slot that gets a delta (a fan's gates, one by
+   one): NumPy's item assignment costs a call through its indexing. */
+static PyObject *set_flag(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "monadl._native.set_flag: expected mask and k");
+        return NULL;
+    }
+    if (!PyArray_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) Py_RETURN_FALSE;
+    PyArrayObject *mask = (PyArrayObject *)args[0];
+    if (PyArray_TYPE(mask) != NPY_BOOL || PyArray_NDIM(mask) != 1 || !PyArray_ISWRITEABLE(mask) ||
+        !PyArray_IS_C_CONTIGUOUS(mask))
+        Py_RETURN_FALSE;
+    Py_ssize_t k = PyLong_AsSsize_t(args[1]);
+    if (k == -1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* (too large for an index: not in range) */
+        Py_RETURN_FALSE;
+    }
+    if (k < 0 || k >= PyArray_DIM(mask, 0)) Py_RETURN_FALSE;
+    ((npy_bool *)PyArray_DATA(mask))[k] = 1;
+    Py_RETURN_TRUE;
+}
+
 PyDoc_STRVAR(any_set_doc,
     "any_set(mask)\n--\n\n"
     "Whether an element of mask is True, where mask is a C-contiguous NumPy array (not a subclass) of\n"
@@ -990,6 +1043,8 @@ static PyMethodDef methods[] = {
     {"add_row", (PyCFunction)(void (*)(void))add_row, METH_FASTCALL, add_row_doc},
     {"add_to_rows", (PyCFunction)(void (*)(void))add_to_rows, METH_FASTCALL, add_to_rows_doc},
     {"any_set", any_set, METH_O, any_set_doc},
+    {"minus_zeros_like", minus_zeros_like, METH_O, minus_zeros_like_doc},
+    {"set_flag", (PyCFunction)(void (*)(void))set_flag, METH_FASTCALL, set_flag_doc},
     {"finite", finite_check, METH_O, finite_doc},
     {"freeze", freeze, METH_O, freeze_doc},
     {"cell_forward", (PyCFunction)(void (*)(void))cell_forward, METH_FASTCALL, cell_forward_doc},

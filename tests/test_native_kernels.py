@@ -867,3 +867,74 @@ def test_add_to_rows_declines_what_numpy_must_add() -> None:
         assert _bits(target) == _bits(expected)
     with pytest.raises(TypeError, match="expected a and v"):
         fused.NATIVE.add_to_rows(a)
+
+
+# ----------------------------------------------------------------------------- a stacked delta's start
+
+
+@needs_kernels
+@settings(deadline=None, max_examples=40)
+@given(
+    dtype=st.sampled_from([np.float32, np.float64]),
+    shape=st.lists(st.integers(0, 5), max_size=3),
+    order=st.sampled_from(["C", "F"]),
+)
+def test_minus_zeros_like_is_minus_zeros(dtype: Any, shape: list[int], order: str) -> None:
+    """``minus_zeros_like(a)`` is ``backend.minus_zeros`` of ``a``'s shape and dtype, bit for bit (-0.0
+    in every element: the identity of addition), a fresh C-contiguous array whatever ``a``'s layout."""
+    a = np.ones(shape, dtype=dtype, order=order)  # type: ignore[call-overload]
+    made = fused.NATIVE.minus_zeros_like(a)
+    assert made.flags.c_contiguous and made.flags.writeable and made.base is None and made is not a
+    assert _bits(made) == _bits(backend.minus_zeros(np, tuple(shape), np.dtype(dtype)))
+    assert _bits(backend.minus_zeros_like(a)) == _bits(made)
+
+
+@needs_kernels
+def test_minus_zeros_like_declines_what_is_not_a_plain_float_array() -> None:
+    """Integers, float16, another byte order, a subclass, a float: None (``backend.minus_zeros_like``
+    then asks NumPy, for the float types it can fill)."""
+    swapped = ">f4" if sys.byteorder == "little" else "<f4"
+    for a in (np.ones(3, dtype=np.int64), np.ones(3, dtype=np.float16), np.ones(3, dtype=swapped),
+              np.ones(3).view(np.ma.MaskedArray), 1.0):  # fmt: skip
+        assert fused.NATIVE.minus_zeros_like(a) is None
+    half = backend.minus_zeros_like(np.ones(3, dtype=np.float16))
+    assert half.dtype == np.float16 and _bits(half) == _bits(np.full(3, -0.0, dtype=np.float16))
+
+
+@needs_kernels
+@settings(deadline=None, max_examples=40)
+@given(n=st.integers(1, 40), k=st.integers(-50, 50))
+def test_set_flag_is_numpys_item_assignment(n: int, k: int) -> None:
+    """``set_flag(mask, k)`` sets element ``k`` of a boolean vector where ``k`` is in range (counted
+    from the front only: a negative ``k`` declines, NumPy would count it from the end);
+    ``backend.set_flag`` then sets it as NumPy's indexing does."""
+    mask = np.zeros(n, dtype=bool)
+    expected = mask.copy()
+    done = fused.NATIVE.set_flag(mask, k)
+    assert done is (0 <= k < n)
+    if done:
+        expected[k] = True
+    assert _bits(mask) == _bits(expected)
+    if -n <= k < n:
+        mask = np.zeros(n, dtype=bool)
+        backend.set_flag(mask, k)
+        assert bool(mask[k]) and int(mask.sum()) == 1
+
+
+@needs_kernels
+def test_set_flag_declines_what_is_not_a_writable_boolean_vector() -> None:
+    frozen = np.zeros(3, dtype=bool)
+    frozen.flags.writeable = False
+    for mask, k in [
+        (np.zeros((2, 2), dtype=bool), 0),
+        (np.zeros(3, dtype=np.uint8), 0),
+        (frozen, 0),
+        (np.zeros(6, dtype=bool)[::2], 0),
+        (np.zeros(3, dtype=bool), np.int64(1)),
+        (np.zeros(3, dtype=bool), 2**70),
+    ]:
+        before = np.array(mask)
+        assert fused.NATIVE.set_flag(mask, k) is False
+        assert _bits(mask) == _bits(before)
+    with pytest.raises(TypeError, match="expected mask and k"):
+        fused.NATIVE.set_flag(np.zeros(3, dtype=bool))

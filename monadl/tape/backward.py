@@ -57,9 +57,10 @@ from monadl.typeclasses.backend import (
     add_into_row,
     any_set,
     matrix_product,
-    minus_zeros,
+    minus_zeros_like,
     namespace,
     on_device,
+    set_flag,
     writable_own,
 )
 from monadl.typeclasses.sparse import (
@@ -192,13 +193,12 @@ class Backward:
             return False
         weights = self.run.weights
         key = tuple([weights[s] for s in slots])
-        ids: set[int] = set()
-        for weight in key:
+        for j, weight in enumerate(key):  # (a fan's few weights: pairs compared, no set made)
             if weight is None:
                 return False
-            ids.add(id(weight))
-        if len(ids) != len(key):
-            return False
+            for k in range(j):
+                if key[k] is weight:
+                    return False
         held = self.fans.get(key)
         if held is None:
             self.fans[key] = [(left, rights)]
@@ -328,7 +328,7 @@ class Backward:
         held = self.deltas[slot]
         data = self.run.datas[slot]
         if held is None:
-            held = minus_zeros(namespace(data), tuple(data.shape), data.dtype, data)
+            held = minus_zeros_like(data)
         elif type(held) is SparseRows:
             held = held.to_dense(namespace(data))
         elif not self.owned[slot]:
@@ -362,7 +362,10 @@ class Backward:
             return
         if present is None:
             present = self.present[slot] = np.zeros(self.run.datas[slot].shape[0], dtype=bool)
-        present[rows] = True
+        if type(rows) is int:
+            set_flag(present, rows)
+        else:
+            present[rows] = True
 
     # ------------------------------------------------------------------------------------- pool
 
@@ -551,6 +554,7 @@ def _fan(b: Backward, step: FanStep) -> None:
     fan = step.fan
     out = step.out
     given = b.present[out]
+    marks = None if given is ALL or given is None else given.tolist()  # (NumPy's items: a call each)
     d = _dense(d)
     args = step.args(run)
     xp = run.xps[out]
@@ -563,7 +567,11 @@ def _fan(b: Backward, step: FanStep) -> None:
                 stats.vjp_counts.tally(prim.number)
                 b.give(slots[0], fan.vjps[i](xp, d, run.saved[out], *args, **step.params), False)
             continue
-        wanted = [k for k, s in enumerate(slots) if run.wants[s] and _present(given, k)]
+        wanted = [
+            k
+            for k, s in enumerate(slots)
+            if run.wants[s] and (given is ALL or (marks is not None and marks[k]))
+        ]
         if not wanted:
             continue
         stats.kernels += 1

@@ -138,6 +138,8 @@ _FINITE: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.finite
 _FREEZE: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.freeze
 _ADD_ROW: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.add_row
 _ADD_TO_ROWS: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.add_to_rows
+_MINUS_ZEROS_LIKE: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.minus_zeros_like
+_SET_FLAG: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.set_flag
 _ANY_SET: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.any_set
 
 
@@ -156,6 +158,13 @@ def add_to_rows(a: Any, v: Any) -> None:
     NumPy's in-place add (the same additions)."""
     if _ADD_TO_ROWS is None or _ADD_TO_ROWS(a, v) is not True:
         a += v
+
+
+def set_flag(mask: Any, k: int) -> None:
+    """``mask[k] = True`` for a NumPy array of booleans: by ``monadl/_native.c`` where it takes
+    them (a C-contiguous writable vector, ``k`` in range), else by NumPy's indexing."""
+    if _SET_FLAG is None or _SET_FLAG(mask, k) is not True:
+        mask[k] = True
 
 
 def any_set(mask: Any) -> bool:
@@ -292,6 +301,16 @@ def minus_zeros(xp: Any, shape: tuple[int, ...], dtype: Any, like: Any = None) -
         out.fill(-0.0)
         return out
     return xp.full(shape, -0.0, dtype=dtype, **on_device(xp, like))
+
+
+def minus_zeros_like(a: Any) -> Any:
+    """:func:`minus_zeros` of ``a``'s shape and dtype, on its device: one call of
+    ``monadl/_native.c`` for a NumPy float array where it is built."""
+    if _MINUS_ZEROS_LIKE is not None:
+        out = _MINUS_ZEROS_LIKE(a)
+        if out is not None:
+            return out
+    return minus_zeros(namespace(a), tuple(a.shape), a.dtype, a)
 
 
 def unbroadcast(xp: Any, delta: Any, like: Any) -> Any:
