@@ -391,6 +391,16 @@ static PyObject *takes(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssiz
         T *restrict out = p[3];                                                                    \
         for (Py_ssize_t k = 0; k < n; k++) out[k] = t[k] * t[n + k];                               \
     }                                                                                              \
+    static WIDE void gru_h_tanh_of_##T(T *const *p, Py_ssize_t n) { /* n_x + sigmoid(r) * n_h */  \
+        T *restrict t = p[0];                                                                      \
+        const T *restrict nx = p[3], *restrict nh = p[4];                                          \
+        for (Py_ssize_t k = 0; k < n; k++) t[2 * n + k] = nx[k] + t[k] * nh[k];                    \
+    }                                                                                              \
+    static WIDE void gru_h_forward_##T(T *const *p, Py_ssize_t n) {                               \
+        const T *restrict t = p[0], *restrict h = p[5];                                            \
+        T *restrict out = p[6];                                                                    \
+        for (Py_ssize_t k = 0; k < n; k++) out[k] = ((T)1.0 - t[n + k]) * t[2 * n + k] + t[n + k] * h[k]; \
+    }                                                                                              \
     static WIDE void lstm_c_deltas_##T(T *const *p, Py_ssize_t n) {                               \
         const T *restrict d = p[0], *restrict si = p[1], *restrict sf = p[2], *restrict tu = p[3], \
                 *restrict c = p[7];                                                                \
@@ -447,25 +457,27 @@ CELL_LOOPS(double)
 typedef void (*loop_float)(float *const *, Py_ssize_t);
 typedef void (*loop_double)(double *const *, Py_ssize_t);
 
-/* A cell: its operands, how many of the first are gates (a sigmoid each) and which operand's tanh
-   is saved after them (the forward's t), the blocks its forward saves, and its loops (gru_h's
-   forward is NumPy's: its tanh is of a sum). */
+/* A cell: its operands, how many of the first are gates (a sigmoid each), whose tanh is saved after
+   their sigmoids (the forward's t): an operand's, or (tanh_of -1) what its tanh_of loop writes into
+   that block from the sigmoids (gru_h's candidate, tanh of a sum); the blocks its forward saves, and
+   its loops. */
 typedef struct {
     const char *name;
     int operands, gates, tanh_of, saves;
-    loop_float forward_float, deltas_float;
-    loop_double forward_double, deltas_double;
+    loop_float forward_float, deltas_float, tanh_of_float;
+    loop_double forward_double, deltas_double, tanh_of_double;
 } Cell;
 
 #define CELL(NAME, OPERANDS, GATES, TANH_OF, SAVES)                                                 \
-    {#NAME, OPERANDS, GATES, TANH_OF, SAVES, NAME##_forward_float, NAME##_deltas_float,               \
-     NAME##_forward_double, NAME##_deltas_double}
+    {#NAME, OPERANDS, GATES, TANH_OF, SAVES, NAME##_forward_float, NAME##_deltas_float, NULL,         \
+     NAME##_forward_double, NAME##_deltas_double, NULL}
 
 static const Cell CELL_TABLE[] = {
     CELL(lstm_c, 4, 2, 2, 3),
     CELL(tree_lstm_c, 6, 3, 3, 4),
     CELL(lstm_h, 2, 1, 1, 2),
-    {"gru_h", 5, 0, -1, 3, NULL, gru_h_deltas_float, NULL, gru_h_deltas_double},
+    {"gru_h", 5, 2, -1, 3, gru_h_forward_float, gru_h_deltas_float, gru_h_tanh_of_float, gru_h_forward_double,
+     gru_h_deltas_double, gru_h_tanh_of_double},
 };
 
 static const Cell *find_cell(PyObject *name, const char *caller) {
@@ -598,15 +610,13 @@ static int saved_blocks(PyObject *saved, int saves, PyArrayObject *like, int typ
 
 PyDoc_STRVAR(cell_forward_doc,
     "cell_forward(name, *operands)\n--\n\n"
-    "The forward of the cell name (lstm_c, tree_lstm_c, lstm_h) as (result, t), t its sigmoids and\n"
+    "The forward of the cell name (lstm_c, tree_lstm_c, lstm_h, gru_h) as (result, t), t its sigmoids and\n"
     "tanh as blocks of one array (for cell_deltas); None unless takes(*operands) and NumPy's exp and\n"
     "tanh loops were found (numpy_loops).");
 
 static PyObject *cell_forward(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     const Cell *cell = find_cell(nargs < 1 ? Py_None : args[0], "cell_forward");
     if (cell == NULL) return NULL;
-    if (cell->forward_float == NULL)
-        return PyErr_Format(PyExc_TypeError, "monadl._native.cell_forward: %s has no native forward", cell->name);
     if (nargs - 1 != cell->operands) {
         return PyErr_Format(PyExc_TypeError, "monadl._native.cell_forward: %s takes %d operands, got %zd",
                             cell->name, cell->operands, nargs - 1);
@@ -640,15 +650,24 @@ static PyObject *cell_forward(PyObject *Py_UNUSED(self), PyObject *const *args, 
     else
         negate_double((double *)p[0], (double *const *)(p + 1), cell->gates, n);
     run_loop(&exp_loops[k], p[0], p[0], cell->gates * n, size);
-    run_loop(&tanh_loops[k], p[cell->tanh_of + 1], tanh_block, n, size);
-    fesetexceptflag(&status, FE_ALL_EXCEPT);
-    if (k == 0) {
+    if (k == 0)
         sigmoids_float((float *)p[0], cell->gates * n);
-        cell->forward_float((float *const *)p, n);
-    } else {
+    else
         sigmoids_double((double *)p[0], cell->gates * n);
-        cell->forward_double((double *const *)p, n);
+    if (cell->tanh_of >= 0) {
+        run_loop(&tanh_loops[k], p[cell->tanh_of + 1], tanh_block, n, size);
+    } else {
+        if (k == 0)
+            cell->tanh_of_float((float *const *)p, n);
+        else
+            cell->tanh_of_double((double *const *)p, n);
+        run_loop(&tanh_loops[k], tanh_block, tanh_block, n, size);
     }
+    fesetexceptflag(&status, FE_ALL_EXCEPT);
+    if (k == 0)
+        cell->forward_float((float *const *)p, n);
+    else
+        cell->forward_double((double *const *)p, n);
     PyObject *result = PyTuple_New(2);
     if (result == NULL) {
         Py_DECREF(t);

@@ -349,7 +349,7 @@ def test_a_cells_joint_vjp_kernel_is_its_numpy_rule_bit_for_bit(
     saved, args = tuple(rest[:saves]), rest[saves:]
     rule = prim.joint_vjp
     assert rule is not None
-    given_saved = np.stack(saved) if blocks and name != "gru_h" else saved  # (gru_h's forward is NumPy's)
+    given_saved = np.stack(saved) if blocks else saved
     with np.errstate(over="ignore", invalid="ignore"):
         kernel = fused.native_deltas(name, d, given_saved, *args)
         assert kernel is not None  # the kernel runs
@@ -360,7 +360,7 @@ def test_a_cells_joint_vjp_kernel_is_its_numpy_rule_bit_for_bit(
 @needs_kernels
 @settings(deadline=None, max_examples=60)
 @given(
-    name=st.sampled_from(["lstm_c", "tree_lstm_c", "lstm_h"]),
+    name=st.sampled_from(sorted(GATE_RULES)),
     dtype=st.sampled_from([np.float32, np.float64]),
     shape=st.sampled_from(SHAPES),
     seed=st.integers(0, 2**32 - 1),
@@ -368,10 +368,10 @@ def test_a_cells_joint_vjp_kernel_is_its_numpy_rule_bit_for_bit(
 def test_a_cells_native_forward_is_its_numpy_rule_bit_for_bit(
     name: str, dtype: Any, shape: tuple[int, ...], seed: int
 ) -> None:
-    """The result and the saved activations of ``lstm_c``, ``tree_lstm_c`` and ``lstm_h`` with the C
-    loops (and NumPy's own exp and tanh loops) equal the NumPy rule's, bits and dtype and shape:
-    gates far below and above 0 (exp(-x) overflows to infinity: a sigmoid of 0), signed zeros, huge
-    memories."""
+    """The result and the saved activations of ``lstm_c``, ``tree_lstm_c``, ``lstm_h`` and ``gru_h``
+    with the C loops (and NumPy's own exp and tanh loops) equal the NumPy rule's, bits and dtype and
+    shape: gates far below and above 0 (exp(-x) overflows to infinity: a sigmoid of 0), signed
+    zeros, huge memories."""
     prim, _, inputs = GATE_RULES[name]
     rng = np.random.default_rng(seed)
     args = []
@@ -488,8 +488,8 @@ def test_the_cell_kernels_refuse_bad_calls_clearly() -> None:
         kernels.cell_deltas()
     with pytest.raises(TypeError, match="lstm_c takes 4 operands, got 2"):
         kernels.cell_forward("lstm_c", a, a)
-    with pytest.raises(TypeError, match="gru_h has no native forward"):
-        kernels.cell_forward("gru_h", a, a, a, a, a)
+    with pytest.raises(TypeError, match="gru_h takes 5 operands, got 4"):
+        kernels.cell_forward("gru_h", a, a, a, a)
     with pytest.raises(TypeError, match="lstm_h takes d, saved and 2 operands"):
         kernels.cell_deltas("lstm_h", a, (a, a), a)
     many = np.ones((1,) * 64, dtype=np.float32)
@@ -509,7 +509,7 @@ def test_the_forwards_take_numpys_own_exp_and_tanh() -> None:
 @needs_kernels
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("gate", [-1e6, -100.0, -1.0, 0.0, 100.0])
-@pytest.mark.parametrize("name", ["lstm_c", "tree_lstm_c", "lstm_h"])
+@pytest.mark.parametrize("name", sorted(GATE_RULES))
 def test_a_cells_native_forward_warns_of_no_overflow(name: str, gate: float, dtype: Any) -> None:
     """A gate's exp(-x) overflows to infinity (its sigmoid 0) silently: NumPy's exp loop leaves no
     floating-point flag behind for a check, even where every error raises; the NumPy rule's bits."""

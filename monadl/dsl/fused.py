@@ -57,19 +57,20 @@ def native_takes(*arrays: Any) -> bool:
 
 
 def native_forward(cell: str, *operands: Any) -> tuple[Any, Any] | None:
-    """The forward of a recurrent cell's rule (``"lstm_c"``, ``"tree_lstm_c"``, ``"lstm_h"``) by
-    the kernels: ``(result, t)``, ``t`` the sigmoids and the tanh it saves, as blocks of one array;
-    None where the kernels are not loaded or do not take ``operands`` (:func:`native_takes`), or
-    NumPy's exp and tanh loops were not found (the caller runs its rule)."""
+    """The forward of a recurrent cell's rule (``"lstm_c"``, ``"tree_lstm_c"``, ``"lstm_h"``,
+    ``"gru_h"``) by the kernels: ``(result, t)``, ``t`` the sigmoids and the tanh it saves, as
+    blocks of one array; None where the kernels are not loaded or do not take ``operands``
+    (:func:`native_takes`), or NumPy's exp and tanh loops were not found (the caller runs its
+    rule)."""
     done: tuple[Any, Any] | None = None if NATIVE is None else NATIVE.cell_forward(cell, *operands)
     return done
 
 
 def native_deltas(cell: str, d: Any, saved: Any, *operands: Any) -> tuple[Any, ...] | None:
-    """The joint vjp of a recurrent cell's rule (those of :func:`native_forward` and ``"gru_h"``)
-    by the kernels: every operand's delta, an array of its own; None where the kernels are not
-    loaded or do not take ``d`` and ``operands``, or ``saved`` is not the forward's arrays of their
-    shape and dtype (one array of blocks, or a tuple)."""
+    """The joint vjp of a recurrent cell's rule (those of :func:`native_forward`) by the kernels:
+    every operand's delta, an array of its own; None where the kernels are not loaded or do not
+    take ``d`` and ``operands``, or ``saved`` is not the forward's arrays of their shape and dtype
+    (one array of blocks, or a tuple)."""
     done: tuple[Any, ...] | None = None if NATIVE is None else NATIVE.cell_deltas(cell, d, saved, *operands)
     return done
 

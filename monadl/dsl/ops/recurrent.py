@@ -103,15 +103,16 @@ def _h_deltas(xp: Any, d: Any, saved: Any, o: Any, c: Any) -> tuple[Any, ...]:
     return d * tc * so * (1.0 - so), d * so * (1.0 - tc * tc)
 
 
-def _gru_forward(xp: Any, r: Any, z: Any, n_x: Any, n_h: Any, h: Any) -> tuple[Any, tuple[Any, Any, Any]]:
+def _gru_forward(xp: Any, r: Any, z: Any, n_x: Any, n_h: Any, h: Any) -> tuple[Any, Any]:
+    done = native_forward("gru_h", r, z, n_x, n_h, h)
+    if done is not None:
+        return done  # (its saved values: one array of the blocks sr, sz, n)
     sr, sz = sigmoids_of(xp, r, z)
     n = xp.tanh(n_x + sr * n_h)
     return (1.0 - sz) * n + sz * h, (sr, sz, n)
 
 
-def _gru_deltas(
-    xp: Any, d: Any, saved: tuple[Any, Any, Any], r: Any, z: Any, n_x: Any, n_h: Any, h: Any
-) -> tuple[Any, ...]:
+def _gru_deltas(xp: Any, d: Any, saved: Any, r: Any, z: Any, n_x: Any, n_h: Any, h: Any) -> tuple[Any, ...]:
     done = native_deltas("gru_h", d, saved, r, z, n_x, n_h, h)
     if done is not None:
         return done
