@@ -380,11 +380,12 @@ class JointDeltas:
     out once, by the first of its inputs' deltas asked for; the others read theirs (on a pool, each
     input's delta is asked for on its own thread: they wait for the first). :meth:`delta` and
     :meth:`merged_delta` are :meth:`Primitive.delta`'s and :meth:`Primitive.merged_delta`'s stand-ins
-    in a backward pass."""
+    in a backward pass. ``shared``: asked for on several threads (the lock's cost is spared where
+    one thread asks for all of them)."""
 
-    def __init__(self, prim: Primitive) -> None:
+    def __init__(self, prim: Primitive, shared: bool = True) -> None:
         self.prim = prim
-        self.lock = threading.Lock()
+        self.lock = threading.Lock() if shared else None
         self.deltas: Sequence[Any] | None = None
 
     def delta(
@@ -426,7 +427,11 @@ class JointDeltas:
         """Every input's delta: the joint vjp's, run by the first caller."""
         deltas = self.deltas
         if deltas is None:
-            with self.lock:
+            lock = self.lock
+            if lock is None:
+                deltas = self.deltas = self.joint(xp, datas, saved, delta, params)
+                return deltas
+            with lock:
                 deltas = self.deltas
                 if deltas is None:
                     deltas = self.deltas = self.joint(xp, datas, saved, delta, params)

@@ -462,7 +462,7 @@ def _op(b: Backward, step: OpStep) -> None:
     exact = step.exact
     if exact is None and prim.broadcasts and prim.own:  # (a user's vjp may give any broadcast shape)
         exact = step.exact = _exact(args, run.datas[out])
-    joint = _joint(stats, prim)
+    joint = _joint(stats, prim, heavy)
     products = prim.products  # (most ops have none: no lookup an input then)
     for j, slot in enumerate(step.ins):
         if not wants[slot]:
@@ -489,14 +489,15 @@ def _op(b: Backward, step: OpStep) -> None:
         b.give(slot, g, prim.fresh and g is not d)
 
 
-def _joint(stats: RunStats, prim: Primitive) -> JointDeltas | None:
+def _joint(stats: RunStats, prim: Primitive, shared: bool) -> JointDeltas | None:
     """Where ``prim`` has a joint vjp, the deltas of one application or group, counted as one
-    kernel; None otherwise (each input's vjp counts)."""
+    kernel (``shared``: its inputs' deltas are asked for on the pool's threads); None otherwise
+    (each input's vjp counts)."""
     if prim.joint_vjp is None:
         return None
     stats.kernels += 1
     stats.vjp_counts.tally(prim.number)
-    return JointDeltas(prim)
+    return JointDeltas(prim, shared)
 
 
 def _merged(b: Backward, step: MergedStep) -> None:
@@ -515,7 +516,7 @@ def _merged(b: Backward, step: MergedStep) -> None:
     stats = b.stats
     stats.backward_counts.tally(prim.number)
     heavy = step.heavy and b.dispatcher is not None
-    joint = _joint(stats, prim)
+    joint = _joint(stats, prim, heavy)
     delta: Callable[..., Any] = prim.merged_delta if joint is None else joint.merged_delta
     for i, slot in enumerate(step.ins):
         if not run.wants[slot]:
