@@ -45,7 +45,8 @@ from setuptools.command.build_ext import build_ext
 # objects), and the families whose rules run on every step of a recurrent or dense model and whose
 # public functions take array operands only (which mypyc does not check: NumPy's arrays are not its
 # classes), so that they keep their own messages: linalg.py (dense layers, a cell's gates),
-# recurrent.py (the cells' gate arithmetic) and monadl/dsl/fused.py (the native kernels' calls).
+# recurrent.py (the cells' gate arithmetic) and monadl/dsl/fused.py (the native kernels' calls); and
+# concatenation.py, the concatenation's rules without its public function (a cell's [x; h]).
 COMPILED_MODULES = [
     "monadl/do/do.py",
     "monadl/do/graph.py",
@@ -70,6 +71,7 @@ COMPILED_MODULES = [
     "monadl/dsl/core/arguments.py",
     "monadl/dsl/ops/operators.py",
     "monadl/dsl/ops/linalg.py",
+    "monadl/dsl/ops/concatenation.py",
     "monadl/dsl/ops/recurrent.py",
     "monadl/dsl/fused.py",
     "monadl/dsl/extend/operation.py",
