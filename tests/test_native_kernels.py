@@ -756,11 +756,12 @@ def test_concat_is_numpys_concatenate_bit_for_bit(
         raw = rng.integers(0, 256, size=int(np.prod(s)) * np.dtype(dtype).itemsize, dtype=np.uint8)
         a = raw.view(np.bool_).astype(dtype) if dtype == "|b1" else raw.view(dtype)
         xs.append(a.reshape(s))
-    made = fused.native_concat(xs, axis)
+    made = fused.NATIVE.concat(xs, axis)
     assert made is not None
     assert type(made) is np.ndarray and made.flags.c_contiguous and made.flags.writeable
     assert _bits(made) == _bits(np.concatenate(xs, axis=axis))
-    assert _bits(fused.native_concat(tuple(xs), axis)) == _bits(made)
+    assert _bits(fused.NATIVE.concat(tuple(xs), axis)) == _bits(made)
+    assert _bits(backend.concat_arrays(backend.NUMPY, xs, axis)) == _bits(made)
 
 
 @needs_kernels
@@ -769,7 +770,7 @@ def test_concat_declines_what_numpy_must_join() -> None:
     that are not C-contiguous, another byte order, subclasses, 0-d arrays, objects, an axis out of
     range (NumPy's error); a call of the wrong form is an error."""
     a = np.arange(6.0, dtype=np.float32).reshape(2, 3)
-    assert fused.native_concat([a, a], 1) is not None
+    assert fused.NATIVE.concat([a, a], 1) is not None
     cases: list[tuple[list[Any], int]] = [
         ([a, a.astype(np.float64)], 1),
         ([a, a.T.copy().T], 1),
@@ -784,7 +785,7 @@ def test_concat_declines_what_numpy_must_join() -> None:
         ([], 0),
     ]
     for xs, axis in cases:
-        assert fused.native_concat(xs, axis) is None
+        assert fused.NATIVE.concat(xs, axis) is None
     with pytest.raises(TypeError, match="a tuple or list of arrays and an axis"):
         fused.NATIVE.concat(iter([a]), 0)
     with pytest.raises(TypeError, match="a tuple or list of arrays and an axis"):

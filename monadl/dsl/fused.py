@@ -75,13 +75,6 @@ def native_deltas(cell: str, d: Any, saved: Any, *operands: Any) -> tuple[Any, .
     return done
 
 
-def native_concat(xs: Sequence[Any], axis: int) -> Any:
-    """``xs`` joined along ``axis`` by the kernels, as ``np.concatenate`` joins NumPy arrays of one
-    dtype (a copy of their bytes, without its generic path); None where the kernels are not loaded
-    or the arrays are not all plain C-contiguous arrays of one number dtype and rank."""
-    return None if NATIVE is None else NATIVE.concat(xs, axis)
-
-
 ENABLED = True
 """Whether CuPy arrays take the fused kernels (``False``: the rules as written, one kernel per
 operator: what ``bench models --no-fused`` measures the kernels against)."""

@@ -56,6 +56,7 @@ from monadl.typeclasses.backend import (
     NUMPY,
     add_into_row,
     any_set,
+    concat_arrays,
     matrix_product,
     minus_zeros_like,
     namespace,
@@ -225,17 +226,15 @@ class Backward:
         of the left factors joined with every weight's rows side by side (or one sum of rows)."""
         factors = self.fans.pop(key)
         k = len(key)
-        first = factors[0][1]  # (k, rows, outputs)
+        first = factors[0][1]  # (k, rows, outputs), or (k, outputs): one row
         xp = namespace(first)
+        outputs = first.shape[-1]
+        # Each call's rows side by side, (rows, k * outputs); one row's (k, outputs) already is.
+        sides = _joined_rows(xp, [f[1] for f in factors], k * outputs, True)
         if factors[0][0] is None:
-            rights = xp.concat([f[1] for f in factors], axis=1) if len(factors) > 1 else first
-            g = xp.sum(rights, axis=1)  # (k, outputs)
+            g = xp.reshape(xp.sum(sides, axis=0), (k, outputs))
         else:
-            lefts = xp.concat([f[0] for f in factors], axis=0) if len(factors) > 1 else factors[0][0]
-            # Each call's rows side by side: (rows, k, outputs), then (rows, k * outputs).
-            sides = xp.concat([xp.permute_dims(f[1], (1, 0, 2)) for f in factors], axis=0)
-            outputs = first.shape[2]
-            sides = xp.reshape(sides, (sides.shape[0], k * outputs))
+            lefts = _joined_rows(xp, [f[0] for f in factors], factors[0][0].shape[-1], False)
             g = xp.matmul(lefts.mT, sides) if xp is not NUMPY else matrix_product(lefts.T, sides)
             g = xp.permute_dims(xp.reshape(g, (g.shape[0], k, outputs)), (1, 0, 2))  # (k, inputs, outputs)
         snapshot = self.run.snapshot
@@ -257,13 +256,13 @@ class Backward:
         factors = self.products.pop(weight, None)
         if factors is None:
             return
-        xp = namespace(factors[0][1])
-        left = [f[0] for f in factors]
-        right = xp.concat([f[1] for f in factors], axis=0) if len(factors) > 1 else factors[0][1]
-        if left[0] is None:
+        first = factors[0][1]
+        xp = namespace(first)
+        right = _joined_rows(xp, [f[1] for f in factors], first.shape[-1], False)
+        if factors[0][0] is None:
             g = xp.sum(right, axis=0)
         else:
-            lefts = xp.concat(left, axis=0) if len(left) > 1 else left[0]
+            lefts = _joined_rows(xp, [f[0] for f in factors], factors[0][0].shape[-1], False)
             g = xp.matmul(lefts.mT, right) if xp is not NUMPY else matrix_product(lefts.T, right)
         self.add_product(weight, g, data_of(weight, self.run.snapshot))
 
@@ -783,6 +782,22 @@ def _finite(g: Any) -> bool:
 
 def _dense(d: Any) -> Any:
     return d.to_dense() if type(d) is SparseRows else d
+
+
+def _joined_rows(xp: Any, parts: list[Any], width: int, fanned: bool) -> Any:
+    """The rows of a weight's deferred factors as one matrix (``width`` columns): each part a matrix
+    of rows or one row as a vector. ``fanned``: each part is a fan's k calls' rows, (k, rows,
+    outputs) or (k, outputs), their rows side by side (k * outputs = ``width`` columns). Parts of
+    one row each (steps of one sequence) are one copy of their bytes, reshaped."""
+    one_row = 2 if fanned else 1
+    if all([p.ndim == one_row for p in parts]):
+        return xp.reshape(concat_arrays(xp, parts, 0), (len(parts), width))
+    rows = []
+    for p in parts:
+        if fanned:
+            p = xp.permute_dims(p, (1, 0, 2)) if p.ndim == 3 else p
+        rows.append(xp.reshape(p, (-1, width)))
+    return xp.concat(rows, axis=0) if len(rows) > 1 else rows[0]
 
 
 def _present(given: Any, k: int) -> bool:

@@ -139,6 +139,7 @@ _FREEZE: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.freeze
 _ADD_ROW: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.add_row
 _ADD_TO_ROWS: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.add_to_rows
 _MINUS_ZEROS_LIKE: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.minus_zeros_like
+_CONCAT: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.concat
 _SET_FLAG: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.set_flag
 _ANY_SET: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.any_set
 
@@ -158,6 +159,17 @@ def add_to_rows(a: Any, v: Any) -> None:
     NumPy's in-place add (the same additions)."""
     if _ADD_TO_ROWS is None or _ADD_TO_ROWS(a, v) is not True:
         a += v
+
+
+def concat_arrays(xp: Any, parts: Sequence[Any], axis: int) -> Any:
+    """``xp.concat(parts, axis=axis)``; NumPy arrays of one dtype joined by ``monadl/_native.c``'s
+    copy of their bytes where it is built and takes them (the same array: ``np.concatenate``'s
+    generic path costs more than the copy on a step's few rows)."""
+    if xp is NUMPY and _CONCAT is not None:
+        done = _CONCAT(parts, axis)
+        if done is not None:
+            return done
+    return xp.concat(parts, axis=axis)
 
 
 def set_flag(mask: Any, k: int) -> None:

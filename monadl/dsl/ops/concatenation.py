@@ -11,10 +11,9 @@ from __future__ import annotations
 from typing import Any, Final
 
 from monadl.do.primitive import Batching, Primitive, Rule
-from monadl.dsl.fused import native_concat
 from monadl.dsl.ops.registry import PerArity, declare, not_a_float
 from monadl.dsl.ops.shape_rules import Info, promoted
-from monadl.typeclasses.backend import NUMPY, ShapeError
+from monadl.typeclasses.backend import ShapeError, concat_arrays
 
 
 def _concatenate_rule(*xs: Info, axis: int = 0) -> Info:
@@ -52,13 +51,7 @@ def _check_concat(*xs: Any, axis: int = 0) -> None:
 
 
 def _join(xp: Any, *xs: Any, axis: int = 0) -> Any:
-    """``xp.concat(xs, axis=axis)``; NumPy arrays of one dtype by the native kernels where they are
-    loaded (:func:`~monadl.dsl.fused.native_concat`: the same bytes)."""
-    if xp is NUMPY:
-        done = native_concat(xs, axis)
-        if done is not None:
-            return done
-    return xp.concat(xs, axis=axis)
+    return concat_arrays(xp, xs, axis)
 
 
 def _concatenate(n: int) -> Primitive:

@@ -196,21 +196,26 @@ def _fan_linear_vjp_w(xp: Any, d: Any, o: Any, x: Any, w: tuple[Any, ...], b: tu
     return xp.permute_dims(xp.reshape(g, (rows.shape[1], k, outputs)), (1, 0, 2))
 
 
+def _fan_weights(xp: Any, d: Any, o: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
+    """The weights' deltas as products of rows: x's rows and each call's delta rows; one vector x
+    and its (k, outputs) deltas as they are (one row each: the backward pass joins them)."""
+    if x.ndim == 1:
+        return x, d
+    return matrix_rows(xp, x), _fan_linear_rows(xp, d, w)
+
+
 def _fan_biases(xp: Any, d: Any, o: Any, x: Any, w: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
     """The biases' deltas as products of rows (sums of each call's delta rows), for vector biases."""
     if type(b[0]) is float or b[0].ndim != 1:
         return None
-    return None, _fan_linear_rows(xp, d, w)
+    return None, d if x.ndim == 1 else _fan_linear_rows(xp, d, w)
 
 
 _FAN_LINEAR = FanOut(
     shared=(0,),
     forward=_fan_linear,
     vjps=(_fan_linear_vjp_x, _fan_linear_vjp_w, _fan_linear_vjp_b),
-    products={
-        1: lambda xp, d, o, x, w, b: (matrix_rows(xp, x), _fan_linear_rows(xp, d, w)),
-        2: _fan_biases,
-    },
+    products={1: _fan_weights, 2: _fan_biases},
 )
 
 
