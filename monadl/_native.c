@@ -682,8 +682,8 @@ static PyObject *cell_forward(PyObject *Py_UNUSED(self), PyObject *const *args, 
 PyDoc_STRVAR(cell_deltas_doc,
     "cell_deltas(name, d, saved, *operands)\n--\n\n"
     "The joint vjp of the cell name (lstm_c, tree_lstm_c, lstm_h, gru_h): every operand's delta, each\n"
-    "an array of its own; None unless takes(d, *operands) and saved is what cell_forward saved (or a\n"
-    "tuple of such arrays, the NumPy rule's) of their type.");
+    "an array of its own; None unless takes(d, *operands) (d may be strided: it is copied) and saved\n"
+    "is what cell_forward saved (or a tuple of such arrays, the NumPy rule's) of their type.");
 
 static PyObject *cell_deltas(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     const Cell *cell = find_cell(nargs < 1 ? Py_None : args[0], "cell_deltas");
@@ -693,32 +693,43 @@ static PyObject *cell_deltas(PyObject *Py_UNUSED(self), PyObject *const *args, P
                             cell->name, cell->operands, nargs - 1);
     }
     PyObject *arrays[MAX_ARRAYS];
-    arrays[0] = args[1];
+    /* A delta sliced from a joined one (concatenate's vjp of a cell's [x; h] on stacked rows) is a
+       strided view: its C-ordered copy, the same values. */
+    PyObject *copy = NULL, *given = args[1];
+    if (PyArray_CheckExact(given) && !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given)) {
+        copy = PyArray_NewCopy((PyArrayObject *)given, NPY_CORDER);
+        if (copy == NULL) return NULL;
+    }
+    arrays[0] = copy == NULL ? given : copy;
     for (int j = 0; j < cell->operands; j++) arrays[j + 1] = args[3 + j];
     int type = common_type(arrays, cell->operands + 1);
-    if (!type) Py_RETURN_NONE;
-    PyArrayObject *d = (PyArrayObject *)args[1];
+    PyArrayObject *d = (PyArrayObject *)arrays[0];
     char *p[MAX_ARRAYS];
+    if (!type || !saved_blocks(args[2], cell->saves, d, type, p + 1)) {
+        Py_XDECREF(copy);
+        Py_RETURN_NONE;
+    }
     p[0] = PyArray_DATA(d);
-    if (!saved_blocks(args[2], cell->saves, d, type, p + 1)) Py_RETURN_NONE;
     int first_operand = 1 + cell->saves, first_delta = first_operand + cell->operands;
     for (int j = 0; j < cell->operands; j++) p[first_operand + j] = PyArray_DATA((PyArrayObject *)arrays[j + 1]);
     PyObject *result = PyTuple_New(cell->operands);
-    if (result == NULL) return NULL;
-    for (int j = 0; j < cell->operands; j++) {
+    for (int j = 0; result != NULL && j < cell->operands; j++) {
         PyObject *g = PyArray_EMPTY(PyArray_NDIM(d), PyArray_DIMS(d), type, 0);
         if (g == NULL) {
-            Py_DECREF(result);
-            return NULL;
+            Py_CLEAR(result);
+            break;
         }
         PyTuple_SET_ITEM(result, j, g);
         p[first_delta + j] = PyArray_DATA((PyArrayObject *)g);
     }
-    Py_ssize_t n = PyArray_SIZE(d);
-    if (type == NPY_FLOAT)
-        cell->deltas_float((float *const *)p, n);
-    else
-        cell->deltas_double((double *const *)p, n);
+    if (result != NULL) {
+        Py_ssize_t n = PyArray_SIZE(d);
+        if (type == NPY_FLOAT)
+            cell->deltas_float((float *const *)p, n);
+        else
+            cell->deltas_double((double *const *)p, n);
+    }
+    Py_XDECREF(copy);
     return result;
 }
 

@@ -335,18 +335,22 @@ def _numpy_bits(rule: Any, flat: Callable[[Any], list[bytes]], *args: Any) -> li
     shape=st.sampled_from(SHAPES),
     seed=st.integers(0, 2**32 - 1),
     blocks=st.booleans(),
+    strided=st.booleans(),
 )
 def test_a_cells_joint_vjp_kernel_is_its_numpy_rule_bit_for_bit(
-    name: str, dtype: Any, shape: tuple[int, ...], seed: int, blocks: bool
+    name: str, dtype: Any, shape: tuple[int, ...], seed: int, blocks: bool, strided: bool
 ) -> None:
     """Every delta of ``lstm_c``, ``tree_lstm_c``, ``lstm_h`` and ``gru_h`` from the C loop equals the
     NumPy rule's, bits (signed zeros, overflows to infinity, NaNs of inf * 0) and dtype and shape,
     each an array of its own (the backward pass may add into it), whether the forward saved its
-    activations as a tuple (the NumPy rule) or as the blocks of one array (the kernel)."""
+    activations as a tuple (the NumPy rule) or as the blocks of one array (the kernel), and the
+    delta a strided slice of a joined one or not."""
     prim, saves, inputs = GATE_RULES[name]
     rng = np.random.default_rng(seed)
     d, *rest = _gate_arrays(rng, 1 + saves + inputs, shape, dtype)
     saved, args = tuple(rest[:saves]), rest[saves:]
+    if strided:  # the delta as concatenate's vjp gives it: a slice of a joined delta's rows
+        d = np.concatenate([d, np.ones_like(d)], axis=-1)[..., : shape[-1]]
     rule = prim.joint_vjp
     assert rule is not None
     given_saved = np.stack(saved) if blocks else saved

@@ -69,8 +69,8 @@ def native_forward(cell: str, *operands: Any) -> tuple[Any, Any] | None:
 def native_deltas(cell: str, d: Any, saved: Any, *operands: Any) -> tuple[Any, ...] | None:
     """The joint vjp of a recurrent cell's rule (those of :func:`native_forward`) by the kernels:
     every operand's delta, an array of its own; None where the kernels are not loaded or do not
-    take ``d`` and ``operands``, or ``saved`` is not the forward's arrays of their shape and dtype
-    (one array of blocks, or a tuple)."""
+    take ``d`` (which may be strided: a C-ordered copy is read) and ``operands``, or ``saved`` is
+    not the forward's arrays of their shape and dtype (one array of blocks, or a tuple)."""
     done: tuple[Any, ...] | None = None if NATIVE is None else NATIVE.cell_deltas(cell, d, saved, *operands)
     return done
 
