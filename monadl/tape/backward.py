@@ -793,10 +793,13 @@ def _joined_rows(xp: Any, parts: list[Any], width: int, fanned: bool) -> Any:
     if all([p.ndim == one_row for p in parts]):
         return xp.reshape(concat_arrays(xp, parts, 0), (len(parts), width))
     rows = []
-    for p in parts:
-        if fanned:
-            p = xp.permute_dims(p, (1, 0, 2)) if p.ndim == 3 else p
-        rows.append(xp.reshape(p, (-1, width)))
+    for p in parts:  # (the rows counted, not left to a -1: NumPy refuses it without elements)
+        if p.ndim == one_row:
+            rows.append(xp.reshape(p, (1, width)))
+        elif fanned:  # (k, rows, outputs): (rows, k * outputs)
+            rows.append(xp.reshape(xp.permute_dims(p, (1, 0, 2)), (p.shape[1], width)))
+        else:
+            rows.append(p)
     return xp.concat(rows, axis=0) if len(rows) > 1 else rows[0]
 
 
