@@ -15,6 +15,7 @@ from op_cases import predict
 import monadl as ml
 from monadl import ArrayWeight, FloatLayer, nn
 from monadl.do.primitive import ELEMENTWISE, Batching, Primitive
+from monadl.dsl.core.layers import apply_array
 from monadl.dsl.ops import recurrent
 
 
@@ -87,6 +88,44 @@ def test_a_joint_vjp_goes_with_merging_but_not_with_merged_vjps_of_its_own() -> 
     own = Batching(elementwise=True, forward=recurrent._h_forward, vjps=(rule, rule))
     with pytest.raises(ValueError, match=r"the merged calls' \(Batching\.vjps\) too"):
         Primitive("own", recurrent._h_forward, (), saves=True, batch=own, joint_vjp=rule)
+
+
+@pytest.mark.parametrize(
+    ("batching", "workers", "min_pool_cost", "runs_expected"),
+    [
+        (True, 1, 1e5, 1),  # one merged group, on the pass's thread
+        (False, 1, 1e5, 3),  # three applications
+        (True, 2, 6.0, 1),  # a group (of cost 12) on the pool: each input's delta asked on a thread
+        (False, 2, 0.0, 3),  # each application on the pool, the same
+    ],
+)
+def test_a_joint_vjp_runs_once_per_application_or_group(
+    batching: bool, workers: int, min_pool_cost: float, runs_expected: int
+) -> None:
+    """Both inputs of each application (or merged group) get their deltas from one run of the joint
+    vjp, on the pass's thread or on a pool (where each input's delta is asked for on a thread of its
+    own), and they are the finite differences'. (Three applications to rows of 4 of the same
+    weights; an op's elementwise cost is its size.)"""
+    runs: list[int] = []
+
+    def counted(xp: Any, d: Any, saved: Any, o: Any, c: Any) -> tuple[Any, ...]:
+        runs.append(1)
+        return recurrent._h_deltas(xp, d, saved, o, c)
+
+    prim = Primitive("h", recurrent._h_forward, (), True, saves=True, batch=ELEMENTWISE, joint_vjp=counted)
+    rng = np.random.default_rng(runs_expected + workers)
+    probes = [rng.uniform(-1.0, 1.0, 4) for _ in range(3)]
+
+    def loss(o: ArrayWeight, c: ArrayWeight) -> FloatLayer:
+        # three applications to rows of the same weights: merged into one group where batching is on
+        return ml.add_n([ml.sum(apply_array(prim, o[k], c[k]) * probes[k]) for k in range(3)])
+
+    o, c = (ArrayWeight(rng.uniform(-2.0, 2.0, (3, 4))) for _ in range(2))
+    with ml.Executor(workers, min_pool_cost=min_pool_cost, batching=batching) as executor:
+        runs.clear()
+        ml.compute_gradients(loss(o, c), executor=executor)
+        assert len(runs) == runs_expected
+        ml.check_gradients(loss, o.data, c.data, executor=executor)
 
 
 def test_the_cell_equals_its_elementwise_form() -> None:

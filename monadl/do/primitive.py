@@ -331,6 +331,18 @@ class Primitive:
             g = as_float_arrays(rule, (delta, saved), datas, params)
         return self.finish_delta(i, xp, g, datas, dense, exact)
 
+    def joint_deltas(
+        self, xp: Any, datas: Sequence[Any], saved: Any, delta: Any, params: dict[str, Any]
+    ) -> Sequence[Any]:
+        """Every input's delta by the joint vjp (the op has one), as it gives them: each made an
+        input's delta by :meth:`finish_delta` or :meth:`finish_merged`."""
+        rule = self.joint_vjp
+        assert rule is not None
+        deltas: Sequence[Any] = call_vjp(rule, xp, delta, saved, datas, params)
+        if len(deltas) != len(datas):
+            raise ShapeError(f"{self.name}: the joint vjp gave {len(deltas)} deltas for {len(datas)} inputs")
+        return deltas
+
     def finish_delta(self, i: int, xp: Any, g: Any, datas: tuple[Any, ...], dense: bool, exact: bool) -> Any:
         """Input ``i``'s delta ``g``, as a vjp gave it, made its delta (see :meth:`delta`): a user's
         checked, summed back where the op broadcasts, made dense where the input wants it."""
@@ -376,16 +388,15 @@ class Primitive:
 
 
 class JointDeltas:
-    """The deltas of one application (or merged group) of a primitive with a ``joint_vjp``: worked
-    out once, by the first of its inputs' deltas asked for; the others read theirs (on a pool, each
-    input's delta is asked for on its own thread: they wait for the first). :meth:`delta` and
-    :meth:`merged_delta` are :meth:`Primitive.delta`'s and :meth:`Primitive.merged_delta`'s stand-ins
-    in a backward pass. ``shared``: asked for on several threads (the lock's cost is spared where
-    one thread asks for all of them)."""
+    """The deltas of one application (or merged group) of a primitive with a ``joint_vjp`` whose
+    inputs' deltas are asked for on a pool's threads, one each: worked out once, by the first asked
+    for, under a lock; the others wait and read theirs. :meth:`delta` and :meth:`merged_delta` are
+    :meth:`Primitive.delta`'s and :meth:`Primitive.merged_delta`'s stand-ins in a backward pass
+    (where one thread asks for them all, it works them out itself: ``Primitive.joint_deltas``)."""
 
-    def __init__(self, prim: Primitive, shared: bool = True) -> None:
+    def __init__(self, prim: Primitive) -> None:
         self.prim = prim
-        self.lock = threading.Lock() if shared else None
+        self.lock = threading.Lock()
         self.deltas: Sequence[Any] | None = None
 
     def delta(
@@ -427,32 +438,18 @@ class JointDeltas:
         """Every input's delta: the joint vjp's, run by the first caller."""
         deltas = self.deltas
         if deltas is None:
-            lock = self.lock
-            if lock is None:
-                deltas = self.deltas = self.joint(xp, datas, saved, delta, params)
-                return deltas
-            with lock:
+            with self.lock:
                 deltas = self.deltas
                 if deltas is None:
-                    deltas = self.deltas = self.joint(xp, datas, saved, delta, params)
-        return deltas
-
-    def joint(
-        self, xp: Any, datas: Sequence[Any], saved: Any, delta: Any, params: dict[str, Any]
-    ) -> Sequence[Any]:
-        prim = self.prim
-        rule = prim.joint_vjp
-        assert rule is not None
-        deltas: Sequence[Any] = call_vjp(rule, xp, delta, saved, datas, params)
-        if len(deltas) != len(datas):
-            raise ShapeError(f"{prim.name}: the joint vjp gave {len(deltas)} deltas for {len(datas)} inputs")
+                    deltas = self.deltas = self.prim.joint_deltas(xp, datas, saved, delta, params)
         return deltas
 
 
 def call_forward(rule: Rule, xp: Any, inputs: Sequence[Any], params: dict[str, Any]) -> Any:
-    """``rule(xp, *inputs, **params)``. Written out for up to three inputs and no parameters (most
-    ops): compiled, the general call builds a list, a tuple and a dict on every kernel, and a
-    tuple's items are read directly where a sequence's are read by a call each."""
+    """``rule(xp, *inputs, **params)``. Written out for up to five inputs and no parameters (most
+    ops; a recurrent cell's rule takes four or five): compiled, the general call builds a list, a
+    tuple and a dict on every kernel, and a tuple's items are read directly where a sequence's are
+    read by a call each."""
     if not params:
         args = inputs if isinstance(inputs, tuple) else tuple(inputs)
         n = len(args)
@@ -462,6 +459,10 @@ def call_forward(rule: Rule, xp: Any, inputs: Sequence[Any], params: dict[str, A
             return rule(xp, args[0], args[1])
         if n == 3:
             return rule(xp, args[0], args[1], args[2])
+        if n == 4:
+            return rule(xp, args[0], args[1], args[2], args[3])
+        if n == 5:
+            return rule(xp, args[0], args[1], args[2], args[3], args[4])
     return rule(xp, *inputs, **params)
 
 
@@ -478,6 +479,10 @@ def call_vjp(
             return rule(xp, delta, saved, args[0], args[1])
         if n == 3:
             return rule(xp, delta, saved, args[0], args[1], args[2])
+        if n == 4:
+            return rule(xp, delta, saved, args[0], args[1], args[2], args[3])
+        if n == 5:
+            return rule(xp, delta, saved, args[0], args[1], args[2], args[3], args[4])
     return rule(xp, delta, saved, *inputs, **params)
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -461,7 +461,9 @@ def _op(b: Backward, step: OpStep) -> None:
     exact = step.exact
     if exact is None and prim.broadcasts and prim.own:  # (a user's vjp may give any broadcast shape)
         exact = step.exact = _exact(args, run.datas[out])
-    joint = _joint(stats, prim, heavy)
+    jointly = _joint(stats, prim)
+    pooled = JointDeltas(prim) if jointly and heavy else None  # (its inputs' deltas asked on the pool)
+    deltas: Sequence[Any] | None = None  # (a joint vjp's, worked out here otherwise)
     products = prim.products  # (most ops have none: no lookup an input then)
     for j, slot in enumerate(step.ins):
         if not wants[slot]:
@@ -470,7 +472,7 @@ def _op(b: Backward, step: OpStep) -> None:
             b.give(slot, d, False)
             continue
         d = _dense(d)  # the rules want it dense: made so once (kept for the next inputs)
-        if joint is None:
+        if not jointly:
             stats.kernels += 1
             stats.vjp_counts.tally(prim.number)
         rule = products.get(j) if products else None
@@ -478,25 +480,26 @@ def _op(b: Backward, step: OpStep) -> None:
             continue
         same = exact is not None and exact[j]
         if heavy:
-            delta = prim.delta if joint is None else joint.delta
+            delta = prim.delta if pooled is None else pooled.delta
             b.submit(delta, (j, xp, args, saved, d, params, False, same), slot, d, prim.fresh)
             continue
-        if joint is None:
+        if not jointly:
             g = prim.delta(j, xp, args, saved, d, params, False, same)
         else:
-            g = joint.delta(j, xp, args, saved, d, params, False, same)
+            if deltas is None:
+                deltas = prim.joint_deltas(xp, args, saved, d, params)
+            g = prim.finish_delta(j, xp, deltas[j], args, False, same)
         b.give(slot, g, prim.fresh and g is not d)
 
 
-def _joint(stats: RunStats, prim: Primitive, shared: bool) -> JointDeltas | None:
-    """Where ``prim`` has a joint vjp, the deltas of one application or group, counted as one
-    kernel (``shared``: its inputs' deltas are asked for on the pool's threads); None otherwise
-    (each input's vjp counts)."""
+def _joint(stats: RunStats, prim: Primitive) -> bool:
+    """Whether ``prim`` has a joint vjp: then the deltas of one application or group are counted
+    here, as one kernel (otherwise each input's vjp counts)."""
     if prim.joint_vjp is None:
-        return None
+        return False
     stats.kernels += 1
     stats.vjp_counts.tally(prim.number)
-    return JointDeltas(prim, shared)
+    return True
 
 
 def _merged(b: Backward, step: MergedStep) -> None:
@@ -515,12 +518,13 @@ def _merged(b: Backward, step: MergedStep) -> None:
     stats = b.stats
     stats.backward_counts.tally(prim.number)
     heavy = step.heavy and b.dispatcher is not None
-    joint = _joint(stats, prim, heavy)
-    delta: Callable[..., Any] = prim.merged_delta if joint is None else joint.merged_delta
+    jointly = _joint(stats, prim)
+    pooled = JointDeltas(prim) if jointly and heavy else None  # (as in _op)
+    deltas: Sequence[Any] | None = None
     for i, slot in enumerate(step.ins):
         if not run.wants[slot]:
             continue
-        if joint is None:
+        if not jointly:
             stats.kernels += 1
             stats.vjp_counts.tally(prim.number)
         rule = prim.products.get(i)
@@ -535,13 +539,18 @@ def _merged(b: Backward, step: MergedStep) -> None:
         # A shared input of an elementwise group was broadcast over the rows: its delta is summed
         # over them (an op that broadcasts sums every broadcast axis anyway).
         over = step.n if not step.stacked[i] and step.elementwise and not prim.broadcasts else 0
-        vjp = step.vjps[i] if joint is None else None  # (a joint vjp's part for input i)
-        vjp_args = (i, vjp, over, shape, xp, d, saved, args, params)
         rows = given if step.stacked[i] else ALL
         if heavy:
-            b.submit(delta, vjp_args, slot, d, prim.fresh, rows)
+            delta: Callable[..., Any] = prim.merged_delta if pooled is None else pooled.merged_delta
+            vjp = step.vjps[i] if pooled is None else None  # (a joint vjp's part for input i)
+            b.submit(delta, (i, vjp, over, shape, xp, d, saved, args, params), slot, d, prim.fresh, rows)
             continue
-        g = delta(*vjp_args)
+        if not jointly:
+            g = prim.merged_delta(i, step.vjps[i], over, shape, xp, d, saved, args, params)
+        else:
+            if deltas is None:
+                deltas = prim.joint_deltas(xp, args, saved, d, params)
+            g = prim.finish_merged(i, deltas[i], over, shape, xp, args)
         b.give(slot, g, prim.fresh and g is not d, rows)
 
 
