@@ -120,12 +120,12 @@ def test_a_joint_vjp_runs_once_per_application_or_group(
         # three applications to rows of the same weights: merged into one group where batching is on
         return ml.add_n([ml.sum(apply_array(prim, o[k], c[k]) * probes[k]) for k in range(3)])
 
-    o, c = (ArrayWeight(rng.uniform(-2.0, 2.0, (3, 4))) for _ in range(2))
+    o_data, c_data = rng.uniform(-2.0, 2.0, (3, 4)), rng.uniform(-2.0, 2.0, (3, 4))
     with ml.Executor(workers, min_pool_cost=min_pool_cost, batching=batching) as executor:
         runs.clear()
-        ml.compute_gradients(loss(o, c), executor=executor)
+        ml.compute_gradients(loss(ArrayWeight(o_data), ArrayWeight(c_data)), executor=executor)
         assert len(runs) == runs_expected
-        ml.check_gradients(loss, o.data, c.data, executor=executor)
+        ml.check_gradients(loss, o_data, c_data, executor=executor)
 
 
 def test_the_cell_equals_its_elementwise_form() -> None:
