@@ -406,6 +406,25 @@ def test_concatenate(n: int, axis: int, data: st.DataObject) -> None:
         np.testing.assert_array_equal(g, np.take(p, np.arange(lo, hi), axis=ax))
 
 
+@pytest.mark.parametrize("batching", [True, False])
+def test_concatenate_slices_every_inputs_delta_in_one_vjp(batching: bool) -> None:
+    """Every input's delta of a concatenation (its slice of the result's delta) comes from one
+    vjp run per application or merged group; the slices are the probe's."""
+    rng = np.random.default_rng(7)
+    xs = [[ArrayWeight(rng.standard_normal(k + 1)) for k in range(3)] for _ in range(4)]
+    probes = [rng.standard_normal(6) for _ in range(4)]
+    loss = monadl.add_n(
+        [monadl.sum(monadl.concatenate(x, axis=-1) * p) for x, p in zip(xs, probes, strict=True)]
+    )
+    executor = monadl.Executor(batching=batching)
+    _, gradients = monadl.compute_gradients(loss, executor=executor)
+    stats = executor.stats
+    applications = 1 if batching else 4
+    assert stats.backwards["concatenate"] == stats.vjps["concatenate"] == applications, stats
+    for x, p in zip(xs, probes, strict=True):
+        np.testing.assert_array_equal(np.concatenate([gradients[w] for w in x]), p)
+
+
 @SETTINGS
 @given(data=st.data())
 def test_take_rows(data: st.DataObject) -> None:

@@ -1,16 +1,16 @@
 """The concatenation primitive (``concatenate``'s, in :mod:`monadl.dsl.ops.shape`): its kernel, its
-vjps, its check and shape rule.
+joint vjp, its check and shape rule.
 
 Compiled with the engine (its public function, which validates its arguments, stays interpreted
 in ``shape``): a recurrent cell joins its input and state on every step, ``[x; h]``, and its
-vjp slices the delta back on every step of the backward pass.
+vjp slices the delta back on every step of the backward pass, every input's slice in one call.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-from monadl.do.primitive import Batching, Primitive, Rule
+from monadl.do.primitive import Batching, Primitive
 from monadl.dsl.ops.registry import PerArity, declare, not_a_float
 from monadl.dsl.ops.shape_rules import Info, promoted
 from monadl.typeclasses.backend import ShapeError, concat_arrays
@@ -23,19 +23,21 @@ def _concatenate_rule(*xs: Info, axis: int = 0) -> Info:
     return (tuple(shape), *promoted(*xs))
 
 
-def _concat_vjp(i: int) -> Rule:
-    def vjp(xp: Any, d: Any, o: Any, *xs: Any, axis: int = 0) -> Any:
-        last = d.ndim - 1
-        ax = axis if axis >= 0 else axis + last + 1  # (in range: the op's check)
-        start = 0
-        for x in xs[:i]:  # (a loop: a generator's sum costs more than the slice, on a cell's rows)
-            start += x.shape[ax]
+def _concat_deltas(xp: Any, d: Any, o: Any, *xs: Any, axis: int = 0) -> tuple[Any, ...]:
+    """Every input's delta, its slice of ``d`` along the axis: one call for them all (a cell's
+    ``[x; h]`` is sliced back on every step of the backward pass)."""
+    last = d.ndim - 1
+    ax = axis if axis >= 0 else axis + last + 1  # (in range: the op's check)
+    deltas = []
+    start = 0
+    for x in xs:
+        stop = start + x.shape[ax]
         if ax == last:  # the commonest: features joined (a cell's [x; h])
-            return d[..., start : start + xs[i].shape[ax]]
-        # (the trailing ellipsis: the array API indexes every axis)
-        return d[(*(slice(None),) * ax, slice(start, start + xs[i].shape[ax]), ...)]
-
-    return vjp
+            deltas.append(d[..., start:stop])
+        else:  # (the trailing ellipsis: the array API indexes every axis)
+            deltas.append(d[(*(slice(None),) * ax, slice(start, stop), ...)])
+        start = stop
+    return tuple(deltas)
 
 
 def _check_concat(*xs: Any, axis: int = 0) -> None:
@@ -55,15 +57,16 @@ def _join(xp: Any, *xs: Any, axis: int = 0) -> Any:
 
 
 def _concatenate(n: int) -> Primitive:
-    """The concatenation of ``n`` arrays (one primitive per arity: each input has its own vjp)."""
+    """The concatenation of ``n`` arrays (one primitive per arity, as ``stack``'s and ``add_n``'s)."""
     return declare(
         "concatenate",
         _join,
-        tuple(_concat_vjp(i) for i in range(n)),
+        (),
         check=_check_concat,
         batch=Batching(axis=True, axis_default=0, joins_rows=True),
         shape_rule=_concatenate_rule,
         register=False,
+        joint_vjp=_concat_deltas,
     )
 
 
