@@ -9,11 +9,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from peak_memory import assert_one_summed_delta
 
 import monadl as ml
 from monadl.do.do import Do, Pure
 from monadl.do.primitive import Primitive
+from monadl.do.stats import Counts, kind_number
 from monadl.do.tape import Tape
 from monadl.dsl.core.layers import apply_array
 from monadl.dsl.ops.operators import MUL
@@ -194,3 +197,25 @@ def test_a_weight_used_many_times_does_not_hold_all_its_deltas_at_once() -> None
     """The deltas of a node are summed as they are computed, so memory stays near one delta's size
     however many times the weight is used (it was uses x size)."""
     assert_one_summed_delta()
+
+
+@given(
+    first=st.lists(st.integers(0, 40), max_size=30),
+    second=st.lists(st.integers(0, 40), max_size=30),
+)
+def test_counts_added_are_the_counts_of_both(first: list[int], second: list[int]) -> None:
+    """``Counts.add`` (a body's counts into its run's, each time it runs) gives the counts that
+    tallying both lists into one would, by kind name."""
+    names = [f"kind {k}" for k in range(41)]
+    numbers = [kind_number(name) for name in names]
+    one, two, both = Counts(), Counts(), Counts()
+    for k in first:
+        one.tally(numbers[k])
+        both.tally(numbers[k])
+    for k in second:
+        two.tally(numbers[k])
+        both.tally(numbers[k])
+    one.add(two)
+    expected = {names[k]: (first + second).count(k) for k in set(first + second)}
+    assert one.by_name() == both.by_name() == expected
+    assert two.copy().by_name() == {names[k]: second.count(k) for k in set(second)}

@@ -35,16 +35,20 @@ WEIGHT: Final[i64] = kind_number("weight")
 
 
 class Counts:
-    """Counts by kind number."""
+    """Counts by kind number, and the numbers counted (a body's counts are added to its run's each
+    time it runs: a few kinds of the hundred or so numbered)."""
 
     def __init__(self) -> None:
         self.counts = vec[i64]()
+        self.counted = vec[i64]()  # the numbers whose count is not 0, each once
 
     def tally(self, number: i64) -> None:
         """One more of kind ``number``."""
         counts = self.counts
         while len(counts) <= number:
             counts = append(counts, 0)
+        if counts[number] == 0:
+            self.counted = append(self.counted, number)
         counts[number] += 1
         self.counts = counts
 
@@ -54,9 +58,13 @@ class Counts:
         theirs = other.counts
         while len(counts) < len(theirs):
             counts = append(counts, 0)
-        for number in range(len(theirs)):
+        counted = self.counted
+        for number in other.counted:
+            if counts[number] == 0:
+                counted = append(counted, number)
             counts[number] += theirs[number]
         self.counts = counts
+        self.counted = counted
 
     def copy(self) -> Counts:
         """These counts, apart."""
@@ -67,7 +75,7 @@ class Counts:
     def by_name(self) -> dict[str, int]:
         """The counts by kind name (the kinds counted at least once)."""
         counts = self.counts
-        return {_NAMES[number]: int(counts[number]) for number in range(len(counts)) if counts[number]}
+        return {_NAMES[number]: int(counts[number]) for number in sorted(self.counted)}
 
 
 class RunStats:
