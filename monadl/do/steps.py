@@ -332,7 +332,7 @@ class FanStep(Step):
 
     def compute(self, args: list[Any], params: dict[str, Any]) -> tuple[Any, Any, Any]:
         xp = namespace(args[self.fan.shared[0]])
-        out = self.fan.forward(xp, *args, **params)
+        out = call_forward(self.fan.forward, xp, args, params)
         return xp, out, out
 
     def submit(self, run: Run, dispatcher: Dispatcher, checked: bool) -> None:

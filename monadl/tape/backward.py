@@ -574,7 +574,7 @@ def _fan(b: Backward, step: FanStep) -> None:
             if run.wants[slots[0]]:
                 stats.kernels += 1
                 stats.vjp_counts.tally(prim.number)
-                b.give(slots[0], fan.vjps[i](xp, d, run.saved[out], *args, **step.params), False)
+                b.give(slots[0], call_vjp(fan.vjps[i], xp, d, run.saved[out], args, step.params), False)
             continue
         wanted = [
             k
@@ -586,7 +586,7 @@ def _fan(b: Backward, step: FanStep) -> None:
         stats.kernels += 1
         stats.vjp_counts.tally(prim.number)
         rule = fan.products.get(i)
-        factors = None if rule is None else rule(xp, d, run.saved[out], *args, **step.params)
+        factors = None if rule is None else call_vjp(rule, xp, d, run.saved[out], args, step.params)
         if factors is not None:
             left, rights = factors
             if len(wanted) == len(slots) and b.fan_product(slots, left, rights):
@@ -594,7 +594,7 @@ def _fan(b: Backward, step: FanStep) -> None:
             wanted = [k for k in wanted if not b.product(slots[k], (left, rights[k, ...]))]
             if not wanted:
                 continue
-        g = fan.vjps[i](xp, d, run.saved[out], *args, **step.params)
+        g = call_vjp(fan.vjps[i], xp, d, run.saved[out], args, step.params)
         for k in wanted:
             s = slots[k]
             b.give(s, _row_like(g, k, run.datas[s]), False)
