@@ -363,8 +363,7 @@ def _updated(
     else:
         state = optimizer.init(old)
     converted = _in_dtype_of(gradient, old)
-    mine = (weight in owned or converted is not gradient) and _fits(converted, old)
-    if in_place and mine:
+    if in_place and (weight in owned or converted is not gradient) and _fits(converted, old):
         data, state = optimizer.update_owned(old, converted, state)
     else:
         data, state = optimizer.update(old, converted, state)

@@ -114,6 +114,10 @@ class Adam:
         rate = rate_at_step(self.learning_rate, t)
         t += 1
         b1, b2 = self.beta1, self.beta2
+        if type(gradient) is np.ndarray and not self.weight_decay:  # the commonest: to the kernel
+            done = native.adam(data, gradient, m, v, b1, b2, t, rate, self.epsilon)
+            if done is not None:  # (else the rule below, as for any gradient)
+                return done[0], (done[1], done[2], t)
         sparse = lazy_rows(gradient, data, self.weight_decay) if self.lazy else None
         if sparse is not None:  # torch.optim.SparseAdam's operations, in its order (its bits)
             xp, rows, g = sparse
