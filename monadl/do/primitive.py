@@ -447,9 +447,9 @@ class JointDeltas:
 
 def call_forward(rule: Rule, xp: Any, inputs: Sequence[Any], params: dict[str, Any]) -> Any:
     """``rule(xp, *inputs, **params)``. Written out for up to five inputs and no parameters (most
-    ops; a recurrent cell's rule takes four or five): compiled, the general call builds a list, a
-    tuple and a dict on every kernel, and a tuple's items are read directly where a sequence's are
-    read by a call each."""
+    ops; a recurrent cell's rule takes four or five), and for up to three and an ``axis`` alone (a
+    cell's ``[x; h]``): compiled, the general call builds a list, a tuple and a dict on every
+    kernel, and a tuple's items are read directly where a sequence's are read by a call each."""
     if not params:
         args = inputs if isinstance(inputs, tuple) else tuple(inputs)
         n = len(args)
@@ -463,6 +463,16 @@ def call_forward(rule: Rule, xp: Any, inputs: Sequence[Any], params: dict[str, A
             return rule(xp, args[0], args[1], args[2], args[3])
         if n == 5:
             return rule(xp, args[0], args[1], args[2], args[3], args[4])
+    elif len(params) == 1 and "axis" in params:  # (concatenate's, a reduction's: by its name)
+        axis = params["axis"]
+        args = inputs if isinstance(inputs, tuple) else tuple(inputs)
+        n = len(args)
+        if n == 1:
+            return rule(xp, args[0], axis=axis)
+        if n == 2:
+            return rule(xp, args[0], args[1], axis=axis)
+        if n == 3:
+            return rule(xp, args[0], args[1], args[2], axis=axis)
     return rule(xp, *inputs, **params)
 
 
@@ -483,6 +493,16 @@ def call_vjp(
             return rule(xp, delta, saved, args[0], args[1], args[2], args[3])
         if n == 5:
             return rule(xp, delta, saved, args[0], args[1], args[2], args[3], args[4])
+    elif len(params) == 1 and "axis" in params:
+        axis = params["axis"]
+        args = inputs if isinstance(inputs, tuple) else tuple(inputs)
+        n = len(args)
+        if n == 1:
+            return rule(xp, delta, saved, args[0], axis=axis)
+        if n == 2:
+            return rule(xp, delta, saved, args[0], args[1], axis=axis)
+        if n == 3:
+            return rule(xp, delta, saved, args[0], args[1], args[2], axis=axis)
     return rule(xp, delta, saved, *inputs, **params)
 
 
