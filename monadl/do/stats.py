@@ -116,7 +116,8 @@ class RunStats:
 
     @property
     def vjps(self) -> dict[str, int]:
-        """Vjp kernels by the op's name (one per input that wants a delta)."""
+        """Vjp kernels by the op's name (one per input that wants a delta; one per application or
+        group for an op with a joint vjp)."""
         return self.vjp_counts.by_name()
 
     @property
