@@ -563,7 +563,7 @@ def _fan(b: Backward, step: FanStep) -> None:
     fan = step.fan
     out = step.out
     given = b.present[out]
-    marks = None if given is ALL or given is None else given.tolist()  # (NumPy's items: a call each)
+    marks = given if given is ALL or given is None else given.tolist()  # (NumPy's items: a call each)
     d = _dense(d)
     args = step.args(run)
     xp = run.xps[out]
@@ -576,11 +576,7 @@ def _fan(b: Backward, step: FanStep) -> None:
                 stats.vjp_counts.tally(prim.number)
                 b.give(slots[0], call_vjp(fan.vjps[i], xp, d, run.saved[out], args, step.params), False)
             continue
-        wanted = [
-            k
-            for k, s in enumerate(slots)
-            if run.wants[s] and (given is ALL or (marks is not None and marks[k]))
-        ]
+        wanted = [k for k, s in enumerate(slots) if run.wants[s] and _present(marks, k)]
         if not wanted:
             continue
         stats.kernels += 1
