@@ -21,7 +21,7 @@ from typing import Any, Final, final
 from librt.vecs import vec
 from mypy_extensions import i64
 
-from monadl.do.do import Node, as_node
+from monadl.do.do import Node, Variable, as_node
 from monadl.do.graph import Graph, recording
 from monadl.do.primitive import Primitive
 from monadl.dsl.core.base import Differentiable
@@ -49,7 +49,12 @@ def row_in(graph: Graph, x: object, where: str) -> int:
             return x.row
         if own is not None:  # a layer of another graph
             return graph.take(own, x.row)
-        return graph.node(x.node())  # a weight
+        # A weight: its variable read here (a slot), not through ``node()``, a method that
+        # interpreted subclasses may override and so a generic call from compiled code.
+        variable = x.variable
+        if type(variable) is Variable:
+            return graph.leaf(variable.weight)
+        return graph.node(x.node())
     if type(x) is NDARRAY and x.dtype.kind == "f":  # the common constant, without the general checks
         return graph.const(x)
     if isinstance(x, (float, int)) and not isinstance(x, bool):
