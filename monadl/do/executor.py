@@ -305,8 +305,7 @@ class Executor:
             program = self._programs.get(key)
             if program is not None:
                 self._misses = 0
-                run = Run(dispatcher, stats, snap, graph, structure.bound, ctx)
-                run.reserve(program.slots)
+                run = Run(dispatcher, stats, snap, graph, structure.bound, ctx, program.slots)
                 run.steps = program.steps
                 run.program = program
                 stats.add(program.stats)  # its launches, as they are attempted

@@ -45,20 +45,22 @@ class Run:
         graph: Graph | None = None,
         bound: list[int] | None = None,
         context: RunContext | None = None,
+        slots: int = 0,
     ) -> None:
         self.graph = graph
         self.bound: list[int] = [] if bound is None else bound
         """The bound rows of ``graph``, a static graph (its leaves and ops with per-run parameters),
         where a replayed step reads its own (``executor.structure_of``)."""
-        self.datas: list[Any] = []
-        self.saved: list[Any] = []
-        self.xps: list[Any] = []
-        self.wants: list[bool] = []
-        self.weights: list[Any] = []  # a weight's slot: the weight; others None
-        self.scalar_rows: list[bool] = []  # a stacked slot's rows are floats (its calls' results are)
-        self.params: list[Any] = []  # a replayed op's per-run parameters (None: its program's)
-        self.kinds: list[int] = []  # a slot's interned value kind, -1 until asked for
-        self.row_kinds: list[int] = []  # the kind of a stacked slot's rows, -1 until asked for
+        # ``slots`` for a replayed program (its steps set them); a run that schedules adds its own.
+        self.datas: list[Any] = [None] * slots
+        self.saved: list[Any] = [None] * slots
+        self.xps: list[Any] = [None] * slots
+        self.wants: list[bool] = [False] * slots
+        self.weights: list[Any] = [None] * slots  # a weight's slot: the weight; others None
+        self.scalar_rows: list[bool] = [False] * slots  # a stacked slot's rows are floats (its calls')
+        self.params: list[Any] = [None] * slots  # a replayed op's per-run parameters (None: its program's)
+        self.kinds: list[int] = [-1] * slots  # a slot's interned value kind, -1 until asked for
+        self.row_kinds: list[int] = [-1] * slots  # the kind of a stacked slot's rows, -1 until asked for
         self.steps: list[Step] = []
         self.program: Program | None = None  # the program whose steps the run replays
         self.leaves: list[Any] = []  # the weights the run read
@@ -90,18 +92,6 @@ class Run:
         self.kinds.append(-1)
         self.row_kinds.append(-1)
         return k
-
-    def reserve(self, slots: int) -> None:
-        """Slots for a replayed program (its steps set them)."""
-        self.datas = [None] * slots
-        self.saved = [None] * slots
-        self.xps = [None] * slots
-        self.wants = [False] * slots
-        self.weights = [None] * slots
-        self.scalar_rows = [False] * slots
-        self.params = [None] * slots
-        self.kinds = [-1] * slots
-        self.row_kinds = [-1] * slots
 
     def value(self, slot: int, row: int) -> Any:
         """The value at ``slot``, or its row ``row`` (a float for a row of floats)."""

@@ -580,8 +580,7 @@ class BodyStep(Step):
 
     def forward(self, run: Run, checked: bool) -> None:
         program = self.program
-        frame = Run(run.dispatcher, run.stats, run.snapshot, context=run.context)
-        frame.reserve(program.slots)
+        frame = Run(run.dispatcher, run.stats, run.snapshot, context=run.context, slots=program.slots)
         frame.steps = program.steps
         for j, slot in enumerate(program.inputs):
             source = self.ins[j]
