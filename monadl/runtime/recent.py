@@ -3,31 +3,46 @@
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
 
 
 class Recent:
     """A bounded map, the least recently used entry dropped, safe across threads: an executor's
-    compiled programs, the roots it ran lately, and its batchable bodies' programs."""
+    compiled programs, the roots it ran lately, and its batchable bodies' programs.
+
+    Each entry holds when it was last used (a count of uses); a look-up stamps its entry and moves
+    nothing, where an ordered map would hash its key again to move it (a body's program is looked
+    up for every call of a batchable operation). The least recently used entry is found when one
+    must go, by a pass over the entries: rarer, and done once per program recorded."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.items: OrderedDict[Any, Any] = OrderedDict()
+        self.items: dict[Any, list[Any]] = {}  # key -> [value, its last use]
+        self.uses = 0
         self.lock = threading.Lock()
 
     def get(self, key: Hashable) -> Any:
         """The value of ``key`` (None if it has none), now the most recently used."""
         with self.lock:
-            value = self.items.get(key)
-            if value is not None:
-                self.items.move_to_end(key)
-            return value
+            entry = self.items.get(key)
+            if entry is None:
+                return None
+            self.uses += 1
+            entry[1] = self.uses
+            return entry[0]
 
     def put(self, key: Hashable, value: Any) -> None:
+        """Sets ``key`` to ``value``, the most recently used; the least recently used entry is
+        dropped while there are more than ``size``."""
         with self.lock:
-            self.items[key] = value
-            self.items.move_to_end(key)
-            while len(self.items) > self.size:
-                self.items.popitem(last=False)
+            self.uses += 1
+            items = self.items
+            items[key] = [value, self.uses]
+            while len(items) > self.size:
+                oldest: Any = None
+                least = self.uses + 1
+                for k, entry in items.items():
+                    if entry[1] < least:
+                        oldest, least = k, entry[1]
+                del items[oldest]
