@@ -47,9 +47,6 @@ WEIGHT: Final[i64] = 3
 CONST: Final[i64] = 4
 NODE: Final[i64] = 5
 
-NO_PARAMS: Final[dict[str, Any]] = {}
-"""The parameters of a row that has none (shared: never changed)."""
-
 
 @final
 class Graph:
