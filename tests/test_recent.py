@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -52,22 +52,15 @@ def test_recent_keeps_what_a_least_recently_used_map_keeps(
 
 def test_recent_stays_bounded_and_consistent_under_threads() -> None:
     recent = Recent(8)
-    errors: list[BaseException] = []
 
     def work(seed: int) -> None:
-        try:
-            for i in range(2000):
-                key = (seed * 7 + i) % 13
-                got = recent.get(key)
-                assert got is None or got == key * 10
-                recent.put(key, key * 10)
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
-            errors.append(e)
+        for i in range(2000):
+            key = (seed * 7 + i) % 13
+            got = recent.get(key)
+            assert got is None or got == key * 10
+            recent.put(key, key * 10)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    with ThreadPoolExecutor(4) as pool:
+        for done in [pool.submit(work, k) for k in range(4)]:
+            done.result()  # (a thread's failed assertion raises here)
     assert len(recent.items) == 8
