@@ -13,8 +13,9 @@ class Recent:
 
     Each entry holds when it was last used (a count of uses); a look-up stamps its entry and moves
     nothing, where an ordered map would hash its key again to move it (a body's program is looked
-    up for every call of a batchable operation). The least recently used entry is found when one
-    must go, by a pass over the entries: rarer, and done once per program recorded."""
+    up for every group of a batchable operation's calls, and a call alone is a group). The least
+    recently used entry is found by a pass over the entries when a put makes them one too many
+    (an executor's maps hold 8 to 256 entries)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
