@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from child import in_child
+from threadpoolctl import threadpool_info
 
 import monadl as ml
 from monadl.bench import treelstm as bench
@@ -99,6 +100,11 @@ def test_the_benchmark_runs_in_a_smoke_form(tmp_path: Path, capsys: pytest.Captu
         assert r["agrees"] is (None if r["implementation"] == "monadl" else True), r
         assert (r["first_loss"] is not None) == (r["phase"] == "train"), r
     assert "warning" not in out
+    assert f"BLAS: {run['blas']}" in out  # NumPy's BLAS and the kernels that ran its products named
+    for lib in threadpool_info():
+        if lib["user_api"] == "blas" and "numpy" in lib["filepath"]:
+            assert f"{lib['internal_api']} {lib['version']}" in run["blas"]
+            assert lib.get("architecture", "") in run["blas"]
     assert ("torch eager" in out) == HAS_TORCH
     assert ("torch by level" in out) == HAS_TORCH
     assert ("dynet autobatch" in out) == HAS_DYNET

@@ -53,6 +53,7 @@ from monadl.bench.common import (
     Device,
     add_device_option,
     add_peer_options,
+    blas_libraries,
     cpus,
     interleaved,
     torch_available,
@@ -169,6 +170,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
         "machine": f"{platform.machine()}, {platform.processor() or '?'}, {cpus()} CPUs",
         "python": platform.python_version(),
         "numpy": np.__version__,
+        "blas": blas_libraries(),
         "torch": _torch_version()
         if have_torch
         else "skipped"
@@ -379,7 +381,7 @@ def run_cli(args: argparse.Namespace) -> int:
         args.steps, args.repeats, args.warmup = 3, 2, 1
     results, info = measure(args)
     print(table(results, args))
-    print(f"peak RSS: {info['peak_rss_mib']:.0f} MiB; torch: {info['torch']}")
+    print(f"peak RSS: {info['peak_rss_mib']:.0f} MiB; torch: {info['torch']}; BLAS: {info['blas']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         data = {"run": info, "results": [asdict(m) for m in results]}

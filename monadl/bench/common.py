@@ -27,6 +27,23 @@ def cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def blas_libraries() -> str:
+    """The BLAS libraries loaded, with their versions and, for OpenBLAS, the kernels it runs (its
+    ``architecture``: chosen by the CPU when it loads, or by ``OPENBLAS_CORETYPE`` where that is
+    set), as threadpoolctl reports them. A model's matrix products run there: on one CPU, OpenBLAS's
+    AVX2 and AVX-512 kernels can differ twofold, so a benchmark's report names them."""
+    from threadpoolctl import threadpool_info
+
+    found = []
+    for lib in threadpool_info():
+        if lib["user_api"] == "blas":
+            kernels = lib.get("architecture")
+            found.append(
+                f"{lib['internal_api']} {lib.get('version') or '?'}" + (f" ({kernels})" if kernels else "")
+            )
+    return ", ".join(found) or "none found"
+
+
 def torch_available() -> bool:
     """Whether PyTorch can be imported here."""
     if importlib.util.find_spec("torch") is None:

@@ -66,6 +66,7 @@ from monadl.bench.common import (
     Progress,
     add_device_option,
     add_peer_options,
+    blas_libraries,
     cpus,
     interleaved,
     torch_available,
@@ -366,6 +367,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
         "machine": f"{platform.machine()}, {platform.processor() or '?'}, {cpus()} CPUs, one thread used",
         "python": platform.python_version(),
         "numpy": np.__version__,
+        "blas": blas_libraries(),
         "monadl_compiled": _compiled(),
         "torch": _version("torch") if have_torch else "skipped",
         "dynet": _version("dynet", "dynet38", "dyNET38") if have_dynet else "skipped",
@@ -647,6 +649,7 @@ def run_cli(args: argparse.Namespace) -> int:
     results, info = measure(args)
     print(table(results, args))
     print(f"peak RSS: {info['peak_rss_mib']:.0f} MiB; torch: {info['torch']}; dynet: {info['dynet']}")
+    print(f"BLAS: {info['blas']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         data = {

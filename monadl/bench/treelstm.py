@@ -73,6 +73,7 @@ from monadl.bench.common import (
     WorkerProcess,
     add_device_option,
     add_peer_options,
+    blas_libraries,
     cpus,
     host_array,
     interleaved,
@@ -628,6 +629,7 @@ def measure(args: argparse.Namespace, out: Any = None) -> tuple[list[Measurement
         "machine": f"{platform.machine()}, {platform.processor() or '?'}, {cpus()} CPUs, one thread used",
         "python": platform.python_version(),
         "numpy": np.__version__,
+        "blas": blas_libraries(),
         "torch": _version("torch") if have_torch else "skipped",
         "dynet": _version("dynet") if have_dynet else "skipped",
     }
@@ -886,6 +888,7 @@ def run_cli(args: argparse.Namespace) -> int:
     results, info = measure(args)
     print(table(results, args))
     print(f"peak RSS: {info['peak_rss_mib']:.0f} MiB; torch: {info['torch']}; dynet: {info['dynet']}")
+    print(f"BLAS: {info['blas']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         data = {
