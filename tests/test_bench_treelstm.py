@@ -23,7 +23,7 @@ from threadpoolctl import threadpool_info
 import monadl as ml
 from monadl.bench import treelstm as bench
 from monadl.bench.__main__ import main
-from monadl.bench.common import torch_available
+from monadl.bench.common import blas_libraries, torch_available
 from monadl.bench.treelstm_model import TreeLstm
 from monadl.bench.treelstm_torch import TorchLevelTreeLstm, TorchTreeLstm
 from monadl.data import sst
@@ -295,3 +295,15 @@ def test_the_recording_figure_records_each_batch_into_a_graph_of_its_own() -> No
     swap_recording(None)  # (what earlier tests recorded on this thread is not this test's)
     assert bench._record_us(model, [trees[:4], trees[4:]], vocabulary.index, 2) > 0
     assert sizes == [0, 0, 0, 0] and len(recording()) == 0
+
+
+def test_the_blas_report_says_when_the_environment_chose_openblass_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    openblas = [i for i in threadpool_info() if i["internal_api"] == "openblas" and i.get("architecture")]
+    if not openblas:
+        pytest.skip("no OpenBLAS reporting its kernels is loaded")
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Prescott")  # read by OpenBLAS when it loads: nothing changes now
+    assert f"({openblas[0]['architecture']}, as OPENBLAS_CORETYPE=Prescott asks)" in blas_libraries()
+    monkeypatch.delenv("OPENBLAS_CORETYPE")
+    assert f"({openblas[0]['architecture']})" in blas_libraries()

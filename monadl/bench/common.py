@@ -31,13 +31,17 @@ def blas_libraries() -> str:
     """The BLAS libraries loaded, with their versions and, for OpenBLAS, the kernels it runs (its
     ``architecture``: chosen by the CPU when it loads, or by ``OPENBLAS_CORETYPE`` where that is
     set), as threadpoolctl reports them. A model's matrix products run there: on one CPU, OpenBLAS's
-    AVX2 and AVX-512 kernels can differ twofold, so a benchmark's report names them."""
+    AVX2 and AVX-512 kernels can differ twofold, so a benchmark's report names them, and says when
+    the environment chose them."""
     from threadpoolctl import threadpool_info
 
+    forced = os.environ.get("OPENBLAS_CORETYPE")
     found = []
     for lib in threadpool_info():
         if lib["user_api"] == "blas":
             kernels = lib.get("architecture")
+            if kernels and forced and lib["internal_api"] == "openblas":
+                kernels += f", as OPENBLAS_CORETYPE={forced} asks"
             found.append(
                 f"{lib['internal_api']} {lib.get('version') or '?'}" + (f" ({kernels})" if kernels else "")
             )
