@@ -30,7 +30,7 @@ from monadl.data.trees import Tree
 from monadl.do.batching import SCAN, Groups, merge_params
 from monadl.do.primitive import ELEMENTWISE, Primitive, value_key
 from monadl.dsl.core.layers import apply_array
-from monadl.dsl.ops.classification import CROSS_ENTROPY_FUSED
+from monadl.dsl.ops.classification import CROSS_ENTROPY_FUSED, LABEL_PARAMS
 from monadl.dsl.ops.linalg import LINEAR
 from monadl.dsl.ops.operators import TAKE_ROWS
 from monadl.gradcheck import check_gradients
@@ -987,6 +987,26 @@ def test_merged_cross_entropy_of_labels_is_each_calls_own_arithmetic(
     assert kinds["cross_entropy"] == 1  # merged
     batched, _ = assert_same_gradients(loss)
     assert all(batched.gradients[x].dtype == dtype for x in logits)
+
+
+@settings(max_examples=20, deadline=None)
+@given(labels=st.lists(st.integers(0, 6), min_size=2, max_size=6), seed=st.integers(0, 2**32 - 1))
+def test_python_int_labels_merge_and_leave_their_shared_parameters_as_they_were(
+    labels: list[int], seed: int
+) -> None:
+    """An op given a Python int label reads parameters shared by every op given that label (one
+    dict per label): merged, each call computes what it computes alone, and neither a run nor a
+    training step changes a shared dict."""
+    before = [(params, dict(params)) for params in LABEL_PARAMS[:7]]
+    rng = np.random.default_rng(seed)
+    logits = [ArrayWeight(rng.standard_normal(7) * 3) for _ in labels]
+    loss = ml.add_n([ml.cross_entropy(x, t) for x, t in zip(logits, labels, strict=True)])
+    kinds, _ = launches(loss)
+    assert kinds["cross_entropy"] == 1  # merged
+    assert_same_gradients(loss)
+    loss.train_blocking(ml.SGD(0.1)).unwrap()
+    for params, copy in before:
+        assert params.keys() == copy.keys() and all(params[k] is copy[k] for k in copy)
 
 
 def test_probability_targets_and_integer_labels_do_not_merge() -> None:

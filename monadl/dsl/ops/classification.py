@@ -586,6 +586,13 @@ CROSS_ENTROPY_FUSED: Final = declare(
     shape_rule=scalar,
 )
 
+LABEL_PARAMS: Final = [
+    {"targets": array, "labels": labels} for array, labels in zip(LABEL_ARRAYS, LABEL_RANGES, strict=True)
+]
+"""The fused op's parameters for a Python int label, one dict per label, shared by every op given
+that label and never changed (as an op's parameters are not): a loss per node of a tree makes no
+dict of its own, and a run reads a few dicts, not one per node, when it works out signatures."""
+
 
 @overload
 def cross_entropy(
@@ -641,9 +648,8 @@ def cross_entropy(
     if reduction == "mean" and weight is None and ignore_index is None and label_smoothing == 0.0:
         # the common case: one fused op, NumPy's rows picked by their labels
         array_operand("cross_entropy", logits)
-        if type(targets) is int and 0 <= targets < len(LABEL_ARRAYS):  # a node's label: made once
-            params = {"targets": LABEL_ARRAYS[targets], "labels": LABEL_RANGES[targets]}
-            return float_op(CROSS_ENTROPY_FUSED, (logits,), params)
+        if type(targets) is int and 0 <= targets < len(LABEL_PARAMS):  # a node's label: made once
+            return float_op(CROSS_ENTROPY_FUSED, (logits,), LABEL_PARAMS[targets])
         t = class_targets("cross_entropy", targets)
         labels = None
         if integral(t):  # checked once here, not at every run
