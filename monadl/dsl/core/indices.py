@@ -45,16 +45,32 @@ def row_indices(indices: RowIndices) -> Array:
 _SMALL_ROWS: Final = 1 << 16
 """Rows below this index have one shared index array each (:func:`_one_row`)."""
 
-_one_rows: Final[dict[int, Array]] = {}
+_one_rows: Final[dict[int, dict[str, Any]]] = {}
+
+
+def row_params(indices: RowIndices) -> dict[str, Any]:
+    """A lookup's parameters (``TAKE_ROWS``'s), ``indices`` made an array by :func:`row_indices`:
+    for one row below ``_SMALL_ROWS``, a dict shared by every lookup of that row (an op keeps its
+    parameters and nothing changes them); else a fresh one."""
+    if type(indices) is int and 0 <= indices < _SMALL_ROWS:
+        return _one_row_params(indices)
+    return {"indices": row_indices(indices)}
 
 
 def _one_row(index: int) -> Array:
-    """Row ``index``'s 0-d index array, made once and shared (read-only): a word's lookup is
-    recorded for every word of every sentence, and a fresh array made and freed each time is about
-    a tenth of recording it. At most ``_SMALL_ROWS`` arrays are kept."""
-    one = _one_rows.get(index)
-    if one is None:
+    """Row ``index``'s 0-d index array, made once and shared (read-only)."""
+    one: Array = _one_row_params(index)["indices"]
+    return one
+
+
+def _one_row_params(index: int) -> dict[str, Any]:
+    """The parameters of a lookup of row ``index``, made once and shared, its 0-d index array
+    read-only: a word's lookup is recorded for every word of every sentence, and a fresh array and
+    dict made and freed each time cost about a tenth of recording it. At most ``_SMALL_ROWS`` are
+    kept."""
+    params = _one_rows.get(index)
+    if params is None:
         one = np.asarray(index)
         one.flags.writeable = False
-        _one_rows[index] = one
-    return one
+        params = _one_rows[index] = {"indices": one}
+    return params

@@ -25,7 +25,7 @@ from monadl.do.tape import Tape
 from monadl.dsl.core.apply import apply_primitive
 from monadl.dsl.core.base import Differentiable
 from monadl.dsl.core.deep_learning import forbid_truth_value
-from monadl.dsl.core.indices import row_indices
+from monadl.dsl.core.indices import row_params
 from monadl.dsl.learning import training
 from monadl.dsl.ops.operators import ADD, DIV, GETITEM, MATMUL, MUL, NEG, POW, SUB, TAKE_ROWS, basic_index
 from monadl.typeclasses.backend import Array, RowIndices, is_array
@@ -72,10 +72,18 @@ def apply_float(prim: Primitive, *operands: object, **params: Any) -> FloatLayer
     return float_op(prim, operands, params)
 
 
+def array_op(prim: Primitive, operands: tuple[object, ...], params: dict[str, Any]) -> ArrayLayer:
+    """:func:`apply_array` of the operands and parameters as a tuple and a dict (see
+    :func:`float_op`)."""
+    graph, row = apply_primitive(prim, operands, params)
+    return array_layer(graph, row)
+
+
 def float_op(prim: Primitive, operands: tuple[object, ...], params: dict[str, Any]) -> FloatLayer:
     """:func:`apply_float` of the operands and parameters as a tuple and a dict, no keywords for the
     compiled function to parse: what a loss made once per node of a tree calls from interpreted
-    code. ``params``: a fresh dict, the op's own."""
+    code. ``params``: the op keeps it, and nothing changes it (ops may share one: see
+    ``classification.LABEL_PARAMS``)."""
     graph, row = apply_primitive(prim, operands, params)
     return float_layer(graph, row)
 
@@ -299,7 +307,7 @@ class ArrayOperators(Differentiable):
                 return _index_arrays(self, key)
         if basic:
             return apply_array(GETITEM, self, index=basic_index(key), axis=0)
-        return apply_array(TAKE_ROWS, self, indices=row_indices(cast(RowIndices, key)))
+        return array_op(TAKE_ROWS, (self,), row_params(cast(RowIndices, key)))
 
 
 STATIC_INFO: Final[list[Callable[[Graph, int], tuple[tuple[int, ...], Any, Any] | None]]] = []

@@ -17,8 +17,8 @@ import numpy as np
 
 from monadl.do.primitive import ELEMENTWISE, Batching
 from monadl.dsl.core.arguments import array_operand, int_param
-from monadl.dsl.core.indices import integral, row_indices
-from monadl.dsl.core.layers import ADVANCED_INDEX, AnyArray, AnyFloat, ArrayLayer, apply_array
+from monadl.dsl.core.indices import integral, row_params
+from monadl.dsl.core.layers import ADVANCED_INDEX, AnyArray, AnyFloat, ArrayLayer, apply_array, array_op
 from monadl.dsl.ops.operators import TAKE_ROWS
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import Info, broadcast, promoted
@@ -45,7 +45,7 @@ def take_rows(table: AnyArray, indices: RowIndices) -> ArrayLayer:
     delta adds each row's delta into the rows used, repeated indices included. (Its op,
     ``TAKE_ROWS``, is also ``table[indices]``'s, so it is declared with the operators.)"""
     array_operand("take_rows", table)
-    return apply_array(TAKE_ROWS, table, indices=row_indices(indices))
+    return array_op(TAKE_ROWS, (table,), row_params(indices))
 
 
 def _where(xp: Any, a: Any, b: Any, condition: Any) -> Any:
