@@ -29,6 +29,7 @@ from monadl import ArrayLayer, ArrayWeight, FloatLayer, FloatWeight
 from monadl.data.trees import Tree
 from monadl.do.batching import SCAN, Groups, merge_params
 from monadl.do.primitive import ELEMENTWISE, Primitive, value_key
+from monadl.dsl.core.indices import row_params
 from monadl.dsl.core.layers import apply_array
 from monadl.dsl.ops.classification import CROSS_ENTROPY_FUSED, LABEL_PARAMS
 from monadl.dsl.ops.linalg import LINEAR
@@ -1007,6 +1008,26 @@ def test_python_int_labels_merge_and_leave_their_shared_parameters_as_they_were(
     loss.train_blocking(ml.SGD(0.1)).unwrap()
     for params, copy in before:
         assert params.keys() == copy.keys() and all(params[k] is copy[k] for k in copy)
+
+
+def test_lookups_of_python_int_rows_share_their_parameters_and_leave_them_as_they_were() -> None:
+    """A lookup of one small row index (``take_rows(table, 3)``, ``table[3]``) reads parameters
+    shared by every lookup of that row; merged, the lookups give each row, and a training step
+    changes neither the shared dicts nor their index arrays."""
+    assert row_params(3) is row_params(3) and row_params(3) is not row_params(4)
+    before = {k: (row_params(k), dict(row_params(k))) for k in range(5)}
+    table = ArrayWeight(np.arange(15.0).reshape(5, 3))
+    rows = [ml.take_rows(table, 3), table[1], ml.take_rows(table, 3), table[4]]
+    assert [r.graph.params[r.row] for r in rows] == [row_params(k) for k in (3, 1, 3, 4)]
+    assert all(r.graph.params[r.row] is row_params(k) for r, k in zip(rows, (3, 1, 3, 4), strict=True))
+    kinds, _ = launches(ml.add_n([ml.sum(r) for r in rows]))
+    assert kinds["take_rows"] == 1  # merged
+    loss = ml.add_n([ml.sum(r * (k + 1.0)) for k, r in enumerate(rows)])
+    loss.train_blocking(ml.SGD(1.0)).unwrap()
+    np.testing.assert_array_equal(table.data[3], np.arange(9.0, 12.0) - 4.0)  # (1 + 3) of the step
+    for params, copy in before.values():
+        assert params.keys() == copy.keys() and all(params[k] is copy[k] for k in copy)
+        assert int(params["indices"]) in range(5) and not params["indices"].flags.writeable
 
 
 def test_probability_targets_and_integer_labels_do_not_merge() -> None:

@@ -43,7 +43,8 @@ def row_indices(indices: RowIndices) -> Array:
 
 
 _SMALL_ROWS: Final = 1 << 16
-"""Rows below this index have one shared index array each (:func:`_one_row`)."""
+"""Rows below this index have one shared lookup's parameters and index array each
+(:func:`_one_row_params`)."""
 
 _one_rows: Final[dict[int, dict[str, Any]]] = {}
 
