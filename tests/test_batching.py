@@ -1018,8 +1018,11 @@ def test_lookups_of_python_int_rows_share_their_parameters_and_leave_them_as_the
     before = {k: (row_params(k), dict(row_params(k))) for k in range(5)}
     table = ArrayWeight(np.arange(15.0).reshape(5, 3))
     rows = [ml.take_rows(table, 3), table[1], ml.take_rows(table, 3), table[4]]
-    assert [r.graph.params[r.row] for r in rows] == [row_params(k) for k in (3, 1, 3, 4)]
-    assert all(r.graph.params[r.row] is row_params(k) for r, k in zip(rows, (3, 1, 3, 4), strict=True))
+    recorded = []
+    for r in rows:
+        assert r.graph is not None
+        recorded.append(r.graph.params[r.row])
+    assert all(p is row_params(k) for p, k in zip(recorded, (3, 1, 3, 4), strict=True))
     kinds, _ = launches(ml.add_n([ml.sum(r) for r in rows]))
     assert kinds["take_rows"] == 1  # merged
     loss = ml.add_n([ml.sum(r * (k + 1.0)) for k, r in enumerate(rows)])
