@@ -36,14 +36,14 @@ equal; monadl/dsl/ops/recurrent.py the cells'. */
 #include <numpy/arrayobject.h>
 #include <numpy/ufuncobject.h>
 
-/* The element loops are built twice where the toolchain can pick between builds when the module
-   loads (GCC's target_clones, an ifunc: x86-64 Linux with glibc): for AVX2, 8 floats a vector
-   operation, and for the baseline x86-64 (SSE2, 4), the one the CPU runs chosen once. Both do the
-   same IEEE operations in the same order on each element (no contraction: the build's
-   -ffp-contract=off; AVX2 brings no fused multiply-add of its own), so they give the same bits;
-   elsewhere the loops are built once, for the baseline. */
+/* The element loops are built three times where the toolchain can pick between builds when the
+   module loads (GCC's target_clones, an ifunc: x86-64 Linux with glibc): for AVX-512 (16 floats a
+   vector operation), for AVX2 (8) and for the baseline x86-64 (SSE2, 4), the one the CPU runs
+   chosen once. All do the same IEEE operations in the same order on each element (no contraction:
+   the build's -ffp-contract=off, so neither brings a fused multiply-add), so they give the same
+   bits; elsewhere the loops are built once, for the baseline. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__)
-#define WIDE __attribute__((target_clones("avx2", "default")))
+#define WIDE __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define WIDE
 #endif
