@@ -19,11 +19,14 @@ from Python, cost more than the arithmetic; the optimizers ask here which arrays
 a delta is an array of its own that it may add into (writable_own), adds a call's delta into its row
 of a stacked delta (add_row), starts such a delta (minus_zeros_like), marks and asks which rows got
 one (set_flag, any_set), and a training step whether a
-weight's new value is finite (finite) and makes it read-only (freeze), for every weight; and
-recording an op finds the frame of the user's code that made it (user_site), for every op.
+weight's new value is finite (finite) and makes it read-only (freeze), for every weight;
+recording an op finds the frame of the user's code that made it (user_site), for every op; and a
+cross-entropy of integer labels takes each row's log-probability of its label and the softmax's
+gradient in one call (label_softmax), where its NumPy rule indexes the rows a dozen times.
 
 monadl/dsl/learning/optimizers/native.py chooses when the optimizers' run and holds the rules they
-equal; monadl/dsl/ops/recurrent.py the cells'. */
+equal; monadl/dsl/ops/recurrent.py the cells'; monadl/dsl/ops/classification.py the
+cross-entropy's. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -510,9 +513,12 @@ static void run_loop(const Loop *f, char *in, char *out, Py_ssize_t n, Py_ssize_
 static int find_loop(PyObject *ufunc, int type, Loop *found) {
     if (strcmp(Py_TYPE(ufunc)->tp_name, "numpy.ufunc") != 0) return 0;
     PyUFuncObject *u = (PyUFuncObject *)ufunc;
-    if (u->nin != 1 || u->nout != 1 || u->functions == NULL || u->types == NULL) return 0;
+    int args = u->nin + u->nout;
+    if (u->nin < 1 || u->nin > 2 || u->nout != 1 || u->functions == NULL || u->types == NULL) return 0;
     for (int k = 0; k < u->ntypes; k++) {
-        if (u->types[2 * k] == type && u->types[2 * k + 1] == type) {
+        int all = 1;
+        for (int j = 0; j < args; j++) all = all && u->types[args * k + j] == type;
+        if (all) {
             found->loop = u->functions[k];
             found->data = u->data == NULL ? NULL : u->data[k];
             return found->loop != NULL;
@@ -522,20 +528,20 @@ static int find_loop(PyObject *ufunc, int type, Loop *found) {
 }
 
 /* Whether the loop gives the ufunc's bits on a probe of type: 67 values (a vector's tail too) from
-   -80 to 80 (no overflow, so no warning from the ufunc) and signed zeros, tiny values, infinities
-   and a NaN. */
-static int same_as_ufunc(PyObject *ufunc, const Loop *f, int type) {
+   lo to 80 (no overflow, so no warning from the ufunc) and signed zeros, tiny values, infinities
+   and a NaN (with lo >= 0, no negative ones: a logarithm's probe warns of none). */
+static int same_as_ufunc(PyObject *ufunc, const Loop *f, int type, double lo) {
     npy_intp n = 67;
     PyObject *probe = PyArray_EMPTY(1, &n, type, 0), *mine = PyArray_EMPTY(1, &n, type, 0);
     PyObject *theirs = NULL;
     int same = 0;
     if (probe == NULL || mine == NULL) goto done;
     for (npy_intp k = 0; k < n; k++) {
-        double x = -80.0 + 160.0 * (double)k / (double)(n - 1);
-        if (k == 3) x = -0.0;
+        double x = lo + (80.0 - lo) * (double)k / (double)(n - 1);
+        if (k == 3) x = lo < 0.0 ? -0.0 : 0.0;
         if (k == 5) x = 1e-30;
         if (k == 7) x = INFINITY;
-        if (k == 9) x = -INFINITY;
+        if (k == 9) x = lo < 0.0 ? -INFINITY : 0.5;
         if (k == 11) x = NAN;
         if (type == NPY_FLOAT)
             ((float *)PyArray_DATA((PyArrayObject *)probe))[k] = (float)x;
@@ -568,12 +574,83 @@ static void numpy_loops_check(void) {
     int found = exp != NULL && tanh != NULL;
     for (int k = 0; found && k < 2; k++) {
         found = find_loop(exp, types[k], &exp_loops[k]) && find_loop(tanh, types[k], &tanh_loops[k]) &&
-                same_as_ufunc(exp, &exp_loops[k], types[k]) && same_as_ufunc(tanh, &tanh_loops[k], types[k]);
+                same_as_ufunc(exp, &exp_loops[k], types[k], -80.0) &&
+                same_as_ufunc(tanh, &tanh_loops[k], types[k], -80.0);
     }
     numpy_loops = found;
     PyErr_Clear(); /* (whatever went wrong, the NumPy rules run) */
     Py_XDECREF(exp);
     Py_XDECREF(tanh);
+    Py_XDECREF(numpy);
+}
+
+/* NumPy's own loops of np.log1p and np.add (index 0 and 1: float32, float64), for label_softmax:
+   found and checked when the module loads (label_loops_check), as the cells' exp and tanh; where
+   one is not found or differs, label_loops is 0 and label_softmax declines. */
+static Loop log1p_loops[2], add_loops[2];
+static int label_loops;
+
+/* The sum of a row of n elements as np.add.reduce sums each row of a C-contiguous matrix along
+   its last axis: the add loop called as a reduction (its output also its first input, both of
+   stride 0), from +0.0. */
+static void row_sum(const Loop *add, char *row, char *sum, Py_ssize_t n, Py_ssize_t itemsize) {
+    char *args[3] = {sum, row, sum};
+    npy_intp dims[1] = {n}, steps[3] = {0, itemsize, 0};
+    add->loop(args, dims, steps, add->data);
+}
+
+/* Whether row_sum gives np.add.reduce(probe, axis=1)'s bits on probes of type: rows of lengths
+   from 1 to 300 (the short, the blocked and the split sums), of values of mixed magnitude. */
+static int same_row_sums(PyObject *add, const Loop *f, int type) {
+    static const npy_intp lengths[] = {1, 2, 5, 7, 8, 9, 15, 16, 17, 20, 33, 64, 100, 129, 300};
+    int same = 1;
+    for (size_t j = 0; same && j < sizeof(lengths) / sizeof(lengths[0]); j++) {
+        npy_intp dims[2] = {3, lengths[j]}, rows = 3;
+        PyObject *probe = PyArray_EMPTY(2, dims, type, 0), *mine = PyArray_ZEROS(1, &rows, type, 0);
+        PyObject *theirs = NULL;
+        same = 0;
+        if (probe != NULL && mine != NULL) {
+            Py_ssize_t size = PyArray_ITEMSIZE((PyArrayObject *)probe), n = dims[0] * dims[1];
+            char *data = PyArray_DATA((PyArrayObject *)probe);
+            for (Py_ssize_t k = 0; k < n; k++) {
+                double x = sin(0.7 * (double)k + 0.3) * exp(3.0 * cos(1.3 * (double)k));
+                if (type == NPY_FLOAT)
+                    ((float *)data)[k] = (float)x;
+                else
+                    ((double *)data)[k] = x;
+            }
+            for (npy_intp r = 0; r < rows; r++)
+                row_sum(f, data + r * dims[1] * size, (char *)PyArray_DATA((PyArrayObject *)mine) + r * size,
+                        dims[1], size);
+            theirs = PyObject_CallMethod(add, "reduce", "Oi", probe, 1);
+            same = theirs != NULL && PyArray_CheckExact(theirs) && PyArray_TYPE((PyArrayObject *)theirs) == type &&
+                   PyArray_SIZE((PyArrayObject *)theirs) == rows &&
+                   PyArray_IS_C_CONTIGUOUS((PyArrayObject *)theirs) &&
+                   memcmp(PyArray_DATA((PyArrayObject *)mine), PyArray_DATA((PyArrayObject *)theirs),
+                          (size_t)(rows * size)) == 0;
+        }
+        Py_XDECREF(probe);
+        Py_XDECREF(mine);
+        Py_XDECREF(theirs);
+    }
+    return same;
+}
+
+static void label_loops_check(void) {
+    static const int types[2] = {NPY_FLOAT, NPY_DOUBLE};
+    PyObject *numpy = PyImport_ImportModule("numpy");
+    PyObject *log1p = numpy == NULL ? NULL : PyObject_GetAttrString(numpy, "log1p");
+    PyObject *add = numpy == NULL ? NULL : PyObject_GetAttrString(numpy, "add");
+    int found = numpy_loops && log1p != NULL && add != NULL;
+    for (int k = 0; found && k < 2; k++) {
+        found = find_loop(log1p, types[k], &log1p_loops[k]) && find_loop(add, types[k], &add_loops[k]) &&
+                same_as_ufunc(log1p, &log1p_loops[k], types[k], 0.0) &&
+                same_row_sums(add, &add_loops[k], types[k]);
+    }
+    label_loops = found;
+    PyErr_Clear(); /* (whatever went wrong, the NumPy rule runs) */
+    Py_XDECREF(log1p);
+    Py_XDECREF(add);
     Py_XDECREF(numpy);
 }
 
@@ -751,6 +828,146 @@ FINITE_LOOP(double, uint64_t, (uint64_t)0x7ff0000000000000ull)
 
 static int finite_of(int type, const void *data, Py_ssize_t n) {
     return type == NPY_FLOAT ? finite_float((const float *)data, n) : finite_double((const double *)data, n);
+}
+
+PyDoc_STRVAR(label_softmax_doc,
+    "label_softmax(matrix, labels, batch)\n--\n\n"
+    "Of logits matrix (rows by classes) and an integer label per row: each row's log-probability of\n"
+    "its label, and the softmax less the one-hot over batch, as fresh arrays, bit for bit the NumPy\n"
+    "rule of monadl.dsl.ops.classification._picked_labels. None unless matrix is a plain float\n"
+    "array (takes) of two dimensions, none empty, labels a C-contiguous NumPy array (not a\n"
+    "subclass) of integers in the machine's byte order, one per row and each in range, batch in\n"
+    "1..2**24, and NumPy's exp, log1p and add loops were found (label_loops).");
+
+/* The label of row i of a's integers, or -1 where it is negative or does not fit a Py_ssize_t. */
+static Py_ssize_t label_at(const char *data, int size, int is_signed, Py_ssize_t i) {
+    long long v;
+    switch (size) {
+    case 1: v = is_signed ? (long long)((const int8_t *)data)[i] : (long long)((const uint8_t *)data)[i]; break;
+    case 2: v = is_signed ? (long long)((const int16_t *)data)[i] : (long long)((const uint16_t *)data)[i]; break;
+    case 4: v = is_signed ? (long long)((const int32_t *)data)[i] : (long long)((const uint32_t *)data)[i]; break;
+    default: {
+        uint64_t u = ((const uint64_t *)data)[i];
+        if (!is_signed && u > (uint64_t)PY_SSIZE_T_MAX) return -1;
+        v = (long long)u;
+    }
+    }
+    return v < 0 || v > PY_SSIZE_T_MAX ? -1 : (Py_ssize_t)v;
+}
+
+/* The NumPy rule's steps, row by row where it indexes rows (each row's maximum, first of equals or
+   the first NaN, as np.argmax finds it; the label's entry picked): the shifted logits; their exp,
+   the maximum's term (1) set to 0 for the sum of the others, s; log1p(s) taken from the label's
+   entry; then the softmax, terms / (1 + s) with the maximum's term 1, the label's less 1, over
+   batch. The same operations on each element as the rule's, in its order, with NumPy's own loops
+   for exp, log1p and the row sums. */
+#define LABEL_SOFTMAX(T)                                                                           \
+    static void label_softmax_##T(const T *m, const Py_ssize_t *labels, Py_ssize_t *top, T *terms, \
+                                  T *picked, T *s, T *log1p_s, Py_ssize_t rows, Py_ssize_t k,      \
+                                  Py_ssize_t batch) {                                              \
+        const int kind = sizeof(T) == sizeof(float) ? 0 : 1;                                       \
+        for (Py_ssize_t i = 0; i < rows; i++) {                                                    \
+            const T *x = m + i * k;                                                                \
+            Py_ssize_t best = 0;                                                                   \
+            T most = x[0];                                                                         \
+            for (Py_ssize_t j = 1; j < k && !isnan(most); j++) {                                   \
+                if (!(x[j] <= most)) { /* greater, or a NaN: the first NaN is np.argmax's */       \
+                    most = x[j];                                                                   \
+                    best = j;                                                                      \
+                }                                                                                  \
+            }                                                                                      \
+            top[i] = best;                                                                         \
+            T *t = terms + i * k;                                                                  \
+            for (Py_ssize_t j = 0; j < k; j++) t[j] = x[j] - most;                                 \
+            picked[i] = t[labels[i]];                                                              \
+        }                                                                                          \
+        run_loop(&exp_loops[kind], (char *)terms, (char *)terms, rows * k, sizeof(T));             \
+        for (Py_ssize_t i = 0; i < rows; i++) {                                                    \
+            terms[i * k + top[i]] = (T)0.0;                                                        \
+            s[i] = (T)0.0;                                                                         \
+            row_sum(&add_loops[kind], (char *)(terms + i * k), (char *)(s + i), k, sizeof(T));     \
+        }                                                                                          \
+        run_loop(&log1p_loops[kind], (char *)s, (char *)log1p_s, rows, sizeof(T));                 \
+        const T over = (T)batch;                                                                   \
+        for (Py_ssize_t i = 0; i < rows; i++) {                                                    \
+            picked[i] = picked[i] - log1p_s[i];                                                    \
+            T *t = terms + i * k;                                                                  \
+            t[top[i]] = (T)1.0;                                                                    \
+            const T total = s[i] + (T)1.0;                                                         \
+            for (Py_ssize_t j = 0; j < k; j++) t[j] = t[j] / total;                                \
+            t[labels[i]] = t[labels[i]] - (T)1.0;                                                  \
+            if (batch != 1)                                                                        \
+                for (Py_ssize_t j = 0; j < k; j++) t[j] = t[j] / over;                             \
+        }                                                                                          \
+    }
+
+LABEL_SOFTMAX(float)
+LABEL_SOFTMAX(double)
+
+#define LABEL_SOFTMAX_ALONE 65536 /* elements from which the kernel releases the GIL */
+
+static PyObject *label_softmax(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "monadl._native.label_softmax: expected matrix, labels and batch");
+        return NULL;
+    }
+    Py_ssize_t batch = PyLong_AsSsize_t(args[2]);
+    if (batch == -1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* (too large: the NumPy rule's) */
+        Py_RETURN_NONE;
+    }
+    int type = label_loops ? plain_floats(args[0]) : 0;
+    if (!type || batch < 1 || batch > (1 << 24) || !PyArray_CheckExact(args[1])) Py_RETURN_NONE;
+    PyArrayObject *matrix = (PyArrayObject *)args[0], *given = (PyArrayObject *)args[1];
+    if (PyArray_NDIM(matrix) != 2 || PyArray_NDIM(given) != 1) Py_RETURN_NONE;
+    Py_ssize_t rows = PyArray_DIM(matrix, 0), k = PyArray_DIM(matrix, 1);
+    int label_type = PyArray_TYPE(given), size = (int)PyArray_ITEMSIZE(given);
+    if (rows < 1 || k < 1 || PyArray_DIM(given, 0) != rows || !PyTypeNum_ISINTEGER(label_type) ||
+        !PyArray_ISNOTSWAPPED(given) || !PyArray_IS_C_CONTIGUOUS(given) || !PyArray_ISALIGNED(given) ||
+        (size != 1 && size != 2 && size != 4 && size != 8))
+        Py_RETURN_NONE;
+    Py_ssize_t *index = PyMem_Malloc(2 * (size_t)rows * sizeof(Py_ssize_t));
+    char *sums = PyMem_Malloc(2 * (size_t)rows * (size_t)PyArray_ITEMSIZE(matrix));
+    PyObject *picked = PyArray_EMPTY(1, PyArray_DIMS(matrix), type, 0);
+    PyObject *terms = PyArray_EMPTY(2, PyArray_DIMS(matrix), type, 0);
+    PyObject *result = NULL;
+    if (index == NULL || sums == NULL || picked == NULL || terms == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    const char *data = PyArray_DATA(given);
+    int is_signed = PyTypeNum_ISSIGNED(label_type);
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        index[i] = label_at(data, size, is_signed, i);
+        if (index[i] < 0 || index[i] >= k) {  /* out of range: the NumPy rule's error */
+            Py_CLEAR(picked);
+            Py_CLEAR(terms);
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+    }
+    const void *m = PyArray_DATA(matrix);
+    void *t = PyArray_DATA((PyArrayObject *)terms), *p = PyArray_DATA((PyArrayObject *)picked);
+    fexcept_t status;
+    fegetexceptflag(&status, FE_ALL_EXCEPT);
+    PyThreadState *released = rows * k >= LABEL_SOFTMAX_ALONE ? PyEval_SaveThread() : NULL;
+    if (type == NPY_FLOAT) {
+        float *s = (float *)sums;
+        label_softmax_float(m, index, index + rows, t, p, s, s + rows, rows, k, batch);
+    } else {
+        double *s = (double *)sums;
+        label_softmax_double(m, index, index + rows, t, p, s, s + rows, rows, k, batch);
+    }
+    if (released != NULL) PyEval_RestoreThread(released);
+    fesetexceptflag(&status, FE_ALL_EXCEPT);
+    result = PyTuple_Pack(2, picked, terms);
+done:
+    Py_XDECREF(picked);
+    Py_XDECREF(terms);
+    PyMem_Free(index);
+    PyMem_Free(sums);
+    return result;
 }
 
 #define FINITE_ALONE 65536 /* elements from which the check releases the GIL */
@@ -1079,19 +1296,24 @@ static PyMethodDef methods[] = {
     {"freeze", freeze, METH_O, freeze_doc},
     {"cell_forward", (PyCFunction)(void (*)(void))cell_forward, METH_FASTCALL, cell_forward_doc},
     {"cell_deltas", (PyCFunction)(void (*)(void))cell_deltas, METH_FASTCALL, cell_deltas_doc},
+    {"label_softmax", (PyCFunction)(void (*)(void))label_softmax, METH_FASTCALL, label_softmax_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "monadl._native",
-    "Optimizer updates and recurrent cells' vjps in one pass, bit for bit the NumPy rules'.", -1, methods,
+    "Optimizer updates, recurrent cells' rules and a cross-entropy's softmax of labels in one pass, bit\n"
+    "for bit the NumPy rules'.", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
     import_array();
     numpy_loops_check();
+    label_loops_check();
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "numpy_loops", numpy_loops) < 0) Py_CLEAR(m);
+    if (m != NULL && (PyModule_AddIntConstant(m, "numpy_loops", numpy_loops) < 0 ||
+                      PyModule_AddIntConstant(m, "label_loops", label_loops) < 0))
+        Py_CLEAR(m);
     return m;
 }

@@ -19,7 +19,7 @@ import monadl as ml
 from monadl.dsl import fused
 from monadl.dsl.learning.optimizers import native
 from monadl.dsl.learning.optimizers.adam import _adam_in_chunks, adam_rule
-from monadl.dsl.ops import recurrent
+from monadl.dsl.ops import classification, recurrent
 from monadl.typeclasses import backend
 from monadl.typeclasses.sparse import SparseRows
 
@@ -943,3 +943,112 @@ def test_set_flag_declines_what_is_not_a_writable_boolean_vector() -> None:
         assert _bits(mask) == _bits(before)
     with pytest.raises(TypeError, match="expected mask and k"):
         fused.NATIVE.set_flag(np.zeros(3, dtype=bool))
+
+
+def _label_softmax_rule(matrix: Any, labels: Any, batch: int) -> tuple[Any, Any]:
+    """The NumPy rule ``label_softmax`` stands for (``classification._picked_labels`` without the
+    kernels)."""
+    with mock.patch.object(fused, "NATIVE", None):
+        return classification._picked_labels(matrix, labels, batch)
+
+
+LABEL_TYPES = [np.int64, np.int32, np.int16, np.int8, np.uint8, np.uint16, np.uint32, np.uint64, np.intp]
+
+
+@needs_kernels
+@settings(deadline=None, max_examples=150)
+@given(
+    dtype=st.sampled_from([np.float32, np.float64]),
+    rows=st.integers(1, 12),
+    classes=st.one_of(st.integers(1, 40), st.sampled_from([127, 128, 129, 300])),
+    scale=st.sampled_from([1e-3, 1.0, 30.0, 1e4]),
+    label_type=st.sampled_from(LABEL_TYPES),
+    batch=st.sampled_from([1, 3, 16, 2**24]),
+    special=st.sampled_from([None, np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, "tie"]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_label_softmax_is_the_numpy_rule_bit_for_bit(
+    dtype: Any, rows: int, classes: int, scale: float, label_type: Any, batch: int, special: Any, seed: int
+) -> None:
+    """Each row's log-probability of its label and the softmax less the one-hot over ``batch``, from
+    the C loops with NumPy's own exp, log1p and row sums, equal the NumPy rule's, bits and dtype and
+    shape, over logits of every scale, labels of every integer type, ties for the maximum (the
+    first is np.argmax's), signed zeros, NaNs and infinities (NaN where the rule gives NaN)."""
+    rng = np.random.default_rng(seed)
+    matrix = (rng.standard_normal((rows, classes)) * scale).astype(dtype)
+    r, c = int(rng.integers(rows)), int(rng.integers(classes))
+    if special == "tie":  # the row's maximum twice (the first is the one set to 0 for the sum)
+        matrix[r, c] = matrix[r].max()
+        matrix[r, (c + classes // 2) % classes] = matrix[r, c]
+    elif special is not None:
+        matrix[r, c] = special
+    labels = rng.integers(0, min(classes, 128), rows).astype(label_type)
+    with np.errstate(all="ignore"):
+        found = fused.NATIVE.label_softmax(matrix, labels, batch)
+        assert found is not None  # the kernel runs
+        want = _label_softmax_rule(matrix, labels, batch)
+    assert [_bits(a) for a in found] == [_bits(a) for a in want]
+    assert all(type(a) is np.ndarray and a.base is None and a.flags.writeable for a in found)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_label_softmax_of_many_rows_runs_without_the_gil_and_gives_the_rules_bits(dtype: Any) -> None:
+    # A language model's logits (many rows by a vocabulary) go past the size from which the kernel
+    # lets other threads run: the same bits there.
+    rng = np.random.default_rng(7)
+    matrix = (rng.standard_normal((70, 1000)) * 5.0).astype(dtype)
+    labels = rng.integers(0, 1000, 70)
+    with np.errstate(all="ignore"):
+        found = fused.NATIVE.label_softmax(matrix, labels, 70)
+        want = _label_softmax_rule(matrix, labels, 70)
+    assert found is not None
+    assert [_bits(a) for a in found] == [_bits(a) for a in want]
+
+
+@needs_kernels
+def test_label_softmax_declines_what_it_does_not_read_and_the_loss_stays_the_rules() -> None:
+    matrix = np.arange(12, dtype=np.float32).reshape(3, 4)
+    labels = np.array([0, 3, 1])
+    for args in [
+        (matrix, np.array([0, 4, 1]), 3),  # a label out of range: the rule's IndexError
+        (matrix, np.array([0, -1, 1]), 3),
+        (matrix, np.array([0, 2**63 + 5, 1], dtype=np.uint64), 3),
+        (matrix, np.array([0.0, 1.0, 2.0]), 3),  # not integers
+        (matrix, np.array([True, False, True]), 3),
+        (matrix, np.array([0, 1]), 3),  # not a label per row
+        (matrix, np.array([[0, 1, 2]]), 3),
+        (matrix, np.array([0, 0, 1, 1, 2, 2])[::2], 3),  # strided labels
+        (matrix.astype(np.float16), labels, 3),
+        (matrix.astype(np.int32), labels, 3),
+        (np.asfortranarray(np.arange(12.0).reshape(3, 4)), labels, 3),
+        (matrix.reshape(3, 2, 2), labels, 3),
+        (matrix.reshape(-1), labels, 3),
+        (matrix[:0], labels[:0], 3),  # no rows
+        (matrix[:, :0], labels, 3),  # no classes
+        (matrix, labels, 0),
+        (matrix, labels, 2**24 + 1),
+        (matrix, labels, 2**70),
+    ]:
+        assert fused.NATIVE.label_softmax(*args) is None, args
+    with pytest.raises(TypeError, match="expected matrix, labels and batch"):
+        fused.NATIVE.label_softmax(matrix, labels)
+    with pytest.raises(TypeError, match="expected matrix, labels and batch"):
+        fused.NATIVE.label_softmax(matrix, labels, 3.0)
+    # Declined, the op runs the rule: the same loss and gradient as the kernel's where it runs.
+    logits = ml.ArrayWeight(matrix.astype(np.float64))
+    with_kernel = ml.compute_gradients(ml.cross_entropy(logits, labels))
+    with mock.patch.object(fused, "NATIVE", None):
+        without = ml.compute_gradients(ml.cross_entropy(logits, labels))
+    assert with_kernel[0] == without[0]
+    assert _bits(with_kernel[1][logits]) == _bits(without[1][logits])
+
+
+def test_the_label_softmax_takes_numpys_own_log1p_and_row_sums() -> None:
+    """The kernels found NumPy's log1p and add loops for float32 and float64, and checked them (and
+    a row's sum as the add loop's reduction) against the ufuncs when they loaded: were they not
+    found, a cross-entropy of labels would run the NumPy rule, correct but slower, and only this
+    test would say so."""
+    if not native.available():
+        pytest.skip("the engine runs from its sources")
+    assert fused.NATIVE.label_loops == 1

@@ -20,10 +20,11 @@ results with the rules it replaces bit for bit, with no GPU. The CUDA build cont
 it replaces does. Only the library functions (``exp``, ``tanh``) may round differently from
 NumPy's, by an ulp or two, as CuPy's own do.
 
-On NumPy arrays, the rules the optimizers and the recurrent cells run most run as loops of
-``monadl/_native.c`` (:data:`NATIVE`) where the engine is compiled: each the same IEEE operations in
-the same order as the NumPy rule it replaces (the cells' forwards with NumPy's own exp and tanh
-loops), so the results are the same bits; the callers keep the rule for every other case
+On NumPy arrays, the rules the optimizers, the recurrent cells and the cross-entropy of labels run
+most run as loops of ``monadl/_native.c`` (:data:`NATIVE`) where the engine is compiled: each the
+same IEEE operations in the same order as the NumPy rule it replaces (the cells' forwards with
+NumPy's own exp and tanh loops, the cross-entropy with its exp, log1p and sums), so the results are
+the same bits; the callers keep the rule for every other case
 (:func:`native_takes`, :func:`native_forward` and :func:`native_deltas` say which).
 
 :func:`all_true` and :func:`sum_on_devices` read the values of many device scalars (a step's

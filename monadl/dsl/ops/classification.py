@@ -16,6 +16,7 @@ from typing import Any, Final, Literal, overload
 import numpy as np
 
 from monadl.do.primitive import Batching
+from monadl.dsl import fused
 from monadl.dsl.core.arguments import array_operand, described
 from monadl.dsl.core.indices import integral
 from monadl.dsl.core.layers import AnyArray, ArrayLayer, FloatLayer, apply_array, apply_float, float_op
@@ -486,7 +487,16 @@ def _picked_labels(matrix: Any, labels: Any, batch: int) -> tuple[Any, Any]:
     and one large array made, not three: on a language model's logits (thousands of rows by its
     vocabulary) a fresh large array costs its pages as much again as the pass that fills it. The
     loss's bits are :func:`log_softmax_of`'s; the gradient's differ by rounding (it is as accurate:
-    ``exp(log_p)`` carries ``log_p``'s absolute error, a relative one, into a small probability)."""
+    ``exp(log_p)`` carries ``log_p``'s absolute error, a relative one, into a small probability).
+
+    Where the engine is compiled, one native call does these steps (``label_softmax`` of
+    ``monadl/_native.c``: the same operations, NumPy's own exp, log1p and sum loops, the same
+    bits): on a batch's few rows the dozen NumPy calls here, each indexing by rows, cost more than
+    their arithmetic."""
+    if fused.NATIVE is not None:
+        done: tuple[Any, Any] | None = fused.NATIVE.label_softmax(matrix, labels, batch)
+        if done is not None:
+            return done
     rows = np.arange(matrix.shape[0])
     top = np.argmax(matrix, axis=1)
     terms = matrix - matrix[rows, top][:, None]
