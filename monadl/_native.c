@@ -264,18 +264,29 @@ fail:
 
 /* SGD's rule (monadl.dsl.learning.optimizers.sgd.SGD.update: data - rate * g), one element; out may
    be g itself (an update written into the step's own gradient), so neither g nor out is restrict. */
-#define SGD_RULE(T)                                                                                \
-    static WIDE void sgd_##T(const T *restrict data, const T *g, T *out, Py_ssize_t n, T rate) {   \
-        for (Py_ssize_t k = 0; k < n; k++) out[k] = data[k] - rate * g[k];                         \
+/* SGD's rule, and whether every element it writes is finite: a training step checks each new
+   value, and the bits read as they are written (as finite reads them) save it a pass over the
+   weight. */
+#define SGD_RULE(T, U, EXP)                                                                        \
+    static WIDE int sgd_##T(const T *restrict data, const T *g, T *out, Py_ssize_t n, T rate) {    \
+        U bad = 0;                                                                                 \
+        for (Py_ssize_t k = 0; k < n; k++) {                                                       \
+            T v = data[k] - rate * g[k];                                                           \
+            out[k] = v;                                                                            \
+            U bits;                                                                                \
+            memcpy(&bits, &v, sizeof bits);                                                        \
+            bad |= (U)((bits & EXP) == EXP);                                                       \
+        }                                                                                          \
+        return bad == 0;                                                                           \
     }
 
-SGD_RULE(float)
-SGD_RULE(double)
+SGD_RULE(float, uint32_t, (uint32_t)0x7f800000u)
+SGD_RULE(double, uint64_t, (uint64_t)0x7ff0000000000000ull)
 
 PyDoc_STRVAR(sgd_doc,
     "sgd(data, g, out, rate)\n--\n\n"
     "SGD's rule data - rate * g into out (buffers of one size and float type; out may be g), rate\n"
-    "rounded to the arrays' type first.");
+    "rounded to the arrays' type first; returns whether every element written is finite.");
 
 static PyObject *sgd(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *objs[3];
@@ -300,15 +311,18 @@ static PyObject *sgd(PyObject *Py_UNUSED(self), PyObject *args) {
         }
     }
     Py_ssize_t n = view[0]->len / view[0]->itemsize;
+    int finite;
     Py_BEGIN_ALLOW_THREADS
     if (kind == 'f') {
-        sgd_float((const float *)view[0]->buf, (const float *)view[1]->buf, (float *)view[2]->buf, n, (float)rate);
+        finite = sgd_float((const float *)view[0]->buf, (const float *)view[1]->buf, (float *)view[2]->buf, n,
+                           (float)rate);
     } else {
-        sgd_double((const double *)view[0]->buf, (const double *)view[1]->buf, (double *)view[2]->buf, n, rate);
+        finite = sgd_double((const double *)view[0]->buf, (const double *)view[1]->buf, (double *)view[2]->buf, n,
+                            rate);
     }
     Py_END_ALLOW_THREADS
     release(&b);
-    Py_RETURN_NONE;
+    return PyBool_FromLong(finite);
 fail:
     release(&b);
     return NULL;

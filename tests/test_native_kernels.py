@@ -142,34 +142,41 @@ def test_adam_and_adamw_update_as_without_the_kernels(
     seed=st.integers(0, 2**32 - 1),
     rate=st.one_of(st.floats(1e-6, 10.0), st.sampled_from([0.0, 1.0, 1e-4, 1e30])),
     into_g=st.booleans(),
+    poison=st.sampled_from([None, np.inf, -np.inf, np.nan, 1e38, 1e308]),
 )
 def test_sgd_kernel_is_the_rule_as_written_bit_for_bit(
-    dtype: Any, shape: tuple[int, ...], seed: int, rate: float, into_g: bool
+    dtype: Any, shape: tuple[int, ...], seed: int, rate: float, into_g: bool, poison: float | None
 ) -> None:
     """``data - rate * g`` in every bit (signed zeros, a rate that overflows the products), into a
-    fresh array or into ``g`` itself; ``data`` unchanged."""
-    data, g, _, _ = _moments(np.random.default_rng(seed), shape, dtype)
+    fresh array or into ``g`` itself; ``data`` unchanged; and whether every element written is
+    finite (a gradient's infinity or NaN anywhere, or an update that overflows)."""
+    rng = np.random.default_rng(seed)
+    data, g, _, _ = _moments(rng, shape, dtype)
     data.reshape(-1)[3::11] = -0.0
+    if poison is not None:
+        with np.errstate(over="ignore"):
+            g.reshape(-1)[rng.integers(g.size)] = poison
     held = _bits(data)
     with np.errstate(over="ignore", invalid="ignore"):
-        expected = _bits(data - rate * g)
+        rule = data - rate * g
     out = g if into_g else np.empty_like(data)
-    assert native.sgd(data, g, out, rate)
-    assert _bits(out) == expected
+    finite = native.sgd(data, g, out, rate)
+    assert finite is bool(np.isfinite(rule).all())
+    assert _bits(out) == _bits(rule)
     assert _bits(data) == held
 
 
 @needs_kernels
 def test_sgd_kernel_does_not_take_what_it_cannot_read() -> None:
-    """Arrays the kernel cannot read as they are (another dtype, a view, a read-only output): False,
+    """Arrays the kernel cannot read as they are (another dtype, a view, a read-only output): None,
     nothing written, and the optimizer's NumPy rule runs."""
     data = np.ones((4, 3), dtype=np.float32)
     g = np.full((4, 3), 2.0, dtype=np.float32)
     frozen = np.zeros((4, 3), dtype=np.float32)
     frozen.flags.writeable = False
-    assert not native.sgd(data, g.astype(np.float64), np.empty((4, 3)), 0.5)
-    assert not native.sgd(data, np.ones((3, 4), dtype=np.float32).T, np.empty_like(data), 0.5)
-    assert not native.sgd(data, g, frozen, 0.5)
+    assert native.sgd(data, g.astype(np.float64), np.empty((4, 3)), 0.5) is None
+    assert native.sgd(data, np.ones((3, 4), dtype=np.float32).T, np.empty_like(data), 0.5) is None
+    assert native.sgd(data, g, frozen, 0.5) is None
     assert not frozen.any()
     with pytest.raises(TypeError, match="C-contiguous writable"):
         fused.NATIVE.sgd(data, g, frozen, 0.5)
@@ -193,20 +200,20 @@ def test_sgd_updates_in_place_as_without_the_kernels(rate: Any, monkeypatch: pyt
             ml.mean(ml.tanh(x @ w) * ml.tanh(x @ w)).train_blocking(ml.SGD(rate)).unwrap()
         return _bits(w.data)
 
-    ran: list[bool] = []
+    ran: list[bool | None] = []
     kernel = native.sgd
 
-    def counted(*args: Any) -> bool:
+    def counted(*args: Any) -> bool | None:
         ran.append(kernel(*args))
         return ran[-1]
 
     monkeypatch.setattr(native, "sgd", counted)
     with_kernels = run()
-    assert ran and all(ran)  # every update went through the kernel
+    assert ran and all(r is True for r in ran)  # every update went through the kernel: finite
     monkeypatch.setattr(fused, "NATIVE", None)
     ran.clear()
     assert run() == with_kernels
-    assert ran and not any(ran)  # and now none did
+    assert ran and all(r is None for r in ran)  # and now none did
 
 
 @needs_kernels

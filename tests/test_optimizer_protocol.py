@@ -100,7 +100,41 @@ def test_a_subclass_that_overrides_update_alone_is_updated_by_it() -> None:
     for weight in (w, b):
         np.testing.assert_allclose(weight.data, expected[weight], rtol=1e-15)
     assert not capabilities(ClippedSGD(0.5)).updates_in_place
+    assert not capabilities(ClippedSGD(0.5)).checks_update
     assert capabilities(ml.SGD(0.5)).updates_in_place
+    assert capabilities(ml.SGD(0.5)).checks_update
+
+
+def test_a_subclass_that_overrides_update_owned_alone_is_updated_by_it_and_checked_by_the_step() -> None:
+    # SGD declares update_owned_checked (its in-place update, saying whether the result is finite):
+    # a subclass that changes the in-place update alone must get its own, whose result the step
+    # checks itself.
+    seen: list[int] = []
+
+    class HalvedSGD(ml.SGD):
+        def update_owned(self, data: Any, gradient: Any, state: int | None) -> tuple[Any, Any]:
+            seen.append(1)
+            return super().update_owned(data, gradient * 0.5, state)
+
+        def update(self, data: Any, gradient: Any, state: int | None) -> tuple[Any, Any]:
+            return super().update(data, gradient * 0.5, state)
+
+    assert capabilities(HalvedSGD(0.5)).updates_in_place
+    assert not capabilities(HalvedSGD(0.5)).checks_update
+    w, b = _weights()
+    _, grads = ml.compute_gradients(_loss(w, b))
+    expected = {weight: weight.data - 0.5 * (grads[weight] * 0.5) for weight in (w, b)}
+    assert isinstance(_loss(w, b).train_blocking(HalvedSGD(0.5)), Success)
+    assert seen  # its own in-place update ran
+    for weight in (w, b):
+        np.testing.assert_allclose(weight.data, expected[weight], rtol=1e-15)
+    v = ml.ArrayWeight(np.full(1, np.finfo(np.float64).max / 2))
+    before = v.data
+    seen.clear()
+    result = ml.sum(v * -2.0).train_blocking(HalvedSGD(1e308))  # a finite loss, an infinite update
+    assert seen  # in place, the step's own check found the update infinite
+    assert isinstance(result, Failure) and isinstance(result.failure(), ml.NonFiniteGradientError)
+    assert v.data is before
 
 
 @pytest.mark.parametrize(

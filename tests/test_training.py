@@ -23,6 +23,7 @@ from returns.result import Failure, Success
 import monadl as ml
 from monadl.do import steps
 from monadl.do.primitive import Batching, Primitive
+from monadl.dsl import fused
 from monadl.dsl.core.layers import apply_array
 from monadl.typeclasses.sparse import SparseRows
 
@@ -312,16 +313,16 @@ def test_sgd_update_owned_is_update_bit_for_bit(dtype: type[np.floating[Any]]) -
 
 @pytest.fixture
 def handed(monkeypatch: pytest.MonkeyPatch) -> list[np.ndarray]:
-    """The gradients SGD is given to write its updates into (a step's own: ``update_owned``), in
-    order."""
+    """The gradients SGD is given to write its updates into (a step's own: ``update_owned_checked``,
+    its in-place update that says whether the result is finite), in order."""
     given: list[np.ndarray] = []
-    update_owned = ml.SGD.update_owned
+    update_owned_checked = ml.SGD.update_owned_checked
 
-    def spy_owned(self: ml.SGD, data: Any, gradient: Any, state: None) -> tuple[Any, None]:
+    def spy_owned(self: ml.SGD, data: Any, gradient: Any, state: None) -> tuple[Any, Any, bool | None]:
         given.append(gradient)
-        return update_owned(self, data, gradient, state)
+        return update_owned_checked(self, data, gradient, state)
 
-    monkeypatch.setattr(ml.SGD, "update_owned", spy_owned)
+    monkeypatch.setattr(ml.SGD, "update_owned_checked", spy_owned)
     return given
 
 
@@ -547,6 +548,29 @@ def test_a_finite_update_of_huge_values_passes_the_check() -> None:
     w = ml.ArrayWeight(np.full(4, 1e200))
     assert isinstance(ml.sum(w * 1.0).train_blocking(ml.SGD(1.0)), Success)
     np.testing.assert_array_equal(w.data, np.full(4, 1e200) - 1.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kernels", [True, False])
+def test_an_update_that_overflows_fails_the_step_and_changes_nothing(
+    dtype: Any, kernels: bool, handed: list[np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A finite gradient whose update overflows: SGD writes it into the step's own gradient (the
+    # native kernel reads each new value as it writes it, where it is built; the step reads them
+    # where it is not), and either way the step fails naming the weight and changes no weight.
+    if not kernels:
+        monkeypatch.setattr(fused, "NATIVE", None)
+    top = float(np.finfo(dtype).max)
+    w = ml.ArrayWeight(np.full(1, top / 2, dtype=dtype), name="w")
+    v = ml.ArrayWeight(np.ones(3, dtype=dtype), name="v", optimizer=ml.SGD(0.1))
+    before = (w.data, v.data, w.optimizer_state, v.optimizer_state)
+    loss = ml.sum(w * -2.0) + ml.sum(v * v)  # finite: -top + 3
+    result = loss.train_blocking(ml.SGD(top))  # w's update: top / 2 + 2 * top
+    assert isinstance(result, Failure)
+    error = result.failure()
+    assert isinstance(error, ml.NonFiniteGradientError) and "name='w'" in str(error)
+    assert any(g.shape == (1,) for g in handed)  # w's update in place: checked by what SGD said
+    assert (w.data, v.data, w.optimizer_state, v.optimizer_state) == before
 
 
 def test_check_finite_off_applies_a_non_finite_step() -> None:

@@ -26,9 +26,11 @@ Every run reads the weights as of one commit (a snapshot): a prediction beside a
 sees one step's weights, never a mix of two.
    An optimizer whose class declares ``update_owned`` (``UpdatesInPlace``: SGD) writes the new data
    into the step's own gradient array where the backward pass says nothing else holds it: no
-   weight-sized allocation. What an optimizer can do beyond ``init`` and ``update`` is declared by
-   its class (``optimizers.base.capabilities``), and one that lacks either fails the step with a
-   ``TypeError`` naming it, before anything runs.
+   weight-sized allocation; one that declares ``update_owned_checked`` too (``ChecksUpdate``: SGD with the
+   native kernels) says whether what it wrote is finite, and the check reads no more. What an
+   optimizer can do beyond ``init`` and ``update`` is declared by its class
+   (``optimizers.base.capabilities``), and one that lacks either fails the step with a ``TypeError``
+   naming it, before anything runs.
 
 ``train``/``predict`` return ``returns``' ``FutureResult`` (the paper's typed asynchronous result);
 ``train_blocking``/``predict_blocking`` return a ``Result`` for scripts. Awaiting a
@@ -66,7 +68,7 @@ from monadl.dsl.learning.finite import (
     is_float_array,
 )
 from monadl.dsl.learning.optimizers import state_kind
-from monadl.dsl.learning.optimizers.base import Capabilities, Optimizer, capabilities
+from monadl.dsl.learning.optimizers.base import NONE, Capabilities, Optimizer, capabilities
 from monadl.dsl.learning.results import Deferred, failed
 from monadl.runtime.memory import large_blocks_kept
 from monadl.runtime.staging import staging
@@ -304,7 +306,7 @@ def _updates(
     chains: list[Any] = []  # the optimizers that transform gradients, and for each, its weights
     members: list[list[Any]] = []
     last: Any = None
-    can = Capabilities(False, False)
+    can = NONE
     for weight, gradient in gradients.items():
         if not weight.trainable:
             continue  # frozen: deltas flowed through it; its data and state stay as they are
@@ -316,7 +318,7 @@ def _updates(
         if optimizer is not last:  # (a run of weights with one optimizer, the default: one look-up)
             last, can = optimizer, capabilities(optimizer)
         if not can.transforms_gradients:
-            updates.append(_updated(weight, gradient, optimizer, can.updates_in_place, owned, check, later))
+            updates.append(_updated(weight, gradient, optimizer, can, owned, check, later))
             continue
         k = 0
         while k < len(chains) and not (chains[k] is optimizer or chains[k] == optimizer):
@@ -335,7 +337,7 @@ def _updates(
                 f"{optimizer!r}: transform_gradients gave {len(transformed)} gradients for {len(weights)}"
             )
         for weight, gradient in zip(weights, transformed, strict=True):  # (not the step's own arrays)
-            updates.append(_updated(weight, gradient, optimizer, False, set(), check, later))
+            updates.append(_updated(weight, gradient, optimizer, NONE, set(), check, later))
     if pending is None:
         check_pending(later)
     return updates
@@ -345,15 +347,17 @@ def _updated(
     weight: Any,
     gradient: Any,
     optimizer: Any,
-    in_place: bool,
+    can: Capabilities,
     owned: set[Any],
     check: bool,
     pending: Pending,
 ) -> Update:
     """A weight's update: ``(weight, new data, (optimizer, new state))``, computed, not committed.
     The state is the weight's own while its optimizers are of one kind, else a fresh one.
-    ``in_place``: the optimizer declares ``update_owned``, used where the step owns the gradient's
-    memory. The finite check of an array off NumPy goes to ``pending``."""
+    ``can``: the optimizer's capabilities; where it updates in place (``update_owned``), it does
+    where the step owns the gradient's memory, and where it says whether its result is finite
+    (``update_owned_checked``), the check reads no more. The finite check of an array off NumPy
+    goes to ``pending``."""
     newest = read(weight.head, None)  # (the weight's properties read it again each: interpreted)
     old = newest.data
     held = newest.state
@@ -363,15 +367,19 @@ def _updated(
     else:
         state = optimizer.init(old)
     converted = _in_dtype_of(gradient, old)
-    if in_place and (weight in owned or converted is not gradient) and _fits(converted, old):
-        data, state = optimizer.update_owned(old, converted, state)
+    finite: bool | None = None  # (of data: an update in place is of a dense NumPy gradient)
+    if can.updates_in_place and (weight in owned or converted is not gradient) and _fits(converted, old):
+        if can.checks_update:
+            data, state, finite = optimizer.update_owned_checked(old, converted, state)
+        else:
+            data, state = optimizer.update_owned(old, converted, state)
     else:
         data, state = optimizer.update(old, converted, state)
     if check:
         # A table's sparse gradient changes only its rows: their values are what to check.
         checked = gradient.values if type(gradient) is SparseRows else data
         if type(checked) is NDARRAY or type(checked) is float:
-            if not all_finite(checked):
+            if not (all_finite(checked) if finite is None else finite):
                 raise _non_finite(weight, gradient, data)
         else:
             check_later(pending, checked, functools.partial(_non_finite, weight, gradient, data))

@@ -23,9 +23,11 @@ state is that count: ``None``, from earlier versions, counts as 0).
 **Capabilities are declared.** An optimizer is any object whose class has ``init`` and ``update``
 (``base.Optimizer``). What a training step may use besides is declared by the class's methods, one
 protocol each in ``base``, and found once per class (``base.capabilities``): ``update_owned``
-(``UpdatesInPlace``: the same rule, allowed to write into the memory of a gradient that nothing
-else holds; SGD's saves two weight-sized arrays), ``transform_gradients`` (``TransformsGradients``:
-a chain's) and ``check_state`` (``ChecksState``: a checkpoint's state checked).
+(``UpdatesInPlace``: the same rule, allowed to write into the memory of a gradient that nothing else
+holds; SGD's saves two weight-sized arrays), ``update_owned_checked`` (``ChecksUpdate``: that
+update, saying whether what it wrote is finite, so a step's check reads no more),
+``transform_gradients`` (``TransformsGradients``: a chain's) and ``check_state`` (``ChecksState``: a
+checkpoint's state checked).
 
 **Gradient transformations** (:func:`clip_by_global_norm`, :func:`clip_by_value`) go before an
 optimizer in a :func:`chain`, which is an optimizer itself: ``chain(clip_by_global_norm(1.0),

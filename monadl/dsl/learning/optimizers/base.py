@@ -1,13 +1,14 @@
 """What the optimizers share: the :class:`Optimizer` and :class:`GradientTransform` protocols, the
-optional capabilities a training step may use (:class:`UpdatesInPlace`, :class:`TransformsGradients`,
-:class:`ChecksState`, found once per class by :func:`capabilities`), the checks of their settings,
-the learning rate at a step, weight decay, a sparse gradient's rows, and the helpers that keep a
-weight's type and build the fused CuPy kernels (``monadl.dsl.fused``)."""
+optional capabilities a training step may use (:class:`UpdatesInPlace`, :class:`ChecksUpdate`,
+:class:`TransformsGradients`, :class:`ChecksState`, found once per class by :func:`capabilities`),
+the checks of their settings, the learning rate at a step, weight decay, a sparse gradient's rows,
+and the helpers that keep a weight's type and build the fused CuPy kernels
+(``monadl.dsl.fused``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 from weakref import WeakKeyDictionary
 
 import numpy as np
@@ -49,6 +50,20 @@ class UpdatesInPlace(Protocol):
 
 
 @runtime_checkable
+class ChecksUpdate(Protocol):
+    """An optimizer updating in place (:class:`UpdatesInPlace`) that says, as it writes a weight's
+    new data, whether all of it is finite: a step that checks its updates then reads the weight
+    once, not twice. A step uses it only where the class that defines it defines ``update_owned``
+    too (or derives from the one that does): a subclass that overrides ``update_owned`` (or
+    ``update``) alone is updated by it, and its results are checked by the step."""
+
+    def update_owned_checked(self, data: Any, gradient: Any, state: Any) -> tuple[Any, Any, bool | None]:
+        """``update_owned``, and whether every element of the new data is finite (None: not
+        known)."""
+        ...
+
+
+@runtime_checkable
 class TransformsGradients(Protocol):
     """An optimizer that sees the gradients of all the weights it updates in a step together, before
     updating any (a :func:`~monadl.chain`: clipping by their global norm)."""
@@ -85,9 +100,13 @@ class Capabilities:
     """Its class is an :class:`UpdatesInPlace`."""
     transforms_gradients: bool
     """Its class is a :class:`TransformsGradients`."""
+    checks_update: bool = False
+    """It updates in place, and its class is a :class:`ChecksUpdate` whose
+    ``update_owned_checked`` stands for its ``update_owned``."""
 
 
-_NONE = Capabilities(False, False)
+NONE: Final = Capabilities(False, False)
+"""The capabilities of an optimizer that declares none (or whose methods are its object's own)."""
 _KNOWN: WeakKeyDictionary[type, Capabilities] = WeakKeyDictionary()  # (a class defined in a loop is freed)
 
 
@@ -102,7 +121,7 @@ def capabilities(optimizer: object) -> Capabilities:
         return known
     if not issubclass(kind, Optimizer):
         if isinstance(optimizer, Optimizer):  # methods of the object's own, not of its class
-            return _NONE
+            return NONE
         missing = [name for name in ("init", "update") if not callable(getattr(optimizer, name, None))]
         raise TypeError(
             f"{optimizer!r} is not an optimizer: it has no {' and no '.join(missing)} method (an "
@@ -113,7 +132,12 @@ def capabilities(optimizer: object) -> Capabilities:
     in_place = issubclass(kind, UpdatesInPlace) and issubclass(
         _defining(kind, "update_owned"), _defining(kind, "update")
     )
-    found = Capabilities(in_place, issubclass(kind, TransformsGradients))
+    checked = (
+        in_place
+        and issubclass(kind, ChecksUpdate)
+        and issubclass(_defining(kind, "update_owned_checked"), _defining(kind, "update_owned"))
+    )
+    found = Capabilities(in_place, issubclass(kind, TransformsGradients), checked)
     _KNOWN[kind] = found
     return found
 

@@ -65,10 +65,11 @@ def adam(
     return new, m_new, v_new
 
 
-def sgd(data: Any, g: Any, out: Any, rate: float) -> bool:
-    """SGD's rule ``data - rate * g`` (``sgd.SGD.update``'s) into ``out``, which may be ``g`` itself;
-    False where the kernel does not apply (nothing written)."""
+def sgd(data: Any, g: Any, out: Any, rate: float) -> bool | None:
+    """SGD's rule ``data - rate * g`` (``sgd.SGD.update``'s) into ``out``, which may be ``g`` itself:
+    whether every element written is finite (read as it is written), or None where the kernel does
+    not apply (nothing written)."""
     if not native_takes(data, g, out) or not out.flags.writeable:
-        return False
-    fused.NATIVE.sgd(data, g, out, rate)
-    return True
+        return None
+    finite: bool = fused.NATIVE.sgd(data, g, out, rate)
+    return finite

@@ -76,15 +76,26 @@ class SGD:
         ``update``'s result. It saves ``update``'s two fresh arrays as large as the weight; for a
         large weight glibc maps them anew on every step, and page-faulting them in costs several
         times the arithmetic (``docs/benchmarks.md``)."""
+        new, step, _ = self.update_owned_checked(data, gradient, state)
+        return new, step
+
+    def update_owned_checked(
+        self, data: Any, gradient: Any, state: int | None
+    ) -> tuple[Any, Any, bool | None]:
+        """:meth:`update_owned`, and whether every element of the new data is finite where the
+        native kernel wrote it (it reads each as it writes it: a step's check needs no pass of its
+        own over the weight); None otherwise."""
         if self.weight_decay or type(gradient) is not np.ndarray:
-            return self.update(data, gradient, state)
+            new, step = self.update(data, gradient, state)
+            return new, step, None
         step = state or 0
         rate = rate_at_step(self.learning_rate, step)
-        if not native.sgd(data, gradient, gradient, rate):  # (one pass where the kernels are built)
+        finite = native.sgd(data, gradient, gradient, rate)  # (one pass where the kernels are built)
+        if finite is None:
             # -(lr * g) + data rounds exactly as data - lr * g: negation is exact.
             np.multiply(gradient, -rate, out=gradient)
             np.add(data, gradient, out=gradient)
-        return gradient, step + 1
+        return gradient, step + 1, finite
 
 
 @dataclass(frozen=True)
