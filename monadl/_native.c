@@ -1,28 +1,29 @@
-/* monadl._native: optimizer updates of NumPy weights (Adam's, SGD's) and the recurrent cells' rules,
-in one pass (built with the compiled engine).
+/* monadl._native: optimizer updates of NumPy weights (Adam's, SGD's) and the recurrent cells'
+rules, in one pass (built with the compiled engine).
 
 An optimizer's rule written with NumPy is a dozen passes over the weight, each a ufunc call: on a
 small weight the calls cost more than the arithmetic, and on a large one (an embedding table) the
-passes stream it through the cache a dozen times. A recurrent cell's vjps are a dozen ufunc calls
-on the few rows of a step too. Here each rule is one loop over the elements
-doing the same IEEE operations in the same order, in the arrays' own precision (float or double,
-each scalar rounded to it first, as NumPy rounds a Python float against a float32 array), so the
-results equal the NumPy rule's bit for bit. The build compiles this file without floating-point
-contraction (no fused multiply-add: NumPy rounds every product) and without errno from sqrt (so the
-loops vectorize; the results are the same). The optimizers' arrays come as buffers (NumPy's buffer
-protocol), C-contiguous, the results' arrays made by the caller, and their loops run without the
-GIL. A cell's rule is one call on a step's few rows (not worth releasing the GIL): it reads its
-arrays from NumPy's array struct (its C API, NumPy a build requirement), makes its results' arrays
-and runs NumPy's own exp and tanh loops, where a buffer, or NumPy's attributes and ufuncs called
-from Python, cost more than the arithmetic; the optimizers ask here which arrays the kernels take
-(takes). For the same reason the backward pass asks here whether
-a delta is an array of its own that it may add into (writable_own), adds a call's delta into its row
-of a stacked delta (add_row), starts such a delta (minus_zeros_like), marks and asks which rows got
-one (set_flag, any_set), and a training step whether a
-weight's new value is finite (finite) and makes it read-only (freeze), for every weight;
-recording an op finds the frame of the user's code that made it (user_site), for every op; and a
-cross-entropy of integer labels takes each row's log-probability of its label and the softmax's
-gradient in one call (label_softmax), where its NumPy rule indexes the rows a dozen times.
+passes stream it through the cache a dozen times. A recurrent cell's vjps are a dozen ufunc calls on
+the few rows of a step too. Here each rule is one loop over the elements doing the same IEEE
+operations in the same order, in the arrays' own precision (float or double, each scalar rounded to
+it first, as NumPy rounds a Python float against a float32 array), so the results equal the NumPy
+rule's bit for bit. The build compiles this file without floating-point contraction (no fused
+multiply-add: NumPy rounds every product) and without errno from sqrt (so the loops vectorize; the
+results are the same). The optimizers' arrays come as buffers (NumPy's buffer protocol),
+C-contiguous, the results' arrays made by the caller, and their loops run without the GIL. A cell's
+rule is one call on a step's few rows (not worth releasing the GIL): it reads its arrays from
+NumPy's array struct (its C API, NumPy a build requirement), makes its results' arrays and runs
+NumPy's own exp and tanh loops, where a buffer, or NumPy's attributes and ufuncs called from Python,
+cost more than the arithmetic; the optimizers ask here which arrays the kernels take (takes). For
+the same reason the backward pass asks here whether a delta is an array of its own that it may add
+into (writable_own), adds a call's delta into its row of a stacked delta (add_row) and a gathered
+delta's rows back into their groups (add_rows_at), starts such a delta (minus_zeros_like), marks and
+asks which rows got one (set_flag, any_set); the forward pass gathers a merged call's rows from a
+few groups (put_rows, its index vectors made by index_array); a training step asks whether a
+weight's new value is finite (finite) and makes it read-only (freeze), for every weight; recording
+an op finds the frame of the user's code that made it (user_site), for every op; and a cross-entropy
+of integer labels takes each row's log-probability of its label and the softmax's gradient in one
+call (label_softmax), where its NumPy rule indexes the rows a dozen times.
 
 monadl/dsl/learning/optimizers/native.py chooses when the optimizers' run and holds the rules they
 equal; monadl/dsl/ops/recurrent.py the cells'; monadl/dsl/ops/classification.py the
@@ -1120,6 +1121,140 @@ static PyObject *add_row(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
     Py_RETURN_TRUE;
 }
 
+/* An index vector the row kernels read as it is: a NumPy array (not a subclass) of npy_intp, of
+   one dimension, C-contiguous and aligned (as the engine makes its gathers' indices). */
+static int index_vector(PyObject *obj) {
+    if (!PyArray_CheckExact(obj)) return 0;
+    PyArrayObject *a = (PyArrayObject *)obj;
+    return PyArray_TYPE(a) == NPY_INTP && PyArray_NDIM(a) == 1 && PyArray_IS_C_CONTIGUOUS(a) &&
+           PyArray_ISALIGNED(a) && PyArray_ISNOTSWAPPED(a);
+}
+
+/* Whether a and b are plain float arrays of one type and rank (1 or more) whose rows (all but the
+   first axis) have one shape. */
+static int same_rows(PyObject *a, PyObject *b) {
+    int type = plain_floats(a);
+    if (!type || plain_floats(b) != type) return 0;
+    PyArrayObject *x = (PyArrayObject *)a, *y = (PyArrayObject *)b;
+    int nd = PyArray_NDIM(x);
+    return nd >= 1 && PyArray_NDIM(y) == nd && PyArray_CompareLists(PyArray_DIMS(x) + 1, PyArray_DIMS(y) + 1, nd - 1);
+}
+
+/* Whether every one of the n indices is a row of rows (0 <= i < rows). */
+static int in_range(const npy_intp *indices, Py_ssize_t n, npy_intp rows) {
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (indices[k] < 0 || indices[k] >= rows) return 0;
+    return 1;
+}
+
+PyDoc_STRVAR(put_rows_doc,
+    "put_rows(out, places, data, picks)\n--\n\n"
+    "out[places] = data[picks], row by row (rows along the first axis), where out is a writable and\n"
+    "data a plain float array (takes) of one dtype, rank and row shape, and places and picks are\n"
+    "index vectors (intp, C-contiguous) of one length, each index a row: True once copied. False\n"
+    "(nothing done) for any other arguments: the caller gathers them by NumPy then.");
+
+/* A merged call's inputs gathered from the rows of a few groups (a level of trees): NumPy's take
+   and its fancy assignment copy each row twice, with a temporary between, and cost more than the
+   copies there. */
+static PyObject *put_rows(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "monadl._native.put_rows: expected out, places, data and picks");
+        return NULL;
+    }
+    if (!same_rows(args[0], args[2]) || !index_vector(args[1]) || !index_vector(args[3])) Py_RETURN_FALSE;
+    PyArrayObject *out = (PyArrayObject *)args[0], *data = (PyArrayObject *)args[2];
+    PyArrayObject *places = (PyArrayObject *)args[1], *picks = (PyArrayObject *)args[3];
+    Py_ssize_t n = PyArray_DIM(places, 0);
+    const npy_intp *to = PyArray_DATA(places), *from = PyArray_DATA(picks);
+    if (!PyArray_ISWRITEABLE(out) || PyArray_DIM(picks, 0) != n || !in_range(to, n, PyArray_DIM(out, 0)) ||
+        !in_range(from, n, PyArray_DIM(data, 0)))
+        Py_RETURN_FALSE;
+    size_t row = (size_t)(PyArray_DIM(out, 0) ? PyArray_NBYTES(out) / PyArray_DIM(out, 0) : 0);
+    char *o = PyArray_DATA(out);
+    const char *d = PyArray_DATA(data);
+    Py_ssize_t out_bytes = PyArray_NBYTES(out), data_bytes = PyArray_NBYTES(data);
+    if (out_bytes > 0 && data_bytes > 0 && d < o + out_bytes && o < d + data_bytes)
+        Py_RETURN_FALSE; /* overlapping: NumPy's */
+    for (Py_ssize_t k = 0; k < n; k++) memcpy(o + (size_t)to[k] * row, d + (size_t)from[k] * row, row);
+    Py_RETURN_TRUE;
+}
+
+PyDoc_STRVAR(add_rows_at_doc,
+    "add_rows_at(held, picks, d, places)\n--\n\n"
+    "held[picks] += d[places] (d's rows in order where places is None), where held is a writable\n"
+    "and d a plain float array (takes) of one dtype, rank and row shape, apart in memory, picks (and\n"
+    "places) index vectors (intp, C-contiguous) of one length, each index a row, and the picks\n"
+    "distinct (the caller's word: NumPy's in-place add at repeated picks adds once): True once\n"
+    "added. False (nothing done) for any other arguments: the caller adds them by NumPy then.");
+
+/* The backward pass adds a gathered delta's rows back into the groups they came from: NumPy's
+   fancy in-place add takes the rows out, adds and puts them back, three passes. The same IEEE
+   additions, row by row (add_float: as wide as the CPU). */
+static PyObject *add_rows_at(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "monadl._native.add_rows_at: expected held, picks, d and places");
+        return NULL;
+    }
+    int ordered = args[3] == Py_None;
+    if (!same_rows(args[0], args[2]) || !index_vector(args[1]) || !(ordered || index_vector(args[3])))
+        Py_RETURN_FALSE;
+    PyArrayObject *held = (PyArrayObject *)args[0], *d = (PyArrayObject *)args[2];
+    PyArrayObject *picks = (PyArrayObject *)args[1];
+    Py_ssize_t n = PyArray_DIM(picks, 0);
+    const npy_intp *to = PyArray_DATA(picks);
+    const npy_intp *from = ordered ? NULL : (const npy_intp *)PyArray_DATA((PyArrayObject *)args[3]);
+    if (!PyArray_ISWRITEABLE(held) || (ordered ? PyArray_DIM(d, 0) != n : PyArray_DIM((PyArrayObject *)args[3], 0) != n) ||
+        !in_range(to, n, PyArray_DIM(held, 0)) || (!ordered && !in_range(from, n, PyArray_DIM(d, 0))))
+        Py_RETURN_FALSE;
+    Py_ssize_t width = PyArray_DIM(held, 0) ? PyArray_SIZE(held) / PyArray_DIM(held, 0) : 0;
+    char *h = PyArray_DATA(held);
+    const char *g = PyArray_DATA(d);
+    Py_ssize_t size = PyArray_ITEMSIZE(held);
+    Py_ssize_t held_bytes = PyArray_NBYTES(held), d_bytes = PyArray_NBYTES(d);
+    if (held_bytes > 0 && d_bytes > 0 && g < h + held_bytes && h < g + d_bytes)
+        Py_RETURN_FALSE; /* overlapping: NumPy's */
+    for (Py_ssize_t k = 0; k < n; k++) {
+        char *o = h + (size_t)to[k] * (size_t)(width * size);
+        const char *x = g + (size_t)(ordered ? k : from[k]) * (size_t)(width * size);
+        if (PyArray_TYPE(held) == NPY_FLOAT)
+            add_float((float *)o, (const float *)x, width);
+        else
+            add_double((double *)o, (const double *)x, width);
+    }
+    Py_RETURN_TRUE;
+}
+
+PyDoc_STRVAR(index_array_doc,
+    "index_array(values)\n--\n\n"
+    "A fresh intp vector of the Python ints of the list values (np.asarray(values, dtype=np.intp));\n"
+    "None if one is not an int or does not fit.");
+
+/* The engine's gathers make their index vectors from lists of rows it collects: NumPy's conversion
+   of a list discovers its dtype and shape first and converts each element through generic calls. */
+static PyObject *index_array(PyObject *Py_UNUSED(self), PyObject *values) {
+    if (!PyList_CheckExact(values)) Py_RETURN_NONE;
+    npy_intp n = PyList_GET_SIZE(values);
+    PyObject *out = PyArray_EMPTY(1, &n, NPY_INTP, 0);
+    if (out == NULL) return NULL;
+    npy_intp *o = PyArray_DATA((PyArrayObject *)out);
+    for (npy_intp k = 0; k < n; k++) {
+        PyObject *v = PyList_GET_ITEM(values, k);
+        if (!PyLong_CheckExact(v)) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        Py_ssize_t x = PyLong_AsSsize_t(v);
+        if (x == -1 && PyErr_Occurred()) {
+            PyErr_Clear(); /* (too large: NumPy's conversion says so) */
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        o[k] = (npy_intp)x;
+    }
+    return out;
+}
+
 PyDoc_STRVAR(add_to_rows_doc,
     "add_to_rows(a, v)\n--\n\n"
     "a += v in place, v added to each of a's rows (its last axis): a a writable C-contiguous NumPy\n"
@@ -1303,6 +1438,9 @@ static PyMethodDef methods[] = {
     {"concat", (PyCFunction)(void (*)(void))concat, METH_FASTCALL, concat_doc},
     {"add_row", (PyCFunction)(void (*)(void))add_row, METH_FASTCALL, add_row_doc},
     {"add_to_rows", (PyCFunction)(void (*)(void))add_to_rows, METH_FASTCALL, add_to_rows_doc},
+    {"put_rows", (PyCFunction)(void (*)(void))put_rows, METH_FASTCALL, put_rows_doc},
+    {"add_rows_at", (PyCFunction)(void (*)(void))add_rows_at, METH_FASTCALL, add_rows_at_doc},
+    {"index_array", index_array, METH_O, index_array_doc},
     {"any_set", any_set, METH_O, any_set_doc},
     {"minus_zeros_like", minus_zeros_like, METH_O, minus_zeros_like_doc},
     {"set_flag", (PyCFunction)(void (*)(void))set_flag, METH_FASTCALL, set_flag_doc},

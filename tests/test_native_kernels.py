@@ -1059,3 +1059,100 @@ def test_the_label_softmax_takes_numpys_own_log1p_and_row_sums() -> None:
     if not native.available():
         pytest.skip("the engine runs from its sources")
     assert fused.NATIVE.label_loops == 1
+
+
+@st.composite
+def _gather(draw: Any) -> tuple[Any, Any, Any, Any]:
+    """A gather's arrays: rows of ``data`` (some picked twice) put at distinct rows of ``out``."""
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    row = draw(st.sampled_from([(), (1,), (5,), (3, 4), (17,)]))
+    rows_in = draw(st.integers(1, 12))
+    rows_out = draw(st.integers(1, 12))
+    n = draw(st.integers(0, rows_out))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    data = rng.standard_normal((rows_in, *row)).astype(dtype)
+    data.reshape(-1)[::7] = -0.0
+    out = rng.standard_normal((rows_out, *row)).astype(dtype)
+    places = rng.permutation(rows_out)[:n].astype(np.intp)
+    picks = rng.integers(0, rows_in, n).astype(np.intp)
+    return out, places, data, picks
+
+
+@needs_kernels
+@settings(deadline=None, max_examples=150)
+@given(_gather())
+def test_put_rows_is_numpys_take_and_assignment(arrays: tuple[Any, Any, Any, Any]) -> None:
+    out, places, data, picks = arrays
+    expected = out.copy()
+    expected[places] = data.take(picks, axis=0)
+    held = _bits(data)
+    assert fused.NATIVE.put_rows(out, places, data, picks) is True
+    assert _bits(out) == _bits(expected)
+    assert _bits(data) == held
+
+
+@needs_kernels
+@settings(deadline=None, max_examples=150)
+@given(_gather(), st.booleans())
+def test_add_rows_at_is_numpys_fancy_add_bit_for_bit(
+    arrays: tuple[Any, Any, Any, Any], ordered: bool
+) -> None:
+    # held[picks] += d[places], the picks distinct (a merged group's rows): the same additions.
+    held, picks, d, places = arrays  # (the gather's distinct places serve as the distinct picks)
+    if ordered:
+        d = d[: len(picks)].copy() if len(d) >= len(picks) else np.resize(d, (len(picks), *d.shape[1:]))
+    with np.errstate(all="ignore"):
+        expected = held.copy()
+        expected[picks] += d if ordered else d[places]
+        assert fused.NATIVE.add_rows_at(held, picks, d, None if ordered else places) is True
+    assert _bits(held) == _bits(expected)
+
+
+@needs_kernels
+def test_the_row_kernels_decline_what_they_do_not_read() -> None:
+    out = np.zeros((4, 3), dtype=np.float32)
+    data = np.ones((5, 3), dtype=np.float32)
+    idx = np.array([0, 2], dtype=np.intp)
+    frozen = out.copy()
+    frozen.flags.writeable = False
+    for args in [
+        (out, idx, data.astype(np.float64), idx),  # dtypes differ
+        (out, idx, np.ones((5, 4), dtype=np.float32), idx),  # rows of another shape
+        (out, idx, np.ones(5, dtype=np.float32), idx),  # another rank
+        (out, idx.astype(np.int32), data, idx),  # not intp
+        (out, idx, data, np.array([0, 2, 3], dtype=np.intp)),  # lengths differ
+        (out, np.array([0, 4], dtype=np.intp), data, idx),  # a row of out out of range
+        (out, idx, data, np.array([-1, 0], dtype=np.intp)),  # a negative row of data (NumPy's wraps)
+        (out, np.arange(4, dtype=np.intp)[::2], data, idx),  # a strided index vector
+        (frozen, idx, data, idx),
+        (out, idx, out, idx),  # one array
+        (out.astype(np.int32), idx, data.astype(np.int32), idx),
+        (list(out), idx, data, idx),
+    ]:
+        arrays = [a for a in args if isinstance(a, np.ndarray)]
+        before = [_bits(a) for a in arrays]
+        assert fused.NATIVE.put_rows(*args) is False, args  # out[places] = data[picks]
+        assert fused.NATIVE.add_rows_at(*args) is False, args  # held[picks] += d[places]
+        assert [_bits(a) for a in arrays] == before
+    assert fused.NATIVE.add_rows_at(out, idx, data, None) is False  # d has a row per pick, or no
+    with pytest.raises(TypeError, match="expected out, places, data and picks"):
+        fused.NATIVE.put_rows(out, idx, data)
+    with pytest.raises(TypeError, match="expected held, picks, d and places"):
+        fused.NATIVE.add_rows_at(out, idx, data)
+
+
+@needs_kernels
+@settings(deadline=None, max_examples=100)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40))
+def test_index_array_is_numpys_conversion(values: list[int]) -> None:
+    found = fused.NATIVE.index_array(values)
+    assert _bits(found) == _bits(np.asarray(values, dtype=np.intp))
+
+
+@needs_kernels
+def test_index_array_declines_what_is_not_a_list_of_ints() -> None:
+    for values in [[1, 2.0], [True, 1], [np.int64(3)], (1, 2), [2**64], np.arange(3)]:
+        assert fused.NATIVE.index_array(values) is None
+    numpys: Any = [np.int64(3), 4]
+    assert _bits(backend.index_array(numpys)) == _bits(np.array([3, 4], dtype=np.intp))  # NumPy's then

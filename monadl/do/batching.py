@@ -23,6 +23,7 @@ from monadl.do.kinds import kind_rank
 from monadl.do.primitive import ROWS_SUM, Primitive, add_n, float_key
 from monadl.do.record import Run
 from monadl.do.steps import FanStep, MergedStep, OpStep, RowStep, StackStep, Step
+from monadl.typeclasses.backend import index_array
 
 if TYPE_CHECKING:
     from monadl.do.scheduler import Scheduler
@@ -426,7 +427,7 @@ def stack_step(run: Run, slots: list[int], rows: list[int], shape: tuple[int, ..
         if increasing and rows[n - 1] - rows[0] == n - 1:  # a run of consecutive rows
             picks = np.arange(rows[0], rows[0] + n, dtype=np.intp)
         else:
-            picks = np.asarray(rows, dtype=np.intp)
+            picks = index_array(rows)
         unique = increasing or len(set(rows)) == n
         return StackStep(
             [first], [np.arange(n, dtype=np.intp)], [picks], n, shape, out, run.wants[first], [unique]
@@ -465,8 +466,8 @@ def stack_step(run: Run, slots: list[int], rows: list[int], shape: tuple[int, ..
     )
     return StackStep(
         sources,
-        [np.asarray(p, dtype=np.intp) for p in positions],
-        [None if r is None else np.asarray(r, dtype=np.intp) for r in picked],
+        [index_array(p) for p in positions],
+        [None if r is None else index_array(r) for r in picked],
         len(slots),
         shape,
         out,

@@ -17,7 +17,7 @@ from monadl.do.record import Program, Run, row_value
 from monadl.do.tape import Tape
 from monadl.runtime.pool import Dispatcher, drain_failed
 from monadl.runtime.versions import data_of
-from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, namespace, on_device, shape_of
+from monadl.typeclasses.backend import NDARRAY, NUMPY, ShapeError, namespace, on_device, put_rows, shape_of
 from monadl.typeclasses.sparse import move_rows, rows_kernel_fits
 
 
@@ -414,7 +414,7 @@ class StackStep(Step):
                 if picks is None:
                     out[self.places[j][0]] = data
                 else:
-                    out[self.places[j]] = data.take(picks, axis=0)
+                    put_rows(out, self.places[j], data, picks)
         elif not self.single and rows_kernel_fits(first, first):  # CuPy: each part put in place
             indices = self.device_indices(xp, first)
             out = xp.empty((self.n, *row_shape), dtype=dtype)

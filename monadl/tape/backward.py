@@ -55,6 +55,7 @@ from monadl.typeclasses.backend import (
     NDARRAY,
     NUMPY,
     add_into_row,
+    add_rows_at,
     any_set,
     concat_arrays,
     matrix_product,
@@ -621,11 +622,10 @@ def _stack(b: Backward, step: StackStep) -> None:
             continue
         held = b.stacked(source)
         if indices is None:
-            picked = d if step.single else d[places]
             if step.unique[j]:
-                held[picks] += picked
+                add_rows_at(held, picks, d, None if step.single else places)
             else:
-                b.deltas[source] = scatter_add(xp, held, picks, picked)
+                b.deltas[source] = scatter_add(xp, held, picks, d if step.single else d[places])
         elif rows_kernel_fits(held, d):  # CuPy: the rows added where they came from, one kernel
             move_rows("scatter_add", held, indices.picks[j], d, indices.places[j])
         else:

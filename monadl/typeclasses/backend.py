@@ -142,6 +142,9 @@ _MINUS_ZEROS_LIKE: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE
 _CONCAT: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.concat
 _SET_FLAG: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.set_flag
 _ANY_SET: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.any_set
+_PUT_ROWS: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.put_rows
+_ADD_ROWS_AT: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.add_rows_at
+_INDEX_ARRAY: Final[Any] = None if NATIVE_MODULE is None else NATIVE_MODULE.index_array
 
 
 def add_into_row(held: Any, row: int, g: Any) -> None:
@@ -151,6 +154,34 @@ def add_into_row(held: Any, row: int, g: Any) -> None:
     if _ADD_ROW is None or _ADD_ROW(held, row, g) is not True:
         view = held[row]  # added into in place: no store of the row back
         view += g
+
+
+def put_rows(out: Any, places: Any, data: Any, picks: Any) -> None:
+    """``out[places] = data[picks]`` (rows along the first axis), NumPy arrays and index vectors:
+    one copy of each row by ``monadl/_native.c`` where it takes them (C-contiguous, of one float
+    dtype, the indices in range), else NumPy's take and fancy assignment (a temporary between)."""
+    if _PUT_ROWS is None or _PUT_ROWS(out, places, data, picks) is not True:
+        out[places] = data.take(picks, axis=0)
+
+
+def add_rows_at(held: Any, picks: Any, d: Any, places: Any) -> None:
+    """``held[picks] += d[places]`` (``d``'s rows in order where ``places`` is None), NumPy arrays
+    and index vectors, ``picks`` distinct: one loop of ``monadl/_native.c`` where it takes them
+    (C-contiguous, of one float dtype, apart in memory), else NumPy's fancy in-place add (the same
+    additions)."""
+    if _ADD_ROWS_AT is None or _ADD_ROWS_AT(held, picks, d, places) is not True:
+        held[picks] += d if places is None else d[places]
+
+
+def index_array(values: list[int]) -> Any:
+    """``np.asarray(values, dtype=np.intp)`` for a list of Python ints: converted by
+    ``monadl/_native.c`` where it is built (NumPy's conversion of a list discovers its dtype and
+    shape and converts each element generically)."""
+    if _INDEX_ARRAY is not None:
+        found = _INDEX_ARRAY(values)
+        if found is not None:
+            return found
+    return np.asarray(values, dtype=np.intp)
 
 
 def add_to_rows(a: Any, v: Any) -> None:
