@@ -1130,14 +1130,32 @@ static int index_vector(PyObject *obj) {
            PyArray_ISALIGNED(a) && PyArray_ISNOTSWAPPED(a);
 }
 
-/* Whether a and b are plain float arrays of one type and rank (1 or more) whose rows (all but the
-   first axis) have one shape. */
-static int same_rows(PyObject *a, PyObject *b) {
+/* The stride between b's rows (its first axis) where a is a plain float array (takes) of rank 1 or
+   more and b a NumPy array (not a subclass) of a's type, rank and row shape whose every row is
+   C-contiguous (b itself may be a slice of columns, or rows repeated by broadcasting: any stride
+   that is not negative), in the machine's byte order and aligned; -1 otherwise. */
+static Py_ssize_t row_stride(PyObject *a, PyObject *b) {
     int type = plain_floats(a);
-    if (!type || plain_floats(b) != type) return 0;
+    if (!type || !PyArray_CheckExact(b)) return -1;
     PyArrayObject *x = (PyArrayObject *)a, *y = (PyArrayObject *)b;
     int nd = PyArray_NDIM(x);
-    return nd >= 1 && PyArray_NDIM(y) == nd && PyArray_CompareLists(PyArray_DIMS(x) + 1, PyArray_DIMS(y) + 1, nd - 1);
+    if (nd < 1 || PyArray_NDIM(y) != nd || PyArray_TYPE(y) != type || !PyArray_ISNOTSWAPPED(y) ||
+        !PyArray_ISALIGNED(y) || !PyArray_CompareLists(PyArray_DIMS(x) + 1, PyArray_DIMS(y) + 1, nd - 1))
+        return -1;
+    if (PyArray_SIZE(y) == 0) return 0; /* no element to read (NumPy gives such arrays strides of 0) */
+    npy_intp *dims = PyArray_DIMS(y), *strides = PyArray_STRIDES(y), inner = PyArray_ITEMSIZE(y);
+    for (int j = nd - 1; j >= 1; j--) {  /* a row's axes, C-ordered (an axis of one element: any) */
+        if (dims[j] != 1 && strides[j] != inner) return -1;
+        inner *= dims[j];
+    }
+    return strides[0] < 0 ? -1 : strides[0];
+}
+
+/* Whether the memory of b's rows (rows of row bytes, stride apart) and a's bytes overlap. */
+static int overlapping(const char *a, Py_ssize_t a_bytes, const char *b, Py_ssize_t rows, Py_ssize_t stride,
+                       Py_ssize_t row) {
+    Py_ssize_t b_bytes = rows > 0 && row > 0 ? (rows - 1) * stride + row : 0;
+    return a_bytes > 0 && b_bytes > 0 && b < a + a_bytes && a < b + b_bytes;
 }
 
 /* Whether every one of the n indices is a row of rows (0 <= i < rows). */
@@ -1149,9 +1167,10 @@ static int in_range(const npy_intp *indices, Py_ssize_t n, npy_intp rows) {
 
 PyDoc_STRVAR(put_rows_doc,
     "put_rows(out, places, data, picks)\n--\n\n"
-    "out[places] = data[picks], row by row (rows along the first axis), where out is a writable and\n"
-    "data a plain float array (takes) of one dtype, rank and row shape, and places and picks are\n"
-    "index vectors (intp, C-contiguous) of one length, each index a row: True once copied. False\n"
+    "out[places] = data[picks], row by row (rows along the first axis), where out is a writable\n"
+    "plain float array (takes) and data an array of its dtype, rank and row shape whose rows are\n"
+    "each C-contiguous (a slice of columns too), apart in memory, and places and picks are index\n"
+    "vectors (intp, C-contiguous) of one length, each index a row: True once copied. False\n"
     "(nothing done) for any other arguments: the caller gathers them by NumPy then.");
 
 /* A merged call's inputs gathered from the rows of a few groups (a level of trees): NumPy's take
@@ -1162,7 +1181,8 @@ static PyObject *put_rows(PyObject *Py_UNUSED(self), PyObject *const *args, Py_s
         PyErr_SetString(PyExc_TypeError, "monadl._native.put_rows: expected out, places, data and picks");
         return NULL;
     }
-    if (!same_rows(args[0], args[2]) || !index_vector(args[1]) || !index_vector(args[3])) Py_RETURN_FALSE;
+    Py_ssize_t stride = row_stride(args[0], args[2]);
+    if (stride < 0 || !index_vector(args[1]) || !index_vector(args[3])) Py_RETURN_FALSE;
     PyArrayObject *out = (PyArrayObject *)args[0], *data = (PyArrayObject *)args[2];
     PyArrayObject *places = (PyArrayObject *)args[1], *picks = (PyArrayObject *)args[3];
     Py_ssize_t n = PyArray_DIM(places, 0);
@@ -1170,21 +1190,21 @@ static PyObject *put_rows(PyObject *Py_UNUSED(self), PyObject *const *args, Py_s
     if (!PyArray_ISWRITEABLE(out) || PyArray_DIM(picks, 0) != n || !in_range(to, n, PyArray_DIM(out, 0)) ||
         !in_range(from, n, PyArray_DIM(data, 0)))
         Py_RETURN_FALSE;
-    size_t row = (size_t)(PyArray_DIM(out, 0) ? PyArray_NBYTES(out) / PyArray_DIM(out, 0) : 0);
+    Py_ssize_t row = PyArray_DIM(out, 0) ? PyArray_NBYTES(out) / PyArray_DIM(out, 0) : 0;
     char *o = PyArray_DATA(out);
     const char *d = PyArray_DATA(data);
-    Py_ssize_t out_bytes = PyArray_NBYTES(out), data_bytes = PyArray_NBYTES(data);
-    if (out_bytes > 0 && data_bytes > 0 && d < o + out_bytes && o < d + data_bytes)
-        Py_RETURN_FALSE; /* overlapping: NumPy's */
-    for (Py_ssize_t k = 0; k < n; k++) memcpy(o + (size_t)to[k] * row, d + (size_t)from[k] * row, row);
+    if (overlapping(o, PyArray_NBYTES(out), d, PyArray_DIM(data, 0), stride, row))
+        Py_RETURN_FALSE; /* NumPy's */
+    for (Py_ssize_t k = 0; k < n; k++) memcpy(o + to[k] * row, d + from[k] * stride, (size_t)row);
     Py_RETURN_TRUE;
 }
 
 PyDoc_STRVAR(add_rows_at_doc,
     "add_rows_at(held, picks, d, places)\n--\n\n"
     "held[picks] += d[places] (d's rows in order where places is None), where held is a writable\n"
-    "and d a plain float array (takes) of one dtype, rank and row shape, apart in memory, picks (and\n"
-    "places) index vectors (intp, C-contiguous) of one length, each index a row, and the picks\n"
+    "plain float array (takes) and d an array of its dtype, rank and row shape whose rows are each\n"
+    "C-contiguous (a slice of columns too), apart in memory, picks (and places) index vectors\n"
+    "(intp, C-contiguous) of one length, each index a row, and the picks\n"
     "distinct (the caller's word: NumPy's in-place add at repeated picks adds once): True once\n"
     "added. False (nothing done) for any other arguments: the caller adds them by NumPy then.");
 
@@ -1197,8 +1217,8 @@ static PyObject *add_rows_at(PyObject *Py_UNUSED(self), PyObject *const *args, P
         return NULL;
     }
     int ordered = args[3] == Py_None;
-    if (!same_rows(args[0], args[2]) || !index_vector(args[1]) || !(ordered || index_vector(args[3])))
-        Py_RETURN_FALSE;
+    Py_ssize_t stride = row_stride(args[0], args[2]);
+    if (stride < 0 || !index_vector(args[1]) || !(ordered || index_vector(args[3]))) Py_RETURN_FALSE;
     PyArrayObject *held = (PyArrayObject *)args[0], *d = (PyArrayObject *)args[2];
     PyArrayObject *picks = (PyArrayObject *)args[1];
     Py_ssize_t n = PyArray_DIM(picks, 0);
@@ -1208,15 +1228,14 @@ static PyObject *add_rows_at(PyObject *Py_UNUSED(self), PyObject *const *args, P
         !in_range(to, n, PyArray_DIM(held, 0)) || (!ordered && !in_range(from, n, PyArray_DIM(d, 0))))
         Py_RETURN_FALSE;
     Py_ssize_t width = PyArray_DIM(held, 0) ? PyArray_SIZE(held) / PyArray_DIM(held, 0) : 0;
+    Py_ssize_t size = PyArray_ITEMSIZE(held);
     char *h = PyArray_DATA(held);
     const char *g = PyArray_DATA(d);
-    Py_ssize_t size = PyArray_ITEMSIZE(held);
-    Py_ssize_t held_bytes = PyArray_NBYTES(held), d_bytes = PyArray_NBYTES(d);
-    if (held_bytes > 0 && d_bytes > 0 && g < h + held_bytes && h < g + d_bytes)
-        Py_RETURN_FALSE; /* overlapping: NumPy's */
+    if (overlapping(h, PyArray_NBYTES(held), g, PyArray_DIM(d, 0), stride, width * size))
+        Py_RETURN_FALSE; /* NumPy's */
     for (Py_ssize_t k = 0; k < n; k++) {
-        char *o = h + (size_t)to[k] * (size_t)(width * size);
-        const char *x = g + (size_t)(ordered ? k : from[k]) * (size_t)(width * size);
+        char *o = h + to[k] * width * size;
+        const char *x = g + (ordered ? k : from[k]) * stride;
         if (PyArray_TYPE(held) == NPY_FLOAT)
             add_float((float *)o, (const float *)x, width);
         else

@@ -1063,7 +1063,8 @@ def test_the_label_softmax_takes_numpys_own_log1p_and_row_sums() -> None:
 
 @st.composite
 def _gather(draw: Any) -> tuple[Any, Any, Any, Any]:
-    """A gather's arrays: rows of ``data`` (some picked twice) put at distinct rows of ``out``."""
+    """A gather's arrays: rows of ``data`` (some picked twice; the whole array, a slice of its
+    columns or one row broadcast) put at distinct rows of ``out``."""
     dtype = draw(st.sampled_from([np.float32, np.float64]))
     row = draw(st.sampled_from([(), (1,), (5,), (3, 4), (17,)]))
     rows_in = draw(st.integers(1, 12))
@@ -1073,6 +1074,15 @@ def _gather(draw: Any) -> tuple[Any, Any, Any, Any]:
     rng = np.random.default_rng(seed)
     data = rng.standard_normal((rows_in, *row)).astype(dtype)
     data.reshape(-1)[::7] = -0.0
+    layout = draw(st.sampled_from(["whole", "columns", "broadcast"]))
+    if layout == "columns":  # each row contiguous, the rows apart (concatenate's slice of a delta)
+        data = (
+            np.stack([data, data], axis=1)[:, 0]
+            if not row
+            else np.concatenate([data, data], axis=1)[:, : row[0]]
+        )
+    elif layout == "broadcast":  # one row, repeated (stride 0)
+        data = np.broadcast_to(data[:1], data.shape)
     out = rng.standard_normal((rows_out, *row)).astype(dtype)
     places = rng.permutation(rows_out)[:n].astype(np.intp)
     picks = rng.integers(0, rows_in, n).astype(np.intp)
@@ -1125,6 +1135,9 @@ def test_the_row_kernels_decline_what_they_do_not_read() -> None:
         (out, np.array([0, 4], dtype=np.intp), data, idx),  # a row of out out of range
         (out, idx, data, np.array([-1, 0], dtype=np.intp)),  # a negative row of data (NumPy's wraps)
         (out, np.arange(4, dtype=np.intp)[::2], data, idx),  # a strided index vector
+        (out, idx, np.ones((5, 6), dtype=np.float32)[:, ::2], idx),  # rows not contiguous
+        (out, idx, data[::-1], idx),  # rows in reverse (a negative stride)
+        (out[:, :2], idx, data[:, :2], idx),  # out not contiguous
         (frozen, idx, data, idx),
         (out, idx, out, idx),  # one array
         (out.astype(np.int32), idx, data.astype(np.int32), idx),
