@@ -158,8 +158,9 @@ def add_into_row(held: Any, row: int, g: Any) -> None:
 
 def put_rows(out: Any, places: Any, data: Any, picks: Any) -> None:
     """``out[places] = data[picks]`` (rows along the first axis), NumPy arrays and index vectors:
-    one copy of each row by ``monadl/_native.c`` where it takes them (C-contiguous, of one float
-    dtype, the indices in range), else NumPy's take and fancy assignment (a temporary between)."""
+    one copy of each row by ``monadl/_native.c`` where it takes them (``out`` C-contiguous, each row
+    of ``data`` contiguous, of one float dtype, the indices in range), else NumPy's take and fancy
+    assignment (a temporary between)."""
     if _PUT_ROWS is None or _PUT_ROWS(out, places, data, picks) is not True:
         out[places] = data.take(picks, axis=0)
 
@@ -167,8 +168,8 @@ def put_rows(out: Any, places: Any, data: Any, picks: Any) -> None:
 def add_rows_at(held: Any, picks: Any, d: Any, places: Any) -> None:
     """``held[picks] += d[places]`` (``d``'s rows in order where ``places`` is None), NumPy arrays
     and index vectors, ``picks`` distinct: one loop of ``monadl/_native.c`` where it takes them
-    (C-contiguous, of one float dtype, apart in memory), else NumPy's fancy in-place add (the same
-    additions)."""
+    (``held`` C-contiguous, each row of ``d`` contiguous, of one float dtype, apart in memory), else
+    NumPy's fancy in-place add (the same additions)."""
     if _ADD_ROWS_AT is None or _ADD_ROWS_AT(held, picks, d, places) is not True:
         held[picks] += d if places is None else d[places]
 

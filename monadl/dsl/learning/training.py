@@ -26,11 +26,11 @@ Every run reads the weights as of one commit (a snapshot): a prediction beside a
 sees one step's weights, never a mix of two.
    An optimizer whose class declares ``update_owned`` (``UpdatesInPlace``: SGD) writes the new data
    into the step's own gradient array where the backward pass says nothing else holds it: no
-   weight-sized allocation; one that declares ``update_owned_checked`` too (``ChecksUpdate``: SGD with the
-   native kernels) says whether what it wrote is finite, and the check reads no more. What an
-   optimizer can do beyond ``init`` and ``update`` is declared by its class
-   (``optimizers.base.capabilities``), and one that lacks either fails the step with a ``TypeError``
-   naming it, before anything runs.
+   weight-sized allocation; one that declares ``update_owned_checked`` too (``ChecksUpdate``: SGD,
+   with the native kernels) says whether what it wrote is finite, and the check reads no more. What
+   an optimizer can do beyond ``init`` and ``update`` is declared by its class
+   (``optimizers.base.capabilities``), and one that lacks either fails the step with a
+   ``TypeError`` naming it, before anything runs.
 
 ``train``/``predict`` return ``returns``' ``FutureResult`` (the paper's typed asynchronous result);
 ``train_blocking``/``predict_blocking`` return a ``Result`` for scripts. Awaiting a
