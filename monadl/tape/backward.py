@@ -797,6 +797,8 @@ def _joined_rows(xp: Any, parts: list[Any], width: int, fanned: bool) -> Any:
     one_row = 2 if fanned else 1
     if all([p.ndim == one_row for p in parts]):
         return xp.reshape(concat_arrays(xp, parts, 0), (len(parts), width))
+    if xp is NUMPY and all([p.dtype == parts[0].dtype for p in parts]):
+        return _joined_numpy(parts, width, one_row)
     rows = []
     for p in parts:  # (the rows counted, not left to a -1: NumPy refuses it without elements)
         if p.ndim == one_row:
@@ -806,6 +808,29 @@ def _joined_rows(xp: Any, parts: list[Any], width: int, fanned: bool) -> Any:
         else:
             rows.append(p)
     return xp.concat(rows, axis=0) if len(rows) > 1 else rows[0]
+
+
+def _joined_numpy(parts: list[Any], width: int, one_row: int) -> Any:
+    """:func:`_joined_rows` of NumPy arrays of one dtype: each part copied once, into its rows of
+    the result (a fan's part through its rows' view as (rows, k, outputs)), where transposing it
+    and then joining the parts copied it twice."""
+    total = 0
+    for p in parts:
+        total += 1 if p.ndim == one_row else p.shape[-2]
+    out = np.empty((total, width), dtype=parts[0].dtype)
+    r = 0
+    for p in parts:
+        if p.ndim == one_row:
+            out[r].reshape(p.shape)[...] = p
+            r += 1
+        else:
+            rows = p.shape[-2]
+            if one_row == 2:  # (k, rows, outputs) into (rows, k * outputs)
+                out[r : r + rows].reshape(rows, p.shape[0], p.shape[2])[...] = p.transpose(1, 0, 2)
+            else:
+                out[r : r + rows] = p
+            r += rows
+    return out
 
 
 def _present(given: Any, k: int) -> bool:
