@@ -581,26 +581,8 @@ done:
     return same;
 }
 
-static void numpy_loops_check(void) {
-    static const int types[2] = {NPY_FLOAT, NPY_DOUBLE};
-    PyObject *numpy = PyImport_ImportModule("numpy");
-    PyObject *exp = numpy == NULL ? NULL : PyObject_GetAttrString(numpy, "exp");
-    PyObject *tanh = numpy == NULL ? NULL : PyObject_GetAttrString(numpy, "tanh");
-    int found = exp != NULL && tanh != NULL;
-    for (int k = 0; found && k < 2; k++) {
-        found = find_loop(exp, types[k], &exp_loops[k]) && find_loop(tanh, types[k], &tanh_loops[k]) &&
-                same_as_ufunc(exp, &exp_loops[k], types[k], -80.0) &&
-                same_as_ufunc(tanh, &tanh_loops[k], types[k], -80.0);
-    }
-    numpy_loops = found;
-    PyErr_Clear(); /* (whatever went wrong, the NumPy rules run) */
-    Py_XDECREF(exp);
-    Py_XDECREF(tanh);
-    Py_XDECREF(numpy);
-}
-
 /* NumPy's own loops of np.log1p and np.add (index 0 and 1: float32, float64), for label_softmax:
-   found and checked when the module loads (label_loops_check), as the cells' exp and tanh; where
+   found and checked when the module loads (numpy_loops_check), as the cells' exp and tanh; where
    one is not found or differs, label_loops is 0 and label_softmax declines. */
 static Loop log1p_loops[2], add_loops[2];
 static int label_loops;
@@ -651,19 +633,32 @@ static int same_row_sums(PyObject *add, const Loop *f, int type) {
     return same;
 }
 
-static void label_loops_check(void) {
+/* Finds and checks NumPy's loops when the module loads: exp and tanh (numpy_loops: the cells'
+   forwards), then log1p and add (label_loops: label_softmax, which takes exp too). */
+static void numpy_loops_check(void) {
     static const int types[2] = {NPY_FLOAT, NPY_DOUBLE};
     PyObject *numpy = PyImport_ImportModule("numpy");
+    PyObject *exp = numpy == NULL ? NULL : PyObject_GetAttrString(numpy, "exp");
+    PyObject *tanh = numpy == NULL ? NULL : PyObject_GetAttrString(numpy, "tanh");
     PyObject *log1p = numpy == NULL ? NULL : PyObject_GetAttrString(numpy, "log1p");
     PyObject *add = numpy == NULL ? NULL : PyObject_GetAttrString(numpy, "add");
-    int found = numpy_loops && log1p != NULL && add != NULL;
+    int found = exp != NULL && tanh != NULL;
+    for (int k = 0; found && k < 2; k++) {
+        found = find_loop(exp, types[k], &exp_loops[k]) && find_loop(tanh, types[k], &tanh_loops[k]) &&
+                same_as_ufunc(exp, &exp_loops[k], types[k], -80.0) &&
+                same_as_ufunc(tanh, &tanh_loops[k], types[k], -80.0);
+    }
+    numpy_loops = found;
+    found = found && log1p != NULL && add != NULL;
     for (int k = 0; found && k < 2; k++) {
         found = find_loop(log1p, types[k], &log1p_loops[k]) && find_loop(add, types[k], &add_loops[k]) &&
                 same_as_ufunc(log1p, &log1p_loops[k], types[k], 0.0) &&
                 same_row_sums(add, &add_loops[k], types[k]);
     }
     label_loops = found;
-    PyErr_Clear(); /* (whatever went wrong, the NumPy rule runs) */
+    PyErr_Clear(); /* (whatever went wrong, the NumPy rules run) */
+    Py_XDECREF(exp);
+    Py_XDECREF(tanh);
     Py_XDECREF(log1p);
     Py_XDECREF(add);
     Py_XDECREF(numpy);
@@ -1481,7 +1476,6 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__native(void) {
     import_array();
     numpy_loops_check();
-    label_loops_check();
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && (PyModule_AddIntConstant(m, "numpy_loops", numpy_loops) < 0 ||
                       PyModule_AddIntConstant(m, "label_loops", label_loops) < 0))
