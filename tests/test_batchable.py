@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 from batching_check import Gradients, assert_close, gradients_of
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from op_cases import F64, probe
 from returns.result import Failure, Success
 
@@ -385,6 +387,87 @@ def test_calls_with_their_rows_at_other_places_do_not_merge() -> None:
     merged = gradients_of(loss(calls), batching=True)
     assert merged.stats.kinds[minus.__qualname__] == 2  # one merged call of each order
     assert_same(merged, gradients_of(loss(plain), batching=False))
+
+
+def _scale_of(s: object) -> float:
+    """A distinct factor for each static argument of ``test_calls_share_...`` (each type its own)."""
+    if s is None:
+        return 5.0
+    if isinstance(s, ArrayWeight):
+        return float(np.sum(s.data))
+    if type(s) is bool:
+        return 2.0 if s else 3.0
+    if type(s) is int:
+        return float(s) + 0.25
+    assert type(s) is float
+    return s
+
+
+_SHARED_FLOAT = 0.5  # one float object, passed again and again
+_OTHER = ArrayWeight(RNG.normal(size=(3,)))
+_STATICS: list[object] = [None, True, False, 0, 1, 2, _SHARED_FLOAT, W, _OTHER, 0.0, -0.0, float("nan")]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(
+                st.sampled_from(
+                    [None, True, False, 0, 1, 2, _SHARED_FLOAT, W, _OTHER, 0.0, -0.0, float("nan")]
+                ),
+                # new float objects, equal or not to an earlier one (0.5 again, as another object)
+                st.sampled_from(["0.5", "-0.0", "0.0", "1.5", "nan"]).map(float),
+            ),
+            st.sampled_from(["row, static", "static, row", "row, row"]),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_calls_with_the_static_arguments_of_the_last_one_compute_their_own(
+    calls: list[tuple[object, str]],
+) -> None:
+    # A call whose static arguments are those of the operation's last call shares its record (its
+    # Call); any other static argument, or a row where it had none (or none where it had one), is
+    # a call of its own. Each call's result is the plain function's on its own arguments.
+    def plain(a: Any, b: Any) -> ArrayLayer:
+        if isinstance(b, (ArrayLayer, np.ndarray)):
+            if isinstance(a, (ArrayLayer, np.ndarray)):
+                return ml.tanh(a) * b
+            a, b = b, a
+        result: ArrayLayer = ml.tanh(a) * _scale_of(b)
+        return result
+
+    scaled = ml.batchable(plain)
+    scaled(np.ones(3), None)  # its first call
+    xs = [ml.take_rows(table(2 * len(calls), seed=3), k) for k in range(2 * len(calls))]
+    outs, expected = [], []
+    for k, (s, form) in enumerate(calls):
+        x, y = xs[2 * k], xs[2 * k + 1]
+        args = {"row, static": (x, s), "static, row": (s, x), "row, row": (x, y)}[form]
+        outs.append(scaled(*args))
+        expected.append(plain(*args))
+    for batching in (True, False):
+        got = ml.concatenate(outs).predict_blocking(executor=ml.Executor(batching=batching)).unwrap()
+        want = ml.concatenate(expected).predict_blocking(executor=ml.Executor(batching=False)).unwrap()
+        np.testing.assert_array_equal(got, want)  # (NaN where NaN)
+        assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_a_tree_of_calls_of_equal_static_arguments_keeps_one_record_of_them() -> None:
+    # A Tree-LSTM's cells: one Call kept for all of them (freed at once with the graph), not one
+    # per call; a call of other static arguments gets its own.
+    from monadl.do.graph import CALL
+
+    cell = Cell(W, B)
+    outs = [cell.step(x) for x in table_rows(table(6))]
+    outs.append(Cell(W, B).step(outs[0]))  # an equal cell, but another object: its own signature
+    graph = outs[0].graph
+    assert graph is not None
+    assert all(o.graph is graph and graph.tags[o.row] == CALL for o in outs)
+    calls = [graph.objs[o.row] for o in outs]
+    assert len(calls) == 7 and len({id(c) for c in calls}) == 2
 
 
 def test_weights_given_as_arguments_are_shared_not_stacked() -> None:

@@ -37,7 +37,7 @@ from typing import Any, Final, final
 from librt.vecs import append, vec
 from mypy_extensions import i64
 
-from monadl.do.do import BIND, PURE, REF, VARIABLE, Bind, Node, Pure, Ref, Variable
+from monadl.do.do import BIND, PURE, REF, VARIABLE, Bind, Call, Node, Operation, Pure, Ref, Variable
 from monadl.do.tape import Tape
 
 OP: Final[i64] = 0
@@ -73,6 +73,9 @@ class Graph:
         self.imported: dict[Node, int] = {}  # a node of the monad (or a weight's) -> its row
         self.copies: dict[Graph, dict[int, int]] = {}  # another graph -> its rows' rows here
         self.statics: dict[int, Any] = {}  # a row's static shape and dtype, once asked for
+        # A batchable operation -> its last call's Call, shared by the calls after it of the same
+        # static arguments (``dsl/extend/operation.py``): a tree's cells make one, not one each.
+        self.calls: dict[Operation, Call] = {}
         self.body = body
         self.dynamic = False  # a NODE row was recorded: a run may append rows (``flat_map``)
         self.lock = threading.RLock()  # held by a run that may append rows (a nested run too)

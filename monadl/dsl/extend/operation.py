@@ -118,33 +118,15 @@ def record_call(op: BatchableOperation[Any, Any], args: tuple[Any, ...], kwargs:
     structure, single, name = plan
     # Recording one call: this runs once per node of every tree, so it is written out.
     graph = recording()
-    row_args: list[int] = []
-    statics: list[Hashable] = []
     rows: list[int] = []
-    for i, a in enumerate(args):
-        kind = type(a)
-        row = _row_kinds.get(kind)
-        if row is None:
-            row = _row_kind(a)
-        # The signature's static part has an entry per argument, a row's a marker: f(x, w) and
-        # f(w, x) (a layer and a weight swapped) do not merge.
-        if row == _LAYER_ROW or row == _VALUE_ROW:
-            row_args.append(i)
-            rows.append(row_in(graph, a, name))
-            statics.append(_ROW)
-        else:
-            statics.append(_static_key(a))
-    if kwargs:
-        statics.append(tuple([(key, _static_key(v)) for key, v in kwargs.items()]))
+    same: Call | None = None if kwargs else graph.calls.get(op)
+    if same is not None and _same_statics(same, args):
+        # The static arguments of the operation's last call in this graph: its Call is shared.
+        for i in same.row_args:
+            rows.append(row_in(graph, args[i], name))
+        call = graph.add(CALL, same, None, rows, None, 0)
     else:
-        kwargs = _NO_KWARGS  # (the call's own empty dict is freed now, not with the graph)
-    statics.append(op)
-    # The call keeps its arguments but its rows (its row's inputs): a layer held by its own
-    # graph would be a reference cycle.
-    kept = list(args)
-    for i in row_args:
-        kept[i] = None
-    call = graph.add(CALL, Call(op, tuple(kept), kwargs, row_args, tuple(statics)), None, rows, None, 0)
+        call = graph.add(CALL, _new_call(graph, op, args, kwargs, rows, name), None, rows, None, 0)
     if single:
         return _layer(structure[0], graph, call)
     results = [_layer(structure[0], graph, call)]
@@ -169,6 +151,72 @@ class BoundOperation:
 
     def __repr__(self) -> str:
         return f"<bound {self.op!r} of {self.instance!r}>"
+
+
+def _new_call(
+    graph: Graph,
+    op: BatchableOperation[Any, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    rows: list[int],
+    name: str,
+) -> Call:
+    """The Call of ``op`` on ``args`` and ``kwargs``, its layer arguments' rows appended to
+    ``rows``; the operation's call to share in ``graph`` from now on if it has no keyword arguments."""
+    row_args: list[int] = []
+    statics: list[Hashable] = []
+    for i, a in enumerate(args):
+        kind = type(a)
+        row = _row_kinds.get(kind)
+        if row is None:
+            row = _row_kind(a)
+        # The signature's static part has an entry per argument, a row's a marker: f(x, w) and
+        # f(w, x) (a layer and a weight swapped) do not merge.
+        if row == _LAYER_ROW or row == _VALUE_ROW:
+            row_args.append(i)
+            rows.append(row_in(graph, a, name))
+            statics.append(_ROW)
+        else:
+            statics.append(_static_key(a))
+    shared = not kwargs
+    if kwargs:
+        statics.append(tuple([(key, _static_key(v)) for key, v in kwargs.items()]))
+    else:
+        kwargs = _NO_KWARGS  # (the call's own empty dict is freed now, not with the graph)
+    statics.append(op)
+    # The call keeps its arguments but its rows (its row's inputs): a layer held by its own
+    # graph would be a reference cycle.
+    kept = list(args)
+    for i in row_args:
+        kept[i] = None
+    call = Call(op, tuple(kept), kwargs, row_args, tuple(statics))
+    if shared:
+        graph.calls[op] = call
+    return call
+
+
+def _same_statics(call: Call, args: tuple[Any, ...]) -> bool:
+    """Whether a call on ``args`` (no keyword arguments) has ``call``'s static part: a row
+    argument where it has one, and its other arguments (the same objects, or plain scalars of
+    equal static key). Such calls share one Call: a row's Call is only read."""
+    static = call.static
+    kept = call.args
+    n = len(args)
+    if len(kept) != n or len(static) != n + 1:  # (a call with keyword arguments has one more)
+        return False
+    for i in range(n):
+        a = args[i]
+        s = static[i]
+        if s is _ROW:
+            row = _row_kinds.get(type(a))
+            if row is None or row == _STATIC_ROW:
+                return False
+        elif a is not kept[i]:
+            # (An object's key is its identity, and ``kept[i]`` holds it: another object's differs.)
+            row = _row_kinds.get(type(a))
+            if row is None or row != _STATIC_ROW or _static_key(a) != s:
+                return False
+    return True
 
 
 def _layer(kind: type[Layer], graph: Graph, row: int) -> Layer:
