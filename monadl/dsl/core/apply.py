@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
 from types import CodeType, FrameType
 from typing import Any, Final, final
 
@@ -69,7 +68,9 @@ def row_in(graph: Graph, x: object, where: str) -> int:
     )
 
 
-def apply_primitive(prim: Primitive, operands: Sequence[object], params: dict[str, Any]) -> tuple[Graph, int]:
+def apply_primitive(
+    prim: Primitive, operands: tuple[object, ...], params: dict[str, Any]
+) -> tuple[Graph, int]:
     """``prim`` applied to ``operands``: its row in the recording graph."""
     graph = recording()
     rows = []

@@ -79,6 +79,11 @@ def array_op(prim: Primitive, operands: tuple[object, ...], params: dict[str, An
     return array_layer(graph, row)
 
 
+NO_PARAMS: Final[dict[str, Any]] = {}
+"""The parameters of an op that has none, for :func:`array_op` and :func:`float_op`: shared by
+every such op, and never changed."""
+
+
 def float_op(prim: Primitive, operands: tuple[object, ...], params: dict[str, Any]) -> FloatLayer:
     """:func:`apply_float` of the operands and parameters as a tuple and a dict, no keywords for the
     compiled function to parse: what a loss made once per node of a tree calls from interpreted

@@ -129,7 +129,10 @@ def record_call(op: BatchableOperation[Any, Any], args: tuple[Any, ...], kwargs:
         call = graph.add(CALL, _new_call(graph, op, args, kwargs, rows, name), None, rows, None, 0)
     if single:
         return _layer(structure[0], graph, call)
-    results = [_layer(structure[0], graph, call)]
+    first = _layer(structure[0], graph, call)
+    if len(structure) == 2:  # (a cell's state: no list made to be copied into the tuple)
+        return first, _layer(structure[1], graph, graph.add(RESULT, None, 1, [call], None, 0))
+    results = [first]
     for j in range(1, len(structure)):  # a loop: a comprehension is a call of its own in 3.11
         results.append(_layer(structure[j], graph, graph.add(RESULT, None, j, [call], None, 0)))
     return tuple(results)

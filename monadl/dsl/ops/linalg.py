@@ -13,7 +13,7 @@ import numpy as np
 
 from monadl.do.primitive import Batching, FanOut
 from monadl.dsl.core.arguments import array_operand
-from monadl.dsl.core.layers import AnyArray, AnyFloat, ArrayLayer, apply_array
+from monadl.dsl.core.layers import NO_PARAMS, AnyArray, AnyFloat, ArrayLayer, apply_array, array_op
 from monadl.dsl.ops.operators import MATMUL, matmul_op, matrix_rows, mm
 from monadl.dsl.ops.registry import declare
 from monadl.dsl.ops.shape_rules import Info, promoted
@@ -272,4 +272,4 @@ def linear(x: AnyArray, w: AnyArray, b: AnyFloat | AnyArray) -> ArrayLayer:
     """``x @ w + b`` as one op (a dense layer): ``x`` of shape (..., k), ``w`` (k, n), ``b`` (n,)."""
     array_operand("linear", x, "x")
     array_operand("linear", w, "w")
-    return apply_array(LINEAR, x, w, b)
+    return array_op(LINEAR, (x, w, b), NO_PARAMS)  # (a dense layer per tree node: no dict made per call)
