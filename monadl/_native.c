@@ -263,26 +263,38 @@ fail:
     return NULL;
 }
 
+/* 1 where a float (a double) is not finite, an infinity or a NaN: its exponent all ones, its bits
+   read as an integer of its width (memcpy: no aliasing of types) with no branch, so that a loop
+   or-ing it over its elements, with no early exit, vectorizes (finite, and SGD's rule). */
+static inline uint32_t not_finite_float(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    return (bits & 0x7f800000u) == 0x7f800000u;
+}
+
+static inline uint64_t not_finite_double(double v) {
+    uint64_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    return (bits & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+}
+
 /* SGD's rule (monadl.dsl.learning.optimizers.sgd.SGD.update: data - rate * g), one element; out may
-   be g itself (an update written into the step's own gradient), so neither g nor out is restrict. */
-/* SGD's rule, and whether every element it writes is finite: a training step checks each new
-   value, and the bits read as they are written (as finite reads them) save it a pass over the
-   weight. */
-#define SGD_RULE(T, U, EXP)                                                                        \
+   be g itself (an update written into the step's own gradient), so neither g nor out is restrict.
+   It says whether every element it writes is finite: a training step checks each new value, and
+   the bits read as they are written save it a pass over the weight. */
+#define SGD_RULE(T, U)                                                                             \
     static WIDE int sgd_##T(const T *restrict data, const T *g, T *out, Py_ssize_t n, T rate) {    \
         U bad = 0;                                                                                 \
         for (Py_ssize_t k = 0; k < n; k++) {                                                       \
             T v = data[k] - rate * g[k];                                                           \
             out[k] = v;                                                                            \
-            U bits;                                                                                \
-            memcpy(&bits, &v, sizeof bits);                                                        \
-            bad |= (U)((bits & EXP) == EXP);                                                       \
+            bad |= not_finite_##T(v);                                                              \
         }                                                                                          \
         return bad == 0;                                                                           \
     }
 
-SGD_RULE(float, uint32_t, (uint32_t)0x7f800000u)
-SGD_RULE(double, uint64_t, (uint64_t)0x7ff0000000000000ull)
+SGD_RULE(float, uint32_t)
+SGD_RULE(double, uint64_t)
 
 PyDoc_STRVAR(sgd_doc,
     "sgd(data, g, out, rate)\n--\n\n"
@@ -820,21 +832,15 @@ static PyObject *cell_deltas(PyObject *Py_UNUSED(self), PyObject *const *args, P
     return result;
 }
 
-/* Whether n floats (or doubles) are all finite: none has an exponent of all ones (infinity or NaN).
-   Their bits are read as integers (memcpy: no aliasing of types), or-ed over every element with no
-   early exit, so the loop vectorizes. */
-#define FINITE_LOOP(T, U, EXP)                                                                     \
+/* Whether n floats (or doubles) are all finite (not_finite_T or-ed over every element). */
+#define FINITE_LOOP(T, U)                                                                          \
     static WIDE int finite_##T(const T *restrict a, Py_ssize_t n) {                                \
         U bad = 0;                                                                                 \
-        for (Py_ssize_t i = 0; i < n; i++) {                                                       \
-            U bits;                                                                                \
-            memcpy(&bits, &a[i], sizeof bits);                                                     \
-            bad |= (U)((bits & EXP) == EXP);                                                       \
-        }                                                                                          \
+        for (Py_ssize_t i = 0; i < n; i++) bad |= not_finite_##T(a[i]);                            \
         return bad == 0;                                                                           \
     }
-FINITE_LOOP(float, uint32_t, (uint32_t)0x7f800000u)
-FINITE_LOOP(double, uint64_t, (uint64_t)0x7ff0000000000000ull)
+FINITE_LOOP(float, uint32_t)
+FINITE_LOOP(double, uint64_t)
 
 static int finite_of(int type, const void *data, Py_ssize_t n) {
     return type == NPY_FLOAT ? finite_float((const float *)data, n) : finite_double((const double *)data, n);

@@ -118,15 +118,14 @@ def record_call(op: BatchableOperation[Any, Any], args: tuple[Any, ...], kwargs:
     structure, single, name = plan
     # Recording one call: this runs once per node of every tree, so it is written out.
     graph = recording()
+    # The static arguments of the operation's last call in this graph: its Call is shared.
+    shared: Call | None = None if kwargs else graph.calls.get(op)
+    if shared is None or not _same_statics(shared, args):
+        shared = _new_call(graph, op, args, kwargs)
     rows: list[int] = []
-    same: Call | None = None if kwargs else graph.calls.get(op)
-    if same is not None and _same_statics(same, args):
-        # The static arguments of the operation's last call in this graph: its Call is shared.
-        for i in same.row_args:
-            rows.append(row_in(graph, args[i], name))
-        call = graph.add(CALL, same, None, rows, None, 0)
-    else:
-        call = graph.add(CALL, _new_call(graph, op, args, kwargs, rows, name), None, rows, None, 0)
+    for i in shared.row_args:
+        rows.append(row_in(graph, args[i], name))
+    call = graph.add(CALL, shared, None, rows, None, 0)
     if single:
         return _layer(structure[0], graph, call)
     first = _layer(structure[0], graph, call)
@@ -157,15 +156,10 @@ class BoundOperation:
 
 
 def _new_call(
-    graph: Graph,
-    op: BatchableOperation[Any, Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    rows: list[int],
-    name: str,
+    graph: Graph, op: BatchableOperation[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Call:
-    """The Call of ``op`` on ``args`` and ``kwargs``, its layer arguments' rows appended to
-    ``rows``; the operation's call to share in ``graph`` from now on if it has no keyword arguments."""
+    """The Call of ``op`` on ``args`` and ``kwargs``: the operation's call to share in ``graph``
+    from now on if it has no keyword arguments."""
     row_args: list[int] = []
     statics: list[Hashable] = []
     for i, a in enumerate(args):
@@ -177,11 +171,9 @@ def _new_call(
         # f(w, x) (a layer and a weight swapped) do not merge.
         if row == _LAYER_ROW or row == _VALUE_ROW:
             row_args.append(i)
-            rows.append(row_in(graph, a, name))
             statics.append(_ROW)
         else:
             statics.append(_static_key(a))
-    shared = not kwargs
     if kwargs:
         statics.append(tuple([(key, _static_key(v)) for key, v in kwargs.items()]))
     else:
@@ -193,7 +185,7 @@ def _new_call(
     for i in row_args:
         kept[i] = None
     call = Call(op, tuple(kept), kwargs, row_args, tuple(statics))
-    if shared:
+    if kwargs is _NO_KWARGS:  # (a call with keyword arguments shares none: see _same_statics)
         graph.calls[op] = call
     return call
 
