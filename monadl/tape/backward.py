@@ -795,6 +795,9 @@ def _joined_rows(xp: Any, parts: list[Any], width: int, fanned: bool) -> Any:
     outputs) or (k, outputs), their rows side by side (k * outputs = ``width`` columns). Parts of
     one row each (steps of one sequence) are one copy of their bytes, reshaped."""
     one_row = 2 if fanned else 1
+    if len(parts) == 1 and not fanned and xp is NUMPY and parts[0].flags.c_contiguous:
+        p = parts[0]  # one call's rows, read where they are: the joined copy's bytes already
+        return np.reshape(p, (1, width)) if p.ndim == 1 else p
     if all([p.ndim == one_row for p in parts]):
         return xp.reshape(concat_arrays(xp, parts, 0), (len(parts), width))
     if xp is NUMPY and all([p.dtype == parts[0].dtype for p in parts]):
