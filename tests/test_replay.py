@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -634,3 +635,119 @@ def test_a_commit_counts_as_a_change_of_kind_exactly_when_a_weight_kind_changes(
         versions.publish([(weights[0], old, None), (weights[1], new, None)])
     changed = value_key(old) != value_key(new)
     assert (versions.last_reshape() != before) == changed
+
+
+def _nested_structure(loss: ArrayLayer | FloatLayer) -> tuple[Any, ...]:
+    """A graph's structure written out nested, an entry a row (the primitive, its parameters as
+    name-value pairs and its inputs' entries; a weight's or a constant's kind), to compare the
+    executor's flat key against."""
+    graph = loss.graph
+    assert graph is not None
+    rows = graph.postorder(loss.row, static=True)
+    assert rows is not None
+    order: dict[int, int] = {}
+    entries: list[Any] = []
+    for r in rows:
+        obj = graph.objs[r]
+        if isinstance(obj, Primitive):
+            params = graph.params[r]
+            pairs = tuple((k, value_key(v) if k in obj.per_run else v) for k, v in params.items())
+            inputs = tuple(order[graph.args[k]] for k in range(graph.starts[r], graph.starts[r + 1]))
+            entries.append((obj, pairs, inputs))
+        elif type(obj) is float:
+            entries.append(("f", obj, math.copysign(1.0, obj)))
+        else:
+            entries.append(("v", value_key(obj.data if isinstance(obj, ArrayWeight) else obj)))
+        order[r] = len(entries) - 1
+    return tuple(entries)
+
+
+Steps = list[tuple[str, list[int], float]]
+
+# A program: each step an op on earlier values (its index picks them, modulo how many there are).
+STRUCTURE_STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["tanh", "scale", "add", "cat", "take"]),
+        st.lists(st.integers(0, 7), min_size=1, max_size=3),
+        st.sampled_from([2.0, 0.5, 0.0, -0.0]),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+def _structure_program(
+    steps: list[tuple[str, list[int], float]], w: ArrayWeight, v: ArrayWeight
+) -> FloatLayer:
+    """The graph of ``steps`` over two weights of shape (3,): every value of that shape."""
+    values: list[ArrayLayer] = [w + 0.0, v + 0.0]
+    for op, picks, c in steps:
+        picked = [values[i % len(values)] for i in picks]
+        if op == "tanh":
+            values.append(ml.tanh(picked[0]))
+        elif op == "scale":
+            values.append(picked[0] * c)
+        elif op == "add":
+            values.append(picked[0] + picked[-1])
+        elif op == "cat":  # 1 to 3 inputs, back to shape (3,)
+            values.append(ml.take_rows(ml.concatenate(picked, axis=0), [0, 1, 2]))
+        else:  # a per-run parameter: rows of the value's own length
+            values.append(ml.take_rows(picked[0], [picks[0] % 3, 0, 2]))
+    return ml.sum(values[-1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(STRUCTURE_STEPS, st.data(), st.booleans())
+def test_a_static_graphs_flat_key_is_equal_exactly_when_its_structure_is(
+    first: Steps, data: st.DataObject, float32: bool
+) -> None:
+    """The executor keys a static graph's program by one flat tuple: two graphs' keys are equal iff
+    their structures written out nested are (their ops, parameters and wiring; their weights' and
+    constants' kinds; their float constants, 0.0 apart from -0.0), whatever ops of how many inputs
+    they chain. Drawn as a program and another: the same program (another graph), or the program
+    with one step's op, inputs or constant redrawn, or a program of its own; a weight of either
+    float type."""
+    second = list(first)
+    change = data.draw(st.sampled_from(["none", "op", "inputs", "constant", "other"]))
+    k = data.draw(st.integers(0, len(first) - 1))
+    op, picks, c = first[k]
+    if change == "op":
+        second[k] = (data.draw(st.sampled_from(["tanh", "scale", "add", "cat", "take"])), picks, c)
+    elif change == "inputs":
+        second[k] = (op, data.draw(st.lists(st.integers(0, 7), min_size=1, max_size=3)), c)
+    elif change == "constant":
+        second[k] = (op, picks, data.draw(st.sampled_from([2.0, 0.5, 0.0, -0.0])))
+    elif change == "other":
+        second = data.draw(STRUCTURE_STEPS)
+    dtype = np.float32 if float32 else np.float64
+    w, v = ArrayWeight(np.ones(3)), ArrayWeight(np.full(3, 2.0, dtype=dtype))
+    taken = versions.snapshot()
+    a, b = _structure_program(first, w, v), _structure_program(second, w, v)
+    assert a.graph is not None and b.graph is not None
+    key_a, key_b = structure_of(a.graph, a.row, taken), structure_of(b.graph, b.row, taken)
+    assert key_a is not None and key_b is not None
+    assert (key_a.key == key_b.key) == (_nested_structure(a) == _nested_structure(b))
+    if change == "none":
+        assert key_a.key == key_b.key and hash(key_a.key) == hash(key_b.key)
+
+
+def test_a_static_graphs_key_tells_apart_wirings_that_visit_the_same_rows() -> None:
+    """Two graphs whose rows come in the same order, of the same ops, but read other inputs
+    (``q + p`` and ``q + q``, where ``q = tanh(p)``): their keys differ, the inputs' places being
+    part of them; the same wiring again keys equal."""
+    w = ArrayWeight(np.ones(3))
+    taken = versions.snapshot()
+
+    def graph(second_input_is_p: bool) -> FloatLayer:
+        p = ml.tanh(w)
+        q = ml.tanh(p)
+        return ml.sum(q + (p if second_input_is_p else q))
+
+    keys = []
+    for choice in (True, False, True):
+        loss = graph(choice)
+        assert loss.graph is not None
+        structure = structure_of(loss.graph, loss.row, taken)
+        assert structure is not None
+        keys.append(structure.key)
+    assert keys[0] != keys[1] and keys[0] == keys[2]

@@ -120,37 +120,52 @@ def structure_of(graph: Graph, root: int, taken: Snapshot) -> Structure | None:
     or None if they are not static (a row of another kind than an op, a weight or a constant). Its
     key: its ops in order, each with its primitive, the static part of its parameters and the
     places of its inputs; its weights' and constants' value kinds; its float constants' values
-    (they decide merges)."""
+    (they decide merges). The key is one flat tuple, each row's entry read from its first item (a
+    primitive, or "v", "f" or "c") and each part counted where its length varies, so that equal
+    keys are equal structures; flat, a graph run again makes, hashes, compares and frees one tuple
+    where nested entries made three a row."""
     rows = graph.postorder(root, static=True)
     if rows is None:
         return None
-    order: dict[int, int] = {}  # a row's position in the key
+    order: dict[int, int] = {}  # a row's entry in the key, counted from 0
     key: list[Any] = []
     bound: list[int] = []
     index: dict[int, int] = {}
     weights: list[Any] = []
     tags, objs, starts, args = graph.tags, graph.objs, graph.starts, graph.args
+    entries = 0
     for r in rows:
         tag = tags[r]
         if tag == OP:
             prim: Primitive = objs[r]
-            pkey = prim.static_key(graph.params[r])
-            if pkey is None:  # an unhashable parameter: no key
+            key.append(prim)
+            if not prim.signature_items(key, graph.params[r]):  # an unhashable parameter: no key
                 return None
-            key.append((prim, pkey, tuple([order[args[k]] for k in range(starts[r], starts[r + 1])])))
+            start, stop = starts[r], starts[r + 1]
+            key.append(stop - start)
+            for k in range(start, stop):
+                key.append(order[args[k]])
             if not prim.per_run:
-                order[r] = len(key) - 1
+                order[r] = entries
+                entries += 1
                 continue
         elif tag == WEIGHT:
             weight_key = value_key(data_of(objs[r], taken))
-            key.append(("v", weight_key))
+            key.append("v")
+            key.append(weight_key)
             weights.append(weight_key)
         elif tag == CONST:
             data = objs[r]
-            key.append(("f", float_key(data)) if type(data) is float else ("c", value_key(data)))
+            if type(data) is float:
+                key.append("f")
+                key.append(float_key(data))
+            else:
+                key.append("c")
+                key.append(value_key(data))
         else:
             return None
-        order[r] = len(key) - 1
+        order[r] = entries
+        entries += 1
         index[r] = len(bound)
         bound.append(r)
     return Structure(tuple(key), graph, bound, index, weights, taken.number)

@@ -211,19 +211,12 @@ class Primitive:
     def __repr__(self) -> str:
         return f"Primitive({self.name})"
 
-    def static_key(self, params: dict[str, Any]) -> Hashable | None:
-        """The part of ``params`` that must be equal for two applications to be interchangeable (to
-        merge, or to replay one's compiled program for the other): every parameter but the per-run
-        ones, which count by their type, shape and dtype. None if a parameter is unhashable (then
-        the application runs on its own and its program is not kept). Its items flat, as a
-        signature holds them (:meth:`signature_items`)."""
-        items: list[Any] = []
-        return tuple(items) if self.signature_items(items, params) else None
-
     def signature_items(self, key: list[Any], params: dict[str, Any]) -> bool:
-        """Appends the static parameters to a signature's ``key`` flat: their number, then each name
-        and value, a per-run one's ``value_key`` (a batch's signatures are compared once per ready
-        row, and nested pairs cost more to compare than the values they hold). False where a value
+        """Appends the static parameters (those that must be equal for two applications to merge, or
+        for one's compiled program to replay for the other) to a signature's or a static graph's
+        ``key`` flat: their number, then each name and value, a per-run one's ``value_key`` (a
+        batch's signatures are compared once per ready row, and nested pairs cost more to compare
+        than the values they hold). False where a value
         is unhashable: such calls do not merge (their values' ``==`` may not even be a truth value:
         an array's), and their programs are not kept."""
         key.append(len(params))
