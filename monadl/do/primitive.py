@@ -216,9 +216,9 @@ class Primitive:
         for one's compiled program to replay for the other) to a signature's or a static graph's
         ``key`` flat: their number, then each name and value, a per-run one's ``value_key`` (a
         batch's signatures are compared once per ready row, and nested pairs cost more to compare
-        than the values they hold). False where a value
-        is unhashable: such calls do not merge (their values' ``==`` may not even be a truth value:
-        an array's), and their programs are not kept."""
+        than the values they hold). False where a value is unhashable: such calls do not merge
+        (their values' ``==`` may not even be a truth value: an array's), and their programs are
+        not kept."""
         key.append(len(params))
         if not params:
             return True
