@@ -656,8 +656,10 @@ def _nested_structure(loss: ArrayLayer | FloatLayer) -> tuple[Any, ...]:
             entries.append((obj, pairs, inputs))
         elif type(obj) is float:
             entries.append(("f", obj, math.copysign(1.0, obj)))
-        else:
-            entries.append(("v", value_key(obj.data if isinstance(obj, ArrayWeight) else obj)))
+        elif isinstance(obj, ArrayWeight):
+            entries.append(("v", value_key(obj.data)))
+        else:  # an array constant
+            entries.append(("c", value_key(obj)))
         order[r] = len(entries) - 1
     return tuple(entries)
 
@@ -676,9 +678,7 @@ STRUCTURE_STEPS = st.lists(
 )
 
 
-def _structure_program(
-    steps: list[tuple[str, list[int], float]], w: ArrayWeight, v: ArrayWeight
-) -> FloatLayer:
+def _structure_program(steps: Steps, w: ArrayWeight, v: ArrayWeight) -> FloatLayer:
     """The graph of ``steps`` over two weights of shape (3,): every value of that shape."""
     values: list[ArrayLayer] = [w + 0.0, v + 0.0]
     for op, picks, c in steps:
